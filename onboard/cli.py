@@ -1,0 +1,149 @@
+"""The `onboard` command line.
+
+Each command is a thin shell around one pipeline stage's public function. Bad input
+raises :class:`onboard.errors.InputError` and exits 2 with its message; a failed
+check exits 1; nothing prints a traceback for either.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from onboard.errors import CheckFailed, InputError
+
+app = typer.Typer(
+    name="onboard",
+    help="Day-0 vLLM support for a new LLM architecture from one model spec.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+spec_app = typer.Typer(help="Check, infer and describe model specs.", no_args_is_help=True)
+checkpoint_app = typer.Typer(help="Write checkpoints for validation.", no_args_is_help=True)
+app.add_typer(spec_app, name="spec")
+app.add_typer(checkpoint_app, name="checkpoint")
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+SpecArg = Annotated[Path, typer.Argument(help="Model spec YAML.", show_default=False)]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory.")]
+
+
+@spec_app.command("check")
+def spec_check(
+    spec: SpecArg,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="Also compare this checkpoint's headers and config.json."),
+    ] = None,
+) -> None:
+    """Validate a spec; print every problem as FILE:LINE:COL: field: message."""
+    from onboard.spec import load_spec
+
+    loaded = load_spec(spec)
+    if checkpoint is not None:
+        from onboard.checkpoint.preflight import preflight
+
+        report = preflight(loaded, checkpoint)
+        for line in report.lines():
+            out.print(line)
+        if not report.ok:
+            raise InputError(f"{checkpoint}: checkpoint does not match the spec")
+    out.print(f"{spec}: ok ({loaded.architecture}, {loaded.num_hidden_layers} layers)")
+
+
+@spec_app.command("schema")
+def spec_schema() -> None:
+    """Print the spec's JSON Schema (for editor autocompletion)."""
+    from onboard.spec.model import ModelSpec
+
+    print(json.dumps(ModelSpec.model_json_schema(), indent=2))
+
+
+@spec_app.command("from-hf")
+def spec_from_hf(
+    config: Annotated[
+        Path, typer.Argument(help="config.json, or a directory containing one.")
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Spec YAML to write.")],
+    name: Annotated[
+        str | None, typer.Option(help="Spec name (default: from model_type).")
+    ] = None,
+) -> None:
+    """Infer a spec from a Hugging Face config.json."""
+    from onboard.fsutil import atomic_write_text
+    from onboard.spec import dump_spec
+    from onboard.spec.hf import spec_from_hf_config_file
+
+    spec = spec_from_hf_config_file(config, name=name)
+    atomic_write_text(output, dump_spec(spec))
+    out.print(f"wrote {output} ({spec.architecture})")
+
+
+@checkpoint_app.command("tiny")
+def checkpoint_tiny(
+    spec: SpecArg,
+    out_dir: OutOpt,
+    seed: Annotated[int, typer.Option(help="Random seed for the weights.")] = 0,
+) -> None:
+    """Write a seconds-sized random checkpoint of the spec's architecture."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+
+    path = write_tiny_checkpoint(load_spec(spec), out_dir, seed=seed)
+    out.print(f"wrote tiny checkpoint to {path}")
+
+
+@app.command("generate")
+def generate(spec: SpecArg, out_dir: OutOpt) -> None:
+    """Render the vLLM model, the plugin and the PR tree for a spec."""
+    from onboard.generate import generate_all
+    from onboard.spec import load_spec
+
+    written = generate_all(load_spec(spec), out_dir)
+    for path in written:
+        out.print(f"wrote {path}")
+
+
+@app.command("new-model")
+def new_model(
+    spec: SpecArg,
+    out_dir: OutOpt,
+    stages: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated stages to run (default: all that exist)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Rerun stages even when their inputs did not change.")
+    ] = False,
+    full: Annotated[
+        bool, typer.Option(help="Exhaustive sweeps instead of the quick default run.")
+    ] = False,
+) -> None:
+    """Run the whole pipeline for a spec into OUT."""
+    from onboard.pipeline import run_pipeline
+
+    selected = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    ok = run_pipeline(spec, out_dir, stages=selected, force=force, full=full,
+                      console=out)
+    if not ok:
+        raise CheckFailed("a validation check failed (see validation.json)")
+
+
+def main() -> None:
+    # Click handles usage errors itself (exit 2); ours are turned into exit codes here.
+    try:
+        app()
+    except InputError as exc:
+        err.print(f"error: {exc}", markup=False)
+        sys.exit(2)
+    except CheckFailed as exc:
+        err.print(f"failed: {exc}", markup=False)
+        sys.exit(1)

@@ -1,0 +1,88 @@
+"""Checkpoint tensor-name layouts.
+
+A layout maps each *role* (a module of the architecture, e.g. ``q_proj`` or
+``expert_gate_proj``) to the module path the checkpoint stores it under. Tensor
+names are that path plus the parameter name (``.weight``, ``.bias``,
+``.e_score_correction_bias``). Paths may use ``{layer}`` and, for routed experts,
+``{expert}``. MTP heads live at ``model.layers.{num_hidden_layers + i}`` in every
+preset, as DeepSeek-V3 checkpoints store them.
+"""
+
+from __future__ import annotations
+
+_LAYER = "model.layers.{layer}"
+
+# Roles shared by every preset (the Llama/DeepSeek naming).
+_BASE: dict[str, str] = {
+    "embed": "model.embed_tokens",
+    "final_norm": "model.norm",
+    "lm_head": "lm_head",
+    "input_norm": f"{_LAYER}.input_layernorm",
+    "post_attention_norm": f"{_LAYER}.post_attention_layernorm",
+    # GQA / MHA attention
+    "q_proj": f"{_LAYER}.self_attn.q_proj",
+    "k_proj": f"{_LAYER}.self_attn.k_proj",
+    "v_proj": f"{_LAYER}.self_attn.v_proj",
+    "o_proj": f"{_LAYER}.self_attn.o_proj",
+    "q_norm": f"{_LAYER}.self_attn.q_norm",
+    "k_norm": f"{_LAYER}.self_attn.k_norm",
+    # MLA attention
+    "q_a_proj": f"{_LAYER}.self_attn.q_a_proj",
+    "q_a_norm": f"{_LAYER}.self_attn.q_a_layernorm",
+    "q_b_proj": f"{_LAYER}.self_attn.q_b_proj",
+    "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
+    "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
+    "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
+    # dense MLP
+    "gate_proj": f"{_LAYER}.mlp.gate_proj",
+    "up_proj": f"{_LAYER}.mlp.up_proj",
+    "down_proj": f"{_LAYER}.mlp.down_proj",
+    # MoE
+    "router": f"{_LAYER}.mlp.gate",
+    "expert_gate_proj": f"{_LAYER}.mlp.experts.{{expert}}.gate_proj",
+    "expert_up_proj": f"{_LAYER}.mlp.experts.{{expert}}.up_proj",
+    "expert_down_proj": f"{_LAYER}.mlp.experts.{{expert}}.down_proj",
+    "shared_gate_proj": f"{_LAYER}.mlp.shared_experts.gate_proj",
+    "shared_up_proj": f"{_LAYER}.mlp.shared_experts.up_proj",
+    "shared_down_proj": f"{_LAYER}.mlp.shared_experts.down_proj",
+    "shared_expert_gate": f"{_LAYER}.mlp.shared_expert_gate",
+    # MTP heads (layer = num_hidden_layers + head index)
+    "mtp_enorm": f"{_LAYER}.enorm",
+    "mtp_hnorm": f"{_LAYER}.hnorm",
+    "mtp_eh_proj": f"{_LAYER}.eh_proj",
+    "mtp_head_norm": f"{_LAYER}.shared_head.norm",
+    "mtp_head": f"{_LAYER}.shared_head.head",
+}
+
+LAYOUT_PRESETS: dict[str, dict[str, str]] = {
+    "llama": dict(_BASE),
+    "deepseek": dict(_BASE),
+    # Qwen2-MoE / Qwen3-MoE: a single (optionally gated) shared expert.
+    "qwen": {
+        **_BASE,
+        "shared_gate_proj": f"{_LAYER}.mlp.shared_expert.gate_proj",
+        "shared_up_proj": f"{_LAYER}.mlp.shared_expert.up_proj",
+        "shared_down_proj": f"{_LAYER}.mlp.shared_expert.down_proj",
+    },
+    "mixtral": {
+        **_BASE,
+        "router": f"{_LAYER}.block_sparse_moe.gate",
+        "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
+        "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
+        "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
+    },
+}
+
+ROLES: tuple[str, ...] = tuple(_BASE)
+
+# Placeholders each role's path must (and may only) contain.
+GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})
+EXPERT_ROLES = frozenset({"expert_gate_proj", "expert_up_proj", "expert_down_proj"})
+
+
+def required_placeholders(role: str) -> set[str]:
+    if role in GLOBAL_ROLES:
+        return set()
+    if role in EXPERT_ROLES:
+        return {"layer", "expert"}
+    return {"layer"}

@@ -1,0 +1,368 @@
+"""The declarative model spec: pydantic models, one per section of the YAML.
+
+Field-level rules (types, ranges, safe identifiers) live on the fields; rules that
+relate several fields live in :mod:`onboard.spec.rules`, so that a spec with many
+problems reports all of them at once.
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SPEC_VERSION = 1
+
+QUANT_SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4")
+SPEC_METHODS = ("ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix")
+TARGETS = ("cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x")
+
+QuantScheme = Literal["fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4"]
+SpecMethod = Literal["ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"]
+Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
+LayerAttention = Literal["full_attention", "sliding_attention"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+def _check_identifier(value: str, what: str) -> str:
+    # Spec strings end up as Python names in generated code: only plain identifiers.
+    if not value.isidentifier() or not value.isascii() or keyword.iskeyword(value):
+        raise ValueError(f"{what} must be a plain ASCII Python identifier, got {value!r}")
+    return value
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors (with a did-you-mean from the loader), never ignored.
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class Norm(_Section):
+    """Normalisation layers used throughout the model."""
+
+    type: Literal["rmsnorm", "layernorm"] = Field(
+        "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
+    )
+    eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
+
+
+class RopeScaling(_Section):
+    """Rotary-embedding context extension. Parameters apply per scaling type."""
+
+    type: Literal["linear", "yarn", "llama3"] = Field(
+        description="Scaling kind: `linear`, `yarn` or `llama3`."
+    )
+    factor: float = Field(gt=0, description="Context extension factor.")
+    original_max_position_embeddings: PositiveInt | None = Field(
+        None, description="Pre-extension context length (yarn, llama3)."
+    )
+    beta_fast: float | None = Field(None, description="yarn: fast boundary (default 32).")
+    beta_slow: float | None = Field(None, description="yarn: slow boundary (default 1).")
+    mscale: float | None = Field(None, description="yarn: attention-scale multiplier.")
+    mscale_all_dim: float | None = Field(
+        None, description="yarn (DeepSeek): mscale applied to all dims."
+    )
+    low_freq_factor: float | None = Field(None, description="llama3: low-frequency factor.")
+    high_freq_factor: float | None = Field(
+        None, description="llama3: high-frequency factor."
+    )
+
+
+class Rope(_Section):
+    """Rotary position embedding."""
+
+    theta: float = Field(10000.0, gt=0, description="Rotary base frequency.")
+    scaling: RopeScaling | None = Field(
+        None, description="Context-extension scaling; null for plain rope."
+    )
+    interleaved: bool = Field(
+        False,
+        description="Rotate interleaved pairs (GPT-J style, DeepSeek `rope_interleave`) "
+        "instead of the two halves (NeoX style).",
+    )
+
+
+class MLA(_Section):
+    """Multi-head latent attention (DeepSeek-V2/V3 style)."""
+
+    q_lora_rank: PositiveInt | None = Field(
+        None, description="Rank of the query down-projection; null for a full q_proj."
+    )
+    kv_lora_rank: PositiveInt = Field(description="Rank of the compressed KV latent.")
+    qk_nope_head_dim: PositiveInt = Field(description="Per-head query/key dims without rope.")
+    qk_rope_head_dim: PositiveInt = Field(description="Per-head query/key dims with rope.")
+    v_head_dim: PositiveInt = Field(description="Per-head value dims.")
+
+
+class Attention(_Section):
+    """Attention for every layer; `layer_types` and `kv_sharing` vary it per layer."""
+
+    type: Literal["gqa", "mla"] = Field(
+        "gqa", description="`gqa` (covers MHA and MQA) or `mla` (latent attention)."
+    )
+    num_heads: PositiveInt = Field(description="Query heads.")
+    num_kv_heads: PositiveInt | None = Field(
+        None, description="Key/value heads (gqa); null means equal to num_heads."
+    )
+    head_dim: PositiveInt | None = Field(
+        None, description="Per-head dims (gqa); null means hidden_size / num_heads."
+    )
+    qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
+    qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
+    o_bias: bool = Field(False, description="Bias on the output projection.")
+    partial_rotary_factor: float = Field(
+        1.0, gt=0, le=1, description="Share of each head's dims that get rope."
+    )
+    sliding_window: PositiveInt | None = Field(
+        None, description="Window of sliding-attention layers, in tokens."
+    )
+    sliding_window_pattern: PositiveInt | None = Field(
+        None,
+        description="Every Nth layer is full attention, the others slide "
+        "(layer i is full when (i + 1) % N == 0). Null: all layers slide when "
+        "`sliding_window` is set, unless `layer_types` says otherwise.",
+    )
+    layer_types: list[LayerAttention] | None = Field(
+        None,
+        description="Explicit per-layer kind, `full_attention` or `sliding_attention` "
+        "(one entry per layer).",
+    )
+    kv_sharing: dict[NonNegativeInt, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="Cross-layer KV sharing: `layer: target_layer` means the layer "
+        "reuses the KV cache of the earlier target layer and computes queries only.",
+    )
+    mla: MLA | None = Field(None, description="MLA dimensions; required when type is mla.")
+
+
+class Router(_Section):
+    """How tokens pick experts."""
+
+    scoring: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Expert scoring function."
+    )
+    norm_topk_prob: bool = Field(
+        True, description="Renormalise the top-k weights to sum to one."
+    )
+    bias_correction: bool = Field(
+        False,
+        description="Per-expert bias added to the scores for selection only "
+        "(DeepSeek-V3 `e_score_correction_bias`, `noaux_tc`).",
+    )
+    num_groups: PositiveInt | None = Field(
+        None, description="Grouped top-k: number of expert groups (null: ungrouped)."
+    )
+    topk_groups: PositiveInt | None = Field(
+        None, description="Grouped top-k: groups kept per token."
+    )
+    routed_scaling_factor: float = Field(
+        1.0, gt=0, description="Multiplier on the routed experts' output."
+    )
+
+
+class MoE(_Section):
+    """Mixture of experts; layers not excluded below are MoE layers."""
+
+    num_experts: PositiveInt = Field(description="Routed experts per MoE layer.")
+    num_experts_per_tok: PositiveInt = Field(description="Experts each token uses (top-k).")
+    expert_intermediate_size: PositiveInt = Field(description="Each routed expert's width.")
+    num_shared_experts: NonNegativeInt = Field(0, description="Always-on shared experts.")
+    shared_expert_intermediate_size: PositiveInt | None = Field(
+        None,
+        description="Total width of the shared expert MLP; null means "
+        "num_shared_experts x expert_intermediate_size.",
+    )
+    shared_expert_gate: bool = Field(
+        False, description="Sigmoid gate on the shared expert output (Qwen2-MoE)."
+    )
+    first_k_dense: NonNegativeInt = Field(0, description="The first k layers stay dense.")
+    layer_frequency: PositiveInt = Field(
+        1, description="Every Nth layer is MoE (layer i when (i + 1) % N == 0)."
+    )
+    dense_layers: list[NonNegativeInt] = Field(
+        default_factory=list, description="Further layers that stay dense."
+    )
+    router: Router = Field(default_factory=Router, description="Routing function.")
+
+
+class MLP(_Section):
+    """Feed-forward blocks."""
+
+    intermediate_size: PositiveInt | None = Field(
+        None, description="Width of dense MLP layers (required if any layer is dense)."
+    )
+    moe: MoE | None = Field(None, description="Mixture of experts; null for a dense model.")
+
+
+class MTP(_Section):
+    """Multi-token-prediction heads (DeepSeek-V3 style), used as speculative drafts."""
+
+    num_heads: PositiveInt = Field(description="Number of MTP heads (draft depth).")
+    mlp: Literal["moe", "dense"] = Field(
+        "moe", description="MLP of each head's decoder block."
+    )
+
+
+class Checkpoint(_Section):
+    """Tensor names of the checkpoint."""
+
+    layout: Literal["llama", "deepseek", "qwen", "mixtral"] = Field(
+        "llama", description="Preset naming (see docs/spec.md for each role's path)."
+    )
+    tensor_names: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per-role override of the preset's module path, e.g. "
+        "`router: model.layers.{layer}.mlp.router`.",
+    )
+
+
+class Speculator(_Section):
+    """One speculative-decoding method to configure and validate."""
+
+    method: SpecMethod = Field(description="vLLM speculative method.")
+    num_speculative_tokens: PositiveInt = Field(
+        3, le=16, description="Draft length k."
+    )
+
+
+class ModelSpec(_Section):
+    """A whole model: identity, dimensions, blocks and the launch wishes."""
+
+    spec_version: Literal[1] = Field(1, description="Version of this spec format.")
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$",
+        description="Short lowercase name (dashes allowed); the generated module is "
+        "its snake_case form.",
+    )
+    architecture: str = Field(
+        description="Architecture class name, e.g. `NovelLaunchForCausalLM`."
+    )
+    model_type: str = Field(description="config.json `model_type`, snake_case.")
+    license: str = Field("apache-2.0", pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+                         description="SPDX-style licence id for the Hub card.")
+    base_checkpoint: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        description="Hub repo id of the base (bf16) checkpoint.",
+    )
+    vocab_size: PositiveInt = Field(description="Vocabulary size.")
+    hidden_size: PositiveInt = Field(description="Model (residual) width.")
+    num_hidden_layers: PositiveInt = Field(description="Decoder layers (MTP excluded).")
+    max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
+    tie_word_embeddings: bool = Field(False, description="lm_head shares the embedding.")
+    activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
+        "silu", description="MLP activation (gated: act(gate) * up)."
+    )
+    norm: Norm = Field(default_factory=Norm, description="Norm layers.")
+    attention: Attention = Field(description="Attention layers.")
+    rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
+    mlp: MLP = Field(description="Feed-forward layers.")
+    mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Tensor names.")
+    quantization: list[QuantScheme] = Field(
+        default_factory=list, description="Quantized checkpoints to produce."
+    )
+    speculators: list[Speculator] = Field(
+        default_factory=list, description="Speculative-decoding methods to configure."
+    )
+    targets: list[Target] = Field(
+        default_factory=lambda: ["cpu"], description="Hardware targets to validate on."
+    )
+
+    @field_validator("architecture")
+    @classmethod
+    def _architecture_is_class_name(cls, value: str) -> str:
+        _check_identifier(value, "architecture")
+        if not value[0].isupper():
+            raise ValueError(f"architecture must be a CapWords class name, got {value!r}")
+        return value
+
+    @field_validator("model_type")
+    @classmethod
+    def _model_type_is_snake(cls, value: str) -> str:
+        _check_identifier(value, "model_type")
+        if value != value.lower():
+            raise ValueError(f"model_type must be lowercase snake_case, got {value!r}")
+        return value
+
+    # ---- derived views used by every later stage -------------------------------
+
+    @property
+    def module_name(self) -> str:
+        """Python module name for generated files (``novel-launch`` -> ``novel_launch``)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention.head_dim or self.hidden_size // self.attention.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.attention.num_kv_heads or self.attention.num_heads
+
+    def layer_attention_types(self) -> list[str]:
+        """Per decoder layer: ``full_attention`` or ``sliding_attention``."""
+        att = self.attention
+        n = self.num_hidden_layers
+        if att.layer_types is not None:
+            return list(att.layer_types)
+        if att.sliding_window is None:
+            return ["full_attention"] * n
+        if att.sliding_window_pattern is None:
+            return ["sliding_attention"] * n
+        p = att.sliding_window_pattern
+        return [
+            "full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)
+        ]
+
+    def is_moe_layer(self, layer: int) -> bool:
+        moe = self.mlp.moe
+        if moe is None:
+            return False
+        return (
+            layer >= moe.first_k_dense
+            and (layer + 1) % moe.layer_frequency == 0
+            and layer not in moe.dense_layers
+        )
+
+    @property
+    def shared_expert_intermediate_size(self) -> int:
+        moe = self.mlp.moe
+        if moe is None or moe.num_shared_experts == 0:
+            return 0
+        return moe.shared_expert_intermediate_size or (
+            moe.num_shared_experts * moe.expert_intermediate_size
+        )
+
+    def layers(self) -> list[LayerPlan]:
+        types = self.layer_attention_types()
+        return [
+            LayerPlan(
+                index=i,
+                attention_type=types[i],
+                moe=self.is_moe_layer(i),
+                kv_sharing_target=self.attention.kv_sharing.get(i),
+            )
+            for i in range(self.num_hidden_layers)
+        ]
+
+    def tensor_path(self, role: str) -> str:
+        """Module path of a role in this spec's checkpoint layout."""
+        from onboard.spec.layouts import LAYOUT_PRESETS
+
+        return self.checkpoint.tensor_names.get(
+            role, LAYOUT_PRESETS[self.checkpoint.layout][role]
+        )
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one decoder layer is, resolved from the spec."""
+
+    index: int
+    attention_type: str
+    moe: bool
+    kv_sharing_target: int | None
