@@ -24,8 +24,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-spec_app = typer.Typer(help="Check, infer and describe model specs.", no_args_is_help=True)
-checkpoint_app = typer.Typer(help="Write checkpoints for validation.", no_args_is_help=True)
+spec_app = typer.Typer(
+    help="Check, infer and describe model specs.", no_args_is_help=True
+)
+checkpoint_app = typer.Typer(
+    help="Write checkpoints for validation.", no_args_is_help=True
+)
 app.add_typer(spec_app, name="spec")
 app.add_typer(checkpoint_app, name="checkpoint")
 
@@ -131,8 +135,9 @@ def new_model(
     from onboard.pipeline import run_pipeline
 
     selected = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
-    ok = run_pipeline(spec, out_dir, stages=selected, force=force, full=full,
-                      console=out)
+    ok = run_pipeline(
+        spec, out_dir, stages=selected, force=force, full=full, console=out
+    )
     if not ok:
         raise CheckFailed("a validation check failed (see validation.json)")
 

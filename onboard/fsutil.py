@@ -33,7 +33,9 @@ def atomic_directory(path: str | Path, *, replace: bool = True) -> Iterator[Path
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = Path(
+        tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    )
     try:
         yield tmp
         if path.exists():

@@ -40,8 +40,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     pass
 
 
-def _index_nodes(node: yaml.Node, loc: Loc, out: dict[Loc, yaml.Node],
-                 dupes: list[tuple[Loc, yaml.Node]]) -> None:
+def _index_nodes(
+    node: yaml.Node,
+    loc: Loc,
+    out: dict[Loc, yaml.Node],
+    dupes: list[tuple[Loc, yaml.Node]],
+) -> None:
     """Map each value's path to its YAML node (keys of mappings map to the key node)."""
     out[loc] = node
     if isinstance(node, yaml.MappingNode):
@@ -59,8 +63,11 @@ def _index_nodes(node: yaml.Node, loc: Loc, out: dict[Loc, yaml.Node],
 
 
 def _scalar_key(node: yaml.Node) -> str | int:
-    value = yaml.safe_load(yaml.serialize(node)) if not isinstance(
-        node, yaml.ScalarNode) else _UniqueKeyLoader("").construct_scalar(node)
+    value = (
+        yaml.safe_load(yaml.serialize(node))
+        if not isinstance(node, yaml.ScalarNode)
+        else _UniqueKeyLoader("").construct_scalar(node)
+    )
     # Integer keys (kv_sharing: {5: 3}) come back as ints so paths match pydantic's.
     if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int"):
         try:
@@ -73,12 +80,15 @@ def _scalar_key(node: yaml.Node) -> str | int:
 def _dotted(loc: Loc) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+        out += (
+            f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+        )
     return out or "<root>"
 
 
-def _locate(file: str, nodes: dict[Loc, yaml.Node], loc: Loc,
-            key: bool = False) -> tuple[int, int]:
+def _locate(
+    file: str, nodes: dict[Loc, yaml.Node], loc: Loc, key: bool = False
+) -> tuple[int, int]:
     """Line/column of the closest existing node on the path (1-based)."""
     if key and loc + ("__key__",) in nodes:
         mark = nodes[loc + ("__key__",)].start_mark
@@ -124,16 +134,23 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         reason = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([Problem(file, line, col, "<root>", f"invalid YAML: {reason}")])
+        problem = Problem(file, line, col, "<root>", f"invalid YAML: {reason}")
+        raise SpecError([problem]) from None
     if root is None or not isinstance(data, dict):
-        raise SpecError([Problem(file, 1, 1, "<root>",
-                                 "a spec must be a YAML mapping of fields")])
+        raise SpecError(
+            [Problem(file, 1, 1, "<root>", "a spec must be a YAML mapping of fields")]
+        )
     nodes: dict[Loc, yaml.Node] = {}
     dupes: list[tuple[Loc, yaml.Node]] = []
     _index_nodes(root, (), nodes, dupes)
     problems = [
-        Problem(file, n.start_mark.line + 1, n.start_mark.column + 1, _dotted(loc),
-                "duplicate key (YAML would silently keep the last one)")
+        Problem(
+            file,
+            n.start_mark.line + 1,
+            n.start_mark.column + 1,
+            _dotted(loc),
+            "duplicate key (YAML would silently keep the last one)",
+        )
         for loc, n in dupes
     ]
     try:
@@ -141,16 +158,22 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
     except ValidationError as exc:
         for err in exc.errors():
             problems.append(_problem_from_pydantic(file, nodes, err))
-        raise SpecError(sorted(problems, key=lambda p: (p.line, p.col, p.path)))
+        raise SpecError(_sorted(problems)) from None
     for loc, message in check_rules(spec):
         line, col = _locate(file, nodes, loc, key=True)
         problems.append(Problem(file, line, col, _dotted(loc), message))
     if problems:
-        raise SpecError(sorted(problems, key=lambda p: (p.line, p.col, p.path)))
+        raise SpecError(_sorted(problems))
     return spec
 
 
-def _problem_from_pydantic(file: str, nodes: dict[Loc, yaml.Node], err: dict) -> Problem:
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line, p.col, p.path))
+
+
+def _problem_from_pydantic(
+    file: str, nodes: dict[Loc, yaml.Node], err: dict
+) -> Problem:
     loc = tuple(err["loc"])
     # Drop pydantic's markers such as "[key]" so the path matches the YAML.
     loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
@@ -159,7 +182,9 @@ def _problem_from_pydantic(file: str, nodes: dict[Loc, yaml.Node], err: dict) ->
         owner = _model_for(loc[:-1])
         message = f"unknown field {loc[-1]!r}"
         if owner is not None:
-            hint = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
+            hint = difflib.get_close_matches(
+                str(loc[-1]), list(owner.model_fields), n=1
+            )
             if hint:
                 message += f"; did you mean {hint[0]!r}?"
             else:
@@ -170,7 +195,11 @@ def _problem_from_pydantic(file: str, nodes: dict[Loc, yaml.Node], err: dict) ->
         message = "required field is missing"
     else:
         line, col = _locate(file, nodes, loc)
-        if "input" in err and err["type"] not in ("model_type", "dict_type", "value_error"):
+        if "input" in err and err["type"] not in (
+            "model_type",
+            "dict_type",
+            "value_error",
+        ):
             message += f" (got {err['input']!r})"
     return Problem(file, line, col, _dotted(loc), message)
 
@@ -181,7 +210,9 @@ def load_spec(path: str | Path) -> ModelSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([Problem(str(path), 1, 1, "<root>", f"cannot read spec: {exc}")])
+        raise SpecError(
+            [Problem(str(path), 1, 1, "<root>", f"cannot read spec: {exc}")]
+        ) from None
     return parse_spec_text(text, str(path))
 
 

@@ -20,7 +20,9 @@ SPEC_METHODS = ("ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "su
 TARGETS = ("cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x")
 
 QuantScheme = Literal["fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4"]
-SpecMethod = Literal["ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"]
+SpecMethod = Literal[
+    "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"
+]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention"]
 
@@ -31,7 +33,9 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 def _check_identifier(value: str, what: str) -> str:
     # Spec strings end up as Python names in generated code: only plain identifiers.
     if not value.isidentifier() or not value.isascii() or keyword.iskeyword(value):
-        raise ValueError(f"{what} must be a plain ASCII Python identifier, got {value!r}")
+        raise ValueError(
+            f"{what} must be a plain ASCII Python identifier, got {value!r}"
+        )
     return value
 
 
@@ -59,13 +63,19 @@ class RopeScaling(_Section):
     original_max_position_embeddings: PositiveInt | None = Field(
         None, description="Pre-extension context length (yarn, llama3)."
     )
-    beta_fast: float | None = Field(None, description="yarn: fast boundary (default 32).")
-    beta_slow: float | None = Field(None, description="yarn: slow boundary (default 1).")
+    beta_fast: float | None = Field(
+        None, description="yarn: fast boundary (default 32)."
+    )
+    beta_slow: float | None = Field(
+        None, description="yarn: slow boundary (default 1)."
+    )
     mscale: float | None = Field(None, description="yarn: attention-scale multiplier.")
     mscale_all_dim: float | None = Field(
         None, description="yarn (DeepSeek): mscale applied to all dims."
     )
-    low_freq_factor: float | None = Field(None, description="llama3: low-frequency factor.")
+    low_freq_factor: float | None = Field(
+        None, description="llama3: low-frequency factor."
+    )
     high_freq_factor: float | None = Field(
         None, description="llama3: high-frequency factor."
     )
@@ -80,8 +90,8 @@ class Rope(_Section):
     )
     interleaved: bool = Field(
         False,
-        description="Rotate interleaved pairs (GPT-J style, DeepSeek `rope_interleave`) "
-        "instead of the two halves (NeoX style).",
+        description="Rotate interleaved pairs (GPT-J style, DeepSeek "
+        "`rope_interleave`) instead of the two halves (NeoX style).",
     )
 
 
@@ -92,8 +102,12 @@ class MLA(_Section):
         None, description="Rank of the query down-projection; null for a full q_proj."
     )
     kv_lora_rank: PositiveInt = Field(description="Rank of the compressed KV latent.")
-    qk_nope_head_dim: PositiveInt = Field(description="Per-head query/key dims without rope.")
-    qk_rope_head_dim: PositiveInt = Field(description="Per-head query/key dims with rope.")
+    qk_nope_head_dim: PositiveInt = Field(
+        description="Per-head query/key dims without rope."
+    )
+    qk_rope_head_dim: PositiveInt = Field(
+        description="Per-head query/key dims with rope."
+    )
     v_head_dim: PositiveInt = Field(description="Per-head value dims.")
 
 
@@ -135,7 +149,9 @@ class Attention(_Section):
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
         "reuses the KV cache of the earlier target layer and computes queries only.",
     )
-    mla: MLA | None = Field(None, description="MLA dimensions; required when type is mla.")
+    mla: MLA | None = Field(
+        None, description="MLA dimensions; required when type is mla."
+    )
 
 
 class Router(_Section):
@@ -167,9 +183,15 @@ class MoE(_Section):
     """Mixture of experts; layers not excluded below are MoE layers."""
 
     num_experts: PositiveInt = Field(description="Routed experts per MoE layer.")
-    num_experts_per_tok: PositiveInt = Field(description="Experts each token uses (top-k).")
-    expert_intermediate_size: PositiveInt = Field(description="Each routed expert's width.")
-    num_shared_experts: NonNegativeInt = Field(0, description="Always-on shared experts.")
+    num_experts_per_tok: PositiveInt = Field(
+        description="Experts each token uses (top-k)."
+    )
+    expert_intermediate_size: PositiveInt = Field(
+        description="Each routed expert's width."
+    )
+    num_shared_experts: NonNegativeInt = Field(
+        0, description="Always-on shared experts."
+    )
     shared_expert_intermediate_size: PositiveInt | None = Field(
         None,
         description="Total width of the shared expert MLP; null means "
@@ -178,7 +200,9 @@ class MoE(_Section):
     shared_expert_gate: bool = Field(
         False, description="Sigmoid gate on the shared expert output (Qwen2-MoE)."
     )
-    first_k_dense: NonNegativeInt = Field(0, description="The first k layers stay dense.")
+    first_k_dense: NonNegativeInt = Field(
+        0, description="The first k layers stay dense."
+    )
     layer_frequency: PositiveInt = Field(
         1, description="Every Nth layer is MoE (layer i when (i + 1) % N == 0)."
     )
@@ -194,7 +218,9 @@ class MLP(_Section):
     intermediate_size: PositiveInt | None = Field(
         None, description="Width of dense MLP layers (required if any layer is dense)."
     )
-    moe: MoE | None = Field(None, description="Mixture of experts; null for a dense model.")
+    moe: MoE | None = Field(
+        None, description="Mixture of experts; null for a dense model."
+    )
 
 
 class MTP(_Section):
@@ -223,9 +249,7 @@ class Speculator(_Section):
     """One speculative-decoding method to configure and validate."""
 
     method: SpecMethod = Field(description="vLLM speculative method.")
-    num_speculative_tokens: PositiveInt = Field(
-        3, le=16, description="Draft length k."
-    )
+    num_speculative_tokens: PositiveInt = Field(3, le=16, description="Draft length k.")
 
 
 class ModelSpec(_Section):
@@ -241,8 +265,11 @@ class ModelSpec(_Section):
         description="Architecture class name, e.g. `NovelLaunchForCausalLM`."
     )
     model_type: str = Field(description="config.json `model_type`, snake_case.")
-    license: str = Field("apache-2.0", pattern=r"^[a-z0-9][a-z0-9.\-]*$",
-                         description="SPDX-style licence id for the Hub card.")
+    license: str = Field(
+        "apache-2.0",
+        pattern=r"^[a-z0-9][a-z0-9.\-]*$",
+        description="SPDX-style licence id for the Hub card.",
+    )
     base_checkpoint: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$",
@@ -252,7 +279,9 @@ class ModelSpec(_Section):
     hidden_size: PositiveInt = Field(description="Model (residual) width.")
     num_hidden_layers: PositiveInt = Field(description="Decoder layers (MTP excluded).")
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
-    tie_word_embeddings: bool = Field(False, description="lm_head shares the embedding.")
+    tie_word_embeddings: bool = Field(
+        False, description="lm_head shares the embedding."
+    )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
@@ -261,7 +290,9 @@ class ModelSpec(_Section):
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
     mlp: MLP = Field(description="Feed-forward layers.")
     mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Tensor names.")
+    checkpoint: Checkpoint = Field(
+        default_factory=Checkpoint, description="Tensor names."
+    )
     quantization: list[QuantScheme] = Field(
         default_factory=list, description="Quantized checkpoints to produce."
     )
@@ -277,7 +308,9 @@ class ModelSpec(_Section):
     def _architecture_is_class_name(cls, value: str) -> str:
         _check_identifier(value, "architecture")
         if not value[0].isupper():
-            raise ValueError(f"architecture must be a CapWords class name, got {value!r}")
+            raise ValueError(
+                f"architecture must be a CapWords class name, got {value!r}"
+            )
         return value
 
     @field_validator("model_type")
@@ -292,7 +325,7 @@ class ModelSpec(_Section):
 
     @property
     def module_name(self) -> str:
-        """Python module name for generated files (``novel-launch`` -> ``novel_launch``)."""
+        """Module name of generated files (``novel-launch`` -> ``novel_launch``)."""
         return self.name.replace("-", "_")
 
     @property
@@ -315,7 +348,8 @@ class ModelSpec(_Section):
             return ["sliding_attention"] * n
         p = att.sliding_window_pattern
         return [
-            "full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)
+            "full_attention" if (i + 1) % p == 0 else "sliding_attention"
+            for i in range(n)
         ]
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import difflib
 import string
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from onboard.spec.layouts import ROLES, required_placeholders
 from onboard.spec.model import ModelSpec
 
 Path = tuple[str | int, ...]
 Problem = tuple[Path, str]
+Report = Callable[[Path, str], None]
 
 # Only the CPU MLA decode kernel constrains the latent; see DESIGN.md.
 CPU_MLA_LATENT = 576
@@ -32,211 +33,254 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _checkpoint_rules,
         _speculator_rules,
     ):
-        problems.extend(rule(spec))
+        rule(spec, lambda path, message: problems.append((path, message)))
     return problems
 
 
-def _attention_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
     if att.type == "gqa":
         if att.mla is not None:
-            yield a + ("mla",), "MLA dimensions given but attention.type is gqa"
+            report(a + ("mla",), "MLA dimensions given but attention.type is gqa")
         if att.num_kv_heads is not None and att.num_heads % att.num_kv_heads:
-            yield a + ("num_kv_heads",), (
+            report(
+                a + ("num_kv_heads",),
                 f"num_heads ({att.num_heads}) must be divisible by num_kv_heads "
-                f"({att.num_kv_heads})"
+                f"({att.num_kv_heads})",
             )
         if att.head_dim is None and spec.hidden_size % att.num_heads:
-            yield a + ("head_dim",), (
+            report(
+                a + ("head_dim",),
                 f"hidden_size ({spec.hidden_size}) is not divisible by num_heads "
-                f"({att.num_heads}); set head_dim explicitly"
+                f"({att.num_heads}); set head_dim explicitly",
             )
         rotary = spec.head_dim * att.partial_rotary_factor
         if rotary != int(rotary) or int(rotary) % 2:
-            yield a + ("partial_rotary_factor",), (
-                f"head_dim x partial_rotary_factor = {rotary:g} must be an even integer"
+            report(
+                a + ("partial_rotary_factor",),
+                f"head_dim x partial_rotary_factor = {rotary:g} must be an even "
+                "integer",
             )
         return
     # MLA
     if att.mla is None:
-        yield a + ("mla",), "attention.type is mla but the mla section is missing"
+        report(a + ("mla",), "attention.type is mla but the mla section is missing")
         return
-    for field in ("num_kv_heads", "head_dim", "sliding_window", "layer_types",
-                  "sliding_window_pattern"):
+    for field in (
+        "num_kv_heads",
+        "head_dim",
+        "sliding_window",
+        "layer_types",
+        "sliding_window_pattern",
+    ):
         if getattr(att, field) is not None:
-            yield a + (field,), f"{field} does not apply to MLA attention"
+            report(a + (field,), f"{field} does not apply to MLA attention")
     if att.qk_norm or att.qkv_bias:
-        yield a + ("qk_norm" if att.qk_norm else "qkv_bias",), (
-            "qk_norm and qkv_bias do not apply to MLA attention"
+        report(
+            a + ("qk_norm" if att.qk_norm else "qkv_bias",),
+            "qk_norm and qkv_bias do not apply to MLA attention",
         )
     if att.partial_rotary_factor != 1.0:
-        yield a + ("partial_rotary_factor",), (
-            "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0"
+        report(
+            a + ("partial_rotary_factor",),
+            "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0",
         )
     mla = att.mla
     if mla.qk_rope_head_dim % 2:
-        yield a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even"
+        report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
     if mla.q_lora_rank is not None and mla.q_lora_rank >= spec.hidden_size * 4:
-        yield a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large"
+        report(a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large")
 
 
-def _layer_type_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
     if att.layer_types is not None:
         if len(att.layer_types) != spec.num_hidden_layers:
-            yield a + ("layer_types",), (
+            report(
+                a + ("layer_types",),
                 f"has {len(att.layer_types)} entries but num_hidden_layers is "
-                f"{spec.num_hidden_layers}"
+                f"{spec.num_hidden_layers}",
             )
         if att.sliding_window_pattern is not None:
-            yield a + ("sliding_window_pattern",), (
-                "give either layer_types or sliding_window_pattern, not both"
+            report(
+                a + ("sliding_window_pattern",),
+                "give either layer_types or sliding_window_pattern, not both",
             )
         if "sliding_attention" in att.layer_types and att.sliding_window is None:
-            yield a + ("sliding_window",), (
-                "layer_types has sliding_attention layers but sliding_window is not set"
+            report(
+                a + ("sliding_window",),
+                "layer_types has sliding_attention layers but sliding_window is "
+                "not set",
             )
     if att.sliding_window_pattern is not None and att.sliding_window is None:
-        yield a + ("sliding_window_pattern",), "needs sliding_window to be set"
+        report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
 
 
-def _kv_sharing_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     if not att.kv_sharing:
         return
     path: Path = ("attention", "kv_sharing")
     if att.type == "mla":
-        yield path, (
+        report(
+            path,
             "vLLM cannot share KV between MLA layers: MLAAttention takes no "
             "kv_sharing_target_layer_name and the CPU MLA backend raises "
-            "'KV sharing is not supported for MLA'"
+            "'KV sharing is not supported for MLA'",
         )
         return
     n = spec.num_hidden_layers
-    types = spec.layer_attention_types() if att.layer_types is None or len(
-        att.layer_types) == n else None
+    types = (
+        spec.layer_attention_types()
+        if att.layer_types is None or len(att.layer_types) == n
+        else None
+    )
     for layer, target in att.kv_sharing.items():
         where = path + (layer,)
         if layer >= n:
-            yield where, f"layer {layer} does not exist (num_hidden_layers is {n})"
+            report(where, f"layer {layer} does not exist (num_hidden_layers is {n})")
             continue
         if target >= layer:
-            yield where, (
+            report(
+                where,
                 f"target layer {target} must come before layer {layer}: vLLM shares "
-                "only the cache of an earlier attention layer"
+                "only the cache of an earlier attention layer",
             )
             continue
         if target in att.kv_sharing:
-            yield where, (
+            report(
+                where,
                 f"target layer {target} itself shares layer "
-                f"{att.kv_sharing[target]}'s cache; point at that layer instead"
+                f"{att.kv_sharing[target]}'s cache; point at that layer instead",
             )
         if types is not None and types[layer] != types[target]:
-            yield where, (
+            report(
+                where,
                 f"layer {layer} is {types[layer]} but its target {target} is "
                 f"{types[target]}: vLLM shares caches only between layers of the same "
-                "window type"
+                "window type",
             )
 
 
-def _mlp_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _mlp_rules(spec: ModelSpec, report: Report) -> None:
     needs_dense = any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers))
     if spec.mtp is not None and spec.mtp.mlp == "dense":
         needs_dense = True
     if needs_dense and spec.mlp.intermediate_size is None:
-        yield ("mlp", "intermediate_size"), (
-            "some layers are dense, so mlp.intermediate_size is required"
+        report(
+            ("mlp", "intermediate_size"),
+            "some layers are dense, so mlp.intermediate_size is required",
         )
 
 
-def _moe_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _moe_rules(spec: ModelSpec, report: Report) -> None:
     moe = spec.mlp.moe
     if moe is None:
         return
     m: Path = ("mlp", "moe")
     if moe.num_experts_per_tok > moe.num_experts:
-        yield m + ("num_experts_per_tok",), (
-            f"top-k ({moe.num_experts_per_tok}) exceeds num_experts ({moe.num_experts})"
+        report(
+            m + ("num_experts_per_tok",),
+            f"top-k ({moe.num_experts_per_tok}) exceeds num_experts "
+            f"({moe.num_experts})",
         )
     for i, layer in enumerate(moe.dense_layers):
         if layer >= spec.num_hidden_layers:
-            yield m + ("dense_layers", i), (
+            report(
+                m + ("dense_layers", i),
                 f"layer {layer} does not exist (num_hidden_layers is "
-                f"{spec.num_hidden_layers})"
+                f"{spec.num_hidden_layers})",
             )
     if not any(spec.is_moe_layer(i) for i in range(spec.num_hidden_layers)):
-        yield m, "no layer is MoE: first_k_dense / layer_frequency / dense_layers "\
-            "exclude every layer (drop the moe section for a dense model)"
+        report(
+            m,
+            "no layer is MoE: first_k_dense / layer_frequency / dense_layers "
+            "exclude every layer (drop the moe section for a dense model)",
+        )
     if moe.shared_expert_gate and moe.num_shared_experts == 0:
-        yield m + ("shared_expert_gate",), "needs num_shared_experts >= 1"
+        report(m + ("shared_expert_gate",), "needs num_shared_experts >= 1")
     if moe.shared_expert_intermediate_size is not None and moe.num_shared_experts == 0:
-        yield m + ("shared_expert_intermediate_size",), "needs num_shared_experts >= 1"
+        report(
+            m + ("shared_expert_intermediate_size",), "needs num_shared_experts >= 1"
+        )
     r = moe.router
     rp = m + ("router",)
     if (r.num_groups is None) != (r.topk_groups is None):
-        yield rp + ("topk_groups" if r.topk_groups is None else "num_groups",), (
-            "grouped top-k needs both num_groups and topk_groups"
+        report(
+            rp + ("topk_groups" if r.topk_groups is None else "num_groups",),
+            "grouped top-k needs both num_groups and topk_groups",
         )
     elif r.num_groups is not None and r.topk_groups is not None:
         if moe.num_experts % r.num_groups:
-            yield rp + ("num_groups",), (
+            report(
+                rp + ("num_groups",),
                 f"num_groups ({r.num_groups}) must divide num_experts "
-                f"({moe.num_experts})"
+                f"({moe.num_experts})",
             )
         elif r.topk_groups > r.num_groups:
-            yield rp + ("topk_groups",), (
-                f"topk_groups ({r.topk_groups}) exceeds num_groups ({r.num_groups})"
+            report(
+                rp + ("topk_groups",),
+                f"topk_groups ({r.topk_groups}) exceeds num_groups ({r.num_groups})",
             )
-        elif moe.num_experts_per_tok > r.topk_groups * (moe.num_experts // r.num_groups):
-            yield rp + ("topk_groups",), (
+        elif moe.num_experts_per_tok > r.topk_groups * (
+            moe.num_experts // r.num_groups
+        ):
+            report(
+                rp + ("topk_groups",),
                 f"top-k ({moe.num_experts_per_tok}) exceeds the experts in the "
-                f"{r.topk_groups} kept groups"
+                f"{r.topk_groups} kept groups",
             )
 
 
-def _mtp_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
-        yield ("mtp", "mlp"), "is moe but the model has no mlp.moe section"
+        report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
 
 
-def _checkpoint_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     for role, template in spec.checkpoint.tensor_names.items():
         where: Path = ("checkpoint", "tensor_names", role)
         if role not in ROLES:
             hint = difflib.get_close_matches(role, ROLES, n=1)
-            yield where, f"unknown role {role!r}" + (
-                f"; did you mean {hint[0]!r}?" if hint else ""
+            report(
+                where,
+                f"unknown role {role!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else ""),
             )
             continue
         try:
             fields = {f for _, f, _, _ in string.Formatter().parse(template) if f}
         except ValueError as exc:
-            yield where, f"malformed path template: {exc}"
+            report(where, f"malformed path template: {exc}")
             continue
         want = required_placeholders(role)
         if fields != want:
             need = ", ".join("{" + f + "}" for f in sorted(want)) or "no placeholders"
-            yield where, f"path must use exactly {need}, got {template!r}"
-        elif not all(p.isidentifier() for p in template.format(
-                layer=0, expert=0).split(".")):
-            yield where, f"{template!r} is not a dotted module path"
+            report(where, f"path must use exactly {need}, got {template!r}")
+        elif not all(
+            p.isidentifier() for p in template.format(layer=0, expert=0).split(".")
+        ):
+            report(where, f"{template!r} is not a dotted module path")
 
 
-def _speculator_rules(spec: ModelSpec) -> Iterator[Problem]:
+def _speculator_rules(spec: ModelSpec, report: Report) -> None:
     seen: set[str] = set()
     for i, s in enumerate(spec.speculators):
         where: Path = ("speculators", i)
         if s.method in seen:
-            yield where + ("method",), f"method {s.method!r} listed twice"
+            report(where + ("method",), f"method {s.method!r} listed twice")
         seen.add(s.method)
         if s.method == "mtp":
             if spec.mtp is None:
-                yield where + ("method",), "mtp needs MTP heads: add an mtp section"
-            elif s.num_speculative_tokens % spec.mtp.num_heads and \
-                    s.num_speculative_tokens > spec.mtp.num_heads:
-                yield where + ("num_speculative_tokens",), (
+                report(where + ("method",), "mtp needs MTP heads: add an mtp section")
+            elif (
+                s.num_speculative_tokens % spec.mtp.num_heads
+                and s.num_speculative_tokens > spec.mtp.num_heads
+            ):
+                report(
+                    where + ("num_speculative_tokens",),
                     f"{s.num_speculative_tokens} draft tokens is not a multiple of "
-                    f"the {spec.mtp.num_heads} MTP heads"
+                    f"the {spec.mtp.num_heads} MTP heads",
                 )

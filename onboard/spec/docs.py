@@ -1,0 +1,161 @@
+"""Render docs/spec.md from the pydantic models, so the reference never drifts.
+
+Regenerate with ``python -m onboard.spec.docs > docs/spec.md``; a test fails when
+the committed file differs.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
+from onboard.spec.model import ModelSpec
+
+_INTRO = """\
+# The model spec
+
+One YAML file describes a model: its identity, dimensions, attention, MLP, MTP
+heads, checkpoint tensor names, and what the launch wants (quantized variants,
+speculative decoding, hardware targets). `onboard spec check SPEC` validates it
+and reports every problem as `FILE:LINE:COL: field.path: message`;
+`onboard spec schema` prints its JSON Schema for editors; `onboard spec from-hf
+config.json -o SPEC` infers one from a Hugging Face config.
+
+Bundled examples: `model_specs/dense-gqa.yaml`, `model_specs/deepseek-v3-style.yaml`,
+`model_specs/novel-launch.yaml`.
+
+Unknown keys are errors (with a did-you-mean). Strings that reach generated Python
+(`architecture`, `model_type`, `name`) must be plain identifiers.
+
+This page is generated from `onboard/spec/model.py` by
+`python -m onboard.spec.docs > docs/spec.md`.
+"""
+
+_RULES = """\
+## Cross-field rules
+
+Checked after the fields themselves (`onboard/spec/rules.py`), all reported at once:
+
+- GQA: `num_heads` divisible by `num_kv_heads`; without `head_dim`, `hidden_size`
+  divisible by `num_heads`; `head_dim x partial_rotary_factor` an even integer.
+- MLA: the `mla` section is present; GQA-only fields (`num_kv_heads`, `head_dim`,
+  sliding windows, `qk_norm`, `qkv_bias`, partial rotary) are absent;
+  `qk_rope_head_dim` even.
+- Sliding windows: `layer_types` has one entry per layer; `layer_types` and
+  `sliding_window_pattern` are exclusive; sliding layers need `sliding_window`.
+- KV sharing: the layer exists; its target is an earlier layer that owns its cache
+  (not itself sharing) and has the same window type; never with MLA (vLLM's
+  `MLAAttention` takes no sharing target; the CPU MLA backend raises "KV sharing is
+  not supported for MLA").
+- MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
+  needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
+  keeping at least top-k experts); shared-expert options need a shared expert.
+- Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
+- MTP: `mtp.mlp: moe` needs `mlp.moe`.
+- Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
+  module path.
+- Speculators: each method once; `mtp` needs an `mtp` section and a draft length
+  that is a multiple of the heads (or at most their number).
+"""
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in args)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map {_type_name(args[0])} -> {_type_name(args[1])}"
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "**required**"
+    value = field.default_factory() if field.default_factory else field.default
+    if isinstance(value, BaseModel):
+        return "(section defaults)"
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def _models(model: type[BaseModel], seen: list[type[BaseModel]]) -> None:
+    if model in seen:
+        return
+    seen.append(model)
+    for field in model.model_fields.values():
+        for inner in _nested(field.annotation):
+            _models(inner, seen)
+
+
+def _nested(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _nested(a)]
+
+
+def render_spec_docs() -> str:
+    models: list[type[BaseModel]] = []
+    _models(ModelSpec, models)
+    parts = [_INTRO]
+    for model in models:
+        title = "ModelSpec (top level)" if model is ModelSpec else model.__name__
+        parts.append(f"## {title}\n\n{(model.__doc__ or '').strip()}\n")
+        rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(
+                f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} "
+                f"| {desc} |"
+            )
+        parts.append("\n".join(rows) + "\n")
+    parts.append(_RULES)
+    parts.append(_layouts_table())
+    return "\n".join(parts)
+
+
+def _layouts_table() -> str:
+    names = list(LAYOUT_PRESETS)
+    rows = [
+        "## Checkpoint layouts",
+        "",
+        "Module path of each role per preset (`checkpoint.layout`); a tensor is the",
+        "path plus `.weight` / `.bias` / `.e_score_correction_bias`. Override single",
+        "roles with `checkpoint.tensor_names`. MTP head `i` uses layer",
+        "`num_hidden_layers + i`, with a full decoder block under the same layer",
+        "prefix.",
+        "",
+        "| role | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    for role in ROLES:
+        base = LAYOUT_PRESETS["llama"][role]
+        cells = [f"`{base}`"] + [
+            "same"
+            if LAYOUT_PRESETS[n][role] == base
+            else f"`{LAYOUT_PRESETS[n][role]}`"
+            for n in names[1:]
+        ]
+        rows.append(f"| `{role}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_spec_docs(), end="")

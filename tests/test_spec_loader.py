@@ -1,0 +1,174 @@
+"""The spec loader: located errors, cross-field rules, bundled specs, CLI contract."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboard.spec import SpecError, dump_spec, load_spec, parse_spec_text
+from onboard.spec.docs import render_spec_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = sorted((ROOT / "model_specs").glob("*.yaml"))
+LOCATED = re.compile(r"^[^:]+:\d+:\d+: [\w.\[\]<>]+: .+$")
+
+BASE = """\
+name: tiny
+architecture: TinyForCausalLM
+model_type: tiny
+vocab_size: 1000
+hidden_size: 256
+num_hidden_layers: 4
+max_position_embeddings: 2048
+attention:
+  num_heads: 8
+  num_kv_heads: 2
+mlp:
+  intermediate_size: 512
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec_text(text, "s.yaml")
+    lines = str(info.value).splitlines()
+    for line in lines:
+        assert LOCATED.match(line), line
+    return lines
+
+
+def test_bundled_specs_are_valid_and_round_trip():
+    assert {p.name for p in BUNDLED} >= {
+        "dense-gqa.yaml",
+        "deepseek-v3-style.yaml",
+        "novel-launch.yaml",
+    }
+    for path in BUNDLED:
+        spec = load_spec(path)
+        text = dump_spec(spec)
+        assert dump_spec(parse_spec_text(text)) == text
+
+
+def test_base_spec_is_valid():
+    spec = parse_spec_text(BASE)
+    assert spec.head_dim == 32 and spec.num_kv_heads == 2
+    assert [layer.moe for layer in spec.layers()] == [False] * 4
+
+
+def test_error_points_at_the_value():
+    [line] = problems(BASE.replace("num_kv_heads: 2", "num_kv_heads: 3"))
+    assert line.startswith("s.yaml:10:3: attention.num_kv_heads: ")
+    assert "divisible" in line
+
+
+def test_unknown_key_suggests_the_right_one():
+    [line] = problems(BASE.replace("  num_kv_heads: 2", "  num_kv_head: 2"))
+    assert line.startswith("s.yaml:10:3: attention.num_kv_head: unknown field")
+    assert "did you mean 'num_kv_heads'" in line
+
+
+def test_every_problem_is_reported():
+    text = (
+        BASE.replace("vocab_size: 1000", "vocab_size: -1")
+        .replace("hidden_size: 256", "hidden_size: big")
+        .replace("  num_heads: 8", "  num_hedas: 8")
+    )
+    lines = problems(text)
+    assert len(lines) == 4  # vocab, hidden, typo'd key, and the now-missing num_heads
+    assert any("vocab_size" in x for x in lines)
+    assert any("hidden_size" in x for x in lines)
+    assert any("did you mean 'num_heads'" in x for x in lines)
+
+
+def test_cross_field_rules_all_reported():
+    text = (
+        BASE
+        + """\
+  moe:
+    num_experts: 6
+    num_experts_per_tok: 8
+    expert_intermediate_size: 64
+    router: {num_groups: 4, topk_groups: 2}
+"""
+    )
+    text = text.replace("num_kv_heads: 2", "num_kv_heads: 3")
+    lines = problems(text)
+    assert any("num_experts_per_tok" in x and "exceeds" in x for x in lines)
+    assert any("router.num_groups" in x and "divide" in x for x in lines)
+    assert any("num_kv_heads" in x for x in lines)
+
+
+@pytest.mark.parametrize("value", ["os.system('x')", "Foo; import os", "class", "Ünï"])
+def test_identifiers_cannot_inject_code(value):
+    lines = problems(BASE.replace("TinyForCausalLM", json.dumps(value)))
+    assert any("architecture" in x for x in lines)
+
+
+def test_mla_rejects_kv_sharing_with_reason():
+    spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    spec = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 4}\n")
+    lines = problems(spec)
+    assert any("KV sharing is not supported for MLA" in x for x in lines)
+
+
+def test_kv_sharing_rules():
+    text = BASE.replace(
+        "  num_kv_heads: 2\n",
+        "  num_kv_heads: 2\n  sliding_window: 64\n  sliding_window_pattern: 2\n"
+        "  kv_sharing: {2: 1, 3: 1, 1: 3}\n",
+    )
+    lines = problems(text)
+    assert any("kv_sharing[2]" in x and "same window type" in x for x in lines)
+    assert any("kv_sharing[1]" in x and "must come before" in x for x in lines)
+    # 3 -> 1 is fine in itself (both full), but 1 shares too and must not be a target.
+    assert any("kv_sharing[3]" in x and "itself shares" in x for x in lines)
+
+
+def test_duplicate_keys_are_errors():
+    lines = problems(BASE + "vocab_size: 1000\n")
+    assert any("duplicate key" in x for x in lines)
+
+
+def test_invalid_yaml_is_located():
+    [line] = problems("name: [unclosed\n")
+    assert line.startswith("s.yaml:")
+    assert "invalid YAML" in line
+
+
+def test_docs_are_current():
+    assert (ROOT / "docs" / "spec.md").read_text() == render_spec_docs(), (
+        "docs/spec.md is stale: python -m onboard.spec.docs > docs/spec.md"
+    )
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("onboard")
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_check_exit_codes(tmp_path):
+    ok = run_cli("spec", "check", str(BUNDLED[0]))
+    assert ok.returncode == 0, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE.replace("num_kv_heads: 2", "num_kv_heads: 3"))
+    res = run_cli("spec", "check", str(bad))
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+    assert f"{bad}:10:3: attention.num_kv_heads:" in res.stderr
+    missing = run_cli("spec", "check", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read spec" in missing.stderr
+
+
+def test_cli_schema_is_json_schema():
+    res = run_cli("spec", "schema")
+    assert res.returncode == 0
+    schema = json.loads(res.stdout)
+    assert schema["additionalProperties"] is False
+    assert {"attention", "mlp", "mtp", "checkpoint"} <= set(schema["properties"])
