@@ -1,0 +1,247 @@
+"""The shrink rule: a full-size spec -> a seconds-sized spec of the same architecture.
+
+One rule for every spec (documented in docs/checkpoints.md):
+
+* **Kept as they are** — everything that is structure rather than size, and every
+  dimension a kernel constrains: head_dim (vLLM's CPU attention accepts only some
+  sizes), the MLA per-head dims and latent (the CPU MLA decode kernel only takes
+  kv_lora_rank + qk_rope_head_dim = 576), norm type, activation, biases, qk-norm,
+  partial rotary, rope (theta, interleave, scaling type *and* parameters: they
+  define the rotation, not a size), tied embeddings, the layer patterns
+  (sliding_window_pattern, MoE layer_frequency), router kind, bias correction,
+  scaling factor, shared-expert gate, MTP heads and their count, the checkpoint
+  layout, and the launch wishes (quantization, speculators, targets).
+* **Shrunk** — widths and counts: query heads to at most 2 per KV head and at most
+  2 KV heads (MHA stays MHA, MQA stays MQA; MLA keeps 4 heads), hidden size to
+  heads x head_dim where the spec ties them (else 256), dense MLP to 2 x hidden,
+  experts to at most 8 (two per group when routing is grouped, keeping the share of
+  groups kept per token), top-k to at most 2, shared experts to at most 2, expert
+  widths to 64, q_lora_rank to at most 128, vocab to the bundled tokenizer's 512,
+  max positions to at most 2048, the sliding window to at most 16 tokens (so it
+  cuts into a 64-token test).
+* **Layers** — a subset of the original layers that keeps every kind of layer the
+  spec has (attention type x dense/MoE x KV-shared x explicitly dense) and, per
+  attention type, one KV-sharing pair: the first dense layers (as many as keep the
+  layer count aligned to the patterns' period, at least one) and the shortest run
+  of later layers that is aligned to the period and holds the rest. KV-sharing
+  pairs, explicit dense-layer lists and explicit layer types are remapped to the
+  kept layers; pattern fields are unchanged because the selection keeps each
+  layer's position within the period.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
+from onboard.spec.rules import check_rules
+
+TINY_VOCAB = 512
+TINY_MAX_POSITIONS = 2048
+TINY_SLIDING_WINDOW = 16
+TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
+TINY_EXPERT_WIDTH = 64
+TINY_Q_LORA_RANK = 128
+MAX_KV_HEADS = 2
+MAX_HEADS_PER_KV = 2
+MAX_MHA_HEADS = 4
+MLA_HEADS = 4
+MAX_EXPERTS = 8
+MAX_GROUPS = 4
+MAX_TOP_K = 2
+MAX_SHARED_EXPERTS = 2
+MIN_LAYERS = 2
+
+
+def shrink_spec(spec: ModelSpec) -> ModelSpec:
+    """The seconds-sized copy of ``spec`` (same architecture; see module docstring)."""
+    data = spec.model_dump(mode="python")
+    data["vocab_size"] = TINY_VOCAB
+    data["max_position_embeddings"] = min(
+        spec.max_position_embeddings, TINY_MAX_POSITIONS
+    )
+    att = data["attention"]
+    if spec.attention.type == "mla":
+        att["num_heads"] = min(spec.attention.num_heads, MLA_HEADS)
+        mla = att["mla"]
+        if mla["q_lora_rank"] is not None:
+            mla["q_lora_rank"] = min(mla["q_lora_rank"], TINY_Q_LORA_RANK)
+        data["hidden_size"] = TINY_WIDTH
+    else:
+        heads, kv, head_dim = spec.attention.num_heads, spec.num_kv_heads, spec.head_dim
+        if kv == heads:  # MHA stays MHA
+            new_kv = new_heads = min(heads, MAX_MHA_HEADS)
+        else:  # GQA / MQA: keep a real group, at most two of them
+            new_kv = min(kv, MAX_KV_HEADS)
+            new_heads = new_kv * min(heads // kv, MAX_HEADS_PER_KV)
+        att["num_heads"] = new_heads
+        att["num_kv_heads"] = None if spec.attention.num_kv_heads is None else new_kv
+        if spec.hidden_size == heads * head_dim:
+            # Families whose config has no head_dim derive it from the hidden size.
+            data["hidden_size"] = new_heads * head_dim
+        else:
+            data["hidden_size"] = TINY_WIDTH
+            att["head_dim"] = head_dim
+        if att["sliding_window"] is not None:
+            att["sliding_window"] = min(att["sliding_window"], TINY_SLIDING_WINDOW)
+
+    mlp = data["mlp"]
+    if mlp["intermediate_size"] is not None:
+        mlp["intermediate_size"] = 2 * data["hidden_size"]
+    if spec.mlp.moe is not None:
+        _shrink_moe(spec, mlp["moe"])
+
+    keep = select_layers(spec)
+    _remap_layers(spec, data, keep)
+    tiny = ModelSpec.model_validate(data)
+
+    problems = check_rules(tiny)
+    if problems:  # a bug in this rule, not in the user's spec
+        raise AssertionError(f"shrunk spec breaks the spec rules: {problems}")
+    if [layer_kind(spec, i, set(keep)) for i in keep] != [
+        layer_kind(tiny, j) for j in range(tiny.num_hidden_layers)
+    ]:
+        raise AssertionError("shrunk spec does not keep the kept layers' kinds")
+    return tiny
+
+
+def _shrink_moe(spec: ModelSpec, moe: dict) -> None:
+    src = spec.mlp.moe
+    assert src is not None
+    router = moe["router"]
+    e, k = src.num_experts, src.num_experts_per_tok
+    if src.router.num_groups is not None and src.router.topk_groups is not None:
+        g, tg = src.router.num_groups, src.router.topk_groups
+        new_g = min(g, MAX_GROUPS)
+        # DeepSeek's grouped top-k scores a group by its two best experts, so keep
+        # two experts per group where the spec has them.
+        per_group = min(e // g, max(2, MAX_EXPERTS // new_g))
+        new_e = new_g * per_group
+        new_tg = new_g if tg >= g else min(max(1, round(new_g * tg / g)), new_g - 1)
+        new_k = min(k, MAX_TOP_K, new_tg * per_group)
+        router["num_groups"], router["topk_groups"] = new_g, new_tg
+    else:
+        new_e = min(e, MAX_EXPERTS)
+        new_k = new_e if k == e else min(k, MAX_TOP_K, new_e - 1)
+    moe["num_experts"], moe["num_experts_per_tok"] = new_e, new_k
+    moe["expert_intermediate_size"] = TINY_EXPERT_WIDTH
+    moe["num_shared_experts"] = min(src.num_shared_experts, MAX_SHARED_EXPERTS)
+    if src.shared_expert_intermediate_size is not None:
+        ratio = round(
+            src.shared_expert_intermediate_size / src.expert_intermediate_size
+        )
+        moe["shared_expert_intermediate_size"] = TINY_EXPERT_WIDTH * max(1, ratio)
+
+
+# ---- layer selection --------------------------------------------------------------
+
+
+def layer_kind(
+    spec: ModelSpec, i: int, kept: set[int] | None = None
+) -> tuple[str, bool, bool, bool]:
+    """What a layer is: attention type, MoE, reads another layer's KV, listed dense.
+
+    With ``kept``, a layer reads another layer's KV only if its target is kept too
+    (a shared layer whose target is dropped becomes an ordinary layer).
+    """
+    moe = spec.mlp.moe
+    target = spec.attention.kv_sharing.get(i)
+    return (
+        spec.layer_attention_types()[i],
+        spec.is_moe_layer(i),
+        target is not None and (kept is None or target in kept),
+        moe is not None and i in moe.dense_layers,
+    )
+
+
+def _period(spec: ModelSpec) -> int:
+    """Period of the formula-driven layer patterns (sliding pattern, MoE frequency)."""
+    att = spec.attention
+    sliding = att.sliding_window_pattern if att.layer_types is None else None
+    freq = spec.mlp.moe.layer_frequency if spec.mlp.moe is not None else 1
+    return math.lcm(sliding or 1, freq)
+
+
+def _head_count(spec: ModelSpec, period: int) -> int:
+    """Leading dense layers kept: at least one, congruent to first_k mod the period."""
+    first_k = spec.mlp.moe.first_k_dense if spec.mlp.moe is not None else 0
+    return 0 if first_k == 0 else (first_k - 1) % period + 1
+
+
+def select_layers(spec: ModelSpec) -> list[int]:
+    """Original indices of the layers the tiny model keeps, in order.
+
+    The kept layers are the first ``h`` layers (``h`` from :func:`_head_count`) and a
+    run ``[a, b]`` with ``a`` congruent to ``h`` modulo the patterns' period, so
+    kept layer ``j`` sits where original layer ``keep[j]`` sat in every pattern and
+    the pattern fields need no change. The run is the shortest (then the earliest)
+    that keeps every layer kind and one KV-sharing pair per attention type.
+    """
+    n = spec.num_hidden_layers
+    period = _period(spec)
+    head = _head_count(spec, period)
+    first_k = spec.mlp.moe.first_k_dense if spec.mlp.moe is not None else 0
+    want_kinds = {layer_kind(spec, i) for i in range(n)}
+    types = spec.layer_attention_types()
+    pairs = sorted(spec.attention.kv_sharing.items())
+    want_pair_types = {types[layer] for layer, _ in pairs}
+    need = min(MIN_LAYERS, n)
+
+    best: list[int] | None = None
+    for a in range(first_k, n):
+        if (a - head) % period:
+            continue
+        kept = list(range(head)) + [a]
+        for b in range(a, n):
+            if b > a:
+                kept.append(b)
+            if best is not None and len(kept) >= len(best):
+                break
+            if len(kept) < need:
+                continue
+            members = set(kept)
+            if {layer_kind(spec, i, members) for i in kept} != want_kinds:
+                continue
+            pair_types = {
+                types[layer]
+                for layer, target in pairs
+                if layer in members and target in members
+            }
+            if pair_types == want_pair_types:
+                best = list(kept)
+                break
+    if best is None:  # no aligned run keeps everything: keep every layer
+        best = list(range(n))
+    return best
+
+
+def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
+    """Rewrite per-layer fields of ``data`` for the kept layers."""
+    position = {orig: new for new, orig in enumerate(keep)}
+    data["num_hidden_layers"] = len(keep)
+    att = data["attention"]
+    if att["layer_types"] is not None:
+        att["layer_types"] = [spec.attention.layer_types[i] for i in keep]
+    att["kv_sharing"] = {
+        position[layer]: position[target]
+        for layer, target in spec.attention.kv_sharing.items()
+        if layer in position and target in position
+    }
+    moe = data["mlp"]["moe"]
+    if moe is not None:
+        if keep == list(range(spec.num_hidden_layers)):
+            return
+        period = _period(spec)
+        moe["first_k_dense"] = _head_count(spec, period)
+        moe["dense_layers"] = [
+            position[i] for i in moe["dense_layers"] if i in position
+        ]
+
+
+def check_shrinkable(spec: ModelSpec) -> None:
+    """Refuse specs whose rules already fail (shrinking would hide the problem)."""
+    problems = check_rules(spec)
+    if problems:
+        listed = "; ".join(f"{'.'.join(map(str, p))}: {m}" for p, m in problems)
+        raise InputError(f"spec does not pass its rules: {listed}")
