@@ -1,0 +1,948 @@
+"""Map a spec to a Hugging Face ``config.json`` and back (docs/hf-mapping.md).
+
+One alias table (:data:`ALIASES`) names, for each concept, every key that model
+families use for it; the first name is the *canonical* one, written for model types
+transformers does not know (``novel_launch``). For a model type transformers knows,
+the writer uses the key names that transformers' own config class declares, so the
+config loads there and in vLLM's in-tree model. What a family's config does not say
+but its modeling code hard-codes (Qwen3 always has qk-norm, DeepSeek-V3 always routes
+by sigmoid with a bias correction) lives in one small table, :data:`FAMILIES`.
+
+Reading is strict: every key is mapped, listed in :data:`IGNORED` (does not change
+the forward pass), or refused with an :class:`~onboard.errors.InputError` that names
+it. The writer reads its own output back and refuses a spec the target config class
+cannot express, so neither direction writes a silently wrong file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
+from onboard.spec.rules import check_rules
+
+# ---- the alias table -----------------------------------------------------------
+
+# Concept (= canonical key) -> every key families use for it, canonical first.
+ALIASES: dict[str, tuple[str, ...]] = {
+    # identity and dimensions
+    "vocab_size": ("vocab_size",),
+    "hidden_size": ("hidden_size",),
+    "num_hidden_layers": ("num_hidden_layers",),
+    "max_position_embeddings": ("max_position_embeddings",),
+    "tie_word_embeddings": ("tie_word_embeddings",),
+    "hidden_act": ("hidden_act", "hidden_activation"),
+    "rms_norm_eps": ("rms_norm_eps",),
+    "layer_norm_eps": ("layer_norm_eps",),
+    # attention
+    "num_attention_heads": ("num_attention_heads",),
+    "num_key_value_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "qk_norm": ("qk_norm", "use_qk_norm"),
+    "attention_bias": ("attention_bias",),  # q, k, v and o projections
+    "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
+    "o_bias": ("o_bias",),  # o only (overrides attention_bias)
+    "partial_rotary_factor": ("partial_rotary_factor",),
+    "rope_parameters": ("rope_parameters",),
+    "rope_theta": ("rope_theta",),  # legacy (transformers 4)
+    "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
+    "rope_interleave": ("rope_interleave",),
+    "sliding_window": ("sliding_window",),
+    "use_sliding_window": ("use_sliding_window",),
+    "layer_types": ("layer_types",),
+    "sliding_window_pattern": ("sliding_window_pattern",),
+    "max_window_layers": ("max_window_layers",),
+    "kv_sharing_target_layers": ("kv_sharing_target_layers",),
+    # multi-head latent attention
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
+    # MLP and mixture of experts
+    "intermediate_size": ("intermediate_size",),
+    "n_routed_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok",),
+    "moe_intermediate_size": ("moe_intermediate_size",),
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "shared_expert_gate": ("shared_expert_gate",),
+    "first_k_dense_replace": ("first_k_dense_replace",),
+    "decoder_sparse_step": ("decoder_sparse_step",),  # MoE when (i + 1) % N == 0
+    "moe_layer_freq": ("moe_layer_freq",),  # DeepSeek: MoE when i % N == 0
+    "mlp_only_layers": ("mlp_only_layers",),
+    "norm_topk_prob": ("norm_topk_prob",),
+    "scoring_func": ("scoring_func",),
+    "topk_method": ("topk_method",),
+    "n_group": ("n_group",),
+    "topk_group": ("topk_group",),
+    "routed_scaling_factor": ("routed_scaling_factor",),
+    # multi-token prediction
+    "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
+    "mtp_mlp": ("mtp_mlp",),
+}
+
+# Keys that do not change the forward pass: ignored when read, never refused.
+IGNORED: frozenset[str] = frozenset(
+    {
+        # generic PretrainedConfig and serialisation attributes
+        "_name_or_path", "transformers_version", "dtype", "torch_dtype",
+        "return_dict", "output_hidden_states", "output_attentions", "id2label",
+        "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+        "auto_map", "tokenizer_class", "bos_token_id", "eos_token_id",
+        "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        # inference-time switches
+        "use_cache", "output_router_logits",
+        # training only
+        "initializer_range", "attention_dropout", "hidden_dropout", "dropout",
+        "embd_pdrop", "resid_pdrop", "router_aux_loss_coef", "aux_loss_alpha",
+        "seq_aux", "router_jitter_noise", "router_z_loss_coef", "pretraining_tp",
+        "ep_size",
+        # checkpoint storage, not architecture (checked by `spec check --checkpoint`)
+        "quantization_config",
+    }
+)  # fmt: skip
+
+# Keys accepted only at the value that leaves the forward pass as the spec has it.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "mlp_bias": (False,),
+    "is_causal": (True,),
+    "use_bidirectional_attention": (False, None),
+}
+
+REQUIRED = object()  # marker: a concept the config must state
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one transformers model type implies beyond its config keys."""
+
+    layout: str
+    # Concept -> the value the family's transformers modeling code hard-codes.
+    facts: dict[str, Any] = field(default_factory=dict)
+    # Alias keys vLLM's in-tree model reads although transformers' class does not.
+    vllm_keys: tuple[str, ...] = ()
+
+
+# The verified families. A model type transformers knows but that is not here is
+# refused: its block structure (norm placement, MLP form, fused tensors) is not in
+# config.json, so a spec read from it could be silently wrong.
+FAMILIES: dict[str, Family] = {
+    "llama": Family("llama"),
+    "mistral": Family("llama"),
+    "qwen2": Family("llama", {"qkv_bias": True}),
+    "qwen3": Family("llama", {"qk_norm": True}),
+    "qwen2_moe": Family("qwen", {"shared_expert_gate": True}),
+    "qwen3_moe": Family("qwen", {"qk_norm": True}),
+    "mixtral": Family("mixtral", {"norm_topk_prob": True}),
+    "deepseek_v2": Family(
+        "deepseek",
+        # Complex-number (interleaved) rope; the router never renormalises top-k.
+        {"rope_interleave": True, "scoring_func": "softmax", "norm_topk_prob": False},
+        vllm_keys=("scoring_func",),
+    ),
+    "deepseek_v3": Family(
+        "deepseek",
+        # Sigmoid scores plus e_score_correction_bias; vLLM builds that bias only
+        # when the config says topk_method: noaux_tc (DESIGN.md).
+        {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+        vllm_keys=("topk_method", "scoring_func"),
+    ),
+}
+
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
+LAYER_KINDS = ("full_attention", "sliding_attention")
+ROPE_FIELDS = {
+    "linear": ("factor",),
+    "yarn": (
+        "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+        "mscale", "mscale_all_dim",
+    ),
+    "llama3": (
+        "factor", "original_max_position_embeddings", "low_freq_factor",
+        "high_freq_factor",
+    ),
+}  # fmt: skip
+# Keys transformers' class writes that carry no information for the spec.
+_NOISE = ("_name_or_path", "id2label", "label2id", "problem_type",
+          "chunk_size_feed_forward", "is_encoder_decoder", "return_dict",
+          "output_attentions", "output_hidden_states", "bos_token_id",
+          "eos_token_id", "pad_token_id")  # fmt: skip
+# The spec fields a config.json carries (the rest are launch wishes and file names).
+_HF_CARRIED = (
+    "architecture",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "activation",
+    "norm",
+    "attention",
+    "rope",
+    "mlp",
+    "mtp",
+)
+
+
+# ---- transformers' config classes ------------------------------------------------
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # Config classes log rope-validation warnings; problems are reported by us.
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+@dataclass(frozen=True)
+class _Known:
+    cls: type
+    declared: frozenset[str]  # keys the class writes
+    attribute_map: dict[str, str]  # alias -> declared key
+
+
+@cache
+def _known(model_type: str) -> _Known | None:
+    """transformers' config class for a model type, or None for a new type."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError as exc:  # pragma: no cover - the cpu/gpu extras install it
+        raise InputError(
+            "transformers is needed to map Hugging Face configs "
+            "(pip install 'onboard[cpu]')"
+        ) from exc
+    if model_type not in CONFIG_MAPPING:
+        return None
+    cls = CONFIG_MAPPING[model_type]
+    with _quiet_transformers():
+        declared = frozenset(cls().to_dict())
+    return _Known(cls, declared, dict(getattr(cls, "attribute_map", {}) or {}))
+
+
+def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]:
+    known = _known(model_type)
+    family = FAMILIES.get(model_type)
+    if known is not None and family is None:
+        raise InputError(
+            f"{source}: model_type {model_type!r} is a transformers family onboard "
+            "has not verified: its block structure (norm placement, MLP form, fused "
+            "tensors) is not stated in config.json, so a spec inferred from it could "
+            f"be silently wrong. Verified families: {', '.join(sorted(FAMILIES))}. "
+            "Write the spec by hand with a new model_type instead."
+        )
+    return known, family
+
+
+# ---- reading a config ------------------------------------------------------------
+
+
+class _Reader:
+    """One pass over a config dict: concept lookups, used keys, problems."""
+
+    def __init__(self, cfg: dict, facts: dict[str, Any], fixed: bool):
+        self.cfg = cfg
+        self.facts = facts
+        self.fixed = fixed  # facts win over keys (what transformers' class does)
+        self.used: set[str] = set()
+        self.problems: list[str] = []
+
+    def get(self, concept: str, default: Any = None) -> Any:
+        keys = [k for k in ALIASES[concept] if k in self.cfg]
+        self.used.update(keys)
+        if self.fixed and concept in self.facts:
+            return self.facts[concept]
+        values = [self.cfg[k] for k in keys]
+        if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
+            shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
+            self.problems.append(f"{shown}: aliases of one concept disagree")
+        if values and values[0] is not None:
+            return values[0]
+        if not values and concept in self.facts:
+            return self.facts[concept]
+        if default is REQUIRED:
+            self.problems.append(f"{concept}: required, but the config does not set it")
+            return None
+        return None if values else default
+
+    def bad(self, message: str) -> None:
+        self.problems.append(message)
+
+
+def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]:
+    """Spec data (before validation) from a config dict."""
+    r = _Reader(cfg, facts, fixed)
+    spec: dict[str, Any] = {
+        "vocab_size": r.get("vocab_size", REQUIRED),
+        "hidden_size": r.get("hidden_size", REQUIRED),
+        "num_hidden_layers": r.get("num_hidden_layers", REQUIRED),
+        "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
+        "tie_word_embeddings": r.get("tie_word_embeddings", REQUIRED),
+    }
+    act = r.get("hidden_act", REQUIRED)
+    if act is not None and act not in ACTIVATIONS:
+        r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
+    spec["activation"] = act
+    rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
+    if (rms is None) == (ln is None):
+        r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
+    spec["norm"] = {
+        "type": "rmsnorm" if rms is not None else "layernorm",
+        "eps": rms if rms is not None else ln,
+    }
+    n_layers = (
+        spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
+    )
+    spec["attention"], spec["rope"] = _read_attention(r, n_layers)
+    spec["mlp"] = _read_mlp(r, n_layers)
+    n_mtp = r.get("num_nextn_predict_layers", 0) or 0
+    mtp_mlp = r.get("mtp_mlp", "moe" if spec["mlp"].get("moe") else "dense")
+    spec["mtp"] = {"num_heads": n_mtp, "mlp": mtp_mlp} if n_mtp else None
+    return spec, r
+
+
+def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
+    att: dict[str, Any] = {"num_heads": r.get("num_attention_heads", REQUIRED)}
+    kv_heads = r.get("num_key_value_heads")
+    head_dim = r.get("head_dim")
+    qk_norm = bool(r.get("qk_norm", False))
+    both = r.get("attention_bias")
+    qkv_bias = r.get("qkv_bias", both if both is not None else False)
+    o_bias = r.get("o_bias", both if both is not None else False)
+    partial = r.get("partial_rotary_factor")
+    rope, rope_partial = _read_rope(r)
+    if partial is not None and rope_partial is not None and partial != rope_partial:
+        r.bad(
+            f"partial_rotary_factor={partial!r} disagrees with "
+            f"rope_parameters.partial_rotary_factor={rope_partial!r}"
+        )
+    partial = partial if partial is not None else rope_partial
+    windows = _read_windows(r, n_layers)
+    sharing = _read_kv_sharing(r, n_layers)
+    mla = {
+        k: r.get(k)
+        for k in (
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        )
+    }
+    qk_head_dim = r.get("qk_head_dim")
+    if mla["kv_lora_rank"] is None:
+        stray = [k for k, v in mla.items() if v is not None]
+        if stray:
+            r.bad(f"{', '.join(stray)}: MLA fields set but kv_lora_rank is not")
+        att.update(
+            type="gqa",
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            qk_norm=qk_norm,
+            qkv_bias=bool(qkv_bias),
+            o_bias=bool(o_bias),
+            kv_sharing=sharing,
+            **windows,
+        )
+        if partial is not None:
+            att["partial_rotary_factor"] = partial
+        return att, rope
+    # MLA: the GQA knobs must be absent or at their neutral values.
+    att.update(type="mla", mla=mla)
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if mla[key] is None:
+            r.bad(f"{key}: required for MLA (kv_lora_rank is set)")
+    if kv_heads is not None and kv_heads != att["num_heads"]:
+        r.bad(
+            f"num_key_value_heads={kv_heads}: MLA needs it equal to "
+            f"num_attention_heads ({att['num_heads']})"
+        )
+    if head_dim is not None and head_dim != mla["qk_rope_head_dim"]:
+        r.bad(f"head_dim={head_dim}: for MLA it must equal qk_rope_head_dim")
+    if (
+        qk_head_dim is not None
+        and None not in (mla["qk_nope_head_dim"], mla["qk_rope_head_dim"])
+        and qk_head_dim != mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
+    ):
+        r.bad(f"qk_head_dim={qk_head_dim}: must be qk_nope_head_dim + qk_rope_head_dim")
+    if qk_norm:
+        r.bad("qk_norm: not expressible for MLA attention")
+    if qkv_bias or o_bias:
+        r.bad("attention_bias: biased MLA projections are not expressible")
+    if partial not in (None, 1.0):
+        r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
+    if windows.get("sliding_window") is not None:
+        r.bad("sliding_window: not expressible for MLA attention")
+    if sharing:
+        r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
+    return att, rope
+
+
+def _read_rope(r: _Reader) -> tuple[dict, float | None]:
+    params = r.get("rope_parameters") or {}
+    legacy = r.get("rope_scaling") or {}
+    theta_legacy = r.get("rope_theta")
+    if not isinstance(params, dict) or not isinstance(legacy, dict):
+        r.bad("rope_parameters / rope_scaling: must be a mapping")
+        return {}, None
+    if params and all(isinstance(v, dict) for v in params.values()):
+        r.bad("rope_parameters: per-layer-type rope parameters are not expressible")
+        return {}, None
+    merged = {**legacy, **params}
+    theta = merged.pop("rope_theta", None)
+    if theta is not None and theta_legacy is not None and theta != theta_legacy:
+        r.bad(f"rope_theta={theta_legacy!r} disagrees with rope_parameters.rope_theta")
+    theta = theta if theta is not None else theta_legacy
+    kind, legacy_kind = merged.pop("rope_type", None), merged.pop("type", None)
+    if kind and legacy_kind and kind != legacy_kind:
+        r.bad(f"rope_parameters: rope_type={kind!r} but type={legacy_kind!r}")
+    kind = kind or legacy_kind or "default"
+    partial = merged.pop("partial_rotary_factor", None)
+    if merged.get("truncate", True) is True:
+        merged.pop("truncate", None)  # yarn's default; anything else is refused below
+    rope: dict[str, Any] = {
+        "theta": theta if theta is not None else 10000.0,
+        "interleaved": bool(r.get("rope_interleave", False)),
+    }
+    if kind not in ("default", *ROPE_FIELDS):
+        r.bad(
+            f"rope_parameters.rope_type={kind!r}: not expressible (default, "
+            f"{', '.join(ROPE_FIELDS)})"
+        )
+        return rope, partial
+    if kind != "default":
+        if "factor" not in merged:
+            r.bad(f"rope_parameters.factor: required for rope_type {kind}")
+        rope["scaling"] = {
+            "type": kind,
+            **{k: merged.pop(k) for k in ROPE_FIELDS[kind] if k in merged},
+        }
+    for key in merged:
+        r.bad(f"rope_parameters.{key}: not expressible for rope_type {kind}")
+    return rope, partial
+
+
+def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
+    window = r.get("sliding_window")
+    use = r.get("use_sliding_window")
+    kinds = r.get("layer_types")
+    pattern = r.get("sliding_window_pattern")
+    max_window_layers = r.get("max_window_layers")
+    if window == 0 or use is False:
+        window = None  # Qwen: the window is off unless use_sliding_window
+    if kinds is not None:
+        if not isinstance(kinds, list) or any(k not in LAYER_KINDS for k in kinds):
+            r.bad(
+                f"layer_types: only {' / '.join(LAYER_KINDS)} layers are "
+                f"expressible, got {kinds!r}"
+            )
+            return {"sliding_window": window}
+        if len(kinds) != n_layers:
+            r.bad(f"layer_types: {len(kinds)} entries for {n_layers} layers")
+    if window is None:
+        return {"sliding_window": None}  # every layer attends fully
+    if kinds is None and max_window_layers not in (None, 0, n_layers):
+        # Families disagree on what max_window_layers means without layer_types.
+        r.bad("max_window_layers: ambiguous without an explicit layer_types list")
+    out: dict[str, Any] = {"sliding_window": window}
+    if pattern is not None:
+        out["sliding_window_pattern"] = pattern
+        expect = (
+            [
+                "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                for i in range(n_layers)
+            ]
+            if isinstance(pattern, int) and pattern > 0
+            else None
+        )
+        if kinds is not None and kinds != expect:
+            r.bad("layer_types disagrees with sliding_window_pattern")
+    elif kinds is not None and "full_attention" in kinds:
+        out["layer_types"] = kinds
+    return out
+
+
+def _read_kv_sharing(r: _Reader, n_layers: int) -> dict[int, int]:
+    targets = r.get("kv_sharing_target_layers")
+    if targets is None:
+        return {}
+    if (
+        not isinstance(targets, list)
+        or len(targets) != n_layers
+        or not all(t is None or isinstance(t, int) for t in targets)
+    ):
+        r.bad("kv_sharing_target_layers: must list one layer index or null per layer")
+        return {}
+    return {i: t for i, t in enumerate(targets) if t is not None}
+
+
+def _read_mlp(r: _Reader, n_layers: int) -> dict:
+    dense_size = r.get("intermediate_size")
+    experts = r.get("n_routed_experts")
+    moe_keys = (
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "n_shared_experts",
+        "shared_expert_intermediate_size",
+        "shared_expert_gate",
+        "first_k_dense_replace",
+        "decoder_sparse_step",
+        "moe_layer_freq",
+        "mlp_only_layers",
+        "norm_topk_prob",
+        "scoring_func",
+        "topk_method",
+        "n_group",
+        "topk_group",
+        "routed_scaling_factor",
+    )
+    if not experts:
+        for key in moe_keys:  # a dense model: MoE keys (class defaults) mean nothing
+            r.get(key)
+        return {"intermediate_size": dense_size}
+    expert_size = r.get("moe_intermediate_size")
+    first_k = r.get("first_k_dense_replace", 0) or 0
+    step = r.get("decoder_sparse_step", 1)
+    deepseek_freq = r.get("moe_layer_freq", 1)
+    dense_layers = list(r.get("mlp_only_layers", []) or [])
+    if step is None or step < 1 or deepseek_freq is None or deepseek_freq < 1:
+        r.bad("decoder_sparse_step / moe_layer_freq: must be >= 1")
+        step, deepseek_freq = 1, 1
+    if deepseek_freq != 1:
+        if step != 1:
+            r.bad("decoder_sparse_step and moe_layer_freq: give only one")
+        # DeepSeek's rule is i % N == 0; the spec's is (i + 1) % N == 0: list them.
+        dense_layers += [
+            i
+            for i in range(first_k, n_layers)
+            if i % deepseek_freq and i not in dense_layers
+        ]
+    if expert_size is None:
+        # Mixtral: no expert-width key; the experts use intermediate_size.
+        expert_size, dense_size = dense_size, None
+        if first_k or dense_layers or step != 1:
+            r.bad("moe_intermediate_size: missing, and some layers are dense")
+    n_shared = r.get("n_shared_experts")
+    shared_size = r.get("shared_expert_intermediate_size") or None
+    if n_shared is None:
+        n_shared = 1 if shared_size else 0  # Qwen2-MoE: a size means one expert
+    gate = bool(r.get("shared_expert_gate", False)) and n_shared > 0
+    moe = {
+        "num_experts": experts,
+        "num_experts_per_tok": r.get("num_experts_per_tok", REQUIRED),
+        "expert_intermediate_size": expert_size,
+        "num_shared_experts": n_shared,
+        "shared_expert_intermediate_size": shared_size if n_shared else None,
+        "shared_expert_gate": gate,
+        "first_k_dense": first_k,
+        "layer_frequency": step,
+        "dense_layers": dense_layers,
+        "router": _read_router(r),
+    }
+    return {"intermediate_size": dense_size, "moe": moe}
+
+
+def _read_router(r: _Reader) -> dict:
+    scoring = r.get("scoring_func", "softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        r.bad(f"scoring_func={scoring!r}: not one of softmax, sigmoid")
+    method = r.get("topk_method")
+    groups, topk_groups = r.get("n_group"), r.get("topk_group")
+    if groups in (None, 1) and topk_groups in (None, 1):
+        groups = topk_groups = None  # one group is plain top-k
+    if method not in (None, "noaux_tc", "greedy", "group_limited_greedy"):
+        r.bad(
+            f"topk_method={method!r}: not one of noaux_tc, greedy, group_limited_greedy"
+        )
+    if method == "greedy" and groups is not None:
+        r.bad(
+            f"topk_method=greedy with n_group={groups}: transformers ignores the "
+            "groups but vLLM applies them"
+        )
+    if method == "group_limited_greedy" and groups is None:
+        r.bad("topk_method=group_limited_greedy: needs n_group and topk_group")
+    return {
+        "scoring": scoring,
+        "norm_topk_prob": r.get("norm_topk_prob", REQUIRED),
+        # vLLM adds e_score_correction_bias exactly when topk_method is noaux_tc.
+        "bias_correction": method == "noaux_tc",
+        "num_groups": groups,
+        "topk_groups": topk_groups,
+        "routed_scaling_factor": r.get("routed_scaling_factor", 1.0),
+    }
+
+
+def _default_architecture(model_type: str, known: _Known | None) -> str:
+    if known is not None:
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
+
+        if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    return "".join(p[:1].upper() + p[1:] for p in model_type.split("_")) + "ForCausalLM"
+
+
+def _normalised(known: _Known, config: dict, source: str) -> dict:
+    """The config as transformers' class reads it (defaults filled, aliases mapped)."""
+    try:
+        with _quiet_transformers():
+            return known.cls.from_dict(dict(config)).to_dict()
+    except Exception as exc:  # the class's own validation, e.g. a wrong type
+        detail = " ".join(str(exc).split())
+        raise InputError(
+            f"{source}: transformers' {known.cls.__name__} rejects this config: "
+            f"{detail}"
+        ) from None
+
+
+def spec_from_hf_config(
+    config: dict, *, name: str | None = None, source: str = "config.json"
+) -> ModelSpec:
+    """Infer a spec from a Hugging Face config dict; refuse what it cannot map."""
+    if not isinstance(config, dict):
+        raise InputError(f"{source}: a config must be a JSON object")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(f"{source}: model_type: required, as a string")
+    known, family = _family(model_type, source)
+    facts = family.facts if family else {}
+    cfg = _normalised(known, config, source) if known else dict(config)
+
+    # What every reader sees: all keys, the family's facts only where keys are absent.
+    data, reader = _read(cfg, facts, fixed=False)
+    problems = list(reader.problems)
+    if known is not None:
+        # What transformers' class computes: its declared keys, its facts enforced.
+        declared = {k: v for k, v in cfg.items() if k in known.declared}
+        as_class, class_reader = _read(declared, facts, fixed=True)
+        problems += [p for p in class_reader.problems if p not in problems]
+        problems += _contradictions(data, as_class, model_type, known)
+    for key in sorted(
+        set(cfg) - reader.used - IGNORED - {"model_type", "architectures"}
+    ):
+        if key.startswith("_"):
+            continue
+        if key in NEUTRAL:
+            if cfg[key] not in NEUTRAL[key]:
+                problems.append(
+                    f"{key}={cfg[key]!r}: only {NEUTRAL[key][0]!r} is expressible"
+                )
+            continue
+        problems.append(
+            f"{key}={cfg[key]!r}: not mapped to the spec (it may change "
+            "the forward pass)"
+        )
+    architectures = cfg.get("architectures") or [
+        _default_architecture(model_type, known)
+    ]
+    if not isinstance(architectures, list) or len(architectures) != 1:
+        problems.append(f"architectures={architectures!r}: expected exactly one")
+        architectures = [_default_architecture(model_type, known)]
+    if problems:
+        raise InputError(
+            f"{source}: cannot map this config to a spec without changing the model:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    data = {
+        "name": name or model_type.replace("_", "-"),
+        "architecture": architectures[0],
+        "model_type": model_type,
+        **data,
+        "checkpoint": {"layout": family.layout if family else "llama"},
+    }
+    return _validated(data, source)
+
+
+def _contradictions(
+    data: dict, as_class: dict, model_type: str, known: _Known
+) -> list[str]:
+    """Fields where the config's keys say one thing and the class does another."""
+    out = []
+    for path, ours in _flatten(data).items():
+        theirs = _flatten(as_class).get(path)
+        if ours != theirs:
+            out.append(
+                f"{path}: the config says {ours!r}, but transformers' "
+                f"{known.cls.__name__} ({model_type}) computes {theirs!r} (vLLM may "
+                "read either; fix the config)"
+            )
+    return out
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def _validated(data: dict, source: str) -> ModelSpec:
+    try:
+        spec = ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = [
+            f"  - {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+        ]
+        raise InputError(
+            f"{source}: the inferred spec is invalid:\n" + "\n".join(lines)
+        ) from None
+    problems = check_rules(spec)
+    if problems:
+        lines = [f"  - {'.'.join(map(str, p))}: {m}" for p, m in problems]
+        raise InputError(
+            f"{source}: the inferred spec breaks spec rules:\n" + "\n".join(lines)
+        )
+    return spec
+
+
+def spec_from_hf_config_file(path: Path, name: str | None = None) -> ModelSpec:
+    """Infer a spec from ``config.json`` or a directory that contains one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"
+        ) from None
+    return spec_from_hf_config(config, name=name, source=str(path))
+
+
+# ---- writing a config --------------------------------------------------------------
+
+
+def _concepts(spec: ModelSpec) -> dict[str, Any]:
+    """The spec as HF concepts (canonical keys), in config.json order."""
+    att, moe = spec.attention, spec.mlp.moe
+    c: dict[str, Any] = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "hidden_act": spec.activation,
+        f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
+        "num_attention_heads": att.num_heads,
+    }
+    rope: dict[str, Any] = {
+        "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
+        "rope_theta": spec.rope.theta,
+    }
+    if spec.rope.scaling:
+        rope.update(spec.rope.scaling.model_dump(exclude={"type"}, exclude_none=True))
+    if att.type == "mla":
+        mla = att.mla
+        c.update(
+            num_key_value_heads=att.num_heads,
+            head_dim=mla.qk_rope_head_dim,
+            q_lora_rank=mla.q_lora_rank,
+            kv_lora_rank=mla.kv_lora_rank,
+            qk_nope_head_dim=mla.qk_nope_head_dim,
+            qk_rope_head_dim=mla.qk_rope_head_dim,
+            v_head_dim=mla.v_head_dim,
+        )
+    else:
+        c.update(
+            num_key_value_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            qk_norm=att.qk_norm,
+            qkv_bias=att.qkv_bias,
+            o_bias=att.o_bias,
+        )
+        if att.partial_rotary_factor != 1.0:
+            c["partial_rotary_factor"] = att.partial_rotary_factor
+            rope["partial_rotary_factor"] = att.partial_rotary_factor
+        sliding = att.sliding_window is not None
+        c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
+        c["layer_types"] = spec.layer_attention_types()
+        if att.sliding_window_pattern is not None:
+            c["sliding_window_pattern"] = att.sliding_window_pattern
+        if att.kv_sharing:
+            c["kv_sharing_target_layers"] = [
+                att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
+            ]
+    c["rope_parameters"] = rope
+    c["rope_interleave"] = spec.rope.interleaved
+    c["intermediate_size"] = spec.mlp.intermediate_size
+    if moe is not None:
+        r = moe.router
+        method = (
+            "noaux_tc"
+            if r.bias_correction
+            else ("group_limited_greedy" if r.num_groups else "greedy")
+        )
+        c.update(
+            n_routed_experts=moe.num_experts,
+            num_experts_per_tok=moe.num_experts_per_tok,
+            moe_intermediate_size=moe.expert_intermediate_size,
+            n_shared_experts=moe.num_shared_experts,
+            shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+            shared_expert_gate=moe.shared_expert_gate,
+            first_k_dense_replace=moe.first_k_dense,
+            decoder_sparse_step=moe.layer_frequency,
+            mlp_only_layers=list(moe.dense_layers),
+            norm_topk_prob=r.norm_topk_prob,
+            scoring_func=r.scoring,
+            topk_method=method,
+            n_group=r.num_groups,
+            topk_group=r.topk_groups,
+            routed_scaling_factor=r.routed_scaling_factor,
+        )
+    c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
+    if spec.mtp is not None:
+        c["mtp_mlp"] = spec.mtp.mlp
+    return c
+
+
+def hf_config_from_spec(spec: ModelSpec) -> dict:
+    """The config.json content for a spec.
+
+    A model type transformers knows gets exactly its config class's key names (plus
+    the keys vLLM's in-tree model reads, e.g. DeepSeek-V3's ``topk_method``); a new
+    model type gets the canonical names of :data:`ALIASES`. Raises InputError when
+    the model type's config class cannot express the spec.
+    """
+    source = f"spec {spec.name!r} (model_type {spec.model_type})"
+    known, family = _family(spec.model_type, source)
+    concepts = _concepts(spec)
+    if known is None:
+        cfg = {
+            "architectures": [spec.architecture],
+            "model_type": spec.model_type,
+            **concepts,
+        }
+    else:
+        cfg = _write_known(spec, concepts, known, family)
+    cfg["dtype"] = "bfloat16"
+    _check_round_trip(spec, cfg, source)
+    return cfg
+
+
+def _write_known(
+    spec: ModelSpec, concepts: dict, known: _Known, family: Family
+) -> dict:
+    kwargs: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
+        # Mixtral-style: the experts' width is intermediate_size.
+        concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+    moe = spec.mlp.moe
+    if (
+        moe is not None
+        and moe.first_k_dense
+        and not _key_for("first_k_dense_replace", known)
+        and _key_for("mlp_only_layers", known)
+    ):
+        # Qwen-MoE has no first-k key: list those layers as MLP-only instead.
+        dense = sorted(set(moe.dense_layers) | set(range(moe.first_k_dense)))
+        concepts = {**concepts, "first_k_dense_replace": 0, "mlp_only_layers": dense}
+    qkv = concepts.get("qkv_bias")
+    if (
+        qkv is not None
+        and qkv == concepts["o_bias"]
+        and not _key_for("qkv_bias", known)
+    ):
+        concepts = {**concepts, "attention_bias": qkv}  # Llama/Qwen3: all four
+    for concept, value in concepts.items():
+        key = _key_for(concept, known)
+        if key is not None:
+            kwargs[key] = value
+        elif concept in family.vllm_keys:
+            extras[concept] = value
+    cfg = _normalised(known, kwargs, f"spec {spec.name!r}")
+    for key in _NOISE:
+        cfg.pop(key, None)
+    cfg.update(extras)
+    cfg["architectures"] = [spec.architecture]
+    return cfg
+
+
+def _key_for(concept: str, known: _Known) -> str | None:
+    """The key transformers' class declares for a concept, if any."""
+    for alias in ALIASES[concept]:
+        if alias in known.declared:
+            return alias
+        if known.attribute_map.get(alias) in known.declared:
+            return known.attribute_map[alias]
+    return None
+
+
+def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
+    """Refuse a spec whose config would read back as a different model."""
+    try:
+        back = spec_from_hf_config(cfg, name=spec.name, source=source)
+    except InputError as exc:
+        raise InputError(
+            f"{source}: cannot be written as a {spec.model_type} config.json:\n{exc}"
+        ) from None
+    ours, theirs = hf_fields(spec), hf_fields(back)
+    diff = [
+        f"  - {path}: the spec says {value!r}, the {spec.model_type} config would "
+        f"give {_flatten(theirs).get(path)!r}"
+        for path, value in _flatten(ours).items()
+        if _flatten(theirs).get(path) != value
+    ]
+    if diff:
+        raise InputError(
+            f"{source}: transformers' config class for {spec.model_type!r} cannot "
+            "express this spec (use a new model_type for a new architecture):\n"
+            + "\n".join(diff)
+        )
+
+
+def hf_fields(spec: ModelSpec) -> dict:
+    """What a config.json carries of a spec, with redundant spellings resolved.
+
+    Resolved: default kv heads and head_dim, sliding patterns as per-layer kinds,
+    the MoE layer placement as a per-layer list, one expert group as no groups, the
+    shared experts' total width, and the dense width only where a layer is dense.
+    """
+    data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
+    att = data["attention"]
+    if spec.attention.type == "gqa":
+        att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    att["layer_types"] = spec.layer_attention_types()
+    att.pop("sliding_window_pattern")
+    moe = data["mlp"]["moe"]
+    n = spec.num_hidden_layers
+    if moe is not None:
+        moe["moe_layers"] = [spec.is_moe_layer(i) for i in range(n)]
+        for key in ("first_k_dense", "layer_frequency", "dense_layers"):
+            moe.pop(key)
+        moe["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size
+        router = moe["router"]
+        if router["num_groups"] == 1 and router["topk_groups"] == 1:
+            router["num_groups"] = router["topk_groups"] = None
+    needs_dense = not all(spec.is_moe_layer(i) for i in range(n)) or (
+        spec.mtp is not None and spec.mtp.mlp == "dense"
+    )
+    if not needs_dense:
+        data["mlp"]["intermediate_size"] = None
+    return data
