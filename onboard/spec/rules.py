@@ -260,7 +260,9 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
             need = ", ".join("{" + f + "}" for f in sorted(want)) or "no placeholders"
             report(where, f"path must use exactly {need}, got {template!r}")
         elif not all(
-            p.isidentifier() for p in template.format(layer=0, expert=0).split(".")
+            # Layer and expert indices are path components too ("layers.0").
+            p.isidentifier() or p.isdigit()
+            for p in template.format(layer=0, expert=0).split(".")
         ):
             report(where, f"{template!r} is not a dotted module path")
 
