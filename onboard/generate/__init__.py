@@ -1,0 +1,64 @@
+"""Generate the vLLM model file and its installable plugin from a spec.
+
+``generate_all(spec, out_dir)`` writes ``out_dir/plugin/`` (see
+:mod:`onboard.generate.plugin` for the layout). Output is a pure function of the
+spec and the templates in ``templates/``: the same spec gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onboard.fsutil import atomic_directory
+from onboard.generate.config_fields import GenerationError
+from onboard.generate.context import build_context
+from onboard.generate.plugin import model_class_path, package_name, plugin_files
+from onboard.generate.render import RenderError, render_python
+from onboard.spec.model import ModelSpec
+
+__all__ = [
+    "GenerationError",
+    "RenderError",
+    "generate_all",
+    "generate_files",
+    "model_class_path",
+    "package_name",
+    "render_model",
+]
+
+
+def render_model(spec: ModelSpec) -> str:
+    """Source of the vLLM model file for ``spec`` (formatted, lint-checked)."""
+    return render_python("vllm/model.py.j2", build_context(spec),
+                         f"{spec.module_name}.py",
+                         body_template="vllm/model_body.py.j2")
+
+
+def generate_files(spec: ModelSpec) -> dict[str, str]:
+    """Relative path (under the output directory) -> text, for every output file."""
+    files = {f"plugin/{path}": text
+             for path, text in plugin_files(spec, render_model(spec)).items()}
+    return dict(sorted(files.items()))
+
+
+def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
+    """Write every generated file under ``out_dir``; return their paths.
+
+    Each output tree (``plugin/``) is replaced as a whole and atomically, so a
+    failed generation leaves the previous output untouched.
+    """
+    out_dir = Path(out_dir)
+    files = generate_files(spec)
+    written: list[Path] = []
+    trees = sorted({path.split("/", 1)[0] for path in files})
+    for tree in trees:
+        with atomic_directory(out_dir / tree) as tmp:
+            for path, text in files.items():
+                top, rest = path.split("/", 1)
+                if top != tree:
+                    continue
+                target = tmp / rest
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text, encoding="utf-8")
+                written.append(out_dir / path)
+    return written

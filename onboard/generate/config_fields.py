@@ -1,0 +1,113 @@
+"""Which Hugging Face config attribute the generated model reads for each concept.
+
+The generated model reads its sizes and per-layer plans from the config object the
+checkpoint ships (``vllm_config.model_config.hf_config``), so one generated file
+serves the full-size checkpoint and its tiny shrunk copy alike. The attribute
+names are not guessed per family: they are taken from the config that
+:func:`onboard.spec.hf.hf_config_from_spec` writes for this very spec (the same
+names transformers' own config class serialises), and each one is checked to hold
+the spec's value, so a field that means something else under the same name is
+caught at generation time instead of at load time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
+
+# concept -> candidate config attributes, preferred first. The same concept is
+# spelled differently across families (DeepSeek n_routed_experts, Qwen3-MoE
+# num_local_experts, Mixtral num_local_experts, ...).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "vocab_size": ("vocab_size",),
+    "hidden_size": ("hidden_size",),
+    "num_hidden_layers": ("num_hidden_layers",),
+    "max_position_embeddings": ("max_position_embeddings",),
+    "num_attention_heads": ("num_attention_heads",),
+    "num_key_value_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
+    "intermediate_size": ("intermediate_size",),
+    "sliding_window": ("sliding_window",),
+    "layer_types": ("layer_types",),
+    "rope_parameters": ("rope_parameters",),
+    # MLA
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    # MoE
+    "num_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_topk"),
+    # Mixtral keeps the expert width in intermediate_size (it has no dense layers).
+    "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "n_group": ("n_group", "num_expert_group"),
+    "topk_group": ("topk_group",),
+    "routed_scaling_factor": ("routed_scaling_factor",),
+    "first_k_dense": ("first_k_dense_replace",),
+    "moe_layer_freq": ("decoder_sparse_step", "moe_layer_freq"),
+    "mlp_only_layers": ("mlp_only_layers",),
+    "mlp_layer_types": ("mlp_layer_types",),
+    # MTP
+    "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
+    # cross-layer KV sharing
+    "kv_sharing": ("kv_sharing_layers", "kv_sharing", "kv_sharing_target_layers"),
+}
+
+
+class GenerationError(InputError):
+    """The spec cannot be turned into a model file (reported with exit code 2)."""
+
+
+def _hf_config(spec: ModelSpec) -> dict[str, Any]:
+    from onboard.spec.hf import hf_config_from_spec
+
+    return dict(hf_config_from_spec(spec))
+
+
+class ConfigFields:
+    """Resolves concepts to the config attribute names of one spec's HF config."""
+
+    def __init__(self, spec: ModelSpec, hf: Mapping[str, Any] | None = None):
+        self.spec = spec
+        self.hf = dict(hf) if hf is not None else _hf_config(spec)
+
+    def find(self, concept: str, value: Any = None,
+             check: Callable[[Any], bool] | None = None) -> str | None:
+        """The first alias present in the config (whose value matches), or None."""
+        for name in ALIASES[concept]:
+            if name not in self.hf or self.hf[name] is None:
+                continue
+            got = self.hf[name]
+            if check is not None and not check(got):
+                continue
+            if value is not None and check is None and got != value:
+                continue
+            return name
+        return None
+
+    def need(self, concept: str, value: Any = None,
+             check: Callable[[Any], bool] | None = None) -> str:
+        """Like :meth:`find`, but the concept must be in the config."""
+        name = self.find(concept, value, check)
+        if name is None:
+            present = [a for a in ALIASES[concept] if a in self.hf]
+            detail = (
+                f"; {', '.join(f'{a}={self.hf[a]!r}' for a in present)} "
+                f"does not match the spec's {value!r}"
+                if present else ""
+            )
+            raise GenerationError(
+                f"{self.spec.name}: the Hugging Face config written for this spec "
+                f"has no field for {concept} (looked for "
+                f"{', '.join(ALIASES[concept])}){detail}; the generated model reads "
+                "its dimensions from config.json, so the config writer "
+                "(onboard.spec.hf) and the generator must agree"
+            )
+        return name

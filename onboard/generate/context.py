@@ -1,0 +1,597 @@
+"""The template context: every decision about the generated model, made from the spec.
+
+Templates only print what this module decided. Features (qk-norm, biases, MoE,
+MLA, sliding windows, ...) are decided here, at generation time, so the generated
+file contains exactly the code paths the spec uses; sizes and per-layer plans are
+read by the generated code from the checkpoint's config (see
+:mod:`onboard.generate.config_fields`).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from onboard.generate.config_fields import ConfigFields, GenerationError
+from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.model import ModelSpec
+
+# The module tree the generated model builds is vLLM's usual one (the Llama /
+# DeepSeek naming). Checkpoint names that differ are renamed by the model's
+# ``hf_to_vllm_mapper``, which vLLM also applies to a quantization config's
+# module lists.
+CANONICAL = LAYOUT_PRESETS["llama"]
+
+ACTIVATIONS = {
+    # spec activation -> (dense MLP layer expression, fused-MoE activation name)
+    "silu": ("SiluAndMul()", "silu"),
+    "gelu": ('GeluAndMul(approximate="none")', "gelu"),
+    "gelu_pytorch_tanh": ('GeluAndMul(approximate="tanh")', "gelu_tanh"),
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def class_prefix(architecture: str) -> str:
+    """``NovelLaunchForCausalLM`` -> ``NovelLaunch`` (prefix of the helper classes)."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
+        if architecture.endswith(suffix) and len(architecture) > len(suffix):
+            return architecture[: -len(suffix)]
+    return architecture
+
+
+def _py_str(value: str) -> str:
+    """A Python string literal for a spec-derived name (identifiers and dots only)."""
+    if not all(_IDENT.fullmatch(part) for part in value.split(".") if part):
+        raise GenerationError(f"refusing to put {value!r} into generated code")
+    return f'"{value}"'
+
+
+@dataclass
+class Rename:
+    """One checkpoint -> vLLM module-path rename for ``hf_to_vllm_mapper``."""
+
+    role: str
+    pattern: str  # Python raw-string body of the regex
+    replacement: str
+
+
+@dataclass
+class Context:
+    spec: ModelSpec
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, **self.values}
+
+
+# ---- module paths -------------------------------------------------------------------
+
+
+def _layer_rel(path: str) -> str | None:
+    """``model.layers.{layer}.mlp.gate`` -> ``mlp.gate`` (None: not under the layers)."""
+    head = "model.layers.{layer}."
+    return path[len(head):] if path.startswith(head) else None
+
+
+def _vllm_moe_paths(spec: ModelSpec, has_dense: bool, has_shared: bool,
+                    has_shared_gate: bool) -> dict[str, str]:
+    """Module paths for the MoE roles, keeping the checkpoint's own names where
+    they fit vLLM's structure (``block_sparse_moe``, Mixtral's ``w1/w2/w3``, Qwen's
+    ``shared_expert``), as vLLM's hand-written models do: then neither weights nor
+    quantization configs need renaming. Roles that do not fit are renamed."""
+    paths = {role: CANONICAL[role] for role in (
+        "router", "expert_gate_proj", "expert_up_proj", "expert_down_proj",
+        "shared_gate_proj", "shared_up_proj", "shared_down_proj",
+        "shared_expert_gate")}
+    dense_block = _vllm_dense_block(spec) if has_dense else None
+    router = _layer_rel(spec.tensor_path("router")) or ""
+    parts = router.split(".")
+    if len(parts) != 2:
+        return paths
+    block, gate = parts
+    if block in ("self_attn", "input_layernorm", "post_attention_layernorm") or (
+        dense_block is not None and block != dense_block
+    ) or gate == "experts":
+        return paths
+    leaves = []
+    for role in ("expert_gate_proj", "expert_up_proj", "expert_down_proj"):
+        rel = _layer_rel(spec.tensor_path(role)) or ""
+        m = re.fullmatch(rf"{re.escape(block)}\.experts\.\{{expert\}}\.(\w+)", rel)
+        if m is None:
+            return paths
+        leaves.append(m.group(1))
+    if len(set(leaves)) != 3:
+        return paths
+    base = f"model.layers.{{layer}}.{block}"
+    paths["router"] = f"{base}.{gate}"
+    for role, leaf in zip(("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
+                          leaves, strict=True):
+        paths[role] = f"{base}.experts.{{expert}}.{leaf}"
+    taken = {gate, "experts"}
+    for role, leaf in (("shared_gate_proj", "gate_proj"), ("shared_up_proj", "up_proj"),
+                       ("shared_down_proj", "down_proj")):
+        paths[role] = f"{base}.shared_experts.{leaf}"
+    if has_shared:
+        rels = [_layer_rel(spec.tensor_path(r)) or "" for r in (
+            "shared_gate_proj", "shared_up_proj", "shared_down_proj")]
+        ms = [re.fullmatch(rf"{re.escape(block)}\.(\w+)\.({leaf})", rel)
+              for rel, leaf in zip(rels, ("gate_proj", "up_proj", "down_proj"),
+                                   strict=True)]
+        names = {m.group(1) for m in ms if m is not None}
+        if all(ms) and len(names) == 1 and not names & taken:
+            shared = names.pop()
+            taken.add(shared)
+            for role, leaf in (("shared_gate_proj", "gate_proj"),
+                               ("shared_up_proj", "up_proj"),
+                               ("shared_down_proj", "down_proj")):
+                paths[role] = f"{base}.{shared}.{leaf}"
+        else:
+            taken.add("shared_experts")
+    paths["shared_expert_gate"] = f"{base}.shared_expert_gate"
+    if has_shared_gate:
+        rel = _layer_rel(spec.tensor_path("shared_expert_gate")) or ""
+        m = re.fullmatch(rf"{re.escape(block)}\.(\w+)", rel)
+        if m is not None and m.group(1) not in taken:
+            paths["shared_expert_gate"] = f"{base}.{m.group(1)}"
+    return paths
+
+
+def _vllm_dense_block(spec: ModelSpec) -> str:
+    """Decoder attribute of the dense MLP: the checkpoint's when its three
+    projections sit under one block with vLLM's leaf names, else ``mlp``."""
+    blocks = set()
+    for role, leaf in (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
+                       ("down_proj", "down_proj")):
+        rel = _layer_rel(spec.tensor_path(role)) or ""
+        m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
+        if m is None:
+            return "mlp"
+        blocks.add(m.group(1))
+    block = blocks.pop() if len(blocks) == 1 else "mlp"
+    if block in ("self_attn", "input_layernorm", "post_attention_layernorm"):
+        return "mlp"
+    return block
+
+
+def _rename(role: str, source: str, target: str) -> Rename:
+    """Regex rename of one role's module path (with its parameter suffixes)."""
+    pattern = ""
+    for piece in re.split(r"(\{layer\}|\{expert\})", source):
+        if piece == "{layer}":
+            pattern += r"(?P<layer>\d+)"
+        elif piece == "{expert}":
+            pattern += r"(?P<expert>\d+)"
+        else:
+            _py_str(piece)  # identifiers and dots only
+            pattern += piece.replace(".", r"\.")
+    replacement = target.replace("{layer}", r"\g<layer>").replace(
+        "{expert}", r"\g<expert>")
+    _py_str(replacement.replace(r"\g<layer>", "0").replace(r"\g<expert>", "0"))
+    # Anchored, and ending at a dot or the end, so `mlp.gate` does not also rename
+    # `mlp.gate_proj`.
+    return Rename(role, f"^{pattern}(?=\\.|$)", replacement)
+
+
+def _renames(spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
+             ) -> list[Rename]:
+    out = [
+        _rename(role, spec.tensor_path(role), vllm_paths[role])
+        for role in roles
+        if spec.tensor_path(role) != vllm_paths[role]
+    ]
+    # Renames run one after another: none may match a path another one produced
+    # (e.g. two roles swapping names).
+    for a in out:
+        produced = vllm_paths[a.role].format(layer=0, expert=0)
+        for b in out:
+            if b is not a and re.search(b.pattern, produced):
+                raise GenerationError(
+                    f"{spec.name}: checkpoint.tensor_names: renaming {a.role} to "
+                    f"{produced!r} collides with the checkpoint path of {b.role}"
+                )
+    return out
+
+
+# ---- config-driven per-layer plans -----------------------------------------------
+
+
+class _Cfg(SimpleNamespace):
+    """The HF config dict as attributes, to evaluate generated expressions."""
+
+
+def _check_expr(expr: str, hf: dict, want: list[Any], what: str,
+                spec: ModelSpec) -> None:
+    cfg = _Cfg(**hf)
+    got = [eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
+           for i in range(len(want))]
+    if got != want:
+        raise GenerationError(
+            f"{spec.name}: the Hugging Face config's {what} ({expr}) gives "
+            f"{got} per layer, but the spec says {want}"
+        )
+
+
+def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
+    """Expression (of ``config`` and ``layer_idx``) that is true on MoE layers,
+    built from the placement fields the config actually has; None when every
+    layer is MoE."""
+    n = spec.num_hidden_layers
+    want = [spec.is_moe_layer(i) for i in range(n)]
+    if all(want):
+        return None
+    hf = f.hf
+    if (name := f.find("mlp_layer_types",
+                       check=lambda v: isinstance(v, list))) is not None:
+        expr = f'config.{name}[layer_idx] == "sparse"'
+    else:
+        terms = []
+        if (name := f.find("first_k_dense", check=bool)) is not None:
+            terms.append(f"layer_idx >= config.{name}")
+        if (name := f.find("moe_layer_freq", check=lambda v: v != 1)) is not None:
+            # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq
+            # from 0.
+            terms.append(f"(layer_idx + 1) % config.{name} == 0"
+                         if name == "decoder_sparse_step"
+                         else f"layer_idx % config.{name} == 0")
+        if (name := f.find("mlp_only_layers", check=bool)) is not None:
+            terms.append(f"layer_idx not in config.{name}")
+        if not terms:
+            raise GenerationError(
+                f"{spec.name}: the Hugging Face config written for this spec does "
+                "not say which layers are MoE (no first_k_dense_replace, "
+                "decoder_sparse_step, mlp_only_layers or mlp_layer_types)"
+            )
+        expr = " and ".join(terms)
+    _check_expr(expr, hf, want, "MoE layer plan", spec)
+    return expr
+
+
+# ---- the context ---------------------------------------------------------------------
+
+
+def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
+    f = ConfigFields(spec, hf)
+    att = spec.attention
+    moe = spec.mlp.moe
+    layers = spec.layers()
+    is_mla = att.type == "mla"
+    has_moe = moe is not None
+    has_dense = any(not layer.moe for layer in layers)
+    has_shared = bool(moe and moe.num_shared_experts)
+    has_shared_gate = bool(moe and moe.shared_expert_gate)
+
+    cfg: dict[str, str | None] = {
+        "vocab_size": f.need("vocab_size", spec.vocab_size),
+        "hidden_size": f.need("hidden_size", spec.hidden_size),
+        "num_hidden_layers": f.need("num_hidden_layers", spec.num_hidden_layers),
+        "max_position_embeddings": f.need(
+            "max_position_embeddings", spec.max_position_embeddings),
+        "num_attention_heads": f.need("num_attention_heads", att.num_heads),
+        "norm_eps": f.need("norm_eps", spec.norm.eps),
+    }
+
+    # -- attention
+    types = spec.layer_attention_types()
+    sliding = "none"
+    if "sliding_attention" in types:
+        sliding = "all" if set(types) == {"sliding_attention"} else "mixed"
+        cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
+        if sliding == "mixed":
+            cfg["layer_types"] = f.need("layer_types", types)
+    if is_mla:
+        mla = att.mla
+        assert mla is not None
+        for concept in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                        "v_head_dim"):
+            cfg[concept] = f.need(concept, getattr(mla, concept))
+        if mla.q_lora_rank is not None:
+            cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
+    else:
+        # MHA configs may leave the KV heads out (then they equal the heads).
+        cfg["num_key_value_heads"] = f.find("num_key_value_heads", spec.num_kv_heads)
+        if cfg["num_key_value_heads"] is None and spec.num_kv_heads != att.num_heads:
+            f.need("num_key_value_heads", spec.num_kv_heads)
+        # Families without head_dim in their config derive it from the width.
+        cfg["head_dim"] = f.find("head_dim", spec.head_dim)
+        if cfg["head_dim"] is None and (
+            att.head_dim is not None and spec.head_dim * att.num_heads
+            != spec.hidden_size
+        ):
+            f.need("head_dim", spec.head_dim)
+
+    kv_sharing = bool(att.kv_sharing)
+    if kv_sharing:
+        cfg["kv_sharing"] = _kv_sharing_field(spec, f)
+
+    # -- feed-forward
+    if has_dense:
+        assert spec.mlp.intermediate_size is not None
+        cfg["intermediate_size"] = f.need("intermediate_size",
+                                          spec.mlp.intermediate_size)
+    moe_ctx: dict[str, Any] = {}
+    if moe is not None:
+        cfg["num_experts"] = f.need("num_experts", moe.num_experts)
+        cfg["num_experts_per_tok"] = f.need("num_experts_per_tok",
+                                            moe.num_experts_per_tok)
+        cfg["moe_intermediate_size"] = f.need("moe_intermediate_size",
+                                              moe.expert_intermediate_size)
+        shared_size_expr = None
+        cfg["n_shared_experts"] = None
+        if has_shared:
+            width = spec.shared_expert_intermediate_size
+            cfg["n_shared_experts"] = f.find("n_shared_experts",
+                                             moe.num_shared_experts)
+            if (name := f.find("shared_expert_intermediate_size", width)) is not None:
+                shared_size_expr = f"config.{name}"
+            elif cfg["n_shared_experts"] is not None and (
+                f.hf[cfg["moe_intermediate_size"]] * moe.num_shared_experts == width
+            ):
+                shared_size_expr = (f"config.{cfg['moe_intermediate_size']} "
+                                    f"* config.{cfg['n_shared_experts']}")
+            else:
+                f.need("shared_expert_intermediate_size", width)
+        router = moe.router
+        grouped = router.num_groups is not None
+        if grouped:
+            cfg["n_group"] = f.need("n_group", router.num_groups)
+            cfg["topk_group"] = f.need("topk_group", router.topk_groups)
+        scaled = router.routed_scaling_factor != 1.0
+        if scaled:
+            cfg["routed_scaling_factor"] = f.need("routed_scaling_factor",
+                                                  router.routed_scaling_factor)
+        moe_ctx = {
+            "layer_expr": _moe_layer_expr(spec, f),
+            "scoring": router.scoring,
+            "renormalize": router.norm_topk_prob,
+            "bias_correction": router.bias_correction,
+            "grouped": grouped,
+            "scaled": scaled,
+            "shared": has_shared,
+            "shared_size_expr": shared_size_expr,
+            "shared_gate": has_shared_gate,
+        }
+    if spec.mtp is not None:
+        cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
+
+    # -- module paths and checkpoint renames
+    vllm_paths = dict(CANONICAL)
+    if has_moe:
+        vllm_paths.update(_vllm_moe_paths(spec, has_dense, has_shared,
+                                          has_shared_gate))
+    if has_dense:
+        block = _vllm_dense_block(spec)
+        for role in ("gate_proj", "up_proj", "down_proj"):
+            vllm_paths[role] = f"model.layers.{{layer}}.{block}.{role}"
+    roles = ["embed", "final_norm", "input_norm", "post_attention_norm", "o_proj"]
+    if not spec.tie_word_embeddings:
+        roles.append("lm_head")
+    if is_mla:
+        mla = att.mla
+        assert mla is not None
+        roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj"]
+        roles += (["q_proj"] if mla.q_lora_rank is None
+                  else ["q_a_proj", "q_a_norm", "q_b_proj"])
+    else:
+        roles += ["q_proj", "k_proj", "v_proj"]
+        if att.qk_norm:
+            roles += ["q_norm", "k_norm"]
+    if has_dense:
+        roles += ["gate_proj", "up_proj", "down_proj"]
+    if has_moe:
+        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        if has_shared:
+            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+        if has_shared_gate:
+            roles.append("shared_expert_gate")
+    renames = _renames(spec, roles, vllm_paths)
+
+    def rel(role: str) -> list[str]:
+        return (_layer_rel(vllm_paths[role]) or "").split(".")
+
+    names: dict[str, Any] = {}
+    if has_dense:
+        names["mlp"] = rel("gate_proj")[0]
+    if has_moe:
+        names["mlp"] = rel("router")[0]
+        names["router"] = rel("router")[1]
+        names["ckpt_names"] = tuple(
+            rel(role)[-1] for role in ("expert_gate_proj", "expert_down_proj",
+                                       "expert_up_proj"))
+        names["shared"] = rel("shared_gate_proj")[1]
+        names["shared_gate"] = rel("shared_expert_gate")[1]
+
+    # Checkpoint tensors stacked into one vLLM parameter: (substring, new, shard).
+    stacked: list[tuple[str, str, str]] = []
+    packed: dict[str, list[str]] = {}
+    if not is_mla:
+        stacked += [(".q_proj", ".qkv_proj", '"q"'), (".k_proj", ".qkv_proj", '"k"'),
+                    (".v_proj", ".qkv_proj", '"v"')]
+        packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
+    elif att.mla is not None and att.mla.q_lora_rank is not None:
+        # vLLM computes q_a and kv_a in one GEMM.
+        stacked += [(".q_a_proj", ".fused_qkv_a_proj", "0"),
+                    (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1")]
+        packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    gate_up_blocks = []
+    if has_dense:
+        gate_up_blocks.append(names["mlp"])
+    if has_shared:
+        gate_up_blocks.append(names["shared"])
+    for block in gate_up_blocks:
+        stacked += [(f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
+                    (f".{block}.up_proj", f".{block}.gate_up_proj", "1")]
+    if gate_up_blocks:
+        packed["gate_up_proj"] = ["gate_proj", "up_proj"]
+
+    mtp_prefixes: list[str] = []
+    if spec.mtp is not None:
+        prefixes = {"model.layers."}
+        for role in ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",
+                     "mtp_head"):
+            prefixes.add(spec.tensor_path(role).split("{layer}")[0])
+        for p in prefixes:
+            _py_str(p.rstrip("."))
+        mtp_prefixes = sorted(prefixes)
+
+    act_layer, moe_act = ACTIVATIONS[spec.activation]
+    rope = spec.rope
+    kv_target_expr = None
+    if kv_sharing:
+        kv_target_expr = _kv_target_expr(cfg["kv_sharing"], f.hf[cfg["kv_sharing"]])
+    return {
+        "spec": spec,
+        "P": class_prefix(spec.architecture),
+        "arch": spec.architecture,
+        "module_name": spec.module_name,
+        "cfg": cfg,
+        "attn": att.type,
+        "qk_norm": att.qk_norm,
+        "qkv_bias": att.qkv_bias,
+        "o_bias": att.o_bias,
+        "partial_rotary": att.partial_rotary_factor != 1.0,
+        "neox": not rope.interleaved,
+        "rope_scaling": rope.scaling.type if rope.scaling else None,
+        "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
+        # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
+        "mla_yarn": bool(is_mla and rope.scaling and rope.scaling.type == "yarn"),
+        "mla_yarn_mscale": bool(
+            is_mla and rope.scaling and rope.scaling.type == "yarn"
+            and rope.scaling.mscale_all_dim
+        ),
+        "kv_target_expr": kv_target_expr,
+        "layer_idx_needed": sliding == "mixed" or kv_sharing or bool(
+            moe_ctx and moe_ctx["layer_expr"] and has_dense),
+        "summary": _summary(spec),
+        "rope_comment": _rope_comment(spec),
+        "attn_doc": _attn_doc(spec),
+        "moe_doc": _moe_doc(spec),
+        "sliding": sliding,
+        "kv_sharing": kv_sharing,
+        "norm": spec.norm.type,
+        "act_layer": act_layer,
+        "moe_act": moe_act,
+        "has_dense": has_dense,
+        "has_moe": has_moe,
+        "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
+        "tie": spec.tie_word_embeddings,
+        "mtp": spec.mtp is not None,
+        "mtp_prefixes": mtp_prefixes,
+        "names": SimpleNamespace(**names),
+        "renames": renames,
+        "stacked": stacked,
+        "packed": packed,
+        "py_str": _py_str,
+    }
+
+
+def _kv_sharing_field(spec: ModelSpec, f: ConfigFields) -> str:
+    """Config attribute holding the KV-sharing map ``{layer: target}``."""
+    want = {int(k): int(v) for k, v in spec.attention.kv_sharing.items()}
+
+    def same(value: Any) -> bool:
+        if isinstance(value, dict):
+            try:
+                return {int(k): int(v) for k, v in value.items()} == want
+            except (TypeError, ValueError):
+                return False
+        if isinstance(value, list) and len(value) == spec.num_hidden_layers:
+            return {i: t for i, t in enumerate(value) if t is not None} == want
+        return False
+
+    return f.need("kv_sharing", check=same)
+
+
+def _kv_target_expr(name: str, value: Any) -> str:
+    """Expression giving a layer's KV-sharing target (or None) from the config."""
+    if isinstance(value, list):
+        return f"config.{name}[layer_idx]"
+    # JSON object keys are strings.
+    return f"config.{name}.get(str(layer_idx))"
+
+
+# ---- docstrings ------------------------------------------------------------------
+
+
+def _attn_doc(spec: ModelSpec) -> str:
+    att = spec.attention
+    if att.type == "mla":
+        mla = att.mla
+        assert mla is not None
+        q = ("queries through a low-rank q_a/q_b projection"
+             if mla.q_lora_rank is not None else "a full-rank query projection")
+        return (
+            "Multi-head latent attention: keys and values are cached as one "
+            f"compressed latent (kv_lora_rank) plus a shared rope key, with {q}; "
+            "vLLM's MLA wrapper picks the kernels."
+        )
+    parts = ["grouped-query" if spec.num_kv_heads < att.num_heads
+             else "multi-head"]
+    if att.qk_norm:
+        parts.append("with per-head RMS norm on q and k")
+    if att.qkv_bias or att.o_bias:
+        parts.append("with biases on " + " and ".join(
+            n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on))
+    if att.partial_rotary_factor != 1.0:
+        parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
+    kinds = set(spec.layer_attention_types())
+    if "sliding_attention" in kinds:
+        parts.append("sliding-window on the layers the config's layer types mark"
+                     if len(kinds) > 1 else "sliding-window on every layer")
+    if att.kv_sharing:
+        parts.append("KV-cache sharing across layers")
+    return "Attention: " + ", ".join(parts) + "."
+
+
+def _moe_doc(spec: ModelSpec) -> str:
+    moe = spec.mlp.moe
+    if moe is None:
+        return ""
+    r = moe.router
+    parts = [f"{r.scoring} scores"]
+    if r.bias_correction:
+        parts.append("experts chosen by score + e_score_correction_bias")
+    if r.num_groups is not None:
+        parts.append("within the best expert groups")
+    if r.norm_topk_prob:
+        parts.append("top-k weights renormalised")
+    if r.routed_scaling_factor != 1.0:
+        parts.append("routed output scaled by routed_scaling_factor")
+    shared = ""
+    if moe.num_shared_experts:
+        shared = " and the shared expert" + (
+            " (sigmoid-gated)" if moe.shared_expert_gate else "")
+    return (f"Routed experts{shared} with their router, run by vLLM's fused MoE "
+            f"layer. Routing: {', '.join(parts)}.")
+
+
+def _summary(spec: ModelSpec) -> list[str]:
+    """Module docstring lines: what the spec is made of."""
+    layers = spec.layers()
+    items = [_attn_doc(spec)]
+    if spec.mlp.moe is not None:
+        n_moe = sum(layer.moe for layer in layers)
+        items.append(f"MoE on {n_moe} of {len(layers)} layers in the spec; "
+                     + _moe_doc(spec))
+    else:
+        items.append("Dense gated MLP on every layer.")
+    if spec.rope.scaling is not None:
+        items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    if spec.mtp is not None:
+        items.append(f"{spec.mtp.num_heads} MTP head(s) in the checkpoint, loaded "
+                     "by the MTP draft model, not by this one.")
+    return [textwrap.fill(item, width=85) for item in items]
+
+
+def _rope_comment(spec: ModelSpec) -> str:
+    parts = ["theta"]
+    if spec.rope.scaling is not None:
+        parts.append(f"the {spec.rope.scaling.type} scaling")
+    if spec.attention.partial_rotary_factor != 1.0:
+        parts.append("the partial rotary factor")
+    listed = parts[0] if len(parts) == 1 else (
+        ", ".join(parts[:-1]) + " and " + parts[-1])
+    return f"rope_parameters holds {listed}."

@@ -1,0 +1,187 @@
+"""Jinja rendering, import collection and ruff formatting of generated Python."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import subprocess
+import sys
+import textwrap
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+import onboard
+
+TEMPLATES = Path(onboard.__file__).resolve().parents[1] / "templates"
+
+# vLLM's own ruff settings (line length 88, vLLM's import order), so generated code
+# reads like vLLM's and can be copied into a vLLM pull request as it is.
+RUFF_SETTINGS = (
+    "line-length = 88",
+    'target-version = "py310"',
+    'lint.select = ["E", "F", "I", "UP", "B", "SIM"]',
+    'lint.isort.known-first-party = ["vllm"]',
+)
+
+# Where each name a generated file may use comes from. Only these modules may be
+# imported: vLLM's layers, distributed, config, attention and model-interface /
+# utility modules, torch, and transformers' base config class (never a model).
+IMPORTS: dict[str, tuple[str, str | None]] = {
+    # name: (module, imported name or None for `import module`)
+    "math": ("math", None),
+    "re": ("re", None),
+    "Iterable": ("collections.abc", "Iterable"),
+    "islice": ("itertools", "islice"),
+    "torch": ("torch", None),
+    "nn": ("torch", "nn"),
+    "PreTrainedConfig": ("transformers", "PreTrainedConfig"),
+    "support_torch_compile": ("vllm.compilation.decorators", "support_torch_compile"),
+    "CacheConfig": ("vllm.config", "CacheConfig"),
+    "VllmConfig": ("vllm.config", "VllmConfig"),
+    "get_ep_group": ("vllm.distributed", "get_ep_group"),
+    "get_pp_group": ("vllm.distributed", "get_pp_group"),
+    "get_tensor_model_parallel_world_size": (
+        "vllm.distributed", "get_tensor_model_parallel_world_size"),
+    "GeluAndMul": ("vllm.model_executor.layers.activation", "GeluAndMul"),
+    "SiluAndMul": ("vllm.model_executor.layers.activation", "SiluAndMul"),
+    "Attention": ("vllm.model_executor.layers.attention", "Attention"),
+    "FusedMoEFactory": ("vllm.model_executor.layers.fused_moe", "FusedMoEFactory"),
+    "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
+    "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
+    "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
+    "ColumnParallelLinear": (
+        "vllm.model_executor.layers.linear", "ColumnParallelLinear"),
+    "MergedColumnParallelLinear": (
+        "vllm.model_executor.layers.linear", "MergedColumnParallelLinear"),
+    "QKVParallelLinear": ("vllm.model_executor.layers.linear", "QKVParallelLinear"),
+    "ReplicatedLinear": ("vllm.model_executor.layers.linear", "ReplicatedLinear"),
+    "RowParallelLinear": ("vllm.model_executor.layers.linear", "RowParallelLinear"),
+    "LogitsProcessor": (
+        "vllm.model_executor.layers.logits_processor", "LogitsProcessor"),
+    "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
+    "MultiHeadLatentAttentionWrapper": (
+        "vllm.model_executor.layers.mla", "MultiHeadLatentAttentionWrapper"),
+    "QuantizationConfig": (
+        "vllm.model_executor.layers.quantization", "QuantizationConfig"),
+    "get_rope": ("vllm.model_executor.layers.rotary_embedding", "get_rope"),
+    "ParallelLMHead": (
+        "vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead"),
+    "VocabParallelEmbedding": (
+        "vllm.model_executor.layers.vocab_parallel_embedding",
+        "VocabParallelEmbedding"),
+    **{
+        name: ("vllm.model_executor.models.interfaces", name)
+        for name in ("EagleModelMixin", "MixtureOfExperts", "SupportsEagle3",
+                     "SupportsLoRA", "SupportsPP", "SupportsQuant")
+    },
+    **{
+        name: ("vllm.model_executor.models.utils", name)
+        for name in ("AutoWeightsLoader", "PPMissingLayer", "WeightsMapper",
+                     "extract_layer_index", "make_empty_intermediate_tensors_factory",
+                     "make_layers", "maybe_prefix", "spec_decode_needs_target_embed")
+    },
+    "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
+}
+
+
+class RenderError(RuntimeError):
+    """Generated code that does not parse or is not lint-clean: a template bug."""
+
+
+def docwrap(text: str, indent: int) -> str:
+    """Wrap a docstring body to fit line length 88 at ``indent`` spaces."""
+    width = 88 - indent - 3  # room for the closing quotes
+    paragraphs = [p for p in text.split("\n\n")]
+    lines: list[str] = []
+    for i, para in enumerate(paragraphs):
+        if i:
+            lines.append("")
+        lines += textwrap.wrap(" ".join(para.split()), width=width) or [""]
+    pad = " " * indent
+    out = ("\n").join(pad + line if line and n else line
+                      for n, line in enumerate(lines))
+    return out + (f"\n{pad}" if len(lines) > 1 else "")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["docwrap"] = docwrap
+    return env
+
+
+def render_template(name: str, context: dict) -> str:
+    return environment().get_template(name).render(**context)
+
+
+def _used_names(source: str, what: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise RenderError(f"generated {what} does not parse: {exc}\n{source}") from exc
+    defined = {
+        node.name for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef | ast.FunctionDef)
+    }
+    used = {
+        node.id for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    return used - defined - set(dir(builtins))
+
+
+def import_block(body: str, what: str) -> str:
+    """The import statements ``body`` needs (ruff then orders them like isort)."""
+    lines: list[str] = []
+    for name in sorted(_used_names(body, what)):
+        if name not in IMPORTS:
+            continue  # a local variable; ruff reports real undefined names
+        module, imported = IMPORTS[name]
+        lines.append(f"import {module}" if imported is None
+                     else f"from {module} import {imported}")
+    return "\n".join(lines) + "\n"
+
+
+def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedProcess:
+    config = [item for setting in RUFF_SETTINGS for item in ("--config", setting)]
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--isolated", *config,
+         "--stdin-filename", filename, "-"],
+        input=source, capture_output=True, text=True, check=False,
+    )
+
+
+def ruff_clean(source: str, filename: str) -> str:
+    """Sort imports, format, then lint; raise RenderError on any remaining problem."""
+    sorted_imports = _ruff(["check", "--fix", "--select", "I"], source, filename)
+    if sorted_imports.returncode not in (0, 1):
+        raise RenderError(f"ruff failed on {filename}: {sorted_imports.stderr}")
+    formatted = _ruff(["format"], sorted_imports.stdout, filename)
+    if formatted.returncode != 0:
+        raise RenderError(f"ruff format failed on {filename}:\n{formatted.stderr}")
+    lint = _ruff(["check", "--output-format", "concise"], formatted.stdout, filename)
+    if lint.returncode != 0:
+        raise RenderError(
+            f"generated {filename} is not lint-clean (a template bug):\n"
+            f"{lint.stdout}{lint.stderr}"
+        )
+    return formatted.stdout
+
+
+def render_python(template: str, context: dict, filename: str,
+                  body_template: str | None = None) -> str:
+    """Render a Python module and ruff it. With ``body_template``, the body is
+    rendered first and the imports it needs are passed to ``template``."""
+    if body_template is not None:
+        body = render_template(body_template, context)
+        context = {**context, "imports": import_block(body, filename), "body": body}
+    return ruff_clean(render_template(template, context), filename)
