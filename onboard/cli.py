@@ -142,6 +142,46 @@ def new_model(
         raise CheckFailed("a validation check failed (see validation.json)")
 
 
+@app.command("validate")
+def validate(
+    model_dir: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
+    out_dir: OutOpt,
+    target: Annotated[str, typer.Option(help="Hardware target (cpu runs here).")] = "cpu",
+    generated: Annotated[
+        Path | None,
+        typer.Option(help="Output of `onboard generate` (default: generate afresh)."),
+    ] = None,
+    checks: Annotated[
+        str, typer.Option(help="Comma-separated checks, e.g. accuracy,kv-cache.")
+    ] = "accuracy",
+    vllm_in_tree: Annotated[
+        bool,
+        typer.Option(
+            "--reference-vllm-in-tree",
+            hidden=True,
+            help="Load vLLM's own in-tree class instead of the generated one "
+            "(baselines and benchmarks).",
+        ),
+    ] = False,
+) -> None:
+    """Run MODEL_DIR on the real vLLM engine through the generated code and compare
+    it with the reference; write OUT/validation.json and OUT/report.html."""
+    from onboard.validate import validate as run_validate
+
+    result = run_validate(
+        model_dir, spec, target, out_dir, generated=generated, checks=checks,
+        vllm_in_tree=vllm_in_tree, log=lambda line: err.print(line, markup=False),
+    )
+    for check in result.checks:
+        out.print(f"{check.name}: {check.status}", markup=False)
+        if check.status != "passed" and check.details:
+            out.print(check.details, markup=False)
+    out.print(f"wrote {out_dir / 'validation.json'} and {out_dir / 'report.html'}")
+    if not result.passed:
+        raise CheckFailed(f"validation did not pass (see {out_dir / 'validation.json'})")
+
+
 def main() -> None:
     # Click handles usage errors itself (exit 2); ours are turned into exit codes here.
     try:

@@ -1,0 +1,75 @@
+"""Functions that run inside vLLM's own worker process.
+
+The engine worker ships them with ``LLM.apply_model`` (they get the model) or
+``LLM.collective_rpc`` (they get vLLM's worker); they are pickled by reference, so
+they must live in an importable module, not in the worker's ``__main__``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def model_class_name(model) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def kv_cache_info(worker) -> dict:
+    """The KV-cache layout the engine allocated, from its own per-layer specs."""
+    runner = worker.model_runner
+    layers = {}
+    for name, spec in runner.get_kv_cache_spec().items():
+        layers[name] = {
+            "type": type(spec).__name__,
+            "page_size_bytes": int(spec.page_size_bytes),
+            "block_size": int(spec.block_size),
+            "bytes_per_token": spec.page_size_bytes / spec.block_size,
+        }
+    return {
+        "layers": layers,
+        "shared_layers": dict(getattr(runner, "shared_kv_cache_layers", {})),
+    }
+
+
+def diagnose_weights(model_dir: str, model) -> dict:
+    """Feed the checkpoint to ``model.load_weights`` one tensor at a time.
+
+    Run in an engine built with ``load_format="dummy"`` after a real load failed, so
+    that one bad name does not hide the others: every checkpoint tensor the model
+    rejects or ignores, and every model parameter no tensor reached, is listed."""
+    from safetensors import safe_open
+
+    unmatched: dict[str, str] = {}
+    loaded: set[str] = set()
+    tracked = True
+    count = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                count += 1
+                tensor = handle.get_tensor(name)
+                try:
+                    got = model.load_weights([(name, tensor)])
+                except Exception as exc:
+                    unmatched[name] = short(f"{type(exc).__name__}: {exc}")
+                    continue
+                if got is None:
+                    tracked = False
+                elif not got:
+                    unmatched[name] = "skipped by the model's load_weights"
+                else:
+                    loaded |= set(got)
+    params = [name for name, _ in model.named_parameters()]
+    return {
+        "checkpoint_tensors": count,
+        "model_parameters": len(params),
+        "unmatched_checkpoint_tensors": unmatched,
+        "unloaded_model_parameters": (
+            sorted(set(params) - loaded) if tracked else None
+        ),
+    }
+
+
+def short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

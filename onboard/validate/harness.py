@@ -1,0 +1,389 @@
+"""`onboard validate`: run the checks against one engine and write the results.
+
+One :class:`RunContext` per run holds the spec, the prompts, the engine (started
+once, shared by every check) and the reference. Checks are functions
+``(ctx, name) -> Check`` registered in :data:`CHECKS` by name or by prefix
+(``quant:<scheme>``, ``spec-decode:<method>``), so later checks plug in beside
+``accuracy`` and reuse the same engine and reference outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
+from onboard.validate.compare import TOP_K, GreedyOutput, judge_accuracy
+from onboard.validate.engine import (
+    Engine,
+    EngineDied,
+    EngineLoadError,
+    EngineOptions,
+    Plugin,
+    read_plugin,
+)
+from onboard.validate.prompts import PROMPTS
+from onboard.validate.reference import (
+    Reference,
+    ReferenceUnavailable,
+    load_reference,
+    run_reference,
+    tokenize_prompts,
+)
+from onboard.validate.results import Check, ValidationResult
+
+MAX_NEW_TOKENS = 32
+MAX_MODEL_LEN = 256
+# Config fields that must agree between the checkpoint and the spec.
+_CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
+
+
+@dataclass
+class RunContext:
+    spec: ModelSpec
+    model_dir: Path
+    out_dir: Path
+    work_dir: Path
+    plugin: Plugin | None
+    hf_dir: Path | None
+    prompts: list[list[int]]
+    prompt_note: str
+    max_new_tokens: int = MAX_NEW_TOKENS
+    engine: Engine | None = None
+    engine_failure: dict[str, Any] | None = None
+    reference: Reference | None = None
+    reference_error: str | None = None
+    # Per prompt: (prompt log-softmax rows, greedy continuation).
+    reference_outputs: list[tuple[Any, GreedyOutput]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model_code(self) -> str:
+        if self.plugin is None:
+            return "vLLM's in-tree model classes"
+        return f"the generated plugin {self.plugin.package}"
+
+
+CheckRunner = Callable[[RunContext, str], Check]
+
+
+def run_accuracy(ctx: RunContext, name: str) -> Check:
+    if ctx.engine_failure is not None:
+        return _load_failure_check(ctx, name)
+    if ctx.reference is None:
+        return Check.not_run(name, f"no reference: {ctx.reference_error}")
+    assert ctx.engine is not None and ctx.engine.info is not None
+    t0 = time.perf_counter()
+    reply = ctx.engine.generate(
+        ctx.prompts,
+        temperature=0.0,
+        max_tokens=ctx.max_new_tokens,
+        logprobs=TOP_K,
+        prompt_logprobs=TOP_K,
+        ignore_eos=True,
+    )
+    ctx.timings["engine_generate_s"] = time.perf_counter() - t0
+    outputs = reply["outputs"]
+    verdict = judge_accuracy(
+        [o["prompt_logprobs"] for o in outputs],
+        [lp for lp, _ in ctx.reference_outputs],
+        [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
+        [greedy for _, greedy in ctx.reference_outputs],
+    )
+    model_class = ctx.engine.info["model_class"]
+    problems = []
+    if ctx.plugin is not None and not model_class.startswith(ctx.plugin.package + "."):
+        problems.append(
+            f"vLLM instantiated {model_class}, not the generated class from "
+            f"{ctx.plugin.package}: the plugin did not take effect"
+        )
+    metrics = {
+        **verdict.metrics,
+        "model_code": ctx.model_code,
+        "generated_class_instantiated": ctx.plugin is not None and not problems,
+        "prompts": ctx.prompt_note,
+        "timings": dict(ctx.timings),
+    }
+    details = "\n".join([verdict.details, *problems])
+    status = "passed" if verdict.passed and not problems else "failed"
+    return Check(name, status, metrics, details)
+
+
+def _load_failure_check(ctx: RunContext, name: str) -> Check:
+    failure = ctx.engine_failure or {}
+    lines = [f"vLLM could not load {ctx.model_dir} through {ctx.model_code}:"]
+    lines.append(f"  {failure.get('error')}")
+    metrics: dict[str, Any] = {"engine_error": failure.get("error")}
+    weights = failure.get("weights")
+    if weights:
+        unmatched = weights["unmatched_checkpoint_tensors"]
+        unloaded = weights["unloaded_model_parameters"]
+        metrics.update(
+            checkpoint_tensors=weights["checkpoint_tensors"],
+            model_parameters=weights["model_parameters"],
+            unmatched_checkpoint_tensors=unmatched,
+            unloaded_model_parameters=unloaded,
+        )
+        lines.append(
+            f"{len(unmatched)} of {weights['checkpoint_tensors']} checkpoint tensors "
+            "match no model parameter:"
+        )
+        lines += [f"  {n}  ({why})" for n, why in _first(sorted(unmatched.items()))]
+        lines += _more(len(unmatched))
+        if unloaded is not None:
+            lines.append(
+                f"{len(unloaded)} of {weights['model_parameters']} model parameters "
+                "got no checkpoint tensor:"
+            )
+            lines += [f"  {n}" for n in _first(unloaded)]
+            lines += _more(len(unloaded))
+        lines.append(
+            "Fix: make the spec's checkpoint.layout / checkpoint.tensor_names name "
+            "the checkpoint's tensors (`onboard spec check SPEC --checkpoint DIR` "
+            "compares them without starting an engine)."
+        )
+    elif failure.get("diagnosis_error"):
+        lines.append(f"(weight diagnosis failed: {failure['diagnosis_error']})")
+    if failure.get("log_excerpt") and not weights:
+        lines.append("Engine traceback (last lines):")
+        lines += ["  " + s for s in failure["log_excerpt"].splitlines()[-12:]]
+    return Check(name, "failed", metrics, "\n".join(lines))
+
+
+def _first(items, n: int = 20):
+    return list(items)[:n]
+
+
+def _more(count: int, n: int = 20) -> list[str]:
+    return [f"  ... and {count - n} more (all in metrics)"] if count > n else []
+
+
+def _not_implemented(ctx: RunContext, name: str) -> Check:
+    return Check.not_run(name, f"the {name} check is not implemented in onboard yet")
+
+
+# Exact names, then "prefix:" for parameterised checks.
+CHECKS: dict[str, CheckRunner] = {
+    "accuracy": run_accuracy,
+    "kv-cache": _not_implemented,
+    "speed": _not_implemented,
+    "tensor-parallel": _not_implemented,
+    "quant:": _not_implemented,
+    "spec-decode:": _not_implemented,
+}
+_PARAMS = {"quant:": QUANT_SCHEMES, "spec-decode:": SPEC_METHODS}
+
+
+def parse_checks(text: str | None) -> list[str]:
+    names = [c.strip() for c in (text or "accuracy").split(",") if c.strip()]
+    for name in names:
+        prefix = name.split(":", 1)[0] + ":" if ":" in name else None
+        if name in CHECKS and not name.endswith(":"):
+            continue
+        if prefix in _PARAMS and name[len(prefix) :] in _PARAMS[prefix]:
+            continue
+        known = [c for c in CHECKS if not c.endswith(":")] + [
+            f"{p}{{{'|'.join(v)}}}" for p, v in _PARAMS.items()
+        ]
+        raise InputError(
+            f"--checks: unknown check {name!r} (known: {', '.join(known)})"
+        )
+    if "accuracy" not in names:
+        names.insert(0, "accuracy")  # the run's verdict rests on it
+    return list(dict.fromkeys(names))
+
+
+def _runner(name: str) -> CheckRunner:
+    return CHECKS.get(name) or CHECKS[name.split(":", 1)[0] + ":"]
+
+
+def check_inputs(spec: ModelSpec, model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json, after checking it is the spec's model."""
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: no such directory")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"{model_dir}: no config.json (not a Hugging Face checkpoint)")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{config_path}: invalid JSON: {exc}") from None
+    if not any(model_dir.glob("*.safetensors")):
+        raise InputError(f"{model_dir}: no *.safetensors weights")
+    problems = []
+    if spec.architecture not in (config.get("architectures") or []):
+        problems.append(
+            f"architectures is {config.get('architectures')} but the spec says "
+            f"{spec.architecture!r}"
+        )
+    if config.get("model_type") != spec.model_type:
+        problems.append(
+            f"model_type is {config.get('model_type')!r} but the spec says "
+            f"{spec.model_type!r}"
+        )
+    for key in _CONFIG_FIELDS:
+        if key in config and config[key] != getattr(spec, key):
+            problems.append(
+                f"{key} is {config[key]} but the spec says {getattr(spec, key)}"
+            )
+    if problems:
+        raise InputError(
+            "checkpoint does not match the spec:\n"
+            + "\n".join(f"{config_path}: {p}" for p in problems)
+        )
+    return config
+
+
+def validate(
+    model_dir: Path,
+    spec_path: Path,
+    target: str,
+    out_dir: Path,
+    *,
+    generated: Path | None = None,
+    checks: str | None = None,
+    vllm_in_tree: bool = False,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    log: Callable[[str], None] = lambda _: None,
+) -> ValidationResult:
+    """Validate MODEL_DIR against SPEC on TARGET; write validation.json and
+    report.html into OUT_DIR and return the result."""
+    from onboard.spec import load_spec
+    from onboard.validate.report import write_report
+
+    t_total = time.perf_counter()
+    spec = load_spec(spec_path)
+    if target not in TARGETS:
+        raise InputError(
+            f"--target: unknown target {target!r} (known: {', '.join(TARGETS)})"
+        )
+    names = parse_checks(checks)
+    model_dir = Path(model_dir).resolve()
+    config = check_inputs(spec, model_dir)
+    if generated is not None and not (Path(generated) / "plugin").is_dir():
+        raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = ValidationResult(target=target, model_dir=str(model_dir))
+
+    if target != "cpu":
+        reason = (
+            f"target {target} needs its hardware; this machine runs the cpu target "
+            "only (the scripts to run on {target} come with a later onboard version)"
+        ).format(target=target)
+        result.checks = [Check.not_run(name, reason) for name in names]
+        result.write(out_dir)
+        write_report(result, out_dir)
+        return result
+
+    with tempfile.TemporaryDirectory(prefix="onboard-validate-") as tmp:
+        work_dir = Path(tmp)
+        plugin, hf_dir = _model_code(spec, generated, vllm_in_tree, work_dir, log)
+        prompts, note = tokenize_prompts(model_dir, PROMPTS, spec.vocab_size)
+        max_pos = int(config.get("max_position_embeddings") or MAX_MODEL_LEN)
+        limit = max_pos - max_new_tokens
+        prompts = [p[:limit] for p in prompts]
+        ctx = RunContext(
+            spec=spec,
+            model_dir=model_dir,
+            out_dir=out_dir,
+            work_dir=work_dir,
+            plugin=plugin,
+            hf_dir=hf_dir,
+            prompts=prompts,
+            prompt_note=note,
+            max_new_tokens=max_new_tokens,
+        )
+        options = EngineOptions(
+            model_dir=model_dir,
+            plugin=plugin,
+            max_model_len=min(max_pos, max(MAX_MODEL_LEN, limit + max_new_tokens)),
+            uses_mla=spec.attention.type == "mla",
+        )
+        engine = Engine(options, work_dir / "engine", out_dir / "logs" / "engine.log")
+        log(f"starting the vLLM engine (log: {engine.log_path})")
+        engine.start()
+        try:
+            # The reference runs here while the engine boots in its own process.
+            _run_reference(ctx, work_dir, log)
+            _wait_for_engine(ctx, engine, log)
+            result.vllm_model_class = (
+                ctx.engine.info["model_class"] if ctx.engine and ctx.engine.info else ""
+            )
+            result.reference = ctx.reference.description if ctx.reference else ""
+            for name in names:
+                log(f"running check {name}")
+                result.checks.append(_runner(name)(ctx, name))
+        finally:
+            engine.close()
+    total = time.perf_counter() - t_total
+    accuracy = result.check("accuracy")
+    if accuracy is not None and "timings" in accuracy.metrics:
+        accuracy.metrics["timings"]["validate_total_s"] = total
+    result.write(out_dir)
+    write_report(result, out_dir)
+    return result
+
+
+def _model_code(
+    spec: ModelSpec,
+    generated: Path | None,
+    vllm_in_tree: bool,
+    work_dir: Path,
+    log: Callable[[str], None],
+) -> tuple[Plugin | None, Path | None]:
+    """The plugin vLLM must load (None: its in-tree classes) and the HF reference
+    code directory, generating both when no GEN_DIR was given."""
+    if vllm_in_tree:
+        hf = Path(generated) / "hf" if generated else None
+        return None, hf
+    if generated is None:
+        from onboard.generate import generate_all
+
+        generated = work_dir / "generated"
+        log(f"generating the model code into {generated}")
+        generate_all(spec, generated)
+    generated = Path(generated)
+    return read_plugin(generated / "plugin"), generated / "hf"
+
+
+def _run_reference(ctx: RunContext, work_dir: Path, log: Callable[[str], None]) -> None:
+    t0 = time.perf_counter()
+    try:
+        ctx.reference = load_reference(ctx.model_dir, ctx.hf_dir, work_dir)
+    except ReferenceUnavailable as exc:
+        ctx.reference_error = str(exc)
+        log(f"no reference: {exc}")
+        return
+    log(f"reference: {ctx.reference.description}")
+    ctx.reference_outputs = [
+        run_reference(ctx.reference.model, ids, ctx.max_new_tokens)
+        for ids in ctx.prompts
+    ]
+    ctx.timings["reference_s"] = time.perf_counter() - t0
+    # Free the reference's memory before the engine serves requests.
+    ctx.reference.model = None
+
+
+def _wait_for_engine(ctx: RunContext, engine: Engine, log: Callable[[str], None]):
+    try:
+        info = engine.wait_ready()
+    except EngineLoadError as exc:
+        ctx.engine_failure = exc.failure
+        ctx.timings["engine_start_s"] = exc.failure.get("start_s", 0.0)
+        log(f"the engine failed to load the model: {exc}")
+        return
+    except (EngineDied, TimeoutError) as exc:
+        ctx.engine_failure = {"error": str(exc)}
+        log(f"the engine did not start: {exc}")
+        return
+    ctx.engine = engine
+    ctx.timings["engine_start_s"] = info["start_s"]
+    ctx.timings["engine_import_s"] = info["import_s"]
+    log(f"engine ready in {info['start_s']:.1f} s: {info['model_class']}")

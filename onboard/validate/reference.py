@@ -1,0 +1,184 @@
+"""The accuracy oracle: the model run by transformers, in float32.
+
+transformers' own class when it knows the config's ``model_type``; otherwise the
+generated Hugging Face reference (``GEN_DIR/hf``: ``configuration_*.py``,
+``modeling_*.py``) loaded with ``trust_remote_code`` from an overlay directory, so
+that the user's checkpoint is never modified.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onboard.validate.compare import TOP_K, GreedyOutput
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "tokenizer_config.json",
+)
+# Prompts are cut to this many tokens so that prompt + continuation fit the engine.
+MAX_PROMPT_TOKENS = 64
+
+
+class ReferenceUnavailable(Exception):
+    """No reference implementation can be loaded for this checkpoint."""
+
+
+@dataclass
+class Reference:
+    model: object  # a transformers PreTrainedModel
+    description: str
+    kind: str  # "transformers" or "generated-hf"
+
+
+def load_reference(model_dir: Path, hf_dir: Path | None, work_dir: Path) -> Reference:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = json.loads((model_dir / "config.json").read_text())
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        source, kind, remote = model_dir, "transformers", False
+    elif "auto_map" in config:
+        source, kind, remote = model_dir, "generated-hf", True
+    elif hf_dir is not None and any(hf_dir.glob("modeling_*.py")):
+        source = _overlay_with_remote_code(model_dir, hf_dir, config, work_dir)
+        kind, remote = "generated-hf", True
+    else:
+        where = f" and {hf_dir} has no modeling_*.py" if hf_dir else ""
+        raise ReferenceUnavailable(
+            f"model_type {model_type!r} is unknown to transformers "
+            f"{transformers.__version__}, config.json has no auto_map{where}: no "
+            "reference implementation to compare against (the generated Hugging "
+            "Face reference is written by `onboard generate` into GEN_DIR/hf)"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, trust_remote_code=remote
+        )
+    except Exception as exc:  # any loading failure: report it, do not crash
+        raise ReferenceUnavailable(
+            f"the reference ({kind}) failed to load {model_dir}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    model.eval()
+    cls = type(model)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if kind == "transformers":
+        description = f"transformers {transformers.__version__} {name}"
+    else:
+        description = f"generated Hugging Face reference {name} (trust_remote_code)"
+    return Reference(model, description, kind)
+
+
+def _overlay_with_remote_code(
+    model_dir: Path, hf_dir: Path, config: dict, work_dir: Path
+) -> Path:
+    """A directory with the checkpoint's files (linked), the generated code, and a
+    config.json whose auto_map points at that code."""
+    overlay = work_dir / "reference-model"
+    shutil.rmtree(overlay, ignore_errors=True)
+    overlay.mkdir(parents=True)
+    for item in model_dir.iterdir():
+        if item.name != "config.json":
+            os.symlink(item.resolve(), overlay / item.name)
+    for code in hf_dir.glob("*.py"):
+        shutil.copy(code, overlay / code.name)
+    hf_config = hf_dir / "config.json"
+    auto_map = None
+    if hf_config.exists():
+        auto_map = json.loads(hf_config.read_text()).get("auto_map")
+    config = dict(config, auto_map=auto_map or _infer_auto_map(hf_dir, config))
+    (overlay / "config.json").write_text(json.dumps(config, indent=2))
+    return overlay
+
+
+def _infer_auto_map(hf_dir: Path, config: dict) -> dict[str, str]:
+    """auto_map from the generated files: the *Config class and the architecture."""
+    architectures = config.get("architectures") or []
+    auto_map: dict[str, str] = {}
+    for path in sorted(hf_dir.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            if path.stem.startswith("configuration_") and node.name.endswith("Config"):
+                auto_map["AutoConfig"] = f"{path.stem}.{node.name}"
+            if path.stem.startswith("modeling_") and node.name in architectures:
+                auto_map["AutoModelForCausalLM"] = f"{path.stem}.{node.name}"
+    if "AutoModelForCausalLM" not in auto_map:
+        raise ReferenceUnavailable(
+            f"{hf_dir}: no class named {architectures} in modeling_*.py"
+        )
+    return auto_map
+
+
+def tokenize_prompts(
+    model_dir: Path, prompts: tuple[str, ...], vocab_size: int
+) -> tuple[list[list[int]], str]:
+    """Token ids of the prompts with the checkpoint's tokenizer, and a note.
+
+    A checkpoint without a tokenizer (e.g. bare random weights) gets fixed
+    pseudo-random ids instead, which compare the models just as well."""
+    if any((model_dir / name).exists() for name in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except Exception as exc:
+            note = f"tokenizer failed to load ({type(exc).__name__}: {exc}); "
+        else:
+            ids = [tokenizer(p).input_ids[:MAX_PROMPT_TOKENS] for p in prompts]
+            if all(ids) and max(max(i) for i in ids) < vocab_size:
+                return ids, f"{len(prompts)} bundled prompts, checkpoint tokenizer"
+            note = "tokenizer ids exceed the model's vocabulary; "
+    else:
+        note = "no tokenizer in the checkpoint; "
+    rng = np.random.default_rng(0)
+    ids = [
+        rng.integers(0, vocab_size, size=int(rng.integers(8, 24))).tolist()
+        for _ in prompts
+    ]
+    return ids, note + f"{len(prompts)} fixed pseudo-random token-id prompts"
+
+
+def run_reference(
+    model, prompt_ids: list[int], max_new_tokens: int, k: int = TOP_K
+) -> tuple[np.ndarray, GreedyOutput]:
+    """Prompt log-softmax (row j predicts token j + 1) and the greedy continuation
+    with its top-k logprobs, from one prefill plus cached decode steps."""
+    import torch
+
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids])
+        out = model(input_ids=ids, use_cache=True)
+        logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)
+        prompt_lp = logprobs[:-1].numpy().copy()
+        step_lp = logprobs[-1]
+        past = out.past_key_values
+        tokens: list[int] = []
+        tops: list[dict[int, float]] = []
+        for step in range(max_new_tokens):
+            values, indices = torch.topk(step_lp, k)
+            tops.append(dict(zip(indices.tolist(), values.tolist(), strict=True)))
+            token = int(torch.argmax(step_lp))
+            tokens.append(token)
+            if step + 1 == max_new_tokens:
+                break
+            out = model(
+                input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True
+            )
+            past = out.past_key_values
+            step_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+    return prompt_lp, GreedyOutput(tokens, tops)
