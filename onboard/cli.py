@@ -116,6 +116,43 @@ def generate(spec: SpecArg, out_dir: OutOpt) -> None:
         out.print(f"wrote {path}")
 
 
+@app.command("quantize")
+def quantize(
+    model_dir: Annotated[
+        Path, typer.Argument(help="16-bit checkpoint directory.", show_default=False)
+    ],
+    scheme: Annotated[
+        str,
+        typer.Option(help="fp8-dynamic, fp8-block, nvfp4, nvfp4a16 or mxfp4."),
+    ],
+    out_dir: OutOpt,
+    spec: Annotated[
+        Path | None,
+        typer.Option(help="Model spec (default: MODEL_DIR/spec.yaml, else inferred)."),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Parallel shard workers (default: cores).")
+    ] = None,
+    include_mtp: Annotated[
+        bool, typer.Option(help="Also quantize the MTP heads.")
+    ] = False,
+) -> None:
+    """Quantize a checkpoint into the compressed-tensors format vLLM loads."""
+    from onboard.quantize import quantize_checkpoint
+
+    path = quantize_checkpoint(
+        model_dir,
+        scheme,
+        out_dir,
+        spec=spec,
+        workers=workers,
+        include_mtp=include_mtp,
+        progress=True,
+        log=lambda msg: err.print(msg, markup=False),
+    )
+    out.print(f"wrote {scheme} checkpoint to {path}")
+
+
 @app.command("new-model")
 def new_model(
     spec: SpecArg,

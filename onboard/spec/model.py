@@ -296,6 +296,13 @@ class ModelSpec(_Section):
     quantization: list[QuantScheme] = Field(
         default_factory=list, description="Quantized checkpoints to produce."
     )
+    keep_unquantized: list[str] = Field(
+        default_factory=list,
+        description="Modules every quantized checkpoint keeps in 16 bits, beyond "
+        "those always kept (embeddings, output head, norms, routers, MTP heads): a "
+        "role name (`o_proj`), a module path (`model.layers.0.mlp.down_proj`) or "
+        "`re:` and a regular expression matched against module paths.",
+    )
     speculators: list[Speculator] = Field(
         default_factory=list, description="Speculative-decoding methods to configure."
     )

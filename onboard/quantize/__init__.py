@@ -1,0 +1,106 @@
+"""Quantized checkpoints in the compressed-tensors format vLLM loads, streamed.
+
+``quantize_checkpoint(model_dir, scheme, out_dir)`` writes ``out_dir`` with the same
+shard names as the input, quantized Linear weights (FP8, NVFP4, NVFP4A16, MXFP4),
+everything else byte-for-byte copied, and config.json's ``quantization_config``.
+See docs/quantize.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from onboard.errors import InputError
+from onboard.quantize.schemes import SCHEMES, get_scheme
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
+
+__all__ = ["SCHEMES", "quantize_checkpoint", "resolve_spec"]
+
+
+def resolve_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelSpec:
+    """The spec given, else the checkpoint's own spec.yaml, else one inferred."""
+    from onboard.spec import load_spec
+    from onboard.spec.model import ModelSpec
+
+    if isinstance(spec, ModelSpec):
+        return spec
+    if spec is not None:
+        return load_spec(Path(spec))
+    own = Path(model_dir) / "spec.yaml"
+    if own.is_file():
+        return load_spec(own)
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        raise InputError(f"{model_dir}: no config.json, spec.yaml or --spec")
+    try:
+        from onboard.spec.hf import spec_from_hf_config_file
+    except ImportError:
+        raise InputError(
+            f"{model_dir}: no spec.yaml; pass --spec (inference from config.json "
+            "is not available in this build)"
+        ) from None
+    return spec_from_hf_config_file(config)
+
+
+def quantize_checkpoint(
+    model_dir: Path,
+    scheme: str,
+    out_dir: Path,
+    *,
+    spec: ModelSpec | Path | str | None = None,
+    workers: int | None = None,
+    include_mtp: bool = False,
+    progress: bool = False,
+    log=None,
+    calibration_samples: int | None = None,
+    calibration_seq_len: int | None = None,
+) -> Path:
+    """Quantize the checkpoint in ``model_dir`` with ``scheme`` into ``out_dir``.
+
+    ``out_dir`` must not exist or be empty; it appears (by one rename) only when
+    complete. A run interrupted for any reason resumes where it stopped when
+    called again with the same arguments. Bad input raises InputError.
+    """
+    from onboard.quantize.plan import make_plan
+    from onboard.quantize.run import execute
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    sch = get_scheme(scheme)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InputError(f"{out_dir}: exists and is not empty; nothing was written")
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be at least 1, got {workers}")
+    if Path(out_dir).resolve() == Path(model_dir).resolve():
+        raise InputError(f"{out_dir}: the output cannot be the input directory")
+    resolved = resolve_spec(model_dir, spec)
+    plan = make_plan(model_dir, resolved, sch, include_mtp=include_mtp)
+    if sch.calibrated and include_mtp:
+        raise InputError(
+            f"--include-mtp: {sch.name} calibrates activations through the "
+            "reference model, which has no MTP heads; quantize MTP heads with a "
+            "weight-only or dynamic scheme"
+        )
+    options = {"include_mtp": include_mtp}
+    calibration = None
+    if sch.calibrated:
+        from onboard.quantize import calibrate
+
+        samples = calibration_samples or calibrate.NUM_SAMPLES
+        seq_len = calibration_seq_len or calibrate.SEQ_LEN
+        options.update(calibration_samples=samples, calibration_seq_len=seq_len)
+
+        def calibration() -> dict[str, float]:
+            return calibrate.calibrate(plan, resolved, samples, seq_len, log=log)
+
+    return execute(
+        plan,
+        out_dir,
+        options=options,
+        workers=workers,
+        calibration=calibration,
+        progress=progress,
+        log=log or (lambda msg: None),
+    )

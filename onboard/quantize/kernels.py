@@ -1,0 +1,310 @@
+"""Quantize one weight: compressed-tensors' arithmetic, onboard's fused inner loops.
+
+Every scale comes from compressed-tensors itself: min/max taken over the shapes
+llm-compressor's weight observers use, then ``calculate_qparams`` (FP8 rounding of
+NVFP4 group scales, E8M0 rounding of MXFP4 scales), ``generate_gparam`` (the NVFP4
+global scale) and the compressor's own scale encoding (``_compress_scale``).
+
+The element loop is onboard's: compressed-tensors' ``compress`` runs the
+quantization in five full-size passes and packs FP4 through an ``[rows, cols, 8]``
+distance tensor (8x the weight in memory, ~1 s per 16M weights here), which alone
+would make quantizing slower than reading and writing the checkpoint many times
+over. The fused loops below compute the same numbers in cache-sized row blocks:
+the same division in the same dtypes, the same clamp, the same round-half-to-even
+onto the FP4 grid, the same nibble order. ``check_against_library`` compares them
+byte for byte with the library's compressor, on every tensor's first rows at run
+time and on random and boundary values in the tests, so a change of convention in
+compressed-tensors fails loudly instead of writing a wrong checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+
+from onboard.quantize.schemes import Scheme
+
+TORCH_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+ST_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+
+ROW_BLOCK_BYTES = 1 << 20  # input bytes per fused-loop block: stays in L2 cache
+CHECK_ROWS = 16  # rows of every tensor re-done by compressed-tensors at run time
+
+
+def output_tensors(
+    scheme: Scheme, module: str, shape: tuple[int, int], dtype: str
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, safetensors dtype, shape) of what quantizing ``module.weight`` writes.
+
+    Planned before any data is read, so files can be laid out up front; the
+    writer checks each produced tensor against this.
+    """
+    rows, cols = shape
+    w = scheme.ct_scheme.weights
+    out: list[tuple[str, str, tuple[int, ...]]] = []
+    if scheme.packed:
+        out.append((f"{module}.weight_packed", "U8", (rows, cols // 2)))
+        scale_dtype = "F8_E4M3" if scheme.global_scale else "U8"
+        out.append(
+            (f"{module}.weight_scale", scale_dtype, (rows, cols // w.group_size))
+        )
+        if scheme.global_scale:
+            out.append((f"{module}.weight_global_scale", "F32", (1,)))
+        if scheme.calibrated:
+            out.append((f"{module}.input_global_scale", "F32", (1,)))
+    else:
+        out.append((f"{module}.weight", "F8_E4M3", (rows, cols)))
+        if scheme.block:
+            bh, bw = scheme.block
+            grid = (math.ceil(rows / bh), math.ceil(cols / bw))
+            out.append((f"{module}.weight_scale", dtype, grid))
+        else:
+            out.append((f"{module}.weight_scale", dtype, (rows, 1)))
+    return out
+
+
+# ---- scales: compressed-tensors ----------------------------------------------
+
+
+def observe(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max per scale, over the shapes llm-compressor's observers reduce."""
+    from compressed_tensors.quantization.utils import maybe_pad_tensor_for_block_quant
+
+    args = scheme.ct_scheme.weights
+    if args.strategy == "channel":
+        return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    if args.strategy in ("group", "tensor_group"):
+        g = w.unflatten(-1, (-1, args.group_size))
+        return g.amin(dim=-1), g.amax(dim=-1)
+    if args.strategy == "block":
+        bh, bw = args.block_structure
+        # Zero padding, as compressed-tensors pads: it cannot raise a max or lower a
+        # min past zero, which calculate_qparams includes anyway.
+        p = maybe_pad_tensor_for_block_quant(w, (bh, bw))
+        blocks = p.reshape(p.shape[0] // bh, bh, p.shape[1] // bw, bw)
+        return blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
+    raise AssertionError(args.strategy)
+
+
+def absmax(w: torch.Tensor) -> torch.Tensor:
+    """Largest magnitude, in the weight's dtype (as the observers compute it)."""
+    mn, mx = torch.aminmax(w)
+    return torch.maximum(-mn, mx)
+
+
+def global_scale(absmaxes: list[torch.Tensor]) -> torch.Tensor:
+    """NVFP4 global scale shared by a fused group (llm-compressor's FusionHandler)."""
+    from compressed_tensors.quantization.utils import generate_gparam
+
+    a = absmaxes[0]
+    for other in absmaxes[1:]:
+        a = torch.maximum(a, other)
+    return generate_gparam(-a.reshape(1), a.reshape(1))
+
+
+def input_global_scale(activation_absmax: float) -> torch.Tensor:
+    """NVFP4 activation global scale from the calibrated absolute maximum."""
+    from compressed_tensors.quantization.utils import generate_gparam
+
+    a = torch.tensor([activation_absmax], dtype=torch.float32)
+    return generate_gparam(-a, a)
+
+
+def scales(
+    w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None
+) -> torch.Tensor:
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    mn, mx = observe(w, scheme)
+    scale, _zero_point = calculate_qparams(
+        mn, mx, scheme.ct_scheme.weights, global_scale=gscale
+    )
+    return scale
+
+
+# ---- the fused element loops --------------------------------------------------
+
+FP8_MAX = 448.0
+
+
+def _fp8_rows(w: torch.Tensor, scale_rows: torch.Tensor, out: torch.Tensor) -> None:
+    # compressed-tensors: x / scale in the weight dtype, clamp to +-448, cast.
+    # (+ 0.0: compressed-tensors adds the zero point, which turns -0.0 into +0.0.)
+    out.copy_(torch.div(w, scale_rows).clamp_(-FP8_MAX, FP8_MAX).add_(0.0))
+
+
+@cache
+def _fp4_boundaries(dtype: torch.dtype) -> torch.Tensor:
+    # Midpoints of the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6. compressed-tensors'
+    # cast_to_fp4 rounds ties to the even grid point: 0.25 -> 0, 0.75 -> 1,
+    # 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. bucketize(right=False) sends
+    # a value equal to a boundary down, so the three midpoints that round up are
+    # moved one ulp down (no value of this dtype lies between).
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=dtype)
+    up = torch.tensor([False, True, False, True, False, True, False])
+    lower = torch.nextafter(mids, torch.zeros_like(mids))
+    return torch.where(up, lower, mids)
+
+
+def _fp4_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """E2M1 nibble per value: grid index, sign in bit 3 (negative zero for -0.x)."""
+    clamped = scaled.clamp(-6.0, 6.0)
+    idx = torch.bucketize(clamped.abs(), _fp4_boundaries(clamped.dtype))
+    idx = idx.to(torch.uint8)
+    idx |= (clamped < 0).to(torch.uint8) << 3
+    return idx
+
+
+def _fp4_rows(
+    w: torch.Tensor,
+    scale_rows: torch.Tensor,
+    gscale: torch.Tensor | None,
+    group: int,
+    out: torch.Tensor,
+) -> None:
+    # compressed-tensors' _process_group + _quantize: x grouped, divided by
+    # (scale / global_scale) with torch's type promotion, clamped to +-6, rounded.
+    s = scale_rows.unsqueeze(-1)
+    if gscale is not None:
+        s = s / gscale
+    scaled = w.unflatten(-1, (-1, group)) / s
+    codes = _fp4_codes(scaled).flatten(-2)
+    out.copy_(codes[:, 0::2] | (codes[:, 1::2] << 4))
+
+
+def quantize_weight(
+    w: torch.Tensor,
+    scheme: Scheme,
+    module: str,
+    gscale: torch.Tensor | None = None,
+    in_gscale: torch.Tensor | None = None,
+    check: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Compressed tensors of ``module.weight`` (names as vLLM loads them)."""
+    args = scheme.ct_scheme.weights
+    scale = scales(w, scheme, gscale)
+    rows, cols = w.shape
+    step = max(1, ROW_BLOCK_BYTES // max(1, cols * w.element_size()))
+    out: dict[str, torch.Tensor] = {}
+    if scheme.packed:
+        packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+        for i in range(0, rows, step):
+            _fp4_rows(
+                w[i : i + step],
+                scale[i : i + step],
+                gscale,
+                args.group_size,
+                packed[i : i + step],
+            )
+        out[f"{module}.weight_packed"] = packed
+        out[f"{module}.weight_scale"] = _compressor(scheme)._compress_scale(scale, args)
+        if gscale is not None:
+            out[f"{module}.weight_global_scale"] = gscale
+        if scheme.calibrated:
+            assert in_gscale is not None, module
+            out[f"{module}.input_global_scale"] = in_gscale
+    else:
+        q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+        if scheme.block:
+            bh, bw = scheme.block
+            step = max(bh, step // bh * bh)
+            for i in range(0, rows, step):
+                s = scale[i // bh : (i + step) // bh + 1]
+                s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)
+                n = min(step, rows - i)
+                _fp8_rows(w[i : i + n], s[:n, :cols], q[i : i + n])
+        else:
+            for i in range(0, rows, step):
+                _fp8_rows(w[i : i + step], scale[i : i + step], q[i : i + step])
+        out[f"{module}.weight"] = q
+        out[f"{module}.weight_scale"] = scale
+    if check:
+        check_against_library(w, scheme, module, gscale, out)
+    return out
+
+
+# ---- the library's own path, for checks and dequantization -------------------
+
+
+@cache
+def _compressor(scheme: Scheme):
+    from compressed_tensors.compressors import BaseCompressor
+
+    return BaseCompressor.get_value_from_registry(scheme.format)
+
+
+def library_compress(
+    w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """compressed-tensors' own ``compress`` of one weight (slow; the reference)."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    mn, mx = observe(w, scheme)
+    scale, zp = calculate_qparams(mn, mx, scheme.ct_scheme.weights, global_scale=gscale)
+    state = {"weight": w, "weight_scale": scale, "weight_zero_point": zp}
+    if gscale is not None:
+        state["weight_global_scale"] = gscale
+    # cast_to_fp4 is torch.compile'd; eager gives the same values without a
+    # multi-second compile per process.
+    with torch.compiler.set_stance("force_eager"):
+        return dict(_compressor(scheme).compress(state, scheme.ct_scheme))
+
+
+def check_against_library(
+    w: torch.Tensor,
+    scheme: Scheme,
+    module: str,
+    gscale: torch.Tensor | None,
+    out: dict[str, torch.Tensor],
+) -> None:
+    """Byte-compare the first rows of ``out`` with compressed-tensors' compressor."""
+    n = min(w.shape[0], scheme.block[0] if scheme.block else CHECK_ROWS)
+    ref = library_compress(w[:n], scheme, gscale)
+    for local, value in ref.items():
+        mine = out[f"{module}.{local}"][: value.shape[0]]
+        if mine.dtype != value.dtype or not torch.equal(
+            mine.contiguous().view(torch.uint8), value.contiguous().view(torch.uint8)
+        ):
+            raise AssertionError(
+                f"{module}.{local}: onboard's quantizer disagrees with "
+                "compressed-tensors' compressor; please report this"
+            )
+
+
+def dequantize(
+    tensors: dict[str, torch.Tensor], scheme: Scheme, module: str
+) -> torch.Tensor:
+    """The float weight a compressed module stands for, by compressed-tensors."""
+    prefix = f"{module}."
+    state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    state.pop("input_global_scale", None)
+    if scheme.block:
+        # compressed-tensors 0.17's decompress infers the block size as rows //
+        # scale rows, wrong for a ceil-divided grid (576 rows, 5 blocks): give it
+        # the scheme's arguments instead.
+        from compressed_tensors.quantization.lifecycle.forward import (
+            dequantize as ct_dequantize,
+        )
+
+        return ct_dequantize(
+            state["weight"], state["weight_scale"], args=scheme.ct_scheme.weights
+        )
+    return _compressor(scheme).decompress(state, scheme.ct_scheme)["weight"]

@@ -1,0 +1,311 @@
+"""What to quantize, decided from the spec and the checkpoint's headers alone.
+
+Every tensor of the checkpoint is matched against the spec's tensor-name layout
+(its roles, with ``{layer}`` / ``{expert}``). The weights of the decoder's linear
+projections are quantized; everything else is copied unchanged: embeddings, the
+output head, norms, MoE routers and their bias, the shared-expert gate, MTP heads
+(``model.layers.{num_hidden_layers + i}``, unless asked), whatever the spec's
+``keep_unquantized`` names, and any tensor no role explains. Linear modules left
+in 16 bits are listed in the config's ``ignore`` so that vLLM builds them
+unquantized.
+
+The plan also fixes the output files before any data is read: the same shard
+names as the input, and in each, every output tensor's dtype, shape and offset.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onboard.errors import InputError
+from onboard.quantize import st_io
+from onboard.quantize.kernels import output_tensors
+from onboard.quantize.schemes import Scheme
+from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
+from onboard.spec.model import ModelSpec
+
+INDEX_FILE = "model.safetensors.index.json"
+
+# Decoder projections that are quantized (vLLM builds them as quantizable layers).
+LINEAR_ROLES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj",
+    "kv_b_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "expert_gate_proj",
+    "expert_up_proj",
+    "expert_down_proj",
+    "shared_gate_proj",
+    "shared_up_proj",
+    "shared_down_proj",
+)
+# Linear modules that always stay in 16 bits (and go to the config's ignore list).
+KEPT_LINEAR_ROLES = (
+    "lm_head",
+    "router",
+    "shared_expert_gate",
+    "mtp_eh_proj",
+    "mtp_head",
+)
+
+# Projections vLLM loads as one fused layer; NVFP4 needs one global scale for each
+# such set (vLLM's qkv_proj, gate_up_proj / w13, and MLA's fused_qkv_a_proj).
+FUSED_SETS = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("gate_proj", "up_proj"),
+    ("shared_gate_proj", "shared_up_proj"),
+    ("expert_gate_proj", "expert_up_proj"),
+    ("q_a_proj", "kv_a_proj"),
+)
+
+
+@dataclass
+class Quantized:
+    """One weight to quantize."""
+
+    module: str
+    role: str
+    layer: int | None
+    src: st_io.TensorInfo
+    shard: str
+    fused_key: tuple | None = None  # weights with equal keys share a global scale
+
+
+@dataclass
+class ShardPlan:
+    name: str
+    path: Path
+    tensors: list[st_io.TensorInfo]
+    outputs: list[st_io.OutTensor] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass
+class Plan:
+    model_dir: Path
+    scheme: Scheme
+    shards: list[ShardPlan]
+    quantized: dict[str, Quantized]  # by tensor name (module + ".weight")
+    ignore: list[str]  # Linear modules kept in 16 bits
+    kept: dict[str, str]  # tensor name -> why it is copied unchanged
+    fused: dict[tuple, list[str]]  # fused key -> tensor names
+    tensor_shard: dict[str, str]
+    config: dict
+
+    def fused_partners(self, name: str) -> list[str]:
+        q = self.quantized[name]
+        if q.fused_key is None:
+            return [name]
+        return self.fused[q.fused_key]
+
+
+def _role_patterns(spec: ModelSpec) -> list[tuple[str, re.Pattern]]:
+    roles = []
+    for role in ROLES:
+        path = spec.checkpoint.tensor_names.get(
+            role, LAYOUT_PRESETS[spec.checkpoint.layout][role]
+        )
+        rx = re.escape(path)
+        rx = rx.replace(re.escape("{layer}"), r"(?P<layer>\d+)")
+        rx = rx.replace(re.escape("{expert}"), r"(?P<expert>\d+)")
+        roles.append((role, re.compile(rx + r"\Z")))
+    return roles
+
+
+def _marks(spec: ModelSpec) -> tuple[set[str], set[str], list[re.Pattern]]:
+    """The spec's keep_unquantized entries: roles, module paths, regexes."""
+    roles: set[str] = set()
+    paths: set[str] = set()
+    regexes: list[re.Pattern] = []
+    for i, entry in enumerate(spec.keep_unquantized):
+        if entry.startswith("re:"):
+            try:
+                regexes.append(re.compile(entry[3:]))
+            except re.error as exc:
+                raise InputError(
+                    f"spec keep_unquantized[{i}]: bad regular expression: {exc}"
+                ) from None
+        elif entry in ROLES:
+            roles.add(entry)
+        elif "." in entry:
+            paths.add(entry)
+        else:
+            raise InputError(
+                f"spec keep_unquantized[{i}]: {entry!r} is neither a role "
+                f"({', '.join(LINEAR_ROLES)}), a module path nor `re:REGEX`"
+            )
+    return roles, paths, regexes
+
+
+def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
+    """Shard files (validated headers) and config.json of a checkpoint directory."""
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: not a directory")
+    config_path = model_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{config_path}: missing (not a Hugging Face checkpoint)")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{config_path}: cannot read: {exc}") from None
+    if "quantization_config" in config:
+        method = config["quantization_config"].get("quant_method", "?")
+        raise InputError(
+            f"{config_path}: the checkpoint is already quantized ({method}); "
+            "quantize the 16-bit checkpoint"
+        )
+    index_path = model_dir / INDEX_FILE
+    if index_path.exists():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))[
+                "weight_map"
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{index_path}: corrupt index: {exc}") from None
+        names = sorted(set(weight_map.values()))
+    else:
+        weight_map = None
+        names = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not names:
+        raise InputError(f"{model_dir}: no .safetensors files")
+    shards = []
+    for name in names:
+        path = model_dir / name
+        if not path.is_file():
+            raise InputError(f"{index_path}: names {name}, which is missing")
+        infos, _meta = st_io.read_header(path)
+        shards.append(ShardPlan(name, path, infos))
+    if weight_map is not None:
+        have = {t.name: s.name for s in shards for t in s.tensors}
+        for tensor, shard in weight_map.items():
+            if have.get(tensor) != shard:
+                raise InputError(
+                    f"{index_path}: {tensor} is indexed in {shard} but "
+                    f"{'missing' if tensor not in have else 'found in ' + have[tensor]}"
+                )
+    return shards, config
+
+
+def make_plan(
+    model_dir: Path, spec: ModelSpec, scheme: Scheme, *, include_mtp: bool = False
+) -> Plan:
+    shards, config = read_checkpoint(model_dir)
+    patterns = _role_patterns(spec)
+    mark_roles, mark_paths, mark_regexes = _marks(spec)
+    n_layers = spec.num_hidden_layers
+    quantized: dict[str, Quantized] = {}
+    kept: dict[str, str] = {}
+    ignore: set[str] = {spec.tensor_path("lm_head")}
+    tensor_shard: dict[str, str] = {}
+
+    for shard in shards:
+        for t in shard.tensors:
+            tensor_shard[t.name] = shard.name
+            module, _, param = t.name.rpartition(".")
+            role, match = _match(patterns, module)
+            layer = (
+                int(match["layer"]) if match and "layer" in match.groupdict() else None
+            )
+            linear = param == "weight" and len(t.shape) == 2
+            why = None
+            if role is None:
+                why = "no role of the spec's layout"
+            elif role not in LINEAR_ROLES:
+                why = f"role {role}"
+            elif not linear:
+                why = f"{param} of {role}"
+            elif layer is not None and layer >= n_layers and not include_mtp:
+                why = "MTP head"
+            elif (
+                role in mark_roles
+                or module in mark_paths
+                or any(rx.search(module) for rx in mark_regexes)
+            ):
+                why = "spec keep_unquantized"
+            if why is not None:
+                kept[t.name] = why
+                if linear and (
+                    role is None or role in LINEAR_ROLES + KEPT_LINEAR_ROLES
+                ):
+                    if role != "embed":
+                        ignore.add(module)
+                continue
+            _check_quantizable(t, shard, scheme, role)
+            fused_key = None
+            if scheme.global_scale:
+                for members in FUSED_SETS:
+                    if role in members:
+                        # Same layer (and expert): the key drops the role.
+                        fused_key = (members, tuple(sorted(match.groupdict().items())))
+            quantized[t.name] = Quantized(module, role, layer, t, shard.name, fused_key)
+
+    if not quantized:
+        raise InputError(
+            f"{model_dir}: no tensor matches a linear role of the spec's "
+            f"{spec.checkpoint.layout!r} layout; is this the spec of this checkpoint?"
+        )
+    fused: dict[tuple, list[str]] = {}
+    for name, q in quantized.items():
+        if q.fused_key is not None:
+            fused.setdefault(q.fused_key, []).append(name)
+    for shard in shards:
+        for t in shard.tensors:
+            if t.name in quantized:
+                shard.outputs.extend(
+                    st_io.OutTensor(n, d, s)
+                    for n, d, s in output_tensors(
+                        scheme, quantized[t.name].module, t.shape, t.dtype
+                    )
+                )
+            else:
+                shard.outputs.append(st_io.OutTensor(t.name, t.dtype, t.shape))
+    return Plan(
+        model_dir,
+        scheme,
+        shards,
+        quantized,
+        sorted(ignore),
+        kept,
+        fused,
+        tensor_shard,
+        config,
+    )
+
+
+def _match(patterns, module: str):
+    for role, rx in patterns:
+        m = rx.match(module)
+        if m:
+            return role, m
+    return None, None
+
+
+def _check_quantizable(
+    t: st_io.TensorInfo, shard: ShardPlan, scheme: Scheme, role: str
+) -> None:
+    where = f"{shard.path}: {t.name}"
+    if t.dtype not in st_io.FLOAT_INPUTS:
+        raise InputError(
+            f"{where}: dtype {t.dtype}; quantize a 16- or 32-bit float checkpoint"
+        )
+    rows, cols = t.shape
+    m = scheme.input_multiple
+    if cols % m:
+        raise InputError(
+            f"{where}: {scheme.name} quantizes input features in groups of {m}, "
+            f"but {role} has {cols} (shape {list(t.shape)}); choose another scheme "
+            f"or keep it in 16 bits (spec keep_unquantized: [{role}])"
+        )

@@ -1,0 +1,259 @@
+"""Streaming safetensors I/O: validated headers, tensor reads, positional writes.
+
+The quantizer never holds a whole shard: it reads one tensor at a time with
+``pread``, copies unquantized tensors file-to-file in the kernel
+(``copy_file_range``), and writes each output tensor at an offset computed from
+the plan before any data exists. That is also why output files are byte-for-byte
+reproducible whatever order the tensors are produced in.
+
+Layout of a written file (the safetensors format): 8-byte little-endian header
+length, a JSON header (``{name: {dtype, shape, data_offsets}}`` plus
+``__metadata__``) padded with spaces to 8 bytes, then the data. Tensors are laid
+out by decreasing element size, so that every tensor starts aligned to its own
+element size, as the ``safetensors`` package lays them out too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onboard.errors import InputError
+
+ITEMSIZE = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+FLOAT_INPUTS = ("BF16", "F16", "F32")
+MAX_HEADER = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of an input file: where its bytes are."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute file offset
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def read_header(path: Path) -> tuple[list[TensorInfo], dict[str, str]]:
+    """Parse and check a safetensors header; a clear InputError on any damage.
+
+    Checks what a truncated or corrupt file breaks: the header length, the JSON,
+    dtypes, shapes against byte ranges, contiguous ranges, and the file size.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise InputError(f"{path}: truncated safetensors file ({size} bytes)")
+            n = int.from_bytes(raw_len, "little")
+            if n > MAX_HEADER or 8 + n > size:
+                raise InputError(
+                    f"{path}: corrupt or truncated safetensors header (header length "
+                    f"{n}, file size {size})"
+                )
+            head = f.read(n)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        header = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: corrupt safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: corrupt safetensors header: not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    base = 8 + n
+    infos: list[TensorInfo] = []
+    for name, entry in header.items():
+        try:
+            dtype = entry["dtype"]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{path}: corrupt header entry for {name!r}") from None
+        if dtype not in ITEMSIZE:
+            raise InputError(f"{path}: {name}: unsupported dtype {dtype!r}")
+        if end - begin != math.prod(shape) * ITEMSIZE[dtype]:
+            raise InputError(
+                f"{path}: {name}: byte range {begin}..{end} does not fit shape "
+                f"{list(shape)} of {dtype}"
+            )
+        infos.append(TensorInfo(name, dtype, shape, base + begin, base + end))
+    infos.sort(key=lambda t: t.start)
+    pos = base
+    for t in infos:
+        if t.start != pos:
+            raise InputError(
+                f"{path}: corrupt header: {t.name} does not start at {pos}"
+            )
+        pos = t.end
+    if pos != size:
+        what = "truncated" if pos > size else "has trailing bytes"
+        raise InputError(
+            f"{path}: {what}: the header describes {pos} bytes, the file has {size}"
+        )
+    return infos, metadata
+
+
+def read_tensor(fd: int, info: TensorInfo):
+    """The tensor's data as a torch tensor (a fresh buffer, not a file mapping)."""
+    import torch
+
+    from onboard.quantize.kernels import TORCH_DTYPES
+
+    buf = torch.empty(info.nbytes, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    got = 0
+    while got < info.nbytes:
+        n = os.preadv(fd, [view[got:]], info.start + got)
+        if n <= 0:
+            raise InputError(f"unexpected end of file reading {info.name}")
+        got += n
+    return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
+
+
+def layout(tensors: list[OutTensor]) -> tuple[bytes, dict[str, int]]:
+    """Header bytes and each tensor's absolute file offset for ``tensors``.
+
+    Sorted by decreasing element size (alignment), ties kept in the given order.
+    """
+    order = sorted(range(len(tensors)), key=lambda i: (-ITEMSIZE[tensors[i].dtype], i))
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    pos = 0
+    rel: dict[str, int] = {}
+    for i in order:
+        t = tensors[i]
+        header[t.name] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "data_offsets": [pos, pos + t.nbytes],
+        }
+        rel[t.name] = pos
+        pos += t.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    blob = len(head).to_bytes(8, "little") + head
+    return blob, {name: len(blob) + off for name, off in rel.items()}
+
+
+class ShardWriter:
+    """Write a planned safetensors file; tensors may arrive in any order."""
+
+    def __init__(self, path: Path, tensors: list[OutTensor]):
+        self.path = path
+        self.expected = {t.name: t for t in tensors}
+        header, self.offsets = layout(tensors)
+        self.size = len(header) + sum(t.nbytes for t in tensors)
+        self.written: set[str] = set()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(self.fd, self.size)
+        os.pwrite(self.fd, header, 0)
+
+    def write(self, name: str, tensor) -> None:
+        from onboard.quantize.kernels import ST_DTYPES
+
+        t = self.expected[name]
+        if ST_DTYPES[tensor.dtype] != t.dtype or tuple(tensor.shape) != t.shape:
+            raise AssertionError(
+                f"{name}: produced {tensor.dtype} {list(tensor.shape)}, planned "
+                f"{t.dtype} {list(t.shape)}"
+            )
+        data = memoryview(tensor.contiguous().view(-1).view(torch_uint8()).numpy())
+        _pwrite_all(self.fd, data, self.offsets[name])
+        self.written.add(name)
+
+    def copy_from(self, name: str, src_fd: int, info: TensorInfo) -> None:
+        """Copy an unchanged tensor straight from the input file."""
+        t = self.expected[name]
+        assert (t.dtype, t.shape) == (info.dtype, info.shape), name
+        done = 0
+        while done < info.nbytes:
+            n = os.copy_file_range(
+                src_fd,
+                self.fd,
+                info.nbytes - done,
+                info.start + done,
+                self.offsets[name] + done,
+            )
+            if n <= 0:
+                raise InputError(f"unexpected end of file copying {info.name}")
+            done += n
+        self.written.add(name)
+
+    def finish(self) -> str:
+        """Flush to disk and return the file's sha256."""
+        missing = set(self.expected) - self.written
+        if missing:
+            raise AssertionError(f"{self.path.name}: never wrote {sorted(missing)[:5]}")
+        os.fsync(self.fd)
+        os.close(self.fd)
+        return file_sha256(self.path)
+
+    def abort(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def as_numpy_bytes(tensor) -> np.ndarray:
+    return tensor.contiguous().view(-1).view(torch_uint8()).numpy()
