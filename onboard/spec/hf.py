@@ -16,7 +16,9 @@ cannot express, so neither direction writes a silently wrong file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -217,6 +219,26 @@ class _Known:
     cls: type
     declared: frozenset[str]  # keys the class writes
     attribute_map: dict[str, str]  # alias -> declared key
+    reads: frozenset[str]  # declared keys and those its modeling code reads
+
+
+_CONFIG_READ = re.compile(
+    r"\bconfig\.([A-Za-z_]\w*)|getattr\(\s*(?:self\.)?config\s*,\s*[\"'](\w+)[\"']"
+)
+
+
+def _modeling_reads(config_cls: type) -> set[str]:
+    """Config attributes transformers' modeling code reads (some, such as Qwen's
+    ``head_dim``, are optional and not declared by the config class)."""
+    name = config_cls.__module__.replace(".configuration_", ".modeling_")
+    try:
+        found = importlib.util.find_spec(name)
+    except ImportError:
+        return set()
+    if found is None or not found.origin:
+        return set()
+    text = Path(found.origin).read_text(encoding="utf-8")
+    return {a or b for a, b in _CONFIG_READ.findall(text)}
 
 
 @cache
@@ -234,7 +256,9 @@ def _known(model_type: str) -> _Known | None:
     cls = CONFIG_MAPPING[model_type]
     with _quiet_transformers():
         declared = frozenset(cls().to_dict())
-    return _Known(cls, declared, dict(getattr(cls, "attribute_map", {}) or {}))
+    attribute_map = dict(getattr(cls, "attribute_map", {}) or {})
+    reads = declared | {attribute_map.get(k, k) for k in _modeling_reads(cls)}
+    return _Known(cls, declared, attribute_map, frozenset(reads))
 
 
 def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]:
@@ -631,7 +655,7 @@ def spec_from_hf_config(
     problems = list(reader.problems)
     if known is not None:
         # What transformers' class computes: its declared keys, its facts enforced.
-        declared = {k: v for k, v in cfg.items() if k in known.declared}
+        declared = {k: v for k, v in cfg.items() if k in known.reads}
         as_class, class_reader = _read(declared, facts, fixed=True)
         problems += [p for p in class_reader.problems if p not in problems]
         problems += _contradictions(data, as_class, model_type, known)
@@ -811,8 +835,12 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             norm_topk_prob=r.norm_topk_prob,
             scoring_func=r.scoring,
             topk_method=method,
-            n_group=r.num_groups,
-            topk_group=r.topk_groups,
+            # Ungrouped = one group, kept (as DeepSeek-V2-Lite's config says): vLLM's
+            # DeepSeek MoE always routes grouped and reads getattr(config,
+            # "n_group", 1), which gives None once transformers declares the key,
+            # and its CPU router then fails `assert self.topk_group is not None`.
+            n_group=r.num_groups or 1,
+            topk_group=r.topk_groups or 1,
             routed_scaling_factor=r.routed_scaling_factor,
         )
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
@@ -863,6 +891,13 @@ def _write_known(
         # Qwen-MoE has no first-k key: list those layers as MLP-only instead.
         dense = sorted(set(moe.dense_layers) | set(range(moe.first_k_dense)))
         concepts = {**concepts, "first_k_dense_replace": 0, "mlp_only_layers": dense}
+    kinds = concepts.get("layer_types") or []
+    full = kinds.count("full_attention")
+    if spec.attention.sliding_window and kinds == ["full_attention"] * full + [
+        "sliding_attention"
+    ] * (len(kinds) - full):
+        # Qwen2/Qwen3 rule: layers from max_window_layers on slide.
+        concepts = {**concepts, "max_window_layers": full}
     qkv = concepts.get("qkv_bias")
     if (
         qkv is not None
@@ -885,12 +920,16 @@ def _write_known(
 
 
 def _key_for(concept: str, known: _Known) -> str | None:
-    """The key transformers' class declares for a concept, if any."""
+    """The key transformers' class declares (or its modeling code reads) for a
+    concept, if any."""
     for alias in ALIASES[concept]:
         if alias in known.declared:
             return alias
         if known.attribute_map.get(alias) in known.declared:
             return known.attribute_map[alias]
+    for alias in ALIASES[concept]:
+        if alias in known.reads:
+            return alias
     return None
 
 

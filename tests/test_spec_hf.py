@@ -1,0 +1,531 @@
+"""Hugging Face config <-> spec mapping, on configs written by transformers itself."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig
+
+from onboard.errors import InputError
+from onboard.spec import load_spec
+from onboard.spec.hf import (
+    ALIASES,
+    IGNORED,
+    hf_config_from_spec,
+    hf_fields,
+    spec_from_hf_config,
+    spec_from_hf_config_file,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ONBOARD = ROOT / ".venv" / "bin" / "onboard"
+
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+MLA = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=512,  # the CPU MLA kernel's latent (DESIGN.md)
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+)
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+
+# Each family at small dims, with the features its config class can state.
+FAMILIES = {
+    "llama": dict(
+        attention_bias=True,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
+    ),
+    "mistral": dict(sliding_window=128, head_dim=32),
+    "qwen2": dict(use_sliding_window=True, sliding_window=64, max_window_layers=2),
+    "qwen3": dict(
+        head_dim=32,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+        },
+    ),
+    "qwen3_moe": dict(
+        num_experts=8, mlp_only_layers=[0], norm_topk_prob=True, head_dim=16, **MOE
+    ),
+    "qwen2_moe": dict(
+        num_experts=8,
+        shared_expert_intermediate_size=48,
+        decoder_sparse_step=2,
+        qkv_bias=True,
+        **MOE,
+    ),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "deepseek_v2": dict(
+        n_routed_experts=8,
+        n_shared_experts=2,
+        q_lora_rank=None,
+        first_k_dense_replace=1,
+        topk_method="group_limited_greedy",
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+        **MLA,
+        **MOE,
+    ),
+    "deepseek_v3": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=1,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 40.0,
+            "original_max_position_embeddings": 128,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        **MLA,
+        **MOE,
+    ),
+}
+
+
+def transformers_config(model_type: str, **overrides):
+    return AutoConfig.for_model(model_type, **{**SMALL, **FAMILIES[model_type],
+                                               **overrides})  # fmt: skip
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request, tmp_path) -> tuple[str, Path]:
+    """A family's config.json, written by transformers' own config class."""
+    transformers_config(request.param).save_pretrained(tmp_path)
+    return request.param, tmp_path
+
+
+def test_family_round_trip_through_transformers(family):
+    model_type, path = family
+    original = json.loads((path / "config.json").read_text())
+    spec = spec_from_hf_config_file(path)
+    assert spec.model_type == model_type
+    assert spec.name == model_type.replace("_", "-")
+
+    written = hf_config_from_spec(spec)
+    assert written["model_type"] == model_type
+    assert written["dtype"] == "bfloat16"
+    reloaded = type(AutoConfig.for_model(model_type)).from_dict(written)
+    # Every key that can change the forward pass reads back the same.
+    for key, value in original.items():
+        if key in IGNORED or key == "architectures":
+            continue
+        if key == "head_dim" and value is None:  # null means hidden / heads
+            value = original["hidden_size"] // original["num_attention_heads"]
+        assert getattr(reloaded, key) == value, key
+    # And the spec itself survives the trip.
+    assert hf_fields(spec_from_hf_config(written)) == hf_fields(spec)
+
+
+def test_family_specific_facts():
+    specs = {
+        mt: spec_from_hf_config(transformers_config(mt).to_dict()) for mt in FAMILIES
+    }
+    llama = specs["llama"]
+    assert llama.attention.qkv_bias and llama.attention.o_bias
+    assert llama.tie_word_embeddings
+    assert llama.rope.scaling.type == "llama3" and llama.rope.theta == 500000.0
+    assert specs["mistral"].layer_attention_types() == ["sliding_attention"] * 4
+    assert specs["mistral"].attention.sliding_window == 128
+    # Qwen2: bias on q/k/v only (hard-coded by the family), sliding from layer 2 on.
+    qwen2 = specs["qwen2"]
+    assert (qwen2.attention.qkv_bias, qwen2.attention.o_bias) == (True, False)
+    assert (
+        qwen2.layer_attention_types()
+        == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    )
+    assert specs["qwen3"].attention.qk_norm and specs["qwen3_moe"].attention.qk_norm
+    assert specs["qwen3"].rope.scaling.type == "yarn"
+    qwen3_moe = specs["qwen3_moe"]
+    assert [qwen3_moe.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+    assert qwen3_moe.checkpoint.layout == "qwen"
+    qwen2_moe = specs["qwen2_moe"].mlp.moe
+    assert qwen2_moe.num_shared_experts == 1 and qwen2_moe.shared_expert_gate
+    assert qwen2_moe.shared_expert_intermediate_size == 48
+    assert [specs["qwen2_moe"].is_moe_layer(i) for i in range(4)] == [
+        False, True, False, True,
+    ]  # fmt: skip
+    mixtral = specs["mixtral"]
+    assert mixtral.mlp.moe.expert_intermediate_size == 96
+    assert mixtral.mlp.moe.router.norm_topk_prob
+    assert mixtral.checkpoint.layout == "mixtral"
+    v2 = specs["deepseek_v2"]
+    assert v2.attention.type == "mla" and v2.attention.mla.q_lora_rank is None
+    assert v2.rope.interleaved and not v2.mlp.moe.router.bias_correction
+    assert v2.mlp.moe.router.num_groups == 2 and v2.mtp is None
+    v3 = specs["deepseek_v3"]
+    router = v3.mlp.moe.router
+    assert (router.scoring, router.bias_correction) == ("sigmoid", True)
+    assert v3.mtp is not None and v3.mtp.num_heads == 1 and v3.mtp.mlp == "moe"
+    assert v3.rope.scaling.mscale_all_dim == 1.0
+    assert v3.checkpoint.layout == "deepseek"
+
+
+def test_deepseek_v3_config_tells_vllm_about_the_router_bias():
+    spec = spec_from_hf_config(transformers_config("deepseek_v3").to_dict())
+    written = hf_config_from_spec(spec)
+    # transformers 5 writes neither key; without them vLLM builds no
+    # e_score_correction_bias and routes by softmax (DESIGN.md).
+    assert written["topk_method"] == "noaux_tc"
+    assert written["scoring_func"] == "sigmoid"
+
+
+def test_qwen3_moe_expresses_first_k_dense_as_mlp_only_layers():
+    spec = spec_from_hf_config(transformers_config("qwen3_moe").to_dict())
+    moe = spec.mlp.moe.model_copy(update={"first_k_dense": 2, "dense_layers": []})
+    spec = spec.model_copy(update={"mlp": spec.mlp.model_copy(update={"moe": moe})})
+    written = hf_config_from_spec(spec)
+    assert written["mlp_only_layers"] == [0, 1]
+    assert "first_k_dense_replace" not in written
+
+
+def test_bundled_specs_round_trip():
+    for path in sorted((ROOT / "model_specs").glob("*.yaml")):
+        spec = load_spec(path)
+        back = spec_from_hf_config(hf_config_from_spec(spec), name=spec.name)
+        assert hf_fields(back) == hf_fields(spec), path.name
+
+
+def test_new_model_type_uses_canonical_names():
+    spec = load_spec(ROOT / "model_specs" / "novel-launch.yaml")
+    written = hf_config_from_spec(spec)
+    canonical = {aliases[0] for aliases in ALIASES.values()}
+    generic = {"architectures", "model_type", "dtype"}
+    assert set(written) <= canonical | generic
+    assert written["kv_sharing_target_layers"][40] == 36
+    assert written["kv_sharing_target_layers"][:40] == [None] * 40
+    assert written["n_routed_experts"] == 128
+    assert written["topk_method"] == "noaux_tc"
+    assert written["num_nextn_predict_layers"] == 2
+    assert written["layer_types"][:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert written["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6}
+
+
+# ---- reading configs from elsewhere ------------------------------------------------
+
+
+def deepseek_v3_as_published() -> dict:
+    """A DeepSeek-V3 config in the layout of the published checkpoint (legacy rope,
+    remote-code keys, FP8 quantization_config), at small dims."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+        "model_type": "deepseek_v3",
+        "aux_loss_alpha": 0.001,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "ep_size": 1,
+        "first_k_dense_replace": 1,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 96,
+        "kv_lora_rank": 512,
+        "max_position_embeddings": 512,
+        "moe_intermediate_size": 32,
+        "moe_layer_freq": 1,
+        "n_group": 2,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 4,
+        "num_nextn_predict_layers": 1,
+        "q_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 64,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 128,
+            "type": "yarn",
+        },
+        "rope_theta": 10000,
+        "routed_scaling_factor": 2.5,
+        "scoring_func": "sigmoid",
+        "seq_aux": True,
+        "tie_word_embeddings": False,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.33.1",
+        "use_cache": True,
+        "v_head_dim": 16,
+        "vocab_size": 256,
+    }
+
+
+def test_published_deepseek_v3_layout_maps():
+    spec = spec_from_hf_config(deepseek_v3_as_published(), name="dsv3")
+    assert spec.name == "dsv3"
+    assert spec.rope.scaling.type == "yarn" and spec.rope.scaling.factor == 40
+    assert spec.mlp.moe.router.bias_correction
+    assert spec.mlp.moe.router.num_groups == 2 and spec.mtp.num_heads == 1
+
+
+def test_deepseek_moe_layer_freq_becomes_dense_layers():
+    config = {**deepseek_v3_as_published(), "moe_layer_freq": 2, "num_hidden_layers": 6}
+    # transformers' DeepseekV3 ignores moe_layer_freq; vLLM honours it: refused.
+    with pytest.raises(InputError, match="dense_layers"):
+        spec_from_hf_config(config)
+    # A new model type states what it means: layer i >= first_k is MoE when
+    # i % moe_layer_freq == 0 (DeepSeek's rule), written as dense layers.
+    spec = spec_from_hf_config({**config, "model_type": "acme_moe"})
+    assert [spec.is_moe_layer(i) for i in range(6)] == [
+        False, False, True, False, True, False,
+    ]  # fmt: skip
+
+
+def test_new_model_type_with_legacy_rope_and_aliases():
+    config = {
+        "model_type": "acme_lm",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+        "hidden_act": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-5,
+        "intermediate_size": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": False,
+        "rope_theta": 50000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "use_qk_norm": True,
+        "partial_rotary_factor": 0.5,
+        "router_aux_loss_coef": 0.01,
+        "attention_dropout": 0.1,
+        "use_cache": True,
+    }
+    spec = spec_from_hf_config(config)
+    assert spec.name == "acme-lm" and spec.architecture == "AcmeLmForCausalLM"
+    assert spec.mlp.moe.num_experts == 4 and spec.attention.qk_norm
+    assert spec.rope.theta == 50000.0 and spec.rope.scaling.factor == 2.0
+    assert spec.attention.partial_rotary_factor == 0.5
+    assert spec.activation == "gelu_pytorch_tanh" and spec.num_kv_heads == 1
+
+
+# ---- refusals ------------------------------------------------------------------------
+
+
+def refusal(config: dict, **kwargs) -> str:
+    with pytest.raises(InputError) as info:
+        spec_from_hf_config(config, source="cfg.json", **kwargs)
+    message = str(info.value)
+    assert message.startswith("cfg.json")
+    return message
+
+
+def test_unmapped_fields_are_all_named():
+    config = transformers_config("llama").to_dict()
+    config.update(
+        attn_logit_softcapping=30.0,
+        mlp_bias=True,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+        hidden_act="relu",
+        router_aux_loss_coef=0.5,  # training only: ignored
+    )
+    message = refusal(config)
+    for name in ("attn_logit_softcapping", "mlp_bias", "rope_type='dynamic'", "relu"):
+        assert name in message
+    assert "router_aux_loss_coef" not in message
+
+
+def test_unverified_transformers_family_is_refused():
+    message = refusal(AutoConfig.for_model("olmo2", **SMALL).to_dict())
+    assert "'olmo2'" in message and "not verified" in message
+
+
+@pytest.mark.parametrize(
+    ("model_type", "override", "named"),
+    [
+        # transformers' DeepseekV3 always adds the bias; vLLM would not.
+        ("deepseek_v3", {"topk_method": "greedy"}, "bias_correction"),
+        ("deepseek_v3", {"scoring_func": "softmax"}, "scoring"),
+        # transformers' DeepseekV2 never renormalises; vLLM would.
+        ("deepseek_v2", {"norm_topk_prob": True}, "norm_topk_prob"),
+    ],
+)
+def test_config_contradicting_its_family_is_refused(model_type, override, named):
+    config = {**transformers_config(model_type).to_dict(), **override}
+    message = refusal(config)
+    assert named in message and "computes" in message
+
+
+def test_new_model_type_must_state_what_has_no_default():
+    config = {
+        "model_type": "acme_lm",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "intermediate_size": 128,
+        "num_experts": 4,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 64,
+        "max_window_layers": 1,
+        "sliding_window": 16,
+    }
+    message = refusal(config)
+    for name in ("tie_word_embeddings", "hidden_act", "norm_topk_prob",
+                 "max_window_layers"):  # fmt: skip
+        assert name in message
+
+
+def test_unsafe_strings_are_refused_with_the_source_named():
+    config = transformers_config("llama").to_dict()
+    config["architectures"] = ["os.system('x')"]
+    assert "architecture" in refusal(config)
+    assert "name" in refusal(transformers_config("llama").to_dict(), name="Bad Name")
+    new = {**deepseek_v3_as_published(), "model_type": "x; import os"}
+    assert "model_type" in refusal(new)
+
+
+def test_writer_refuses_what_the_family_cannot_express():
+    spec = spec_from_hf_config(transformers_config("llama").to_dict())
+    att = spec.attention.model_copy(update={"qk_norm": True})
+    with pytest.raises(InputError) as info:
+        hf_config_from_spec(spec.model_copy(update={"attention": att}))
+    assert "attention.qk_norm" in str(info.value)
+    assert "cannot express" in str(info.value)
+
+
+# ---- vLLM reads what we write --------------------------------------------------------
+
+_PLAIN = re.compile(r"\bconfig\.([a-z_0-9]+)")
+_GETATTR = re.compile(
+    r"getattr\(\s*(?:self\.)?config,\s*\"([a-z_0-9]+)\",\s*([^()]+?)\)"
+)
+
+
+# Read by vLLM only on a branch these configs do not take (llama.py reads
+# sliding_window only when layer_types is set).
+_BRANCH_ONLY = {"sliding_window"}
+
+
+def _vllm_model_source(architecture: str) -> str:
+    """The source of vLLM's in-tree model module for an architecture."""
+    import vllm.model_executor.models as models
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS
+
+    module = _TEXT_GENERATION_MODELS[architecture][0]
+    return (Path(models.__file__).parent / f"{module}.py").read_text()
+
+
+def test_vllm_reads_every_family_config(family, tmp_path):
+    from vllm.config import ModelConfig
+
+    model_type, path = family
+    spec = spec_from_hf_config_file(path)
+    out = tmp_path / "written"
+    out.mkdir()
+    written = hf_config_from_spec(spec)
+    (out / "config.json").write_text(json.dumps(written))
+    hf_config = ModelConfig(model=str(out), skip_tokenizer_init=True).hf_config
+    assert hf_config.architectures == [spec.architecture]
+
+    source = _vllm_model_source(spec.architecture)
+    mapped = {key for aliases in ALIASES.values() for key in aliases}
+    guarded = set(re.findall(r"hasattr\(config, \"(\w+)\"\)", source))
+    # Plain attribute reads must resolve (no AttributeError in vLLM).
+    for key in set(_PLAIN.findall(source)) & mapped - guarded - _BRANCH_ONLY:
+        assert hasattr(hf_config, key), f"vLLM reads config.{key}"
+    # Where vLLM falls back to a default, that default must mean the same model.
+    for key, default in _GETATTR.findall(source):
+        if key not in mapped or hasattr(hf_config, key):
+            continue
+        try:
+            value = ast.literal_eval(default.strip())
+        except (ValueError, SyntaxError):
+            continue
+        assumed = {**written, key: value}
+        assert hf_fields(spec_from_hf_config(assumed)) == hf_fields(spec), key
+
+
+# ---- the CLI -------------------------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ONBOARD), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
+    transformers_config("deepseek_v3").save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "spec.yaml"
+    result = run_cli("spec", "from-hf", tmp_path / "ckpt", "-o", out, "--name", "ds")
+    assert result.returncode == 0, result.stderr
+    assert "DeepseekV3ForCausalLM" in result.stdout
+    assert load_spec(out).name == "ds"
+    assert run_cli("spec", "check", out).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file"),
+        ('{"model_type": "llama",\n  "vocab_size": }', ":2:17: invalid JSON"),
+        ('{"model_type": "olmo2"}', "not verified"),
+        (
+            json.dumps({**deepseek_v3_as_published(), "attn_logit_softcapping": 3.0}),
+            "attn_logit_softcapping=3.0: not mapped",
+        ),
+    ],
+)
+def test_cli_from_hf_bad_input_exits_2(tmp_path, content, expected):
+    config = tmp_path / "config.json"
+    if content is not None:
+        config.write_text(content)
+    out = tmp_path / "spec.yaml"
+    result = run_cli("spec", "from-hf", config, "-o", out)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
