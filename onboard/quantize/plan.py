@@ -158,7 +158,9 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{config_path}: missing (not a Hugging Face checkpoint)")
+        raise InputError(
+            f"{config_path}: missing (not a Hugging Face checkpoint)"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{config_path}: cannot read: {exc}") from None
     if "quantization_config" in config:

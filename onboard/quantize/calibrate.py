@@ -1,0 +1,263 @@
+"""NVFP4 activation calibration: the model's own forward, one decoder layer at a time.
+
+The reference model is the transformers class named by the checkpoint's config.json
+(built on the meta device: no weights). Calibration runs the bundled text
+(:mod:`onboard.quantize.calibration_text`, tokenized with the checkpoint's own
+tokenizer; fixed pseudo-random token ids when it has none) as ``NUM_SAMPLES``
+sequences of ``SEQ_LEN`` tokens through it, one decoder layer at a time: a layer's
+weights are read from the checkpoint, the layer runs on every sample, and it is
+freed before the next. Only one decoder layer is resident, whatever the model size.
+
+Recorded per quantized Linear: the largest absolute value of its input, from which
+compressed-tensors' ``generate_gparam`` makes the ``input_global_scale`` (as
+llm-compressor's static min-max observer does). Routed experts are calibrated on
+every token (llm-compressor's ``calibrate_all_experts``): their gate/up input is the
+MoE block's input, and each expert's down_proj input is computed from its own
+weights, so no expert is left without a scale however the router picks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from onboard.errors import InputError
+from onboard.quantize import st_io
+from onboard.quantize.plan import Plan
+from onboard.spec.model import ModelSpec
+
+NUM_SAMPLES = 16
+SEQ_LEN = 128
+BATCH = 4  # samples per forward: bounds activation memory
+
+
+def calibration_ids(plan: Plan, vocab: int, samples: int, seq_len: int):
+    """``samples`` x ``seq_len`` token ids of the bundled text (or fixed ids)."""
+    from onboard.quantize.calibration_text import TEXT
+
+    tok_path = plan.model_dir / "tokenizer.json"
+    ids: list[int] = []
+    if tok_path.is_file():
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(tok_path)).encode(TEXT).ids
+        ids = [i for i in ids if 0 <= i < vocab]
+    if len(ids) < 16:
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, vocab, (samples * seq_len,), generator=g).tolist()
+    need = samples * seq_len
+    ids = (ids * math.ceil(need / len(ids)))[:need]
+    return torch.tensor(ids, dtype=torch.long).view(samples, seq_len)
+
+
+class _Reader:
+    """Tensors of the checkpoint by name (one pread each)."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.infos = {t.name: (s.name, t) for s in plan.shards for t in s.tensors}
+
+    def has(self, name: str) -> bool:
+        return name in self.infos
+
+    def get(self, name: str) -> torch.Tensor:
+        import os
+
+        shard, info = self.infos[name]
+        fd = os.open(self.plan.model_dir / shard, os.O_RDONLY)
+        try:
+            return st_io.read_tensor(fd, info)
+        finally:
+            os.close(fd)
+
+
+def _reference(plan: Plan):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(plan.model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, attn_implementation="sdpa"
+            )
+    except (ValueError, KeyError, OSError) as exc:
+        raise InputError(
+            f"{plan.model_dir}: nvfp4 calibration needs the reference model, and "
+            f"transformers cannot build it from config.json: {exc}"
+        ) from None
+    return config, model
+
+
+def _materialize(module: torch.nn.Module, prefix: str, reader: _Reader, spec, layer):
+    """Load ``module``'s weights from the checkpoint (fused experts assembled)."""
+    module.to_empty(device="cpu")
+    state = {}
+    for name, p in list(module.named_parameters()) + list(module.named_buffers()):
+        full = f"{prefix}.{name}"
+        if reader.has(full):
+            state[name] = reader.get(full).to(p.dtype)
+        elif name.endswith("gate_up_proj") and p.ndim == 3:
+            state[name] = torch.stack(
+                [
+                    torch.cat(
+                        [
+                            reader.get(_expert(spec, "expert_gate_proj", layer, e)),
+                            reader.get(_expert(spec, "expert_up_proj", layer, e)),
+                        ]
+                    )
+                    for e in range(p.shape[0])
+                ]
+            ).to(p.dtype)
+        elif name.endswith("down_proj") and p.ndim == 3:
+            state[name] = torch.stack(
+                [
+                    reader.get(_expert(spec, "expert_down_proj", layer, e))
+                    for e in range(p.shape[0])
+                ]
+            ).to(p.dtype)
+        else:
+            raise InputError(
+                f"{plan_dir(reader)}: calibration: reference parameter {full} has "
+                "no tensor in the checkpoint (does the spec's layout match?)"
+            )
+    module.load_state_dict(state, strict=True)
+
+
+def plan_dir(reader: _Reader):
+    return reader.plan.model_dir
+
+
+def _expert(spec: ModelSpec, role: str, layer: int, expert: int) -> str:
+    return spec.tensor_path(role).format(layer=layer, expert=expert) + ".weight"
+
+
+@torch.no_grad()
+def calibrate(
+    plan: Plan,
+    spec: ModelSpec,
+    samples: int = NUM_SAMPLES,
+    seq_len: int = SEQ_LEN,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Input absmax of every quantized module, by module name."""
+    from transformers.masking_utils import (
+        create_causal_mask,
+        create_sliding_window_causal_mask,
+    )
+
+    log = log or (lambda msg: None)
+    config, model = _reference(plan)
+    reader = _Reader(plan)
+    inner = model.model
+    wanted = {q.module for q in plan.quantized.values()}
+    stats: dict[str, float] = {}
+
+    embed_path = spec.tensor_path("embed")
+    _materialize(inner.embed_tokens, embed_path, reader, spec, None)
+    ids = calibration_ids(plan, config.vocab_size, samples, seq_len)
+    hidden = inner.embed_tokens(ids)
+    inner.embed_tokens.to_empty(device="meta")
+    log(f"calibrating on {samples} samples x {seq_len} tokens, layer by layer")
+
+    rotary = type(inner.rotary_emb)(config=config)
+    position_ids = torch.arange(seq_len).unsqueeze(0)
+    batch0 = hidden[:BATCH]
+    position_embeddings = rotary(batch0, position_ids)
+    masks = {
+        "full_attention": create_causal_mask(
+            config=config,
+            inputs_embeds=batch0,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=position_ids,
+        )
+    }
+    if getattr(config, "sliding_window", None):
+        masks["sliding_attention"] = create_sliding_window_causal_mask(
+            config=config,
+            inputs_embeds=batch0,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=position_ids,
+        )
+    layer_types = getattr(config, "layer_types", None)
+
+    for i, layer in enumerate(inner.layers[: config.num_hidden_layers]):
+        prefix = f"model.layers.{i}"
+        _materialize(layer, f"{prefix}", reader, spec, i)
+        hooks, moe_inputs = _attach(layer, prefix, wanted, stats)
+        mask = masks[layer_types[i]] if layer_types else masks["full_attention"]
+        outs = []
+        for b in range(0, samples, BATCH):
+            x = hidden[b : b + BATCH]
+            outs.append(
+                layer(
+                    x,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    position_embeddings=position_embeddings,
+                )
+            )
+        hidden = torch.cat([o[0] if isinstance(o, tuple) else o for o in outs])
+        for h in hooks:
+            h.remove()
+        for experts, xs in moe_inputs.items():
+            _expert_stats(experts, torch.cat(xs), spec, i, config, stats)
+        layer.to_empty(device="meta")
+
+    missing = sorted(m for m in wanted if m not in stats)
+    if missing:
+        raise InputError(
+            f"{plan.model_dir}: calibration: the reference model has no module for "
+            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+            "(the spec's layout and the transformers class disagree)"
+        )
+    return {m: stats[m] for m in sorted(stats)}
+
+
+def _attach(layer, prefix, wanted, stats):
+    hooks = []
+    moe_inputs: dict[torch.nn.Module, list[torch.Tensor]] = {}
+
+    def record(name):
+        def hook(_module, args):
+            a = float(args[0].abs().amax())
+            stats[name] = max(stats.get(name, 0.0), a)
+
+        return hook
+
+    def capture(module):
+        def hook(_module, args):
+            moe_inputs[module].append(args[0].reshape(-1, args[0].shape[-1]))
+
+        return hook
+
+    for name, module in layer.named_modules():
+        full = f"{prefix}.{name}" if name else prefix
+        if isinstance(module, torch.nn.Linear) and full in wanted:
+            hooks.append(module.register_forward_pre_hook(record(full)))
+        gate_up = getattr(module, "gate_up_proj", None)
+        if isinstance(gate_up, torch.nn.Parameter) and gate_up.ndim == 3:
+            moe_inputs[module] = []
+            hooks.append(module.register_forward_pre_hook(capture(module)))
+    return hooks, moe_inputs
+
+
+def _expert_stats(experts, x, spec, layer, config, stats) -> None:
+    """Every expert on every token: gate/up input is x, down input is act(g) * u."""
+    from transformers.activations import ACT2FN
+
+    act = ACT2FN[config.hidden_act]
+    a_in = float(x.abs().amax())
+    for e in range(experts.gate_up_proj.shape[0]):
+        gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, -1)
+        a_down = float((act(gate) * up).abs().amax())
+        for role, a in (
+            ("expert_gate_proj", a_in),
+            ("expert_up_proj", a_in),
+            ("expert_down_proj", a_down),
+        ):
+            name = spec.tensor_path(role).format(layer=layer, expert=e)
+            stats[name] = max(stats.get(name, 0.0), a)
