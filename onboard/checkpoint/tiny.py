@@ -36,7 +36,7 @@ from onboard.spec.model import ModelSpec
 WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 ROUTER_BIAS_STD = 0.05
-LOGIT_STD = 8.0
+LOGIT_STD = 10.0
 INDEX_FILE = "model.safetensors.index.json"
 
 
