@@ -529,3 +529,13 @@ def test_cli_from_hf_bad_input_exits_2(tmp_path, content, expected):
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_docs_list_every_alias_family_and_ignored_key():
+    from onboard.spec.hf import FAMILIES as VERIFIED
+    from onboard.spec.hf import NEUTRAL
+
+    text = (ROOT / "docs" / "hf-mapping.md").read_text()
+    keys = {key for aliases in ALIASES.values() for key in aliases}
+    for key in sorted(keys | IGNORED | set(NEUTRAL) | set(VERIFIED)):
+        assert f"`{key}`" in text or f"| {key} |" in text, key

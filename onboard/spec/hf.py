@@ -781,6 +781,9 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     }
     if spec.rope.scaling:
         rope.update(spec.rope.scaling.model_dump(exclude={"type"}, exclude_none=True))
+        if rope["rope_type"] in ("yarn", "llama3"):
+            # transformers fills it in and vLLM's get_rope needs it: be explicit.
+            rope.setdefault("original_max_position_embeddings", _original_max(spec))
     if att.type == "mla":
         mla = att.mla
         c.update(
@@ -956,14 +959,27 @@ def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
         )
 
 
+def _original_max(spec: ModelSpec) -> int:
+    """yarn / llama3 pre-extension length; unset means max_position_embeddings."""
+    scaling = spec.rope.scaling
+    if scaling is not None and scaling.original_max_position_embeddings is not None:
+        return scaling.original_max_position_embeddings
+    return spec.max_position_embeddings
+
+
 def hf_fields(spec: ModelSpec) -> dict:
     """What a config.json carries of a spec, with redundant spellings resolved.
 
-    Resolved: default kv heads and head_dim, sliding patterns as per-layer kinds,
+    Resolved: default kv heads and head_dim, sliding patterns as per-layer kinds, the
+    yarn / llama3 pre-extension length (unset: max_position_embeddings),
     the MoE layer placement as a per-layer list, one expert group as no groups, the
     shared experts' total width, and the dense width only where a layer is dense.
     """
     data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
+    if data["rope"]["scaling"] and data["rope"]["scaling"]["type"] != "linear":
+        data["rope"]["scaling"]["original_max_position_embeddings"] = _original_max(
+            spec
+        )
     att = data["attention"]
     if spec.attention.type == "gqa":
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
