@@ -29,15 +29,20 @@ __all__ = [
 
 def render_model(spec: ModelSpec) -> str:
     """Source of the vLLM model file for ``spec`` (formatted, lint-checked)."""
-    return render_python("vllm/model.py.j2", build_context(spec),
-                         f"{spec.module_name}.py",
-                         body_template="vllm/model_body.py.j2")
+    return render_python(
+        "vllm/model.py.j2",
+        build_context(spec),
+        f"{spec.module_name}.py",
+        body_template="vllm/model_body.py.j2",
+    )
 
 
 def generate_files(spec: ModelSpec) -> dict[str, str]:
     """Relative path (under the output directory) -> text, for every output file."""
-    files = {f"plugin/{path}": text
-             for path, text in plugin_files(spec, render_model(spec)).items()}
+    files = {
+        f"plugin/{path}": text
+        for path, text in plugin_files(spec, render_model(spec)).items()
+    }
     return dict(sorted(files.items()))
 
 

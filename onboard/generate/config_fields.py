@@ -78,8 +78,12 @@ class ConfigFields:
         self.spec = spec
         self.hf = dict(hf) if hf is not None else _hf_config(spec)
 
-    def find(self, concept: str, value: Any = None,
-             check: Callable[[Any], bool] | None = None) -> str | None:
+    def find(
+        self,
+        concept: str,
+        value: Any = None,
+        check: Callable[[Any], bool] | None = None,
+    ) -> str | None:
         """The first alias present in the config (whose value matches), or None."""
         for name in ALIASES[concept]:
             if name not in self.hf or self.hf[name] is None:
@@ -92,8 +96,12 @@ class ConfigFields:
             return name
         return None
 
-    def need(self, concept: str, value: Any = None,
-             check: Callable[[Any], bool] | None = None) -> str:
+    def need(
+        self,
+        concept: str,
+        value: Any = None,
+        check: Callable[[Any], bool] | None = None,
+    ) -> str:
         """Like :meth:`find`, but the concept must be in the config."""
         name = self.find(concept, value, check)
         if name is None:
@@ -101,7 +109,8 @@ class ConfigFields:
             detail = (
                 f"; {', '.join(f'{a}={self.hf[a]!r}' for a in present)} "
                 f"does not match the spec's {value!r}"
-                if present else ""
+                if present
+                else ""
             )
             raise GenerationError(
                 f"{self.spec.name}: the Hugging Face config written for this spec "

@@ -32,7 +32,7 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": ('GeluAndMul(approximate="tanh")', "gelu_tanh"),
 }
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 
 
 def class_prefix(architecture: str) -> str:
@@ -58,6 +58,17 @@ class Rename:
     pattern: str  # Python raw-string body of the regex
     replacement: str
 
+    @property
+    def pattern_parts(self) -> list[str]:
+        """The pattern cut at dots into pieces that fit a line (joined by Python's
+        implicit string concatenation)."""
+        parts = [""]
+        for piece in re.split(r"(?=\\\.)", self.pattern):
+            if parts[-1] and len(parts[-1]) + len(piece) > 56:
+                parts.append("")
+            parts[-1] += piece
+        return parts
+
 
 @dataclass
 class Context:
@@ -72,30 +83,42 @@ class Context:
 
 
 def _layer_rel(path: str) -> str | None:
-    """``model.layers.{layer}.mlp.gate`` -> ``mlp.gate`` (None: not under the layers)."""
+    """``model.layers.{layer}.mlp.gate`` -> ``mlp.gate`` (None: not a layer path)."""
     head = "model.layers.{layer}."
-    return path[len(head):] if path.startswith(head) else None
+    return path[len(head) :] if path.startswith(head) else None
 
 
-def _vllm_moe_paths(spec: ModelSpec, has_dense: bool, has_shared: bool,
-                    has_shared_gate: bool) -> dict[str, str]:
+def _vllm_moe_paths(
+    spec: ModelSpec, has_dense: bool, has_shared: bool, has_shared_gate: bool
+) -> dict[str, str]:
     """Module paths for the MoE roles, keeping the checkpoint's own names where
     they fit vLLM's structure (``block_sparse_moe``, Mixtral's ``w1/w2/w3``, Qwen's
     ``shared_expert``), as vLLM's hand-written models do: then neither weights nor
     quantization configs need renaming. Roles that do not fit are renamed."""
-    paths = {role: CANONICAL[role] for role in (
-        "router", "expert_gate_proj", "expert_up_proj", "expert_down_proj",
-        "shared_gate_proj", "shared_up_proj", "shared_down_proj",
-        "shared_expert_gate")}
+    paths = {
+        role: CANONICAL[role]
+        for role in (
+            "router",
+            "expert_gate_proj",
+            "expert_up_proj",
+            "expert_down_proj",
+            "shared_gate_proj",
+            "shared_up_proj",
+            "shared_down_proj",
+            "shared_expert_gate",
+        )
+    }
     dense_block = _vllm_dense_block(spec) if has_dense else None
     router = _layer_rel(spec.tensor_path("router")) or ""
     parts = router.split(".")
     if len(parts) != 2:
         return paths
     block, gate = parts
-    if block in ("self_attn", "input_layernorm", "post_attention_layernorm") or (
-        dense_block is not None and block != dense_block
-    ) or gate == "experts":
+    if (
+        block in ("self_attn", "input_layernorm", "post_attention_layernorm")
+        or (dense_block is not None and block != dense_block)
+        or gate == "experts"
+    ):
         return paths
     leaves = []
     for role in ("expert_gate_proj", "expert_up_proj", "expert_down_proj"):
@@ -108,26 +131,37 @@ def _vllm_moe_paths(spec: ModelSpec, has_dense: bool, has_shared: bool,
         return paths
     base = f"model.layers.{{layer}}.{block}"
     paths["router"] = f"{base}.{gate}"
-    for role, leaf in zip(("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
-                          leaves, strict=True):
+    for role, leaf in zip(
+        ("expert_gate_proj", "expert_up_proj", "expert_down_proj"), leaves, strict=True
+    ):
         paths[role] = f"{base}.experts.{{expert}}.{leaf}"
     taken = {gate, "experts"}
-    for role, leaf in (("shared_gate_proj", "gate_proj"), ("shared_up_proj", "up_proj"),
-                       ("shared_down_proj", "down_proj")):
+    for role, leaf in (
+        ("shared_gate_proj", "gate_proj"),
+        ("shared_up_proj", "up_proj"),
+        ("shared_down_proj", "down_proj"),
+    ):
         paths[role] = f"{base}.shared_experts.{leaf}"
     if has_shared:
-        rels = [_layer_rel(spec.tensor_path(r)) or "" for r in (
-            "shared_gate_proj", "shared_up_proj", "shared_down_proj")]
-        ms = [re.fullmatch(rf"{re.escape(block)}\.(\w+)\.({leaf})", rel)
-              for rel, leaf in zip(rels, ("gate_proj", "up_proj", "down_proj"),
-                                   strict=True)]
+        rels = [
+            _layer_rel(spec.tensor_path(r)) or ""
+            for r in ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+        ]
+        ms = [
+            re.fullmatch(rf"{re.escape(block)}\.(\w+)\.({leaf})", rel)
+            for rel, leaf in zip(
+                rels, ("gate_proj", "up_proj", "down_proj"), strict=True
+            )
+        ]
         names = {m.group(1) for m in ms if m is not None}
         if all(ms) and len(names) == 1 and not names & taken:
             shared = names.pop()
             taken.add(shared)
-            for role, leaf in (("shared_gate_proj", "gate_proj"),
-                               ("shared_up_proj", "up_proj"),
-                               ("shared_down_proj", "down_proj")):
+            for role, leaf in (
+                ("shared_gate_proj", "gate_proj"),
+                ("shared_up_proj", "up_proj"),
+                ("shared_down_proj", "down_proj"),
+            ):
                 paths[role] = f"{base}.{shared}.{leaf}"
         else:
             taken.add("shared_experts")
@@ -144,8 +178,11 @@ def _vllm_dense_block(spec: ModelSpec) -> str:
     """Decoder attribute of the dense MLP: the checkpoint's when its three
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
     blocks = set()
-    for role, leaf in (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
-                       ("down_proj", "down_proj")):
+    for role, leaf in (
+        ("gate_proj", "gate_proj"),
+        ("up_proj", "up_proj"),
+        ("down_proj", "down_proj"),
+    ):
         rel = _layer_rel(spec.tensor_path(role)) or ""
         m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
         if m is None:
@@ -169,15 +206,17 @@ def _rename(role: str, source: str, target: str) -> Rename:
             _py_str(piece)  # identifiers and dots only
             pattern += piece.replace(".", r"\.")
     replacement = target.replace("{layer}", r"\g<layer>").replace(
-        "{expert}", r"\g<expert>")
+        "{expert}", r"\g<expert>"
+    )
     _py_str(replacement.replace(r"\g<layer>", "0").replace(r"\g<expert>", "0"))
     # Anchored, and ending at a dot or the end, so `mlp.gate` does not also rename
     # `mlp.gate_proj`.
     return Rename(role, f"^{pattern}(?=\\.|$)", replacement)
 
 
-def _renames(spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
-             ) -> list[Rename]:
+def _renames(
+    spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
+) -> list[Rename]:
     out = [
         _rename(role, spec.tensor_path(role), vllm_paths[role])
         for role in roles
@@ -203,11 +242,14 @@ class _Cfg(SimpleNamespace):
     """The HF config dict as attributes, to evaluate generated expressions."""
 
 
-def _check_expr(expr: str, hf: dict, want: list[Any], what: str,
-                spec: ModelSpec) -> None:
+def _check_expr(
+    expr: str, hf: dict, want: list[Any], what: str, spec: ModelSpec
+) -> None:
     cfg = _Cfg(**hf)
-    got = [eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
-           for i in range(len(want))]
+    got = [
+        eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
+        for i in range(len(want))
+    ]
     if got != want:
         raise GenerationError(
             f"{spec.name}: the Hugging Face config's {what} ({expr}) gives "
@@ -224,8 +266,9 @@ def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
     if all(want):
         return None
     hf = f.hf
-    if (name := f.find("mlp_layer_types",
-                       check=lambda v: isinstance(v, list))) is not None:
+    if (
+        name := f.find("mlp_layer_types", check=lambda v: isinstance(v, list))
+    ) is not None:
         expr = f'config.{name}[layer_idx] == "sparse"'
     else:
         terms = []
@@ -234,9 +277,11 @@ def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
         if (name := f.find("moe_layer_freq", check=lambda v: v != 1)) is not None:
             # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq
             # from 0.
-            terms.append(f"(layer_idx + 1) % config.{name} == 0"
-                         if name == "decoder_sparse_step"
-                         else f"layer_idx % config.{name} == 0")
+            terms.append(
+                f"(layer_idx + 1) % config.{name} == 0"
+                if name == "decoder_sparse_step"
+                else f"layer_idx % config.{name} == 0"
+            )
         if (name := f.find("mlp_only_layers", check=bool)) is not None:
             terms.append(f"layer_idx not in config.{name}")
         if not terms:
@@ -269,7 +314,8 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         "hidden_size": f.need("hidden_size", spec.hidden_size),
         "num_hidden_layers": f.need("num_hidden_layers", spec.num_hidden_layers),
         "max_position_embeddings": f.need(
-            "max_position_embeddings", spec.max_position_embeddings),
+            "max_position_embeddings", spec.max_position_embeddings
+        ),
         "num_attention_heads": f.need("num_attention_heads", att.num_heads),
         "norm_eps": f.need("norm_eps", spec.norm.eps),
     }
@@ -285,8 +331,12 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     if is_mla:
         mla = att.mla
         assert mla is not None
-        for concept in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                        "v_head_dim"):
+        for concept in (
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        ):
             cfg[concept] = f.need(concept, getattr(mla, concept))
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
@@ -298,8 +348,8 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         # Families without head_dim in their config derive it from the width.
         cfg["head_dim"] = f.find("head_dim", spec.head_dim)
         if cfg["head_dim"] is None and (
-            att.head_dim is not None and spec.head_dim * att.num_heads
-            != spec.hidden_size
+            att.head_dim is not None
+            and spec.head_dim * att.num_heads != spec.hidden_size
         ):
             f.need("head_dim", spec.head_dim)
 
@@ -310,28 +360,32 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     # -- feed-forward
     if has_dense:
         assert spec.mlp.intermediate_size is not None
-        cfg["intermediate_size"] = f.need("intermediate_size",
-                                          spec.mlp.intermediate_size)
+        cfg["intermediate_size"] = f.need(
+            "intermediate_size", spec.mlp.intermediate_size
+        )
     moe_ctx: dict[str, Any] = {}
     if moe is not None:
         cfg["num_experts"] = f.need("num_experts", moe.num_experts)
-        cfg["num_experts_per_tok"] = f.need("num_experts_per_tok",
-                                            moe.num_experts_per_tok)
-        cfg["moe_intermediate_size"] = f.need("moe_intermediate_size",
-                                              moe.expert_intermediate_size)
+        cfg["num_experts_per_tok"] = f.need(
+            "num_experts_per_tok", moe.num_experts_per_tok
+        )
+        cfg["moe_intermediate_size"] = f.need(
+            "moe_intermediate_size", moe.expert_intermediate_size
+        )
         shared_size_expr = None
         cfg["n_shared_experts"] = None
         if has_shared:
             width = spec.shared_expert_intermediate_size
-            cfg["n_shared_experts"] = f.find("n_shared_experts",
-                                             moe.num_shared_experts)
+            cfg["n_shared_experts"] = f.find("n_shared_experts", moe.num_shared_experts)
             if (name := f.find("shared_expert_intermediate_size", width)) is not None:
                 shared_size_expr = f"config.{name}"
             elif cfg["n_shared_experts"] is not None and (
                 f.hf[cfg["moe_intermediate_size"]] * moe.num_shared_experts == width
             ):
-                shared_size_expr = (f"config.{cfg['moe_intermediate_size']} "
-                                    f"* config.{cfg['n_shared_experts']}")
+                shared_size_expr = (
+                    f"config.{cfg['moe_intermediate_size']} "
+                    f"* config.{cfg['n_shared_experts']}"
+                )
             else:
                 f.need("shared_expert_intermediate_size", width)
         router = moe.router
@@ -341,8 +395,9 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
             cfg["topk_group"] = f.need("topk_group", router.topk_groups)
         scaled = router.routed_scaling_factor != 1.0
         if scaled:
-            cfg["routed_scaling_factor"] = f.need("routed_scaling_factor",
-                                                  router.routed_scaling_factor)
+            cfg["routed_scaling_factor"] = f.need(
+                "routed_scaling_factor", router.routed_scaling_factor
+            )
         moe_ctx = {
             "layer_expr": _moe_layer_expr(spec, f),
             "scoring": router.scoring,
@@ -360,8 +415,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     # -- module paths and checkpoint renames
     vllm_paths = dict(CANONICAL)
     if has_moe:
-        vllm_paths.update(_vllm_moe_paths(spec, has_dense, has_shared,
-                                          has_shared_gate))
+        vllm_paths.update(_vllm_moe_paths(spec, has_dense, has_shared, has_shared_gate))
     if has_dense:
         block = _vllm_dense_block(spec)
         for role in ("gate_proj", "up_proj", "down_proj"):
@@ -373,8 +427,11 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         mla = att.mla
         assert mla is not None
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj"]
-        roles += (["q_proj"] if mla.q_lora_rank is None
-                  else ["q_a_proj", "q_a_norm", "q_b_proj"])
+        roles += (
+            ["q_proj"]
+            if mla.q_lora_rank is None
+            else ["q_a_proj", "q_a_norm", "q_b_proj"]
+        )
     else:
         roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
@@ -399,8 +456,9 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
         names["ckpt_names"] = tuple(
-            rel(role)[-1] for role in ("expert_gate_proj", "expert_down_proj",
-                                       "expert_up_proj"))
+            rel(role)[-1]
+            for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
+        )
         names["shared"] = rel("shared_gate_proj")[1]
         names["shared_gate"] = rel("shared_expert_gate")[1]
 
@@ -408,13 +466,18 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     stacked: list[tuple[str, str, str]] = []
     packed: dict[str, list[str]] = {}
     if not is_mla:
-        stacked += [(".q_proj", ".qkv_proj", '"q"'), (".k_proj", ".qkv_proj", '"k"'),
-                    (".v_proj", ".qkv_proj", '"v"')]
+        stacked += [
+            (".q_proj", ".qkv_proj", '"q"'),
+            (".k_proj", ".qkv_proj", '"k"'),
+            (".v_proj", ".qkv_proj", '"v"'),
+        ]
         packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
     elif att.mla is not None and att.mla.q_lora_rank is not None:
         # vLLM computes q_a and kv_a in one GEMM.
-        stacked += [(".q_a_proj", ".fused_qkv_a_proj", "0"),
-                    (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1")]
+        stacked += [
+            (".q_a_proj", ".fused_qkv_a_proj", "0"),
+            (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
+        ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     gate_up_blocks = []
     if has_dense:
@@ -422,16 +485,23 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     if has_shared:
         gate_up_blocks.append(names["shared"])
     for block in gate_up_blocks:
-        stacked += [(f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
-                    (f".{block}.up_proj", f".{block}.gate_up_proj", "1")]
+        stacked += [
+            (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
+            (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
+        ]
     if gate_up_blocks:
         packed["gate_up_proj"] = ["gate_proj", "up_proj"]
 
     mtp_prefixes: list[str] = []
     if spec.mtp is not None:
         prefixes = {"model.layers."}
-        for role in ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm",
-                     "mtp_head"):
+        for role in (
+            "mtp_enorm",
+            "mtp_hnorm",
+            "mtp_eh_proj",
+            "mtp_head_norm",
+            "mtp_head",
+        ):
             prefixes.add(spec.tensor_path(role).split("{layer}")[0])
         for p in prefixes:
             _py_str(p.rstrip("."))
@@ -459,12 +529,15 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
         "mla_yarn": bool(is_mla and rope.scaling and rope.scaling.type == "yarn"),
         "mla_yarn_mscale": bool(
-            is_mla and rope.scaling and rope.scaling.type == "yarn"
+            is_mla
+            and rope.scaling
+            and rope.scaling.type == "yarn"
             and rope.scaling.mscale_all_dim
         ),
         "kv_target_expr": kv_target_expr,
-        "layer_idx_needed": sliding == "mixed" or kv_sharing or bool(
-            moe_ctx and moe_ctx["layer_expr"] and has_dense),
+        "layer_idx_needed": sliding == "mixed"
+        or kv_sharing
+        or bool(moe_ctx and moe_ctx["layer_expr"] and has_dense),
         "summary": _summary(spec),
         "rope_comment": _rope_comment(spec),
         "attn_doc": _attn_doc(spec),
@@ -521,26 +594,35 @@ def _attn_doc(spec: ModelSpec) -> str:
     if att.type == "mla":
         mla = att.mla
         assert mla is not None
-        q = ("queries through a low-rank q_a/q_b projection"
-             if mla.q_lora_rank is not None else "a full-rank query projection")
+        q = (
+            "queries through a low-rank q_a/q_b projection"
+            if mla.q_lora_rank is not None
+            else "a full-rank query projection"
+        )
         return (
             "Multi-head latent attention: keys and values are cached as one "
             f"compressed latent (kv_lora_rank) plus a shared rope key, with {q}; "
             "vLLM's MLA wrapper picks the kernels."
         )
-    parts = ["grouped-query" if spec.num_kv_heads < att.num_heads
-             else "multi-head"]
+    parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
     if att.qk_norm:
         parts.append("with per-head RMS norm on q and k")
     if att.qkv_bias or att.o_bias:
-        parts.append("with biases on " + " and ".join(
-            n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on))
+        parts.append(
+            "with biases on "
+            + " and ".join(
+                n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on
+            )
+        )
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     kinds = set(spec.layer_attention_types())
     if "sliding_attention" in kinds:
-        parts.append("sliding-window on the layers the config's layer types mark"
-                     if len(kinds) > 1 else "sliding-window on every layer")
+        parts.append(
+            "sliding-window on the layers the config's layer types mark"
+            if len(kinds) > 1
+            else "sliding-window on every layer"
+        )
     if att.kv_sharing:
         parts.append("KV-cache sharing across layers")
     return "Attention: " + ", ".join(parts) + "."
@@ -563,9 +645,12 @@ def _moe_doc(spec: ModelSpec) -> str:
     shared = ""
     if moe.num_shared_experts:
         shared = " and the shared expert" + (
-            " (sigmoid-gated)" if moe.shared_expert_gate else "")
-    return (f"Routed experts{shared} with their router, run by vLLM's fused MoE "
-            f"layer. Routing: {', '.join(parts)}.")
+            " (sigmoid-gated)" if moe.shared_expert_gate else ""
+        )
+    return (
+        f"Routed experts{shared} with their router, run by vLLM's fused MoE "
+        f"layer. Routing: {', '.join(parts)}."
+    )
 
 
 def _summary(spec: ModelSpec) -> list[str]:
@@ -574,15 +659,18 @@ def _summary(spec: ModelSpec) -> list[str]:
     items = [_attn_doc(spec)]
     if spec.mlp.moe is not None:
         n_moe = sum(layer.moe for layer in layers)
-        items.append(f"MoE on {n_moe} of {len(layers)} layers in the spec; "
-                     + _moe_doc(spec))
+        items.append(
+            f"MoE on {n_moe} of {len(layers)} layers in the spec; " + _moe_doc(spec)
+        )
     else:
         items.append("Dense gated MLP on every layer.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
     if spec.mtp is not None:
-        items.append(f"{spec.mtp.num_heads} MTP head(s) in the checkpoint, loaded "
-                     "by the MTP draft model, not by this one.")
+        items.append(
+            f"{spec.mtp.num_heads} MTP head(s) in the checkpoint, loaded "
+            "by the MTP draft model, not by this one."
+        )
     return [textwrap.fill(item, width=85) for item in items]
 
 
@@ -592,6 +680,7 @@ def _rope_comment(spec: ModelSpec) -> str:
         parts.append(f"the {spec.rope.scaling.type} scaling")
     if spec.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
-    listed = parts[0] if len(parts) == 1 else (
-        ", ".join(parts[:-1]) + " and " + parts[-1])
+    listed = (
+        parts[0] if len(parts) == 1 else (", ".join(parts[:-1]) + " and " + parts[-1])
+    )
     return f"rope_parameters holds {listed}."

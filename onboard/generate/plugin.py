@@ -45,6 +45,7 @@ def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
         "pyproject.toml": render_template("plugin/pyproject.toml.j2", context),
         "README.md": render_template("plugin/README.md.j2", context),
         f"{package}/__init__.py": render_python(
-            "plugin/__init__.py.j2", context, f"{package}/__init__.py"),
+            "plugin/__init__.py.j2", context, f"{package}/__init__.py"
+        ),
         f"{package}/{spec.module_name}.py": model_source,
     }

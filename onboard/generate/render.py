@@ -43,7 +43,9 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "get_ep_group": ("vllm.distributed", "get_ep_group"),
     "get_pp_group": ("vllm.distributed", "get_pp_group"),
     "get_tensor_model_parallel_world_size": (
-        "vllm.distributed", "get_tensor_model_parallel_world_size"),
+        "vllm.distributed",
+        "get_tensor_model_parallel_world_size",
+    ),
     "GeluAndMul": ("vllm.model_executor.layers.activation", "GeluAndMul"),
     "SiluAndMul": ("vllm.model_executor.layers.activation", "SiluAndMul"),
     "Attention": ("vllm.model_executor.layers.attention", "Attention"),
@@ -52,35 +54,61 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
     "ColumnParallelLinear": (
-        "vllm.model_executor.layers.linear", "ColumnParallelLinear"),
+        "vllm.model_executor.layers.linear",
+        "ColumnParallelLinear",
+    ),
     "MergedColumnParallelLinear": (
-        "vllm.model_executor.layers.linear", "MergedColumnParallelLinear"),
+        "vllm.model_executor.layers.linear",
+        "MergedColumnParallelLinear",
+    ),
     "QKVParallelLinear": ("vllm.model_executor.layers.linear", "QKVParallelLinear"),
     "ReplicatedLinear": ("vllm.model_executor.layers.linear", "ReplicatedLinear"),
     "RowParallelLinear": ("vllm.model_executor.layers.linear", "RowParallelLinear"),
     "LogitsProcessor": (
-        "vllm.model_executor.layers.logits_processor", "LogitsProcessor"),
+        "vllm.model_executor.layers.logits_processor",
+        "LogitsProcessor",
+    ),
     "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
     "MultiHeadLatentAttentionWrapper": (
-        "vllm.model_executor.layers.mla", "MultiHeadLatentAttentionWrapper"),
+        "vllm.model_executor.layers.mla",
+        "MultiHeadLatentAttentionWrapper",
+    ),
     "QuantizationConfig": (
-        "vllm.model_executor.layers.quantization", "QuantizationConfig"),
+        "vllm.model_executor.layers.quantization",
+        "QuantizationConfig",
+    ),
     "get_rope": ("vllm.model_executor.layers.rotary_embedding", "get_rope"),
     "ParallelLMHead": (
-        "vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead"),
+        "vllm.model_executor.layers.vocab_parallel_embedding",
+        "ParallelLMHead",
+    ),
     "VocabParallelEmbedding": (
         "vllm.model_executor.layers.vocab_parallel_embedding",
-        "VocabParallelEmbedding"),
+        "VocabParallelEmbedding",
+    ),
     **{
         name: ("vllm.model_executor.models.interfaces", name)
-        for name in ("EagleModelMixin", "MixtureOfExperts", "SupportsEagle3",
-                     "SupportsLoRA", "SupportsPP", "SupportsQuant")
+        for name in (
+            "EagleModelMixin",
+            "MixtureOfExperts",
+            "SupportsEagle3",
+            "SupportsLoRA",
+            "SupportsPP",
+            "SupportsQuant",
+        )
     },
     **{
         name: ("vllm.model_executor.models.utils", name)
-        for name in ("AutoWeightsLoader", "PPMissingLayer", "WeightsMapper",
-                     "extract_layer_index", "make_empty_intermediate_tensors_factory",
-                     "make_layers", "maybe_prefix", "spec_decode_needs_target_embed")
+        for name in (
+            "AutoWeightsLoader",
+            "PPMissingLayer",
+            "WeightsMapper",
+            "extract_layer_index",
+            "make_empty_intermediate_tensors_factory",
+            "make_layers",
+            "maybe_prefix",
+            "spec_decode_needs_target_embed",
+        )
     },
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
 }
@@ -100,8 +128,9 @@ def docwrap(text: str, indent: int) -> str:
             lines.append("")
         lines += textwrap.wrap(" ".join(para.split()), width=width) or [""]
     pad = " " * indent
-    out = ("\n").join(pad + line if line and n else line
-                      for n, line in enumerate(lines))
+    out = ("\n").join(
+        pad + line if line and n else line for n, line in enumerate(lines)
+    )
     return out + (f"\n{pad}" if len(lines) > 1 else "")
 
 
@@ -129,11 +158,13 @@ def _used_names(source: str, what: str) -> set[str]:
     except SyntaxError as exc:
         raise RenderError(f"generated {what} does not parse: {exc}\n{source}") from exc
     defined = {
-        node.name for node in ast.walk(tree)
+        node.name
+        for node in ast.walk(tree)
         if isinstance(node, ast.ClassDef | ast.FunctionDef)
     }
     used = {
-        node.id for node in ast.walk(tree)
+        node.id
+        for node in ast.walk(tree)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
     }
     return used - defined - set(dir(builtins))
@@ -146,17 +177,32 @@ def import_block(body: str, what: str) -> str:
         if name not in IMPORTS:
             continue  # a local variable; ruff reports real undefined names
         module, imported = IMPORTS[name]
-        lines.append(f"import {module}" if imported is None
-                     else f"from {module} import {imported}")
+        lines.append(
+            f"import {module}"
+            if imported is None
+            else f"from {module} import {imported}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _ruff(args: list[str], source: str, filename: str) -> subprocess.CompletedProcess:
     config = [item for setting in RUFF_SETTINGS for item in ("--config", setting)]
     return subprocess.run(
-        [sys.executable, "-m", "ruff", *args, "--isolated", *config,
-         "--stdin-filename", filename, "-"],
-        input=source, capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            *args,
+            "--isolated",
+            *config,
+            "--stdin-filename",
+            filename,
+            "-",
+        ],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -177,8 +223,9 @@ def ruff_clean(source: str, filename: str) -> str:
     return formatted.stdout
 
 
-def render_python(template: str, context: dict, filename: str,
-                  body_template: str | None = None) -> str:
+def render_python(
+    template: str, context: dict, filename: str, body_template: str | None = None
+) -> str:
     """Render a Python module and ruff it. With ``body_template``, the body is
     rendered first and the imports it needs are passed to ``template``."""
     if body_template is not None:

@@ -1,0 +1,132 @@
+"""Specs for generation tests: the bundled ones plus variants that switch on (or
+off) each feature a template can express, so every template branch is rendered,
+linted and AST-checked, not only those the bundled specs happen to use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onboard.spec import load_spec, parse_spec_text
+from onboard.spec.model import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = sorted(p.stem for p in (ROOT / "model_specs").glob("*.yaml"))
+
+
+def bundled(name: str) -> ModelSpec:
+    return load_spec(ROOT / "model_specs" / f"{name}.yaml")
+
+
+_BASE = """
+name: {name}
+architecture: {arch}
+model_type: {model_type}
+vocab_size: 1024
+hidden_size: 256
+num_hidden_layers: 4
+max_position_embeddings: 4096
+"""
+
+# name -> (architecture, YAML body after the base fields)
+_VARIANTS: dict[str, tuple[str, str]] = {
+    # LayerNorm, GELU (tanh), MHA without head_dim, biases, partial rotary,
+    # linear rope scaling, tied embeddings, every layer sliding.
+    "var-layernorm-mha": (
+        "VarLayernormMhaForCausalLM",
+        """
+tie_word_embeddings: true
+activation: gelu_pytorch_tanh
+norm: {type: layernorm, eps: 1.0e-05}
+attention:
+  num_heads: 4
+  qkv_bias: true
+  o_bias: true
+  partial_rotary_factor: 0.5
+  sliding_window: 128
+rope: {theta: 10000.0, scaling: {type: linear, factor: 2.0}}
+mlp: {intermediate_size: 512}
+""",
+    ),
+    # Interleaved rope, yarn, explicit layer types, qwen layout with a gated
+    # shared expert, softmax routing without renormalisation, MoE every 2nd layer.
+    "var-qwen-gated": (
+        "VarQwenGatedForCausalLM",
+        """
+activation: gelu
+attention:
+  num_heads: 4
+  num_kv_heads: 1
+  head_dim: 64
+  layer_types: [sliding_attention, full_attention, sliding_attention,
+                full_attention]
+  sliding_window: 64
+rope:
+  theta: 10000.0
+  interleaved: true
+  scaling: {type: yarn, factor: 4.0, original_max_position_embeddings: 1024}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    shared_expert_intermediate_size: 128
+    shared_expert_gate: true
+    layer_frequency: 2
+    router: {scoring: softmax, norm_topk_prob: false}
+checkpoint: {layout: qwen}
+""",
+    ),
+    # MLA without q_lora, plain rope, grouped softmax routing, explicit dense
+    # layers, Mixtral expert names.
+    "var-mla-nolora": (
+        "VarMlaNoloraForCausalLM",
+        """
+attention:
+  type: mla
+  num_heads: 4
+  mla: {kv_lora_rank: 512, qk_nope_head_dim: 32, qk_rope_head_dim: 64,
+        v_head_dim: 32}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    dense_layers: [2]
+    router: {scoring: softmax, num_groups: 4, topk_groups: 2}
+checkpoint: {layout: mixtral}
+""",
+    ),
+    # Checkpoint names that need renaming: overridden roles.
+    "var-renamed": (
+        "VarRenamedForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2, qk_norm: true}
+mlp: {intermediate_size: 512}
+checkpoint:
+  layout: llama
+  tensor_names:
+    q_proj: model.layers.{layer}.attn.wq
+    o_proj: model.layers.{layer}.attn.wo
+    embed: model.tok_embeddings
+    q_norm: model.layers.{layer}.attn.q_layernorm
+""",
+    ),
+}
+
+VARIANTS = sorted(_VARIANTS)
+
+
+def variant(name: str) -> ModelSpec:
+    arch, body = _VARIANTS[name]
+    text = _BASE.format(name=name, arch=arch, model_type=name.replace("-", "_")) + body
+    return parse_spec_text(text, file=f"<{name}>")
+
+
+def any_spec(name: str) -> ModelSpec:
+    return bundled(name) if name in BUNDLED else variant(name)
+
+
+ALL = BUNDLED + VARIANTS

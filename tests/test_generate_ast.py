@@ -1,0 +1,119 @@
+"""Every generated file is complete in itself: it imports vLLM's layers,
+distributed, config, attention and model-interface/utility modules (and torch,
+transformers' base config class), never another model's module, and subclasses no
+model class."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from generate_variants import ALL, any_spec
+
+from onboard.generate import generate_files
+
+# Module prefixes a generated file may import from.
+ALLOWED_PREFIXES = (
+    "collections.abc",
+    "itertools",
+    "math",
+    "re",
+    "typing",
+    "torch",
+    "vllm.compilation",
+    "vllm.config",
+    "vllm.distributed",
+    "vllm.sequence",
+    "vllm.model_executor.layers",
+    "vllm.model_executor.models.interfaces",
+    "vllm.model_executor.models.utils",
+)
+# Other vLLM entry points allowed by name (the plugin's lazy registration).
+ALLOWED_EXACT = {"vllm": {"ModelRegistry"}, "transformers": {"PreTrainedConfig"}}
+# Bases a generated class may have besides classes of the same file.
+ALLOWED_BASES = {
+    "nn.Module",
+    "EagleModelMixin",
+    "MixtureOfExperts",
+    "SupportsEagle3",
+    "SupportsLoRA",
+    "SupportsPP",
+    "SupportsQuant",
+}
+
+
+def _allowed_module(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in ALLOWED_PREFIXES)
+
+
+def check_file(path: str, source: str) -> list[str]:
+    """Problems with one generated Python file (empty when it is fine)."""
+    problems = []
+    tree = ast.parse(source, filename=path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if not _allowed_module(alias.name):
+                    problems.append(f"{path}:{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                problems.append(f"{path}:{node.lineno}: relative import .{module}")
+            elif module in ALLOWED_EXACT:
+                bad = {a.name for a in node.names} - ALLOWED_EXACT[module]
+                if bad:
+                    problems.append(
+                        f"{path}:{node.lineno}: from {module} import "
+                        f"{', '.join(sorted(bad))}"
+                    )
+            elif not _allowed_module(module):
+                problems.append(f"{path}:{node.lineno}: from {module} import ...")
+            if module.startswith(("vllm.model_executor.models.", "transformers.")):
+                if module.rsplit(".", 1)[-1] not in ("interfaces", "utils"):
+                    problems.append(f"{path}:{node.lineno}: model module {module}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and (node.func.id in ("__import__", "exec", "eval"))
+        ):
+            problems.append(f"{path}:{node.lineno}: dynamic {node.func.id}()")
+    local_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = ast.unparse(base)
+                if name not in local_classes and name not in ALLOWED_BASES:
+                    problems.append(
+                        f"{path}:{node.lineno}: class {node.name} subclasses {name}"
+                    )
+    return problems
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_generated_files_import_no_model_module(name):
+    files = generate_files(any_spec(name))
+    py = {p: s for p, s in files.items() if p.endswith(".py")}
+    assert len(py) == 2
+    problems = [p for path, src in py.items() for p in check_file(path, src)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from vllm.model_executor.models.llama import LlamaMLP\n", "model module"),
+        ("import transformers.models.llama.modeling_llama\n", "import transformers"),
+        ("from transformers import LlamaForCausalLM\n", "from transformers import"),
+        ("from .llama import X\n", "relative import"),
+        (
+            "from vllm.model_executor.models.interfaces import SupportsPP\n"
+            "class A(SupportsPP, LlamaForCausalLM):\n    pass\n",
+            "subclasses",
+        ),
+        ("import os\n", "import os"),
+    ],
+)
+def test_the_checker_catches_model_imports(source, expected):
+    # The rule above must be able to fail.
+    problems = check_file("x.py", source)
+    assert any(expected in p for p in problems), problems
