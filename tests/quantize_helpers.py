@@ -7,10 +7,20 @@ the onboard spec that describes it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 from onboard.spec import parse_spec_text
+
+# The benchmark's checkpoint writer (a script, not part of the package).
+_spec = importlib.util.spec_from_file_location(
+    "make_checkpoint",
+    Path(__file__).resolve().parents[1] / "benchmarks" / "make_checkpoint.py",
+)
+make_checkpoint = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_checkpoint)
+write_llama_checkpoint = make_checkpoint.write_llama_checkpoint
 
 DSV3_SPEC = """\
 name: tiny-deepseek-v3
@@ -98,8 +108,9 @@ def dsv3_config(**overrides):
 def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> Path:
     """save_pretrained of a random tiny DeepSeek-V3 (bf16, several shards) + MTP."""
     import torch
-    from safetensors.torch import load_file, save_file
     from transformers import DeepseekV3ForCausalLM
+
+    from onboard.checkpoint.tokenizer import write_tokenizer
 
     torch.manual_seed(seed)
     config = dsv3_config()
@@ -113,9 +124,9 @@ def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> 
                 gate.e_score_correction_bias.uniform_(-0.05, 0.05)
     model.save_pretrained(out, max_shard_size=shard_size)
     _add_mtp_layer(out, config, seed)
-    # Same file layout as onboard's tiny checkpoints.
+    # Same file layout as onboard's tiny checkpoints: spec and offline tokenizer.
     (out / "spec.yaml").write_text(DSV3_SPEC)
-    del load_file, save_file
+    write_tokenizer(out, config.vocab_size, config.max_position_embeddings)
     return out
 
 
@@ -167,7 +178,3 @@ def _add_mtp_layer(out: Path, config, seed: int) -> None:
     save_file(tensors, out / file, metadata={"format": "pt"})
     index["weight_map"].update(dict.fromkeys(tensors, file))
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True))
-    if (out / "model.safetensors").exists() and not any(
-        v == "model.safetensors" for v in []
-    ):
-        pass

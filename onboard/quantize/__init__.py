@@ -69,6 +69,8 @@ def quantize_checkpoint(
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     sch = get_scheme(scheme)
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: not a directory")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise InputError(f"{out_dir}: exists and is not empty; nothing was written")
     if workers is not None and workers < 1:

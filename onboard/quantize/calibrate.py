@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -33,11 +34,14 @@ SEQ_LEN = 128
 BATCH = 4  # samples per forward: bounds activation memory
 
 
-def calibration_ids(plan: Plan, vocab: int, samples: int, seq_len: int):
-    """``samples`` x ``seq_len`` token ids of the bundled text (or fixed ids)."""
+def calibration_ids(model_dir: Path, vocab: int, samples: int, seq_len: int):
+    """``samples`` x ``seq_len`` token ids of the bundled text (or fixed ids).
+
+    The text's tokens, repeated as needed, cut into consecutive windows.
+    """
     from onboard.quantize.calibration_text import TEXT
 
-    tok_path = plan.model_dir / "tokenizer.json"
+    tok_path = Path(model_dir) / "tokenizer.json"
     ids: list[int] = []
     if tok_path.is_file():
         from tokenizers import Tokenizer
@@ -156,7 +160,7 @@ def calibrate(
 
     embed_path = spec.tensor_path("embed")
     _materialize(inner.embed_tokens, embed_path, reader, spec, None)
-    ids = calibration_ids(plan, config.vocab_size, samples, seq_len)
+    ids = calibration_ids(plan.model_dir, config.vocab_size, samples, seq_len)
     hidden = inner.embed_tokens(ids)
     inner.embed_tokens.to_empty(device="meta")
     log(f"calibrating on {samples} samples x {seq_len} tokens, layer by layer")

@@ -325,3 +325,4 @@ def _finish(plan: Plan, partial: Path, state: dict) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.chmod(0o644)  # a published file, not the temporary file's 0600

@@ -1,0 +1,379 @@
+"""onboard quantize: the kernels against compressed-tensors, whole checkpoints of the
+DeepSeek-V3-style tiny model (MLA + MoE + MTP) for every scheme, and the CLI's errors.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from onboard.errors import InputError
+from onboard.quantize import SCHEMES, kernels, quantize_checkpoint
+from onboard.quantize.st_io import file_sha256
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quantize_helpers import (  # noqa: E402
+    write_dsv3_checkpoint,
+    write_llama_checkpoint,
+)
+
+ONBOARD = str(Path(sys.executable).parent / "onboard")
+ALL = list(SCHEMES)
+
+
+def load_all(d: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(f, "pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.contiguous().view(-1).view(torch.uint8),
+            b.contiguous().view(-1).view(torch.uint8),
+        )
+    )
+
+
+# ---- kernels -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_rounding_and_packing_match_library_at_every_boundary(dtype):
+    from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
+    from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA
+
+    grid = torch.tensor(
+        [
+            0.0,
+            0.5,
+            1.0,
+            1.5,
+            2.0,
+            3.0,
+            4.0,
+            6.0,
+            0.25,
+            0.75,
+            1.25,
+            1.75,
+            2.5,
+            3.5,
+            5.0,
+            7.0,
+            1e-30,
+        ],
+        dtype=dtype,
+    )
+    near = torch.cat(
+        [grid, torch.nextafter(grid, grid + 1), torch.nextafter(grid, grid - 1)]
+    )
+    values = torch.cat([near, -near, torch.tensor([-0.0], dtype=dtype)])
+    values = torch.cat([values, values[: (-len(values)) % 16]]).reshape(1, -1)
+    with torch.compiler.set_stance("force_eager"):
+        ref = pack_fp4_to_uint8(
+            FP4_E2M1_DATA.cast_to_fp4(values.clamp(-6, 6)).to(dtype)
+        )
+    codes = kernels._fp4_codes(values)
+    mine = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    assert torch.equal(mine, ref)
+
+
+def _weights(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+    w[0, :4] = torch.tensor([0.0, -0.0, 1e-8, -1e-8])
+    w[1] = 0.0  # an all-zero row: scales fall back to the library's eps
+    w[2, :16] = w[2, :16].abs().max()  # a group of identical values
+    return w
+
+
+@pytest.mark.parametrize("scheme", ALL)
+@pytest.mark.parametrize("shape", [(576, 256), (100, 64), (300, 160)])
+def test_quantize_weight_is_byte_identical_to_compressed_tensors(scheme, shape):
+    sch = SCHEMES[scheme]
+    if shape[1] % sch.input_multiple:
+        pytest.skip("shape not valid for this scheme")  # covered by the error test
+    w = _weights(shape, seed=shape[0])
+    g = kernels.global_scale([kernels.absmax(w)]) if sch.global_scale else None
+    ig = kernels.input_global_scale(3.5) if sch.calibrated else None
+    out = kernels.quantize_weight(w, sch, "m", g, ig, check=False)
+    ref = kernels.library_compress(w, sch, g)
+    for local, value in ref.items():
+        assert same_bytes(out[f"m.{local}"], value), local
+    planned = kernels.output_tensors(sch, "m", shape, "BF16")
+    assert [(n, d, s) for n, d, s in planned] == [
+        (n, kernels.ST_DTYPES[out[n].dtype], tuple(out[n].shape)) for n, _, _ in planned
+    ]
+    assert set(out) == {n for n, _, _ in planned}
+
+
+@pytest.mark.parametrize(
+    "scheme,limit",
+    [("fp8-dynamic", 0.04), ("fp8-block", 0.04), ("nvfp4a16", 0.13), ("mxfp4", 0.16)],
+)
+def test_dequantized_weights_are_close(scheme, limit):
+    sch = SCHEMES[scheme]
+    w = (torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(
+        torch.bfloat16
+    )
+    g = kernels.global_scale([kernels.absmax(w)]) if sch.global_scale else None
+    out = kernels.quantize_weight(w, sch, "m", g)
+    dq = kernels.dequantize(out, sch, "m").float()
+    rel = ((dq - w.float()).norm() / w.float().norm()).item()
+    assert 0 < rel < limit
+
+
+# ---- whole checkpoints ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def dsv3(tmp_path_factory) -> Path:
+    return write_dsv3_checkpoint(tmp_path_factory.mktemp("dsv3") / "bf16")
+
+
+@pytest.fixture(scope="session")
+def quantized(dsv3, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dsv3-q")
+    cache: dict[str, Path] = {}
+
+    def get(scheme: str) -> Path:
+        if scheme not in cache:
+            cache[scheme] = quantize_checkpoint(dsv3, scheme, root / scheme, workers=2)
+        return cache[scheme]
+
+    return get
+
+
+LINEARS = (
+    "self_attn.q_a_proj",
+    "self_attn.q_b_proj",
+    "self_attn.kv_a_proj_with_mqa",
+    "self_attn.kv_b_proj",
+    "self_attn.o_proj",
+)
+
+
+@pytest.mark.parametrize("scheme", ALL)
+def test_scheme_on_deepseek_v3_style_checkpoint(scheme, dsv3, quantized):
+    from compressed_tensors.quantization import QuantizationConfig
+
+    sch = SCHEMES[scheme]
+    out = quantized(scheme)
+    src, dst = load_all(dsv3), load_all(out)
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    parsed = QuantizationConfig.model_validate(qc)
+    assert parsed.format == sch.format and qc["quant_method"] == "compressed-tensors"
+    assert parsed.quantization_status == "compressed"
+    assert parsed.config_groups["group_0"].weights.model_dump(
+        mode="json"
+    ) == sch.ct_scheme.weights.model_dump(mode="json")
+
+    # Untouched: embeddings, lm_head, norms, routers and their bias, the MTP layer.
+    untouched = [
+        k
+        for k in src
+        if "embed_tokens" in k
+        or k.startswith("lm_head")
+        or "norm" in k
+        or k.endswith("mlp.gate.weight")
+        or "e_score_correction_bias" in k
+        or k.startswith("model.layers.2.")
+    ]
+    assert len(untouched) > 40
+    for k in untouched:
+        assert same_bytes(src[k], dst[k]), k
+    ignore = set(qc["ignore"])
+    assert {"lm_head", "model.layers.1.mlp.gate", "model.layers.2.eh_proj"} <= ignore
+    assert "model.layers.2.self_attn.q_a_proj" in ignore
+    assert not any(
+        i.startswith(("model.layers.0.", "model.layers.1.self")) for i in ignore
+    )
+
+    # Every decoder projection (layers 0 and 1) is quantized and dequantizes close.
+    modules = [f"model.layers.{i}.{m}" for i in (0, 1) for m in LINEARS]
+    modules += [
+        f"model.layers.0.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    modules += [
+        f"model.layers.1.mlp.experts.{e}.{p}"
+        for e in range(8)
+        for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    modules += [
+        f"model.layers.1.mlp.shared_experts.{p}" for p in ("gate_proj", "up_proj")
+    ]
+    for m in modules:
+        assert f"{m}.weight_scale" in dst and m not in ignore, m
+        w = src[f"{m}.weight"].float()
+        dq = kernels.dequantize(dst, sch, m).float()
+        assert ((dq - w).norm() / w.norm()).item() < 0.2, m
+
+    if scheme == "fp8-block":
+        # MLA's 576-row projection: a ceil-divided 5 x 2 grid of 128 x 128 blocks.
+        s = dst["model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale"]
+        assert tuple(s.shape) == (5, 2)
+    if sch.global_scale:
+        # Fused in vLLM -> one global scale.
+        for a, b in [
+            (
+                "model.layers.0.self_attn.q_a_proj",
+                "model.layers.0.self_attn.kv_a_proj_with_mqa",
+            ),
+            ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"),
+            (
+                "model.layers.1.mlp.shared_experts.gate_proj",
+                "model.layers.1.mlp.shared_experts.up_proj",
+            ),
+            *[
+                (
+                    f"model.layers.1.mlp.experts.{e}.gate_proj",
+                    f"model.layers.1.mlp.experts.{e}.up_proj",
+                )
+                for e in range(8)
+            ],
+        ]:
+            assert torch.equal(
+                dst[f"{a}.weight_global_scale"], dst[f"{b}.weight_global_scale"]
+            )
+        assert not torch.equal(
+            dst["model.layers.0.self_attn.o_proj.weight_global_scale"],
+            dst["model.layers.0.self_attn.q_b_proj.weight_global_scale"],
+        )
+    if sch.calibrated:
+        for m in modules:
+            assert dst[f"{m}.input_global_scale"].item() > 0, m
+
+    # Index, manifest checksums, copied side files.
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(dst)
+    manifest = json.loads((out / "onboard-quantize.json").read_text())
+    for name, rec in manifest["shards"].items():
+        assert file_sha256(out / name) == rec["sha256"]
+    assert (out / "tokenizer.json").read_bytes() == (
+        dsv3 / "tokenizer.json"
+    ).read_bytes()
+    assert not list(out.parent.glob(".*partial"))
+
+
+def test_include_mtp_quantizes_the_mtp_layer(dsv3, tmp_path):
+    out = quantize_checkpoint(dsv3, "fp8-dynamic", tmp_path / "q", include_mtp=True)
+    dst = load_all(out)
+    assert dst["model.layers.2.self_attn.q_a_proj.weight"].dtype == torch.float8_e4m3fn
+    # The MTP head's own projection and output head stay in 16 bits.
+    assert dst["model.layers.2.eh_proj.weight"].dtype == torch.bfloat16
+
+
+def test_spec_keep_unquantized_is_honoured(dsv3, tmp_path):
+    from onboard.spec import load_spec
+
+    spec = load_spec(dsv3 / "spec.yaml").model_copy(
+        update={"keep_unquantized": ["o_proj", "re:layers\\.1\\.mlp\\.experts\\.3\\."]}
+    )
+    out = quantize_checkpoint(dsv3, "fp8-dynamic", tmp_path / "q", spec=spec)
+    dst = load_all(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    for m in (
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.1.mlp.experts.3.up_proj",
+    ):
+        assert dst[f"{m}.weight"].dtype == torch.bfloat16 and m in qc["ignore"]
+    assert (
+        dst["model.layers.1.mlp.experts.2.up_proj.weight"].dtype == torch.float8_e4m3fn
+    )
+
+
+# ---- errors ---------------------------------------------------------------------
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [ONBOARD, "quantize", *map(str, args)], capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory) -> Path:
+    return write_llama_checkpoint(
+        tmp_path_factory.mktemp("small") / "bf16",
+        hidden=128,
+        intermediate=256,
+        layers=2,
+        vocab=256,
+        heads=4,
+        kv=2,
+        shards=2,
+    )
+
+
+def test_non_empty_output_directory_is_refused_untouched(small, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = run_cli(small, "--scheme", "fp8-dynamic", "--out", out)
+    assert r.returncode == 2, r.stderr
+    assert "not empty" in r.stderr and "Traceback" not in r.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_corrupt_or_truncated_shard_is_refused(small, tmp_path, damage):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small, bad)
+    shard = bad / "model-00002-of-00002.safetensors"
+    data = shard.read_bytes()
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) - 1000])
+    else:
+        shard.write_bytes(data[:8] + b"{not json" + data[17:])
+    r = run_cli(bad, "--scheme", "fp8-dynamic", "--out", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert (
+        "model-00002-of-00002.safetensors" in r.stderr and "Traceback" not in r.stderr
+    )
+    assert ("truncated" if damage == "truncate" else "corrupt") in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scheme,multiple", [("nvfp4a16", 16), ("mxfp4", 32)])
+def test_input_dimension_the_scheme_cannot_take(tmp_path, scheme, multiple):
+    ckpt = write_llama_checkpoint(
+        tmp_path / "bf16",
+        hidden=128,
+        intermediate=200,
+        layers=1,
+        vocab=256,
+        heads=4,
+        kv=2,
+    )
+    r = run_cli(ckpt, "--scheme", scheme, "--out", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert "model.layers.0.mlp.down_proj.weight" in r.stderr
+    assert f"groups of {multiple}" in r.stderr and "200" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_bad_inputs_raise_input_error(small, tmp_path, quantized):
+    with pytest.raises(InputError, match="unknown scheme"):
+        quantize_checkpoint(small, "int3", tmp_path / "a")
+    with pytest.raises(InputError, match="already quantized"):
+        quantize_checkpoint(quantized("fp8-dynamic"), "fp8-dynamic", tmp_path / "b")
+    with pytest.raises(InputError, match="not a directory"):
+        quantize_checkpoint(tmp_path / "nothing", "fp8-dynamic", tmp_path / "c")
+    with pytest.raises(InputError, match="workers"):
+        quantize_checkpoint(small, "fp8-dynamic", tmp_path / "d", workers=0)
