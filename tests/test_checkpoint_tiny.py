@@ -402,3 +402,25 @@ def test_logits_decisive_and_router_not_saturated(written, name: str) -> None:
         scores = torch.sigmoid(gate_logits[0].float())
         saturated = ((scores < 0.05) | (scores > 0.95)).float().mean().item()
         assert saturated < 0.01
+
+
+def test_tied_embeddings_are_decisive_without_echoing_the_input(tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = _variant("dense-gqa", tie_word_embeddings=True)
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "tied")
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = tok(
+        "Every morning the harbour town wakes slowly. The fishing boats come back "
+        "before the sun is high, the market opens, and the bakers carry warm bread.",
+        return_tensors="pt",
+    ).input_ids
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    top2 = logits.topk(2, dim=-1).values
+    assert (top2[:, 0] - top2[:, 1]).median().item() > 1.0
+    # A scaled tied embedding would swamp the residual stream and the model would
+    # predict the token it just read; the scale sits in the final norm instead.
+    echoes = (logits.argmax(-1) == ids[0]).float().mean().item()
+    assert echoes < 0.5  # measured 0.18 (and 1.0 with a scaled tied embedding)

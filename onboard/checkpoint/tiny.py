@@ -9,10 +9,15 @@ draws from its own generator seeded by (seed, tensor name).
 Initialisation (see DESIGN.md: decisive logits without saturated routers): linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
-spread, so the correction changes some choices); the output heads
-(``lm_head``, MTP ``shared_head.head``, or the embedding when tied) ~
-N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a standard deviation of about
-LOGIT_STD and the top-1/top-2 margin is usually above 1.
+spread, so the correction changes some choices); the output heads (``lm_head``,
+MTP ``shared_head.head``) ~ N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a
+standard deviation of about LOGIT_STD and the top-1/top-2 margin is usually above 1.
+
+With tied embeddings the head *is* the embedding, and scaling it would make the
+embedding dominate the residual stream: the model would mostly predict its input
+token, whatever the blocks compute (measured on a tied Qwen3: median margin 127).
+There the embedding stays at 0.02 and the norms in front of the head (the final
+norm, MTP ``shared_head.norm``) carry the scale instead.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
     ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``head`` (scaled output head) or ``copy:<name>`` (same values
-    as another tensor, e.g. MTP heads sharing the output head).
+    ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
+    the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
+    tensor, e.g. MTP heads sharing the output head).
     """
 
     name: str
@@ -77,15 +83,17 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
         name = f"{_param(spec, role, layer, expert)}.{suffix}"
         plans.append(TensorPlan(name, shape, init, layer))
 
-    def norm(role: str, size: int, layer: int | None) -> None:
-        add(role, (size,), "ones", layer)
+    def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
+        add(role, (size,), init, layer)
         if spec.norm.type == "layernorm":
             add(role, (size,), "bias", layer, suffix="bias")
 
-    add("embed", (v, h), "head" if spec.tie_word_embeddings else "normal")
+    tied = spec.tie_word_embeddings
+    head_norm = "head_norm" if tied else "ones"  # see the module docstring
+    add("embed", (v, h))
     for layer in spec.layers():
         plans += _block(spec, layer.index, layer.moe)
-    norm("final_norm", h, None)
+    norm("final_norm", h, None, head_norm)
     if not spec.tie_word_embeddings:
         add("lm_head", (v, h), "head")
 
@@ -98,7 +106,7 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
             norm("mtp_hnorm", h, layer)
             add("mtp_eh_proj", (h, 2 * h), layer=layer)
             plans += _block(spec, layer, spec.mtp.mlp == "moe")
-            norm("mtp_head_norm", h, layer)
+            norm("mtp_head_norm", h, layer, head_norm)
             # DeepSeek-V3 stores a copy of the shared output head per MTP layer.
             add("mtp_head", (v, h), f"copy:{output_head}.weight", layer)
     return plans
@@ -203,6 +211,9 @@ def init_tensor(
 ) -> np.ndarray:
     if plan.init == "ones":
         return np.ones(plan.shape, dtype=np.float32)
+    if plan.init == "head_norm":  # tied embeddings: the scale sits before the head
+        scale = LOGIT_STD / (WEIGHT_STD * math.sqrt(hidden_size))
+        return np.full(plan.shape, scale, dtype=np.float32)
     if plan.init.startswith("copy:"):
         return done[plan.init.removeprefix("copy:")]
     std = {
