@@ -1,0 +1,390 @@
+"""Every decision about the generated reference, made from the spec.
+
+Features (MLA, qk-norm, biases, sliding windows, KV sharing, router kind, MTP ...)
+are decided here, so the generated file holds only the code paths the spec uses.
+Sizes and per-layer plans are read by the generated code from config.json, under
+the key names :func:`onboard.spec.hf.hf_config_from_spec` writes for this spec, so
+one generated file serves the full-size checkpoint and its tiny shrunk copy alike.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.reference.names import has_dense_mlp, module_names
+from onboard.spec.model import ModelSpec
+
+# config.json keys PretrainedConfig handles itself, so not fields of ours.
+BASE_KEYS = frozenset(
+    {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version"}
+)
+
+
+def class_prefix(architecture: str) -> str:
+    """``NovelLaunchForCausalLM`` -> ``NovelLaunch``."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
+        if architecture.endswith(suffix) and len(architecture) > len(suffix):
+            return architecture[: -len(suffix)]
+    return architecture
+
+
+class _Keys:
+    """Concept -> the key this spec's config.json uses for it (onboard.spec.hf)."""
+
+    def __init__(self, spec: ModelSpec, hf: dict[str, Any]):
+        from onboard.spec.hf import ALIASES
+
+        self.spec = spec
+        self.hf = hf
+        self.aliases = ALIASES
+
+    def find(self, concept: str) -> str | None:
+        for key in self.aliases[concept]:
+            if key in self.hf:
+                return key
+        return None
+
+    def need(self, concept: str) -> str:
+        key = self.find(concept)
+        if key is None:
+            raise InputError(
+                f"spec {self.spec.name!r}: the config.json written for it has no key "
+                f"for {concept} (looked for {', '.join(self.aliases[concept])}), but "
+                "the Hugging Face reference must read it from there"
+            )
+        return key
+
+
+def _hf_config(spec: ModelSpec) -> dict[str, Any]:
+    from onboard.spec.hf import hf_config_from_spec
+
+    return hf_config_from_spec(spec)
+
+
+def reference_context(spec: ModelSpec) -> dict[str, Any]:
+    hf = dict(_hf_config(spec))
+    keys = _Keys(spec, hf)
+    att, moe = spec.attention, spec.mlp.moe
+    names = module_names(spec)
+    prefix = class_prefix(spec.architecture)
+    base_model = f"{prefix}Model"
+    if base_model == spec.architecture:
+        base_model = f"{prefix}BaseModel"
+    cls = {
+        "config": f"{prefix}Config",
+        "pretrained": f"{prefix}PreTrainedModel",
+        "model": base_model,
+        "causal_lm": spec.architecture,
+    }
+
+    types = spec.layer_attention_types()
+    grouped = (
+        moe is not None
+        and moe.router.num_groups is not None
+        and (moe.router.num_groups, moe.router.topk_groups) != (1, 1)
+    )
+    f = {
+        "mla": att.type == "mla",
+        "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
+        "qk_norm": att.qk_norm,
+        "qkv_bias": att.qkv_bias,
+        "o_bias": att.o_bias,
+        "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
+        "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
+        "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
+        "interleaved": spec.rope.interleaved,
+        "sliding": "sliding_attention" in types,
+        "kv_sharing": bool(att.kv_sharing),
+        "layernorm": spec.norm.type == "layernorm",
+        "act": spec.activation,
+        "tie": spec.tie_word_embeddings,
+        "moe": moe is not None,
+        "dense": has_dense_mlp(spec),
+        "shared": moe is not None and moe.num_shared_experts > 0,
+        "shared_gate": moe is not None and moe.shared_expert_gate,
+        "bias_correction": moe is not None and moe.router.bias_correction,
+        "grouped": grouped,
+        "scoring": moe.router.scoring if moe else None,
+        "norm_topk": moe is not None and moe.router.norm_topk_prob,
+        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
+        "mtp": spec.mtp is not None,
+        "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
+    }
+
+    c: dict[str, str] = {
+        "hidden": keys.need("hidden_size"),
+        "vocab": keys.need("vocab_size"),
+        "layers": keys.need("num_hidden_layers"),
+        "heads": keys.need("num_attention_heads"),
+        "rope": keys.need("rope_parameters"),
+    }
+    eps = keys.find("rms_norm_eps" if spec.norm.type == "rmsnorm" else "layer_norm_eps")
+    c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
+    if f["mla"]:
+        for short, concept in (
+            ("qk_nope", "qk_nope_head_dim"),
+            ("qk_rope", "qk_rope_head_dim"),
+            ("v_head", "v_head_dim"),
+            ("kv_lora", "kv_lora_rank"),
+        ):
+            c[short] = keys.need(concept)
+        if f["q_lora"]:
+            c["q_lora"] = keys.need("q_lora_rank")
+        c["rotary_dim"] = f"config.{c['qk_rope']}"
+    else:
+        c["kv_heads"] = keys.find("num_key_value_heads") or c["heads"]
+        derived = f"config.{c['hidden']} // config.{c['heads']}"
+        head_dim = keys.find("head_dim")
+        c["head_dim"] = f"config.{head_dim} or {derived}" if head_dim else derived
+        c["rotary_dim"] = c["head_dim"]
+        if f["partial"]:
+            partial = keys.find("partial_rotary_factor")
+            factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
+            c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
+    if f["dense"]:
+        c["inter"] = keys.need("intermediate_size")
+
+    plan: dict[str, Any] = {}
+    if f["sliding"]:
+        c["window"] = keys.need("sliding_window")
+        if hf.get(keys.find("layer_types") or "") is not None:
+            plan["sliding"] = "layer_types"
+            c["layer_types"] = keys.need("layer_types")
+        elif "full_attention" not in types:
+            plan["sliding"] = "all"
+        else:
+            plan["sliding"] = "pattern"
+            c["window_pattern"] = keys.need("sliding_window_pattern")
+    if f["kv_sharing"]:
+        c["kv_sharing"] = keys.need("kv_sharing_target_layers")
+    if moe is not None:
+        c["n_experts"] = keys.need("n_routed_experts")
+        c["top_k"] = keys.need("num_experts_per_tok")
+        width = keys.find("moe_intermediate_size")
+        # Mixtral keeps the experts' width in intermediate_size (no dense layers).
+        c["expert_width"] = f"config.{width or keys.need('intermediate_size')}"
+        if f["shared"]:
+            if moe.shared_expert_intermediate_size is not None:
+                key = keys.need("shared_expert_intermediate_size")
+                c["shared_width"] = f"config.{key}"
+            else:
+                key = keys.need("n_shared_experts")
+                c["shared_width"] = f"config.{key} * {c['expert_width']}"
+        if f["grouped"]:
+            c["n_group"] = keys.need("n_group")
+            c["topk_group"] = keys.need("topk_group")
+        if f["scaled"]:
+            c["scaling"] = keys.need("routed_scaling_factor")
+        terms = []
+        if moe.first_k_dense:
+            terms.append(f"i >= config.{keys.need('first_k_dense_replace')}")
+        if moe.layer_frequency != 1:
+            terms.append(f"(i + 1) % config.{keys.need('decoder_sparse_step')} == 0")
+        if moe.dense_layers:
+            terms.append(f"i not in config.{keys.need('mlp_only_layers')}")
+        plan["moe"] = terms or ["True"]
+    if f["mtp"]:
+        c["n_mtp"] = keys.need("num_nextn_predict_layers")
+
+    mlp_classes, role_class = _mlp_classes(names, f)
+    return {
+        "spec": spec,
+        "module": spec.module_name,
+        "cls": cls,
+        "n": names,
+        "f": f,
+        "c": c,
+        "plan": plan,
+        "summary": _summary(spec, f),
+        "router_doc": _router_doc(f),
+        "moe_doc": _moe_doc(f),
+        "attention_doc": _attention_doc(f),
+        "mlp_classes": mlp_classes,
+        "dense_cls": role_class.get("dense", "MLP"),
+        "expert_cls": role_class.get("expert", "MLP"),
+        "shared_cls": role_class.get("shared", "MLP"),
+        "lm_head": names.get("lm_head", "lm_head"),
+        "tied_head": names.get("lm_head", "lm_head"),
+        "ignore_unexpected": _ignore_unexpected(spec, names, f),
+        "fields": _config_fields(hf),
+    }
+
+
+def _mlp_classes(
+    names: dict[str, str], f: dict[str, Any]
+) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """One gated-MLP class per distinct (gate, up, down) naming."""
+    groups = []
+    if f["dense"]:
+        groups.append(("dense", "MLP", "", "dense layers"))
+    if f["moe"]:
+        groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
+    if f["shared"]:
+        groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
+    classes: list[dict[str, Any]] = []
+    role_class: dict[str, str] = {}
+    for group, cls, role_prefix, what in groups:
+        triple = tuple(names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down"))
+        same = next((m for m in classes if m["triple"] == triple), None)
+        if same is None:
+            same = {"cls": cls, "triple": triple, "uses": []}
+            classes.append(same)
+        same["uses"].append(what)
+        role_class[group] = same["cls"]
+    out = [
+        {
+            "cls": m["cls"],
+            "gate": m["triple"][0],
+            "up": m["triple"][1],
+            "down": m["triple"][2],
+            "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
+            + _and(m["uses"])
+            + ".",
+        }
+        for m in classes
+    ]
+    return out, role_class
+
+
+def _ignore_unexpected(
+    spec: ModelSpec, names: dict[str, str], f: dict[str, Any]
+) -> list[str]:
+    """Regexes for K/V tensors of KV-sharing layers, which the reference lacks."""
+    if not f["kv_sharing"]:
+        return []
+    roles = ["k_proj", "v_proj"] + (["k_norm"] if f["qk_norm"] else [])
+    patterns = []
+    for role in roles:
+        path = spec.tensor_path(role).split(".", 1)[1]  # below the base model
+        patterns.append(re.escape(path).replace(r"\{layer\}", r"\d+") + r"\.")
+    return patterns
+
+
+def _config_fields(hf: dict[str, Any]) -> list[dict[str, Any]]:
+    fields = []
+    for key, value in hf.items():
+        if key in BASE_KEYS:
+            continue
+        if not key.isidentifier():
+            raise InputError(f"config.json key {key!r} is not a Python identifier")
+        mutable = isinstance(value, list | dict)
+        fields.append(
+            {
+                "name": key,
+                "default": "None" if mutable else repr(value),
+                "value": repr(value),
+                "mutable": mutable,
+            }
+        )
+    return fields
+
+
+def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
+    att = spec.attention
+    parts = []
+    if f["mla"]:
+        parts.append(
+            "multi-head latent attention"
+            + (" with a low-rank query" if f["q_lora"] else "")
+        )
+    else:
+        kind = (
+            "multi-head"
+            if spec.num_kv_heads == att.num_heads
+            else ("multi-query" if spec.num_kv_heads == 1 else "grouped-query")
+        )
+        extras = [
+            name
+            for name, on in (
+                ("qk-norm", f["qk_norm"]),
+                ("q/k/v biases", f["qkv_bias"]),
+                ("an output bias", f["o_bias"]),
+            )
+            if on
+        ]
+        parts.append(
+            f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
+        )
+    if f["sliding"]:
+        parts.append("sliding-window layers")
+    if f["kv_sharing"]:
+        parts.append("cross-layer KV sharing")
+    rope = "interleaved rope" if f["interleaved"] else "rope"
+    if f["partial"]:
+        rope = f"partial {rope} ({att.partial_rotary_factor:g} of each head)"
+    if f["scaling"]:
+        rope += f" with {f['scaling']} scaling"
+    parts.append(rope)
+    if f["moe"]:
+        moe = spec.mlp.moe
+        assert moe is not None
+        what = f"mixture of experts ({moe.router.scoring} routing"
+        if f["shared"]:
+            what += ", shared experts"
+        parts.append(what + ")")
+        if f["dense"]:
+            parts.append("dense layers")
+    else:
+        parts.append("dense MLP")
+    parts.append(spec.norm.type)
+    if f["tie"]:
+        parts.append("tied embeddings")
+    if f["mtp"]:
+        assert spec.mtp is not None
+        n = spec.mtp.num_heads
+        parts.append(f"{n} multi-token-prediction head{'s' if n > 1 else ''}")
+    text = "Architecture: " + ", ".join(parts) + "."
+    return textwrap.wrap(text, width=88)
+
+
+def _router_doc(f: dict[str, Any]) -> str:
+    if not f["moe"]:
+        return ""
+    doc = "Scores the experts for each token and keeps the top k.\n\n"
+    doc += f"Scores are the {f['scoring']} of the router logits."
+    if f["bias_correction"]:
+        doc += (
+            " A per-expert bias (e_score_correction_bias) is added to them to choose"
+            " the experts, but not to weigh them."
+        )
+    if f["grouped"]:
+        how = "its two best experts" if f["bias_correction"] else "its best expert"
+        doc += (
+            f" Experts come in groups; a group is scored by {how}, and only the"
+            " topk_groups best groups are eligible."
+        )
+    if f["norm_topk"]:
+        doc += " The top-k weights are renormalised to sum to one."
+    if f["scaled"]:
+        doc += " The weights are multiplied by routed_scaling_factor."
+    return doc
+
+
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+
+
+def _moe_doc(f: dict[str, Any]) -> str:
+    doc = "Routed experts"
+    if f["shared_gate"]:
+        doc += " plus shared experts behind a sigmoid gate"
+    elif f["shared"]:
+        doc += " plus always-on shared experts"
+    return doc + "."
+
+
+def _attention_doc(f: dict[str, Any]) -> str:
+    doc = "Grouped-query attention"
+    if f["qk_norm"]:
+        doc += ", q and k RMS-normalised per head"
+    doc += "."
+    if f["kv_sharing"]:
+        doc += (
+            "\n\nA layer with kv_source set computes queries only: it attends over "
+            "the K/V that layer kv_source computed in the same forward pass (and "
+            "cached), and has no K/V projections of its own."
+        )
+    return doc

@@ -1,0 +1,203 @@
+"""Module names of the generated reference, read from the spec's tensor layout.
+
+``from_pretrained`` matches checkpoint tensors to parameters by name, and custom
+code gets no renaming from transformers, so the reference's module tree *is* the
+checkpoint layout: ``model.layers.{layer}.self_attn.q_proj`` becomes attribute
+``self_attn`` of a decoder layer holding attribute ``q_proj``. This module splits
+each role's path (:meth:`ModelSpec.tensor_path`) into those attribute names and
+rejects, with the role named, a path that does not fit the tree.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
+
+# Where each role sits in the tree, below a decoder layer ("model.layers.{layer}").
+# A tuple names the containers, then the leaf: ("attn", None) means the path is
+# "<attn container>.<leaf>"; () means the leaf sits directly on the layer.
+_LAYER_SLOTS: dict[str, tuple[str, ...]] = {
+    "input_norm": (),
+    "post_attention_norm": (),
+    **dict.fromkeys(
+        (
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "q_norm",
+            "k_norm",
+            "q_a_proj",
+            "q_a_norm",
+            "q_b_proj",
+            "kv_a_proj",
+            "kv_a_norm",
+            "kv_b_proj",
+        ),
+        ("attn",),
+    ),
+    **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), ("mlp",)),
+    "router": ("moe",),
+    "shared_expert_gate": ("moe",),
+    **dict.fromkeys(
+        ("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
+        ("moe", "experts", "{expert}"),
+    ),
+    **dict.fromkeys(
+        ("shared_gate_proj", "shared_up_proj", "shared_down_proj"), ("moe", "shared")
+    ),
+    "mtp_enorm": (),
+    "mtp_hnorm": (),
+    "mtp_eh_proj": (),
+    "mtp_head_norm": ("shared_head",),
+    "mtp_head": ("shared_head",),
+}
+
+
+# Plain attributes the generated modules set, which a module name may not shadow.
+RESERVED = frozenset(
+    {
+        "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
+        "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
+        "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
+        "e_score_correction_bias", "config", "lm_head_name",
+    }
+)  # fmt: skip
+
+
+def used_roles(spec: ModelSpec) -> list[str]:
+    """The tensor roles a checkpoint of ``spec`` has (in a stable order)."""
+    att = spec.attention
+    roles = ["embed", "final_norm", "input_norm", "post_attention_norm"]
+    if not spec.tie_word_embeddings:
+        roles.append("lm_head")
+    if att.type == "mla":
+        assert att.mla is not None
+        if att.mla.q_lora_rank is None:
+            roles.append("q_proj")
+        else:
+            roles += ["q_a_proj", "q_a_norm", "q_b_proj"]
+        roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj", "o_proj"]
+    else:
+        roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if att.qk_norm:
+            roles += ["q_norm", "k_norm"]
+    moe = spec.mlp.moe
+    if has_dense_mlp(spec):
+        roles += ["gate_proj", "up_proj", "down_proj"]
+    if moe is not None:
+        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        if moe.num_shared_experts:
+            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            if moe.shared_expert_gate:
+                roles.append("shared_expert_gate")
+    if spec.mtp is not None:
+        roles += ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"]
+    return roles
+
+
+def has_dense_mlp(spec: ModelSpec) -> bool:
+    if any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers)):
+        return True
+    return spec.mtp is not None and spec.mtp.mlp == "dense"
+
+
+def module_names(spec: ModelSpec) -> dict[str, str]:
+    """Attribute names of the reference's modules, keyed by role and container.
+
+    Keys: every used role (its leaf name), plus the containers ``base`` (the
+    ``PreTrainedModel`` base prefix, e.g. ``model``), ``layers``, ``attn``,
+    ``mlp``, ``moe``, ``experts``, ``shared`` and ``shared_head`` where used.
+    """
+    names: dict[str, str] = {}
+    roles = used_roles(spec)
+
+    def bad(role: str, shape: str) -> InputError:
+        return InputError(
+            f"checkpoint.tensor_names.{role}: the generated Hugging Face reference "
+            f"needs this path shaped like {shape!r}, got {spec.tensor_path(role)!r}"
+        )
+
+    def claim(key: str, value: str, role: str, shape: str) -> None:
+        if not value.isidentifier():
+            raise bad(role, shape)
+        if names.setdefault(key, value) != value:
+            raise InputError(
+                f"checkpoint.tensor_names.{role}: {spec.tensor_path(role)!r} puts "
+                f"this role under {value!r}, but other roles of the same block use "
+                f"{names[key]!r}; the Hugging Face reference needs one module per "
+                "block"
+            )
+
+    embed = spec.tensor_path("embed").split(".")
+    if len(embed) != 2:
+        raise bad("embed", "model.embed_tokens")
+    claim("base", embed[0], "embed", "model.embed_tokens")
+    names["embed"] = embed[1]
+    final = spec.tensor_path("final_norm").split(".")
+    if len(final) != 2:
+        raise bad("final_norm", "model.norm")
+    claim("base", final[0], "final_norm", "model.norm")
+    claim("final_norm", final[1], "final_norm", "model.norm")
+    if "lm_head" in roles:
+        claim("lm_head", spec.tensor_path("lm_head"), "lm_head", "lm_head")
+
+    for role in roles:
+        slots = _LAYER_SLOTS.get(role)
+        if slots is None:
+            continue
+        shape = ".".join(
+            ("model", "layers", "{layer}")
+            + tuple(s if s == "{expert}" else f"<{s}>" for s in slots)
+            + ("<name>",)
+        )
+        parts = spec.tensor_path(role).split(".")
+        if len(parts) != 4 + len(slots) or parts[2] != "{layer}":
+            raise bad(role, shape)
+        claim("base", parts[0], role, shape)
+        claim("layers", parts[1], role, shape)
+        for slot, part in zip(slots, parts[3:-1], strict=True):
+            if slot == "{expert}":
+                if part != "{expert}":
+                    raise bad(role, shape)
+            else:
+                claim(slot, part, role, shape)
+        claim(role, parts[-1], role, shape)
+
+    _check_distinct(spec, names, roles)
+    for key, value in names.items():
+        if value in RESERVED or hasattr(nn.Module, value):
+            where = f"checkpoint.tensor_names.{key}" if key in roles else "checkpoint"
+            raise InputError(
+                f"{where}: module name {value!r} clashes with an attribute of the "
+                "generated Hugging Face reference; rename it"
+            )
+    return names
+
+
+def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) -> None:
+    """Two modules of one parent may not share an attribute name."""
+    seen: dict[tuple[str, ...], str] = {}
+    for role in roles:
+        slots = _LAYER_SLOTS.get(role)
+        if slots is None:
+            continue
+        key = slots + (names[role],)
+        if seen.setdefault(key, role) != role:
+            raise InputError(
+                f"checkpoint.tensor_names.{role}: {spec.tensor_path(role)!r} is also "
+                f"the path of {seen[key]}"
+            )
+    # What hangs directly off a decoder layer: the dense MLP and the MoE block may
+    # share a name (a layer has one or the other), nothing else may.
+    on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
+    on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})
+    twice = sorted({n for n in on_layer if on_layer.count(n) > 1})
+    if twice:
+        raise InputError(
+            f"checkpoint.tensor_names: {', '.join(twice)} names two different "
+            "modules of one decoder layer"
+        )
