@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -424,3 +426,27 @@ def test_tied_embeddings_are_decisive_without_echoing_the_input(tmp_path) -> Non
     # predict the token it just read; the scale sits in the final norm instead.
     echoes = (logits.argmax(-1) == ids[0]).float().mean().item()
     assert echoes < 0.5  # measured 0.18 (and 1.0 with a scaled tied embedding)
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_cli_unwritable_output_is_exit_2(tmp_path: Path, where: str) -> None:
+    blocker = tmp_path / "blocker.txt"
+    blocker.write_text("not a directory")
+    out = blocker if where == "file" else blocker / "ckpt"
+    # The installed console script: it maps InputError to exit code 2.
+    cli = Path(sys.executable).parent / "onboard"
+    result = subprocess.run(
+        [
+            str(cli),
+            "checkpoint",
+            "tiny",
+            str(SPECS / "dense-gqa.yaml"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2, result.stderr
+    assert str(out) in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr

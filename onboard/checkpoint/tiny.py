@@ -269,9 +269,11 @@ def write_tiny_checkpoint(
         raise InputError(f"--dtype: choose one of {', '.join(safetensors_io.DTYPES)}")
     if seed < 0 or seed >= 2**63:
         raise InputError(f"--seed must be in [0, 2**63), got {seed}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: exists and is not a directory")
     check_shrinkable(spec)
     tiny = shrink_spec(spec)
-    out_dir = Path(out_dir)
 
     config = dict(hf_config_from_spec(tiny))
     # Token ids belong to the tokenizer, not the spec.
@@ -287,27 +289,42 @@ def write_tiny_checkpoint(
     plans = plan_tensors(tiny)
     tensors = make_tensors(tiny, seed)
     shards = _shards(tiny, plans)
-    with atomic_directory(out_dir) as tmp:
-        (tmp / "spec.yaml").write_text(dump_spec(tiny), encoding="utf-8")
-        _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", generation_config)
-        weight_map: dict[str, str] = {}
-        total = 0
-        for i, names in enumerate(shards, start=1):
-            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            total += safetensors_io.save_file(
-                {n: tensors[n] for n in names}, tmp / file, dtype
-            )
-            weight_map.update(dict.fromkeys(names, file))
-        _write_json(
-            tmp / INDEX_FILE,
-            {
-                "metadata": {"total_size": total},
-                "weight_map": dict(sorted(weight_map.items())),
-            },
-        )
-        write_tokenizer(tmp, tiny.vocab_size, tiny.max_position_embeddings)
+    try:
+        with atomic_directory(out_dir) as tmp:
+            _write_files(tmp, tiny, config, generation_config, tensors, shards, dtype)
+    except OSError as exc:  # unwritable place, full disk: the user's to fix
+        raise InputError(f"{out_dir}: cannot write the checkpoint: {exc}") from None
     return out_dir
+
+
+def _write_files(
+    tmp: Path,
+    tiny: ModelSpec,
+    config: dict,
+    generation_config: dict,
+    tensors: dict[str, np.ndarray],
+    shards: list[list[str]],
+    dtype: str,
+) -> None:
+    (tmp / "spec.yaml").write_text(dump_spec(tiny), encoding="utf-8")
+    _write_json(tmp / "config.json", config)
+    _write_json(tmp / "generation_config.json", generation_config)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, names in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        total += safetensors_io.save_file(
+            {n: tensors[n] for n in names}, tmp / file, dtype
+        )
+        weight_map.update(dict.fromkeys(names, file))
+    _write_json(
+        tmp / INDEX_FILE,
+        {
+            "metadata": {"total_size": total},
+            "weight_map": dict(sorted(weight_map.items())),
+        },
+    )
+    write_tokenizer(tmp, tiny.vocab_size, tiny.max_position_embeddings)
 
 
 def _write_json(path: Path, data: dict) -> None:
