@@ -101,11 +101,13 @@ def write_deepseek_v3(out_dir: Path, seed: int = 0) -> Path:
         bos_token_id=0,
         eos_token_id=1,
     )
-    # transformers 5 drops `topk_method`; without it vLLM builds no router bias.
+    # transformers 5 writes neither `topk_method` (without it vLLM builds no router
+    # bias) nor `scoring_func` (vLLM then routes with softmax, transformers with
+    # sigmoid: the accuracy check shows ~1 nat of difference).
     return _save(
         DeepseekV3ForCausalLM(config).float(),
         out_dir,
-        config_patch={"topk_method": "noaux_tc"},
+        config_patch={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     )
 
 

@@ -356,7 +356,7 @@ def _model_code(
 def _run_reference(ctx: RunContext, work_dir: Path, log: Callable[[str], None]) -> None:
     t0 = time.perf_counter()
     try:
-        ctx.reference = load_reference(ctx.model_dir, ctx.hf_dir, work_dir)
+        ctx.reference = load_reference(ctx.model_dir, ctx.spec, ctx.hf_dir, work_dir)
     except ReferenceUnavailable as exc:
         ctx.reference_error = str(exc)
         log(f"no reference: {exc}")

@@ -1,9 +1,10 @@
 """The accuracy oracle: the model run by transformers, in float32.
 
 transformers' own class when it knows the config's ``model_type``; otherwise the
-generated Hugging Face reference (``GEN_DIR/hf``: ``configuration_*.py``,
-``modeling_*.py``) loaded with ``trust_remote_code`` from an overlay directory, so
-that the user's checkpoint is never modified.
+generated Hugging Face reference (``configuration_*.py``, ``modeling_*.py``): the
+checkpoint's own (config.json ``auto_map``), else ``GEN_DIR/hf``, else generated from
+the spec now, loaded with ``trust_remote_code`` from an overlay directory so that the
+user's checkpoint is never modified.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onboard.spec.model import ModelSpec
 from onboard.validate.compare import TOP_K, GreedyOutput
 
 TOKENIZER_FILES = (
@@ -40,7 +42,9 @@ class Reference:
     kind: str  # "transformers" or "generated-hf"
 
 
-def load_reference(model_dir: Path, hf_dir: Path | None, work_dir: Path) -> Reference:
+def load_reference(
+    model_dir: Path, spec: ModelSpec, hf_dir: Path | None, work_dir: Path
+) -> Reference:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -51,18 +55,11 @@ def load_reference(model_dir: Path, hf_dir: Path | None, work_dir: Path) -> Refe
     if model_type in CONFIG_MAPPING:
         source, kind, remote = model_dir, "transformers", False
     elif "auto_map" in config:
+        # The checkpoint carries its reference code (`install_reference`).
         source, kind, remote = model_dir, "generated-hf", True
-    elif hf_dir is not None and any(hf_dir.glob("modeling_*.py")):
-        source = _overlay_with_remote_code(model_dir, hf_dir, config, work_dir)
-        kind, remote = "generated-hf", True
     else:
-        where = f" and {hf_dir} has no modeling_*.py" if hf_dir else ""
-        raise ReferenceUnavailable(
-            f"model_type {model_type!r} is unknown to transformers "
-            f"{transformers.__version__}, config.json has no auto_map{where}: no "
-            "reference implementation to compare against (the generated Hugging "
-            "Face reference is written by `onboard generate` into GEN_DIR/hf)"
-        )
+        source = _overlay_with_remote_code(model_dir, spec, hf_dir, config, work_dir)
+        kind, remote = "generated-hf", True
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch.float32, trust_remote_code=remote
@@ -83,45 +80,59 @@ def load_reference(model_dir: Path, hf_dir: Path | None, work_dir: Path) -> Refe
 
 
 def _overlay_with_remote_code(
-    model_dir: Path, hf_dir: Path, config: dict, work_dir: Path
+    model_dir: Path, spec: ModelSpec, hf_dir: Path | None, config: dict, work_dir: Path
 ) -> Path:
-    """A directory with the checkpoint's files (linked), the generated code, and a
-    config.json whose auto_map points at that code."""
+    """A directory with the checkpoint's files (linked), the generated reference
+    code (from GEN_DIR/hf, else generated from the spec now) and a config.json whose
+    auto_map points at it; the user's checkpoint is left untouched."""
     overlay = work_dir / "reference-model"
     shutil.rmtree(overlay, ignore_errors=True)
     overlay.mkdir(parents=True)
     for item in model_dir.iterdir():
         if item.name != "config.json":
             os.symlink(item.resolve(), overlay / item.name)
-    for code in hf_dir.glob("*.py"):
-        shutil.copy(code, overlay / code.name)
-    hf_config = hf_dir / "config.json"
-    auto_map = None
-    if hf_config.exists():
-        auto_map = json.loads(hf_config.read_text()).get("auto_map")
-    config = dict(config, auto_map=auto_map or _infer_auto_map(hf_dir, config))
+    if hf_dir is not None and any(hf_dir.glob("modeling_*.py")):
+        for code in hf_dir.glob("*.py"):
+            shutil.copy(code, overlay / code.name)
+    else:
+        try:
+            from onboard.reference import generate_hf_reference
+        except ImportError:
+            raise ReferenceUnavailable(
+                f"model_type {config.get('model_type')!r} is unknown to transformers "
+                "and no generated Hugging Face reference is available"
+            ) from None
+        generate_hf_reference(spec, overlay)
+    config = dict(config, auto_map=_auto_map(spec, overlay, config))
     (overlay / "config.json").write_text(json.dumps(config, indent=2))
     return overlay
 
 
-def _infer_auto_map(hf_dir: Path, config: dict) -> dict[str, str]:
-    """auto_map from the generated files: the *Config class and the architecture."""
-    architectures = config.get("architectures") or []
-    auto_map: dict[str, str] = {}
-    for path in sorted(hf_dir.glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
+def _auto_map(spec: ModelSpec, code_dir: Path, config: dict) -> dict[str, str]:
+    """auto_map for the generated files: from the spec where onboard.reference
+    names them, else the *Config class and the architecture found in the files."""
+    try:
+        from onboard.reference import auto_map, file_names
+
+        if all((code_dir / name).is_file() for name in file_names(spec)):
+            return auto_map(spec)
+    except ImportError:
+        pass
+    architectures = config.get("architectures") or [spec.architecture]
+    found: dict[str, str] = {}
+    for path in sorted(code_dir.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
             if not isinstance(node, ast.ClassDef):
                 continue
             if path.stem.startswith("configuration_") and node.name.endswith("Config"):
-                auto_map["AutoConfig"] = f"{path.stem}.{node.name}"
+                found["AutoConfig"] = f"{path.stem}.{node.name}"
             if path.stem.startswith("modeling_") and node.name in architectures:
-                auto_map["AutoModelForCausalLM"] = f"{path.stem}.{node.name}"
-    if "AutoModelForCausalLM" not in auto_map:
+                found["AutoModelForCausalLM"] = f"{path.stem}.{node.name}"
+    if "AutoModelForCausalLM" not in found:
         raise ReferenceUnavailable(
-            f"{hf_dir}: no class named {architectures} in modeling_*.py"
+            f"{code_dir}: no class named {architectures} in modeling_*.py"
         )
-    return auto_map
+    return found
 
 
 def tokenize_prompts(

@@ -1,0 +1,284 @@
+"""`onboard validate` end to end: the CLI, the generated plugin, the real vLLM engine.
+
+Checkpoints are written by transformers' own classes (random weights, float32, a
+scaled output head). Each model is validated once per session (one engine each) and
+the tests read its validation.json; start and total times are printed (-s) and kept
+in the accuracy check's ``timings``.
+
+The first tests need no engine: plugin discovery through the synthesized
+``.dist-info``, bad input (exit 2) and a GPU target (checks not run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from validate_fixtures import (
+    DEEPSEEK_V3_SPEC,
+    LLAMA_SPEC,
+    WRONG_LAYOUT_SPEC,
+    rename_tensors,
+    write_deepseek_v3,
+    write_llama,
+    write_spec,
+)
+
+from onboard.validate.compare import PROMPT_LOGPROB_ATOL
+from onboard.validate.engine import Engine, EngineOptions, plugin_site, read_plugin
+
+ONBOARD = str(Path(sys.executable).with_name("onboard"))
+ENGINE_RUN_TIMEOUT = 1800
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    seconds: float
+    result: dict | None
+    out_dir: Path
+
+    def check(self, name: str) -> dict:
+        return next(c for c in self.result["checks"] if c["name"] == name)
+
+
+def _validate(model_dir: Path, spec: Path, out_dir: Path, *extra: str) -> Run:
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [
+            ONBOARD,
+            "validate",
+            str(model_dir),
+            "--spec",
+            str(spec),
+            "--out",
+            str(out_dir),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_RUN_TIMEOUT,
+    )
+    seconds = time.perf_counter() - t0
+    path = out_dir / "validation.json"
+    result = json.loads(path.read_text()) if path.exists() else None
+    run = Run(proc.returncode, proc.stdout + proc.stderr, seconds, result, out_dir)
+    if result is not None:
+        timings = run.check("accuracy")["metrics"].get("timings", {})
+        print(f"\n{model_dir.name}: validate {seconds:.1f} s (CLI), timings {timings}")
+    return run
+
+
+@pytest.fixture(scope="session")
+def llama_ckpt(tmp_path_factory) -> Path:
+    return write_llama(tmp_path_factory.mktemp("llama") / "ckpt")
+
+
+# -- no engine ------------------------------------------------------------------
+
+
+def test_plugin_is_found_by_importlib_metadata_with_nothing_installed(tmp_path):
+    from onboard.generate import generate_all
+    from onboard.spec import parse_spec_text
+
+    generate_all(parse_spec_text(LLAMA_SPEC), tmp_path / "gen")
+    plugin = read_plugin(tmp_path / "gen" / "plugin")
+    assert plugin.package == "onboard_plugin_tiny_llama"
+    assert plugin.target == "onboard_plugin_tiny_llama:register"
+    site = plugin_site(plugin, tmp_path / "site")
+    # A fresh interpreter, as vLLM's processes are: the entry point is visible and
+    # loads the generated register() from the plugin directory.
+    code = (
+        "from importlib.metadata import entry_points\n"
+        "eps = entry_points(group='vllm.general_plugins')\n"
+        "ep = [e for e in eps if e.name == 'onboard_plugin_tiny_llama'][0]\n"
+        "fn = ep.load(); print(ep.value, fn.__module__, fn.__code__.co_filename)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin.root), str(site)]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "onboard_plugin_tiny_llama:register onboard_plugin_tiny_llama" in out.stdout
+    assert str(tmp_path / "gen" / "plugin") in out.stdout
+
+
+def test_engine_environment_isolates_the_plugin(tmp_path, llama_ckpt):
+    from onboard.generate import generate_all
+    from onboard.spec import parse_spec_text
+
+    generate_all(parse_spec_text(LLAMA_SPEC), tmp_path / "gen")
+    plugin = read_plugin(tmp_path / "gen" / "plugin")
+    env = Engine(
+        EngineOptions(llama_ckpt, plugin), tmp_path / "w", tmp_path / "log"
+    ).environment()
+    assert env["VLLM_PLUGINS"] == "onboard_plugin_tiny_llama"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(plugin.root)
+    in_tree = Engine(
+        EngineOptions(llama_ckpt, None), tmp_path / "w", tmp_path / "log"
+    ).environment()
+    assert in_tree["VLLM_PLUGINS"] == ""  # no plugin at all: vLLM's own classes
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path, llama_ckpt):
+    spec = write_spec(tmp_path / "spec.yaml", LLAMA_SPEC)
+    cases = [
+        ([str(tmp_path / "missing"), "--spec", str(spec)], "no such directory"),
+        ([str(llama_ckpt), "--spec", str(tmp_path / "nope.yaml")], "nope.yaml"),
+        ([str(llama_ckpt), "--spec", str(spec), "--checks", "acc"], "unknown check"),
+        ([str(llama_ckpt), "--spec", str(spec), "--target", "tpu"], "unknown target"),
+    ]
+    other = write_spec(
+        tmp_path / "other.yaml",
+        LLAMA_SPEC.replace("hidden_size: 128", "hidden_size: 256"),
+    )
+    cases.append(
+        (
+            [str(llama_ckpt), "--spec", str(other)],
+            "hidden_size is 128 but the spec says 256",
+        )
+    )
+    for args, message in cases:
+        proc = subprocess.run(
+            [ONBOARD, "validate", *args, "--out", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_gpu_target_writes_not_run_checks(tmp_path, llama_ckpt):
+    spec = write_spec(tmp_path / "spec.yaml", LLAMA_SPEC)
+    run = _validate(
+        llama_ckpt,
+        spec,
+        tmp_path / "out",
+        "--target",
+        "b200",
+        "--checks",
+        "accuracy,spec-decode:ngram",
+    )
+    assert run.returncode == 1  # nothing was proven on b200
+    assert run.result["passed"] is False and run.result["target"] == "b200"
+    assert [c["status"] for c in run.result["checks"]] == ["not-run", "not-run"]
+    assert all("b200" in c["details"] for c in run.result["checks"])
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+# -- real engine ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def llama_run(tmp_path_factory, llama_ckpt) -> Run:
+    root = tmp_path_factory.mktemp("llama-run")
+    spec = write_spec(root / "spec.yaml", LLAMA_SPEC)
+    # No --generated: validate generates the plugin itself, nothing is installed.
+    return _validate(llama_ckpt, spec, root / "out")
+
+
+@pytest.fixture(scope="session")
+def deepseek_run(tmp_path_factory) -> Run:
+    root = tmp_path_factory.mktemp("deepseek")
+    ckpt = write_deepseek_v3(root / "ckpt")
+    spec = write_spec(root / "spec.yaml", DEEPSEEK_V3_SPEC)
+    gen = subprocess.run(
+        [ONBOARD, "generate", str(spec), "--out", str(root / "gen")],
+        capture_output=True,
+        text=True,
+    )
+    assert gen.returncode == 0, gen.stderr
+    return _validate(ckpt, spec, root / "out", "--generated", str(root / "gen"))
+
+
+def _assert_passed_with_generated_class(run: Run, package: str) -> None:
+    assert run.result is not None, run.output
+    accuracy = run.check("accuracy")
+    assert run.returncode == 0, accuracy["details"] + run.output[-3000:]
+    assert run.result["passed"] is True
+    assert accuracy["status"] == "passed" and accuracy["passed"] is True
+    # What the engine instantiated, read back from it: the generated class.
+    assert run.result["vllm_model_class"].startswith(package + ".")
+    m = accuracy["metrics"]
+    assert m["generated_class_instantiated"] is True
+    assert m["num_prompts"] >= 8 and m["max_new_tokens"] == 32
+    assert m["greedy_compared_tokens"] == m["num_prompts"] * 32
+    assert m["greedy_failed_sequences"] == 0
+    assert 0.0 <= m["prompt_logprob_max_abs_diff"] <= PROMPT_LOGPROB_ATOL
+    # Decisive logits: the pass is not one on flat logits.
+    assert m["top1_top2_margin_median"] > 0.1
+    assert run.result["reference"].startswith("transformers ")
+    html = (run.out_dir / "report.html").read_text()
+    assert run.result["vllm_model_class"] in html and "passed" in html
+
+
+@pytest.mark.engine
+def test_llama_passes_through_the_generated_plugin(llama_run):
+    _assert_passed_with_generated_class(llama_run, "onboard_plugin_tiny_llama")
+    m = llama_run.check("accuracy")["metrics"]
+    assert m["prompts"].endswith("checkpoint tokenizer")
+    assert set(m["timings"]) >= {"engine_start_s", "reference_s", "validate_total_s"}
+
+
+@pytest.mark.engine
+def test_deepseek_v3_passes_through_the_generated_plugin(deepseek_run):
+    _assert_passed_with_generated_class(deepseek_run, "onboard_plugin_tiny_deepseek_v3")
+
+
+@pytest.mark.engine
+def test_wrong_tensor_layout_fails_naming_tensors_and_parameters(
+    tmp_path_factory, llama_ckpt
+):
+    """The spec says q/k/v/o live under `attn`; the checkpoint has `self_attn`."""
+    root = tmp_path_factory.mktemp("wrong-layout")
+    spec = write_spec(root / "spec.yaml", WRONG_LAYOUT_SPEC)
+    run = _validate(llama_ckpt, spec, root / "out")
+    _assert_names_listed(run, "self_attn")
+
+
+@pytest.mark.engine
+def test_renamed_checkpoint_tensors_fail_naming_tensors_and_parameters(
+    tmp_path_factory, llama_ckpt
+):
+    """Right spec, but the checkpoint calls the attention block `attention`."""
+    root = tmp_path_factory.mktemp("renamed")
+    ckpt = rename_tensors(llama_ckpt, root / "ckpt", ".self_attn.", ".attention.")
+    spec = write_spec(root / "spec.yaml", LLAMA_SPEC)
+    run = _validate(ckpt, spec, root / "out")
+    _assert_names_listed(run, "attention")
+
+
+def _assert_names_listed(run: Run, block: str) -> None:
+    assert run.result is not None, run.output
+    assert run.returncode == 1, run.output[-3000:]
+    assert "Traceback" not in run.output
+    accuracy = run.check("accuracy")
+    assert accuracy["status"] == "failed" and run.result["passed"] is False
+    m, details = accuracy["metrics"], accuracy["details"]
+    expected = {
+        f"model.layers.{layer}.{block}.{proj}.weight"
+        for layer in range(2)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
+    assert set(m["unmatched_checkpoint_tensors"]) == expected
+    for name in expected:
+        assert name in details
+    unloaded = m["unloaded_model_parameters"]
+    assert {f"model.layers.{i}.self_attn.qkv_proj.weight" for i in range(2)} <= set(
+        unloaded
+    )
+    assert {f"model.layers.{i}.self_attn.o_proj.weight" for i in range(2)} <= set(
+        unloaded
+    )
+    assert "model parameters got no checkpoint tensor" in details
+    assert "checkpoint tensors match no model parameter" in details
+    # Nothing else is blamed: the MLP, norms and embeddings matched.
+    assert len(unloaded) == 4
