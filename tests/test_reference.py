@@ -101,7 +101,7 @@ def randomize(model: torch.nn.Module, names: tuple[str, ...], std: float) -> Non
                 tensor.copy_(torch.randn(tensor.shape, generator=gen) * std)
 
 
-# ---- dense attention families -------------------------------------------------------
+# ---- dense attention families --------------------------------------------------------
 
 
 def test_llama_gqa_llama3_rope_tied_embeddings(tmp_path):
@@ -236,7 +236,7 @@ def test_partial_rotary_and_layernorm_against_stablelm(tmp_path):
     check_against_transformers(tmp_path, model, spec=spec)
 
 
-# ---- mixture of experts ---------------------------------------------------------------
+# ---- mixture of experts --------------------------------------------------------------
 
 
 def test_mixtral_softmax_topk_renormalised(tmp_path):
@@ -369,7 +369,7 @@ def test_deepseek_v2_mla_without_q_lora_softmax_router(tmp_path, topk_method):
     assert not router.norm_topk_prob and not router.bias_correction
 
 
-# ---- what no transformers family has: the novel-launch architecture -----------------
+# ---- what no transformers family has: the novel-launch architecture ------------------
 
 
 @pytest.fixture(scope="module")
@@ -474,7 +474,7 @@ def test_kv_sharing_layer_ignores_its_own_kv_and_reads_its_targets(
     assert change > 1e-3, "the sharing layer did not read its target layer's K/V"
 
 
-# ---- MTP heads against their formula ----------------------------------------------------
+# ---- MTP heads against their formula -------------------------------------------------
 
 MTP_SPEC = """
 name: mtp-ref
@@ -607,7 +607,7 @@ def _logits_after(ckpt: Path, tmp: Path, name: str, tokens) -> list[torch.Tensor
         return load_reference(ckpt).mtp_forward(tokens)
 
 
-# ---- the installer ---------------------------------------------------------------------
+# ---- the installer -------------------------------------------------------------------
 
 
 def test_install_refuses_a_checkpoint_of_another_model_type(tmp_path, novel):

@@ -192,6 +192,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
         "spec": spec,
+        "doc": docstring,
         "module": spec.module_name,
         "cls": cls,
         "n": names,
@@ -361,6 +362,29 @@ def _router_doc(f: dict[str, Any]) -> str:
     if f["scaled"]:
         doc += " The weights are multiplied by routed_scaling_factor."
     return doc
+
+
+def docstring(text: str, indent: int) -> str:
+    """The body of a docstring opened at ``indent``, wrapped to line length 88.
+
+    Paragraphs are separated by blank lines. The first line leaves room for both
+    quote triples, so a one-line docstring always fits on its line.
+    """
+    pad = " " * indent
+    width = 88 - indent
+    lines: list[str] = []
+    for para in text.split("\n\n"):
+        words = " ".join(para.split())
+        if lines:
+            lines += [""] + textwrap.wrap(words, width=width)
+            continue
+        first = textwrap.wrap(words, width=width - 6)[0]
+        rest = words[len(first) :].strip()
+        lines += [first] + (textwrap.wrap(rest, width=width) if rest else [])
+    if len(lines) == 1:
+        return lines[0]
+    body = "\n".join(pad + line if line else line for line in lines[1:])
+    return f"{lines[0]}\n{body}\n{pad}"
 
 
 def _and(items: list[str]) -> str:

@@ -120,16 +120,24 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             f"needs this path shaped like {shape!r}, got {spec.tensor_path(role)!r}"
         )
 
+    claimed_by: dict[str, str] = {}
+
     def claim(key: str, value: str, role: str, shape: str) -> None:
         if not value.isidentifier():
             raise bad(role, shape)
         if names.setdefault(key, value) != value:
+            # Blame the role the spec overrides, where one of the two is.
+            other = claimed_by[key]
+            overrides = spec.checkpoint.tensor_names
+            if other in overrides and role not in overrides:
+                role, other = other, role
             raise InputError(
                 f"checkpoint.tensor_names.{role}: {spec.tensor_path(role)!r} puts "
-                f"this role under {value!r}, but other roles of the same block use "
-                f"{names[key]!r}; the Hugging Face reference needs one module per "
-                "block"
+                f"this role beside {other} ({spec.tensor_path(other)!r}) in "
+                "different modules; the Hugging Face reference needs one module "
+                "per block"
             )
+        claimed_by.setdefault(key, role)
 
     embed = spec.tensor_path("embed").split(".")
     if len(embed) != 2:
