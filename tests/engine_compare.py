@@ -39,11 +39,17 @@ def model_class(model) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
-def engine_run(model: str, token_prompts: list[list[int]], max_tokens: int) -> dict:
+def engine_run(
+    model: str, token_prompts: list[list[int]], max_tokens: int, mla: bool
+) -> dict:
     from vllm import LLM, SamplingParams
 
+    # With AMX, vLLM picks the AMX MLA backend, which takes bf16 weights only;
+    # the float32 comparison needs the reference CPU MLA backend.
+    extra = {"attention_backend": "CPU_MLA"} if mla else {}
     llm = LLM(
         model=model,
+        **extra,
         dtype="float32",
         enforce_eager=True,
         skip_tokenizer_init=True,
@@ -152,11 +158,14 @@ def main() -> None:
         config = json.load(f)
     token_prompts = prompts(config["vocab_size"], args.prompts)
     report: dict = {"prompts": token_prompts, "runs": {}}
-    report["runs"]["generated"] = engine_run(args.model, token_prompts, args.max_tokens)
+    mla = config.get("kv_lora_rank") is not None
+    report["runs"]["generated"] = engine_run(
+        args.model, token_prompts, args.max_tokens, mla
+    )
     if not args.no_in_tree:
         use_in_tree_class(config["architectures"][0])
         report["runs"]["in_tree"] = engine_run(
-            args.model, token_prompts, args.max_tokens
+            args.model, token_prompts, args.max_tokens, mla
         )
     if not args.no_transformers:
         report["runs"]["transformers"] = transformers_run(

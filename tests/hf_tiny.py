@@ -145,10 +145,13 @@ def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
                 param.normal_(0.0, 0.05)
     model.save_pretrained(out_dir)
     if family == "deepseek_v3":
-        # transformers 5 does not write topk_method; vLLM's in-tree DeepSeek then
-        # builds no e_score_correction_bias (DESIGN.md). Say it, as a user would.
+        # transformers 5 writes neither topk_method nor scoring_func (its model
+        # hard-codes both); vLLM's in-tree DeepSeek then builds no
+        # e_score_correction_bias and routes by softmax (DESIGN.md). Say both, as
+        # a user would, so the in-tree baseline is the same model.
         path = Path(out_dir) / "config.json"
         cfg = json.loads(path.read_text())
         cfg["topk_method"] = "noaux_tc"
+        cfg["scoring_func"] = "sigmoid"
         path.write_text(json.dumps(cfg, indent=2))
     return Path(out_dir)

@@ -181,7 +181,10 @@ def test_output_is_ruff_clean(outputs, name, tmp_path):
 def test_plugin_pyproject_carries_the_same_ruff_settings(outputs):
     data = tomllib.loads(outputs["dense-gqa"]["plugin/pyproject.toml"])
     assert data["tool"]["ruff"]["line-length"] == 88
-    assert data["tool"]["ruff"]["lint"]["isort"]["known-first-party"] == ["vllm"]
+    assert data["tool"]["ruff"]["lint"]["isort"]["known-first-party"] == [
+        "vllm",
+        "onboard_plugin_*",
+    ]
 
 
 # ---- no dead branches ---------------------------------------------------------
@@ -443,3 +446,131 @@ def test_variant_specs_cover_every_template_switch():
     assert variant("var-qwen-gated").mlp.moe.shared_expert_gate
     assert variant("var-mla-nolora").attention.mla.q_lora_rank is None
     assert variant("var-renamed").checkpoint.tensor_names
+
+
+# ---- the generated plugin on vLLM's CPU engine -------------------------------------
+
+
+def install_plugin(plugin_dir: Path, site: Path) -> None:
+    """``pip install --target``: an isolated site directory, never the venv."""
+    src = site.parent / f"{site.name}-src"
+    shutil.copytree(plugin_dir, src)  # pip (setuptools) builds in the source tree
+    pip = subprocess.run(
+        [
+            PY,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert pip.returncode == 0, pip.stderr
+
+
+def run_engine_compare(model_dir: Path, site: Path, out: Path, **flags) -> dict:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # apply_model sends a function to the engine process.
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    }
+    env.pop("VLLM_PLUGINS", None)
+    args = [
+        f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
+        for k, v in flags.items()
+    ]
+    run = subprocess.run(
+        [
+            PY,
+            str(ROOT / "tests" / "engine_compare.py"),
+            str(model_dir),
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def close_by_topk(a: dict, b: dict) -> tuple[bool, str]:
+    """vLLM's model-test rule: sequences may differ only where each side's token is
+    in the other's top-k logprobs; compare up to the first difference."""
+    notes = []
+    for i, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+        for step, (x, y) in enumerate(zip(ta, tb, strict=True)):
+            if x == y:
+                continue
+            ok = str(x) in b["top"][i][step] and str(y) in a["top"][i][step]
+            notes.append(
+                f"prompt {i} step {step}: {x} vs {y} "
+                f"({'within' if ok else 'NOT within'} top-k)"
+            )
+            if not ok:
+                return False, "; ".join(notes)
+            break
+    return True, "; ".join(notes)
+
+
+def margins(run: dict) -> list[float]:
+    """Top-1 minus top-2 logprob at every step (how decisive the logits were)."""
+    out = []
+    for prompt in run["top"]:
+        for step in prompt:
+            values = sorted(step.values(), reverse=True)
+            out.append(values[0] - values[1])
+    return out
+
+
+def _check_report(report: dict, spec) -> None:
+    runs = report["runs"]
+    expected = model_class_path(spec).replace(":", ".")
+    assert runs["generated"]["class"] == expected
+    assert runs["in_tree"]["class"].startswith("vllm.model_executor.models.")
+    # Same engine, same kernels: the generated model must give vLLM's own tokens.
+    assert runs["generated"]["tokens"] == runs["in_tree"]["tokens"]
+    ok, notes = close_by_topk(runs["generated"], runs["transformers"])
+    assert ok, notes
+    m = margins(runs["transformers"])
+    print(
+        f"{spec.name}: top-1/top-2 margin min {min(m):.3f}, "
+        f"median {sorted(m)[len(m) // 2]:.3f}; vs transformers: {notes or 'same'}"
+    )
+    assert sorted(m)[len(m) // 2] > 0.5  # decisive logits, not a pass on noise
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"]
+)
+def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_path):
+    """transformers-written checkpoint -> spec from-hf -> generate -> pip install
+    --target -> the CPU engine instantiates the generated class (also where vLLM
+    ships the architecture) and its greedy tokens equal vLLM's in-tree model's and
+    transformers' (float32)."""
+    from hf_tiny import write_hf_checkpoint
+
+    from onboard.spec.hf import spec_from_hf_config_file
+
+    ckpt = write_hf_checkpoint(family, tmp_path / "ckpt")
+    spec = spec_from_hf_config_file(
+        ckpt / "config.json", name=f"tiny-{family.replace('_', '-')}"
+    )
+    generate_all(spec, tmp_path / "gen")
+    install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
+    report = run_engine_compare(
+        ckpt, tmp_path / "site", tmp_path / "report.json", prompts=6, max_tokens=24
+    )
+    _check_report(report, spec)

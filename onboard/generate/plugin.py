@@ -8,10 +8,12 @@ Layout (other stages rely on these exact names)::
       onboard_plugin_<module_name>/
         __init__.py           # register(): ModelRegistry.register_model(...)
         <module_name>.py      # the model; class named spec.architecture
+        config.py             # only for a model type transformers does not know
 """
 
 from __future__ import annotations
 
+from onboard.generate.context import class_prefix
 from onboard.generate.render import render_python, render_template
 from onboard.spec.model import ModelSpec
 
@@ -31,17 +33,26 @@ def model_class_path(spec: ModelSpec) -> str:
     return f"{package_name(spec)}.{spec.module_name}:{spec.architecture}"
 
 
+def transformers_knows(model_type: str) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
+
+
 def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
     """Relative path -> text of every file of the plugin directory."""
     package = package_name(spec)
+    new_model_type = not transformers_knows(spec.model_type)
     context = {
         "spec": spec,
         "package": package,
         "module_name": spec.module_name,
         "dist_name": dist_name(spec),
         "version": PLUGIN_VERSION,
+        "new_model_type": new_model_type,
+        "config_class": f"{class_prefix(spec.architecture)}Config",
     }
-    return {
+    files = {
         "pyproject.toml": render_template("plugin/pyproject.toml.j2", context),
         "README.md": render_template("plugin/README.md.j2", context),
         f"{package}/__init__.py": render_python(
@@ -49,3 +60,9 @@ def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
         ),
         f"{package}/{spec.module_name}.py": model_source,
     }
+    if new_model_type:
+        # Without it vLLM cannot even read config.json of a new model type.
+        files[f"{package}/config.py"] = render_python(
+            "plugin/config.py.j2", context, f"{package}/config.py"
+        )
+    return files

@@ -22,7 +22,7 @@ RUFF_SETTINGS = (
     "line-length = 88",
     'target-version = "py310"',
     'lint.select = ["E", "F", "I", "UP", "B", "SIM"]',
-    'lint.isort.known-first-party = ["vllm"]',
+    'lint.isort.known-first-party = ["vllm", "onboard_plugin_*"]',
 )
 
 # Where each name a generated file may use comes from. Only these modules may be

@@ -13,8 +13,17 @@ MODEL_CLASS = "onboard_plugin_novel_launch.novel_launch:NovelLaunchForCausalLM"
 
 def register() -> None:
     """Register the architecture with vLLM; calling it again changes nothing."""
+    import contextlib
+
+    from transformers import AutoConfig
+
+    from onboard_plugin_novel_launch.config import NovelLaunchConfig
     from vllm import ModelRegistry
 
+    # A transformers that knows the model type refuses (ValueError): its own
+    # config class then wins.
+    with contextlib.suppress(ValueError):
+        AutoConfig.register(NovelLaunchConfig.model_type, NovelLaunchConfig)
     # register_model replaces an existing entry, so this also overrides an
     # architecture vLLM ships in-tree; registering the same lazy class again
     # leaves the registry as it was.
