@@ -406,6 +406,53 @@ def test_novel_reference_loads_every_tensor_and_generates(novel):
     assert rel < RTOL
 
 
+def test_left_padded_batch_generates_like_each_prompt_alone(novel):
+    _, ckpt = novel
+    ref = load_reference(ckpt)
+    gen = torch.Generator().manual_seed(6)
+    long, short = (
+        torch.randint(3, 512, (1, 20), generator=gen),
+        torch.randint(3, 512, (1, 12), generator=gen),
+    )
+    alone = [
+        ref.generate(p, max_new_tokens=8, do_sample=False)[0, p.shape[1] :]
+        for p in (long, short)
+    ]
+    padded = torch.cat((torch.zeros(1, 8, dtype=torch.long), short), dim=1)
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, :8] = 0
+    batch = ref.generate(
+        torch.cat((long, padded)),
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    assert torch.equal(batch[0, 20:], alone[0])
+    assert torch.equal(batch[1, 20:], alone[1])
+
+
+def test_mla_reference_with_mtp_caches_and_generates(tmp_path):
+    """The bundled DeepSeek-V3-style spec (MLA with yarn, grouped sigmoid routing,
+    one MTP head): tiny checkpoint, cached decoding equals full recompute."""
+    from onboard.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "model_specs/deepseek-v3-style.yaml")
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+    install_reference(spec, ckpt)
+    ref = load_reference(ckpt)
+    ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :16], use_cache=True)
+        rest = ref(ids[:, 16:], past_key_values=first.past_key_values, use_cache=True)
+        heads = ref.mtp_forward(ids)
+    assert (rest.logits - full[:, 16:]).abs().max() / full.abs().max() < RTOL
+    assert [h.shape for h in heads] == [(2, 23, 512)]
+    assert ref.generate(ids[:1, :8], max_new_tokens=16).shape == (1, 24)
+
+
 def _shard_of(ckpt: Path, name: str) -> Path:
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     return ckpt / index["weight_map"][name]

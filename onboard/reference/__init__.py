@@ -19,6 +19,7 @@ from onboard.reference.context import reference_context
 from onboard.spec.model import ModelSpec
 
 __all__ = [
+    "auto_map",
     "file_names",
     "generate_hf_reference",
     "install_reference",
