@@ -453,6 +453,35 @@ def test_mla_reference_with_mtp_caches_and_generates(tmp_path):
     assert ref.generate(ids[:1, :8], max_new_tokens=16).shape == (1, 24)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mla-no-q-lora",
+        "layernorm-partial-biases",
+        "mixtral-layout-with-dense-layers",
+        "qwen-layout-gated-shared-expert",
+    ],
+)
+def test_feature_variants_load_their_tiny_checkpoints(tmp_path, name):
+    """The module tree matches the tensor names onboard's checkpoint writer uses
+    for layouts and features no family above has (every tensor loads, none is
+    left over), and cached decoding equals full recompute."""
+    from test_reference_ast import variant
+
+    spec = variant(name)
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+    install_reference(spec, ckpt)
+    ref = load_reference(ckpt)
+    ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :12], use_cache=True)
+        rest = ref(ids[:, 12:], past_key_values=first.past_key_values, use_cache=True)
+    assert torch.isfinite(full).all()
+    assert (rest.logits - full[:, 12:]).abs().max() / full.abs().max() < RTOL
+
+
 def _shard_of(ckpt: Path, name: str) -> Path:
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     return ckpt / index["weight_map"][name]
