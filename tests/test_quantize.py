@@ -107,7 +107,11 @@ def test_quantize_weight_is_byte_identical_to_compressed_tensors(scheme, shape):
     if shape[1] % sch.input_multiple:
         pytest.skip("shape not valid for this scheme")  # covered by the error test
     w = _weights(shape, seed=shape[0])
-    g = kernels.global_scale([kernels.absmax(w)]) if sch.global_scale else None
+    g = (
+        kernels.global_scale([kernels.absmax(kernels.observe(w, sch))])
+        if sch.global_scale
+        else None
+    )
     ig = kernels.input_global_scale(3.5) if sch.calibrated else None
     out = kernels.quantize_weight(w, sch, "m", g, ig, check=False)
     ref = kernels.library_compress(w, sch, g)
@@ -129,7 +133,11 @@ def test_dequantized_weights_are_close(scheme, limit):
     w = (torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(
         torch.bfloat16
     )
-    g = kernels.global_scale([kernels.absmax(w)]) if sch.global_scale else None
+    g = (
+        kernels.global_scale([kernels.absmax(kernels.observe(w, sch))])
+        if sch.global_scale
+        else None
+    )
     out = kernels.quantize_weight(w, sch, "m", g)
     dq = kernels.dequantize(out, sch, "m").float()
     rel = ((dq - w.float()).norm() / w.float().norm()).item()

@@ -84,30 +84,40 @@ def output_tensors(
 # ---- scales: compressed-tensors ----------------------------------------------
 
 
+class NonFiniteWeights(ValueError):
+    pass
+
+
 def observe(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
-    """Min and max per scale, over the shapes llm-compressor's observers reduce."""
+    """Min and max per scale, over the shapes llm-compressor's observers reduce.
+
+    Raises NonFiniteWeights on NaN or infinity (which min/max propagate).
+    """
     from compressed_tensors.quantization.utils import maybe_pad_tensor_for_block_quant
 
     args = scheme.ct_scheme.weights
     if args.strategy == "channel":
-        return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
-    if args.strategy in ("group", "tensor_group"):
-        g = w.unflatten(-1, (-1, args.group_size))
-        return g.amin(dim=-1), g.amax(dim=-1)
-    if args.strategy == "block":
+        mn, mx = torch.aminmax(w, dim=1, keepdim=True)
+    elif args.strategy in ("group", "tensor_group"):
+        mn, mx = torch.aminmax(w.unflatten(-1, (-1, args.group_size)), dim=-1)
+    elif args.strategy == "block":
         bh, bw = args.block_structure
         # Zero padding, as compressed-tensors pads: it cannot raise a max or lower a
         # min past zero, which calculate_qparams includes anyway.
         p = maybe_pad_tensor_for_block_quant(w, (bh, bw))
         blocks = p.reshape(p.shape[0] // bh, bh, p.shape[1] // bw, bw)
-        return blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
-    raise AssertionError(args.strategy)
+        mn, mx = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
+    else:
+        raise AssertionError(args.strategy)
+    if not (torch.isfinite(mn).all() and torch.isfinite(mx).all()):
+        raise NonFiniteWeights("NaN or infinite values")
+    return mn, mx
 
 
-def absmax(w: torch.Tensor) -> torch.Tensor:
-    """Largest magnitude, in the weight's dtype (as the observers compute it)."""
-    mn, mx = torch.aminmax(w)
-    return torch.maximum(-mn, mx)
+def absmax(stats: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Largest magnitude of a weight from its observed min/max (weight dtype)."""
+    mn, mx = stats
+    return torch.maximum(-mn.min(), mx.max())
 
 
 def global_scale(absmaxes: list[torch.Tensor]) -> torch.Tensor:
@@ -129,11 +139,13 @@ def input_global_scale(activation_absmax: float) -> torch.Tensor:
 
 
 def scales(
-    w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None
+    stats: tuple[torch.Tensor, torch.Tensor],
+    scheme: Scheme,
+    gscale: torch.Tensor | None,
 ) -> torch.Tensor:
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    mn, mx = observe(w, scheme)
+    mn, mx = stats
     scale, _zero_point = calculate_qparams(
         mn, mx, scheme.ct_scheme.weights, global_scale=gscale
     )
@@ -151,25 +163,23 @@ def _fp8_rows(w: torch.Tensor, scale_rows: torch.Tensor, out: torch.Tensor) -> N
     out.copy_(torch.div(w, scale_rows).clamp_(-FP8_MAX, FP8_MAX).add_(0.0))
 
 
-@cache
-def _fp4_boundaries(dtype: torch.dtype) -> torch.Tensor:
-    # Midpoints of the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6. compressed-tensors'
-    # cast_to_fp4 rounds ties to the even grid point: 0.25 -> 0, 0.75 -> 1,
-    # 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4. bucketize(right=False) sends
-    # a value equal to a boundary down, so the three midpoints that round up are
-    # moved one ulp down (no value of this dtype lies between).
-    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=dtype)
-    up = torch.tensor([False, True, False, True, False, True, False])
-    lower = torch.nextafter(mids, torch.zeros_like(mids))
-    return torch.where(up, lower, mids)
+# Rounding onto the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6 as compressed-tensors'
+# cast_to_fp4 does it, ties to the even grid point: a magnitude's grid index is the
+# number of midpoints below it, where 0.25, 1.25, 2.5 and 5 round down (strict >) and
+# 0.75, 1.75 and 3.5 round up (>=). Seven byte-wide compares are ~4x faster here
+# than a bucketize.
+_FP4_MIDPOINTS = ((0.25, True), (0.75, False), (1.25, True), (1.75, False),
+                  (2.5, True), (3.5, False), (5.0, True))  # fmt: skip
 
 
 def _fp4_codes(scaled: torch.Tensor) -> torch.Tensor:
     """E2M1 nibble per value: grid index, sign in bit 3 (negative zero for -0.x)."""
-    clamped = scaled.clamp(-6.0, 6.0)
-    idx = torch.bucketize(clamped.abs(), _fp4_boundaries(clamped.dtype))
-    idx = idx.to(torch.uint8)
-    idx |= (clamped < 0).to(torch.uint8) << 3
+    a = scaled.abs()
+    idx = torch.zeros(a.shape, dtype=torch.uint8)
+    for mid, round_down in _FP4_MIDPOINTS:
+        idx += torch.gt(a, mid) if round_down else torch.ge(a, mid)
+    # Values past 6 were clamped to 6 by compressed-tensors: the count is 7 already.
+    idx |= torch.lt(scaled, 0).to(torch.uint8) << 3
     return idx
 
 
@@ -196,11 +206,15 @@ def quantize_weight(
     module: str,
     gscale: torch.Tensor | None = None,
     in_gscale: torch.Tensor | None = None,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
     check: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Compressed tensors of ``module.weight`` (names as vLLM loads them)."""
+    """Compressed tensors of ``module.weight`` (names as vLLM loads them).
+
+    ``stats`` is ``observe(w, scheme)`` when the caller has it already.
+    """
     args = scheme.ct_scheme.weights
-    scale = scales(w, scheme, gscale)
+    scale = scales(stats or observe(w, scheme), scheme, gscale)
     rows, cols = w.shape
     step = max(1, ROW_BLOCK_BYTES // max(1, cols * w.element_size()))
     out: dict[str, torch.Tensor] = {}

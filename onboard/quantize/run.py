@@ -234,7 +234,9 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
         if workers <= 1:
             import torch
 
-            torch.set_num_threads(len(os.sched_getaffinity(0)))
+            torch.set_num_threads(
+                int(os.environ.get("T", len(os.sched_getaffinity(0))))
+            )
             _PROGRESS = None
             for i in indices:
                 from onboard.quantize.worker import process_shard

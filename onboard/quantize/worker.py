@@ -31,16 +31,16 @@ def process_shard(
             fds[shard_name] = os.open(plan.model_dir / shard_name, os.O_RDONLY)
         return fds[shard_name]
 
-    def load(name: str) -> torch.Tensor:
+    def load(name: str) -> tuple[torch.Tensor, tuple]:
         q = plan.quantized[name]
         w = st_io.read_tensor(fd_of(q.shard), q.src)
-        mn, mx = torch.aminmax(w)
-        if not (torch.isfinite(mn) and torch.isfinite(mx)):
+        try:
+            return w, kernels.observe(w, scheme)
+        except kernels.NonFiniteWeights:
             raise InputError(
                 f"{plan.model_dir / q.shard}: {name} has NaN or infinite values "
                 "(a corrupt shard?)"
-            )
-        return w
+            ) from None
 
     done: set[str] = set()
     try:
@@ -57,17 +57,18 @@ def process_shard(
             weights = {m: load(m) for m in members}
             gscale = None
             if scheme.global_scale:
-                gscale = kernels.global_scale(
-                    [kernels.absmax(w) for w in weights.values()]
-                )
-            for m, w in weights.items():
+                amaxes = [kernels.absmax(stats) for _, stats in weights.values()]
+                gscale = kernels.global_scale(amaxes)
+            for m, (w, stats) in weights.items():
                 q = plan.quantized[m]
                 if q.shard != shard.name:
                     continue
                 in_gscale = None
                 if scheme.calibrated:
                     in_gscale = kernels.input_global_scale(calib[q.module])
-                out = kernels.quantize_weight(w, scheme, q.module, gscale, in_gscale)
+                out = kernels.quantize_weight(
+                    w, scheme, q.module, gscale, in_gscale, stats
+                )
                 for name, value in out.items():
                     writer.write(name, value)
                 done.add(m)
