@@ -339,7 +339,7 @@ def family_shaped(draw) -> dict:
             router.update(scoring="sigmoid", bias_correction=True)
             data["rope"]["interleaved"] = draw(st.booleans())
             if att["type"] != "mla":
-                data["attention"] = draw(mla_attention())[0]
+                data["attention"], data["hidden_size"] = draw(mla_attention())
             heads = draw(st.integers(0, 2))
             data["mtp"] = {"num_heads": heads} if heads else None
     return data
@@ -608,3 +608,37 @@ def test_hf_writer_refusals_are_input_errors():
         assert "attention.layer_types" in str(exc)
     else:
         raise AssertionError("llama cannot express sliding windows or KV sharing")
+
+
+# ---- config.json robustness ---------------------------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10**6)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=5,
+)
+
+
+@quick(200)
+@given(valid_spec_data(), st.data())
+def test_any_config_value_gives_a_spec_or_an_input_error(data, draw):
+    # config.json is user input: a wrong value anywhere is an InputError, never a
+    # traceback.
+    config = hf_config_from_spec(parse_spec_text(to_yaml(data), "gen.yaml"))
+    keys = draw.draw(st.lists(st.sampled_from(sorted(config)), min_size=1,
+                              max_size=3, unique=True))  # fmt: skip
+    for key in keys:
+        config[key] = draw.draw(json_values)
+    try:
+        spec = spec_from_hf_config(config)
+    except InputError as exc:
+        assert str(exc).startswith("config.json: ")
+    else:
+        assert isinstance(spec, ModelSpec)

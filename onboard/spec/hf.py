@@ -306,8 +306,23 @@ class _Reader:
             return None
         return None if values else default
 
+    def count(self, concept: str, default: int, minimum: int) -> int:
+        """An integer concept; a wrong type or a too small value is a problem."""
+        value = self.get(concept)
+        if value is None:
+            return default
+        if not _is_int(value) or value < minimum:
+            keys = "/".join(ALIASES[concept])
+            self.bad(f"{keys}={value!r}: must be an integer >= {minimum}")
+            return default
+        return value
+
     def bad(self, message: str) -> None:
         self.problems.append(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]:
@@ -402,7 +417,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad(f"head_dim={head_dim}: for MLA it must equal qk_rope_head_dim")
     if (
         qk_head_dim is not None
-        and None not in (mla["qk_nope_head_dim"], mla["qk_rope_head_dim"])
+        and _is_int(mla["qk_nope_head_dim"])
+        and _is_int(mla["qk_rope_head_dim"])
         and qk_head_dim != mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     ):
         r.bad(f"qk_head_dim={qk_head_dim}: must be qk_nope_head_dim + qk_rope_head_dim")
@@ -542,13 +558,14 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
             r.get(key)
         return {"intermediate_size": dense_size}
     expert_size = r.get("moe_intermediate_size")
-    first_k = r.get("first_k_dense_replace", 0) or 0
-    step = r.get("decoder_sparse_step", 1)
-    deepseek_freq = r.get("moe_layer_freq", 1)
-    dense_layers = list(r.get("mlp_only_layers", []) or [])
-    if step is None or step < 1 or deepseek_freq is None or deepseek_freq < 1:
-        r.bad("decoder_sparse_step / moe_layer_freq: must be >= 1")
-        step, deepseek_freq = 1, 1
+    first_k = r.count("first_k_dense_replace", 0, minimum=0)
+    step = r.count("decoder_sparse_step", 1, minimum=1)
+    deepseek_freq = r.count("moe_layer_freq", 1, minimum=1)
+    dense_layers = r.get("mlp_only_layers", []) or []
+    if not isinstance(dense_layers, list) or not all(_is_int(i) for i in dense_layers):
+        r.bad(f"mlp_only_layers={dense_layers!r}: must be a list of layer indices")
+        dense_layers = []
+    dense_layers = list(dense_layers)
     if deepseek_freq != 1:
         if step != 1:
             r.bad("decoder_sparse_step and moe_layer_freq: give only one")
@@ -563,10 +580,9 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         expert_size, dense_size = dense_size, None
         if first_k or dense_layers or step != 1:
             r.bad("moe_intermediate_size: missing, and some layers are dense")
-    n_shared = r.get("n_shared_experts")
     shared_size = r.get("shared_expert_intermediate_size") or None
-    if n_shared is None:
-        n_shared = 1 if shared_size else 0  # Qwen2-MoE: a size means one expert
+    # Qwen2-MoE has no count: a shared size means one shared expert.
+    n_shared = r.count("n_shared_experts", 1 if shared_size else 0, minimum=0)
     gate = bool(r.get("shared_expert_gate", False)) and n_shared > 0
     moe = {
         "num_experts": experts,
@@ -650,15 +666,21 @@ def spec_from_hf_config(
     facts = family.facts if family else {}
     cfg = _normalised(known, config, source) if known else dict(config)
 
-    # What every reader sees: all keys, the family's facts only where keys are absent.
-    data, reader = _read(cfg, facts, fixed=False)
-    problems = list(reader.problems)
-    if known is not None:
-        # What transformers' class computes: its declared keys, its facts enforced.
-        declared = {k: v for k, v in cfg.items() if k in known.reads}
-        as_class, class_reader = _read(declared, facts, fixed=True)
-        problems += [p for p in class_reader.problems if p not in problems]
-        problems += _contradictions(data, as_class, model_type, known)
+    try:
+        # What every reader sees: all keys, the family's facts only where absent.
+        data, reader = _read(cfg, facts, fixed=False)
+        problems = list(reader.problems)
+        if known is not None:
+            # What transformers' class computes: the keys it reads, facts enforced.
+            declared = {k: v for k, v in cfg.items() if k in known.reads}
+            as_class, class_reader = _read(declared, facts, fixed=True)
+            problems += [p for p in class_reader.problems if p not in problems]
+            problems += _contradictions(data, as_class, model_type, known)
+    except (TypeError, ValueError, AttributeError) as exc:
+        # Safety net for value types the checks above do not anticipate.
+        raise InputError(
+            f"{source}: a field has a value of the wrong type ({exc})"
+        ) from None
     for key in sorted(
         set(cfg) - reader.used - IGNORED - {"model_type", "architectures"}
     ):
