@@ -398,7 +398,25 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
             cfg["routed_scaling_factor"] = f.need(
                 "routed_scaling_factor", router.routed_scaling_factor
             )
+        # Ungrouped routing that needs more than plain softmax top-k runs as one
+        # group of all experts (same math).
+        needs = [
+            what
+            for what, on in (
+                ("sigmoid scores", router.scoring == "sigmoid"),
+                ("the bias correction", router.bias_correction),
+                ("the routed scaling", scaled),
+            )
+            if on
+        ]
         moe_ctx = {
+            "one_group": not grouped and bool(needs),
+            "one_group_comment": textwrap.wrap(
+                "All experts in one group (the same routing): vLLM's grouped "
+                f"router is the one that takes {_listed(needs)} on every "
+                "platform; the CPU's plain top-k path is softmax-only.",
+                width=72,
+            ),
             "layer_expr": _moe_layer_expr(spec, f),
             "scoring": router.scoring,
             "renormalize": router.norm_topk_prob,
@@ -674,13 +692,17 @@ def _summary(spec: ModelSpec) -> list[str]:
     return [textwrap.fill(item, width=85) for item in items]
 
 
+def _listed(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    if len(parts) <= 1:
+        return "".join(parts)
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def _rope_comment(spec: ModelSpec) -> str:
     parts = ["theta"]
     if spec.rope.scaling is not None:
         parts.append(f"the {spec.rope.scaling.type} scaling")
     if spec.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
-    listed = (
-        parts[0] if len(parts) == 1 else (", ".join(parts[:-1]) + " and " + parts[-1])
-    )
-    return f"rope_parameters holds {listed}."
+    return f"rope_parameters holds {_listed(parts)}."
