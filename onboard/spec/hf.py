@@ -241,9 +241,7 @@ def _modeling_reads(config_cls: type) -> set[str]:
     return {a or b for a, b in _CONFIG_READ.findall(text)}
 
 
-@cache
-def _known(model_type: str) -> _Known | None:
-    """transformers' config class for a model type, or None for a new type."""
+def _transformers_knows(model_type: str) -> bool:
     try:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError as exc:  # pragma: no cover - the cpu/gpu extras install it
@@ -251,8 +249,14 @@ def _known(model_type: str) -> _Known | None:
             "transformers is needed to map Hugging Face configs "
             "(pip install 'onboard[cpu]')"
         ) from exc
-    if model_type not in CONFIG_MAPPING:
-        return None
+    return model_type in CONFIG_MAPPING
+
+
+@cache
+def _known(model_type: str) -> _Known:
+    """transformers' config class for a verified family, and the keys it reads."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     cls = CONFIG_MAPPING[model_type]
     with _quiet_transformers():
         declared = frozenset(cls().to_dict())
@@ -262,9 +266,11 @@ def _known(model_type: str) -> _Known | None:
 
 
 def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]:
-    known = _known(model_type)
+    """(transformers' class, family facts); (None, None) for a new model type."""
+    if not _transformers_knows(model_type):
+        return None, None
     family = FAMILIES.get(model_type)
-    if known is not None and family is None:
+    if family is None:
         raise InputError(
             f"{source}: model_type {model_type!r} is a transformers family onboard "
             "has not verified: its block structure (norm placement, MLP form, fused "
@@ -272,7 +278,7 @@ def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]
             f"be silently wrong. Verified families: {', '.join(sorted(FAMILIES))}. "
             "Write the spec by hand with a new model_type instead."
         )
-    return known, family
+    return _known(model_type), family
 
 
 # ---- reading a config ------------------------------------------------------------
