@@ -115,7 +115,14 @@ def test_shrink_keeps_structure(name: str) -> None:
 
     # ... and the sizes are seconds-sized.
     assert tiny.vocab_size == 512
-    assert tiny.max_position_embeddings <= 2048
+    original = (
+        full.rope.scaling.original_max_position_embeddings
+        if full.rope.scaling
+        else None
+    )
+    assert tiny.max_position_embeddings == max(
+        min(full.max_position_embeddings, 2048), original or 0
+    )
     assert tiny.num_hidden_layers <= 8
     assert tiny.hidden_size <= 512
     if ta.sliding_window is not None:

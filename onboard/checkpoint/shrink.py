@@ -17,7 +17,8 @@ One rule for every spec (documented in docs/checkpoints.md):
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
   widths to 64, q_lora_rank to at most 128, vocab to the bundled tokenizer's 512,
-  max positions to at most 2048, the sliding window to at most 16 tokens (so it
+  max positions to at most 2048 (but not below a rope scaling's original
+  length), the sliding window to at most 16 tokens (so it
   cuts into a 64-token test).
 * **Layers** — a subset of the original layers that keeps every kind of layer the
   spec has (attention type x dense/MoE x KV-shared x explicitly dense) and, per
@@ -58,8 +59,12 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
     """The seconds-sized copy of ``spec`` (same architecture; see module docstring)."""
     data = spec.model_dump(mode="python")
     data["vocab_size"] = TINY_VOCAB
-    data["max_position_embeddings"] = min(
-        spec.max_position_embeddings, TINY_MAX_POSITIONS
+    # Rope scaling keeps its parameters, so the context never drops below the
+    # scaling's original length (transformers warns about such a config).
+    scaling = spec.rope.scaling
+    original = scaling.original_max_position_embeddings if scaling else None
+    data["max_position_embeddings"] = max(
+        min(spec.max_position_embeddings, TINY_MAX_POSITIONS), original or 0
     )
     att = data["attention"]
     if spec.attention.type == "mla":

@@ -218,5 +218,6 @@ def load_spec(path: str | Path) -> ModelSpec:
 
 def dump_spec(spec: ModelSpec) -> str:
     """Canonical YAML of a spec (every field, in schema order)."""
-    data = spec.model_dump(mode="json")
+    # Python mode keeps integer mapping keys (kv_sharing) as YAML integers.
+    data = spec.model_dump(mode="python")
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=88)

@@ -310,6 +310,14 @@ class ModelSpec(_Section):
         default_factory=lambda: ["cpu"], description="Hardware targets to validate on."
     )
 
+    @field_validator("name")
+    @classmethod
+    def _name_gives_a_module_name(cls, value: str) -> str:
+        # The generated module is named after it (``novel-launch`` -> novel_launch).
+        if keyword.iskeyword(value.replace("-", "_")):
+            raise ValueError(f"name {value!r} would make a Python keyword module name")
+        return value
+
     @field_validator("architecture")
     @classmethod
     def _architecture_is_class_name(cls, value: str) -> str:

@@ -24,6 +24,7 @@ CPU_MLA_LATENT = 576
 def check_rules(spec: ModelSpec) -> list[Problem]:
     problems: list[Problem] = []
     for rule in (
+        _rope_rules,
         _attention_rules,
         _layer_type_rules,
         _kv_sharing_rules,
@@ -35,6 +36,30 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
     ):
         rule(spec, lambda path, message: problems.append((path, message)))
     return problems
+
+
+# Parameters each rope scaling needs (transformers refuses, and vLLM's get_rope
+# raises a KeyError, without them).
+ROPE_SCALING_NEEDS = {
+    "linear": (),
+    "yarn": ("original_max_position_embeddings",),
+    "llama3": (
+        "original_max_position_embeddings",
+        "low_freq_factor",
+        "high_freq_factor",
+    ),
+}
+
+
+def _rope_rules(spec: ModelSpec, report: Report) -> None:
+    scaling = spec.rope.scaling
+    if scaling is None:
+        return
+    for field in ROPE_SCALING_NEEDS[scaling.type]:
+        if getattr(scaling, field) is None:
+            report(
+                ("rope", "scaling", field), f"{scaling.type} rope scaling needs {field}"
+            )
 
 
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
