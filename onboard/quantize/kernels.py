@@ -97,7 +97,8 @@ def observe(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor
 
     args = scheme.ct_scheme.weights
     if args.strategy == "channel":
-        mn, mx = torch.aminmax(w, dim=1, keepdim=True)
+        # (two reductions are faster than torch.aminmax along rows here)
+        mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
     elif args.strategy in ("group", "tensor_group"):
         mn, mx = torch.aminmax(w.unflatten(-1, (-1, args.group_size)), dim=-1)
     elif args.strategy == "block":
