@@ -28,17 +28,30 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from onboard.checkpoint.preflight_ct import FLOATS, CTConfig, ct_tensors
+from onboard.checkpoint.preflight_spec import (
+    abstract,
+    by_pattern,
+    canonical_roles,
+    config_spec_fields,
+    describe,
+    dims,
+    fields_in,
+    is_field,
+    placeholders,
+    ranges,
+    role_hint,
+    role_index,
+    split_name,
+)
 from onboard.checkpoint.tiny import INDEX_FILE, TensorPlan, plan_tensors
 from onboard.errors import InputError
-from onboard.spec.layouts import ROLES, required_placeholders
 from onboard.spec.model import ModelSpec
 
 Severity = Literal["error", "warning", "note"]
@@ -50,17 +63,7 @@ DTYPE_BITS = {
     "U16": 16, "I16": 16, "F16": 16, "BF16": 16, "U32": 32, "I32": 32, "F32": 32,
     "U64": 64, "I64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }  # fmt: skip
-FLOATS = frozenset({"BF16", "F16", "F32", "F64"})
-INTS = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-TORCH_DTYPES = {
-    "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.float8_e8m0fnu": "F8_E8M0",
-    "torch.uint8": "U8",
-    "torch.float16": "F16",
-    "torch.bfloat16": "BF16",
-    "torch.float32": "F32",
-}
 
 # Roles vLLM builds as Linear layers (LinearBase): what a compressed-tensors
 # "Linear" target quantizes. Mirrors onboard.quantize.plan (not imported: it
@@ -129,7 +132,8 @@ class Problem:
     config_keys: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
-        out = [f"{self.severity}: [{self.kind}] {self.where}: {self.message}"]
+        # No square brackets: the CLI prints through rich, which reads them as markup.
+        out = [f"{self.severity} ({self.kind}) {self.where}: {self.message}"]
         if self.fix:
             out.append(f"  fix: {self.fix}")
         return out
@@ -160,6 +164,11 @@ class PreflightReport:
     def warnings(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == "warning"]
 
+    @property
+    def check_seconds(self) -> float:
+        """Time spent checking (reading headers and comparing), imports excluded."""
+        return sum(t for phase, t in self.timings.items() if phase != "imports")
+
     def by_kind(self, kind: str) -> list[Problem]:
         return [p for p in self.problems if p.kind == kind]
 
@@ -168,7 +177,7 @@ class PreflightReport:
         out: list[str] = []
         for p in sorted(self.problems, key=lambda p: order[p.severity]):
             out += p.lines()
-        total = sum(self.timings.values())
+        total = self.check_seconds
         verdict = (
             "matches the spec"
             if not self.problems
@@ -177,7 +186,13 @@ class PreflightReport:
         out.append(
             f"{self.checkpoint}: {self.tensors} tensors in {self.shards} shard(s), "
             f"{_size(self.data_bytes)} of weights not read ({self.header_bytes} "
-            f"header bytes read) in {total:.2f} s: {verdict}"
+            f"header bytes read) in {total:.2f} s"
+            + (
+                f" (+{self.timings['imports']:.1f} s importing transformers)"
+                if self.timings.get("imports", 0) >= 0.05
+                else ""
+            )
+            + f": {verdict}"
         )
         return out
 
@@ -270,256 +285,6 @@ def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int
     return tensors, 8 + n, pos
 
 
-# ---- tensor-name patterns ------------------------------------------------------------
-
-_PLACEHOLDERS = ("{layer}", "{expert}")
-
-
-def abstract(name: str) -> tuple[str, tuple[int, ...]]:
-    """``model.layers.3.mlp.experts.7.w1`` -> (``model.layers.{layer}.mlp.experts.
-    {expert}.w1``, (3, 7)): the first numeric component is the layer, the second the
-    expert, further ones ``{n}``."""
-    parts = name.split(".")
-    idx: list[int] = []
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            parts[i] = _PLACEHOLDERS[len(idx)] if len(idx) < 2 else "{n}"
-            idx.append(int(part))
-    return ".".join(parts), tuple(idx)
-
-
-def _ranges(values: set[int]) -> str:
-    out: list[str] = []
-    for v in sorted(values):
-        if out and out[-1][1] == v - 1:
-            out[-1] = (out[-1][0], v)
-        else:
-            out.append((v, v))
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
-def _describe(pattern: str, names: list[str]) -> str:
-    """The pattern with the indices it covers: ``... (layers 1-2, experts 0-7)``."""
-    idx = [abstract(n)[1] for n in names]
-    parts = []
-    for pos, label in ((0, "layers"), (1, "experts")):
-        values = {i[pos] for i in idx if len(i) > pos}
-        if values:
-            parts.append(f"{label} {_ranges(values)}")
-    if len(names) > 1:
-        parts.append(f"{len(names)} tensors")
-    return f"{pattern} ({', '.join(parts)})" if parts else pattern
-
-
-def _by_pattern(names: list[str]) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = defaultdict(list)
-    for name in sorted(names, key=_natural):
-        groups[abstract(name)[0]].append(name)
-    return groups
-
-
-def _natural(name: str) -> list:
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def _split(name: str) -> tuple[str, str]:
-    module, _, param = name.rpartition(".")
-    return module, param
-
-
-# ---- compressed-tensors --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QArgs:
-    """compressed-tensors ``QuantizationArgs`` (the fields that decide tensors)."""
-
-    num_bits: int
-    type: str
-    strategy: str
-    group_size: int | None
-    block: tuple[int, int] | None
-    dynamic: bool | str
-    symmetric: bool
-    actorder: str | None
-    scale_dtype: str | None
-
-    @classmethod
-    def parse(cls, d: dict | None) -> QArgs | None:
-        if d is None:
-            return None
-        strategy = d.get("strategy")
-        if strategy is None:  # what compressed-tensors infers when unset
-            strategy = (
-                "group"
-                if d.get("group_size")
-                else ("block" if d.get("block_structure") else "tensor")
-            )
-        block = d.get("block_structure")
-        return cls(
-            num_bits=int(d.get("num_bits", 8)),
-            type=str(d.get("type", "int")),
-            strategy=str(strategy),
-            group_size=d.get("group_size"),
-            block=tuple(block) if block else None,
-            dynamic=d.get("dynamic", False),
-            symmetric=bool(d.get("symmetric", True)),
-            actorder=d.get("actorder"),
-            scale_dtype=d.get("scale_dtype"),
-        )
-
-
-def qparam_shapes(
-    args: QArgs | None, base: str, observed: tuple[int, ...]
-) -> dict[str, tuple[int, ...] | None]:
-    """The parameters compressed-tensors registers for ``base`` (``weight``,
-    ``input``, ``output``) and their shapes (None: not checked), as
-    ``compressed_tensors.quantization.lifecycle.initialize.initialize_qparams``
-    (0.17) does."""
-    out: dict[str, tuple[int, ...] | None] = {}
-    if args is None or args.dynamic is True:
-        return out
-    if args.strategy == "tensor_group":
-        out[f"{base}_global_scale"] = (1,)
-    if args.dynamic == "local":
-        return out
-    shape: tuple[int, ...] | None = None
-    if args.strategy == "tensor":
-        shape = (1,)
-    elif args.strategy == "channel" and len(observed) >= 2:
-        shape = (observed[-2], 1)
-    elif args.strategy in ("group", "tensor_group") and args.group_size:
-        shape = (*observed[:-1], math.ceil(observed[-1] / args.group_size))
-        if args.actorder == "group":
-            out[f"{base}_g_idx"] = (observed[-1],)
-    elif args.strategy == "block" and args.block and len(observed) >= 2:
-        bh, bw = args.block
-        shape = (math.ceil(observed[-2] / bh), math.ceil(observed[-1] / bw))
-    out[f"{base}_scale"] = shape
-    if not args.symmetric:
-        out[f"{base}_zero_point"] = None
-    return out
-
-
-@dataclass(frozen=True)
-class CTGroup:
-    name: str
-    targets: tuple[str, ...]
-    format: str
-    weights: QArgs | None
-    inputs: QArgs | None
-    outputs: QArgs | None
-
-    @property
-    def summary(self) -> str:
-        w = self.weights
-        if w is None:
-            return f"{self.name} ({self.format})"
-        detail = w.strategy
-        if w.strategy in ("group", "tensor_group"):
-            detail += f" {w.group_size}"
-        elif w.strategy == "block":
-            detail += f" {list(w.block or ())}"
-        return f"{self.name} ({self.format}, {w.type}{w.num_bits} {detail})"
-
-
-# Tensors one quantized weight becomes: name -> (shape or None, allowed dtypes or None)
-Want = tuple[tuple[int, ...] | None, frozenset[str] | None]
-PACKED_FP4 = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
-NAIVE = ("float-quantized", "int-quantized", "naive-quantized")
-
-
-def ct_tensors(group: CTGroup, rows: int, cols: int) -> dict[str, Want] | None:
-    """What compressed-tensors writes for a [rows, cols] Linear weight of this group
-    (None for a storage format this check does not know)."""
-    w, fmt = group.weights, group.format
-    out: dict[str, Want] = {}
-    if w is None or fmt == "dense":
-        out["weight"] = ((rows, cols), FLOATS)
-    elif fmt in PACKED_FP4:  # two FP4 values per byte
-        out["weight_packed"] = ((rows, math.ceil(cols / 2)), frozenset({"U8"}))
-    elif fmt == "pack-quantized":  # 32 // bits values per int32, and the shape
-        per = 32 // w.num_bits
-        out["weight_packed"] = ((rows, math.ceil(cols / per)), frozenset({"I32"}))
-        out["weight_shape"] = ((2,), INTS)
-    elif fmt in NAIVE:
-        if w.type == "float":
-            out["weight"] = ((rows, cols), frozenset({"F8_E4M3", "F8_E5M2"}))
-        else:
-            out["weight"] = ((rows, cols), frozenset({"I8", "U8"}))
-    else:
-        return None
-    if w is not None and fmt != "dense":
-        for name, shape in qparam_shapes(w, "weight", (rows, cols)).items():
-            out[name] = (shape, _qparam_dtypes(name, fmt, w))
-    for args, base, observed in (
-        (group.inputs, "input", (cols,)),
-        (group.outputs, "output", (rows,)),
-    ):
-        for name, shape in qparam_shapes(args, base, observed).items():
-            out[name] = (shape, _qparam_dtypes(name, fmt, args))
-    return out
-
-
-def _qparam_dtypes(name: str, fmt: str, args: QArgs) -> frozenset[str] | None:
-    if name.endswith("_zero_point"):
-        return None
-    if name.endswith("_g_idx"):
-        return INTS
-    if name == "weight_scale" and fmt in PACKED_FP4:
-        # NVFP4 scales are FP8 e4m3, MXFP4 scales E8M0 exponents (stored as uint8).
-        default = "F8_E4M3" if fmt == "nvfp4-pack-quantized" else "U8"
-        tag = TORCH_DTYPES.get(args.scale_dtype or "", default)
-        return frozenset({tag, "F8_E8M0"}) if tag == "U8" else frozenset({tag})
-    return FLOATS
-
-
-def _match(name: str, target: str) -> bool:
-    # compressed-tensors / vLLM: "re:" + regex matched from the start, else equality.
-    if target.startswith("re:"):
-        try:
-            return re.match(target[3:], name) is not None
-        except re.error:
-            return False
-    return target == name
-
-
-@dataclass
-class CTConfig:
-    groups: list[CTGroup]
-    ignore: list[str]
-    kv_cache: bool
-
-    @classmethod
-    def parse(cls, qc: dict) -> CTConfig:
-        groups = []
-        for gname, g in (qc.get("config_groups") or {}).items():
-            groups.append(
-                CTGroup(
-                    name=gname,
-                    targets=tuple(g.get("targets") or ()),
-                    format=g.get("format") or qc.get("format") or "dense",
-                    weights=QArgs.parse(g.get("weights")),
-                    inputs=QArgs.parse(g.get("input_activations")),
-                    outputs=QArgs.parse(g.get("output_activations")),
-                )
-            )
-        return cls(
-            groups, list(qc.get("ignore") or []), bool(qc.get("kv_cache_scheme"))
-        )
-
-    def scheme_for(self, module: str) -> tuple[CTGroup | None, str]:
-        """The config group that quantizes a Linear module, or None and why not."""
-        for pattern in self.ignore:
-            if _match(module, pattern):
-                return None, f"quantization_config.ignore has {pattern!r}"
-        for g in self.groups:
-            for t in g.targets:
-                if t == "Linear" or _match(module, t):
-                    return g, f"config group {g.summary} targets {t!r}"
-        return None, "no config group targets it"
-
-
 # ---- the check ---------------------------------------------------------------------
 
 
@@ -534,15 +299,26 @@ def preflight(spec: ModelSpec, checkpoint_dir: Path) -> PreflightReport:
         raise InputError(f"{root}: not a checkpoint directory")
     run = _Run(spec, root)
     t0 = time.perf_counter()
-    run.read_files()
+    # Computing the spec's config.json needs transformers' config classes, whose
+    # import (it pulls in torch) costs seconds once per process: timed apart.
+    from onboard.spec import hf
+
+    hf._known(spec.model_type)
     t1 = time.perf_counter()
+    run.read_files()
+    t2 = time.perf_counter()
     if run.config is not None:
         run.check_config()
-    t2 = time.perf_counter()
-    run.check_tensors()
     t3 = time.perf_counter()
+    run.check_tensors()
+    t4 = time.perf_counter()
     report = run.report
-    report.timings = {"headers": t1 - t0, "config": t2 - t1, "tensors": t3 - t2}
+    report.timings = {
+        "imports": t1 - t0,
+        "headers": t2 - t1,
+        "config": t3 - t2,
+        "tensors": t4 - t3,
+    }
     return report
 
 
@@ -873,7 +649,7 @@ class _Run:
         self, path: str, key: str, want: Any, got: Any, raw: dict, known: Any
     ) -> None:
         spec = self.spec
-        fields = _config_spec_fields().get(key, ())
+        fields = config_spec_fields().get(key, ())
         if got is _MISSING:
             said = f"config.json has no {path}"
         elif key not in raw and known is not None:
@@ -927,7 +703,7 @@ class _Run:
 
     def check_tensors(self) -> None:
         spec = self.spec
-        roles = _role_index(spec)
+        roles = role_index(spec)
         quant = self._quantization()
         expected: dict[str, _Expect] = {}
         optional: dict[str, _Expect] = {}
@@ -936,7 +712,7 @@ class _Run:
         mismatched: dict[tuple, list[str]] = defaultdict(list)
 
         for plan in plan_tensors(spec):
-            module, param = _split(plan.name)
+            module, param = split_name(plan.name)
             role = roles.get(module)
             expect = _Expect(plan.shape, None, role, param)
             linear = param == "weight" and len(plan.shape) == 2
@@ -1133,7 +909,7 @@ class _Run:
     def _report_quant_mismatch(self, mismatched: dict[tuple, list[str]]) -> None:
         for (pattern, stored, why), modules in mismatched.items():
             names = [t for m in modules for t in self._module_tensors(m)]
-            where = _describe(pattern, modules)
+            where = describe(pattern, modules)
             if stored == "plain":
                 dtype = self.found[f"{modules[0]}.weight"].dtype
                 self.add(
@@ -1233,7 +1009,7 @@ class _Run:
         expected: dict[str, _Expect],
     ) -> None:
         spec = self.spec
-        where = _describe(pattern, names)
+        where = describe(pattern, names)
         if (
             role == "kv_a_proj"
             and param in ("weight", "weight_packed")
@@ -1241,8 +1017,8 @@ class _Run:
         ):
             self._mla_latent(where, want, got, names)
             return
-        dims = _dims(spec, role, param) if param in ("weight", "bias") else None
-        if dims is None or len(dims) != len(want) or len(got) != len(want):
+        exprs = dims(spec, role, param) if param in ("weight", "bias") else None
+        if exprs is None or len(exprs) != len(want) or len(got) != len(want):
             expect = expected[names[0]]
             if expect.weight_shape is not None and param != "weight":
                 message = (
@@ -1260,14 +1036,12 @@ class _Run:
             self.add("error", "shape", where, message, fix, tensors=names)
             return
         parts, fields = [], []
-        for i, ((text, value), g) in enumerate(zip(dims, got, strict=True)):
+        for i, ((text, value), g) in enumerate(zip(exprs, got, strict=True)):
             if value == g:
                 continue
-            implied = (
-                f" (the checkpoint implies {text}: {g})" if _is_field(text) else ""
-            )
+            implied = f" (the checkpoint implies {text}: {g})" if is_field(text) else ""
             parts.append(f"dim {i} is {g}, but {text} = {value}{implied}")
-            fields += _fields_in(text)
+            fields += fields_in(text)
         self.add(
             "error",
             "shape",
@@ -1345,8 +1119,8 @@ class _Run:
     def _dtype_problem(
         self, what: str, got: str, want: tuple[str, ...], names: list[str]
     ) -> None:
-        groups = _by_pattern(names)
-        where = "; ".join(_describe(p, n) for p, n in list(groups.items())[:3])
+        groups = by_pattern(names)
+        where = "; ".join(describe(p, n) for p, n in list(groups.items())[:3])
         if len(groups) > 3:
             where += f"; and {len(groups) - 3} more pattern(s)"
         if what == "quant":
@@ -1397,10 +1171,10 @@ class _Run:
         quant: CTConfig | str | None,
         expected: dict[str, _Expect],
     ) -> None:
-        miss = _by_pattern(missing)
-        extra = _by_pattern(unexpected)
-        canon = _canonical_roles(self.spec)
-        scales = [p for p in extra if _split(p)[1] in QUANT_PARAMS]
+        miss = by_pattern(missing)
+        extra = by_pattern(unexpected)
+        canon = canonical_roles(self.spec)
+        scales = [p for p in extra if split_name(p)[1] in QUANT_PARAMS]
         if quant is None and scales:
             names = [n for p in scales for n in extra.pop(p)]
             self.add(
@@ -1417,8 +1191,8 @@ class _Run:
         renames = self._renames(extra, miss, canon, expected)
         for role, module, old in renames:
             params = sorted(
-                {_split(q)[1] for q in extra if _split(q)[0] == module}
-                & {_split(q)[1] for q in miss if _split(q)[0] == old}
+                {split_name(q)[1] for q in extra if split_name(q)[0] == module}
+                & {split_name(q)[1] for q in miss if split_name(q)[0] == old}
             )
             names = [n for p in params for n in extra.pop(f"{module}.{p}")]
             gone = [n for p in params for n in miss.pop(f"{old}.{p}")]
@@ -1426,7 +1200,7 @@ class _Run:
             self.add(
                 "error",
                 "renamed-tensor",
-                _describe(f"{module}.*", names),
+                describe(f"{module}.*", names),
                 f"the checkpoint stores role {role!r} as {module!r}; the spec's "
                 f"{self.spec.checkpoint.layout!r} layout names it "
                 f"{self.spec.tensor_path(role)!r}"
@@ -1443,10 +1217,10 @@ class _Run:
         if renames:
             self._layout_hint()
         for pattern, names in miss.items():
-            module, param = _split(pattern)
+            module, param = split_name(pattern)
             self._missing_problem(pattern, canon.get(module), param, names)
         for pattern, names in extra.items():
-            module, param = _split(pattern)
+            module, param = split_name(pattern)
             self._unexpected_problem(pattern, canon.get(module), param, names, quant)
 
     def _renames(
@@ -1469,7 +1243,7 @@ class _Run:
         def modules(groups: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
             out: dict[str, dict[str, list[str]]] = defaultdict(dict)
             for pattern, names in groups.items():
-                module, param = _split(pattern)
+                module, param = split_name(pattern)
                 out[module][param] = names
             return out
 
@@ -1481,7 +1255,7 @@ class _Run:
             for m, m_params in old.items():
                 role = canon.get(m)
                 shared = sorted(set(u_params) & set(m_params))
-                if role is None or not shared or _placeholders(u) != _placeholders(m):
+                if role is None or not shared or placeholders(u) != placeholders(m):
                     continue
                 spelled = u.rpartition(".")[2] in {
                     preset[role].rpartition(".")[2]
@@ -1571,7 +1345,7 @@ class _Run:
     ) -> None:
         spec = self.spec
         moe = spec.mlp.moe
-        where = _describe(pattern, names)
+        where = describe(pattern, names)
         layers = {abstract(n)[1][0] for n in names if abstract(n)[1]}
         message = "missing from the checkpoint"
         fix = (
@@ -1613,7 +1387,7 @@ class _Run:
             )
             fields = ["mtp"]
         elif role is not None:
-            fix, fields = _role_hint(spec, role, param, fix, missing=True)
+            fix, fields = role_hint(spec, role, param, fix, missing=True)
         elif moe is not None and "{expert}" in pattern:
             fields = ["mlp.moe.num_experts"]
         self.add(
@@ -1635,7 +1409,7 @@ class _Run:
         quant: CTConfig | str | None,
     ) -> None:
         spec = self.spec
-        where = _describe(pattern, names)
+        where = describe(pattern, names)
         idx = [abstract(n)[1] for n in names]
         layers = {i[0] for i in idx if i}
         severity: Severity = "error"
@@ -1684,7 +1458,7 @@ class _Run:
             fields = ["num_hidden_layers", "mtp.num_heads"]
         elif role is not None and role.startswith("mtp_") and layers:
             message = (
-                f"MTP head tensors at layers {_ranges(layers)}, but the spec puts "
+                f"MTP head tensors at layers {ranges(layers)}, but the spec puts "
                 f"MTP heads after its {spec.num_hidden_layers} decoder layers"
                 + ("" if spec.mtp else " and has none (mtp: null)")
             )
@@ -1705,7 +1479,7 @@ class _Run:
             fix = f"set mlp.moe.num_experts: {top + 1} in the spec"
             fields = ["mlp.moe.num_experts"]
         elif role is not None:
-            fix, fields = _role_hint(spec, role, param, fix, missing=False)
+            fix, fields = role_hint(spec, role, param, fix, missing=False)
         self.add(
             severity,
             "unexpected-tensor",
@@ -1715,296 +1489,6 @@ class _Run:
             tensors=names,
             spec_fields=fields,
         )
-
-
-# ---- spec knowledge ----------------------------------------------------------------
-
-
-def _role_index(spec: ModelSpec) -> dict[str, str]:
-    """Module path -> role, for every module the spec's layout can name."""
-    total = spec.num_hidden_layers + (spec.mtp.num_heads if spec.mtp else 0)
-    experts = spec.mlp.moe.num_experts if spec.mlp.moe else 0
-    out: dict[str, str] = {}
-    for role in ROLES:
-        path = spec.tensor_path(role)
-        holes = required_placeholders(role)
-        if not holes:
-            out.setdefault(path, role)
-        elif "expert" in holes:
-            for layer in range(total):
-                for e in range(experts):
-                    out.setdefault(path.format(layer=layer, expert=e), role)
-        else:
-            for layer in range(total):
-                out.setdefault(path.format(layer=layer), role)
-    return out
-
-
-def _canonical_roles(spec: ModelSpec) -> dict[str, str]:
-    """Abstract module pattern -> role (as :func:`abstract` writes patterns)."""
-    out: dict[str, str] = {}
-    for role in ROLES:
-        out.setdefault(
-            abstract(spec.tensor_path(role).format(layer=0, expert=0))[0], role
-        )
-    return out
-
-
-def _placeholders(pattern: str) -> tuple[str, ...]:
-    return tuple(p for p in (*_PLACEHOLDERS, "{n}") if p in pattern)
-
-
-def _role_hint(
-    spec: ModelSpec, role: str, param: str, default: str, *, missing: bool
-) -> tuple[str, list[str]]:
-    """The spec field that decides whether a role's tensor exists, and its fix."""
-    att, moe = spec.attention, spec.mlp.moe
-    want = "false" if missing else "true"
-    if role in ("q_norm", "k_norm"):
-        return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
-    if param == "bias" and role in ("q_proj", "k_proj", "v_proj"):
-        return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
-    if param == "bias" and role == "o_proj":
-        return f"set attention.o_bias: {want} in the spec", ["attention.o_bias"]
-    if param == "bias" and role.endswith("norm"):
-        kind = "rmsnorm" if missing else "layernorm"
-        return f"set norm.type: {kind} in the spec", ["norm.type"]
-    if param == "e_score_correction_bias":
-        return (
-            "set mlp.moe.router.bias_correction: true in the spec and "
-            '"topk_method": "noaux_tc" in config.json',
-            ["mlp.moe.router.bias_correction"],
-        )
-    if role == "lm_head":
-        return (
-            "set tie_word_embeddings: true in the spec if the model ties its output "
-            "head to the embedding; otherwise the checkpoint lacks lm_head",
-            ["tie_word_embeddings"],
-        )
-    if role in ("q_a_proj", "q_a_norm", "q_b_proj") or (
-        role == "q_proj" and att.type == "mla"
-    ):
-        return (
-            "set attention.mla.q_lora_rank in the spec (null: one q_proj; a rank: "
-            "q_a_proj, q_a_layernorm and q_b_proj)",
-            ["attention.mla.q_lora_rank"],
-        )
-    mla_roles = ("kv_a_proj", "kv_a_norm", "kv_b_proj")
-    if role in mla_roles or (role in ("k_proj", "v_proj") and att.type == "mla"):
-        return (
-            f"check attention.type (the spec says {att.type}; MLA checkpoints have "
-            "kv_a_proj_with_mqa / kv_b_proj, GQA ones k_proj / v_proj)",
-            ["attention.type"],
-        )
-    if role in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"):
-        n = moe.num_shared_experts if moe else 0
-        return (
-            f"check mlp.moe.num_shared_experts (the spec says {n}) and the layout's "
-            "shared-expert name (deepseek: shared_experts, qwen: shared_expert)",
-            ["mlp.moe.num_shared_experts", "checkpoint.layout"],
-        )
-    if role == "shared_expert_gate":
-        return (
-            f"set mlp.moe.shared_expert_gate: {want} in the spec",
-            ["mlp.moe.shared_expert_gate"],
-        )
-    placement = [
-        "mlp.moe.first_k_dense",
-        "mlp.moe.layer_frequency",
-        "mlp.moe.dense_layers",
-    ]
-    if role in ("router", *EXPERT_ROLES, "gate_proj", "up_proj", "down_proj"):
-        return (
-            "the checkpoint's dense and MoE layers differ from the spec's: check "
-            + ", ".join(placement)
-            + (" (the spec has no mlp.moe)" if moe is None else ""),
-            placement,
-        )
-    return default, ["checkpoint.tensor_names"]
-
-
-def _dims(
-    spec: ModelSpec, role: str | None, param: str
-) -> list[tuple[str, int]] | None:
-    """Each dimension of a role's tensor as (spec expression, value)."""
-    att, mla, moe = spec.attention, spec.attention.mla, spec.mlp.moe
-    h = ("hidden_size", spec.hidden_size)
-    vocab = ("vocab_size", spec.vocab_size)
-    nh = att.num_heads
-    table: dict[str, tuple[tuple[str, int], ...]] = {
-        "embed": (vocab, h),
-        "lm_head": (vocab, h),
-        "mtp_head": (vocab, h),
-        "mtp_eh_proj": (h, ("2 × hidden_size", 2 * spec.hidden_size)),
-    }
-    for norm in (
-        "input_norm",
-        "post_attention_norm",
-        "final_norm",
-        "mtp_enorm",
-        "mtp_hnorm",
-        "mtp_head_norm",
-    ):
-        table[norm] = (h,)
-    if att.type == "gqa":
-        hd = (
-            "attention.head_dim"
-            if att.head_dim
-            else "hidden_size / attention.num_heads",
-            spec.head_dim,
-        )
-        kvh = "attention.num_kv_heads" if att.num_kv_heads else "attention.num_heads"
-        q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
-        kv = (f"{kvh} × {hd[0]}", spec.num_kv_heads * hd[1])
-        table |= {
-            "q_proj": (q, h),
-            "k_proj": (kv, h),
-            "v_proj": (kv, h),
-            "o_proj": (h, q),
-            "q_norm": (hd,),
-            "k_norm": (hd,),
-        }
-    elif mla is not None:
-        m = "attention.mla."
-        qk = (
-            f"attention.num_heads × ({m}qk_nope_head_dim + {m}qk_rope_head_dim)",
-            nh * (mla.qk_nope_head_dim + mla.qk_rope_head_dim),
-        )
-        kvr = (f"{m}kv_lora_rank", mla.kv_lora_rank)
-        table |= {
-            "q_proj": (qk, h),
-            "kv_a_proj": (
-                (
-                    f"{m}kv_lora_rank + {m}qk_rope_head_dim",
-                    mla.kv_lora_rank + mla.qk_rope_head_dim,
-                ),
-                h,
-            ),
-            "kv_a_norm": (kvr,),
-            "kv_b_proj": (
-                (
-                    f"attention.num_heads × ({m}qk_nope_head_dim + {m}v_head_dim)",
-                    nh * (mla.qk_nope_head_dim + mla.v_head_dim),
-                ),
-                kvr,
-            ),
-            "o_proj": (
-                h,
-                (f"attention.num_heads × {m}v_head_dim", nh * mla.v_head_dim),
-            ),
-        }
-        if mla.q_lora_rank is not None:
-            qr = (f"{m}q_lora_rank", mla.q_lora_rank)
-            table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    if spec.mlp.intermediate_size is not None:
-        inter = ("mlp.intermediate_size", spec.mlp.intermediate_size)
-        table |= {
-            "gate_proj": (inter, h),
-            "up_proj": (inter, h),
-            "down_proj": (h, inter),
-        }
-    if moe is not None:
-        ne = ("mlp.moe.num_experts", moe.num_experts)
-        ei = ("mlp.moe.expert_intermediate_size", moe.expert_intermediate_size)
-        table |= {
-            "router": (ne, h),
-            "expert_gate_proj": (ei, h),
-            "expert_up_proj": (ei, h),
-            "expert_down_proj": (h, ei),
-            "shared_expert_gate": (("1", 1), h),
-        }
-        if moe.num_shared_experts:
-            si = (
-                "mlp.moe.shared_expert_intermediate_size"
-                if moe.shared_expert_intermediate_size
-                else "mlp.moe.num_shared_experts × mlp.moe.expert_intermediate_size",
-                spec.shared_expert_intermediate_size,
-            )
-            table |= {
-                "shared_gate_proj": (si, h),
-                "shared_up_proj": (si, h),
-                "shared_down_proj": (h, si),
-            }
-    dims = table.get(role or "")
-    if dims is None:
-        return None
-    if param == "bias":  # a linear's bias has its output size; a norm's its size
-        return [dims[0]]
-    return list(dims)
-
-
-def _is_field(text: str) -> bool:
-    return re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", text) is not None
-
-
-def _fields_in(text: str) -> list[str]:
-    return re.findall(r"[a-z_]+(?:\.[a-z_]+)+|hidden_size|vocab_size", text)
-
-
-# config.json concept -> the spec fields it comes from (for the fix).
-_CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
-    "vocab_size": ("vocab_size",),
-    "hidden_size": ("hidden_size",),
-    "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings",),
-    "tie_word_embeddings": ("tie_word_embeddings",),
-    "hidden_act": ("activation",),
-    "rms_norm_eps": ("norm.eps",),
-    "layer_norm_eps": ("norm.eps",),
-    "num_attention_heads": ("attention.num_heads",),
-    "num_key_value_heads": ("attention.num_kv_heads",),
-    "head_dim": ("attention.head_dim",),
-    "qk_norm": ("attention.qk_norm",),
-    "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
-    "qkv_bias": ("attention.qkv_bias",),
-    "o_bias": ("attention.o_bias",),
-    "partial_rotary_factor": ("attention.partial_rotary_factor",),
-    "rope_parameters": ("rope",),
-    "rope_interleave": ("rope.interleaved",),
-    "sliding_window": ("attention.sliding_window",),
-    "use_sliding_window": ("attention.sliding_window",),
-    "layer_types": ("attention.layer_types",),
-    "sliding_window_pattern": ("attention.sliding_window_pattern",),
-    "max_window_layers": ("attention.layer_types",),
-    "kv_sharing_target_layers": ("attention.kv_sharing",),
-    "q_lora_rank": ("attention.mla.q_lora_rank",),
-    "kv_lora_rank": ("attention.mla.kv_lora_rank",),
-    "qk_nope_head_dim": ("attention.mla.qk_nope_head_dim",),
-    "qk_rope_head_dim": ("attention.mla.qk_rope_head_dim",),
-    "v_head_dim": ("attention.mla.v_head_dim",),
-    "qk_head_dim": ("attention.mla.qk_nope_head_dim", "attention.mla.qk_rope_head_dim"),
-    "intermediate_size": ("mlp.intermediate_size",),
-    "n_routed_experts": ("mlp.moe.num_experts",),
-    "num_experts_per_tok": ("mlp.moe.num_experts_per_tok",),
-    "moe_intermediate_size": ("mlp.moe.expert_intermediate_size",),
-    "n_shared_experts": ("mlp.moe.num_shared_experts",),
-    "shared_expert_intermediate_size": ("mlp.moe.shared_expert_intermediate_size",),
-    "shared_expert_gate": ("mlp.moe.shared_expert_gate",),
-    "first_k_dense_replace": ("mlp.moe.first_k_dense",),
-    "decoder_sparse_step": ("mlp.moe.layer_frequency",),
-    "moe_layer_freq": ("mlp.moe.layer_frequency",),
-    "mlp_only_layers": ("mlp.moe.dense_layers",),
-    "norm_topk_prob": ("mlp.moe.router.norm_topk_prob",),
-    "scoring_func": ("mlp.moe.router.scoring",),
-    "topk_method": ("mlp.moe.router.bias_correction",),
-    "n_group": ("mlp.moe.router.num_groups",),
-    "topk_group": ("mlp.moe.router.topk_groups",),
-    "routed_scaling_factor": ("mlp.moe.router.routed_scaling_factor",),
-    "num_nextn_predict_layers": ("mtp.num_heads",),
-    "mtp_mlp": ("mtp.mlp",),
-}
-
-
-@cache
-def _config_spec_fields() -> dict[str, tuple[str, ...]]:
-    """config.json key (every alias) -> the spec fields it comes from."""
-    from onboard.spec.hf import ALIASES
-
-    return {
-        alias: fields
-        for concept, fields in _CONCEPT_FIELDS.items()
-        for alias in ALIASES.get(concept, (concept,))
-    }
 
 
 # ---- small helpers -----------------------------------------------------------------

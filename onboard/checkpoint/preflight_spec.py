@@ -1,0 +1,351 @@
+"""Spec knowledge for the preflight: tensor-name patterns, each role's dimensions
+as spec expressions, which spec field decides whether a tensor exists, and which
+spec field each config.json key comes from."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from functools import cache
+
+from onboard.spec.layouts import EXPERT_ROLES, ROLES, required_placeholders
+from onboard.spec.model import ModelSpec
+
+PLACEHOLDERS = ("{layer}", "{expert}")
+
+
+def abstract(name: str) -> tuple[str, tuple[int, ...]]:
+    """``model.layers.3.mlp.experts.7.w1`` -> (``model.layers.{layer}.mlp.experts.
+    {expert}.w1``, (3, 7)): the first numeric component is the layer, the second the
+    expert, further ones ``{n}``."""
+    parts = name.split(".")
+    idx: list[int] = []
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            parts[i] = PLACEHOLDERS[len(idx)] if len(idx) < 2 else "{n}"
+            idx.append(int(part))
+    return ".".join(parts), tuple(idx)
+
+
+def ranges(values: set[int]) -> str:
+    out: list[str] = []
+    for v in sorted(values):
+        if out and out[-1][1] == v - 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def describe(pattern: str, names: list[str]) -> str:
+    """The pattern with the indices it covers: ``... (layers 1-2, experts 0-7)``."""
+    idx = [abstract(n)[1] for n in names]
+    parts = []
+    for pos, label in ((0, "layers"), (1, "experts")):
+        values = {i[pos] for i in idx if len(i) > pos}
+        if values:
+            parts.append(f"{label} {ranges(values)}")
+    if len(names) > 1:
+        parts.append(f"{len(names)} tensors")
+    return f"{pattern} ({', '.join(parts)})" if parts else pattern
+
+
+def by_pattern(names: list[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in sorted(names, key=natural):
+        groups[abstract(name)[0]].append(name)
+    return groups
+
+
+def natural(name: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def split_name(name: str) -> tuple[str, str]:
+    module, _, param = name.rpartition(".")
+    return module, param
+
+
+def role_index(spec: ModelSpec) -> dict[str, str]:
+    """Module path -> role, for every module the spec's layout can name."""
+    total = spec.num_hidden_layers + (spec.mtp.num_heads if spec.mtp else 0)
+    experts = spec.mlp.moe.num_experts if spec.mlp.moe else 0
+    out: dict[str, str] = {}
+    for role in ROLES:
+        path = spec.tensor_path(role)
+        holes = required_placeholders(role)
+        if not holes:
+            out.setdefault(path, role)
+        elif "expert" in holes:
+            for layer in range(total):
+                for e in range(experts):
+                    out.setdefault(path.format(layer=layer, expert=e), role)
+        else:
+            for layer in range(total):
+                out.setdefault(path.format(layer=layer), role)
+    return out
+
+
+def canonical_roles(spec: ModelSpec) -> dict[str, str]:
+    """Abstract module pattern -> role (as :func:`abstract` writes patterns)."""
+    out: dict[str, str] = {}
+    for role in ROLES:
+        out.setdefault(
+            abstract(spec.tensor_path(role).format(layer=0, expert=0))[0], role
+        )
+    return out
+
+
+def placeholders(pattern: str) -> tuple[str, ...]:
+    return tuple(p for p in (*PLACEHOLDERS, "{n}") if p in pattern)
+
+
+def role_hint(
+    spec: ModelSpec, role: str, param: str, default: str, *, missing: bool
+) -> tuple[str, list[str]]:
+    """The spec field that decides whether a role's tensor exists, and its fix."""
+    att, moe = spec.attention, spec.mlp.moe
+    want = "false" if missing else "true"
+    if role in ("q_norm", "k_norm"):
+        return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
+    if param == "bias" and role in ("q_proj", "k_proj", "v_proj"):
+        return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
+    if param == "bias" and role == "o_proj":
+        return f"set attention.o_bias: {want} in the spec", ["attention.o_bias"]
+    if param == "bias" and role.endswith("norm"):
+        kind = "rmsnorm" if missing else "layernorm"
+        return f"set norm.type: {kind} in the spec", ["norm.type"]
+    if param == "e_score_correction_bias":
+        return (
+            "set mlp.moe.router.bias_correction: true in the spec and "
+            '"topk_method": "noaux_tc" in config.json',
+            ["mlp.moe.router.bias_correction"],
+        )
+    if role == "lm_head":
+        return (
+            "set tie_word_embeddings: true in the spec if the model ties its output "
+            "head to the embedding; otherwise the checkpoint lacks lm_head",
+            ["tie_word_embeddings"],
+        )
+    if role in ("q_a_proj", "q_a_norm", "q_b_proj") or (
+        role == "q_proj" and att.type == "mla"
+    ):
+        return (
+            "set attention.mla.q_lora_rank in the spec (null: one q_proj; a rank: "
+            "q_a_proj, q_a_layernorm and q_b_proj)",
+            ["attention.mla.q_lora_rank"],
+        )
+    mla_roles = ("kv_a_proj", "kv_a_norm", "kv_b_proj")
+    if role in mla_roles or (role in ("k_proj", "v_proj") and att.type == "mla"):
+        return (
+            f"check attention.type (the spec says {att.type}; MLA checkpoints have "
+            "kv_a_proj_with_mqa / kv_b_proj, GQA ones k_proj / v_proj)",
+            ["attention.type"],
+        )
+    if role in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"):
+        n = moe.num_shared_experts if moe else 0
+        return (
+            f"check mlp.moe.num_shared_experts (the spec says {n}) and the layout's "
+            "shared-expert name (deepseek: shared_experts, qwen: shared_expert)",
+            ["mlp.moe.num_shared_experts", "checkpoint.layout"],
+        )
+    if role == "shared_expert_gate":
+        return (
+            f"set mlp.moe.shared_expert_gate: {want} in the spec",
+            ["mlp.moe.shared_expert_gate"],
+        )
+    placement = [
+        "mlp.moe.first_k_dense",
+        "mlp.moe.layer_frequency",
+        "mlp.moe.dense_layers",
+    ]
+    if role in ("router", *EXPERT_ROLES, "gate_proj", "up_proj", "down_proj"):
+        return (
+            "the checkpoint's dense and MoE layers differ from the spec's: check "
+            + ", ".join(placement)
+            + (" (the spec has no mlp.moe)" if moe is None else ""),
+            placement,
+        )
+    return default, ["checkpoint.tensor_names"]
+
+
+def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]] | None:
+    """Each dimension of a role's tensor as (spec expression, value)."""
+    att, mla, moe = spec.attention, spec.attention.mla, spec.mlp.moe
+    h = ("hidden_size", spec.hidden_size)
+    vocab = ("vocab_size", spec.vocab_size)
+    nh = att.num_heads
+    table: dict[str, tuple[tuple[str, int], ...]] = {
+        "embed": (vocab, h),
+        "lm_head": (vocab, h),
+        "mtp_head": (vocab, h),
+        "mtp_eh_proj": (h, ("2 × hidden_size", 2 * spec.hidden_size)),
+    }
+    for norm in (
+        "input_norm",
+        "post_attention_norm",
+        "final_norm",
+        "mtp_enorm",
+        "mtp_hnorm",
+        "mtp_head_norm",
+    ):
+        table[norm] = (h,)
+    if att.type == "gqa":
+        hd = (
+            "attention.head_dim"
+            if att.head_dim
+            else "hidden_size / attention.num_heads",
+            spec.head_dim,
+        )
+        kvh = "attention.num_kv_heads" if att.num_kv_heads else "attention.num_heads"
+        q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
+        kv = (f"{kvh} × {hd[0]}", spec.num_kv_heads * hd[1])
+        table |= {
+            "q_proj": (q, h),
+            "k_proj": (kv, h),
+            "v_proj": (kv, h),
+            "o_proj": (h, q),
+            "q_norm": (hd,),
+            "k_norm": (hd,),
+        }
+    elif mla is not None:
+        m = "attention.mla."
+        qk = (
+            f"attention.num_heads × ({m}qk_nope_head_dim + {m}qk_rope_head_dim)",
+            nh * (mla.qk_nope_head_dim + mla.qk_rope_head_dim),
+        )
+        kvr = (f"{m}kv_lora_rank", mla.kv_lora_rank)
+        table |= {
+            "q_proj": (qk, h),
+            "kv_a_proj": (
+                (
+                    f"{m}kv_lora_rank + {m}qk_rope_head_dim",
+                    mla.kv_lora_rank + mla.qk_rope_head_dim,
+                ),
+                h,
+            ),
+            "kv_a_norm": (kvr,),
+            "kv_b_proj": (
+                (
+                    f"attention.num_heads × ({m}qk_nope_head_dim + {m}v_head_dim)",
+                    nh * (mla.qk_nope_head_dim + mla.v_head_dim),
+                ),
+                kvr,
+            ),
+            "o_proj": (
+                h,
+                (f"attention.num_heads × {m}v_head_dim", nh * mla.v_head_dim),
+            ),
+        }
+        if mla.q_lora_rank is not None:
+            qr = (f"{m}q_lora_rank", mla.q_lora_rank)
+            table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
+    if spec.mlp.intermediate_size is not None:
+        inter = ("mlp.intermediate_size", spec.mlp.intermediate_size)
+        table |= {
+            "gate_proj": (inter, h),
+            "up_proj": (inter, h),
+            "down_proj": (h, inter),
+        }
+    if moe is not None:
+        ne = ("mlp.moe.num_experts", moe.num_experts)
+        ei = ("mlp.moe.expert_intermediate_size", moe.expert_intermediate_size)
+        table |= {
+            "router": (ne, h),
+            "expert_gate_proj": (ei, h),
+            "expert_up_proj": (ei, h),
+            "expert_down_proj": (h, ei),
+            "shared_expert_gate": (("1", 1), h),
+        }
+        if moe.num_shared_experts:
+            si = (
+                "mlp.moe.shared_expert_intermediate_size"
+                if moe.shared_expert_intermediate_size
+                else "mlp.moe.num_shared_experts × mlp.moe.expert_intermediate_size",
+                spec.shared_expert_intermediate_size,
+            )
+            table |= {
+                "shared_gate_proj": (si, h),
+                "shared_up_proj": (si, h),
+                "shared_down_proj": (h, si),
+            }
+    dims = table.get(role or "")
+    if dims is None:
+        return None
+    if param == "bias":  # a linear's bias has its output size; a norm's its size
+        return [dims[0]]
+    return list(dims)
+
+
+def is_field(text: str) -> bool:
+    return re.fullmatch(r"[a-z_]+(\.[a-z_]+)*", text) is not None
+
+
+def fields_in(text: str) -> list[str]:
+    return re.findall(r"[a-z_]+(?:\.[a-z_]+)+|hidden_size|vocab_size", text)
+
+
+# config.json concept -> the spec fields it comes from (for the fix).
+_CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
+    "vocab_size": ("vocab_size",),
+    "hidden_size": ("hidden_size",),
+    "num_hidden_layers": ("num_hidden_layers",),
+    "max_position_embeddings": ("max_position_embeddings",),
+    "tie_word_embeddings": ("tie_word_embeddings",),
+    "hidden_act": ("activation",),
+    "rms_norm_eps": ("norm.eps",),
+    "layer_norm_eps": ("norm.eps",),
+    "num_attention_heads": ("attention.num_heads",),
+    "num_key_value_heads": ("attention.num_kv_heads",),
+    "head_dim": ("attention.head_dim",),
+    "qk_norm": ("attention.qk_norm",),
+    "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
+    "qkv_bias": ("attention.qkv_bias",),
+    "o_bias": ("attention.o_bias",),
+    "partial_rotary_factor": ("attention.partial_rotary_factor",),
+    "rope_parameters": ("rope",),
+    "rope_interleave": ("rope.interleaved",),
+    "sliding_window": ("attention.sliding_window",),
+    "use_sliding_window": ("attention.sliding_window",),
+    "layer_types": ("attention.layer_types",),
+    "sliding_window_pattern": ("attention.sliding_window_pattern",),
+    "max_window_layers": ("attention.layer_types",),
+    "kv_sharing_target_layers": ("attention.kv_sharing",),
+    "q_lora_rank": ("attention.mla.q_lora_rank",),
+    "kv_lora_rank": ("attention.mla.kv_lora_rank",),
+    "qk_nope_head_dim": ("attention.mla.qk_nope_head_dim",),
+    "qk_rope_head_dim": ("attention.mla.qk_rope_head_dim",),
+    "v_head_dim": ("attention.mla.v_head_dim",),
+    "qk_head_dim": ("attention.mla.qk_nope_head_dim", "attention.mla.qk_rope_head_dim"),
+    "intermediate_size": ("mlp.intermediate_size",),
+    "n_routed_experts": ("mlp.moe.num_experts",),
+    "num_experts_per_tok": ("mlp.moe.num_experts_per_tok",),
+    "moe_intermediate_size": ("mlp.moe.expert_intermediate_size",),
+    "n_shared_experts": ("mlp.moe.num_shared_experts",),
+    "shared_expert_intermediate_size": ("mlp.moe.shared_expert_intermediate_size",),
+    "shared_expert_gate": ("mlp.moe.shared_expert_gate",),
+    "first_k_dense_replace": ("mlp.moe.first_k_dense",),
+    "decoder_sparse_step": ("mlp.moe.layer_frequency",),
+    "moe_layer_freq": ("mlp.moe.layer_frequency",),
+    "mlp_only_layers": ("mlp.moe.dense_layers",),
+    "norm_topk_prob": ("mlp.moe.router.norm_topk_prob",),
+    "scoring_func": ("mlp.moe.router.scoring",),
+    "topk_method": ("mlp.moe.router.bias_correction",),
+    "n_group": ("mlp.moe.router.num_groups",),
+    "topk_group": ("mlp.moe.router.topk_groups",),
+    "routed_scaling_factor": ("mlp.moe.router.routed_scaling_factor",),
+    "num_nextn_predict_layers": ("mtp.num_heads",),
+    "mtp_mlp": ("mtp.mlp",),
+}
+
+
+@cache
+def config_spec_fields() -> dict[str, tuple[str, ...]]:
+    """config.json key (every alias) -> the spec fields it comes from."""
+    from onboard.spec.hf import ALIASES
+
+    return {
+        alias: fields
+        for concept, fields in _CONCEPT_FIELDS.items()
+        for alias in ALIASES.get(concept, (concept,))
+    }
