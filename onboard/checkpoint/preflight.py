@@ -341,6 +341,7 @@ class _Run:
         self.found: dict[str, TensorInfo] = {}
         self.lost: set[str] = set()  # indexed into shards that are missing/unreadable
         self.dtype: str | None = None  # config.json's float dtype, as a tag
+        self._with_qparams: set[str] | None = None
 
     def add(
         self,
@@ -751,9 +752,10 @@ class _Run:
                 wants = {"weight": (None, None)}
                 for p in QUANT_PARAMS:
                     optional[f"{module}.{p}"] = _Expect(None, None, role, p)
+            summary = group.summary if group else ""
             for p, (shape, dtypes) in wants.items():
                 expected[f"{module}.{p}"] = _Expect(
-                    shape, dtypes, role, p, plan.shape, group.summary if group else ""
+                    shape, dtypes, role, p, plan.shape, summary
                 )
         if isinstance(quant, CTConfig) and quant.kv_cache:
             for name in self._kv_scale_names(roles):
@@ -885,8 +887,14 @@ class _Run:
 
     def _stored(self, module: str) -> str:
         """How the checkpoint stores a Linear module: quantized, plain or absent."""
+        if self._with_qparams is None:  # once: modules with quantization tensors
+            self._with_qparams = {
+                module
+                for module, _, param in (n.rpartition(".") for n in self.found)
+                if param in QUANT_PARAMS
+            }
         weight = self.found.get(f"{module}.weight")
-        if any(f"{module}.{p}" in self.found for p in QUANT_PARAMS) or (
+        if module in self._with_qparams or (
             weight is not None and weight.dtype not in FLOATS
         ):
             return "quantized"

@@ -206,9 +206,17 @@ class CTConfig:
             groups, list(qc.get("ignore") or []), bool(qc.get("kv_cache_scheme"))
         )
 
+    def __post_init__(self) -> None:
+        # A 1T-parameter model has ~100k modules and its ignore list thousands of
+        # names: exact names go to a set, only `re:` entries are matched one by one.
+        self._ignored = {p for p in self.ignore if not p.startswith("re:")}
+        self._ignore_rx = [p for p in self.ignore if p.startswith("re:")]
+
     def scheme_for(self, module: str) -> tuple[CTGroup | None, str]:
         """The config group that quantizes a Linear module, or None and why not."""
-        for pattern in self.ignore:
+        if module in self._ignored:
+            return None, f"quantization_config.ignore has {module!r}"
+        for pattern in self._ignore_rx:
             if match_name(module, pattern):
                 return None, f"quantization_config.ignore has {pattern!r}"
         for g in self.groups:
