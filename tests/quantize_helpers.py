@@ -105,6 +105,17 @@ def dsv3_config(**overrides):
     return config
 
 
+def write_bundled_dsv3_checkpoint(out: Path, seed: int = 0) -> Path:
+    """`onboard checkpoint tiny` of the bundled model_specs/deepseek-v3-style.yaml."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+
+    spec = load_spec(
+        Path(__file__).resolve().parents[1] / "model_specs" / "deepseek-v3-style.yaml"
+    )
+    return write_tiny_checkpoint(spec, out, seed=seed)
+
+
 def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> Path:
     """save_pretrained of a random tiny DeepSeek-V3 (bf16, several shards) + MTP."""
     import torch

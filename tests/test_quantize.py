@@ -19,7 +19,7 @@ from onboard.quantize.st_io import file_sha256
 
 sys.path.insert(0, str(Path(__file__).parent))
 from quantize_helpers import (  # noqa: E402
-    write_dsv3_checkpoint,
+    write_bundled_dsv3_checkpoint,
     write_llama_checkpoint,
 )
 
@@ -149,7 +149,7 @@ def test_dequantized_weights_are_close(scheme, limit):
 
 @pytest.fixture(scope="session")
 def dsv3(tmp_path_factory) -> Path:
-    return write_dsv3_checkpoint(tmp_path_factory.mktemp("dsv3") / "bf16")
+    return write_bundled_dsv3_checkpoint(tmp_path_factory.mktemp("dsv3") / "bf16")
 
 
 @pytest.fixture(scope="session")

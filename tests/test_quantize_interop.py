@@ -30,7 +30,7 @@ import torch
 from onboard.quantize import SCHEMES, kernels, quantize_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quantize_helpers import write_dsv3_checkpoint  # noqa: E402
+from quantize_helpers import write_bundled_dsv3_checkpoint  # noqa: E402
 from test_quantize import load_all, same_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def ckpt(tmp_path_factory) -> Path:
         f"{LLMC_PYTHON} is missing: build it with scripts/llmcompressor-env.sh "
         "(`make test` does)"
     )
-    return write_dsv3_checkpoint(tmp_path_factory.mktemp("interop") / "bf16")
+    return write_bundled_dsv3_checkpoint(tmp_path_factory.mktemp("interop") / "bf16")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,190 @@
+"""Benchmark `onboard quantize` against llm-compressor and a plain read+write.
+
+    .venv/bin/python benchmarks/quantize_bench.py [--dir DIR] [--runs 3]
+        [--only NAME ...] [--json OUT.json]
+
+On one ~1 GB bf16 checkpoint in two shards (benchmarks/make_checkpoint.py, made on
+first use in DIR), each command is run as a user runs it, as a fresh process
+(imports included), the commands in turn (A B C ... A B C ...), ``--runs`` rounds.
+Per command: median wall seconds, GB/s (input bytes / wall seconds), and the peak
+of the whole process tree's proportional set size (PSS, sampled every 50 ms;
+forked pages count once), which is what the memory bound of docs/quantize.md is
+about.
+
+Commands:
+  onboard-<scheme>          .venv/bin/onboard quantize ... --scheme <scheme>
+  llmc-model_free-<scheme>  llm-compressor's model_free_ptq (.venv-llmc)
+  llmc-oneshot-<scheme>     llm-compressor's oneshot + save_pretrained (.venv-llmc)
+  plain-read-write          safetensors load_file + save_file of every shard
+for the schemes fp8-dynamic and nvfp4a16. Every command writes its own output
+directory, removed before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = ROOT / ".venv" / "bin" / "python"
+LLMC = ROOT / ".venv-llmc" / "bin" / "python"
+ONBOARD = ROOT / ".venv" / "bin" / "onboard"
+
+PLAIN = """
+import sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+dst.mkdir(parents=True)
+for f in sorted(src.glob("*.safetensors")):
+    save_file(load_file(f), dst / f.name, metadata={"format": "pt"})
+"""
+# The modules onboard keeps in 16 bits on this Llama checkpoint, for llm-compressor.
+IGNORE = json.dumps(["lm_head", "model.embed_tokens"])
+
+
+def commands(ckpt: Path, out: Path) -> dict[str, list[str]]:
+    cmds = {}
+    for scheme in ("fp8-dynamic", "nvfp4a16"):
+        cmds[f"onboard-{scheme}"] = [
+            str(ONBOARD), "quantize", str(ckpt), "--scheme", scheme,
+            "--out", str(out / f"onboard-{scheme}"),
+        ]  # fmt: skip
+        for method in ("model_free", "oneshot"):
+            name = f"llmc-{method}-{scheme}"
+            cmds[name] = [
+                str(LLMC), str(ROOT / "benchmarks" / "llmc_quantize.py"), str(ckpt),
+                str(out / name), scheme, method, IGNORE,
+            ]  # fmt: skip
+    cmds["plain-read-write"] = [
+        str(PY), "-c", PLAIN, str(ckpt), str(out / "plain-read-write")
+    ]  # fmt: skip
+    return cmds
+
+
+def tree_pss(root: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            pass
+    return total
+
+
+def run_once(cmd: list[str], out_dir: Path) -> dict:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    for stray in out_dir.parent.glob(f".{out_dir.name}.*"):
+        shutil.rmtree(stray, ignore_errors=True)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ps = psutil.Process(proc.pid)
+    peak_pss = 0
+    while proc.poll() is None:
+        peak_pss = max(peak_pss, tree_pss(ps))
+        time.sleep(0.05)
+    wall = time.monotonic() - start
+    err = proc.stderr.read().decode(errors="replace")
+    return {
+        "wall_s": wall,
+        "peak_tree_pss": peak_pss,
+        "rc": proc.returncode,
+        "stderr_tail": err[-2000:] if proc.returncode else "",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+
+    ckpt = args.dir / "bf16"
+    if not (ckpt / "model.safetensors.index.json").exists():
+        print(f"writing the 1 GB benchmark checkpoint to {ckpt}", file=sys.stderr)
+        subprocess.run([str(PY), str(ROOT / "benchmarks" / "make_checkpoint.py"),
+                        str(ckpt), "--preset", "1gb"], check=True)  # fmt: skip
+    size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+    largest = max(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+    out = args.dir / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    cmds = commands(ckpt, out)
+    if args.only:
+        cmds = {k: v for k, v in cmds.items() if k in args.only}
+
+    results: dict[str, list[dict]] = {name: [] for name in cmds}
+    for r in range(args.runs):
+        for name, cmd in cmds.items():
+            res = run_once(cmd, out / name)
+            results[name].append(res)
+            status = "ok" if res["rc"] == 0 else f"FAILED rc={res['rc']}"
+            print(
+                f"round {r + 1} {name}: {res['wall_s']:.1f} s, tree PSS "
+                f"{res['peak_tree_pss'] / 2**30:.2f} GiB, {status}",
+                file=sys.stderr,
+            )
+            if res["rc"]:
+                print(res["stderr_tail"], file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+
+    table = []
+    for name, runs in results.items():
+        ok = [x for x in runs if x["rc"] == 0]
+        if not ok:
+            table.append({"command": name, "failed": True})
+            continue
+        wall = statistics.median(x["wall_s"] for x in ok)
+        table.append(
+            {
+                "command": name,
+                "runs": len(ok),
+                "median_s": round(wall, 2),
+                "min_s": round(min(x["wall_s"] for x in ok), 2),
+                "max_s": round(max(x["wall_s"] for x in ok), 2),
+                "gb_per_s": round(size / 1e9 / wall, 3),
+                "peak_tree_pss_gib": round(
+                    max(x["peak_tree_pss"] for x in ok) / 2**30, 2
+                ),
+            }
+        )
+    report = {
+        "checkpoint_bytes": size,
+        "largest_shard_bytes": largest,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_average_at_end": os.getloadavg(),
+        "results": table,
+    }
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+    print("\n| command | median s | min-max s | GB/s | peak tree PSS GiB |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in table:
+        if row.get("failed"):
+            print(f"| {row['command']} | failed | | | |")
+            continue
+        print(
+            f"| {row['command']} | {row['median_s']} | {row['min_s']}-{row['max_s']} "
+            f"| {row['gb_per_s']} | {row['peak_tree_pss_gib']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
