@@ -219,6 +219,83 @@ def validate(
         raise CheckFailed(f"validation did not pass (see {out_dir / 'validation.json'})")
 
 
+@app.command("publish")
+def publish(
+    model_dir: Annotated[
+        Path, typer.Argument(help="Checkpoint directory written by onboard.")
+    ],
+    repo: Annotated[str, typer.Option(help="Hub repository, ORG/NAME.")],
+    private: Annotated[
+        bool, typer.Option(help="Create the repository private (refuse a public one).")
+    ] = False,
+    revision: Annotated[
+        str, typer.Option(help="Branch to commit to or open the pull request on.")
+    ] = "main",
+    endpoint: Annotated[
+        str | None, typer.Option(help="Hub URL (default: HF_ENDPOINT or the Hub).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Print the files, sizes and card; touch nothing.")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Publish despite failed or missing validation (the card says so)."
+        ),
+    ] = False,
+    validation: Annotated[
+        Path | None,
+        typer.Option(help="validation.json (default: the new-model layout's)."),
+    ] = None,
+    pr: Annotated[
+        bool, typer.Option("--pr/--no-pr", help="Open a pull request (default).")
+    ] = True,
+    base_model: Annotated[
+        str | None,
+        typer.Option(help="Base model repo for the card (default: the spec's)."),
+    ] = None,
+) -> None:
+    """Upload a checkpoint and its model card to the Hugging Face Hub, verified."""
+    from onboard.publish import publish as run_publish
+
+    report = run_publish(
+        model_dir,
+        repo,
+        endpoint=endpoint,
+        private=private,
+        revision=revision,
+        pull_request=pr,
+        dry_run=dry_run,
+        force=force,
+        validation=validation,
+        base_model=base_model,
+        log=lambda line: err.print(line, markup=False),
+    )
+    for line in report.plan.lines():
+        out.print(line, markup=False)
+    outcome = report.outcome
+    if outcome is None:
+        out.print("--- README.md (model card) ---", markup=False)
+        out.print(report.plan.card, markup=False, end="")
+        out.print("dry run: nothing was uploaded", markup=False)
+        return
+    for note in outcome.notes:
+        out.print(note, markup=False)
+    if outcome.extra_remote:
+        out.print(
+            f"also on {outcome.ref} (not from this checkpoint): "
+            + ", ".join(outcome.extra_remote),
+            markup=False,
+        )
+    where = outcome.pr_url or f"{outcome.repo_url} ({outcome.ref})"
+    again = " (found from an earlier run)" if outcome.reused else ""
+    out.print(f"published{again}: {where}", markup=False)
+    out.print(
+        f"verified {outcome.verified} files against local checksums at {outcome.ref}",
+        markup=False,
+    )
+
+
 def main() -> None:
     # Click handles usage errors itself (exit 2); ours are turned into exit codes here.
     try:
