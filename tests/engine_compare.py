@@ -10,7 +10,7 @@ paid once). The plugin reaches vLLM the way a user's install does: its directory
               {"class": "module.Class", "tokens": [[...]], "top": [[{id: logprob}]]}}}
 
 Usage: python engine_compare.py MODEL_DIR OUT_JSON [--prompts N] [--max-tokens N]
-       [--no-in-tree] [--no-transformers]
+       [--no-in-tree] [--no-transformers] [--also OTHER_MODEL_DIR ...]
 """
 
 from __future__ import annotations
@@ -147,6 +147,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--no-in-tree", action="store_true")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="another checkpoint of the same architecture to run through the "
+        "generated plugin (reported as runs['also:<dir name>'])",
+    )
     args = parser.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
@@ -162,6 +169,11 @@ def main() -> None:
     report["runs"]["generated"] = engine_run(
         args.model, token_prompts, args.max_tokens, mla
     )
+    for other in args.also:
+        name = os.path.basename(os.path.normpath(other))
+        report["runs"][f"also:{name}"] = engine_run(
+            other, token_prompts, args.max_tokens, mla
+        )
     if not args.no_in_tree:
         use_in_tree_class(config["architectures"][0])
         report["runs"]["in_tree"] = engine_run(

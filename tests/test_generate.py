@@ -487,10 +487,14 @@ def run_engine_compare(model_dir: Path, site: Path, out: Path, **flags) -> dict:
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     }
     env.pop("VLLM_PLUGINS", None)
-    args = [
-        f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"
-        for k, v in flags.items()
-    ]
+    args = []
+    for key, value in flags.items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is True:
+            args.append(flag)
+        else:
+            values = value if isinstance(value, list) else [value]
+            args += [f"{flag}={v}" for v in values]
     run = subprocess.run(
         [
             PY,
@@ -577,3 +581,81 @@ def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_pa
         ckpt, tmp_path / "site", tmp_path / "report.json", prompts=6, max_tokens=24
     )
     _check_report(report, spec)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style"])
+def test_bundled_spec_runs_on_its_tiny_checkpoint(name, tmp_path):
+    """The file generated from the full-size spec (32 / 61 layers) serves the
+    shrunk tiny checkpoint: sizes and layer plans come from config.json."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+
+    spec = bundled(name)
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "ckpt", seed=0, dtype="float32")
+    generate_all(spec, tmp_path / "gen")
+    install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
+    report = run_engine_compare(
+        ckpt, tmp_path / "site", tmp_path / "report.json", prompts=4, max_tokens=16
+    )
+    _check_report(report, spec)
+
+
+def _scale_tensors(src: Path, dst: Path, names: list[str], factor: float) -> None:
+    """Copy a checkpoint, multiplying the named tensors by ``factor``."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, dst)
+    found = set()
+    for shard in dst.glob("*.safetensors"):
+        tensors = load_file(shard)
+        hit = [n for n in names if n in tensors]
+        if hit:
+            for n in hit:
+                tensors[n] = tensors[n] * factor
+            save_file(tensors, shard, metadata={"format": "pt"})
+            found.update(hit)
+    assert found == set(names), set(names) - found
+
+
+@pytest.mark.engine
+def test_novel_launch_runs_and_shares_kv(tmp_path):
+    """novel-launch (new model type, qk-norm, sliding windows, KV sharing, MoE with
+    a shared expert and sigmoid routing) on the engine through the plugin alone.
+    A layer that reads another layer's KV cache ignores its own k/v projections;
+    its target's change the output."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+
+    spec = bundled("novel-launch")
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "ckpt", seed=0, dtype="float32")
+    config = json.loads((ckpt / "config.json").read_text())
+    targets = config["kv_sharing_target_layers"]
+    layer = next(i for i, t in enumerate(targets) if t is not None)
+    target = targets[layer]
+
+    def kv(i: int) -> list[str]:
+        return [
+            f"{spec.tensor_path(role).format(layer=i)}.weight"
+            for role in ("k_proj", "v_proj")
+        ]
+
+    _scale_tensors(ckpt, tmp_path / "sharer_kv", kv(layer), -3.0)
+    _scale_tensors(ckpt, tmp_path / "target_kv", kv(target), -3.0)
+    generate_all(spec, tmp_path / "gen")
+    install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
+    report = run_engine_compare(
+        ckpt,
+        tmp_path / "site",
+        tmp_path / "report.json",
+        prompts=4,
+        max_tokens=16,
+        no_in_tree=True,
+        no_transformers=True,
+        also=[str(tmp_path / "sharer_kv"), str(tmp_path / "target_kv")],
+    )
+    runs = report["runs"]
+    assert runs["generated"]["class"] == model_class_path(spec).replace(":", ".")
+    m = margins(runs["generated"])
+    assert sorted(m)[len(m) // 2] > 0.5
+    base = runs["generated"]["tokens"]
+    assert runs["also:sharer_kv"]["tokens"] == base
+    assert runs["also:target_kv"]["tokens"] != base

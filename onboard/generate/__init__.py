@@ -58,6 +58,7 @@ def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
     trees = sorted({path.split("/", 1)[0] for path in files})
     for tree in trees:
         with atomic_directory(out_dir / tree) as tmp:
+            tmp.chmod(0o755)  # mkdtemp makes it private; this is an output tree
             for path, text in files.items():
                 top, rest = path.split("/", 1)
                 if top != tree:
