@@ -226,11 +226,22 @@ def test_llama_passes_through_the_generated_plugin(llama_run):
     m = llama_run.check("accuracy")["metrics"]
     assert m["prompts"].endswith("checkpoint tokenizer")
     assert set(m["timings"]) >= {"engine_start_s", "reference_s", "validate_total_s"}
+    # The engine's own KV-cache accounting: 2 layers x (K, V) x 2 KV heads x 32 dims
+    # x 4 bytes (float32), no sharing.
+    info = json.loads((llama_run.out_dir / "logs" / "engine.json").read_text())
+    assert info["model_class"] == llama_run.result["vllm_model_class"]
+    kv = info["kv_cache"]
+    assert kv["bytes_per_token"] == kv["bytes_per_token_without_sharing"] == 1024
+    assert len(kv["layers"]) == 2 and kv["shared_layers"] == {}
+    assert kv["num_blocks"] > 0
 
 
 @pytest.mark.engine
 def test_deepseek_v3_passes_through_the_generated_plugin(deepseek_run):
     _assert_passed_with_generated_class(deepseek_run, "onboard_plugin_tiny_deepseek_v3")
+    # MLA caches one latent per token and layer: (512 + 64) x 4 bytes x 2 layers.
+    info = json.loads((deepseek_run.out_dir / "logs" / "engine.json").read_text())
+    assert info["kv_cache"]["bytes_per_token"] == 2 * 576 * 4
 
 
 @pytest.mark.engine
@@ -263,6 +274,8 @@ def _assert_names_listed(run: Run, block: str) -> None:
     accuracy = run.check("accuracy")
     assert accuracy["status"] == "failed" and run.result["passed"] is False
     m, details = accuracy["metrics"], accuracy["details"]
+    # The root cause from the engine's processes, not the front end's generic error.
+    assert m["engine_error"] and "Engine core initialization failed" not in details
     expected = {
         f"model.layers.{layer}.{block}.{proj}.weight"
         for layer in range(2)

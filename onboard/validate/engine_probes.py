@@ -32,14 +32,40 @@ def kv_cache_info(worker) -> dict:
     }
 
 
-def diagnose_weights(model_dir: str, model) -> dict:
-    """Feed the checkpoint to ``model.load_weights`` one tensor at a time.
+def diagnose_weights(model_dir: str, worker) -> dict:
+    """Feed the checkpoint to a fresh model's ``load_weights``, one tensor at a time.
 
-    Run in an engine built with ``load_format="dummy"`` after a real load failed, so
-    that one bad name does not hide the others: every checkpoint tensor the model
-    rejects or ignores, and every model parameter no tensor reached, is listed."""
+    Runs in an engine built with ``load_format="dummy"`` after a real load failed,
+    so that vLLM has set up its config, distributed state and plugins. The engine's
+    own model cannot be reused: on CPU its linear layers were repacked after
+    loading (their ``weight`` is empty). A second instance of the same class is
+    built instead, on the meta device (no memory; on CPU if the class cannot be
+    built there), under its own layer-name prefix. Every checkpoint tensor it
+    rejects or ignores, and every parameter no tensor reached, is listed, so that
+    one bad name does not hide the others."""
+    import torch
+
+    for device in ("meta", "cpu"):
+        try:
+            report = _diagnose_on(model_dir, worker, torch.device(device))
+        except Exception:
+            if device == "cpu":
+                raise
+            continue
+        errors = " ".join(report["unmatched_checkpoint_tensors"].values())
+        if device == "meta" and "meta" in errors:
+            continue  # a loader that cannot work on meta tensors: retry for real
+        report["device"] = device
+        return report
+    raise AssertionError("unreachable")
+
+
+def _diagnose_on(model_dir: str, worker, device) -> dict:
     from safetensors import safe_open
+    from vllm.model_executor.model_loader.utils import initialize_model
 
+    with device:
+        model = initialize_model(worker.vllm_config, prefix="onboard_diagnosis")
     unmatched: dict[str, str] = {}
     loaded: set[str] = set()
     tracked = True

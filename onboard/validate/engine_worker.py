@@ -93,7 +93,7 @@ def _load_failed(config: dict, exc: BaseException, start_s: float) -> dict:
     if config.get("diagnose_weights", True) and "load_weights" in traceback_text:
         try:
             llm = _build_llm(config, load_format="dummy")
-            message["weights"] = llm.apply_model(
+            message["weights"] = llm.collective_rpc(
                 functools.partial(diagnose_weights, config["model"])
             )[0]
             llm.llm_engine.engine_core.shutdown()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.fsutil import atomic_write_text
 from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
 from onboard.validate.compare import TOP_K, GreedyOutput, judge_accuracy
 from onboard.validate.engine import (
@@ -203,6 +204,21 @@ def _runner(name: str) -> CheckRunner:
     return CHECKS.get(name) or CHECKS[name.split(":", 1)[0] + ":"]
 
 
+def _run_check(ctx: RunContext, name: str) -> Check:
+    # A check that breaks (e.g. the engine dies mid-request) is a failed check with
+    # the reason, not a traceback; the engine log says more.
+    try:
+        return _runner(name)(ctx, name)
+    except (EngineDied, TimeoutError, RuntimeError) as exc:
+        return Check(
+            name,
+            "failed",
+            {"error": f"{type(exc).__name__}: {exc}"},
+            f"the check could not complete: {type(exc).__name__}: {exc}\n"
+            f"(engine log: {ctx.engine.log_path if ctx.engine else 'none'})",
+        )
+
+
 def check_inputs(spec: ModelSpec, model_dir: Path) -> dict[str, Any]:
     """The checkpoint's config.json, after checking it is the spec's model."""
     if not model_dir.is_dir():
@@ -319,7 +335,7 @@ def validate(
             result.reference = ctx.reference.description if ctx.reference else ""
             for name in names:
                 log(f"running check {name}")
-                result.checks.append(_runner(name)(ctx, name))
+                result.checks.append(_run_check(ctx, name))
         finally:
             engine.close()
     total = time.perf_counter() - t_total
@@ -384,6 +400,8 @@ def _wait_for_engine(ctx: RunContext, engine: Engine, log: Callable[[str], None]
         log(f"the engine did not start: {exc}")
         return
     ctx.engine = engine
+    # What the engine reported (class, KV-cache layout), for people and later checks.
+    atomic_write_text(engine.log_path.with_suffix(".json"), json.dumps(info, indent=2))
     ctx.timings["engine_start_s"] = info["start_s"]
     ctx.timings["engine_import_s"] = info["import_s"]
     log(f"engine ready in {info['start_s']:.1f} s: {info['model_class']}")
