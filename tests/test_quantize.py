@@ -385,3 +385,15 @@ def test_bad_inputs_raise_input_error(small, tmp_path, quantized):
         quantize_checkpoint(tmp_path / "nothing", "fp8-dynamic", tmp_path / "c")
     with pytest.raises(InputError, match="workers"):
         quantize_checkpoint(small, "fp8-dynamic", tmp_path / "d", workers=0)
+
+
+def test_spec_is_inferred_from_config_json_without_spec_yaml(dsv3, quantized, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(dsv3, bare)
+    (bare / "spec.yaml").unlink()
+    out = quantize_checkpoint(bare, "fp8-dynamic", tmp_path / "q")
+    with_spec = quantized("fp8-dynamic")
+    for f in ("config.json", *(p.name for p in with_spec.glob("*.safetensors"))):
+        assert (out / f).read_bytes() == (with_spec / f).read_bytes(), f

@@ -79,6 +79,8 @@ def quantize_checkpoint(
         raise InputError(f"{out_dir}: the output cannot be the input directory")
     resolved = resolve_spec(model_dir, spec)
     plan = make_plan(model_dir, resolved, sch, include_mtp=include_mtp)
+    for warning in plan.warnings:
+        (log or (lambda msg: None))(f"warning: {warning}")
     if sch.calibrated and include_mtp:
         raise InputError(
             f"--include-mtp: {sch.name} calibrates activations through the "

@@ -104,6 +104,7 @@ class Plan:
     fused: dict[tuple, list[str]]  # fused key -> tensor names
     tensor_shard: dict[str, str]
     config: dict
+    warnings: list[str] = field(default_factory=list)
 
     def fused_partners(self, name: str) -> list[str]:
         q = self.quantized[name]
@@ -263,6 +264,7 @@ def make_plan(
     for name, q in quantized.items():
         if q.fused_key is not None:
             fused.setdefault(q.fused_key, []).append(name)
+    warnings = _block_warnings(scheme, quantized) if scheme.block else []
     for shard in shards:
         for t in shard.tensors:
             if t.name in quantized:
@@ -284,7 +286,30 @@ def make_plan(
         fused,
         tensor_shard,
         config,
+        warnings,
     )
+
+
+def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str]:
+    """vLLM's fp8-block rule for fused layers: every member but the last (and both
+    of an expert's gate/up) a multiple of the block's rows. The checkpoint is still
+    what compressed-tensors and llm-compressor write; vLLM refuses to load it."""
+    bh = scheme.block[0]
+    bad: dict[str, int] = {}
+    for q in quantized.values():
+        rows = q.src.shape[0]
+        for members in FUSED_SETS:
+            if q.role in members and rows % bh:
+                last = members[-1] if not q.role.startswith("expert_") else None
+                if q.role != last:
+                    bad.setdefault(q.role, rows)
+    return [
+        f"fp8-block: {role} has {rows} rows, not a multiple of {bh}: vLLM fuses "
+        f"{' + '.join(next(m for m in FUSED_SETS if role in m))} into one layer "
+        "and will refuse to load this checkpoint (the file itself is what "
+        "compressed-tensors and llm-compressor write)"
+        for role, rows in sorted(bad.items())
+    ]
 
 
 def _match(patterns, module: str):

@@ -1,0 +1,92 @@
+"""Quantized checkpoints in vLLM 0.32's CPU engine (the in-tree model classes).
+
+`onboard validate` checks accuracy through the generated plugin; these tests pin
+down what the CPU engine itself does with each scheme's files: load and generate,
+or refuse with a known error (recorded in docs/quantize.md). A refusal that
+changes (a vLLM upgrade adding a CPU path, or a new error) fails here first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboard.quantize import quantize_checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quantize_helpers import (  # noqa: E402
+    write_bundled_dsv3_checkpoint,
+    write_llama_checkpoint,
+)
+
+LOADER = Path(__file__).parent / "quantize_engine_load.py"
+
+# What vLLM 0.32's CPU build does with each scheme (None: loads and generates).
+DENSE = {
+    "fp8-dynamic": None,
+    "fp8-block": None,
+    "nvfp4": None,
+    "nvfp4a16": "Marlin FP4 not available",
+    "mxfp4": None,
+}
+DEEPSEEK = {
+    "fp8-dynamic": "Unsupported FP8 MoE backend: NONE",
+    "fp8-block": "is not divisible by weight quantization block_n = 128",
+    "nvfp4": None,
+    "nvfp4a16": "Marlin FP4 not available",
+    "mxfp4": None,
+}
+
+
+def load(model: Path) -> tuple[dict, str]:
+    r = subprocess.run(
+        [sys.executable, LOADER, model], capture_output=True, text=True, timeout=900
+    )
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]), r.stderr
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return write_llama_checkpoint(
+        tmp_path_factory.mktemp("engine") / "bf16",
+        hidden=512, intermediate=1536, layers=2, vocab=1024, heads=4, kv=2,
+    )  # fmt: skip
+
+
+@pytest.mark.engine
+def test_fp8_dynamic_dense_loads_and_generates(llama, tmp_path):
+    out = quantize_checkpoint(llama, "fp8-dynamic", tmp_path / "fp8")
+    res, log = load(out)
+    assert res["ok"], log[-3000:]
+    assert len(res["tokens"]) == 8
+    assert "CompressedTensorsW8A8Fp8" in res["methods"]
+
+
+def check(res: dict, log: str, expected: str | None) -> None:
+    if expected is None:
+        assert res["ok"], log[-3000:]
+        assert len(res["tokens"]) == 8
+    else:
+        assert not res["ok"]
+        assert expected in log, log[-3000:]
+
+
+@pytest.mark.acceptance
+@pytest.mark.parametrize("scheme", list(DENSE))
+def test_dense_scheme_in_cpu_engine(llama, tmp_path, scheme):
+    check(*load(quantize_checkpoint(llama, scheme, tmp_path / scheme)), DENSE[scheme])
+
+
+@pytest.mark.acceptance
+@pytest.mark.parametrize("scheme", list(DEEPSEEK))
+def test_deepseek_v3_style_scheme_in_cpu_engine(tmp_path_factory, tmp_path, scheme):
+    ckpt = tmp_path_factory.getbasetemp() / "engine-dsv3"
+    if not ckpt.exists():
+        write_bundled_dsv3_checkpoint(ckpt)
+    out = quantize_checkpoint(ckpt, scheme, tmp_path / scheme)
+    check(*load(out), DEEPSEEK[scheme])
