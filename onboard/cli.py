@@ -52,6 +52,12 @@ def spec_check(
     from onboard.spec import load_spec
 
     loaded = load_spec(spec)
+    from onboard.targets.check import check_spec_targets
+
+    # What the spec's targets can only emulate: warnings (exit 0); what cannot run
+    # at all raises a located SpecError (exit 2).
+    for warning in check_spec_targets(spec, loaded):
+        err.print(f"warning: {warning}", markup=False)
     if checkpoint is not None:
         from onboard.checkpoint.preflight import preflight
 
@@ -294,6 +300,113 @@ def publish(
         f"verified {outcome.verified} files against local checksums at {outcome.ref}",
         markup=False,
     )
+
+
+@app.command("targets")
+def targets(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the hardware target profiles (onboard/targets/profiles.yaml)."""
+    from onboard.targets import SCHEMES, load_profiles
+
+    profiles = load_profiles()
+    if as_json:
+        print(json.dumps({n: p.model_dump() for n, p in profiles.items()}, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="onboard hardware targets (vLLM 0.32)")
+    for column in (
+        "target",
+        "arch",
+        "memory",
+        "FP8",
+        "native",
+        "emulated",
+        "no path",
+        "attention / MLA / MoE",
+        "env",
+        "vLLM",
+    ):
+        table.add_column(column, overflow="fold")
+    for name, p in profiles.items():
+        memory = "host RAM"
+        if p.memory_gb is not None:
+            memory = f"{p.memory_gb:g} GB x {p.devices_per_node}"
+            if p.scale_up_devices > p.devices_per_node:
+                memory += f" (NVLink {p.scale_up_devices})"
+        by_level = {
+            level: ", ".join(s for s in SCHEMES if p.schemes[s].support == level)
+            for level in ("native", "emulated", "unsupported")
+        }
+        b = p.backends
+        table.add_row(
+            name,
+            p.arch.split()[0],
+            memory,
+            p.fp8_dtype.removeprefix("float8_"),
+            by_level["native"],
+            by_level["emulated"],
+            by_level["unsupported"],
+            f"{b.attention_name} / {b.mla_name} / {b.moe.split()[0]}",
+            " ".join(f"{k}={v}" for k, v in p.env.items() if not v.startswith("<")),
+            p.vllm.package,
+        )
+    # Piped output gets a table wide enough to read; a terminal keeps its width.
+    console = out if out.is_terminal else Console(width=180, highlight=False)
+    console.print(table)
+
+
+@app.command("plan")
+def plan(
+    spec: SpecArg,
+    target: Annotated[str, typer.Option(help="Hardware target (`onboard targets`).")],
+    scheme: Annotated[
+        str, typer.Option(help="bf16, fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4.")
+    ] = "bf16",
+    context: Annotated[
+        int | None,
+        typer.Option(help="Tokens per request (default: max_position_embeddings)."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Requests served at once.")] = 1,
+    dtype: Annotated[
+        str, typer.Option(help="Serving dtype: bfloat16, float16 or float32.")
+    ] = "bfloat16",
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto or fp8.")] = "auto",
+    output_len: Annotated[
+        int | None,
+        typer.Option(help="Output tokens per request (default min(1024, N/2))."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model path or Hub id for the command line.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Plan serving SPEC on TARGET: weights, KV cache, layout, capacity, command."""
+    from onboard.plan import make_plan
+    from onboard.plan.render import render_plan
+    from onboard.spec import load_spec
+
+    result = make_plan(
+        load_spec(spec),
+        target,
+        scheme,
+        context=context,
+        concurrency=concurrency,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        output_len=output_len,
+        model=model,
+    )
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        out.print(render_plan(result), markup=False)
+    if result.chosen is None:
+        raise CheckFailed(
+            f"no layout of up to {result.candidates[-1].layout.devices} {target} "
+            "devices holds the model and the requested KV cache"
+        )
 
 
 def main() -> None:

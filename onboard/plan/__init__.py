@@ -1,0 +1,419 @@
+"""`onboard plan`: how to serve a spec on a hardware target, with the arithmetic.
+
+``make_plan`` computes, from the spec and the target profile: weight bytes for the
+scheme (:mod:`onboard.plan.weights`), KV-cache bytes per token
+(:mod:`onboard.plan.kv`), the smallest layout whose devices hold weights, reserve
+and the KV cache of ``concurrency`` requests of ``context`` tokens
+(:mod:`onboard.plan.layout`), the maximum context at that concurrency, whether
+decode context parallelism or prefill/decode disaggregation pays, and the
+``vllm serve`` command with its environment (:mod:`onboard.plan.serve`).
+``render_plan`` writes it all out so that a reader can redo it by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onboard.errors import InputError
+from onboard.plan.kv import KV_DTYPE_BYTES, KVReport, kv_report
+from onboard.plan.layout import (
+    DeviceMemory,
+    GiB,
+    Layout,
+    candidate_layouts,
+    device_memory,
+    max_concurrency,
+    max_context,
+    reserve_bytes,
+)
+from onboard.plan.weights import DTYPE_BYTES, WeightReport, weight_report
+from onboard.spec.model import ModelSpec
+from onboard.targets import SCHEMES, SchemeSupport, TargetProfile, get_target
+
+# Decode context parallelism pays from this context on (tokens), see dcp_decision.
+DCP_LONG_CONTEXT = 32768
+# P/D disaggregation pays when a prompt spans at least this many chunked-prefill
+# steps and at least PD_MIN_CONCURRENCY requests decode meanwhile.
+PD_PROMPT_CHUNKS = 4
+PD_MIN_CONCURRENCY = 8
+MAX_GPU_DEVICES = 64
+DEFAULT_OUTPUT_LEN = 1024
+
+
+@dataclass(frozen=True)
+class Decision:
+    pays: bool
+    reason: str
+
+
+@dataclass
+class ServingPlan:
+    spec: ModelSpec
+    target: TargetProfile
+    scheme: str
+    support: SchemeSupport
+    dtype: str
+    kv_cache_dtype: str
+    context: int
+    concurrency: int
+    output_len: int
+    weights: WeightReport
+    kv: KVReport
+    memory_per_device: int  # bytes
+    usable: int  # memory_per_device x utilization
+    reserve: int
+    reserve_items: dict[str, int]
+    candidates: list[DeviceMemory]
+    chosen: DeviceMemory | None
+    dcp: Decision
+    pd: Decision
+    max_context: int = 0
+    max_concurrency: int = 0
+    kv_block_size: int | None = None
+    cpu_kv_space_gib: int | None = None
+    num_blocks: int | None = None
+    model: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    pd_commands: list[tuple[str, list[str]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def layout(self) -> Layout | None:
+        return self.chosen.layout if self.chosen else None
+
+    @property
+    def nodes(self) -> int:
+        if self.layout is None:
+            return 0
+        return math.ceil(self.layout.devices / self.target.devices_per_node)
+
+    def to_dict(self) -> dict:
+        """The plan's numbers, for JSON output and reports."""
+        layout = self.layout
+        return {
+            "spec": self.spec.name,
+            "target": self.target.name,
+            "scheme": self.scheme,
+            "scheme_support": self.support.support,
+            "dtype": self.dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "context": self.context,
+            "concurrency": self.concurrency,
+            "weights": {
+                "total_bytes": self.weights.total_bytes,
+                "total_params": self.weights.total_params,
+                "quantized_params": self.weights.quantized_params,
+                "mtp_bytes": self.weights.mtp.bytes,
+                "groups": {
+                    g.name: {"params": g.params, "bytes": g.bytes, "shard": g.shard}
+                    for g in self.weights.groups.values()
+                },
+            },
+            "kv_cache": {
+                "bytes_per_token": self.kv.bytes_per_token,
+                "bytes_per_token_without_sharing": (
+                    self.kv.bytes_per_token_without_sharing
+                ),
+                "bytes_per_request": self.kv.bytes_per_request(self.context),
+                "layers": [
+                    {
+                        "index": x.index,
+                        "kind": x.kind,
+                        "bytes_per_token": x.bytes_per_token,
+                        "window": x.window,
+                        "shares": x.shares,
+                    }
+                    for x in self.kv.layers
+                ],
+            },
+            "layout": None
+            if layout is None
+            else {
+                "name": layout.name,
+                "tp": layout.tp,
+                "dp": layout.dp,
+                "pp": layout.pp,
+                "ep": layout.ep,
+                "dcp": layout.dcp,
+                "devices": layout.devices,
+                "nodes": self.nodes,
+            },
+            "per_device": None
+            if self.chosen is None
+            else {
+                "memory": self.memory_per_device,
+                "usable": self.usable,
+                "weights": self.chosen.weights,
+                "reserve": self.reserve,
+                "kv_budget": self.chosen.kv_budget,
+                "kv_needed": self.chosen.kv_needed,
+            },
+            "max_context": self.max_context,
+            "max_concurrency": self.max_concurrency,
+            "num_blocks": self.num_blocks,
+            "kv_block_size": self.kv_block_size,
+            "dcp": {"pays": self.dcp.pays, "reason": self.dcp.reason},
+            "pd_disaggregation": {"pays": self.pd.pays, "reason": self.pd.reason},
+            "env": self.env,
+            "command": self.argv,
+        }
+
+
+def make_plan(
+    spec: ModelSpec,
+    target: str | TargetProfile,
+    scheme: str = "bf16",
+    *,
+    context: int | None = None,
+    concurrency: int = 1,
+    dtype: str = "bfloat16",
+    kv_cache_dtype: str = "auto",
+    output_len: int | None = None,
+    model: str | None = None,
+    host_memory_bytes: int | None = None,
+) -> ServingPlan:
+    """Plan serving ``spec`` on ``target`` (see the module docstring)."""
+    from onboard.plan.serve import fill_commands
+
+    profile = target if isinstance(target, TargetProfile) else get_target(target)
+    if scheme not in SCHEMES:
+        raise InputError(
+            f"--scheme: unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}"
+        )
+    if dtype not in DTYPE_BYTES:
+        raise InputError(f"--dtype: choose one of {', '.join(DTYPE_BYTES)}")
+    if kv_cache_dtype not in ("auto", "fp8"):
+        raise InputError("--kv-cache-dtype: choose auto or fp8")
+    support = profile.scheme(scheme)
+    if support.support == "unsupported":
+        raise InputError(
+            f"{profile.name} cannot run {scheme} in vLLM 0.32: {support.note}"
+        )
+    context = spec.max_position_embeddings if context is None else context
+    if not 0 < context <= spec.max_position_embeddings:
+        raise InputError(
+            f"--context must be in 1..{spec.max_position_embeddings} "
+            f"(the spec's max_position_embeddings), got {context}"
+        )
+    if concurrency < 1:
+        raise InputError(f"--concurrency must be at least 1, got {concurrency}")
+    if output_len is None:
+        output_len = min(DEFAULT_OUTPUT_LEN, context // 2)
+
+    weights = weight_report(spec, scheme, dtype)
+    kv = kv_report(spec, dtype if kv_cache_dtype == "auto" else kv_cache_dtype)
+    memory = _device_memory_bytes(profile, host_memory_bytes)
+    usable = int(memory * profile.memory_utilization)
+    reserve, items = reserve_bytes(
+        spec,
+        profile.max_num_batched_tokens,
+        concurrency,
+        profile.overhead_gib,
+        DTYPE_BYTES[dtype],
+    )
+    max_devices = MAX_GPU_DEVICES if profile.is_gpu else profile.devices_per_node
+
+    def memory_of(layout: Layout) -> DeviceMemory:
+        return device_memory(
+            spec,
+            weights,
+            kv,
+            layout,
+            usable=usable,
+            reserve=reserve,
+            context=context,
+            concurrency=concurrency,
+        )
+
+    candidates: list[DeviceMemory] = []
+    chosen = None
+    dcp = Decision(False, "no layout fits")
+    for layout in candidate_layouts(spec, profile.scale_up_devices, max_devices):
+        mem = memory_of(layout)
+        candidates.append(mem)
+        if not mem.weights_fit:
+            continue
+        dcp = dcp_decision(spec, kv, profile, layout, mem.fits, context)
+        if dcp.pays:
+            with_dcp = memory_of(layout.with_dcp(layout.kv_replicas(spec)))
+            candidates.append(with_dcp)
+            if with_dcp.fits:
+                chosen = with_dcp
+                break
+        elif mem.fits:
+            chosen = mem
+            break
+
+    plan = ServingPlan(
+        spec=spec,
+        target=profile,
+        scheme=scheme,
+        support=support,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        context=context,
+        concurrency=concurrency,
+        output_len=output_len,
+        weights=weights,
+        kv=kv,
+        memory_per_device=memory,
+        usable=usable,
+        reserve=reserve,
+        reserve_items=items,
+        candidates=candidates,
+        chosen=chosen,
+        dcp=dcp,
+        pd=pd_decision(profile, context, concurrency, output_len, chosen is not None),
+    )
+    if chosen is not None:
+        if not profile.is_gpu:
+            _cpu_kv_cache(plan)
+        else:
+            plan.max_context = max_context(spec, kv, chosen, concurrency)
+            plan.max_concurrency = max_concurrency(spec, kv, chosen, context)
+    fill_commands(plan, model)
+    return plan
+
+
+def dcp_decision(
+    spec: ModelSpec,
+    kv: KVReport,
+    profile: TargetProfile,
+    layout: Layout,
+    fits_without: bool,
+    context: int,
+) -> Decision:
+    """Decode context parallelism shards each request's KV cache over the r TP
+    ranks that would otherwise hold r copies of it (MLA: r = TP; GQA: r = TP /
+    num_kv_heads when TP exceeds the KV heads). Rule: it pays when r > 1, the
+    backend supports it, and either the requested load does not fit without it
+    or the context is long (>= DCP_LONG_CONTEXT tokens), where decode reads each
+    request's whole cache every step and DCP splits that read r ways, for one
+    all-gather and one reduce-scatter per layer."""
+    r = layout.kv_replicas(spec)
+    if not profile.is_gpu:
+        return Decision(False, "not on the cpu target (no DCP in vLLM's CPU build)")
+    if r == 1:
+        return Decision(
+            False,
+            f"{layout.name}: each rank holds a different share of the KV cache, "
+            "no copies to shard",
+        )
+    if kv.sliding:
+        return Decision(
+            False,
+            "the model has sliding-window layers and vLLM 0.32 refuses DCP with "
+            "them (SlidingWindowSpec: 'DCP not support sliding window')",
+        )
+    if spec.attention.type == "gqa" and profile.platform == "rocm":
+        return Decision(
+            False,
+            "ROCm's MHA backends cannot return the softmax LSE that DCP merges "
+            "(can_return_lse_for_decode)",
+        )
+    if not fits_without:
+        return Decision(
+            True,
+            f"{layout.name} holds {r} copies of every request's KV cache and the "
+            f"requested load only fits when DCP {r} shards them",
+        )
+    if context >= DCP_LONG_CONTEXT:
+        return Decision(
+            True,
+            f"context {context:,} >= {DCP_LONG_CONTEXT:,}: {layout.name} holds {r} "
+            f"copies of the KV cache; DCP {r} stores and reads 1/{r} of each "
+            f"request per rank ({r}x the KV capacity, {r}x less KV read per "
+            "decode step)",
+        )
+    return Decision(
+        False,
+        f"context {context:,} < {DCP_LONG_CONTEXT:,} and the load fits: the KV "
+        "read per decode step is small, DCP's per-layer communication would cost "
+        "more than it saves",
+    )
+
+
+def pd_decision(
+    profile: TargetProfile, context: int, concurrency: int, output_len: int, fits: bool
+) -> Decision:
+    """Prefill/decode disaggregation (NIXL connector) moves prefills to their
+    own instance, so that long prompts stop stalling decodes. Rule: it pays when
+    a prompt (context - output) spans at least PD_PROMPT_CHUNKS chunked-prefill
+    steps of max_num_batched_tokens, each of which delays every running decode,
+    and at least PD_MIN_CONCURRENCY requests decode at once; it costs a second
+    instance of the layout and one KV transfer per request."""
+    prompt = context - output_len
+    chunks = math.ceil(prompt / profile.max_num_batched_tokens) if prompt > 0 else 0
+    if not profile.is_gpu:
+        return Decision(False, "not on the cpu target (NIXL moves GPU memory)")
+    if not fits:
+        return Decision(False, "no layout fits")
+    facts = (
+        f"a {prompt:,}-token prompt takes {chunks} prefill step(s) of "
+        f"{profile.max_num_batched_tokens:,} tokens; {concurrency} request(s) decode "
+        "at once"
+    )
+    if chunks >= PD_PROMPT_CHUNKS and concurrency >= PD_MIN_CONCURRENCY:
+        return Decision(True, f"{facts}: every prefill would stall the decodes")
+    return Decision(
+        False,
+        f"{facts} (pays from {PD_PROMPT_CHUNKS} steps and {PD_MIN_CONCURRENCY} "
+        "concurrent requests)",
+    )
+
+
+def _device_memory_bytes(profile: TargetProfile, host: int | None) -> int:
+    if profile.memory_gb is not None:
+        return int(profile.memory_gb * 1e9)
+    if host is not None:
+        return host
+    return _host_memory()
+
+
+def _host_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    raise InputError("cannot read the host's memory (/proc/meminfo) for the cpu target")
+
+
+def _cpu_kv_cache(plan: ServingPlan) -> None:
+    """The CPU engine gets exactly VLLM_CPU_KVCACHE_SPACE GiB of KV cache: the
+    smallest whole GiB that holds the requested load (at least 1). vLLM then makes
+    floor(space / bytes per block) blocks (see KVReport.bytes_per_block)."""
+    spec, kv = plan.spec, plan.kv
+    need = plan.concurrency * kv.bytes_per_request(plan.context)
+    plan.cpu_kv_space_gib = max(1, math.ceil(need / GiB))
+    space = plan.cpu_kv_space_gib * GiB
+    assert plan.target.kv_block_size is not None
+    kind = "mla" if spec.attention.type == "mla" else "attention"
+    plan.kv_block_size = plan.target.kv_block_size[kind]
+    plan.num_blocks = space // kv.bytes_per_block(plan.kv_block_size)
+    # The chosen rank's KV budget on cpu is the space, not the leftover memory.
+    chosen = plan.chosen
+    assert chosen is not None
+    budget_mem = DeviceMemory(
+        chosen.layout,
+        space + chosen.weights + chosen.reserve,
+        chosen.weights,
+        chosen.reserve,
+        chosen.kv_needed,
+    )
+    plan.max_context = max_context(spec, kv, budget_mem, plan.concurrency)
+    plan.max_concurrency = max_concurrency(spec, kv, budget_mem, plan.context)
+
+
+__all__ = [
+    "KV_DTYPE_BYTES",
+    "Decision",
+    "ServingPlan",
+    "dcp_decision",
+    "make_plan",
+    "pd_decision",
+]

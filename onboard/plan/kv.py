@@ -1,0 +1,146 @@
+"""KV-cache bytes per token, layer by layer, as vLLM 0.32 accounts them.
+
+vLLM gives every attention layer that owns a KV cache a spec
+(vllm/v1/kv_cache_interface.py) whose page holds ``block_size`` tokens:
+
+* MHA / GQA (``FullAttentionSpec``, ``SlidingWindowSpec``): a page is
+  ``block_size x num_kv_heads x (head_size + head_size_v) x dtype bytes``, i.e.
+  ``2 x kv_heads x head_dim x bytes`` per token;
+* MLA (``MLAAttentionSpec``): one latent per token, ``num_kv_heads = 1``,
+  ``head_size = kv_lora_rank + qk_rope_head_dim`` and no separate V:
+  ``(kv_lora_rank + qk_rope_head_dim) x bytes`` per token;
+* a layer that reads another layer's cache (cross-layer KV sharing) gets no spec
+  and adds nothing (the model runner's ``shared_kv_cache_layers``).
+
+A sliding-window layer keeps at most its window of tokens per request (vLLM keeps
+``window - 1`` plus the tokens in flight, rounded up to blocks, plus one block),
+so at a context of N tokens it holds ``min(N, window)`` tokens' worth; full and
+MLA layers hold N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onboard.spec.model import ModelSpec
+
+KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    index: int
+    kind: str  # "full", "sliding" or "mla"
+    bytes_per_token: int  # 0 when the layer reads another layer's cache
+    window: int | None = None  # sliding layers
+    shares: int | None = None  # the layer whose cache this one reads
+
+    def tokens(self, context: int) -> int:
+        """Tokens of one request of ``context`` tokens this layer keeps."""
+        return min(context, self.window) if self.window else context
+
+
+@dataclass(frozen=True)
+class KVReport:
+    dtype: str
+    dtype_bytes: int
+    layers: tuple[KVLayer, ...]
+    formula: str  # per-layer bytes per token, written out
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Sum over the layers that own a cache: vLLM's page bytes / block size."""
+        return sum(layer.bytes_per_token for layer in self.layers)
+
+    @property
+    def bytes_per_token_without_sharing(self) -> int:
+        """As if every layer owned its cache (what KV sharing saves)."""
+        return sum(self._own(layer) for layer in self.layers)
+
+    def bytes_per_request(self, context: int) -> int:
+        """KV bytes of one request of ``context`` tokens (windows applied)."""
+        return sum(
+            layer.bytes_per_token * layer.tokens(context) for layer in self.layers
+        )
+
+    @property
+    def owning_layers(self) -> tuple[KVLayer, ...]:
+        return tuple(layer for layer in self.layers if layer.shares is None)
+
+    @property
+    def sliding(self) -> bool:
+        return any(layer.kind == "sliding" for layer in self.owning_layers)
+
+    def cache_groups(self) -> list[list[int]]:
+        """vLLM's KV-cache groups of the layers that own a cache
+        (kv_cache_utils._get_kv_cache_groups_uniform_page_size): layers of one
+        kind form a bucket; every group has the same number of layers, the
+        smallest bucket's size (or the largest's when that is under 1.5 times
+        the smallest); bucket b splits into groups layers[i::ceil(len/size)]."""
+        buckets: dict[tuple, list[int]] = {}
+        for layer in self.owning_layers:
+            buckets.setdefault((layer.kind, layer.window), []).append(layer.index)
+        if not buckets:
+            return []
+        sizes = [len(b) for b in buckets.values()]
+        size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+        groups = []
+        for layers in buckets.values():
+            n = -(-len(layers) // size)
+            groups += [layers[i::n] for i in range(n)]
+        return groups
+
+    def bytes_per_block(self, block_size: int) -> int:
+        """Bytes of one block in vLLM's shared pool: block_size tokens of every
+        layer of the largest group (all groups alias one pool of blocks)."""
+        per_layer = {x.index: x.bytes_per_token for x in self.owning_layers}
+        return max(
+            (block_size * sum(per_layer[i] for i in g) for g in self.cache_groups()),
+            default=0,
+        )
+
+    def _own(self, layer: KVLayer) -> int:
+        if layer.shares is None:
+            return layer.bytes_per_token
+        return self.layers[layer.shares].bytes_per_token
+
+
+def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
+    """Per-layer KV bytes per token of the spec's decoder (MTP heads excluded:
+    they hold a cache only when served as speculative drafts)."""
+    b = KV_DTYPE_BYTES[dtype]
+    att = spec.attention
+    if att.type == "mla":
+        assert att.mla is not None
+        latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
+        per_layer = latent * b
+        formula = (
+            f"MLA: (kv_lora_rank {att.mla.kv_lora_rank} + qk_rope_head_dim "
+            f"{att.mla.qk_rope_head_dim}) x {b} B = {per_layer:,} B"
+        )
+    else:
+        per_layer = 2 * spec.num_kv_heads * spec.head_dim * b
+        formula = (
+            f"{'MHA' if spec.num_kv_heads == att.num_heads else 'GQA'}: 2 x "
+            f"num_kv_heads {spec.num_kv_heads} x head_dim {spec.head_dim} x {b} B "
+            f"= {per_layer:,} B"
+        )
+    layers = []
+    for plan in spec.layers():
+        if att.type == "mla":
+            kind, window = "mla", None
+        elif plan.attention_type == "sliding_attention":
+            kind, window = "sliding", att.sliding_window
+        else:
+            kind, window = "full", None
+        shared = plan.kv_sharing_target is not None
+        layers.append(
+            KVLayer(
+                index=plan.index,
+                kind=kind,
+                bytes_per_token=0 if shared else per_layer,
+                window=window,
+                shares=plan.kv_sharing_target,
+            )
+        )
+    return KVReport(dtype=dtype, dtype_bytes=b, layers=tuple(layers), formula=formula)

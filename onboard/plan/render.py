@@ -1,0 +1,256 @@
+"""The plan as text: every number with the arithmetic that produced it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from onboard.plan.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
+from onboard.plan.serve import shell
+from onboard.plan.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
+
+if TYPE_CHECKING:
+    from onboard.plan import ServingPlan
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def render_plan(plan: ServingPlan) -> str:
+    spec, t, w, kv = plan.spec, plan.target, plan.weights, plan.kv
+    out: list[str] = []
+    add = out.append
+    add(f"onboard plan: {spec.name} on {t.name} ({t.description})")
+    add(
+        f"scheme {plan.scheme} ({plan.support.support} on {t.name}"
+        + (f": {plan.support.note}" if plan.support.note else "")
+        + f"), dtype {plan.dtype}, KV cache {kv.dtype}"
+    )
+    add(
+        f"load: {plan.concurrency} request(s) of {plan.context:,} tokens "
+        f"({plan.output_len:,} of them output)"
+    )
+
+    add("")
+    add(f"1. Weights ({plan.scheme}; unquantized tensors in {w.dtype})")
+    add(_weight_rule(plan.scheme))
+    add(f"   {'group':<40} {'params':>17} {'bytes':>19}  split over")
+    for g in w.groups.values():
+        add(
+            f"   {g.name:<40} {g.params:>17,} {g.bytes:>19,}  {_shard_text(g.shard)}"
+            + (" (quantized)" if g.quantized_params == g.params and g.params else "")
+        )
+    add(
+        f"   {'total':<40} {w.total_params:>17,} {w.total_bytes:>19,}  "
+        f"= {gib(w.total_bytes)}"
+    )
+    if w.mtp.tensors:
+        add(
+            f"   MTP heads (not loaded without MTP speculation): {w.mtp.params:,} "
+            f"params, {w.mtp.bytes:,} B"
+        )
+
+    add("")
+    add(f"2. KV cache per token ({kv.dtype}, {kv.dtype_bytes} B per value)")
+    add(f"   per layer: {kv.formula}")
+    kinds: dict[str, list[int]] = {}
+    for layer in kv.layers:
+        key = "shared" if layer.shares is not None else layer.kind
+        kinds.setdefault(key, []).append(layer.index)
+    for key, idx in kinds.items():
+        add(f"   {key:<8} layers ({len(idx)}): {_ranges(idx)}")
+    owning = kv.owning_layers
+    per_layer = owning[0].bytes_per_token if owning else 0
+    add(
+        f"   {len(owning)} layers own a cache x {per_layer:,} B = "
+        f"{kv.bytes_per_token:,} B per token"
+        + (
+            f" ({kv.bytes_per_token_without_sharing:,} B without KV sharing)"
+            if kv.bytes_per_token != kv.bytes_per_token_without_sharing
+            else ""
+        )
+    )
+    windowed = [x for x in owning if x.window]
+    if windowed:
+        full = [x for x in owning if not x.window]
+        win = windowed[0].window
+        add(
+            f"   one request of {plan.context:,} tokens: {len(full)} x {per_layer:,} x "
+            f"{plan.context:,} + {len(windowed)} x {per_layer:,} x min("
+            f"{plan.context:,}, window {win:,}) = "
+            f"{kv.bytes_per_request(plan.context):,} B"
+        )
+    else:
+        add(
+            f"   one request of {plan.context:,} tokens: {kv.bytes_per_token:,} x "
+            f"{plan.context:,} = {kv.bytes_per_request(plan.context):,} B = "
+            f"{gib(kv.bytes_per_request(plan.context))}"
+        )
+
+    add("")
+    add("3. Memory per device")
+    mem_src = f"{t.memory_gb:g} GB" if t.memory_gb is not None else "host memory"
+    add(
+        f"   usable = {mem_src} ({plan.memory_per_device:,} B) x "
+        f"{t.memory_utilization:g} = {plan.usable:,} B = {gib(plan.usable)}"
+    )
+    act = plan.reserve_items
+    add(
+        f"   reserve = {act['non-torch overhead']:,} "
+        f"(non-torch, {t.overhead_gib:g} GiB)"
+        f" + {act['activations']:,} (activations: {ACTIVATION_BUFFERS} x "
+        f"{t.max_num_batched_tokens:,} tokens x hidden {spec.hidden_size:,} x "
+        f"{2 if plan.dtype != 'float32' else 4} B)"
+        f" + {act['logits']:,} (logits: {plan.concurrency} seqs x vocab "
+        f"{spec.vocab_size:,} x {LOGIT_BYTES} B) = {plan.reserve:,} B"
+    )
+    add(
+        "   layouts tried (weights per device from section 1; KV = requests per "
+        "rank x one request's KV / split):"
+    )
+    add(
+        f"   {'devices':>7}  {'layout':<24} {'weights/dev':>17} {'KV needed/dev':>17}"
+        f" {'KV budget/dev':>18}  fits"
+    )
+    for c in plan.candidates:
+        status = (
+            f"no: {c.problem}"
+            if c.problem
+            else (
+                "yes" if c.fits else "no (weights)" if c.kv_budget <= 0 else "no (KV)"
+            )
+        )
+        add(
+            f"   {c.layout.devices:>7}  {c.layout.name:<24} {c.weights:>17,} "
+            f"{c.kv_needed:>17,} {c.kv_budget:>18,}  {status}"
+        )
+    if plan.chosen is None:
+        add("   no layout fits: the plan stops here")
+        return "\n".join(out)
+    c = plan.chosen
+    lay = c.layout
+    add(
+        f"   chosen: {lay.name} on {lay.devices} device(s) ({plan.nodes} node(s) of "
+        f"{t.devices_per_node}) - the first that fits, fewest devices first"
+    )
+    add(
+        f"   per device: weights {gib(c.weights)} + reserve {gib(plan.reserve)} + KV "
+        f"{gib(c.kv_needed)} = {gib(c.weights + plan.reserve + c.kv_needed)} of "
+        f"{gib(plan.usable)} usable"
+    )
+    split = lay.tp / lay.kv_replicas(spec)
+    add(
+        f"   KV per request per rank = {kv.bytes_per_request(plan.context):,} / "
+        f"(TP split {split:g} x DCP {lay.dcp} x PP {lay.pp}) = "
+        f"{lay.kv_bytes_per_request(spec, kv, plan.context):,.0f} B; "
+        f"requests per rank = ceil({plan.concurrency} / DP {lay.dp}) = "
+        f"{lay.requests_per_rank(plan.concurrency)}"
+    )
+
+    add("")
+    add("4. Capacity")
+    if plan.cpu_kv_space_gib is not None:
+        add(
+            f"   VLLM_CPU_KVCACHE_SPACE = ceil({plan.concurrency} x "
+            f"{kv.bytes_per_request(plan.context):,} B / 1 GiB) = "
+            f"{plan.cpu_kv_space_gib} GiB (at least 1)"
+        )
+        groups = kv.cache_groups()
+        add(
+            f"   KV-cache groups (vLLM): {len(groups)} of {len(groups[0])} layer(s): "
+            + "; ".join(",".join(map(str, g)) for g in groups)
+        )
+        add(
+            f"   KV blocks = {plan.cpu_kv_space_gib} GiB // ({plan.kv_block_size} "
+            f"tokens x {len(groups[0])} layer(s) x {owning[0].bytes_per_token:,} B) = "
+            f"{plan.num_blocks:,} blocks of {plan.kv_block_size} tokens, shared by "
+            "the groups"
+        )
+        budget = plan.cpu_kv_space_gib * GiB
+    else:
+        budget = c.kv_budget
+        add(
+            f"   KV budget per device = usable - weights - reserve = {budget:,} B "
+            f"= {gib(budget)}"
+        )
+    add(
+        f"   max context at {plan.concurrency} concurrent request(s): "
+        f"{plan.max_context:,} tokens"
+        + (
+            " (the spec's maximum)"
+            if plan.max_context == spec.max_position_embeddings
+            else ""
+        )
+    )
+    add(
+        f"   max concurrency at {plan.context:,} tokens: {plan.max_concurrency:,} "
+        "request(s)"
+    )
+
+    add("")
+    add("5. Decode context parallelism (DCP)")
+    add(f"   {'pays' if plan.dcp.pays else 'does not pay'}: {plan.dcp.reason}")
+    add("6. Prefill/decode disaggregation (NIXL connector)")
+    add(f"   {'pays' if plan.pd.pays else 'does not pay'}: {plan.pd.reason}")
+    if plan.pd.pays:
+        prompt = plan.context - plan.output_len
+        add(
+            f"   KV sent per request: {kv.bytes_per_token:,} B x {prompt:,} prompt "
+            f"tokens = {gib(kv.bytes_per_request(prompt))}"
+        )
+
+    add("")
+    add(f"7. Serve ({t.vllm.install})")
+    add("   backends: " + _backends(plan))
+    if plan.pd_commands:
+        for role, argv in plan.pd_commands:
+            add(f"# {role}")
+            add(shell(plan.env, argv))
+    else:
+        add(shell(plan.env, plan.argv))
+    for note in plan.notes:
+        add(f"# note: {note}")
+    return "\n".join(out)
+
+
+def _weight_rule(scheme: str) -> str:
+    rules = {
+        "bf16": "params x 2 B",
+        "fp8-dynamic": "quantized: params x 1 B + rows x 2 B scales",
+        "fp8-block": "quantized: params x 1 B + ceil(rows/128) x ceil(cols/128) x 2 B",
+        "nvfp4": "quantized: params / 2 + params / 16 scales + 8 B global scales",
+        "nvfp4a16": "quantized: params / 2 + params / 16 scales + 4 B global scale",
+        "mxfp4": "quantized: params / 2 + params / 32 scales",
+    }
+    return f"   bytes = {rules[scheme]}; others: params x dtype bytes"
+
+
+def _shard_text(shard: str) -> str:
+    return {
+        SHARD_TP: "TP",
+        SHARD_KV: "TP up to the KV heads",
+        SHARD_EXPERTS: "EP (whole experts), else TP",
+    }.get(shard, "replicated")
+
+
+def _backends(plan: ServingPlan) -> str:
+    b = plan.target.backends
+    attention = b.mla if plan.spec.attention.type == "mla" else b.attention
+    moe = plan.support.moe or b.moe
+    parts = [f"attention {attention}", f"linear {plan.support.linear}"]
+    if plan.spec.mlp.moe is not None:
+        parts.append(f"MoE {moe}")
+    return "; ".join(parts)
+
+
+def _ranges(idx: list[int]) -> str:
+    out, start = [], idx[0]
+    prev = start
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)

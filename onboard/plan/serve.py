@@ -1,0 +1,143 @@
+"""The `vllm serve` command line and environment of a plan."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onboard.plan import ServingPlan
+
+NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+def fill_commands(plan: ServingPlan, model: str | None) -> None:
+    """Set plan.model, plan.env, plan.argv (and the P/D pair when it pays)."""
+    spec, target = plan.spec, plan.target
+    if model is None:
+        if plan.scheme == "bf16":
+            model = spec.base_checkpoint or "./checkpoints/bf16"
+        else:
+            # Where `onboard new-model` writes the quantized checkpoint.
+            model = f"./checkpoints/{plan.scheme}"
+            plan.notes.append(
+                f"{model} is the {plan.scheme} checkpoint `onboard quantize` / "
+                "`onboard new-model` writes; point MODEL at its Hub copy if uploaded"
+            )
+    plan.model = model
+    env = {k: v for k, v in target.env.items() if not v.startswith("<")}
+    if plan.cpu_kv_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(plan.cpu_kv_space_gib)
+    plan.env = env
+
+    layout = plan.layout
+    argv = ["vllm", "serve", model]
+    if layout is not None:
+        argv += ["--tensor-parallel-size", str(layout.tp)]
+        if layout.pp > 1:
+            argv += ["--pipeline-parallel-size", str(layout.pp)]
+        if layout.dp > 1:
+            argv += ["--data-parallel-size", str(layout.dp)]
+            local = max(1, target.devices_per_node // layout.tp)
+            if layout.dp > local:
+                argv += ["--data-parallel-size-local", str(local)]
+        if layout.ep:
+            argv += ["--enable-expert-parallel"]
+        if layout.dcp > 1:
+            argv += ["--decode-context-parallel-size", str(layout.dcp)]
+    argv += [
+        "--max-model-len",
+        str(plan.context),
+        "--max-num-seqs",
+        str(plan.concurrency),
+        "--max-num-batched-tokens",
+        str(target.max_num_batched_tokens),
+    ]
+    if target.is_gpu:
+        argv += ["--gpu-memory-utilization", f"{target.memory_utilization:g}"]
+    if plan.dtype != "bfloat16":
+        argv += ["--dtype", plan.dtype]
+    if plan.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if not target.is_gpu and spec.attention.type == "mla" and plan.dtype != "bfloat16":
+        # The AMX MLA backend, preferred on AMX CPUs, only takes bf16.
+        argv += ["--attention-backend", "CPU_MLA"]
+    plan.argv = argv
+
+    if layout is not None and layout.devices > target.devices_per_node:
+        plan.notes.append(
+            f"{layout.devices} devices over {plan.nodes} nodes: run the command on "
+            "every node; on the others add --headless --data-parallel-start-rank "
+            "<first local DP rank> --data-parallel-address <head node IP>"
+            if layout.dp > 1
+            else f"{layout.devices} devices over {plan.nodes} nodes: start a Ray "
+            "cluster first (pipeline stages span nodes)"
+        )
+    if plan.pd.pays and layout is not None:
+        config = json.dumps(NIXL_CONFIG, separators=(",", ":"))
+        plan.pd_commands = [
+            (role, argv + ["--kv-transfer-config", config])
+            for role in ("prefill instance", "decode instance")
+        ]
+        plan.notes.append(
+            "P/D: both instances need NIXL (pip install nixl) and a proxy in front "
+            "that sends each prompt to the prefill instance, then to the decode "
+            "instance (vLLM's examples/online_serving/disaggregated_serving)"
+        )
+    if spec.mtp is not None:
+        plan.notes.append(
+            f"MTP heads ({_gib(plan.weights.mtp.bytes)}) are not loaded: add "
+            '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
+            f"{spec.mtp.num_heads}}}' to serve them as drafts (more weights and KV)"
+        )
+    if not vllm_knows(spec.architecture):
+        plan.notes.append(
+            f"vLLM 0.32 has no {spec.architecture}: install the generated plugin "
+            "first (onboard generate SPEC --out GEN; pip install GEN/plugin)"
+        )
+
+
+def shell(env: dict[str, str], argv: list[str]) -> str:
+    """The command as a copy-pasteable shell snippet, one flag per line."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    words = [shlex.quote(w) for w in argv]
+    parts: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if (
+            word.startswith("--")
+            and i + 1 < len(words)
+            and not words[i + 1].startswith("--")
+        ):
+            parts.append(f"{word} {words[i + 1]}")
+            i += 2
+        else:
+            parts.append(word)
+            i += 1
+    head = " ".join(parts[:3])
+    lines.append(" \\\n    ".join([head, *parts[3:]]))
+    return "\n".join(lines)
+
+
+@cache
+def vllm_knows(architecture: str) -> bool:
+    """Whether the installed vLLM's model registry names the architecture (read
+    from its source, so planning does not import vLLM). True when vLLM is not
+    installed here: nothing to say then."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return True
+    registry = Path(spec.origin).parent / "model_executor" / "models" / "registry.py"
+    try:
+        return f'"{architecture}"' in registry.read_text(encoding="utf-8")
+    except OSError:
+        return True
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB"

@@ -1,0 +1,161 @@
+"""What a spec asks of its targets: warnings for what a target can only emulate,
+errors for what cannot run at all.
+
+`onboard spec check` calls :func:`check_spec_targets` after the spec itself is
+valid: warnings are printed and leave the exit code at 0; errors exit 2, located
+like every other spec problem. The rules:
+
+* a scheme a listed GPU target only **emulates** (no native number format there,
+  e.g. NVFP4 on H100 or MI355X) -> warning: it runs, but its speed and kernels
+  there say nothing about the native format (the cpu target emulates FP8 by
+  nature: it stands in for validation, not for speed, so no warning);
+* a scheme the **cpu** target cannot run (vLLM's CPU build has no FP4 kernels) ->
+  warning: the `quant:<scheme>` check is not-run on cpu and runs on the GPU
+  targets;
+* a scheme a listed **GPU** target cannot run -> error;
+* a scheme that **no listed target** can run -> error (nothing would ever load
+  that checkpoint);
+* MLA whose latent (kv_lora_rank + qk_rope_head_dim) is not 576 with the cpu
+  target -> warning (the CPU MLA decode kernel takes 576 only), or an error when
+  cpu is the only target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from onboard.spec.model import ModelSpec
+from onboard.targets import load_profiles
+
+# The CPU MLA decode kernel's only latent size (DESIGN.md, CPU build facts).
+CPU_MLA_LATENT = 576
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class TargetFinding:
+    level: Literal["warning", "error"]
+    path: Loc
+    message: str
+
+
+def target_findings(spec: ModelSpec) -> list[TargetFinding]:
+    profiles = load_profiles()
+    out: list[TargetFinding] = []
+    for i, scheme in enumerate(spec.quantization):
+        runs = []
+        for j, name in enumerate(spec.targets):
+            target = profiles[name]
+            support = target.schemes[scheme]
+            why = support.note or support.linear or ""
+            if support.support == "native":
+                runs.append(name)
+            elif support.support == "emulated":
+                runs.append(name)
+                if not target.is_gpu:
+                    continue  # cpu stands in for validation; speed is not its point
+                out.append(
+                    TargetFinding(
+                        "warning",
+                        ("quantization", i),
+                        f"{scheme} is only emulated on {name} ({why}); it runs, but "
+                        "its speed there says nothing about the native format",
+                    )
+                )
+            elif target.is_gpu:
+                out.append(
+                    TargetFinding(
+                        "error",
+                        ("targets", j),
+                        f"{name} cannot run {scheme} in vLLM 0.32 ({why})",
+                    )
+                )
+            else:
+                out.append(
+                    TargetFinding(
+                        "warning",
+                        ("quantization", i),
+                        f"the cpu target cannot run {scheme} ({why}); "
+                        f"quant:{scheme} is not-run on cpu",
+                    )
+                )
+        if not runs:
+            native = [
+                n for n, p in profiles.items() if p.schemes[scheme].support == "native"
+            ]
+            out.append(
+                TargetFinding(
+                    "error",
+                    ("quantization", i),
+                    f"no target of this spec ({', '.join(spec.targets)}) can run "
+                    f"{scheme}; add one that runs it natively "
+                    f"({', '.join(native)}) or drop the scheme",
+                )
+            )
+    mla = spec.attention.mla
+    if spec.attention.type == "mla" and mla is not None and "cpu" in spec.targets:
+        latent = mla.kv_lora_rank + mla.qk_rope_head_dim
+        if latent != CPU_MLA_LATENT:
+            only_cpu = spec.targets == ["cpu"]
+            out.append(
+                TargetFinding(
+                    "error" if only_cpu else "warning",
+                    ("attention", "mla", "kv_lora_rank"),
+                    f"the cpu target's MLA decode kernel only takes kv_lora_rank + "
+                    f"qk_rope_head_dim = {CPU_MLA_LATENT}, this spec has {latent}: "
+                    + (
+                        "no target of this spec can run it"
+                        if only_cpu
+                        else "the cpu engine cannot run this model"
+                    ),
+                )
+            )
+    return out
+
+
+def check_spec_targets(path: str | Path, spec: ModelSpec) -> list[str]:
+    """Located warnings for ``spec`` (read from ``path``); raises SpecError
+    (exit 2) listing the located errors when there are any."""
+    from onboard.spec.loader import Problem, SpecError
+
+    findings = target_findings(spec)
+    if not findings:
+        return []
+    locate = _locator(Path(path))
+    problems = {"warning": [], "error": []}
+    for f in findings:
+        line, col = locate(f.path)
+        problems[f.level].append(
+            Problem(str(path), line, col, _dotted(f.path), f.message)
+        )
+    if problems["error"]:
+        raise SpecError(problems["error"])
+    return [str(p) for p in problems["warning"]]
+
+
+def _locator(path: Path):
+    # The loader's own YAML index, so findings point where spec errors point.
+    import yaml
+
+    from onboard.spec.loader import _index_nodes, _locate
+
+    try:
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        root = None
+    nodes: dict = {}
+    if root is not None:
+        _index_nodes(root, (), nodes, [])
+    return lambda loc: _locate(str(path), nodes, loc)
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += (
+            f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+        )
+    return out
