@@ -301,9 +301,7 @@ def preflight(spec: ModelSpec, checkpoint_dir: Path) -> PreflightReport:
     t0 = time.perf_counter()
     # Computing the spec's config.json needs transformers' config classes, whose
     # import (it pulls in torch) costs seconds once per process: timed apart.
-    from onboard.spec import hf
-
-    hf._known(spec.model_type)
+    _config_class(spec.model_type)
     t1 = time.perf_counter()
     run.read_files()
     t2 = time.perf_counter()
@@ -572,22 +570,23 @@ class _Run:
                 "fix the spec first (`onboard spec check`)",
             )
             return
-        known = hf._known(spec.model_type)
+        known = _config_class(spec.model_type)
         actual = raw
         if known is not None:
             # What vLLM sees: transformers' config class fills defaults and maps
             # aliases and legacy keys (rope_scaling) before anyone reads the config.
             try:
-                actual = hf._normalised(known, raw, "config.json")
-            except InputError as exc:
+                actual = _normalised(known, raw)
+            except Exception as exc:  # the class's own validation, e.g. a wrong type
                 self.add(
                     "error",
                     "config",
                     "config.json",
-                    str(exc),
-                    "fix the config so transformers can load it",
+                    f"transformers' {known.__name__} rejects it: "
+                    + " ".join(str(exc).split()),
+                    "fix the config so transformers (and vLLM) can load it",
                 )
-        skip = hf.IGNORED | set(hf._NOISE) | {"architectures", "model_type", "dtype"}
+        skip = hf.IGNORED | {"architectures", "model_type", "dtype"}
         compared: set[str] = set()
         for key, want in expected.items():
             if key in skip:
@@ -656,7 +655,7 @@ class _Run:
         elif key not in raw and known is not None:
             said = (
                 f"config.json does not set {path}, so transformers' "
-                f"{known.cls.__name__} uses its default {_short(got)}"
+                f"{known.__name__} uses its default {_short(got)}"
             )
         else:
             said = f"config.json has {path} = {_short(got)}"
@@ -1497,6 +1496,25 @@ class _Run:
             tensors=names,
             spec_fields=fields,
         )
+
+
+def _config_class(model_type: str) -> type | None:
+    """transformers' config class for a model type it ships, else None."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+
+
+def _normalised(cls: type, config: dict) -> dict:
+    """The config as transformers' class reads it (defaults filled, aliases mapped)."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # rope-validation warnings: we report problems
+    try:
+        return cls.from_dict(dict(config)).to_dict()
+    finally:
+        logging.set_verbosity(level)
 
 
 # ---- small helpers -----------------------------------------------------------------

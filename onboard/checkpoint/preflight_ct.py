@@ -124,7 +124,9 @@ class CTGroup:
 # Tensors one quantized weight becomes: name -> (shape or None, allowed dtypes or None)
 Want = tuple[tuple[int, ...] | None, frozenset[str] | None]
 PACKED_FP4 = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
-NAIVE = ("float-quantized", "int-quantized", "naive-quantized")
+NAIVE = ("float-quantized", "int-quantized", "naive-quantized", "mxfp8-quantized")
+# Formats whose scales are stored compressed: FP8 e4m3 (NVFP4) or E8M0 as uint8.
+E8M0_SCALES = ("mxfp4-pack-quantized", "mxfp8-quantized")
 
 
 def ct_tensors(group: CTGroup, rows: int, cols: int) -> dict[str, Want] | None:
@@ -164,9 +166,9 @@ def _qparam_dtypes(name: str, fmt: str, args: QArgs) -> frozenset[str] | None:
         return None
     if name.endswith("_g_idx"):
         return INTS
-    if name == "weight_scale" and fmt in PACKED_FP4:
-        # NVFP4 scales are FP8 e4m3, MXFP4 scales E8M0 exponents (stored as uint8).
-        default = "F8_E4M3" if fmt == "nvfp4-pack-quantized" else "U8"
+    if name == "weight_scale" and (fmt in E8M0_SCALES or fmt == PACKED_FP4[0]):
+        # NVFP4 scales are FP8 e4m3, MX scales E8M0 exponents (stored as uint8).
+        default = "U8" if fmt in E8M0_SCALES else "F8_E4M3"
         tag = TORCH_DTYPES.get(args.scale_dtype or "", default)
         return frozenset({tag, "F8_E8M0"}) if tag == "U8" else frozenset({tag})
     return FLOATS
