@@ -180,10 +180,11 @@ class Engine:
     def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Absolute paths: the worker runs in work_dir.
         config = {
-            "model": str(self.options.model_dir),
+            "model": str(Path(self.options.model_dir).resolve()),
             "engine_kwargs": self.options.engine_kwargs(),
-            "log_path": str(self.log_path),
+            "log_path": str(self.log_path.resolve()),
         }
         config_path = self.work_dir / "engine-config.json"
         config_path.write_text(json.dumps(config, indent=2))

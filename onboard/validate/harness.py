@@ -135,7 +135,11 @@ def _load_failure_check(ctx: RunContext, name: str) -> Check:
             f"{len(unmatched)} of {weights['checkpoint_tensors']} checkpoint tensors "
             "match no model parameter:"
         )
-        lines += [f"  {n}  ({why})" for n, why in _first(sorted(unmatched.items()))]
+        # First sentence of each reason here; the full text is in the metrics.
+        lines += [
+            f"  {n}  ({why.split('. ')[0][:120]})"
+            for n, why in _first(sorted(unmatched.items()))
+        ]
         lines += _more(len(unmatched))
         if unloaded is not None:
             lines.append(
@@ -151,6 +155,8 @@ def _load_failure_check(ctx: RunContext, name: str) -> Check:
         )
     elif failure.get("diagnosis_error"):
         lines.append(f"(weight diagnosis failed: {failure['diagnosis_error']})")
+    if ctx.reference_error:
+        lines.append(f"The reference could not load it either: {ctx.reference_error}")
     if failure.get("log_excerpt") and not weights:
         lines.append("Engine traceback (last lines):")
         lines += ["  " + s for s in failure["log_excerpt"].splitlines()[-12:]]

@@ -60,18 +60,35 @@ def load_reference(
     else:
         source = _overlay_with_remote_code(model_dir, spec, hf_dir, config, work_dir)
         kind, remote = "generated-hf", True
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its load report: ours is below
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.float32, trust_remote_code=remote
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source,
+            dtype=torch.float32,
+            trust_remote_code=remote,
+            output_loading_info=True,
         )
     except Exception as exc:  # any loading failure: report it, do not crash
         raise ReferenceUnavailable(
             f"the reference ({kind}) failed to load {model_dir}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     model.eval()
     cls = type(model)
     name = f"{cls.__module__}.{cls.__qualname__}"
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        # Randomly initialised parameters would make a meaningless oracle.
+        unexpected = sorted(info.get("unexpected_keys") or [])
+        raise ReferenceUnavailable(
+            f"{name} found no checkpoint tensor for {len(missing)} parameters "
+            f"({', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}); "
+            f"checkpoint tensors it did not use: {len(unexpected)} "
+            f"({', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''})"
+        )
     if kind == "transformers":
         description = f"transformers {transformers.__version__} {name}"
     else:
