@@ -698,6 +698,41 @@ def test_quantized_without_quantization_config(quantized, tmp_path) -> None:
     assert "add the quantization_config" in one(report, "quant-config").fix
 
 
+def test_other_quant_method_is_accepted_with_a_warning(quantized, tmp_path) -> None:
+    """DeepSeek-V3's own FP8 release: quant_method fp8, weight_scale_inv."""
+    ckpt = _copy(quantized["fp8-block"], tmp_path)
+    edit_shards(
+        ckpt,
+        lambda t: {
+            k.replace(".weight_scale", ".weight_scale_inv"): v for k, v in t.items()
+        },
+    )
+    fp8 = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
+    edit_config(ckpt, lambda c: c.update(quantization_config=fp8))
+    report = preflight(spec_of(ckpt), ckpt)
+    assert report.ok, report.lines()
+    assert [p.kind for p in report.problems] == ["quant-config"]
+    assert "'fp8'" in report.problems[0].message
+
+
+def test_unknown_compressed_tensors_format_warned_once(quantized, tmp_path) -> None:
+    ckpt = _copy(quantized["fp8-block"], tmp_path)
+    edit_config(
+        ckpt,
+        lambda c: c["quantization_config"]["config_groups"]["group_0"].update(
+            format="marlin-24"
+        ),
+    )
+    report = preflight(spec_of(ckpt), ckpt)
+    assert report.ok and [p.kind for p in report.problems] == ["quant-config"]
+    assert "'marlin-24' is not checked" in report.problems[0].message
+
+
 @pytest.mark.parametrize(
     "preset",
     [

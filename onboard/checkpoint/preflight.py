@@ -59,10 +59,27 @@ Severity = Literal["error", "warning", "note"]
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 # Bits per element of each safetensors dtype (sub-byte FP4/FP6 included).
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
-    "U16": 16, "I16": 16, "F16": 16, "BF16": 16, "U32": 32, "I32": 32, "F32": 32,
-    "U64": 64, "I64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}  # fmt: skip
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "U16": 16,
+    "I16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "U32": 32,
+    "I32": 32,
+    "F32": 32,
+    "U64": 64,
+    "I64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 # Roles vLLM builds as Linear layers (LinearBase): what a compressed-tensors
@@ -70,14 +87,31 @@ CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 # imports torch, and the preflight must stay fast).
 LINEAR_ROLES = frozenset(
     {
-        "q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj",
-        "kv_b_proj", "gate_proj", "up_proj", "down_proj", "expert_gate_proj",
-        "expert_up_proj", "expert_down_proj", "shared_gate_proj", "shared_up_proj",
-        "shared_down_proj", "router", "shared_expert_gate", "mtp_eh_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "q_a_proj",
+        "q_b_proj",
+        "kv_a_proj",
+        "kv_b_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "expert_gate_proj",
+        "expert_up_proj",
+        "expert_down_proj",
+        "shared_gate_proj",
+        "shared_up_proj",
+        "shared_down_proj",
+        "router",
+        "shared_expert_gate",
+        "mtp_eh_proj",
     }
-)  # fmt: skip
+)
 # Vocabulary-sized layers vLLM builds unquantized whatever the config says.
 HEAD_ROLES = frozenset({"embed", "lm_head", "mtp_head"})
+QUANTIZABLE_ROLES = LINEAR_ROLES | HEAD_ROLES  # checked against the quant config
 EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")
 # Projections vLLM loads as one fused layer: one quantization scheme for all.
 FUSED_SETS = (
@@ -90,12 +124,24 @@ FUSED_SETS = (
 # Parameters quantizers add next to (or instead of) a Linear module's weight.
 QUANT_PARAMS = frozenset(
     {
-        "weight_packed", "weight_scale", "weight_global_scale", "weight_zero_point",
-        "weight_g_idx", "weight_shape", "weight_scale_inv", "input_scale",
-        "input_global_scale", "input_zero_point", "output_scale",
-        "output_zero_point", "qweight", "qzeros", "scales", "g_idx",
+        "weight_packed",
+        "weight_scale",
+        "weight_global_scale",
+        "weight_zero_point",
+        "weight_g_idx",
+        "weight_shape",
+        "weight_scale_inv",
+        "input_scale",
+        "input_global_scale",
+        "input_zero_point",
+        "output_scale",
+        "output_zero_point",
+        "qweight",
+        "qzeros",
+        "scales",
+        "g_idx",
     }
-)  # fmt: skip
+)
 # Tensors vLLM's loader drops by name (old exports carry them).
 DROPPED = (
     "rotary_emb.inv_freq",
@@ -710,20 +756,21 @@ class _Run:
         consumed: set[str] = set()  # found tensors already reported
         quantized: dict[str, bool] = {}  # module -> quantized per the config
         mismatched: dict[tuple, list[str]] = defaultdict(list)
+        unknown_formats: set[str] = set()
 
         for plan in plan_tensors(spec):
             module, param = split_name(plan.name)
             role = roles.get(module)
             expect = _Expect(plan.shape, None, role, param)
             linear = param == "weight" and len(plan.shape) == 2
-            if quant is None or not linear or role not in LINEAR_ROLES | HEAD_ROLES:
+            if quant is None or not linear or role not in QUANTIZABLE_ROLES:
                 expected[plan.name] = expect
                 continue
             stored = self._stored(module)
             if isinstance(quant, str):  # a method this check does not model
-                expected[plan.name] = _Expect(plan.shape, None, role, "weight-any")
-                for p in QUANT_PARAMS:
-                    optional[f"{module}.{p}"] = _Expect(None, None, role, p)
+                self._accept_as_stored(
+                    module, plan.shape, role, stored, expected, optional
+                )
                 continue
             group, why = (
                 (None, "vLLM builds it unquantized")
@@ -740,17 +787,21 @@ class _Run:
                 if group is None
                 else ct_tensors(group, *plan.shape)
             )
-            if wants is None:  # unknown storage format: accept its tensors
-                self.add(
-                    "warning",
-                    "quant-config",
-                    f"config group {group.name}",
-                    f"storage format {group.format!r} is not checked",
-                    "check its tensors by hand",
+            if wants is None:  # a storage format this check does not model
+                if group.name not in unknown_formats:
+                    unknown_formats.add(group.name)
+                    self.add(
+                        "warning",
+                        "quant-config",
+                        f"config group {group.name}",
+                        f"storage format {group.format!r} is not checked: its "
+                        "tensors are accepted as stored",
+                        "check them by hand",
+                    )
+                self._accept_as_stored(
+                    module, plan.shape, role, stored, expected, optional
                 )
-                wants = {"weight": (None, None)}
-                for p in QUANT_PARAMS:
-                    optional[f"{module}.{p}"] = _Expect(None, None, role, p)
+                continue
             summary = group.summary if group else ""
             for p, (shape, dtypes) in wants.items():
                 expected[f"{module}.{p}"] = _Expect(
@@ -774,6 +825,26 @@ class _Run:
         missing = self._check_mtp(self._check_layer_count(missing))
         self._report_names(missing, unexpected, quant, expected)
         self._note_cpu_mla()
+
+    def _accept_as_stored(
+        self,
+        module: str,
+        shape: tuple[int, ...],
+        role: str | None,
+        stored: str,
+        expected: dict[str, _Expect],
+        optional: dict[str, _Expect],
+    ) -> None:
+        """A Linear module whose quantized form this check does not model: its
+        quantization tensors are accepted, the weight is required only unquantized
+        (GPTQ-style formats replace it with qweight)."""
+        weight = _Expect(shape, None, role, "weight-any")
+        if stored == "quantized":
+            optional[f"{module}.weight"] = weight
+        else:
+            expected[f"{module}.weight"] = weight
+        for p in QUANT_PARAMS:
+            optional[f"{module}.{p}"] = _Expect(None, None, role, p)
 
     def _check_layer_count(self, missing: list[str]) -> list[str]:
         """One problem when the checkpoint has fewer or more layers than the spec;
