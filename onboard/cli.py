@@ -63,7 +63,7 @@ def spec_check(
 
         report = preflight(loaded, checkpoint)
         for line in report.lines():
-            out.print(line)
+            out.print(line, markup=False)
         if not report.ok:
             raise InputError(f"{checkpoint}: checkpoint does not match the spec")
     out.print(f"{spec}: ok ({loaded.architecture}, {loaded.num_hidden_layers} layers)")
