@@ -21,6 +21,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "publish"
 TOKEN = "hf_onboardTest" + secrets.token_hex(12)
 
 _LAYOUT: Path | None = None
+_DENSE: Path | None = None
 
 
 def build_layout(base: Path) -> Path:
@@ -32,7 +33,6 @@ def build_layout(base: Path) -> Path:
         return _LAYOUT
     root = base / "out"
     spec = load_spec(SPECS / "deepseek-v3-style.yaml")
-    shutil.copy(SPECS / "deepseek-v3-style.yaml", root.parent / "spec.yaml")
     bf16 = write_tiny_checkpoint(spec, root / "checkpoints" / "bf16", seed=0)
     quantize_checkpoint(
         bf16, "fp8-dynamic", root / "checkpoints" / "fp8-dynamic", workers=1
@@ -50,6 +50,28 @@ def build_layout(base: Path) -> Path:
     )
     _LAYOUT = root
     return root
+
+
+def build_dense_fp8(base: Path) -> Path:
+    """``base/dense/checkpoints/fp8-dynamic``: the FP8 checkpoint the bundled
+    dense-gqa spec asks for, with its recorded validation beside it at
+    ``base/dense/validation-fp8/validation.json`` (a failed run)."""
+    global _DENSE
+    if _DENSE is not None:
+        return _DENSE
+    root = base / "dense"
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    bf16 = write_tiny_checkpoint(spec, root / "checkpoints" / "bf16", seed=0)
+    fp8 = quantize_checkpoint(
+        bf16, "fp8-dynamic", root / "checkpoints" / "fp8-dynamic", workers=1
+    )
+    place_validation(
+        FIXTURES / "dense-gqa-fp8-dynamic.validation.json",
+        root / "validation-fp8" / "validation.json",
+        Path(fp8),
+    )
+    _DENSE = Path(fp8)
+    return _DENSE
 
 
 def place_validation(fixture: Path, dest: Path, model_dir: Path) -> Path:

@@ -211,6 +211,7 @@ class Uploader:
         self, files: list[LocalFile], title: str, description: str, marker: str
     ) -> Outcome:
         """Create the repository, commit (or find the earlier commit), verify."""
+        failure: Exception | None = None
         with redacted_logs(self.redact), transfer_protocol(self.target.endpoint) as how:
             try:
                 self.log(f"transfer protocol: {how}")
@@ -220,10 +221,14 @@ class Uploader:
                     lambda: self._commit(files, title, description, marker, url),
                 )
                 self._retry("verify", lambda: self._verify(files, outcome))
-            except (InputError, CheckFailed):
-                raise
+            except (InputError, CheckFailed) as exc:
+                failure = type(exc)(self.redact(exc))
             except Exception as exc:
-                raise self._failure(exc) from None
+                failure = self._failure(exc)
+        if failure is not None:
+            # Raised outside the handler so that no unredacted exception stays
+            # attached to it as __context__.
+            raise failure
         return outcome
 
     def _ensure_repo(self) -> str:
