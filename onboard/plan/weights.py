@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.errors import InputError
@@ -101,20 +102,20 @@ class WeightReport:
         with EP, else / tp; replicated groups whole. With pipeline stages the
         decoder layers split over pp (ceil) and one stage also holds the larger of
         the embedding and the output head."""
-        out = 0.0
-        globals_ = 0.0
+        out = Fraction(0)  # exact: the per-device bytes are checked by hand
+        globals_ = Fraction(0)
         for g in self.groups.values():
             if g.shard == SHARD_TP:
-                part = g.bytes / tp
+                part = Fraction(g.bytes, tp)
             elif g.shard == SHARD_KV:
-                part = g.bytes / min(tp, kv_heads or tp)
+                part = Fraction(g.bytes, min(tp, kv_heads or tp))
+            elif g.shard == SHARD_EXPERTS and ep:
+                per_rank = math.ceil(self.num_experts / ep)
+                part = Fraction(g.bytes * per_rank, self.num_experts)
             elif g.shard == SHARD_EXPERTS:
-                if ep:
-                    part = g.bytes * math.ceil(self.num_experts / ep) / self.num_experts
-                else:
-                    part = g.bytes / tp
+                part = Fraction(g.bytes, tp)
             else:
-                part = g.bytes
+                part = Fraction(g.bytes)
             if g.name in ("embedding", "output head"):
                 globals_ = max(globals_, part) if pp > 1 else globals_ + part
             else:

@@ -129,7 +129,13 @@ def _load(path: Path) -> tuple[tuple[str, TargetProfile], ...]:
         try:
             out.append((name, TargetProfile.model_validate({"name": name, **body})))
         except ValidationError as exc:
-            raise InputError(f"{path}: targets.{name}: {exc}") from None
+            raise InputError(
+                "\n".join(
+                    f"{path}: targets.{'.'.join(map(str, (name, *e['loc'])))}: "
+                    f"{e['msg']}"
+                    for e in exc.errors()
+                )
+            ) from None
     return tuple(out)
 
 
