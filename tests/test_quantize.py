@@ -397,3 +397,26 @@ def test_spec_is_inferred_from_config_json_without_spec_yaml(dsv3, quantized, tm
     with_spec = quantized("fp8-dynamic")
     for f in ("config.json", *(p.name for p in with_spec.glob("*.safetensors"))):
         assert (out / f).read_bytes() == (with_spec / f).read_bytes(), f
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    ckpt = write_llama_checkpoint(
+        tmp_path / "bf16",
+        hidden=128,
+        intermediate=256,
+        layers=1,
+        vocab=256,
+        heads=4,
+        kv=2,
+    )
+    shard = next(iter(sorted(ckpt.glob("*.safetensors"))))
+    tensors = load_file(shard)
+    name = next(k for k in tensors if k.endswith("q_proj.weight"))
+    tensors[name][3, 5] = float("nan")
+    save_file(tensors, shard, metadata={"format": "pt"})
+    r = run_cli(ckpt, "--scheme", "fp8-dynamic", "--out", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert name in r.stderr and "NaN" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -33,7 +33,16 @@ from onboard.quantize.schemes import quantization_config
 STATE_FILE = "state.json"
 MANIFEST_FILE = "onboard-quantize.json"
 FORMAT_VERSION = 1
-RESERVED_BYTES = 1 << 30  # the "+ 1 GB" of the memory bound, for the parent & libs
+RESERVED_BYTES = 1 << 30
+WEIGHT_SUFFIXES = {
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".gguf",
+    ".h5",
+}  # the "+ 1 GB" of the memory bound, for the parent & libs
 
 # The plan and calibration of the running job, inherited by forked workers.
 _JOB: dict = {}
@@ -234,20 +243,22 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
         if workers <= 1:
             import torch
 
-            torch.set_num_threads(
-                int(os.environ.get("T", len(os.sched_getaffinity(0))))
-            )
-            _PROGRESS = None
-            for i in indices:
-                from onboard.quantize.worker import process_shard
+            from onboard.quantize.worker import process_shard
 
-                yield process_shard(
-                    plan,
-                    plan.shards[i],
-                    _JOB["partial"],
-                    _JOB["calib"],
-                    lambda n: bar.advance(task, n),
-                )
+            before = torch.get_num_threads()
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
+            _PROGRESS = None
+            try:
+                for i in indices:
+                    yield process_shard(
+                        plan,
+                        plan.shards[i],
+                        _JOB["partial"],
+                        _JOB["calib"],
+                        lambda n: bar.advance(task, n),
+                    )
+            finally:
+                torch.set_num_threads(before)
             return
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         ctx = mp.get_context("fork")
@@ -265,10 +276,10 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
                     for f in done:
                         yield f.result()
             except BaseException:
-                for f in futures:
-                    f.cancel()
+                # Stop the other shards now: kill the workers, keep the partial dir.
+                procs = list((getattr(pool, "_processes", None) or {}).values())
                 pool.shutdown(wait=False, cancel_futures=True)
-                for p in list(getattr(pool, "_processes", {}).values()):
+                for p in procs:
                     p.kill()
                 raise
             _drain(q, bar, task)
@@ -304,12 +315,11 @@ def _finish(plan: Plan, partial: Path, state: dict) -> None:
     )
     skip = {s.name for s in plan.shards} | {INDEX_FILE, "config.json"}
     for src in sorted(plan.model_dir.iterdir()):
-        if src.name in skip or src.name.startswith("."):
-            continue
-        if src.is_file() and not src.name.endswith(".safetensors"):
-            shutil.copyfile(src, partial / src.name)
-        elif src.is_dir():
-            shutil.copytree(src, partial / src.name, dirs_exist_ok=True)
+        if src.name in skip or src.name.startswith(".") or not src.is_file():
+            continue  # subdirectories (e.g. original/ consolidated weights) too
+        if src.suffix in WEIGHT_SUFFIXES:
+            continue  # other copies of the weights would be stale
+        shutil.copyfile(src, partial / src.name)
     _write_json(
         partial / MANIFEST_FILE,
         {
