@@ -63,6 +63,16 @@ HARDWARE = {
     "mi355x": "AMD MI355X",
 }
 
+# compressed-tensors strategies in words.
+STRATEGIES = {
+    "tensor": "per-tensor",
+    "channel": "per-channel",
+    "token": "per-token",
+    "group": "per-group",
+    "tensor_group": "per-group with a per-tensor global scale",
+    "block": "per-block",
+}
+
 # What the validation table shows per check kind: (metric key, label), in order.
 ACCURACY_METRICS = (
     ("num_prompts", "prompts"),
@@ -241,7 +251,7 @@ def _describe_quant(args: dict[str, Any] | None) -> str:
     parts = [f"{args.get('num_bits')}-bit {args.get('type')}"]
     strategy = args.get("strategy")
     if strategy:
-        parts.append(f"per-{strategy}")
+        parts.append(STRATEGIES.get(strategy, f"per-{strategy}"))
     if args.get("group_size"):
         parts.append(f"group size {args['group_size']}")
     if args.get("block_structure"):
@@ -268,7 +278,7 @@ def summarise_modules(names: list[str], num_layers: int | None = None) -> list[s
         experts.setdefault(suffix, set()).add(m.group(2))
     groups: dict[tuple[int, ...], list[str]] = {}
     for suffix, layers in layers_of.items():
-        count = len(experts[suffix]) // max(len(layers), 1)
+        count = len(experts[suffix])  # numbered variants (experts) per layer
         label = f"`{suffix}`" + (f" (x{count})" if count > 1 else "")
         groups.setdefault(tuple(sorted(layers)), []).append(label)
     out = loose
