@@ -1,0 +1,543 @@
+"""`onboard plan`: the arithmetic by hand from the spec's numbers, the weight bytes
+against what `onboard quantize` writes, and (engine tests) the KV-cache bytes per
+token against vLLM's own accounting on the cpu target."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboard.plan import make_plan
+from onboard.plan.kv import kv_report
+from onboard.plan.render import render_plan
+from onboard.plan.weights import LINEAR_ROLES, quantized_bytes, weight_report
+from onboard.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "model_specs"
+ONBOARD = Path(sys.executable).with_name("onboard")
+GiB = 1 << 30
+
+# ---- DeepSeek-V3-style at its real dimensions, by hand -----------------------------
+#
+# From model_specs/deepseek-v3-style.yaml:
+H = 7168  # hidden_size
+V = 129280  # vocab_size
+L = 61  # num_hidden_layers
+DENSE = 3  # mlp.moe.first_k_dense: layers 0-2 dense, 3-60 MoE
+MOE = L - DENSE  # 58
+HEADS = 128
+Q_LORA, KV_LORA, NOPE, ROPE, V_DIM = 1536, 512, 128, 64, 128
+INTER = 18432  # dense MLP width
+E, E_INTER, SHARED_INTER = 256, 2048, 2048  # experts, expert width, 1 shared expert
+
+# Weight shapes (rows = out features, cols = in features), per layer.
+Q_A = (Q_LORA, H)
+KV_A = (KV_LORA + ROPE, H)
+Q_B = (HEADS * (NOPE + ROPE), Q_LORA)
+KV_B = (HEADS * (NOPE + V_DIM), KV_LORA)
+O_PROJ = (H, HEADS * V_DIM)
+GATE_UP, DOWN = (INTER, H), (H, INTER)
+E_GATE_UP, E_DOWN = (E_INTER, H), (H, E_INTER)
+S_GATE_UP, S_DOWN = (SHARED_INTER, H), (H, SHARED_INTER)
+
+
+def fp8_block(rows, cols):  # FP8 bytes + one bf16 scale per 128 x 128 block
+    return rows * cols + math.ceil(rows / 128) * math.ceil(cols / 128) * 2
+
+
+def nvfp4(rows, cols):  # FP4 (half a byte) + one FP8 scale per 16 + two FP32 scales
+    return rows * cols // 2 + rows * cols // 16 + 8
+
+
+def mxfp4(rows, cols):  # FP4 + one E8M0 (1 byte) scale per 32
+    return rows * cols // 2 + rows * cols // 32
+
+
+def bf16(rows, cols=1):
+    return rows * cols * 2
+
+
+def hand_groups(q) -> dict[str, int]:
+    """Bytes of each weight group with linear projections quantized by ``q``;
+    embeddings, output head, norms and routers stay bf16."""
+    return {
+        "embedding": bf16(V, H),
+        "output head": bf16(V, H),
+        # per layer: input + post-attention norms, q_a and kv_a norms; final norm
+        "norms": bf16(L * (H + H + Q_LORA + KV_LORA) + H),
+        "attention, replicated (MLA q_a/kv_a)": L * (q(*Q_A) + q(*KV_A)),
+        "attention": L * (q(*Q_B) + q(*KV_B) + q(*O_PROJ)),
+        "dense MLP": DENSE * (2 * q(*GATE_UP) + q(*DOWN)),
+        # router weight (E x H) and its e_score_correction_bias (E)
+        "routers": MOE * bf16(E * H + E),
+        "routed experts": MOE * E * (2 * q(*E_GATE_UP) + q(*E_DOWN)),
+        "shared experts": MOE * (2 * q(*S_GATE_UP) + q(*S_DOWN)),
+    }
+
+
+def hand_per_device(groups: dict[str, int], tp: int, ep: int) -> int:
+    """TP splits embedding, head, attention (q_b/kv_b/o), dense MLP and shared
+    experts; q_a/kv_a (a ReplicatedLinear in vLLM), norms and routers are whole on
+    every rank; EP gives each rank E / ep whole experts."""
+    split = (
+        groups["embedding"]
+        + groups["output head"]
+        + groups["attention"]
+        + groups["dense MLP"]
+        + groups["shared experts"]
+    )
+    whole = (
+        groups["norms"]
+        + groups["attention, replicated (MLA q_a/kv_a)"]
+        + groups["routers"]
+    )
+    experts = groups["routed experts"] * (E // ep) // E
+    return math.ceil(split / tp) + whole + experts
+
+
+# KV cache: MLA keeps (kv_lora_rank + qk_rope_head_dim) bf16 values per token/layer.
+KV_PER_TOKEN = L * (KV_LORA + ROPE) * 2
+CONTEXT, CONCURRENCY = 163840, 16  # the spec's full context, 16 requests
+KV_PER_REQUEST = KV_PER_TOKEN * CONTEXT
+# Reserve per device on Blackwell / MI355X: 4 GiB non-torch + 16 bf16 activation
+# buffers of 16,384 batched tokens x hidden + float32 logits of 16 sequences.
+RESERVE = 4 * GiB + 16 * 16384 * H * 2 + CONCURRENCY * V * 4
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    return load_spec(SPECS / "deepseek-v3-style.yaml")
+
+
+def test_deepseek_weights_by_hand(deepseek):
+    params = (
+        2 * V * H
+        + L * (H + H + Q_LORA + KV_LORA)
+        + H
+        + L * sum(r * c for r, c in (Q_A, KV_A, Q_B, KV_B, O_PROJ))
+        + DENSE * 3 * INTER * H
+        + MOE * (E * H + E)
+        + MOE * E * 3 * E_INTER * H
+        + MOE * 3 * SHARED_INTER * H
+    )
+    assert params == 671_026_419_200  # DeepSeek-V3's 671B
+    for scheme, q in (
+        ("bf16", bf16),
+        ("fp8-block", fp8_block),
+        ("nvfp4", nvfp4),
+        ("mxfp4", mxfp4),
+    ):
+        report = weight_report(deepseek, scheme)
+        assert report.total_params == params
+        got = {name: g.bytes for name, g in report.groups.items()}
+        assert got == hand_groups(q), scheme
+    assert weight_report(deepseek, "fp8-block").total_bytes == 673_068_905_648
+
+
+def test_deepseek_kv_cache_by_hand(deepseek):
+    kv = kv_report(deepseek)
+    assert KV_PER_TOKEN == 70_272
+    assert kv.bytes_per_token == KV_PER_TOKEN
+    assert kv.bytes_per_request(CONTEXT) == KV_PER_REQUEST == 11_513_364_480
+    assert all(layer.kind == "mla" for layer in kv.layers)
+
+
+def test_deepseek_b200_fp8_block_by_hand(deepseek):
+    """8 x B200: TP8 x EP8 with DCP8. Four devices cannot hold the weights; TP8
+    alone holds 8 copies of the latent cache, too many for 16 full contexts."""
+    plan = make_plan(
+        deepseek, "b200", "fp8-block", context=CONTEXT, concurrency=CONCURRENCY
+    )
+    groups = hand_groups(fp8_block)
+    usable = int(180e9 * 0.92)  # 180 GB x gpu_memory_utilization
+    assert plan.usable == usable == 165_600_000_000
+    assert plan.reserve == RESERVE == 8_061_337_600
+
+    # Four devices: weights alone exceed what is usable after the reserve.
+    tp4 = hand_per_device(groups, tp=4, ep=4)
+    assert tp4 + RESERVE > usable
+    # DP attention on four devices replicates attention, embeddings, dense MLP.
+    dp4 = hand_per_device(groups, tp=1, ep=4)
+    assert dp4 > tp4
+
+    weights = hand_per_device(groups, tp=8, ep=8)
+    assert weights == 85_129_789_968
+    budget = usable - weights - RESERVE
+    assert budget == 72_408_872_432
+    # Without DCP every one of the 8 TP ranks holds each request's whole latent.
+    assert CONCURRENCY * KV_PER_REQUEST > budget
+    kv_per_rank = CONCURRENCY * KV_PER_REQUEST // 8  # DCP 8 shards the tokens
+    assert kv_per_rank == 23_026_728_960 <= budget
+
+    layout = plan.layout
+    assert (layout.tp, layout.dp, layout.pp, layout.ep, layout.dcp) == (
+        8,
+        1,
+        1,
+        True,
+        8,
+    )
+    assert plan.chosen.weights == weights
+    assert plan.chosen.kv_budget == budget
+    assert plan.chosen.kv_needed == kv_per_rank
+    assert plan.max_concurrency == budget // (KV_PER_REQUEST // 8) == 50
+    assert plan.max_context == CONTEXT  # 16 x 163,840 fit with room to spare
+    assert [c.layout.devices for c in plan.candidates if c.fits] == [8]
+    # 16 requests decode while each 162,816-token prompt takes 10 prefill steps.
+    assert plan.dcp.pays and plan.pd.pays and len(plan.pd_commands) == 2
+    assert plan.env == {}
+    assert plan.argv == [
+        "vllm", "serve", "./checkpoints/fp8-block",
+        "--tensor-parallel-size", "8",
+        "--enable-expert-parallel",
+        "--decode-context-parallel-size", "8",
+        "--max-model-len", "163840",
+        "--max-num-seqs", "16",
+        "--max-num-batched-tokens", "16384",
+        "--gpu-memory-utilization", "0.92",
+    ]  # fmt: skip
+    text = render_plan(plan)
+    for number in (
+        "70,272 B per token",
+        "11,513,364,480",
+        "85,129,789,968",
+        "72,408,872,432",
+        "8,061,337,600",
+        "FLASHINFER_MLA",
+    ):
+        assert number in text, number
+
+
+def test_deepseek_b200_nvfp4_by_hand(deepseek):
+    """NVFP4 halves the bytes again: four B200s, TP4 x EP4 with DCP4."""
+    plan = make_plan(
+        deepseek, "b200", "nvfp4", context=CONTEXT, concurrency=CONCURRENCY
+    )
+    groups = hand_groups(nvfp4)
+    usable = 165_600_000_000
+    assert hand_per_device(groups, tp=2, ep=2) + RESERVE > usable
+    weights = hand_per_device(groups, tp=4, ep=4)
+    assert weights == 95_618_612_908
+    budget = usable - weights - RESERVE
+    assert CONCURRENCY * KV_PER_REQUEST > budget  # four copies without DCP
+    assert CONCURRENCY * KV_PER_REQUEST // 4 <= budget
+    lay = plan.layout
+    assert (lay.tp, lay.dp, lay.ep, lay.dcp, lay.devices) == (4, 1, True, 4, 4)
+    assert plan.chosen.weights == weights and plan.chosen.kv_budget == budget
+    assert plan.max_concurrency == budget // (KV_PER_REQUEST // 4) == 21
+    assert plan.support.support == "native"
+    assert "FlashInferCuteDslNvFp4LinearKernel" in render_plan(plan)
+
+
+def test_deepseek_mi355x_mxfp4_by_hand(deepseek):
+    """288 GB MI355X: two devices hold the MXFP4 weights but not 16 full contexts
+    (even with DCP2 or DP attention); four do, TP4 x EP4 with DCP4."""
+    plan = make_plan(
+        deepseek, "mi355x", "mxfp4", context=CONTEXT, concurrency=CONCURRENCY
+    )
+    groups = hand_groups(mxfp4)
+    usable = int(288e9 * 0.92)
+    assert plan.usable == usable == 264_960_000_000
+    assert plan.reserve == RESERVE  # same batch size and overhead as B200
+
+    tp2 = hand_per_device(groups, tp=2, ep=2)
+    assert tp2 == 180_034_110_464
+    assert CONCURRENCY * KV_PER_REQUEST // 2 > usable - tp2 - RESERVE  # DCP2 short
+    dp2 = hand_per_device(groups, tp=1, ep=2)  # DP attention: 8 requests per rank
+    assert CONCURRENCY // 2 * KV_PER_REQUEST > usable - dp2 - RESERVE
+
+    weights = hand_per_device(groups, tp=4, ep=4)
+    assert weights == 90_369_803_264
+    budget = usable - weights - RESERVE
+    assert budget == 166_528_859_136
+    assert CONCURRENCY * KV_PER_REQUEST > budget
+    assert CONCURRENCY * KV_PER_REQUEST // 4 <= budget
+    lay = plan.layout
+    assert (lay.tp, lay.dp, lay.ep, lay.dcp, lay.devices) == (4, 1, True, 4, 4)
+    assert plan.chosen.weights == weights and plan.chosen.kv_budget == budget
+    assert plan.max_concurrency == budget // (KV_PER_REQUEST // 4) == 57
+    tried = [(c.layout.name, c.fits) for c in plan.candidates]
+    assert ("TP2 x EP2 x DCP2", False) in tried and ("TP1 x DP2 x EP2", False) in tried
+    assert plan.env == {"VLLM_ROCM_USE_AITER": "1"}
+    assert plan.support.support == "native"
+    text = render_plan(plan)
+    assert "export VLLM_ROCM_USE_AITER=1" in text
+    assert "ROCM_AITER_MLA" in text and "AiterMxfp4LinearKernel" in text
+    assert "wheels.vllm.ai/rocm/0.32.0" in text
+
+
+# ---- GQA, sliding windows, KV sharing, by hand --------------------------------------
+
+
+def test_dense_gqa_on_h100_by_hand():
+    """Llama-3-8B shape, bf16, one full 131,072-token request: one H100."""
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    h, v, n, kv_heads, hd, inter = 4096, 128256, 32, 8, 128, 14336
+    params = (
+        2 * v * h  # embedding + untied head
+        + n * (h * h + 2 * kv_heads * hd * h + h * h)  # q, k, v, o
+        + n * 3 * inter * h
+        + n * 2 * h
+        + h  # norms
+    )
+    assert params == 8_030_261_248
+    plan = make_plan(spec, "h100", context=131072, concurrency=1)
+    assert plan.weights.total_bytes == 2 * params
+    per_token = n * 2 * kv_heads * hd * 2  # 2 (K and V) x heads x dim x bf16
+    assert plan.kv.bytes_per_token == per_token == 131_072
+    reserve = 4 * GiB + 16 * 8192 * h * 2 + 1 * v * 4  # H100: 8,192 batched tokens
+    budget = int(80e9 * 0.92) - 2 * params - reserve
+    assert plan.reserve == reserve and plan.chosen.kv_budget == budget
+    assert per_token * 131072 <= budget
+    assert plan.layout.devices == 1 and plan.layout.dcp == 1
+    assert plan.max_concurrency == budget // (per_token * 131072) == 3
+    assert not plan.dcp.pays  # one rank: no copies of the cache to shard
+
+
+def test_novel_launch_kv_by_hand():
+    """48 layers, every 4th full (3, 7, ..., 47), window 4096; layers 40-47 read
+    the caches of 36-39."""
+    spec = load_spec(SPECS / "novel-launch.yaml")
+    kv = kv_report(spec)
+    per_layer = 2 * 8 * 128 * 2  # 4,096 B
+    owning = 40
+    full_owning = len(range(3, 40, 4))  # 10
+    assert kv.bytes_per_token == owning * per_layer == 163_840
+    assert kv.bytes_per_token_without_sharing == 48 * per_layer
+    n = 262144
+    assert kv.bytes_per_request(n) == (
+        full_owning * per_layer * n + (owning - full_owning) * per_layer * 4096
+    )
+    assert kv.bytes_per_request(1000) == owning * per_layer * 1000
+    # vLLM's groups: 10 full layers, 30 sliding in three groups of 10.
+    groups = kv.cache_groups()
+    assert [len(g) for g in groups] == [10, 10, 10, 10]
+    assert kv.bytes_per_block(16) == 16 * 10 * per_layer
+
+
+def test_novel_launch_plan_refuses_dcp_with_sliding_windows():
+    spec = load_spec(SPECS / "novel-launch.yaml")
+    plan = make_plan(spec, "b200", "fp8-dynamic", context=262144, concurrency=8)
+    assert plan.layout is not None and plan.layout.dcp == 1
+    assert "sliding" in plan.dcp.reason or "different share" in plan.dcp.reason
+
+
+def test_pd_disaggregation_rule():
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    long = make_plan(spec, "b200", "nvfp4", context=131072, concurrency=8)
+    # 131,072 - 1,024 = 130,048 prompt tokens: 8 prefill steps of 16,384.
+    assert long.pd.pays and "8 prefill step(s)" in long.pd.reason
+    assert [role for role, _ in long.pd_commands] == [
+        "prefill instance",
+        "decode instance",
+    ]
+    for _, argv in long.pd_commands:
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    short = make_plan(spec, "b200", "nvfp4", context=8192, concurrency=64)
+    assert not short.pd.pays and not short.pd_commands
+
+
+def test_multi_node_layouts():
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    plan = make_plan(spec, "h100", context=4096, concurrency=1)  # bf16, 1.34 TB
+    lay = plan.layout
+    assert lay.tp == 8 and lay.ep and lay.devices > 8 and plan.nodes == lay.devices // 8
+    assert "--data-parallel-size" in plan.argv
+    assert any("--headless" in note for note in plan.notes)
+    dense = load_spec(SPECS / "dense-gqa.yaml")
+    big = dense.model_copy(update={"num_hidden_layers": 1400})  # ~300 B params
+    plan = make_plan(big, "h100", context=8192)
+    assert plan.layout.pp > 1 and plan.layout.tp == 8
+    assert "--pipeline-parallel-size" in plan.argv
+
+
+# ---- weight bytes are what `onboard quantize` writes --------------------------------
+
+
+def test_linear_roles_and_scheme_bytes_match_onboard_quantize():
+    from onboard.quantize import plan as qplan
+    from onboard.quantize.kernels import output_tensors
+    from onboard.quantize.schemes import SCHEMES
+
+    assert LINEAR_ROLES == qplan.LINEAR_ROLES
+    size = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4}
+    for name, scheme in SCHEMES.items():
+        for shape in ((2048, 7168), (576, 7168), (7168, 2048), (130, 96), (1, 32)):
+            written = sum(
+                math.prod(s) * size[d]
+                for _, d, s in output_tensors(scheme, "m", shape, "BF16")
+            )
+            assert quantized_bytes(name, *shape) == written, (name, shape)
+
+
+def _tensor_bytes(directory: Path) -> int:
+    total = 0
+    for shard in directory.glob("*.safetensors"):
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        header.pop("__metadata__", None)
+        total += sum(b - a for a, b in (t["data_offsets"] for t in header.values()))
+    return total
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-style", "novel-launch"])
+def test_weight_bytes_equal_the_quantized_checkpoints(tmp_path, name):
+    """Every scheme: the plan's bytes (main model + MTP heads) equal the tensor
+    bytes of the checkpoint `onboard quantize` writes from a tiny bf16 one."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.quantize import quantize_checkpoint
+
+    src = write_tiny_checkpoint(load_spec(SPECS / f"{name}.yaml"), tmp_path / "bf16")
+    tiny = load_spec(src / "spec.yaml")
+    report = weight_report(tiny, "bf16")
+    assert _tensor_bytes(src) == report.total_bytes + report.mtp.bytes
+    # nvfp4 calibrates through a transformers model, which novel_launch has not.
+    schemes = ["fp8-dynamic", "fp8-block", "nvfp4a16", "mxfp4"]
+    schemes += ["nvfp4"] if name == "deepseek-v3-style" else []
+    for scheme in schemes:
+        out = quantize_checkpoint(src, scheme, tmp_path / scheme, workers=1)
+        report = weight_report(tiny, scheme)
+        assert report.quantized_params > 0
+        assert _tensor_bytes(out) == report.total_bytes + report.mtp.bytes, scheme
+
+
+# ---- the command line ----------------------------------------------------------
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(ONBOARD), "plan", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_plan_explains_and_exit_codes(tmp_path):
+    spec = str(SPECS / "deepseek-v3-style.yaml")
+    res = _plan_cli(spec, "--target", "b200", "--scheme", "nvfp4", "--context", "32768")
+    assert res.returncode == 0, res.stderr
+    for section in (
+        "1. Weights",
+        "2. KV cache",
+        "3. Memory",
+        "4. Capacity",
+        "7. Serve",
+    ):
+        assert section in res.stdout
+    assert re.search(r"^vllm serve \./checkpoints/nvfp4 \\$", res.stdout, re.M)
+    js = _plan_cli(spec, "--target", "mi355x", "--scheme", "mxfp4", "--json")
+    data = json.loads(js.stdout)
+    assert data["kv_cache"]["bytes_per_token"] == KV_PER_TOKEN
+    assert data["layout"]["devices"] >= 2 and data["env"] == {
+        "VLLM_ROCM_USE_AITER": "1"
+    }
+
+    bad = _plan_cli(spec, "--target", "cpu", "--scheme", "nvfp4")
+    assert bad.returncode == 2 and "cpu cannot run nvfp4" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    unknown = _plan_cli(spec, "--target", "tpu")
+    assert unknown.returncode == 2 and "unknown target 'tpu'" in unknown.stderr
+    ctx = _plan_cli(spec, "--target", "b200", "--context", "999999")
+    assert ctx.returncode == 2 and "--context must be in 1..163840" in ctx.stderr
+    # The full model does not fit in this machine's memory: exit 1, explained.
+    cpu = _plan_cli(spec, "--target", "cpu", "--context", "4096")
+    assert cpu.returncode == 1 and "no layout fits" in cpu.stdout
+    assert "failed: no layout" in cpu.stderr
+
+
+# ---- cpu target: the plan's KV cache against vLLM's own accounting ------------------
+
+TINY = ["dense-gqa", "deepseek-v3-style", "novel-launch"]
+ENGINE_KV_TYPES = {
+    "full": "FullAttentionSpec",
+    "sliding": "SlidingWindowSpec",
+    "mla": "MLAAttentionSpec",
+}
+
+
+@pytest.fixture(scope="module", params=TINY)
+def engine_and_plan(request, tmp_path_factory):
+    """ONE vLLM CPU engine per tiny checkpoint, built as the cpu plan says: float32,
+    the plan's context, concurrency, batch size and VLLM_CPU_KVCACHE_SPACE."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.plan.serve import vllm_knows
+    from onboard.validate.engine import Engine, EngineOptions, read_plugin
+
+    name = request.param
+    work = tmp_path_factory.mktemp(name)
+    ckpt = write_tiny_checkpoint(
+        load_spec(SPECS / f"{name}.yaml"), work / "ckpt", dtype="float32"
+    )
+    spec = load_spec(ckpt / "spec.yaml")
+    plan = make_plan(
+        spec, "cpu", context=256, concurrency=2, dtype="float32", model=str(ckpt)
+    )
+    plugin = None
+    if not vllm_knows(spec.architecture):  # novel_launch: the generated plugin
+        from onboard.generate import generate_all
+
+        generate_all(spec, work / "generated")
+        plugin = read_plugin(work / "generated" / "plugin")
+    options = EngineOptions(
+        model_dir=ckpt,
+        plugin=plugin,
+        max_model_len=plan.context,
+        uses_mla=spec.attention.type == "mla",
+        extra={
+            "max_num_seqs": plan.concurrency,
+            "max_num_batched_tokens": plan.target.max_num_batched_tokens,
+        },
+    )
+    old = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = plan.env["VLLM_CPU_KVCACHE_SPACE"]
+    try:
+        with Engine(options, work / "engine", work / "engine.log") as engine:
+            engine.start()
+            info = engine.wait_ready()
+            yield spec, plan, info["kv_cache"]
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = old
+
+
+def _layer(name: str) -> int:
+    return int(re.search(r"layers\.(\d+)\.", name).group(1))
+
+
+@pytest.mark.engine
+def test_cpu_plan_kv_cache_equals_vllm_accounting(engine_and_plan):
+    """Per layer and in total, the bytes per token the plan computes from the
+    spec are the engine's (page size / block size of each layer's KV-cache spec),
+    KV-shared layers own nothing, and the engine made the plan's block count."""
+    spec, plan, engine = engine_and_plan
+    assert "error" not in engine, engine
+    layers = engine["layers"]
+    got = {_layer(n): layer["bytes_per_token"] for n, layer in layers.items()}
+    want = {x.index: x.bytes_per_token for x in plan.kv.owning_layers}
+    assert got == want
+    for n, layer in layers.items():
+        mine = plan.kv.layers[_layer(n)]
+        assert layer["type"] == ENGINE_KV_TYPES[mine.kind], n
+        assert layer["block_size"] == plan.kv_block_size
+        assert layer["page_size_bytes"] == plan.kv_block_size * mine.bytes_per_token
+    assert engine["bytes_per_token"] == plan.kv.bytes_per_token
+    assert engine["bytes_per_token_without_sharing"] == (
+        plan.kv.bytes_per_token_without_sharing
+    )
+    shared = {_layer(a): _layer(b) for a, b in engine["shared_layers"].items()}
+    assert shared == {x.index: x.shares for x in plan.kv.layers if x.shares is not None}
+    assert shared == dict(spec.attention.kv_sharing)
+    assert engine["block_size"] == plan.kv_block_size
+    assert engine["num_blocks"] == plan.num_blocks
+    assert plan.num_blocks == (
+        plan.cpu_kv_space_gib * GiB // plan.kv.bytes_per_block(plan.kv_block_size)
+    )
