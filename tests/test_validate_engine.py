@@ -237,6 +237,22 @@ def test_llama_passes_through_the_generated_plugin(llama_run):
 
 
 @pytest.mark.engine
+def test_the_same_harness_runs_vllms_in_tree_class(tmp_path_factory, llama_ckpt):
+    """The baseline mode: vLLM's own Llama, with the plugin kept out."""
+    root = tmp_path_factory.mktemp("in-tree")
+    spec = write_spec(root / "spec.yaml", LLAMA_SPEC)
+    run = _validate(llama_ckpt, spec, root / "out", "--reference-vllm-in-tree")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.result["vllm_model_class"] == (
+        "vllm.model_executor.models.llama.LlamaForCausalLM"
+    )
+    m = run.check("accuracy")["metrics"]
+    assert m["generated_class_instantiated"] is False
+    assert m["model_code"] == "vLLM's in-tree model classes"
+    assert m["prompt_logprob_max_abs_diff"] <= PROMPT_LOGPROB_ATOL
+
+
+@pytest.mark.engine
 def test_deepseek_v3_passes_through_the_generated_plugin(deepseek_run):
     _assert_passed_with_generated_class(deepseek_run, "onboard_plugin_tiny_deepseek_v3")
     # MLA caches one latent per token and layer: (512 + 64) x 4 bytes x 2 layers.
