@@ -32,6 +32,7 @@ from validate_fixtures import (
 
 from onboard.validate.compare import PROMPT_LOGPROB_ATOL
 from onboard.validate.engine import Engine, EngineOptions, plugin_site, read_plugin
+from onboard.validate.engine_worker import root_cause
 
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
 ENGINE_RUN_TIMEOUT = 1800
@@ -172,6 +173,31 @@ def test_gpu_target_writes_not_run_checks(tmp_path, llama_ckpt):
     assert [c["status"] for c in run.result["checks"]] == ["not-run", "not-run"]
     assert all("b200" in c["details"] for c in run.result["checks"])
     assert (tmp_path / "out" / "report.html").exists()
+
+
+# Lines from real vLLM 0.32 logs: a harmless warning with a traceback (chat-template
+# warm-up without a tokenizer), then a worker that failed to load weights.
+_REAL_LOG = """\
+(MainProcess pid=9584) WARNING 11-30 06:18:32 [base.py:380] Traceback (most recent call last):
+(MainProcess pid=9584) WARNING 11-30 06:18:32 [base.py:380] ValueError: Tokenizer not available when `skip_tokenizer_init=True`
+(Worker pid=22549) ERROR 11-30 07:29:23 [multiproc_executor.py:953] WorkerProc failed to start.
+(Worker pid=22549) ERROR 11-30 07:29:23 [multiproc_executor.py:953] Traceback (most recent call last):
+(Worker pid=22549) ERROR 11-30 07:29:23 [multiproc_executor.py:953]   File "/x/vllm/model_executor/models/utils.py", line 340, in load_weights
+(Worker pid=22549) ERROR 11-30 07:29:23 [multiproc_executor.py:953]     raise ValueError(msg)
+(Worker pid=22549) ERROR 11-30 07:29:23 [multiproc_executor.py:953] ValueError: There is no module or parameter named 'model.layers.0.attention' in LlamaForCausalLM.
+(EngineCore pid=22438) ERROR 11-30 07:29:26 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=22438) ERROR 11-30 07:29:26 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process.
+"""  # noqa: E501
+
+
+def test_root_cause_is_the_first_error_traceback_of_the_engine_log():
+    cause, traceback = root_cause(_REAL_LOG)
+    assert cause == (
+        "ValueError: There is no module or parameter named "
+        "'model.layers.0.attention' in LlamaForCausalLM."
+    )
+    assert traceback.startswith("Traceback") and "load_weights" in traceback
+    assert root_cause("INFO nothing failed\n") == (None, "")
 
 
 # -- real engine ------------------------------------------------------------------

@@ -48,7 +48,9 @@ def root_cause(log_text: str) -> tuple[str | None, str]:
     """The first exception line of the first traceback vLLM logged, and that
     traceback (the engine-core and worker processes log theirs before the
     front end raises its generic "Engine core initialization failed")."""
-    lines = [_LOG_PREFIX.sub("", line) for line in log_text.splitlines()]
+    # Only what vLLM logged as an error: warnings may carry harmless tracebacks.
+    errors = [line for line in log_text.splitlines() if " ERROR " in line[:60]]
+    lines = [_LOG_PREFIX.sub("", line) for line in errors or log_text.splitlines()]
     start = next(
         (i for i, line in enumerate(lines) if line.startswith("Traceback")), None
     )
