@@ -264,6 +264,13 @@ def publish(
     """Upload a checkpoint and its model card to the Hugging Face Hub, verified."""
     from onboard.publish import publish as run_publish
 
+    def show(plan) -> None:
+        for line in plan.lines():
+            out.print(line, markup=False)
+        if dry_run:
+            out.print("--- README.md (model card) ---", markup=False)
+            out.print(plan.card, markup=False, end="")
+
     report = run_publish(
         model_dir,
         repo,
@@ -276,13 +283,10 @@ def publish(
         validation=validation,
         base_model=base_model,
         log=lambda line: err.print(line, markup=False),
+        on_plan=show,
     )
-    for line in report.plan.lines():
-        out.print(line, markup=False)
     outcome = report.outcome
     if outcome is None:
-        out.print("--- README.md (model card) ---", markup=False)
-        out.print(report.plan.card, markup=False, end="")
         out.print("dry run: nothing was uploaded", markup=False)
         return
     for note in outcome.notes:

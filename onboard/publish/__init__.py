@@ -169,7 +169,8 @@ def plan_publish(
         )
     )
     files = [*checkpoint.files, LocalFile.from_bytes(CARD, card.encode("utf-8"))]
-    marker = _marker(target, files)
+    # Without hashes (a dry run) the marker cannot be known yet.
+    marker = _marker(target, files) if hashed else "onboard:<sha256 of the files>"
     what = f"{checkpoint.scheme} checkpoint" if checkpoint.scheme else "checkpoint"
     name = spec.name if spec is not None else checkpoint.dir.name
     title = f"Add {name} {what} [{marker}]"
@@ -217,12 +218,14 @@ def publish(
     retries: int = 5,
     backoff: float = 1.0,
     log: Callable[[str], None] = lambda line: None,
+    on_plan: Callable[[Plan], None] = lambda plan: None,
 ) -> PublishReport:
     """Publish ``checkpoint_dir`` to ``repo_id``; see the module docstring.
 
     Raises InputError (exit 2) for anything wrong locally, a missing token, or a
     token the Hub refuses; PublishFailed (exit 1) when the upload does not complete
-    or the remote files do not match. The token never appears in any message."""
+    or the remote files do not match. The token never appears in any message.
+    ``on_plan`` sees the plan before anything is uploaded."""
     plan = plan_publish(
         checkpoint_dir,
         repo_id,
@@ -235,6 +238,7 @@ def publish(
         base_model=base_model,
         hashed=not dry_run,
     )
+    on_plan(plan)  # e.g. show what will be uploaded before the upload starts
     if dry_run:
         return PublishReport(plan, None)
     from huggingface_hub import get_token

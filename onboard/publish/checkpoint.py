@@ -41,6 +41,8 @@ ALLOWED = frozenset((*CONFIG_FILES, *TOKENIZER_FILES, *ONBOARD_FILES, INDEX))
 CARD = "README.md"
 
 _READ = 1 << 20
+# The Hub stores files above 10 MiB in LFS whatever their name.
+GIT_SIZE = 10 << 20
 
 
 @dataclass
@@ -61,20 +63,33 @@ class LocalFile:
         size = stat.st_size
         if not hashed:  # a dry run reads sizes only
             return cls(path, local, size, "", "", mtime_ns=stat.st_mtime_ns)
+        # The git blob id only matters for files the Hub keeps in git (not LFS):
+        # small ones. Large files skip that second hash (computed on demand).
         sha256 = hashlib.sha256()
-        sha1 = hashlib.sha1(b"blob %d\0" % size)
+        sha1 = hashlib.sha1(b"blob %d\0" % size) if size <= GIT_SIZE else None
         with local.open("rb") as f:
             while chunk := f.read(_READ):
                 sha256.update(chunk)
-                sha1.update(chunk)
+                if sha1 is not None:
+                    sha1.update(chunk)
         return cls(
             path,
             local,
             size,
             sha256.hexdigest(),
-            sha1.hexdigest(),
+            sha1.hexdigest() if sha1 is not None else "",
             mtime_ns=stat.st_mtime_ns,
         )
+
+    def git_blob_id(self) -> str:
+        if not self.git_oid:
+            sha1 = hashlib.sha1(b"blob %d\0" % self.size)
+            assert self.local is not None
+            with self.local.open("rb") as f:
+                while chunk := f.read(_READ):
+                    sha1.update(chunk)
+            self.git_oid = sha1.hexdigest()
+        return self.git_oid
 
     @classmethod
     def from_bytes(cls, path: str, data: bytes) -> LocalFile:

@@ -341,7 +341,7 @@ class Uploader:
                         f"{f.path}: sha256 {r.lfs.sha256} ({r.lfs.size} bytes) on the "
                         f"Hub, {f.sha256} ({f.size} bytes) here"
                     )
-            elif r.blob_id != f.git_oid or r.size != f.size:
+            elif r.blob_id != f.git_blob_id() or r.size != f.size:
                 problems.append(
                     f"{f.path}: git blob {r.blob_id} ({r.size} bytes) on the Hub, "
                     f"{f.git_oid} ({f.size} bytes) here"
