@@ -247,6 +247,8 @@ def make_plan(
             chosen = mem
             break
 
+    if chosen is None:
+        dcp = Decision(False, "no layout fits")
     plan = ServingPlan(
         spec=spec,
         target=profile,
@@ -299,8 +301,13 @@ def dcp_decision(
     if r == 1:
         return Decision(
             False,
-            f"{layout.name}: each rank holds a different share of the KV cache, "
-            "no copies to shard",
+            f"{layout.name}: "
+            + (
+                "one rank per replica holds the KV cache, nothing to shard"
+                if layout.tp == 1
+                else "each TP rank holds a different share of the KV cache (its KV "
+                "heads), no copies to shard"
+            ),
         )
     if kv.sliding:
         return Decision(

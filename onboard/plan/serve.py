@@ -74,8 +74,9 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
             "every node; on the others add --headless --data-parallel-start-rank "
             "<first local DP rank> --data-parallel-address <head node IP>"
             if layout.dp > 1
-            else f"{layout.devices} devices over {plan.nodes} nodes: start a Ray "
-            "cluster first (pipeline stages span nodes)"
+            else f"{layout.devices} devices over {plan.nodes} nodes: run the command "
+            f"on every node with --nnodes {plan.nodes} --node-rank <rank> "
+            "--master-addr <head node IP> (and --headless on all but the head)"
         )
     if plan.pd.pays and layout is not None:
         config = json.dumps(NIXL_CONFIG, separators=(",", ":"))
