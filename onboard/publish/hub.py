@@ -99,7 +99,7 @@ def redacted_logs(redact: Redactor) -> Iterator[None]:
     filt = _RedactFilter(redact)
     manager = logging.root.manager
     loggers = [logging.root] + [
-        lg for lg in manager.loggerDict.values() if isinstance(lg, logging.Logger)
+        lg for lg in list(manager.loggerDict.values()) if isinstance(lg, logging.Logger)
     ]
     touched: list[logging.Filterer] = []
     for lg in loggers:
