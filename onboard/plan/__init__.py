@@ -249,6 +249,16 @@ def make_plan(
 
     if chosen is None:
         dcp = Decision(False, "no layout fits")
+    pd = pd_decision(profile, context, concurrency, output_len, chosen is not None)
+    if pd.pays and chosen is not None and chosen.layout.dcp > 1:
+        if spec.attention.type != "mla":
+            # VllmConfig: "PD with decode_context_parallel_size > 1 is only
+            # supported for MLA models".
+            pd = Decision(
+                False,
+                f"{pd.reason}, but vLLM 0.32 runs NIXL P/D with DCP for MLA models "
+                "only, and this plan needs DCP",
+            )
     plan = ServingPlan(
         spec=spec,
         target=profile,
@@ -268,7 +278,7 @@ def make_plan(
         candidates=candidates,
         chosen=chosen,
         dcp=dcp,
-        pd=pd_decision(profile, context, concurrency, output_len, chosen is not None),
+        pd=pd,
     )
     if chosen is not None:
         if not profile.is_gpu:

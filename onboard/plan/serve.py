@@ -85,7 +85,8 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
             for role in ("prefill instance", "decode instance")
         ]
         plan.notes.append(
-            "P/D: both instances need NIXL (pip install nixl) and a proxy in front "
+            f"P/D: each instance on its own {layout.devices} device(s) (or its own "
+            "--port); both need NIXL (pip install nixl) and a proxy in front "
             "that sends each prompt to the prefill instance, then to the decode "
             "instance (vLLM's examples/online_serving/disaggregated_serving)"
         )
