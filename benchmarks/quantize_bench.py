@@ -110,15 +110,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--preset", default="1gb", help="checkpoint size (1gb, small)")
     ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
     ckpt = args.dir / "bf16"
     if not (ckpt / "model.safetensors.index.json").exists():
-        print(f"writing the 1 GB benchmark checkpoint to {ckpt}", file=sys.stderr)
+        print(f"writing the {args.preset} checkpoint to {ckpt}", file=sys.stderr)
         subprocess.run([str(PY), str(ROOT / "benchmarks" / "make_checkpoint.py"),
-                        str(ckpt), "--preset", "1gb"], check=True)  # fmt: skip
+                        str(ckpt), "--preset", args.preset], check=True)  # fmt: skip
     size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     largest = max(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     out = args.dir / "out"

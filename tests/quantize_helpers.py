@@ -116,7 +116,9 @@ def write_bundled_dsv3_checkpoint(out: Path, seed: int = 0) -> Path:
     return write_tiny_checkpoint(spec, out, seed=seed)
 
 
-def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> Path:
+def write_dsv3_checkpoint(
+    out: Path, seed: int = 0, shard_size: str = "1MB", expert_width: int = 64
+) -> Path:
     """save_pretrained of a random tiny DeepSeek-V3 (bf16, several shards) + MTP."""
     import torch
     from transformers import DeepseekV3ForCausalLM
@@ -124,7 +126,7 @@ def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> 
     from onboard.checkpoint.tokenizer import write_tokenizer
 
     torch.manual_seed(seed)
-    config = dsv3_config()
+    config = dsv3_config(moe_intermediate_size=expert_width)
     model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
     with torch.no_grad():
         # Decisive logits (see DESIGN.md): scale the output head, not every weight.
@@ -136,7 +138,11 @@ def write_dsv3_checkpoint(out: Path, seed: int = 0, shard_size: str = "1MB") -> 
     model.save_pretrained(out, max_shard_size=shard_size)
     _add_mtp_layer(out, config, seed)
     # Same file layout as onboard's tiny checkpoints: spec and offline tokenizer.
-    (out / "spec.yaml").write_text(DSV3_SPEC)
+    (out / "spec.yaml").write_text(
+        DSV3_SPEC.replace(
+            "expert_intermediate_size: 64", f"expert_intermediate_size: {expert_width}"
+        )
+    )
     write_tokenizer(out, config.vocab_size, config.max_position_embeddings)
     return out
 

@@ -20,25 +20,30 @@ from onboard.quantize import quantize_checkpoint
 sys.path.insert(0, str(Path(__file__).parent))
 from quantize_helpers import (  # noqa: E402
     write_bundled_dsv3_checkpoint,
+    write_dsv3_checkpoint,
     write_llama_checkpoint,
 )
 
 LOADER = Path(__file__).parent / "quantize_engine_load.py"
 
 # What vLLM 0.32's CPU build does with each scheme (None: loads and generates).
+NO_NVFP4 = "Failed to find a kernel that can implement the NVFP4 linear layer"
+NO_MXFP4 = "Failed to find a kernel that can implement the MXFP4 linear layer"
+NO_MARLIN = "MarlinNvFp4LinearKernel is not supported: Marlin FP4 not available"
 DENSE = {
     "fp8-dynamic": None,
     "fp8-block": None,
-    "nvfp4": None,
-    "nvfp4a16": "Marlin FP4 not available",
-    "mxfp4": None,
+    "nvfp4": NO_NVFP4,
+    "nvfp4a16": NO_MARLIN,
+    "mxfp4": NO_MXFP4,
 }
 DEEPSEEK = {
     "fp8-dynamic": "Unsupported FP8 MoE backend: NONE",
+    # the tiny checkpoint's 64-wide experts (see the 128-wide test below)
     "fp8-block": "is not divisible by weight quantization block_n = 128",
-    "nvfp4": None,
-    "nvfp4a16": "Marlin FP4 not available",
-    "mxfp4": None,
+    "nvfp4": NO_NVFP4,
+    "nvfp4a16": NO_MARLIN,
+    "mxfp4": NO_MXFP4,
 }
 
 
@@ -90,3 +95,12 @@ def test_deepseek_v3_style_scheme_in_cpu_engine(tmp_path_factory, tmp_path, sche
         write_bundled_dsv3_checkpoint(ckpt)
     out = quantize_checkpoint(ckpt, scheme, tmp_path / scheme)
     check(*load(out), DEEPSEEK[scheme])
+
+
+@pytest.mark.acceptance
+def test_fp8_block_deepseek_v3_with_128_wide_experts_loads(tmp_path):
+    """MLA's 576-row kv_a_proj_with_mqa (5-row scale grid) and the CPU FP8 block
+    MoE: loads once every fused partition is whole blocks."""
+    ckpt = write_dsv3_checkpoint(tmp_path / "bf16", expert_width=128)
+    out = quantize_checkpoint(ckpt, "fp8-block", tmp_path / "fp8-block")
+    check(*load(out), None)
