@@ -659,3 +659,38 @@ def test_novel_launch_runs_and_shares_kv(tmp_path):
     base = runs["generated"]["tokens"]
     assert runs["also:sharer_kv"]["tokens"] == base
     assert runs["also:target_kv"]["tokens"] != base
+
+
+@pytest.mark.engine
+def test_compressed_tensors_fp8_checkpoint_loads_through_plugin(tmp_path):
+    """quant_config reaches every layer: an FP8 (W8A8, per-channel) compressed-
+    tensors checkpoint of a transformers-written Qwen3 loads through the generated
+    model and gives vLLM's in-tree tokens on the same checkpoint. (vLLM's CPU
+    build has no FP8 fused-MoE kernel, so MoE experts cannot be run this way here.)
+    """
+    from hf_tiny import write_hf_checkpoint
+
+    from onboard.quantize import quantize_checkpoint
+    from onboard.spec.hf import spec_from_hf_config_file
+
+    ckpt = write_hf_checkpoint("qwen3", tmp_path / "ckpt")
+    spec = spec_from_hf_config_file(ckpt / "config.json", name="tiny-qwen3")
+    fp8 = quantize_checkpoint(ckpt, "fp8-dynamic", tmp_path / "fp8", spec=spec)
+    config = json.loads((Path(fp8) / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    generate_all(spec, tmp_path / "gen")
+    install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
+    report = run_engine_compare(
+        Path(fp8),
+        tmp_path / "site",
+        tmp_path / "report.json",
+        prompts=4,
+        max_tokens=16,
+        no_transformers=True,
+    )
+    runs = report["runs"]
+    assert runs["generated"]["class"] == model_class_path(spec).replace(":", ".")
+    assert (
+        runs["in_tree"]["class"] == "vllm.model_executor.models.qwen3.Qwen3ForCausalLM"
+    )
+    assert runs["generated"]["tokens"] == runs["in_tree"]["tokens"]
