@@ -31,7 +31,7 @@ demo: venv
 	$(BIN)/onboard new-model $(DEMO_SPEC) --out $(DEMO_OUT)
 
 test: venv llmc
-	$(BIN)/python -m pytest -m "not acceptance" --timeout=1800
+	$(BIN)/python -m pytest -m "not acceptance" --timeout=1800 --durations=25
 
 test-all: venv llmc
 	$(BIN)/python -m pytest --timeout=3600
