@@ -1,0 +1,95 @@
+"""`onboard new-model`: stage order, layout, skipping unchanged stages, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ONBOARD = str(Path(sys.executable).with_name("onboard"))
+
+
+def new_model(spec: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ONBOARD, "new-model", str(spec), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+
+
+def test_stages_write_the_layout_and_skip_when_unchanged(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text())
+    out = tmp_path / "out"
+
+    first = new_model(spec, out, "--stages", "generate,checkpoint")
+    assert first.returncode == 0, first.stderr
+    assert "> generate" in first.stdout and "> checkpoint" in first.stdout
+    # Stages that do not exist yet are named, not silently dropped.
+    assert "not in this version yet" in first.stdout
+    assert (out / "spec.yaml").read_text().startswith("spec_version: 1")
+    plugin = out / "generated" / "plugin" / "onboard_plugin_deepseek_v3_style"
+    assert (plugin / "deepseek_v3_style.py").is_file()
+    config = json.loads((out / "checkpoints" / "bf16" / "config.json").read_text())
+    assert config["model_type"] == "deepseek_v3"
+    shards = sorted((out / "checkpoints" / "bf16").glob("*.safetensors"))
+    stamp = {p: p.stat().st_mtime_ns for p in shards}
+
+    again = new_model(spec, out, "--stages", "generate,checkpoint")
+    assert again.returncode == 0, again.stderr
+    assert "generate: unchanged, skipped" in again.stdout
+    assert "checkpoint: unchanged, skipped" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in shards} == stamp
+
+    # A changed input reruns the stages that read it.
+    spec.write_text(
+        spec.read_text().replace("num_experts_per_tok: 8", "num_experts_per_tok: 6")
+    )
+    changed = new_model(spec, out, "--stages", "generate,checkpoint")
+    assert changed.returncode == 0, changed.stderr
+    assert "> generate" in changed.stdout and "> checkpoint" in changed.stdout
+    config = json.loads((out / "checkpoints" / "bf16" / "config.json").read_text())
+    assert config["num_experts_per_tok"] == 2  # the tiny copy caps top-k at 2
+
+    # --force reruns even when nothing changed.
+    forced = new_model(spec, out, "--stages", "checkpoint", "--force")
+    assert "> checkpoint" in forced.stdout
+
+
+def test_bad_stage_and_bad_spec_exit_2(tmp_path):
+    spec = ROOT / "model_specs" / "dense-gqa.yaml"
+    res = new_model(spec, tmp_path / "o", "--stages", "generate,bogus")
+    assert res.returncode == 2
+    assert "unknown stage(s) bogus" in res.stderr and "Traceback" not in res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec.read_text().replace("num_kv_heads: 8", "num_kv_heads: 5"))
+    res = new_model(bad, tmp_path / "o2")
+    assert res.returncode == 2
+    assert f"{bad}:" in res.stderr and "num_kv_heads" in res.stderr
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.engine
+def test_full_run_validates_on_the_engine(tmp_path):
+    """The default run on a bundled spec ends with a passing validation.json that
+    names the generated class the engine instantiated."""
+    out = tmp_path / "out"
+    res = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads((out / "validation" / "validation.json").read_text())
+    assert result["passed"] is True
+    assert result["vllm_model_class"] == (
+        "onboard_plugin_dense_gqa.dense_gqa.LlamaForCausalLM"
+    )
+    accuracy = next(c for c in result["checks"] if c["name"] == "accuracy")
+    assert accuracy["status"] == "passed"
+    assert accuracy["metrics"]["top1_top2_margin_median"] > 0.5
+    assert (out / "validation" / "report.html").is_file()
+    rerun = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out)
+    assert "validate: unchanged, skipped" in rerun.stdout
+    assert rerun.returncode == 0
