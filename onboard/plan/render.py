@@ -214,8 +214,9 @@ def render_plan(plan: ServingPlan) -> str:
 
 
 def _weight_rule(scheme: str) -> str:
+    if scheme == "bf16":
+        return "   bytes = params x dtype bytes (nothing quantized)"
     rules = {
-        "bf16": "params x 2 B",
         "fp8-dynamic": "quantized: params x 1 B + rows x 2 B scales",
         "fp8-block": "quantized: params x 1 B + ceil(rows/128) x ceil(cols/128) x 2 B",
         "nvfp4": "quantized: params / 2 + params / 16 scales + 8 B global scales",
