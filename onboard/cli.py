@@ -340,7 +340,11 @@ def targets(
             if p.scale_up_devices > p.devices_per_node:
                 memory += f" (NVLink {p.scale_up_devices})"
         by_level = {
-            level: ", ".join(s for s in SCHEMES if p.schemes[s].support == level)
+            level: ", ".join(
+                s + (" (not MoE)" if p.schemes[s].level(True) != level else "")
+                for s in SCHEMES
+                if p.schemes[s].support == level
+            )
             for level in ("native", "emulated", "unsupported")
         }
         b = p.backends

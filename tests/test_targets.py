@@ -229,6 +229,40 @@ def test_cpu_profile_matches_the_installed_cpu_build():
                 make()
 
 
+def test_cpu_fp8_moe_takes_block_fp8_only():
+    """vLLM's CPU FP8 MoE experts accept 128x128-block weights only, so the cpu
+    profile runs fp8-dynamic for dense models and refuses it for MoE models."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+        CPUExpertsFp8,
+        CPUExpertsFp8W8A8,
+    )
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kFp8Dynamic128Sym,
+        kFp8DynamicTokenSym,
+        kFp8Static128BlockSym,
+        kFp8StaticChannelSym,
+    )
+
+    for experts in (CPUExpertsFp8, CPUExpertsFp8W8A8):
+        assert experts._supports_quant_scheme(kFp8Static128BlockSym, kFp8Dynamic128Sym)
+        assert not experts._supports_quant_scheme(
+            kFp8StaticChannelSym, kFp8DynamicTokenSym
+        )
+    cpu = get_target("cpu")
+    assert cpu.schemes["fp8-dynamic"].level(moe=False) == "emulated"
+    assert cpu.schemes["fp8-dynamic"].level(moe=True) == "unsupported"
+    assert cpu.schemes["fp8-block"].level(moe=True) == "emulated"
+    novel = load_spec(ROOT / "model_specs" / "novel-launch.yaml")  # MoE, fp8-dynamic
+    assert any(
+        f.level == "warning" and "cannot run fp8-dynamic" in f.message
+        for f in target_findings(novel)
+    )
+    with pytest.raises(InputError, match="cpu cannot run fp8-dynamic"):
+        from onboard.plan import make_plan
+
+        make_plan(novel, "cpu", "fp8-dynamic")
+
+
 # ---- `onboard targets` ------------------------------------------------------------
 
 

@@ -188,7 +188,7 @@ def make_plan(
     if kv_cache_dtype not in ("auto", "fp8"):
         raise InputError("--kv-cache-dtype: choose auto or fp8")
     support = profile.scheme(scheme)
-    if support.support == "unsupported":
+    if support.level(spec.mlp.moe is not None) == "unsupported":
         raise InputError(
             f"{profile.name} cannot run {scheme} in vLLM 0.32: {support.note}"
         )

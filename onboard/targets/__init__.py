@@ -34,7 +34,16 @@ class SchemeSupport(_Strict):
     support: Support
     linear: str | None = None  # linear kernel vLLM selects first
     moe: str | None = None  # MoE backend vLLM selects first
+    # MoE experts' support where it differs from the linear layers' (e.g. the
+    # CPU FP8 MoE kernels take block FP8 only).
+    moe_support: Support | None = None
     note: str = ""
+
+    def level(self, moe: bool) -> Support:
+        """Support for a model with (``moe``) or without MoE layers."""
+        if moe and self.moe_support is not None:
+            return self.moe_support
+        return self.support
 
 
 class Backends(_Strict):

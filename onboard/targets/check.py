@@ -44,16 +44,18 @@ class TargetFinding:
 
 def target_findings(spec: ModelSpec) -> list[TargetFinding]:
     profiles = load_profiles()
+    moe = spec.mlp.moe is not None
     out: list[TargetFinding] = []
     for i, scheme in enumerate(spec.quantization):
         runs = []
         for j, name in enumerate(spec.targets):
             target = profiles[name]
             support = target.schemes[scheme]
+            level = support.level(moe)
             why = support.note or support.linear or ""
-            if support.support == "native":
+            if level == "native":
                 runs.append(name)
-            elif support.support == "emulated":
+            elif level == "emulated":
                 runs.append(name)
                 if not target.is_gpu:
                     continue  # cpu stands in for validation; speed is not its point
