@@ -113,7 +113,7 @@ def checkpoint_tiny(
 
 @app.command("generate")
 def generate(spec: SpecArg, out_dir: OutOpt) -> None:
-    """Render the vLLM model, the plugin and the PR tree for a spec."""
+    """Render the vLLM model file, its plugin and (new model types) the HF reference."""
     from onboard.generate import generate_all
     from onboard.spec import load_spec
 
@@ -190,7 +190,9 @@ def validate(
     model_dir: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
     spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
     out_dir: OutOpt,
-    target: Annotated[str, typer.Option(help="Hardware target (cpu runs here).")] = "cpu",
+    target: Annotated[
+        str, typer.Option(help="Hardware target (cpu runs here).")
+    ] = "cpu",
     generated: Annotated[
         Path | None,
         typer.Option(help="Output of `onboard generate` (default: generate afresh)."),
@@ -213,8 +215,14 @@ def validate(
     from onboard.validate import validate as run_validate
 
     result = run_validate(
-        model_dir, spec, target, out_dir, generated=generated, checks=checks,
-        vllm_in_tree=vllm_in_tree, log=lambda line: err.print(line, markup=False),
+        model_dir,
+        spec,
+        target,
+        out_dir,
+        generated=generated,
+        checks=checks,
+        vllm_in_tree=vllm_in_tree,
+        log=lambda line: err.print(line, markup=False),
     )
     for check in result.checks:
         out.print(f"{check.name}: {check.status}", markup=False)
@@ -222,7 +230,9 @@ def validate(
             out.print(check.details, markup=False)
     out.print(f"wrote {out_dir / 'validation.json'} and {out_dir / 'report.html'}")
     if not result.passed:
-        raise CheckFailed(f"validation did not pass (see {out_dir / 'validation.json'})")
+        raise CheckFailed(
+            f"validation did not pass (see {out_dir / 'validation.json'})"
+        )
 
 
 @app.command("publish")

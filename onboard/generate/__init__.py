@@ -1,19 +1,25 @@
 """Generate the vLLM model file and its installable plugin from a spec.
 
 ``generate_all(spec, out_dir)`` writes ``out_dir/plugin/`` (see
-:mod:`onboard.generate.plugin` for the layout). Output is a pure function of the
-spec and the templates in ``templates/``: the same spec gives the same bytes.
+:mod:`onboard.generate.plugin` for the layout) and, for a model type transformers
+does not know, ``out_dir/hf/``: the Hugging Face reference (configuration and
+modeling files for ``trust_remote_code``, see :mod:`onboard.reference`). Output
+is a pure function of the spec and the templates in ``templates/``: the same spec
+gives the same bytes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.generate.config_fields import GenerationError
 from onboard.generate.context import build_context
 from onboard.generate.plugin import model_class_path, package_name, plugin_files
 from onboard.generate.render import RenderError, render_python
+from onboard.reference import render_reference
+from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec
 
 __all__ = [
@@ -43,13 +49,21 @@ def generate_files(spec: ModelSpec) -> dict[str, str]:
         f"plugin/{path}": text
         for path, text in plugin_files(spec, render_model(spec)).items()
     }
+    if not transformers_knows(spec.model_type):
+        try:
+            reference = render_reference(spec)
+        except InputError as exc:
+            # The vLLM model can still be generated; validation then reports that
+            # no reference exists, with this reason.
+            reference = {"README.md": f"No Hugging Face reference: {exc}\n"}
+        files.update({f"hf/{name}": text for name, text in reference.items()})
     return dict(sorted(files.items()))
 
 
 def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
     """Write every generated file under ``out_dir``; return their paths.
 
-    Each output tree (``plugin/``) is replaced as a whole and atomically, so a
+    Each output tree (``plugin/``, ``hf/``) is replaced as a whole and atomically, so a
     failed generation leaves the previous output untouched.
     """
     out_dir = Path(out_dir)

@@ -241,7 +241,8 @@ def _modeling_reads(config_cls: type) -> set[str]:
     return {a or b for a, b in _CONFIG_READ.findall(text)}
 
 
-def _transformers_knows(model_type: str) -> bool:
+def transformers_knows(model_type: str) -> bool:
+    """Whether the installed transformers has a config class for ``model_type``."""
     try:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError as exc:  # pragma: no cover - the cpu/gpu extras install it
@@ -267,7 +268,7 @@ def _known(model_type: str) -> _Known:
 
 def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]:
     """(transformers' class, family facts); (None, None) for a new model type."""
-    if not _transformers_knows(model_type):
+    if not transformers_knows(model_type):
         return None, None
     family = FAMILIES.get(model_type)
     if family is None:
