@@ -209,6 +209,15 @@ def validate(
             "(baselines and benchmarks).",
         ),
     ] = False,
+    preflight: Annotated[
+        bool,
+        typer.Option(
+            "--preflight/--no-preflight",
+            hidden=True,
+            help="Check the checkpoint's headers against the spec first (default); "
+            "--no-preflight lets the engine meet a mismatched checkpoint.",
+        ),
+    ] = True,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html."""
@@ -222,6 +231,7 @@ def validate(
         generated=generated,
         checks=checks,
         vllm_in_tree=vllm_in_tree,
+        preflight=preflight,
         log=lambda line: err.print(line, markup=False),
     )
     for check in result.checks:

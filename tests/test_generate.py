@@ -597,6 +597,7 @@ def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_pa
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 @pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style"])
 def test_bundled_spec_runs_on_its_tiny_checkpoint(name, tmp_path):
     """The file generated from the full-size spec (32 / 61 layers) serves the

@@ -263,6 +263,7 @@ def test_llama_passes_through_the_generated_plugin(llama_run):
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_the_same_harness_runs_vllms_in_tree_class(tmp_path_factory, llama_ckpt):
     """The baseline mode: vLLM's own Llama, with the plugin kept out."""
     root = tmp_path_factory.mktemp("in-tree")
@@ -286,26 +287,35 @@ def test_deepseek_v3_passes_through_the_generated_plugin(deepseek_run):
     assert info["kv_cache"]["bytes_per_token"] == 2 * 576 * 4
 
 
-@pytest.mark.engine
-def test_wrong_tensor_layout_fails_naming_tensors_and_parameters(
+def test_wrong_tensor_layout_fails_before_the_engine_naming_tensors(
     tmp_path_factory, llama_ckpt
 ):
-    """The spec says q/k/v/o live under `attn`; the checkpoint has `self_attn`."""
+    """The spec says q/k/v/o live under `attn`; the checkpoint has `self_attn`:
+    the preflight refuses it (exit 2) naming the checkpoint's unmatched tensors and
+    the names the model expects, before any engine starts."""
     root = tmp_path_factory.mktemp("wrong-layout")
     spec = write_spec(root / "spec.yaml", WRONG_LAYOUT_SPEC)
     run = _validate(llama_ckpt, spec, root / "out")
-    _assert_names_listed(run, "self_attn")
+    assert run.returncode == 2, run.output[-3000:]
+    assert "Traceback" not in run.output
+    assert "preflight, no engine started" in run.output
+    assert "self_attn.q_proj" in run.output  # in the checkpoint, not expected
+    assert ".attn." in run.output  # expected by the spec, not in the checkpoint
+    assert "starting the vLLM engine" not in run.output
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_renamed_checkpoint_tensors_fail_naming_tensors_and_parameters(
     tmp_path_factory, llama_ckpt
 ):
-    """Right spec, but the checkpoint calls the attention block `attention`."""
+    """Right spec, but the checkpoint calls the attention block `attention`; with
+    the preflight off, the engine's own load fails and the worker names the
+    unmatched checkpoint tensors and the model parameters left unloaded."""
     root = tmp_path_factory.mktemp("renamed")
     ckpt = rename_tensors(llama_ckpt, root / "ckpt", ".self_attn.", ".attention.")
     spec = write_spec(root / "spec.yaml", LLAMA_SPEC)
-    run = _validate(ckpt, spec, root / "out")
+    run = _validate(ckpt, spec, root / "out", "--no-preflight")
     _assert_names_listed(run, "attention")
 
 

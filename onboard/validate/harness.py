@@ -225,6 +225,19 @@ def _run_check(ctx: RunContext, name: str) -> Check:
         )
 
 
+def _preflight(spec: ModelSpec, model_dir: Path, log: Callable[[str], None]) -> None:
+    """Compare the checkpoint's headers with the spec before any engine starts."""
+    from onboard.checkpoint.preflight import preflight
+
+    report = preflight(spec, model_dir)
+    if not report.ok:
+        raise InputError(
+            f"{model_dir}: the checkpoint does not match the spec (preflight, no "
+            "engine started):\n" + "\n".join(report.lines())
+        )
+    log(f"preflight: checkpoint headers match the spec ({model_dir})")
+
+
 def check_inputs(spec: ModelSpec, model_dir: Path) -> dict[str, Any]:
     """The checkpoint's config.json, after checking it is the spec's model."""
     if not model_dir.is_dir():
@@ -272,6 +285,7 @@ def validate(
     checks: str | None = None,
     vllm_in_tree: bool = False,
     max_new_tokens: int = MAX_NEW_TOKENS,
+    preflight: bool = True,
     log: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
     """Validate MODEL_DIR against SPEC on TARGET; write validation.json and
@@ -288,6 +302,8 @@ def validate(
     names = parse_checks(checks)
     model_dir = Path(model_dir).resolve()
     config = check_inputs(spec, model_dir)
+    if preflight:
+        _preflight(spec, model_dir, log)
     if generated is not None and not (Path(generated) / "plugin").is_dir():
         raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
     out_dir = Path(out_dir)
