@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -489,7 +490,7 @@ ENGINE_KV_TYPES = {
 
 
 @pytest.fixture(scope="module", params=TINY)
-def engine_and_plan(request, tmp_path_factory):
+def engine_and_plan(request):
     """ONE vLLM CPU engine per tiny checkpoint, built as the cpu plan says: float32,
     the plan's context, concurrency, batch size and VLLM_CPU_KVCACHE_SPACE."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
@@ -497,7 +498,11 @@ def engine_and_plan(request, tmp_path_factory):
     from onboard.validate.engine import Engine, EngineOptions, read_plugin
 
     name = request.param
-    work = tmp_path_factory.mktemp(name)
+    # Its own directory: pytest prunes old base temp dirs when other sessions of
+    # the same user start, which can pull a minutes-long engine's files away.
+    tmp = tempfile.TemporaryDirectory(prefix=f"onboard-plan-{name}-")
+    request.addfinalizer(tmp.cleanup)
+    work = Path(tmp.name)
     ckpt = write_tiny_checkpoint(
         load_spec(SPECS / f"{name}.yaml"), work / "ckpt", dtype="float32"
     )
