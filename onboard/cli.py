@@ -159,6 +159,17 @@ def quantize(
     out.print(f"wrote {scheme} checkpoint to {path}")
 
 
+@app.command("speculators")
+def speculators(spec: SpecArg, out_dir: OutOpt) -> None:
+    """Write vLLM --speculative-config files, draft-head configs and training
+    recipes for every speculative method the spec lists."""
+    from onboard.spec import load_spec
+    from onboard.speculators import write_speculators
+
+    for path in write_speculators(load_spec(spec), out_dir, source=str(spec)):
+        out.print(f"wrote {path}", markup=False)
+
+
 @app.command("new-model")
 def new_model(
     spec: SpecArg,

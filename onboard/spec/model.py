@@ -250,6 +250,12 @@ class Speculator(_Section):
 
     method: SpecMethod = Field(description="vLLM speculative method.")
     num_speculative_tokens: PositiveInt = Field(3, le=16, description="Draft length k.")
+    model: str | None = Field(
+        None,
+        description="Draft checkpoint (Hub id or local directory): required for "
+        "`draft_model`; for `eagle3`/`dflash`/`dspark` an existing trained head "
+        "(null: `onboard speculators` writes the head's config and training recipe).",
+    )
 
 
 class ModelSpec(_Section):

@@ -1,0 +1,158 @@
+"""vLLM ``--speculative-config`` JSON per method, and the refusals.
+
+Every JSON written here is accepted by the pinned vLLM's own ``SpeculativeConfig``
+(tests/test_speculators.py constructs it from each file). What vLLM 0.32 would
+reject — or would only fail on deep inside an engine — is refused here with the
+reason, before anything starts: a method it does not know, MTP without MTP heads, a
+draft whose hidden size or vocabulary does not fit the verifier.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec, Speculator
+from onboard.speculators.heads import HEAD_METHODS
+
+# n-gram lookup window: vLLM's documented example (its built-in default is 5/5,
+# marked "TODO: tune"); `onboard speculators tune` is where this gets measured.
+PROMPT_LOOKUP_MIN = 2
+PROMPT_LOOKUP_MAX = 4
+# The methods that need a draft checkpoint of their own.
+DRAFT_METHODS = ("draft_model", *HEAD_METHODS)
+
+
+def vllm_methods() -> set[str] | None:
+    """The method names the installed vLLM accepts (None: vLLM is not installed).
+
+    Read from vLLM's own ``SpeculativeMethod`` type, never copied."""
+    try:
+        from typing import get_args
+
+        from vllm.config.speculative import SpeculativeMethod
+    except ImportError:
+        return None
+
+    names: set[str] = set()
+
+    def walk(tp: Any) -> None:
+        args = get_args(tp)
+        if not args:
+            names.add(tp)
+        for arg in args:
+            if isinstance(arg, str):
+                names.add(arg)
+            else:
+                walk(arg)
+
+    walk(SpeculativeMethod)
+    return names
+
+
+def where(index: int, field: str | None = None) -> str:
+    return f"speculators[{index}]" + (f".{field}" if field else "")
+
+
+def refusals(spec: ModelSpec, source: str = "spec") -> list[str]:
+    """Why the pinned vLLM would reject each listed method (empty: none would)."""
+    problems: list[str] = []
+    known = vllm_methods()
+    for i, entry in enumerate(spec.speculators):
+        at = f"{source}: {where(i, 'method')}"
+        if known is not None and entry.method not in known:
+            problems.append(
+                f"{at}: vLLM does not know the method {entry.method!r} "
+                f"(it accepts: {', '.join(sorted(known))})"
+            )
+            continue
+        if entry.method == "mtp":
+            problems += _mtp_refusals(spec, entry, at)
+        if entry.method == "draft_model" and entry.model is None:
+            problems.append(
+                f"{source}: {where(i, 'model')}: draft_model needs `model:` (a smaller "
+                "checkpoint with the same tokenizer)"
+            )
+        if entry.method in DRAFT_METHODS and entry.model is not None:
+            problems += _draft_refusals(spec, entry, f"{source}: {where(i, 'model')}")
+    return problems
+
+
+def _mtp_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
+    if spec.mtp is None:
+        return [
+            f"{at}: mtp needs MTP heads, and the model has none (no `mtp:` section)"
+        ]
+    return []
+
+
+def _read_draft_config(model: str, at: str) -> dict[str, Any] | None:
+    """The draft's config.json where it is a local directory (a Hub id is read by
+    vLLM at serve time; nothing can be fetched here)."""
+    path = Path(model)
+    if not path.exists():
+        return None
+    config_path = path / "config.json" if path.is_dir() else path
+    try:
+        return json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{at}: {path} has no config.json") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{at}: {config_path}: invalid JSON: {exc}") from None
+
+
+def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
+    assert entry.model is not None
+    config = _read_draft_config(entry.model, at)
+    if config is None:
+        return []
+    problems = []
+    if entry.method == "draft_model":
+        vocab = config.get("vocab_size")
+        if vocab is not None and vocab != spec.vocab_size:
+            problems.append(
+                f"{at}: the draft model's vocab_size is {vocab} but the verifier's is "
+                f"{spec.vocab_size}; vLLM requires the same vocabulary"
+            )
+        return problems
+    kind = config.get("speculators_model_type")
+    if kind is None:
+        problems.append(
+            f"{at}: {entry.model} is not a speculators-format head "
+            "(no speculators_model_type in its config.json)"
+        )
+        return problems
+    if kind != entry.method and not (entry.method == "dflash" and kind == "dflash2"):
+        problems.append(f"{at}: {entry.model} is a {kind!r} head, not {entry.method!r}")
+    layer = config.get("transformer_layer_config") or {}
+    expects = config.get("target_hidden_size") or layer.get("hidden_size")
+    if expects != spec.hidden_size:
+        problems.append(
+            f"{at}: the draft reads verifier hidden states of size {expects} but the "
+            f"verifier's hidden_size is {spec.hidden_size}"
+        )
+    vocab = layer.get("vocab_size")
+    if vocab is not None and vocab != spec.vocab_size:
+        problems.append(
+            f"{at}: the draft's vocab_size is {vocab} but the verifier's is "
+            f"{spec.vocab_size}"
+        )
+    return problems
+
+
+def speculative_config(entry: Speculator, draft: str | None) -> dict[str, Any]:
+    """The ``--speculative-config`` for one spec entry; ``draft`` is the draft
+    checkpoint (the entry's own ``model`` or the head directory onboard wrote)."""
+    cfg: dict[str, Any] = {
+        "method": entry.method,
+        "num_speculative_tokens": entry.num_speculative_tokens,
+    }
+    if entry.method == "ngram":
+        cfg["prompt_lookup_min"] = PROMPT_LOOKUP_MIN
+        cfg["prompt_lookup_max"] = PROMPT_LOOKUP_MAX
+    if entry.method in DRAFT_METHODS:
+        assert draft is not None
+        cfg["model"] = draft
+    return cfg
