@@ -34,7 +34,7 @@ def aux_layer_ids(num_layers: int) -> list[int]:
     embeddings) is never used: vLLM 0.32's in-tree DeepSeek-V2/V3 model adds a
     residual that does not exist yet at layer 0.
     """
-    if num_layers >= 6:
+    if num_layers >= 7:  # three distinct ids
         return [2, num_layers // 2, num_layers - 3]
     return sorted({1, max(1, num_layers // 2), num_layers})
 

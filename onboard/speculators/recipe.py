@@ -157,5 +157,6 @@ speculators train \\
 #   speculators train ... --on-missing generate --vllm-endpoint http://localhost:$PORT
 
 # 4. Serve with the trained head:
-#   vllm serve "$VERIFIER" --speculative-config "$(cat speculative-config.{method}.json)"
+#   vllm serve "$VERIFIER" \\
+#     --speculative-config "$(cat speculative-config.{method}.json)"
 """

@@ -47,7 +47,9 @@ def write_speculators(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"{out_dir}: cannot create the output directory: {exc}")
+        raise InputError(
+            f"{out_dir}: cannot create the output directory: {exc}"
+        ) from None
     written: list[Path] = []
     summary: dict[str, Any] = {"spec": spec.name, "methods": {}}
     for entry in spec.speculators:

@@ -1,0 +1,258 @@
+"""`onboard speculators`: vLLM speculative configs, speculators-format heads,
+recipes and refusals, checked against the pinned vLLM's and speculators' own
+config classes (no engine starts here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.errors import InputError
+from onboard.spec import load_spec
+from onboard.spec.hf import hf_config_from_spec
+from onboard.spec.model import SPEC_METHODS
+from onboard.speculators import write_speculators
+from onboard.speculators.heads import aux_layer_ids, head_config, load_head_config
+from onboard.speculators.methods import vllm_methods
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "model_specs"
+
+
+def _spec_with(base: str, speculators: list[dict], tmp: Path, **changes) -> Path:
+    data = yaml.safe_load((SPECS / f"{base}.yaml").read_text())
+    data["speculators"] = speculators
+    data.update(changes)
+    path = tmp / f"{base}-custom.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from onboard.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def vllm_config():
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    def build(target_dir: Path, speculative: dict):
+        target = ModelConfig(
+            model=str(target_dir),
+            dtype="float32",
+            skip_tokenizer_init=True,
+            max_model_len=256,
+        )
+        return SpeculativeConfig(
+            **speculative,
+            target_model_config=target,
+            target_parallel_config=ParallelConfig(),
+        )
+
+    return build
+
+
+def _target_dir(spec, tmp: Path) -> Path:
+    """A directory with the full-size model's config.json (no weights: vLLM's
+    configs read only the config)."""
+    path = tmp / f"target-{spec.name}"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config_from_spec(spec)))
+    return path
+
+
+def test_spec_methods_are_vllm_methods():
+    # The spec can only name methods the pinned vLLM accepts.
+    known = vllm_methods()
+    assert known is not None and set(SPEC_METHODS) <= known, set(SPEC_METHODS) - known
+
+
+def test_aux_layer_ids():
+    assert aux_layer_ids(61) == [2, 30, 58]  # vLLM's default (2, n//2, n-3)
+    assert aux_layer_ids(32) == [2, 16, 29]
+    assert aux_layer_ids(2) == [1, 2]  # tiny: never the embeddings (id 0)
+    assert aux_layer_ids(4) == [1, 2, 4]
+    for n in range(1, 80):
+        ids = aux_layer_ids(n)
+        assert ids == sorted(set(ids)) and 1 <= ids[0] and ids[-1] <= n
+
+
+@pytest.mark.parametrize("spec_name", ["deepseek-v3-style", "dense-gqa"])
+def test_bundled_specs_configs_accepted_by_vllm(spec_name, tmp_path, vllm_config):
+    spec = load_spec(SPECS / f"{spec_name}.yaml")
+    written = write_speculators(spec, tmp_path / "out")
+    assert all(p.exists() for p in written)
+    target = _target_dir(spec, tmp_path)
+    for entry in spec.speculators:
+        path = tmp_path / "out" / f"speculative-config.{entry.method}.json"
+        cfg = vllm_config(target, json.loads(path.read_text()))
+        assert cfg.method == entry.method
+        assert cfg.num_speculative_tokens == entry.num_speculative_tokens
+        if entry.method == "eagle3":
+            # vLLM read our speculators-format head: its own EAGLE-3 Llama head,
+            # fed by the layers we chose.
+            assert cfg.draft_model_config.architectures == ["Eagle3LlamaForCausalLM"]
+            hf = cfg.draft_model_config.hf_config
+            assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
+                spec.num_hidden_layers
+            )
+            assert hf.hidden_size == spec.hidden_size
+            assert hf.draft_vocab_size == min(32000, spec.vocab_size)
+        if entry.method == "mtp":
+            assert cfg.draft_model_config.architectures == ["DeepSeekMTPModel"]
+    summary = json.loads((tmp_path / "out" / "speculators.json").read_text())
+    assert set(summary["methods"]) == {e.method for e in spec.speculators}
+
+
+def test_every_method_accepted_by_vllm(tmp_path, vllm_config):
+    """ngram, mtp, eagle3, draft_model, dflash, dspark (and suffix, whose only
+    missing piece here is the arctic-inference package) on one spec."""
+    spec0 = load_spec(SPECS / "deepseek-v3-style.yaml")
+    draft = write_tiny_checkpoint(spec0, tmp_path / "draft", seed=1)
+    entries = [
+        {"method": "ngram", "num_speculative_tokens": 3},
+        {"method": "mtp", "num_speculative_tokens": 1},
+        {"method": "eagle3", "num_speculative_tokens": 3},
+        {"method": "draft_model", "num_speculative_tokens": 2, "model": str(draft)},
+        {"method": "dflash", "num_speculative_tokens": 4},
+        {"method": "dspark", "num_speculative_tokens": 4},
+        {"method": "suffix", "num_speculative_tokens": 8},
+    ]
+    # The draft model is the tiny checkpoint: the verifier must share its
+    # vocabulary, so test against the tiny checkpoint's own spec and config.
+    target = write_tiny_checkpoint(spec0, tmp_path / "target", seed=0)
+    spec = load_spec(_spec_with("deepseek-v3-style", entries, tmp_path))
+    tiny = load_spec(target / "spec.yaml")
+    tiny = tiny.model_copy(update={"speculators": spec.speculators})
+    write_speculators(tiny, tmp_path / "out")
+    seen = set()
+    for entry in tiny.speculators:
+        path = tmp_path / "out" / f"speculative-config.{entry.method}.json"
+        speculative = json.loads(path.read_text())
+        if entry.method == "suffix":
+            with pytest.raises(ImportError, match="Arctic Inference"):
+                vllm_config(target, speculative)
+            seen.add("suffix")
+            continue
+        cfg = vllm_config(target, speculative)
+        assert cfg.method == entry.method
+        seen.add(cfg.method)
+        if entry.method in ("dflash", "dspark"):
+            assert cfg.parallel_drafting
+            hf = cfg.draft_model_config.hf_config
+            assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
+                tiny.num_hidden_layers
+            )
+    assert seen == set(SPEC_METHODS)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
+def test_head_config_round_trips_through_speculators(method, tmp_path):
+    from speculators import SpeculatorModelConfig
+
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    data = head_config(spec, method, 3)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    loaded = SpeculatorModelConfig.from_pretrained(str(tmp_path))
+    assert type(loaded) is type(load_head_config(data))
+    assert loaded.speculators_model_type == method
+    assert loaded.speculators_config.verifier.name_or_path == spec.base_checkpoint
+    assert loaded.speculators_config.verifier.architectures == [spec.architecture]
+    assert loaded.speculators_config.proposal_methods[0].speculative_tokens == 3
+    layer = loaded.transformer_layer_config
+    assert layer.hidden_size == spec.hidden_size == loaded.target_hidden_size
+    assert layer.num_attention_heads == spec.attention.num_heads
+    assert layer.num_key_value_heads == spec.num_kv_heads
+    assert layer.vocab_size == spec.vocab_size
+    assert loaded.draft_vocab_size == 32000
+    ids = (
+        loaded.eagle_aux_hidden_state_layer_ids
+        if method == "eagle3"
+        else loaded.aux_hidden_state_layer_ids
+    )
+    assert ids == [2, 16, 29]
+
+
+def test_recipe_sizes_follow_the_spec(tmp_path):
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    write_speculators(spec, tmp_path)
+    recipe = (tmp_path / "eagle3" / "recipe.sh").read_text()
+    assert "--target-layer-ids 2 30 58" in recipe
+    assert '"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]' in recipe
+    assert "--draft-vocab-size 32000" in recipe
+    assert "--ttt-steps 3" in recipe
+    assert "57344 bytes per token" in recipe  # 4 layers x 7168 x 2 bytes
+    assert "speculators generate-offline-data" in recipe
+    assert "--on-missing generate" in recipe  # the online variant
+    check = subprocess.run(["bash", "-n", str(tmp_path / "eagle3" / "recipe.sh")])
+    assert check.returncode == 0
+
+
+# ---- refusals, through the command line (exit 2, with the reason) -------------
+
+
+def test_cli_writes_configs(tmp_path):
+    proc = _run_cli(
+        "speculators", str(SPECS / "dense-gqa.yaml"), "--out", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "speculative-config.ngram.json").is_file()
+    assert (tmp_path / "eagle3" / "config.json").is_file()
+
+
+def test_refuses_unknown_method(tmp_path):
+    spec = _spec_with("dense-gqa", [{"method": "medusa3"}], tmp_path)
+    proc = _run_cli("speculators", str(spec), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "speculators.0.method" in proc.stderr and "medusa3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_mtp_without_heads(tmp_path):
+    spec = _spec_with("dense-gqa", [{"method": "mtp"}], tmp_path)
+    proc = _run_cli("speculators", str(spec), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "mtp needs MTP heads" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_draft_with_other_hidden_size(tmp_path):
+    other = load_spec(SPECS / "dense-gqa.yaml").model_copy(update={"hidden_size": 2048})
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(head_config(other, "eagle3", 3)))
+    spec = _spec_with("dense-gqa", [{"method": "eagle3", "model": str(head)}], tmp_path)
+    proc = _run_cli("speculators", str(spec), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "hidden states of size 2048" in proc.stderr
+    assert "hidden_size is 4096" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_draft_model_with_other_vocabulary(tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    config = hf_config_from_spec(load_spec(SPECS / "dense-gqa.yaml"))
+    (draft / "config.json").write_text(json.dumps({**config, "vocab_size": 32000}))
+    spec = _spec_with(
+        "dense-gqa", [{"method": "draft_model", "model": str(draft)}], tmp_path
+    )
+    with pytest.raises(InputError, match="vocab_size is 32000"):
+        write_speculators(load_spec(spec), tmp_path / "out")
+    missing = _spec_with("dense-gqa", [{"method": "draft_model"}], tmp_path)
+    with pytest.raises(InputError, match="draft_model needs `model:`"):
+        write_speculators(load_spec(missing), tmp_path / "out")
