@@ -116,45 +116,78 @@ def test_bundled_specs_configs_accepted_by_vllm(spec_name, tmp_path, vllm_config
 
 
 def test_every_method_accepted_by_vllm(tmp_path, vllm_config):
-    """ngram, mtp, eagle3, draft_model, dflash, dspark (and suffix, whose only
-    missing piece here is the arctic-inference package) on one spec."""
-    spec0 = load_spec(SPECS / "deepseek-v3-style.yaml")
-    draft = write_tiny_checkpoint(spec0, tmp_path / "draft", seed=1)
+    """ngram, mtp, eagle3, dflash, dspark and suffix (whose only missing piece here
+    is the arctic-inference package) on the tiny DeepSeek-V3-style checkpoint;
+    draft_model on the tiny dense one (a DeepSeek-V3 draft is refused, below)."""
     entries = [
         {"method": "ngram", "num_speculative_tokens": 3},
         {"method": "mtp", "num_speculative_tokens": 1},
         {"method": "eagle3", "num_speculative_tokens": 3},
-        {"method": "draft_model", "num_speculative_tokens": 2, "model": str(draft)},
         {"method": "dflash", "num_speculative_tokens": 4},
         {"method": "dspark", "num_speculative_tokens": 4},
         {"method": "suffix", "num_speculative_tokens": 8},
     ]
-    # The draft model is the tiny checkpoint: the verifier must share its
-    # vocabulary, so test against the tiny checkpoint's own spec and config.
-    target = write_tiny_checkpoint(spec0, tmp_path / "target", seed=0)
-    spec = load_spec(_spec_with("deepseek-v3-style", entries, tmp_path))
-    tiny = load_spec(target / "spec.yaml")
-    tiny = tiny.model_copy(update={"speculators": spec.speculators})
-    write_speculators(tiny, tmp_path / "out")
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    target = write_tiny_checkpoint(spec, tmp_path / "target", seed=0)
+    dense = load_spec(SPECS / "dense-gqa.yaml")
+    dense_target = write_tiny_checkpoint(dense, tmp_path / "dense", seed=0)
+    draft = write_tiny_checkpoint(dense, tmp_path / "draft", seed=1)
+    cases = [
+        (target, entries),
+        (
+            dense_target,
+            [
+                {
+                    "method": "draft_model",
+                    "num_speculative_tokens": 2,
+                    "model": str(draft),
+                }
+            ],
+        ),
+    ]
     seen = set()
-    for entry in tiny.speculators:
-        path = tmp_path / "out" / f"speculative-config.{entry.method}.json"
-        speculative = json.loads(path.read_text())
-        if entry.method == "suffix":
-            with pytest.raises(ImportError, match="Arctic Inference"):
-                vllm_config(target, speculative)
-            seen.add("suffix")
-            continue
-        cfg = vllm_config(target, speculative)
-        assert cfg.method == entry.method
-        seen.add(cfg.method)
-        if entry.method in ("dflash", "dspark"):
-            assert cfg.parallel_drafting
-            hf = cfg.draft_model_config.hf_config
-            assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
-                tiny.num_hidden_layers
-            )
+    for target_dir, listed in cases:
+        tiny = load_spec(target_dir / "spec.yaml")
+        tiny = load_spec(_spec_with_data(tiny, listed, tmp_path))
+        out = tmp_path / f"out-{tiny.name}"
+        write_speculators(tiny, out)
+        for entry in tiny.speculators:
+            path = out / f"speculative-config.{entry.method}.json"
+            speculative = json.loads(path.read_text())
+            if entry.method == "suffix":
+                with pytest.raises(ImportError, match="Arctic Inference"):
+                    vllm_config(target_dir, speculative)
+                seen.add("suffix")
+                continue
+            cfg = vllm_config(target_dir, speculative)
+            assert cfg.method == entry.method
+            seen.add(cfg.method)
+            if entry.method in ("dflash", "dspark"):
+                assert cfg.parallel_drafting
+                hf = cfg.draft_model_config.hf_config
+                assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
+                    tiny.num_hidden_layers
+                )
     assert seen == set(SPEC_METHODS)
+
+
+def _spec_with_data(spec, speculators: list[dict], tmp: Path) -> Path:
+    data = spec.model_dump(mode="json", exclude_none=True)
+    data["speculators"] = speculators
+    path = tmp / f"{spec.name}-listed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_refuses_deepseek_checkpoint_as_draft_model(tmp_path):
+    # vLLM 0.32 rewrites every draft config with its MTP override: a DeepSeek-V3
+    # checkpoint given as draft_model silently becomes an MTP draft.
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    draft = write_tiny_checkpoint(spec, tmp_path / "draft", seed=1)
+    tiny = load_spec(draft / "spec.yaml")
+    listed = [{"method": "draft_model", "model": str(draft)}]
+    with pytest.raises(InputError, match="DeepSeekMTPModel"):
+        write_speculators(load_spec(_spec_with_data(tiny, listed, tmp_path)), tmp_path)
 
 
 @pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
@@ -215,7 +248,7 @@ def test_refuses_unknown_method(tmp_path):
     spec = _spec_with("dense-gqa", [{"method": "medusa3"}], tmp_path)
     proc = _run_cli("speculators", str(spec), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
-    assert "speculators.0.method" in proc.stderr and "medusa3" in proc.stderr
+    assert "speculators[0].method" in proc.stderr and "medusa3" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -224,6 +257,7 @@ def test_refuses_mtp_without_heads(tmp_path):
     spec = _spec_with("dense-gqa", [{"method": "mtp"}], tmp_path)
     proc = _run_cli("speculators", str(spec), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
+    assert "speculators[0].method" in proc.stderr
     assert "mtp needs MTP heads" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()

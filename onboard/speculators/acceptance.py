@@ -28,7 +28,9 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
         "num_drafts": drafts,
         "num_draft_tokens": metrics.get(PREFIX + "num_draft_tokens") or 0,
         "num_accepted_tokens": accepted,
-        "acceptance_rate_per_position": [c / drafts if drafts else 0.0 for c in per_pos],
+        "acceptance_rate_per_position": [
+            c / drafts if drafts else 0.0 for c in per_pos
+        ],
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
     }
 

@@ -116,6 +116,13 @@ def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
                 f"{at}: the draft model's vocab_size is {vocab} but the verifier's is "
                 f"{spec.vocab_size}; vLLM requires the same vocabulary"
             )
+        mtp = _vllm_mtp_rewrite(entry.model)
+        if mtp is not None:
+            problems.append(
+                f"{at}: vLLM rewrites a {config.get('model_type')!r} draft into its "
+                f"MTP draft {mtp} and runs method mtp instead; use a draft of "
+                "another family"
+            )
         return problems
     kind = config.get("speculators_model_type")
     if kind is None:
@@ -140,6 +147,26 @@ def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
             f"{spec.vocab_size}"
         )
     return problems
+
+
+def _vllm_mtp_rewrite(model: str) -> str | None:
+    """The MTP architecture vLLM's own draft-config override turns this draft
+    checkpoint into (vLLM 0.32 does it for every draft, e.g. DeepSeek-V3 ->
+    DeepSeekMTPModel), or None."""
+    try:
+        from typing import get_args
+
+        from transformers import AutoConfig
+        from vllm.config.speculative import MTPModelTypes, SpeculativeConfig
+    except ImportError:
+        return None
+    try:
+        hf = SpeculativeConfig.hf_config_override(AutoConfig.from_pretrained(model))
+    except Exception:  # a config transformers cannot read: vLLM's own error later
+        return None
+    if hf.model_type in get_args(MTPModelTypes):
+        return (hf.architectures or [hf.model_type])[0]
+    return None
 
 
 def speculative_config(entry: Speculator, draft: str | None) -> dict[str, Any]:
