@@ -37,7 +37,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
 
 def run_with_speculation(
     model_dir: Path,
-    speculative_config: dict[str, Any],
+    speculative_config: dict[str, Any] | None,
     prompts: list[list[int]],
     work_dir: Path,
     *,
@@ -45,6 +45,7 @@ def run_with_speculation(
     uses_mla: bool = False,
     plugin: Plugin | None = None,
     max_model_len: int = 256,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Greedy continuations of ``prompts`` (with top-k logprobs) and the acceptance
     counters, from one engine built with ``speculative_config``."""
@@ -53,7 +54,7 @@ def run_with_speculation(
         plugin=plugin,
         max_model_len=max_model_len,
         uses_mla=uses_mla,
-        extra={"speculative_config": speculative_config},
+        extra={"speculative_config": speculative_config, "dtype": dtype},
     )
     work_dir = Path(work_dir)
     engine = Engine(options, work_dir / "engine", work_dir / "engine.log")
