@@ -192,7 +192,8 @@ def _fp4_rows(
     out: torch.Tensor,
 ) -> None:
     # compressed-tensors' _process_group + _quantize: x grouped, divided by
-    # (scale / global_scale) with torch's type promotion, clamped to +-6, rounded.
+    # (scale / global_scale) with torch's type promotion, rounded (the clamp to
+    # +-6 is implicit: the midpoint count stops at 7).
     s = scale_rows.unsqueeze(-1)
     if gscale is not None:
         s = s / gscale

@@ -22,8 +22,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from onboard.errors import InputError
 
 ITEMSIZE = {
@@ -197,7 +195,9 @@ class ShardWriter:
                 f"{name}: produced {tensor.dtype} {list(tensor.shape)}, planned "
                 f"{t.dtype} {list(t.shape)}"
             )
-        data = memoryview(tensor.contiguous().view(-1).view(torch_uint8()).numpy())
+        import torch
+
+        data = memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy())
         _pwrite_all(self.fd, data, self.offsets[name])
         self.written.add(name)
 
@@ -235,12 +235,6 @@ class ShardWriter:
             pass
 
 
-def torch_uint8():
-    import torch
-
-    return torch.uint8
-
-
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
@@ -253,7 +247,3 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(16 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def as_numpy_bytes(tensor) -> np.ndarray:
-    return tensor.contiguous().view(-1).view(torch_uint8()).numpy()
