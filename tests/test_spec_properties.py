@@ -62,8 +62,11 @@ def rope(draw, mla: bool) -> dict:
     optional = {
         "linear": [],
         "yarn": ["beta_fast", "beta_slow", "mscale", "mscale_all_dim"],
-        "llama3": ["low_freq_factor", "high_freq_factor"],
+        "llama3": [],
     }[kind]
+    if kind == "llama3":  # the spec requires both frequency factors
+        scaling["low_freq_factor"] = draw(floats)
+        scaling["high_freq_factor"] = draw(floats)
     for key in optional:
         if draw(st.booleans()):
             scaling[key] = draw(floats)

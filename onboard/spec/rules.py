@@ -38,16 +38,14 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
     return problems
 
 
-# Parameters each rope scaling needs (transformers refuses, and vLLM's get_rope
-# raises a KeyError, without them).
+# Parameters each rope scaling needs: transformers refuses a llama3 scaling without
+# its frequency factors, and vLLM's get_rope raises a KeyError. (A missing
+# original_max_position_embeddings means max_position_embeddings, as in
+# transformers.)
 ROPE_SCALING_NEEDS = {
     "linear": (),
-    "yarn": ("original_max_position_embeddings",),
-    "llama3": (
-        "original_max_position_embeddings",
-        "low_freq_factor",
-        "high_freq_factor",
-    ),
+    "yarn": (),
+    "llama3": ("low_freq_factor", "high_freq_factor"),
 }
 
 
