@@ -19,7 +19,8 @@ from onboard.spec import load_spec
 from onboard.speculators.tiny_draft import evaluate_tiny_eagle3
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.engine
+# Six engine starts and a few minutes of training: part of `make test-all`.
+pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 
 
 @pytest.fixture(scope="module", params=["deepseek-v3-style", "dense-gqa"])
