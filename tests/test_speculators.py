@@ -290,3 +290,40 @@ def test_refuses_draft_model_with_other_vocabulary(tmp_path):
     missing = _spec_with("dense-gqa", [{"method": "draft_model"}], tmp_path)
     with pytest.raises(InputError, match="draft_model needs `model:`"):
         write_speculators(load_spec(missing), tmp_path / "out")
+
+
+def test_trained_head_format_loads_in_speculators(tmp_path):
+    """The head the tiny trainer saves is what speculators' own Eagle3DraftModel
+    loads: every tensor name and shape, nothing left over but the verifier's
+    frozen training-only copies."""
+    import torch
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    from onboard.speculators.eagle3 import make_head_class, save_head
+
+    model_dir = write_tiny_checkpoint(
+        load_spec(SPECS / "dense-gqa.yaml"), tmp_path / "tiny", seed=0
+    )
+    tiny = load_spec(model_dir / "spec.yaml")
+    config = head_config(
+        tiny, "eagle3", 3, verifier=str(model_dir), draft_vocab=tiny.vocab_size
+    )
+    shape = (tiny.vocab_size, tiny.hidden_size)
+    head = make_head_class()(
+        config["transformer_layer_config"],
+        len(aux_layer_ids(tiny.num_hidden_layers)),
+        torch.randn(shape),
+        torch.randn(shape),
+    )
+    save_head(head, config, tmp_path / "head")
+    loaded = Eagle3DraftModel.from_pretrained(str(tmp_path / "head"))
+    state = loaded.state_dict()
+    saved = load_file(str(tmp_path / "head" / "model.safetensors"))
+    for name, tensor in saved.items():
+        assert name in state, name
+        assert torch.equal(state[name], tensor), name
+    assert {n for n in state if n not in saved} == {
+        "verifier_lm_head.weight",
+        "verifier_norm.weight",
+    }

@@ -29,8 +29,11 @@ from onboard.spec.model import ModelSpec
 from onboard.speculators.heads import aux_layer_ids, head_config
 
 PROMPT_TOKENS = 16
-NEW_TOKENS = 48
-NUM_PROMPTS = 128
+NEW_TOKENS = 32
+# Half the prompts are windows of the calibration text, half random token ids: the
+# text alone is too small to generalise from (measured: 0.74 first-position
+# accuracy on its own continuations, 0.31 on the held-out prompts).
+NUM_PROMPTS = 256
 TTT_STEPS = 2
 BATCH = 16
 LR = 3e-3
@@ -85,12 +88,20 @@ def verifier_states(model, tokens, aux: list[int]):
 
 
 def collect_data(
-    model, tokenizer, aux: list[int], num_prompts: int = NUM_PROMPTS
+    model, tokenizer, aux: list[int], num_prompts: int = NUM_PROMPTS, seed: int = 0
 ) -> TrainingData:
-    """Greedy continuations of calibration-text prompts, and their states."""
+    """Greedy continuations of calibration-text and random-token prompts, and the
+    verifier's states on them."""
     import torch
 
-    prompts = torch.tensor(calibration_prompts(tokenizer, num_prompts, PROMPT_TOKENS))
+    text = calibration_prompts(tokenizer, num_prompts // 2, PROMPT_TOKENS)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    # Ids 0-2 are the bundled tokenizers' special tokens.
+    noise = torch.randint(
+        3, vocab, (num_prompts - len(text), PROMPT_TOKENS), generator=gen
+    )
+    prompts = torch.cat([torch.tensor(text), noise])
     with torch.inference_mode():
         tokens = model.generate(
             prompts,
@@ -347,7 +358,7 @@ def train_eagle3_head(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     aux = aux_layer_ids(spec.num_hidden_layers)
     t0 = time.perf_counter()
-    data = collect_data(model, tokenizer, aux)
+    data = collect_data(model, tokenizer, aux, seed=seed)
     collect_s = time.perf_counter() - t0
     log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
 
