@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.errors import InputError
-from onboard.spec.layouts import ROLES
+from onboard.spec.layouts import LINEAR_ROLES, ROLES
 from onboard.spec.model import ModelSpec
 
 # How each group is laid out over ranks (see per_device_bytes).
@@ -123,30 +123,6 @@ class WeightReport:
         if pp > 1:
             out = out * math.ceil(self.num_layers / pp) / self.num_layers
         return math.ceil(out + globals_)
-
-
-# Decoder projections ``onboard quantize`` quantizes (onboard.quantize.plan's
-# LINEAR_ROLES; a test keeps the two equal). Restated here so that planning does
-# not import torch.
-LINEAR_ROLES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "q_a_proj",
-    "q_b_proj",
-    "kv_a_proj",
-    "kv_b_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "expert_gate_proj",
-    "expert_up_proj",
-    "expert_down_proj",
-    "shared_gate_proj",
-    "shared_up_proj",
-    "shared_down_proj",
-)
 
 
 def quantized_bytes(scheme: str, rows: int, cols: int) -> int:

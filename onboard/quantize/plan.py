@@ -24,31 +24,12 @@ from onboard.errors import InputError
 from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
 from onboard.quantize.schemes import Scheme
-from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
+from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES
 from onboard.spec.model import ModelSpec
 
 INDEX_FILE = "model.safetensors.index.json"
 
 # Decoder projections that are quantized (vLLM builds them as quantizable layers).
-LINEAR_ROLES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "q_a_proj",
-    "q_b_proj",
-    "kv_a_proj",
-    "kv_b_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "expert_gate_proj",
-    "expert_up_proj",
-    "expert_down_proj",
-    "shared_gate_proj",
-    "shared_up_proj",
-    "shared_down_proj",
-)
 # Linear modules that always stay in 16 bits (and go to the config's ignore list).
 KEPT_LINEAR_ROLES = (
     "lm_head",

@@ -75,6 +75,28 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
+# Roles that are Linear layers of the decoder blocks (what quantization may touch;
+# embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
+LINEAR_ROLES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj",
+    "kv_b_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "expert_gate_proj",
+    "expert_up_proj",
+    "expert_down_proj",
+    "shared_gate_proj",
+    "shared_up_proj",
+    "shared_down_proj",
+)
+
 # Placeholders each role's path must (and may only) contain.
 GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})
 EXPERT_ROLES = frozenset({"expert_gate_proj", "expert_up_proj", "expert_down_proj"})
