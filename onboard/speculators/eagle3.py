@@ -340,6 +340,7 @@ def train_eagle3_head(
     max_steps: int = MAX_STEPS,
     budget_s: float = TIME_BUDGET_S,
     untrained_dir: Path | None = None,
+    num_prompts: int = NUM_PROMPTS,
     log=lambda _m: None,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 head for the checkpoint ``model_dir`` (of ``spec``, e.g. the
@@ -358,7 +359,7 @@ def train_eagle3_head(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     aux = aux_layer_ids(spec.num_hidden_layers)
     t0 = time.perf_counter()
-    data = collect_data(model, tokenizer, aux, seed=seed)
+    data = collect_data(model, tokenizer, aux, num_prompts, seed=seed)
     collect_s = time.perf_counter() - t0
     log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
 
