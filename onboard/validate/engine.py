@@ -102,6 +102,8 @@ class EngineOptions:
     uses_mla: bool = False
     # Further vllm.LLM keyword arguments (e.g. speculative_config for later checks).
     extra: dict[str, Any] = field(default_factory=dict)
+    # Environment for the engine's processes (e.g. VLLM_CPU_OMP_THREADS_BIND).
+    env: dict[str, str] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -175,6 +177,7 @@ class Engine:
         # vLLM only allows with pickle enabled; set for this worker tree only.
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         env["TOKENIZERS_PARALLELISM"] = "false"
+        env.update(self.options.env)
         return env
 
     def start(self) -> None:

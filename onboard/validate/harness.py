@@ -9,10 +9,13 @@ once, shared by every check) and the reference. Checks are functions
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ class RunContext:
     prompts: list[list[int]]
     prompt_note: str
     max_new_tokens: int = MAX_NEW_TOKENS
+    options: EngineOptions | None = None
     engine: Engine | None = None
     engine_failure: dict[str, Any] | None = None
     reference: Reference | None = None
@@ -63,6 +67,29 @@ class RunContext:
     # Per prompt: (prompt log-softmax rows, greedy continuation).
     reference_outputs: list[tuple[Any, GreedyOutput]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+
+    def engine_options(self, **changes: Any) -> EngineOptions:
+        """The options of the run's main engine, with ``changes`` applied (e.g.
+        ``extra={"speculative_config": ...}``, ``model_dir=...``, ``env={...}``)."""
+        assert self.options is not None
+        return dataclasses.replace(self.options, **changes)
+
+    @contextlib.contextmanager
+    def extra_engine(self, label: str, options: EngineOptions) -> Iterator[Engine]:
+        """Start one more engine (a check that needs other engine arguments than
+        the main one), wait until it is ready, and close it afterwards. Its log is
+        ``OUT/logs/engine-<label>.log``; a load failure raises EngineLoadError."""
+        engine = Engine(
+            options,
+            self.work_dir / f"engine-{label}",
+            self.out_dir / "logs" / f"engine-{label}.log",
+        )
+        engine.start()
+        try:
+            engine.wait_ready()
+            yield engine
+        finally:
+            engine.close()
 
     @property
     def model_code(self) -> str:
@@ -171,18 +198,16 @@ def _more(count: int, n: int = 20) -> list[str]:
     return [f"  ... and {count - n} more (all in metrics)"] if count > n else []
 
 
-def _not_implemented(ctx: RunContext, name: str) -> Check:
-    return Check.not_run(name, f"the {name} check is not implemented in onboard yet")
-
-
-# Exact names, then "prefix:" for parameterised checks.
-CHECKS: dict[str, CheckRunner] = {
+# Exact names, then "prefix:" for parameterised checks. Each check other than
+# accuracy lives in its own module (``run(ctx, name) -> Check``), imported when a
+# run asks for it.
+CHECKS: dict[str, CheckRunner | str] = {
     "accuracy": run_accuracy,
-    "kv-cache": _not_implemented,
-    "speed": _not_implemented,
-    "tensor-parallel": _not_implemented,
-    "quant:": _not_implemented,
-    "spec-decode:": _not_implemented,
+    "kv-cache": "onboard.validate.check_kv_cache:run",
+    "speed": "onboard.validate.check_speed:run",
+    "tensor-parallel": "onboard.validate.check_tensor_parallel:run",
+    "quant:": "onboard.validate.check_quant:run",
+    "spec-decode:": "onboard.validate.check_spec_decode:run",
 }
 _PARAMS = {"quant:": QUANT_SCHEMES, "spec-decode:": SPEC_METHODS}
 
@@ -207,7 +232,11 @@ def parse_checks(text: str | None) -> list[str]:
 
 
 def _runner(name: str) -> CheckRunner:
-    return CHECKS.get(name) or CHECKS[name.split(":", 1)[0] + ":"]
+    runner = CHECKS.get(name) or CHECKS[name.split(":", 1)[0] + ":"]
+    if isinstance(runner, str):
+        module, _, attr = runner.partition(":")
+        runner = getattr(importlib.import_module(module), attr)
+    return runner
 
 
 def _run_check(ctx: RunContext, name: str) -> Check:
@@ -344,6 +373,7 @@ def validate(
             max_model_len=min(max_pos, max(MAX_MODEL_LEN, limit + max_new_tokens)),
             uses_mla=spec.attention.type == "mla",
         )
+        ctx.options = options
         engine = Engine(options, work_dir / "engine", out_dir / "logs" / "engine.log")
         log(f"starting the vLLM engine (log: {engine.log_path})")
         engine.start()
