@@ -36,6 +36,10 @@ class Context:
         return self.out / "checkpoints"
 
     @property
+    def speculators(self) -> Path:
+        return self.out / "speculators"
+
+    @property
     def validation(self) -> Path:
         return self.out / "validation"
 
@@ -73,8 +77,14 @@ def _stage_checkpoint(ctx: Context) -> None:
     write_tiny_checkpoint(ctx.spec, ctx.checkpoints / "bf16", seed=0)
 
 
+def _stage_in(module: str) -> Callable[[Context], bool | None]:
+    """A stage whose code lives in its own module (``run(ctx)``), imported late."""
+    return lambda ctx: importlib.import_module(module).run(ctx)
+
+
 def _stage_validate(ctx: Context) -> bool:
     from onboard.validate import validate
+    from onboard.validate.harness import checks_for_spec
 
     # The code generated for the full-size spec runs the tiny checkpoint: the model
     # reads its sizes from config.json, so this validates the very files a PR ships.
@@ -85,6 +95,13 @@ def _stage_validate(ctx: Context) -> bool:
         "cpu",
         ctx.validation,
         generated=ctx.generated,
+        checks=",".join(checks_for_spec(ctx.spec)),
+        quantized={
+            scheme: ctx.checkpoints / scheme
+            for scheme in ctx.spec.quantization
+            if (ctx.checkpoints / scheme / "config.json").is_file()
+        },
+        speculators_dir=ctx.speculators,
         log=lambda line: ctx.console.print(f"  {line}", markup=False),
     )
     for check in result.checks:
@@ -111,10 +128,28 @@ STAGES: list[Stage] = [
         summary="tiny bf16 checkpoint in the spec's tensor layout",
     ),
     Stage(
+        "quantize",
+        _stage_in("onboard.pipeline.stage_quantize"),
+        lambda ctx: [
+            ctx.checkpoints / s / "config.json" for s in ctx.spec.quantization
+        ],
+        reads=("checkpoint",),
+        needs_module="onboard.pipeline.stage_quantize",
+        summary="quantized checkpoints, one per scheme the spec lists",
+    ),
+    Stage(
+        "speculators",
+        _stage_in("onboard.pipeline.stage_speculators"),
+        lambda ctx: [ctx.speculators],
+        reads=("checkpoint",),
+        needs_module="onboard.pipeline.stage_speculators",
+        summary="speculative-decoding configs and trained drafts",
+    ),
+    Stage(
         "validate",
         _stage_validate,
         lambda ctx: [ctx.validation / "validation.json"],
-        reads=("generate", "checkpoint"),
+        reads=("generate", "checkpoint", "quantize", "speculators"),
         needs_module="onboard.validate",
         summary="accuracy and checks on the real vLLM engine",
     ),
@@ -122,8 +157,6 @@ STAGES: list[Stage] = [
 
 # Stages later issues add, listed so a run says what it did not do.
 PLANNED = {
-    "quantize": "quantized checkpoints (FP8/NVFP4/MXFP4)",
-    "speculators": "speculative-decoding configs and drafts",
     "publish": "Hub upload (run `onboard publish` separately)",
 }
 

@@ -67,6 +67,10 @@ class RunContext:
     # Per prompt: (prompt log-softmax rows, greedy continuation).
     reference_outputs: list[tuple[Any, GreedyOutput]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    # Artifacts of earlier pipeline stages that checks read: quantized checkpoints
+    # by scheme (quant:<scheme>) and the speculators output (spec-decode:<method>).
+    quantized: dict[str, Path] = field(default_factory=dict)
+    speculators_dir: Path | None = None
 
     def engine_options(self, **changes: Any) -> EngineOptions:
         """The options of the run's main engine, with ``changes`` applied (e.g.
@@ -212,6 +216,17 @@ CHECKS: dict[str, CheckRunner | str] = {
 _PARAMS = {"quant:": QUANT_SCHEMES, "spec-decode:": SPEC_METHODS}
 
 
+def checks_for_spec(spec: ModelSpec) -> list[str]:
+    """The checks `onboard new-model` runs: accuracy, the KV-cache accounting, one
+    per quantization scheme and speculative method the spec lists, then tensor
+    parallelism and speed."""
+    names = ["accuracy", "kv-cache"]
+    names += [f"quant:{scheme}" for scheme in spec.quantization]
+    names += [f"spec-decode:{s.method}" for s in spec.speculators]
+    names += ["tensor-parallel", "speed"]
+    return list(dict.fromkeys(names))
+
+
 def parse_checks(text: str | None) -> list[str]:
     names = [c.strip() for c in (text or "accuracy").split(",") if c.strip()]
     for name in names:
@@ -315,6 +330,8 @@ def validate(
     vllm_in_tree: bool = False,
     max_new_tokens: int = MAX_NEW_TOKENS,
     preflight: bool = True,
+    quantized: dict[str, Path] | None = None,
+    speculators_dir: Path | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> ValidationResult:
     """Validate MODEL_DIR against SPEC on TARGET; write validation.json and
@@ -366,6 +383,8 @@ def validate(
             prompts=prompts,
             prompt_note=note,
             max_new_tokens=max_new_tokens,
+            quantized=dict(quantized or {}),
+            speculators_dir=speculators_dir,
         )
         options = EngineOptions(
             model_dir=model_dir,
