@@ -13,6 +13,7 @@ Messages (worker -> parent):
 Requests (parent -> worker), each answered {"ok": true, ...} or {"ok": false, "error"}:
   {"op": "generate", "prompts": [[ids], ...], "sampling": {SamplingParams kwargs}}
   {"op": "metrics"}    (vLLM's counters; needs disable_log_stats=False)
+  {"op": "rpc", "function": "module:name", "args": [...]}  (collective_rpc)
   {"op": "shutdown"}
 
 What runs inside vLLM's own processes (through ``LLM.apply_model`` and
@@ -144,6 +145,16 @@ def _metrics(llm) -> dict:
     return {"metrics": values}
 
 
+def _rpc(llm, request: dict) -> list:
+    """Run ``request["function"]`` ("module:name", importable in vLLM's processes)
+    in every vLLM worker with ``request["args"]``; the workers' results."""
+    import importlib
+
+    module, _, name = request["function"].partition(":")
+    function = getattr(importlib.import_module(module), name)
+    return llm.collective_rpc(function, args=tuple(request.get("args", ())))
+
+
 def _kv_cache(llm) -> dict:
     try:
         info = llm.collective_rpc(kv_cache_info)[0]
@@ -198,6 +209,8 @@ def main(argv: list[str]) -> int:
                 replies.send({"ok": True, **_generate(llm, request)})
             elif op == "metrics":
                 replies.send({"ok": True, **_metrics(llm)})
+            elif op == "rpc":
+                replies.send({"ok": True, "result": _rpc(llm, request)})
             else:
                 replies.send({"ok": False, "error": f"unknown op {op!r}"})
         except Exception as exc:
