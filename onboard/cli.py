@@ -66,6 +66,9 @@ def spec_check(
             out.print(line, markup=False)
         if not report.ok:
             raise InputError(f"{checkpoint}: checkpoint does not match the spec")
+    from onboard.spec.rules import tensor_parallel_note
+
+    out.print(f"note: {spec}: {tensor_parallel_note(loaded)}", markup=False)
     out.print(f"{spec}: ok ({loaded.architecture}, {loaded.num_hidden_layers} layers)")
 
 

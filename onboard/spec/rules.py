@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import string
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
 from onboard.spec.model import ModelSpec
@@ -309,3 +310,119 @@ def _speculator_rules(spec: ModelSpec, report: Report) -> None:
                     f"{s.num_speculative_tokens} draft tokens is not a multiple of "
                     f"the {spec.mtp.num_heads} MTP heads",
                 )
+
+
+# ---- tensor parallelism (a note, not an error: a spec is valid at any TP size) ----
+
+# Sizes `spec check` reports on (1 always works).
+TP_SIZES = (2, 4, 8, 16)
+# vLLM pads the vocabulary to a multiple of 64 before splitting it across ranks
+# (vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True)
+class TPDims:
+    """The sizes vLLM splits across tensor-parallel ranks."""
+
+    num_heads: int
+    num_kv_heads: int | None  # None: MLA (one latent, no KV heads to split)
+    intermediate_size: int | None  # dense MLP width, where a layer is dense
+    expert_intermediate_size: int | None
+    shared_expert_intermediate_size: int | None
+    num_experts: int | None
+    vocab_size: int
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> TPDims:
+        moe = spec.mlp.moe
+        dense = any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers))
+        if spec.mtp is not None and spec.mtp.mlp == "dense":
+            dense = True
+        return cls(
+            num_heads=spec.attention.num_heads,
+            num_kv_heads=None if spec.attention.type == "mla" else spec.num_kv_heads,
+            intermediate_size=spec.mlp.intermediate_size if dense else None,
+            expert_intermediate_size=moe.expert_intermediate_size if moe else None,
+            shared_expert_intermediate_size=(
+                spec.shared_expert_intermediate_size or None
+            ),
+            num_experts=moe.num_experts if moe else None,
+            vocab_size=spec.vocab_size,
+        )
+
+
+def tensor_parallel_rules(dims: TPDims, tp: int, report: Report) -> None:
+    """What stops vLLM from splitting the model over ``tp`` ranks, as vLLM's own
+    layers check it (spec paths, so a message names the field to change)."""
+    if tp == 1:
+        return
+    if dims.num_heads % tp:
+        report(
+            ("attention", "num_heads"),
+            f"{dims.num_heads} query heads do not split over {tp} ranks "
+            "(QKVParallelLinear / the MLA layer divide them evenly)",
+        )
+    kv = dims.num_kv_heads
+    # QKVParallelLinear: kv >= tp splits the KV heads, kv < tp replicates each KV
+    # head on tp / kv ranks; both need an exact division.
+    if kv is not None and (kv % tp if kv >= tp else tp % kv):
+        report(
+            ("attention", "num_kv_heads"),
+            f"{kv} KV heads neither split evenly over {tp} ranks nor replicate "
+            f"evenly ({tp} is not a multiple of {kv})",
+        )
+    for path, size, what in (
+        (("mlp", "intermediate_size"), dims.intermediate_size, "dense MLP width"),
+        (
+            ("mlp", "moe", "expert_intermediate_size"),
+            dims.expert_intermediate_size,
+            "expert width (FusedMoE asserts intermediate_size % tp_size == 0)",
+        ),
+        (
+            ("mlp", "moe", "shared_expert_intermediate_size"),
+            dims.shared_expert_intermediate_size,
+            "shared-expert width",
+        ),
+    ):
+        if size is not None and size % tp:
+            report(path, f"the {what} {size} does not split over {tp} ranks")
+    if dims.num_experts is not None and dims.num_experts < tp:
+        report(
+            ("mlp", "moe", "num_experts"),
+            f"{dims.num_experts} experts are fewer than {tp} ranks",
+        )
+    padded = -(-dims.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    if padded % tp:
+        report(
+            ("vocab_size",),
+            f"the vocabulary padded to {padded} does not split over {tp} ranks",
+        )
+
+
+def tensor_parallel_problems(dims: TPDims, tp: int) -> list[Problem]:
+    problems: list[Problem] = []
+    tensor_parallel_rules(dims, tp, lambda p, m: problems.append((p, m)))
+    return problems
+
+
+def allowed_tensor_parallel_sizes(
+    dims: TPDims, sizes: tuple[int, ...] = TP_SIZES
+) -> list[int]:
+    return [1] + [tp for tp in sizes if not tensor_parallel_problems(dims, tp)]
+
+
+def tensor_parallel_note(spec: ModelSpec) -> str:
+    """One line for `spec check`: the tensor-parallel sizes the spec's head counts
+    and widths allow, and why the smallest refused one is refused."""
+    dims = TPDims.from_spec(spec)
+    allowed = allowed_tensor_parallel_sizes(dims)
+    note = f"tensor_parallel_size {', '.join(map(str, allowed))} fit the spec's sizes"
+    refused = [tp for tp in TP_SIZES if tp not in allowed]
+    if refused:
+        why = "; ".join(
+            f"{'.'.join(map(str, path))}: {message}"
+            for path, message in tensor_parallel_problems(dims, refused[0])
+        )
+        note += f"; not {', '.join(map(str, refused))} ({refused[0]}: {why})"
+    return note
