@@ -363,7 +363,7 @@ def validate(
         ).format(target=target)
         result.checks = [Check.not_run(name, reason) for name in names]
         result.write(out_dir)
-        write_report(result, out_dir)
+        write_report(result, out_dir, spec)
         return result
 
     with tempfile.TemporaryDirectory(prefix="onboard-validate-") as tmp:
@@ -414,7 +414,7 @@ def validate(
     if accuracy is not None and "timings" in accuracy.metrics:
         accuracy.metrics["timings"]["validate_total_s"] = total
     result.write(out_dir)
-    write_report(result, out_dir)
+    write_report(result, out_dir, spec)
     return result
 
 
