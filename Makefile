@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_SPEC ?= model_specs/novel-launch.yaml
 DEMO_OUT ?= demo-out
 
-.PHONY: venv llmc demo test test-all lint clean
+.PHONY: venv llmc chromium demo test test-all lint clean
 
 venv: $(VENV)/.installed
 
@@ -27,13 +27,18 @@ llmc: .venv-llmc/.installed
 .venv-llmc/.installed: scripts/llmcompressor-env.sh
 	PYTHON=$(PYTHON) bash scripts/llmcompressor-env.sh
 
+# Debian's Chromium, for the report's headless-browser test (a no-op when present).
+chromium:
+	command -v chromium >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 demo: venv
 	$(BIN)/onboard new-model $(DEMO_SPEC) --out $(DEMO_OUT)
 
-test: venv llmc
+test: venv llmc chromium
 	$(BIN)/python -m pytest -m "not acceptance" --timeout=1800 --durations=25
 
-test-all: venv llmc
+test-all: venv llmc chromium
 	$(BIN)/python -m pytest --timeout=3600
 
 lint: venv
