@@ -498,7 +498,12 @@ def _details(runs: Sequence[D.RunView]) -> str:
 
 
 def _metrics(metrics: dict[str, Any], path: str) -> str:
-    scalars = [(k, v) for k, v in metrics.items() if not isinstance(v, list | dict)]
+    def short(v: Any) -> bool:  # a value that fits one table row
+        if isinstance(v, list):
+            return len(v) <= 32 and not any(isinstance(x, list | dict) for x in v)
+        return not isinstance(v, dict)
+
+    scalars = [(k, v) for k, v in metrics.items() if short(v)]
     parts = []
     if scalars:
         rows = "".join(
@@ -507,6 +512,8 @@ def _metrics(metrics: dict[str, Any], path: str) -> str:
         )
         parts.append(f"<table class='kv'>{rows}</table>")
     for key, value in metrics.items():
+        if short(value):
+            continue
         if isinstance(value, dict) and value:
             parts.append(
                 f"<details open><summary>{esc(key)}</summary>"
