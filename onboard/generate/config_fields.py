@@ -51,13 +51,23 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
     "first_k_dense": ("first_k_dense_replace",),
-    "moe_layer_freq": ("decoder_sparse_step", "moe_layer_freq"),
+    # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
+    "decoder_sparse_step": ("decoder_sparse_step",),
+    "moe_layer_freq": ("moe_layer_freq",),
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing
     "kv_sharing": ("kv_sharing_layers", "kv_sharing", "kv_sharing_target_layers"),
+}
+
+# Which layers are MoE, by the family's own arithmetic: Qwen's decoder_sparse_step
+# counts layers from 1 (layer i is MoE when (i + 1) % N == 0), DeepSeek's
+# moe_layer_freq from 0 (i % N == 0, as vLLM's deepseek_v2 reads it).
+MOE_FREQUENCY_RULES: dict[str, str] = {
+    "decoder_sparse_step": "(layer_idx + 1) % config.{name} == 0",
+    "moe_layer_freq": "layer_idx % config.{name} == 0",
 }
 
 
@@ -95,6 +105,16 @@ class ConfigFields:
                 continue
             return name
         return None
+
+    def moe_frequency_terms(self) -> list[str]:
+        """The MoE-placement terms (of ``config`` and ``layer_idx``) for the
+        frequency fields the config has with a value other than 1 (every layer)."""
+        terms = []
+        for concept, rule in MOE_FREQUENCY_RULES.items():
+            name = self.find(concept, check=lambda v: v != 1)
+            if name is not None:
+                terms.append(rule.format(name=name))
+        return terms
 
     def need(
         self,

@@ -274,14 +274,8 @@ def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
         terms = []
         if (name := f.find("first_k_dense", check=bool)) is not None:
             terms.append(f"layer_idx >= config.{name}")
-        if (name := f.find("moe_layer_freq", check=lambda v: v != 1)) is not None:
-            # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq
-            # from 0.
-            terms.append(
-                f"(layer_idx + 1) % config.{name} == 0"
-                if name == "decoder_sparse_step"
-                else f"layer_idx % config.{name} == 0"
-            )
+        # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq from 0.
+        terms += f.moe_frequency_terms()
         if (name := f.find("mlp_only_layers", check=bool)) is not None:
             terms.append(f"layer_idx not in config.{name}")
         if not terms:
