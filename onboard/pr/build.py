@@ -1,0 +1,368 @@
+"""What the vLLM pull request for a spec contains: new files and edits.
+
+``pr_plan(spec, plugin_files)`` takes the rendered plugin (the model file is
+consumed as generated, never re-rendered here) and returns the new files and the
+declarative edits of vLLM's files (:mod:`onboard.pr.edits`). The edits of
+``vllm/`` files are applied to the installed vLLM (the pinned version) at
+generation time; those of ``tests/`` and ``docs/`` files, which an installed
+package does not have, are applied to a checkout's own files by ``onboard pr``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from onboard.errors import InputError
+from onboard.generate.context import class_prefix
+from onboard.generate.plugin import package_name
+from onboard.generate.render import render_python
+from onboard.pr.edits import Edit, EditError, apply_edits
+from onboard.pr.versions import PINNED_VLLM
+from onboard.spec.hf import hf_config_from_spec, transformers_knows
+from onboard.spec.model import ModelSpec
+
+COPYRIGHT = "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project"
+MODELS = "vllm/model_executor/models"
+REGISTRY = f"{MODELS}/registry.py"
+CONFIGS = "vllm/transformers_utils/configs"
+CONFIG_PY = "vllm/transformers_utils/config.py"
+CONVERTOR = "vllm/transformers_utils/model_arch_config_convertor.py"
+SPECULATIVE = "vllm/config/speculative.py"
+TEST_REGISTRY = "tests/models/registry.py"
+SUPPORTED_MODELS = "docs/models/supported_models.md"
+LINE_LENGTH = 88
+
+
+@dataclass(frozen=True)
+class PrPlan:
+    new_files: dict[str, str]  # repository path -> text
+    edits: list[Edit]
+    notes: list[str]  # what a reviewer must know (shown in PR.md)
+    mtp_architecture: str | None
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    old: str | None  # None: a new file
+    new: str
+
+
+def vllm_source(text: str) -> str:
+    """A generated module as vLLM carries it: vLLM's SPDX header in place of
+    onboard's provenance comment."""
+    lines = text.split("\n")
+    if not lines[0].startswith("# SPDX-License-Identifier"):
+        raise InputError("generated module has no SPDX header")
+    body = 1
+    while body < len(lines) and lines[body].startswith("#"):
+        body += 1
+    return "\n".join([lines[0], COPYRIGHT, *lines[body:]])
+
+
+def _dict_entry(key: str, value: str, indent: int = 4) -> str:
+    """``"key": value,`` in ruff's style, wrapped like ruff wraps a tuple."""
+    pad = " " * indent
+    line = f'{pad}"{key}": {value},'
+    if len(line) <= LINE_LENGTH or not value.startswith("("):
+        return line
+    items = [item.strip() for item in value.strip("()").split(",") if item.strip()]
+    inner = "\n".join(f"{pad}    {item}," for item in items)
+    return f'{pad}"{key}": (\n{inner}\n{pad}),'
+
+
+def _call_entry(key: str, call: str, args: list[str]) -> str:
+    one_line = f'    "{key}": {call}({", ".join(args)}),'
+    if len(one_line) <= LINE_LENGTH:
+        return one_line
+    inner = "\n".join(f"        {arg}," for arg in args)
+    return f'    "{key}": {call}(\n{inner}\n    ),'
+
+
+def _mtp_layers_key(spec: ModelSpec) -> str:
+    config = hf_config_from_spec(spec)
+    for key in ("num_nextn_predict_layers", "num_mtp_layers"):
+        if key in config:
+            return key
+    return "num_nextn_predict_layers"
+
+
+def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
+    """New files and edits of the vLLM pull request for ``spec``."""
+    module = spec.module_name
+    package = package_name(spec)
+    arch = spec.architecture
+    new_model_type = not transformers_knows(spec.model_type)
+    notes: list[str] = []
+    files = {
+        f"{MODELS}/{module}.py": vllm_source(plugin_files[f"{package}/{module}.py"])
+    }
+    edits = [
+        Edit(
+            REGISTRY,
+            "entry",
+            "_TEXT_GENERATION_MODELS",
+            arch,
+            _dict_entry(arch, f'("{module}", "{arch}")'),
+            mode="replace",
+        )
+    ]
+    mtp_source = plugin_files.get(f"{package}/{module}_mtp.py")
+    mtp_arch = None
+    if spec.mtp is not None and mtp_source is None:
+        notes.append(
+            f"The spec has {spec.mtp.num_heads} MTP head(s) but the generator wrote "
+            f"no `{module}_mtp.py` yet: this tree has no MTP draft model."
+        )
+    if mtp_source is not None:
+        # The draft's registry name and class, as the MTP generator decided them
+        # (vLLM's own name for a model type vLLM maps to an MTP draft).
+        from onboard.generate.mtp import mtp_draft
+
+        draft = mtp_draft(spec)
+        mtp_arch, mtp_class = draft.architecture, draft.class_name
+        files[f"{MODELS}/{module}_mtp.py"] = vllm_source(mtp_source)
+        if draft.override:
+            mtp_type = f"{spec.model_type}_mtp"
+            layers_key = _mtp_layers_key(spec)
+            edits += [
+                Edit(
+                    SPECULATIVE,
+                    "append",
+                    r"^MTPModelTypes = Literal\[$",
+                    mtp_type,
+                    f'    "{mtp_type}",',
+                ),
+                Edit(
+                    SPECULATIVE,
+                    "before",
+                    r"^        return hf_config$",
+                    f'hf_config.model_type = "{mtp_type}"',
+                    "\n".join(
+                        [
+                            f'        if hf_config.model_type == "{spec.model_type}":',
+                            f'            hf_config.model_type = "{mtp_type}"',
+                            "            n_predict = getattr(hf_config, "
+                            f'"{layers_key}", None)',
+                            "            hf_config.update(",
+                            f'                {{"n_predict": n_predict, '
+                            f'"architectures": ["{mtp_arch}"]}}',
+                            "            )",
+                            "",
+                        ]
+                    ),
+                    within=r"def hf_config_override\(",
+                ),
+            ]
+        edits.append(
+            Edit(
+                REGISTRY,
+                "entry",
+                "_SPECULATIVE_DECODING_MODELS",
+                mtp_arch,
+                _dict_entry(mtp_arch, f'("{module}_mtp", "{mtp_class}")'),
+                mode="replace",
+            )
+        )
+    if new_model_type:
+        config_class = f"{class_prefix(arch)}Config"
+        files[f"{CONFIGS}/{module}.py"] = vllm_source(
+            plugin_files[f"{package}/config.py"]
+        )
+        edits += [
+            Edit(
+                f"{CONFIGS}/__init__.py",
+                "entry",
+                "_CLASS_TO_MODULE",
+                config_class,
+                _dict_entry(
+                    config_class, f'"vllm.transformers_utils.configs.{module}"'
+                ),
+            ),
+            Edit(
+                f"{CONFIGS}/__init__.py",
+                "entry",
+                "__all__",
+                config_class,
+                f'    "{config_class}",',
+            ),
+            Edit(
+                CONFIG_PY,
+                "entry",
+                "_CONFIG_REGISTRY",
+                spec.model_type,
+                f'    {spec.model_type}="{config_class}",',
+            ),
+        ]
+    if spec.attention.type == "mla":
+        # vLLM decides MLA (KV-cache layout, backend) from a list of model types.
+        for model_type in [spec.model_type] + (
+            [f"{spec.model_type}_mtp"] if mtp_source is not None and mtp_arch else []
+        ):
+            edits.append(
+                Edit(
+                    CONVERTOR,
+                    "append",
+                    r"model_type in \($",
+                    model_type,
+                    f'            "{model_type}",',
+                    within=r"def is_deepseek_mla\(",
+                )
+            )
+    edits += _tests_and_docs(spec, mtp_arch, new_model_type)
+    files[f"tests/models/language/generation/test_{module}.py"] = render_python(
+        "vllm-pr/test_model.py.j2",
+        {
+            "spec": spec,
+            "module": module,
+            "trust_remote_code": new_model_type,
+            "uses_mla": spec.attention.type == "mla",
+        },
+        f"test_{module}.py",
+    )
+    return PrPlan(dict(sorted(files.items())), edits, notes, mtp_arch)
+
+
+def _tests_and_docs(
+    spec: ModelSpec, mtp_arch: str | None, new_model_type: bool
+) -> list[Edit]:
+    repo = f'"{spec.base_checkpoint}"' if spec.base_checkpoint else f'"{spec.name}"'
+    args = [repo]
+    if new_model_type:
+        # No transformers class: the checkpoint ships its modeling code.
+        args.append("trust_remote_code=True")
+    else:
+        import transformers
+
+        args.append(f'min_transformers_version="{transformers.__version__}"')
+    edits = [
+        Edit(
+            TEST_REGISTRY,
+            "entry",
+            "_TEXT_GENERATION_EXAMPLE_MODELS",
+            spec.architecture,
+            _call_entry(spec.architecture, "_HfExamplesInfo", args),
+        )
+    ]
+    if mtp_arch is not None:
+        edits.append(
+            Edit(
+                TEST_REGISTRY,
+                "entry",
+                "_SPECULATIVE_DECODING_EXAMPLE_MODELS",
+                mtp_arch,
+                _call_entry(
+                    mtp_arch,
+                    "_HfExamplesInfo",
+                    [*args, f"speculative_model={repo}", 'speculative_method="mtp"'],
+                ),
+            )
+        )
+    family = class_prefix(spec.architecture)
+    example = f"`{spec.base_checkpoint}`, etc." if spec.base_checkpoint else ""
+    edits.append(
+        Edit(
+            SUPPORTED_MODELS,
+            "md_row",
+            r"^#+ Text Generation",
+            spec.architecture,
+            f"| `{spec.architecture}` | {family} | {example} | ✅︎ | ✅︎ |",
+        )
+    )
+    return edits
+
+
+# -- the installed vLLM (the base of the vllm/ part) ---------------------------
+
+
+def installed_vllm_root() -> Path:
+    """The directory that contains the installed ``vllm/`` package."""
+    found = importlib.util.find_spec("vllm")
+    if found is None or found.origin is None:
+        raise InputError("vLLM is not installed: the vllm-pr tree needs its sources")
+    return Path(found.origin).parent.parent
+
+
+def tree_version(root: Path) -> str | None:
+    """vLLM version of the tree at ``root`` (checkout or site-packages)."""
+    version_py = root / "vllm" / "_version.py"
+    if version_py.is_file():
+        match = re.search(
+            r"""^__version__\s*(?:=\s*version\s*)?=\s*['"]([^'"]+)['"]""",
+            version_py.read_text(),
+            re.MULTILINE,
+        )
+        if match:
+            return match.group(1)
+    for info in sorted(root.glob("vllm*.dist-info")):
+        match = re.fullmatch(r"vllm(?:_cpu)?-(.+)\.dist-info", info.name)
+        if match:
+            return match.group(1)
+    return None
+
+
+def same_release(version: str, pinned: str = PINNED_VLLM) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release == Version(pinned).release
+    except InvalidVersion:
+        return False
+
+
+def apply_plan(
+    plan: PrPlan, root: Path, parts: tuple[str, ...] = ("vllm", "tests", "docs")
+) -> list[FileChange]:
+    """The file changes of ``plan`` against the files under ``root`` (only the
+    given top-level parts). A new file that exists, or an edit whose anchor is
+    missing, raises InputError."""
+    changes: list[FileChange] = []
+    for path, text in plan.new_files.items():
+        if path.split("/", 1)[0] in parts:
+            changes.append(FileChange(path, None, text))
+    by_path: dict[str, list[Edit]] = {}
+    for edit in plan.edits:
+        if edit.part in parts:
+            by_path.setdefault(edit.path, []).append(edit)
+    for path, edits in by_path.items():
+        target = root / path
+        if not target.is_file():
+            raise InputError(f"{target}: missing (the PR edits it)")
+        old = target.read_text(encoding="utf-8")
+        try:
+            new = apply_edits(old, edits)
+        except EditError as exc:
+            raise InputError(f"{root}: {exc}") from None
+        if new != old:
+            changes.append(FileChange(path, old, new))
+    return sorted(changes, key=lambda c: c.path)
+
+
+def unified_diff(changes: list[FileChange]) -> str:
+    """One git-style unified diff (``git apply -p1``) of ``changes``."""
+    out: list[str] = []
+    for change in changes:
+        a = f"a/{change.path}"
+        b = f"b/{change.path}"
+        out.append(f"diff --git {a} {b}\n")
+        if change.old is None:
+            out.append("new file mode 100644\n")
+        old_lines = [] if change.old is None else change.old.splitlines(keepends=True)
+        new_lines = change.new.splitlines(keepends=True)
+        for lines in (old_lines, new_lines):
+            if lines and not lines[-1].endswith("\n"):
+                lines[-1] += "\n\\ No newline at end of file\n"
+        out.extend(
+            difflib.unified_diff(
+                old_lines,
+                new_lines,
+                "/dev/null" if change.old is None else a,
+                b,
+                n=3,
+            )
+        )
+    return "".join(out)

@@ -1,0 +1,427 @@
+"""The PR-ready vLLM tree (onboard/pr): edits, patch building, check/apply.
+
+Fast: no engine. Trees are the installed vLLM (a hard-link farm) and the fixture
+files of tests/fixtures/vllm-pr in vLLM's format for tests/ and docs/.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onboard.errors import InputError
+from onboard.generate import generate_all
+from onboard.generate.render import RUFF_SETTINGS
+from onboard.pr import apply as pr
+from onboard.pr.build import installed_vllm_root, tree_version
+from onboard.pr.edits import Edit, EditError, apply_edit
+from onboard.pr.farm import vllm_farm
+from onboard.pr.versions import API_CHANGES, PINNED_VLLM, api_changes_markdown
+from onboard.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "vllm-pr" / "checkout"
+SPECS = ["dense-gqa", "deepseek-v3-style", "novel-launch"]
+
+
+# -- edits on text -------------------------------------------------------------
+
+TABLE = """\
+X = 1
+_MODELS = {
+    # [Decoder-only]
+    "AlphaForCausalLM": ("alpha", "AlphaForCausalLM"),
+    "GammaForCausalLM": (
+        "gamma",
+        "GammaForCausalLM",
+    ),
+    # Zeta is special
+    "ZetaForCausalLM": ("zeta", "ZetaForCausalLM"),
+}
+"""
+
+
+def test_entry_goes_after_the_greatest_smaller_key():
+    edit = Edit(
+        "f.py", "entry", "_MODELS", "BetaForCausalLM", '    "BetaForCausalLM": 1,'
+    )
+    lines = apply_edit(TABLE, edit).splitlines()
+    assert lines[4] == '    "BetaForCausalLM": 1,'
+    # After a multi-line entry, before the comment that introduces the next one.
+    edit = Edit("f.py", "entry", "_MODELS", "OmegaForCausalLM", '    "Omega": 2,')
+    lines = apply_edit(TABLE, edit).splitlines()
+    assert lines[8:10] == ['    "Omega": 2,', "    # Zeta is special"]
+    # Before every entry: above the section comment.
+    edit = Edit("f.py", "entry", "_MODELS", "Aardvark", '    "Aardvark": 0,')
+    assert apply_edit(TABLE, edit).splitlines()[2] == '    "Aardvark": 0,'
+
+
+def test_entry_keep_and_replace_an_existing_key():
+    keep = Edit(
+        "f.py", "entry", "_MODELS", "GammaForCausalLM", '    "GammaForCausalLM": 9,'
+    )
+    assert apply_edit(TABLE, keep) == TABLE
+    replace = Edit(
+        "f.py", "entry", "_MODELS", "GammaForCausalLM",
+        '    "GammaForCausalLM": ("mine", "GammaForCausalLM"),', mode="replace",
+    )  # fmt: skip
+    text = apply_edit(TABLE, replace)
+    assert '"gamma",' not in text
+    assert '    "GammaForCausalLM": ("mine", "GammaForCausalLM"),\n    # Zeta' in text
+    assert apply_edit(text, replace) == text
+
+
+def test_append_before_and_md_row():
+    source = 'def f(x):\n    if x in (\n        "a",\n    ):\n        return 1\n'
+    edit = Edit("f.py", "append", r"in \($", "b", '        "b",', within=r"def f\(")
+    once = apply_edit(source, edit)
+    assert '        "a",\n        "b",\n    ):' in once
+    assert apply_edit(once, edit) == once
+    before = Edit("f.py", "before", r"^        return 1$", "# b", "        # b")
+    assert "        # b\n        return 1" in apply_edit(source, before)
+    table = (
+        "# T\n\n## Text Generation\n\n| A | B |\n|---|---|\n| `Aa` | 1 |\n"
+        "| `Cc` | 3 |\n"
+    )
+    row = Edit("d.md", "md_row", r"^#+ Text Generation", "Bb", "| `Bb` | 2 |")
+    assert "| `Aa` | 1 |\n| `Bb` | 2 |\n| `Cc` | 3 |" in apply_edit(table, row)
+    same = Edit("d.md", "md_row", r"^#+ Text Generation", "Cc", "| `Cc` | x |")
+    assert apply_edit(table, same) == table
+
+
+def test_missing_anchor_is_located():
+    edit = Edit("vllm/x.py", "entry", "_NOPE", "K", '    "K": 1,')
+    with pytest.raises(EditError, match=r"vllm/x.py: no line matching .*_NOPE"):
+        apply_edit(TABLE, edit)
+
+
+# -- versions -------------------------------------------------------------------
+
+
+def test_pinned_version_is_the_installed_one():
+    assert tree_version(installed_vllm_root()) == PINNED_VLLM
+
+
+def test_api_change_table_names_what_the_installed_vllm_exports():
+    # The "after" side of the MoE rows is what the generated models import.
+    # (read from the source: importing vLLM costs half a minute here)
+    init = installed_vllm_root() / "vllm/model_executor/layers/fused_moe/__init__.py"
+    tree = ast.parse(init.read_text())
+    exported = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and node.targets[0].id == "__all__"
+    )
+    assert {"FusedMoEFactory", "GateLinear", "MoERunner"} <= set(exported)
+    assert "FusedMoE" not in exported  # the 2026 move: no longer exported
+    assert any(c.area == "fused MoE layer" for c in API_CHANGES)
+    table = api_changes_markdown()
+    assert table.count("\n") == len(API_CHANGES) + 2
+    for change in API_CHANGES:
+        assert (ROOT / change.used_by.split(" ")[0]).exists(), change.used_by
+
+
+# -- the generated tree ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> dict[str, Path]:
+    out = {}
+    for name in SPECS:
+        gen = tmp_path_factory.mktemp(f"gen-{name}")
+        generate_all(load_spec(ROOT / "model_specs" / f"{name}.yaml"), gen)
+        out[name] = gen
+    return out
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess:
+    """ruff with vLLM's settings (line length 88, vllm first-party), as the
+    generator itself uses them."""
+    config = [item for setting in RUFF_SETTINGS for item in ("--config", setting)]
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--isolated", *config],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_tree_layout_and_python_files_are_ruff_clean(generated, name):
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    tree = generated[name] / "vllm-pr"
+    module = spec.module_name
+    model = tree / "vllm/model_executor/models" / f"{module}.py"
+    plugin_model = (
+        generated[name] / "plugin" / f"onboard_plugin_{module}" / f"{module}.py"
+    )
+    assert model.read_text().startswith(
+        "# SPDX-License-Identifier: Apache-2.0\n"
+        "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+    )
+    # The model is the plugin's file (only the header differs): not re-rendered.
+    body = plugin_model.read_text().split('"""', 1)[1]
+    assert model.read_text().split('"""', 1)[1] == body
+    registry = (tree / "vllm/model_executor/models/registry.py").read_text()
+    assert (
+        f'    "{spec.architecture}": ("{module}", "{spec.architecture}"),' in registry
+    )
+    assert (tree / f"tests/models/language/generation/test_{module}.py").is_file()
+    for part in ("changes.patch", "edits.json", "PR.md"):
+        assert (tree / part).is_file()
+    python = sorted(tree.rglob("*.py"))
+    fmt = _ruff("format", "--check", *map(str, python))
+    assert fmt.returncode == 0, fmt.stdout
+    base = installed_vllm_root()
+    for path in python:
+        original = base / path.relative_to(tree)
+        if not original.exists():  # a new file: lint-clean
+            lint = _ruff("check", str(path))
+            assert lint.returncode == 0, lint.stdout
+        else:  # an edited vLLM file: no diagnostic that vLLM's own file lacks
+            count = [
+                _ruff("check", "--statistics", str(p)).stdout for p in (original, path)
+            ]
+            assert count[0] == count[1], (path, count)
+    config = tree / f"vllm/transformers_utils/configs/{module}.py"
+    assert config.is_file() == (name == "novel-launch")
+
+
+def test_novel_model_type_gets_its_config_registration(generated):
+    tree = generated["novel-launch"] / "vllm-pr"
+    configs = (tree / "vllm/transformers_utils/configs/__init__.py").read_text()
+    assert (
+        '    "NovelLaunchConfig": "vllm.transformers_utils.configs.novel_launch",'
+        in configs
+    )
+    assert '    "NovelLaunchConfig",\n' in configs.split("__all__ = [")[1]
+    config_py = (tree / "vllm/transformers_utils/config.py").read_text()
+    assert '    novel_launch="NovelLaunchConfig",' in config_py
+
+
+def test_pr_md_follows_the_vllm_template(generated, tmp_path):
+    text = (generated["dense-gqa"] / "vllm-pr" / "PR.md").read_text()
+    for heading in ("## Purpose", "## Test Plan", "## Test Result"):
+        assert heading in text
+    assert "Not measured" in text  # no validation.json next to it
+    assert "already serves `LlamaForCausalLM`" in text
+
+
+def test_pr_md_quotes_the_latest_validation(generated, tmp_path):
+    import json
+
+    from onboard.pr import write_pr_md
+
+    gen = tmp_path / "run" / "generated"
+    shutil.copytree(generated["dense-gqa"], gen)
+    validation = tmp_path / "run" / "validation" / "validation.json"
+    validation.parent.mkdir()
+    checks = [
+        {
+            "name": "accuracy",
+            "status": "passed",
+            "passed": True,
+            "metrics": {"greedy_identical_sequences": 4, "num_prompts": 4},
+            "details": "",
+        },
+        {
+            "name": "spec-decode:ngram",
+            "status": "passed",
+            "passed": True,
+            "metrics": {"mean_acceptance_length": 1.75, "speedup": 0.85},
+            "details": "",
+        },
+        {"name": "speed", "status": "not-run", "passed": False, "metrics": {},
+         "details": "no hardware"},
+    ]  # fmt: skip
+    validation.write_text(
+        json.dumps(
+            {
+                "passed": True,
+                "target": "cpu",
+                "vllm_model_class": "m.C",
+                "checks": checks,
+            }
+        )
+    )
+    path = write_pr_md(ROOT / "model_specs" / "dense-gqa.yaml", gen, None)
+    text = path.read_text()
+    assert "greedy_identical_sequences=4, num_prompts=4" in text
+    assert "mean_acceptance_length=1.75, speedup=0.85" in text
+    assert "| speed | not-run | not measured: no hardware |" in text
+    assert "| quant:fp8-dynamic | not measured | |" in text
+
+
+# -- check / apply --------------------------------------------------------------
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _touched(gen: Path) -> list[str]:
+    patch = (gen / "vllm-pr" / "changes.patch").read_text()
+    return [line.split(" b/", 1)[1] for line in patch.splitlines()
+            if line.startswith("diff --git ")]  # fmt: skip
+
+
+def _checkout(tmp: Path, gen: Path) -> Path:
+    """A fake vLLM checkout: fixture tests/ and docs/, the installed vllm/."""
+    root = vllm_farm(tmp / "checkout", _touched(gen))
+    shutil.copytree(FIXTURE, root, dirs_exist_ok=True)
+    return root
+
+
+def _small_digest(root: Path, gen: Path) -> str:
+    """Digest of every file the PR touches (hashing 6000 files is slow)."""
+    paths = _touched(gen) + [
+        "tests/models/registry.py",
+        "docs/models/supported_models.md",
+    ]
+    h = hashlib.sha256()
+    for rel in paths:
+        path = root / rel
+        h.update(rel.encode() + (path.read_bytes() if path.exists() else b"-"))
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_checkout_check_apply_then_refuse_twice(generated, tmp_path, name):
+    gen = generated[name]
+    root = _checkout(tmp_path, gen)
+    registry_fixture = (root / "tests/models/registry.py").read_text()
+    plan = pr.check(gen, root)
+    assert plan.kind == "checkout"
+    assert not plan.skipped
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    if name == "novel-launch":  # new to the fixture: entry and row added
+        assert "tests/models/registry.py" in plan.files
+        assert "docs/models/supported_models.md" in plan.files
+    else:  # already in the fixture's tables: kept as they are
+        assert "tests/models/registry.py" not in plan.files
+    pr.apply(gen, root)
+    registry = (root / "tests/models/registry.py").read_text()
+    docs = (root / "docs/models/supported_models.md").read_text()
+    assert f'"{spec.architecture}": _HfExamplesInfo(' in registry
+    assert f"| `{spec.architecture}` |" in docs
+    if name == "novel-launch":
+        assert registry != registry_fixture
+        # Sorted position: after Mixtral, before Qwen3.
+        assert registry.index("NovelLaunch") < registry.index('"Qwen3ForCausalLM"')
+        assert registry.index("NovelLaunch") > registry.index('"MixtralForCausalLM"')
+        entry = registry.split('"NovelLaunchForCausalLM"')[1][:200]
+        assert "trust_remote_code=True" in entry
+        compile(registry, "registry.py", "exec")
+    assert (
+        root / f"tests/models/language/generation/test_{spec.module_name}.py"
+    ).is_file()
+    installed = installed_vllm_root() / "vllm/model_executor/models/registry.py"
+    assert f'("{spec.module_name}",' not in installed.read_text()  # not written through
+    before = _small_digest(root, gen)
+    with pytest.raises(InputError, match="already applied"):
+        pr.apply(gen, root)
+    with pytest.raises(InputError, match="already applied"):
+        pr.check(gen, root)
+    assert _small_digest(root, gen) == before
+
+
+def test_installed_package_gets_the_vllm_part_only(generated, tmp_path):
+    gen = generated["novel-launch"]
+    root = vllm_farm(tmp_path / "site", _touched(gen))
+    plan = pr.apply(gen, root)
+    assert plan.kind == "installed package"
+    assert all(path.startswith("vllm/") for path in plan.files)
+    assert "tests/models/registry.py" in plan.skipped
+    assert "docs/models/supported_models.md" in plan.skipped
+    assert "skipped" in plan.summary("changed")
+    assert (root / "vllm/model_executor/models/novel_launch.py").is_file()
+    assert not (root / "tests").exists()
+
+
+def test_other_version_and_broken_trees_are_refused_unchanged(generated, tmp_path):
+    gen = generated["dense-gqa"]
+    root = _checkout(tmp_path, gen)
+    version_py = root / "vllm/_version.py"
+    text = version_py.read_text()
+    version_py.unlink()  # a hard link: replace, do not write through
+    version_py.write_text(text.replace("0.32.0", "0.31.1").replace("32, 0", "31, 1"))
+    before = _small_digest(root, gen)
+    with pytest.raises(
+        InputError, match=r"vLLM 0\.31\.1, but the PR targets vLLM 0\.32"
+    ):
+        pr.apply(gen, root)
+    assert _small_digest(root, gen) == before
+    version_py.unlink()
+    version_py.write_text(text)
+    # A registry that changed under the patch: nothing applies, nothing changes.
+    registry = root / "vllm/model_executor/models/registry.py"
+    registry.write_text(
+        registry.read_text().replace('("llama", "LlamaForCausalLM")', "x")
+    )
+    before = _small_digest(root, gen)
+    with pytest.raises(InputError, match="does not apply"):
+        pr.apply(gen, root)
+    assert _small_digest(root, gen) == before
+    assert not (root / "vllm/model_executor/models/dense_gqa.py").exists()
+
+
+def test_bad_inputs_are_clear(generated, tmp_path):
+    with pytest.raises(InputError, match="no vllm/ directory"):
+        pr.check(generated["dense-gqa"], tmp_path)
+    root = vllm_farm(tmp_path / "site")
+    with pytest.raises(InputError, match="changes.patch: missing"):
+        pr.check(tmp_path / "nothing", root)
+
+
+def test_git_apply_accepts_and_reverses_the_patch(generated, tmp_path):
+    """The patch is plain `git apply` input: both directions, as a maintainer
+    would use it."""
+    gen = generated["novel-launch"]
+    root = vllm_farm(tmp_path / "site", _touched(gen))
+    patch = gen / "vllm-pr" / "changes.patch"
+    vllm_only = ["--include=vllm/*"]
+    env = {"GIT_CEILING_DIRECTORIES": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "apply", *vllm_only, *args, str(patch)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+
+    assert run("--check").returncode == 0
+    assert run().returncode == 0
+    assert run("--check").returncode != 0
+    assert run("--reverse").returncode == 0
+    assert not (root / "vllm/model_executor/models/novel_launch.py").exists()
+    original = installed_vllm_root() / "vllm/model_executor/models/registry.py"
+    assert (root / "vllm/model_executor/models/registry.py").read_text() == (
+        original.read_text()
+    )
+
+
+def test_cli_exit_codes(generated, tmp_path):
+    gen = generated["dense-gqa"]
+    root = _checkout(tmp_path, gen)
+    cli = [sys.executable, "-c", "from onboard.cli import main; main()", "pr"]
+    ok = subprocess.run([*cli, "check", str(gen), "--vllm-src", str(root)],
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "would change" in ok.stdout and "(checkout)" in ok.stdout
+    bad = subprocess.run([*cli, "apply", str(gen), "--vllm-src", str(tmp_path)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2
+    assert "no vllm/ directory" in bad.stderr and "Traceback" not in bad.stderr
