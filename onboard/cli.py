@@ -451,6 +451,50 @@ def plan(
         )
 
 
+pr_app = typer.Typer(
+    help="Apply the PR-ready vLLM tree (DIR/vllm-pr) to a vLLM source tree.",
+    no_args_is_help=True,
+)
+app.add_typer(pr_app, name="pr")
+GenDirArg = Annotated[Path, typer.Argument(help="Output of `onboard generate`.")]
+VllmSrcOpt = Annotated[
+    Path,
+    typer.Option(
+        "--vllm-src", help="Directory containing vllm/ (checkout or site-packages)."
+    ),
+]
+
+
+@pr_app.command("check")
+def pr_check(gen_dir: GenDirArg, vllm_src: VllmSrcOpt) -> None:
+    """Dry-run GEN_DIR/vllm-pr/changes.patch against the vLLM tree."""
+    from onboard.pr.apply import check
+
+    out.print(check(gen_dir, vllm_src).summary("would change"), markup=False)
+
+
+@pr_app.command("apply")
+def pr_apply(gen_dir: GenDirArg, vllm_src: VllmSrcOpt) -> None:
+    """Apply the PR to the vLLM tree (refused when it would not apply cleanly)."""
+    from onboard.pr.apply import apply
+
+    out.print(apply(gen_dir, vllm_src).summary("changed"), markup=False)
+
+
+@pr_app.command("describe")
+def pr_describe(
+    gen_dir: GenDirArg,
+    spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
+    validation: Annotated[
+        Path | None, typer.Option(help="validation.json whose numbers PR.md quotes.")
+    ] = None,
+) -> None:
+    """Rewrite GEN_DIR/vllm-pr/PR.md with the numbers of a validation.json."""
+    from onboard.pr import write_pr_md
+
+    out.print(f"wrote {write_pr_md(spec, gen_dir, validation)}", markup=False)
+
+
 def main() -> None:
     # Click handles usage errors itself (exit 2); ours are turned into exit codes here.
     try:
