@@ -68,6 +68,9 @@ def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
     """
     out_dir = Path(out_dir)
     files = generate_files(spec)
+    from onboard.pr import pr_tree_files  # DIR/vllm-pr: the PR-ready vLLM tree
+
+    files.update(pr_tree_files(spec, files, out_dir))
     written: list[Path] = []
     trees = sorted({path.split("/", 1)[0] for path in files})
     for tree in trees:
