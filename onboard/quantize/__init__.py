@@ -64,8 +64,11 @@ def quantize_checkpoint(
     complete. A run interrupted for any reason resumes where it stopped when
     called again with the same arguments. Bad input raises InputError.
     """
+    from onboard.quantize.ct_import import import_compressed_tensors
     from onboard.quantize.plan import make_plan
     from onboard.quantize.run import execute
+
+    import_compressed_tensors()  # before anything imports it the slow way
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     sch = get_scheme(scheme)

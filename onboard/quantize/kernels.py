@@ -19,7 +19,9 @@ compressed-tensors fails loudly instead of writing a wrong checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from functools import cache
 
 import torch
@@ -161,7 +163,11 @@ FP8_MAX = 448.0
 def _fp8_rows(w: torch.Tensor, scale_rows: torch.Tensor, out: torch.Tensor) -> None:
     # compressed-tensors: x / scale in the weight dtype, clamp to +-448, cast.
     # (+ 0.0: compressed-tensors adds the zero point, which turns -0.0 into +0.0.)
-    out.copy_(torch.div(w, scale_rows).clamp_(-FP8_MAX, FP8_MAX).add_(0.0))
+    # (A 0-dim tensor: adding a Python scalar takes a slower path in bf16.)
+    out.copy_(torch.div(w, scale_rows).clamp_(-FP8_MAX, FP8_MAX).add_(_ZERO))
+
+
+_ZERO = torch.zeros(())
 
 
 # Rounding onto the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6 as compressed-tensors'
@@ -262,6 +268,9 @@ def quantize_weight(
 
 @cache
 def _compressor(scheme: Scheme):
+    from onboard.quantize.ct_import import import_compressed_tensors
+
+    import_compressed_tensors()
     from compressed_tensors.compressors import BaseCompressor
 
     return BaseCompressor.get_value_from_registry(scheme.format)
@@ -278,10 +287,17 @@ def library_compress(
     state = {"weight": w, "weight_scale": scale, "weight_zero_point": zp}
     if gscale is not None:
         state["weight_global_scale"] = gscale
-    # cast_to_fp4 is torch.compile'd; eager gives the same values without a
-    # multi-second compile per process.
-    with torch.compiler.set_stance("force_eager"):
+    # cast_to_fp4 is torch.compile'd (unless ct_import kept it eager); eager gives
+    # the same values without a multi-second compile per process.
+    with _eager():
         return dict(_compressor(scheme).compress(state, scheme.ct_scheme))
+
+
+def _eager():
+    # No torch compiler loaded: nothing is compiled, and importing it costs ~1.5 s.
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 def check_against_library(

@@ -101,6 +101,9 @@ SCHEMES: dict[str, Scheme] = {
 
 @cache
 def _ct_scheme(preset: str) -> QuantizationScheme:
+    from onboard.quantize.ct_import import import_compressed_tensors
+
+    import_compressed_tensors()
     from compressed_tensors.quantization import preset_name_to_scheme
 
     return preset_name_to_scheme(preset, ["Linear"])
@@ -124,6 +127,9 @@ def quantization_config(scheme: Scheme, ignore: list[str]) -> dict[str, Any]:
     dumped without ``quant_method``, plus version, method and empty sparsity and
     transform blocks. ``ignore`` lists every Linear module left unquantized.
     """
+    from onboard.quantize.ct_import import import_compressed_tensors
+
+    import_compressed_tensors()
     import compressed_tensors
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
 
