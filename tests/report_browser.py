@@ -50,6 +50,9 @@ _MEASURE = """(() => {
   const missing = [...document.querySelectorAll('.missing')].map(
     m => ({text: m.textContent, ...box(m)}));
   return {plots, missing,
+    wide: [...document.querySelectorAll('body *')].filter(
+      e => e.getBoundingClientRect().right > innerWidth + 1).slice(0, 5).map(
+      e => e.tagName + '.' + e.className + ': ' + e.textContent.slice(0, 60)),
     page: {width: document.documentElement.scrollWidth,
            height: document.documentElement.scrollHeight},
     title: document.title};
@@ -62,6 +65,7 @@ class Rendered:
     plots: list[dict]
     missing: list[dict]
     page: dict
+    wide: list[str]
     errors: list[str] = field(default_factory=list)
     console: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
@@ -168,7 +172,11 @@ def render_page(html_path: Path, screenshot: Path, timeout: float = 60.0) -> Ren
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         out = Rendered(
-            measured["title"], measured["plots"], measured["missing"], measured["page"]
+            measured["title"],
+            measured["plots"],
+            measured["missing"],
+            measured["page"],
+            measured["wide"],
         )
         for ev in pipe.events:
             method, params = ev.get("method"), ev.get("params", {})

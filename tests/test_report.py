@@ -24,7 +24,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_browser import render_page
+from report_browser import WIDTH, render_page
 from report_samples import accuracy_check, full_result
 from validate_fixtures import LLAMA_SPEC, write_llama, write_spec
 
@@ -145,6 +145,8 @@ def assert_renders(html: Path, shot: Path, plots: int, missing: int = 0):
     assert page.errors == [], page.errors
     # Nothing but the page itself was requested (no network, no CDN).
     assert page.requests == [html.resolve().as_uri()], page.requests
+    # Nothing wider than the window (no horizontal scrolling).
+    assert page.page["width"] <= WIDTH and not page.wide, page.wide
     assert len(page.plots) == plots, [p["label"] for p in page.plots]
     for p in page.plots:
         assert p["visible"] and p["width"] > 100 and p["height"] > 40, p
@@ -344,3 +346,74 @@ def test_report_of_a_real_run(llama_validated):
         html, screenshot_path("report-tiny-llama.png"), plots=2, missing=4
     )
     assert page_r.title == "tiny-llama: vLLM validation report"
+
+
+def expected_plots(data: dict) -> tuple[int, int]:
+    """(SVG plots, "not measured" boxes) the page of one real run must show,
+    from what its validation.json holds (the KV budget always has the plan)."""
+    checks = {c["name"]: c for c in data["checks"]}
+    has = {
+        "logprob": bool(
+            checks.get("accuracy", {}).get("metrics", {}).get("per_prompt")
+        ),
+        "acceptance": any(
+            c["metrics"].get("acceptance_rate_per_position")
+            for n, c in checks.items()
+            if n.startswith("spec-decode:")
+        ),
+        "speed": bool(
+            checks.get("speed", {}).get("metrics", {}).get("variants")
+            or checks.get("speed", {}).get("metrics", {}).get("sweep")
+        ),
+        "quant": any(
+            "kl_divergence" in c["metrics"]
+            for n, c in checks.items()
+            if n.startswith("quant:")
+        ),
+    }
+    plots = has["logprob"] + has["acceptance"] + 3 * has["speed"] + 2 * has["quant"]
+    missing = (not has["logprob"]) + (not has["acceptance"]) + 2 * (not has["speed"])
+    return plots + 1, missing + (not has["quant"])
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_report_of_a_real_run_with_speed_and_speculation(tmp_path):
+    """validate with spec-decode:ngram and speed on the tiny Llama: the report's
+    acceptance and throughput plots come from real measurements."""
+    ckpt = write_llama(tmp_path / "tiny-llama")
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        LLAMA_SPEC + "speculators:\n  - {method: ngram, num_speculative_tokens: 3}\n",
+    )
+    out = tmp_path / "out"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [
+            ONBOARD,
+            "validate",
+            str(ckpt),
+            "--spec",
+            str(spec),
+            "--out",
+            str(out),
+            "--checks",
+            "accuracy,kv-cache,spec-decode:ngram,speed",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    print(f"\nvalidate (4 checks): {time.perf_counter() - t0:.1f} s")
+    assert (out / "validation.json").exists(), proc.stdout + proc.stderr
+    data = json.loads((out / "validation.json").read_text())
+    print({c["name"]: c["status"] for c in data["checks"]})
+    page = (out / "report.html").read_text()
+    assert assert_numbers_match(page, [data]) > 50
+    plots, missing = expected_plots(data)
+    assert_renders(
+        out / "report.html",
+        screenshot_path("report-tiny-llama-speed.png"),
+        plots=plots,
+        missing=missing,
+    )

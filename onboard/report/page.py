@@ -39,14 +39,15 @@ h3{font-size:1.02em;margin:0 0 6px}
 .badge.failed{background:#fde2e0;color:#b3261e}
 .badge.not-run{background:#fff4cc;color:#7a5d00}
 .card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:14px 16px;
-  margin:0 0 14px}
+  margin:0 0 14px;overflow-x:auto}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));
   gap:14px}
 .grid .card{margin:0;overflow-x:auto}
 figure{margin:0}figcaption{color:#57606a;font-size:.9em;margin-top:4px}
 svg.plot{display:block;max-width:100%;height:auto}
 table{border-collapse:collapse;margin:.3em 0 .6em;font-size:.95em}
-td,th{border:1px solid #e1e4e8;padding:3px 9px;text-align:left;vertical-align:top}
+td,th{border:1px solid #e1e4e8;padding:3px 9px;text-align:left;vertical-align:top;
+  overflow-wrap:anywhere}
 th{background:#f3f5f7;font-weight:600}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.kv td:first-child{color:#57606a;white-space:nowrap}
