@@ -212,6 +212,132 @@ def test_loads_in_vllm_in_tree_and_generates(
         assert tokens[0] == int(logits.argmax()), prompt
 
 
+# ---- issue 3 acceptance: from-hf -> generate -> pip install -> validate -----------
+
+ONBOARD = str(Path(sys.executable).with_name("onboard"))
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
+
+
+def _run(*args: str, env: dict | None = None, timeout: int = 1800):
+    proc = subprocess.run(
+        list(args), capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-4000:]
+    return proc
+
+
+def _pip_install_target(plugin_dir: Path, site: Path, tmp: Path) -> None:
+    import shutil
+
+    src = tmp / "plugin-src"
+    shutil.copytree(plugin_dir, src)  # setuptools builds in the source tree
+    _run(
+        sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+        "--no-index", "-q", "--target", str(site), str(src),
+    )  # fmt: skip
+    shutil.rmtree(src)
+
+
+def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
+    """`validate --installed-plugin` reads the plugin from pip's .dist-info and puts
+    nothing of its own on the engine's path (no engine here)."""
+    from onboard.generate import generate_all
+    from onboard.spec import load_spec
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    generate_all(spec, tmp_path / "gen")
+    site = tmp_path / "site"
+    _pip_install_target(tmp_path / "gen" / "plugin", site, tmp_path)
+    probe = (
+        "import json, pathlib\n"
+        "from onboard.validate.engine import Engine, EngineOptions, installed_plugin\n"
+        "p = installed_plugin('onboard-plugin-dense-gqa')\n"
+        "e = Engine(EngineOptions(model_dir=pathlib.Path('.'), plugin=p),"
+        " pathlib.Path('w'), pathlib.Path('w.log'))\n"
+        "env = e.environment()\n"
+        "print(json.dumps([str(p.root), p.package, p.target, p.installed,"
+        " env['VLLM_PLUGINS'], env['PYTHONPATH']]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = _run(sys.executable, "-c", probe, env=env)
+    root, package, target, installed, plugins, path = json.loads(out.stdout)
+    assert (root, package, installed) == (str(site), "onboard_plugin_dense_gqa", True)
+    assert target == "onboard_plugin_dense_gqa:register"
+    assert plugins == "onboard_plugin_dense_gqa"  # only this plugin is loaded
+    # Only onboard's own root is added in front of the user's PYTHONPATH.
+    assert path.split(os.pathsep) == [str(ROOT), str(site)]
+    missing = _run(
+        sys.executable, "-c",
+        "from onboard.validate.engine import installed_plugin\n"
+        "installed_plugin('onboard-plugin-dense-gqa')",
+    )  # fmt: skip
+    assert missing.returncode == 1 and "is not installed" in missing.stderr
+
+
+@pytest.mark.acceptance
+@pytest.mark.engine
+@pytest.mark.parametrize("family", SWEEP)
+def test_sweep_from_hf_generate_pip_install_validate(family: str, tmp_path: Path):
+    """A checkpoint transformers wrote -> `onboard spec from-hf` -> `onboard
+    generate` -> pip installs DIR/plugin -> `onboard validate --target cpu
+    --installed-plugin` passes with the generated class instantiated.
+
+    pip builds and installs the plugin (wheel, .dist-info with its entry point)
+    into a site directory on PYTHONPATH (``pip install --target``: the venv stays
+    untouched, so vLLM's own classes remain its baselines). The generated sources
+    are then deleted, so the only copy of the package is pip's, and validate adds
+    nothing to the engine's path: vLLM finds the plugin through its
+    ``vllm.general_plugins`` entry point as after a user's ``pip install``."""
+    import shutil
+    import time
+
+    from hf_tiny import write_hf_checkpoint
+
+    t0 = time.perf_counter()
+    ckpt = write_hf_checkpoint(family, tmp_path / "ckpt")
+    spec, gen = tmp_path / "spec.yaml", tmp_path / "gen"
+    name = f"tiny-{family.replace('_', '-')}"
+    _run(ONBOARD, "spec", "from-hf", str(ckpt), "-o", str(spec), "--name", name)
+    _run(ONBOARD, "generate", str(spec), "--out", str(gen))
+    site = tmp_path / "site"
+    _pip_install_target(gen / "plugin", site, tmp_path)
+    shutil.rmtree(gen / "plugin")
+    package = f"onboard_plugin_{name.replace('-', '_')}"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = _run(
+        sys.executable, "-c",
+        f"import importlib.util as u; print(u.find_spec({package!r}).origin)",
+        env=env,
+    )  # fmt: skip
+    assert where.stdout.strip() == str(site / package / "__init__.py")
+
+    out = tmp_path / "out"
+    proc = _run(
+        ONBOARD, "validate", str(ckpt), "--spec", str(spec), "--target", "cpu",
+        "--out", str(out), "--installed-plugin", env=env,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    result = json.loads((out / "validation.json").read_text())
+    accuracy = next(c for c in result["checks"] if c["name"] == "accuracy")
+    m = accuracy["metrics"]
+    print(
+        f"\n{family}: {seconds:.0f} s end to end; {result['vllm_model_class']}; "
+        f"{accuracy['details'].splitlines()[0]}; timings {m.get('timings')}"
+    )
+    assert proc.returncode == 0, accuracy["details"] + proc.stdout[-3000:]
+    assert result["passed"] is True and accuracy["status"] == "passed"
+    assert f"loading the installed plugin onboard-plugin-{name}" in proc.stderr
+    arch = FAMILIES[family][1]
+    assert result["vllm_model_class"] == f"{package}.{name.replace('-', '_')}.{arch}"
+    assert m["generated_class_instantiated"] is True
+    assert result["reference"].startswith("transformers ")
+    assert m["num_prompts"] >= 8 and m["max_new_tokens"] == 32
+    assert m["greedy_failed_sequences"] == 0
+    assert m["prompt_logprob_max_abs_diff"] <= m["prompt_logprob_atol"]
+    assert m["top1_top2_margin_median"] > 0.1  # decisive logits
+
+
 # ---- the worker (run as a script by the vllm_results fixture) ----------------------
 
 

@@ -41,6 +41,9 @@ class Plugin:
     version: str
     entry_point: str  # name in the vllm.general_plugins group
     target: str  # "module:function"
+    # True: pip-installed where the engine's Python finds it; nothing is added to
+    # the engine's path, so vLLM loads exactly what pip installed.
+    installed: bool = False
 
 
 def read_plugin(plugin_dir: Path) -> Plugin:
@@ -75,6 +78,35 @@ def read_plugin(plugin_dir: Path) -> Plugin:
         version=str(project.get("version", "0")),
         entry_point=name,
         target=target,
+    )
+
+
+def installed_plugin(dist_name: str) -> Plugin:
+    """The plugin ``dist_name`` as pip installed it into this environment."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        raise InputError(
+            f"--installed-plugin: {dist_name} is not installed in this Python "
+            f"environment ({sys.executable}); run `pip install GEN_DIR/plugin`"
+        ) from None
+    entries = [ep for ep in dist.entry_points if ep.group == PLUGIN_GROUP]
+    if len(entries) != 1:
+        raise InputError(
+            f"--installed-plugin: {dist_name} declares {len(entries)} entry points "
+            f"in group {PLUGIN_GROUP!r}, expected one"
+        )
+    (entry,) = entries
+    return Plugin(
+        root=Path(str(dist.locate_file(""))).resolve(),
+        package=entry.value.split(":")[0].split(".")[0],
+        dist_name=dist.metadata["Name"],
+        version=dist.version,
+        entry_point=entry.name,
+        target=entry.value,
+        installed=True,
     )
 
 
@@ -158,10 +190,11 @@ class Engine:
         paths = []
         if self.options.plugin is not None:
             plugin = self.options.plugin
-            paths += [
-                str(plugin.root),
-                str(plugin_site(plugin, self.work_dir / "site")),
-            ]
+            if not plugin.installed:
+                paths += [
+                    str(plugin.root),
+                    str(plugin_site(plugin, self.work_dir / "site")),
+                ]
             # Only our plugin: another installed one must not register over it.
             env["VLLM_PLUGINS"] = plugin.entry_point
         else:

@@ -328,6 +328,7 @@ def validate(
     generated: Path | None = None,
     checks: str | None = None,
     vllm_in_tree: bool = False,
+    installed_plugin: bool = False,
     max_new_tokens: int = MAX_NEW_TOKENS,
     preflight: bool = True,
     quantized: dict[str, Path] | None = None,
@@ -369,6 +370,12 @@ def validate(
     with tempfile.TemporaryDirectory(prefix="onboard-validate-") as tmp:
         work_dir = Path(tmp)
         plugin, hf_dir = _model_code(spec, generated, vllm_in_tree, work_dir, log)
+        if installed_plugin and not vllm_in_tree:
+            from onboard.generate.plugin import dist_name
+            from onboard.validate.engine import installed_plugin as find_installed
+
+            plugin = find_installed(dist_name(spec))
+            log(f"loading the installed plugin {plugin.dist_name} ({plugin.root})")
         prompts, note = tokenize_prompts(model_dir, PROMPTS, spec.vocab_size)
         max_pos = int(config.get("max_position_embeddings") or MAX_MODEL_LEN)
         limit = max_pos - max_new_tokens
