@@ -227,6 +227,11 @@ def _run(*args: str, env: dict | None = None, timeout: int = 1800):
     return proc
 
 
+def _with_site(site: Path) -> str:
+    """PYTHONPATH with pip's --target directory in front (kept: the caller's)."""
+    return os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+
+
 def _pip_install_target(plugin_dir: Path, site: Path, tmp: Path) -> None:
     import shutil
 
@@ -259,14 +264,14 @@ def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
         "print(json.dumps([str(p.root), p.package, p.target, p.installed,"
         " env['VLLM_PLUGINS'], env['PYTHONPATH']]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": _with_site(site)}
     out = _run(sys.executable, "-c", probe, env=env)
     root, package, target, installed, plugins, path = json.loads(out.stdout)
     assert (root, package, installed) == (str(site), "onboard_plugin_dense_gqa", True)
     assert target == "onboard_plugin_dense_gqa:register"
     assert plugins == "onboard_plugin_dense_gqa"  # only this plugin is loaded
     # Only onboard's own root is added in front of the user's PYTHONPATH.
-    assert path.split(os.pathsep) == [str(ROOT), str(site)]
+    assert path.split(os.pathsep) == [str(ROOT), *_with_site(site).split(os.pathsep)]
     missing = _run(
         sys.executable, "-c",
         "from onboard.validate.engine import installed_plugin\n"
@@ -304,7 +309,7 @@ def test_sweep_from_hf_generate_pip_install_validate(family: str, tmp_path: Path
     _pip_install_target(gen / "plugin", site, tmp_path)
     shutil.rmtree(gen / "plugin")
     package = f"onboard_plugin_{name.replace('-', '_')}"
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": _with_site(site)}
     where = _run(
         sys.executable, "-c",
         f"import importlib.util as u; print(u.find_spec({package!r}).origin)",
