@@ -162,15 +162,88 @@ def quantize(
     out.print(f"wrote {scheme} checkpoint to {path}")
 
 
-@app.command("speculators")
+class _SpeculatorsGroup(typer.core.TyperGroup):
+    """`onboard speculators SPEC --out DIR` (the `write` command) beside
+    `onboard speculators tune ...`: arguments that name no subcommand go to
+    `write`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] != "--help":
+            args = ["write", *args]
+        return super().parse_args(ctx, args)
+
+
+speculators_app = typer.Typer(
+    cls=_SpeculatorsGroup,
+    help="Speculative decoding: configs, drafts, draft-length tuning.",
+    no_args_is_help=True,
+)
+app.add_typer(speculators_app, name="speculators")
+
+
+@speculators_app.command("write")
 def speculators(spec: SpecArg, out_dir: OutOpt) -> None:
     """Write vLLM --speculative-config files, draft-head configs and training
-    recipes for every speculative method the spec lists."""
+    recipes for every speculative method the spec lists (the default command)."""
     from onboard.spec import load_spec
     from onboard.speculators import write_speculators
 
     for path in write_speculators(load_spec(spec), out_dir, source=str(spec)):
         out.print(f"wrote {path}", markup=False)
+
+
+@speculators_app.command("tune")
+def speculators_tune(
+    model_dir: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
+    out_dir: OutOpt,
+    methods: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated methods (default: the spec's list)."),
+    ] = None,
+    speculators_dir: Annotated[
+        Path | None,
+        typer.Option("--speculators", help="Trained heads (DIR/speculators)."),
+    ] = None,
+    generated: Annotated[
+        Path | None,
+        typer.Option(help="Output of `onboard generate` (default: vLLM's classes)."),
+    ] = None,
+) -> None:
+    """Measure acceptance and draft cost, predict and measure the speed-up of draft
+    lengths 1-4 per method and batch band, pick the best (or decline)."""
+    from onboard.spec import load_spec
+    from onboard.spec.model import SPEC_METHODS
+    from onboard.speculators.tune import tune
+    from onboard.validate.engine import read_plugin
+
+    loaded = load_spec(spec)
+    names = (
+        [m.strip() for m in methods.split(",") if m.strip()]
+        if methods
+        else [s.method for s in loaded.speculators]
+    )
+    for name in names:
+        if name not in SPEC_METHODS:
+            raise InputError(f"--methods: unknown method {name!r}")
+    if not names:
+        raise InputError(f"{spec}: the spec lists no speculative method")
+    if not Path(model_dir, "config.json").is_file():
+        raise InputError(f"{model_dir}: no config.json (not a checkpoint)")
+    plugin = read_plugin(generated / "plugin") if generated else None
+    report = tune(
+        model_dir,
+        loaded,
+        names,
+        out_dir,
+        speculators_dir=speculators_dir,
+        plugin=plugin,
+        log=lambda line: err.print(line, markup=False),
+    )
+    for method, result in report["methods"].items():
+        for band, data in result["bands"].items():
+            out.print(f"{method} {band}: {data['decision']}", markup=False)
+    out.print(f"wrote {out_dir / 'tune.json'} and {out_dir / 'tune.md'}")
 
 
 @app.command("new-model")
@@ -223,14 +296,6 @@ def validate(
             "(baselines and benchmarks).",
         ),
     ] = False,
-    installed_plugin: Annotated[
-        bool,
-        typer.Option(
-            "--installed-plugin",
-            help="Load the plugin as `pip install GEN_DIR/plugin` installed it in "
-            "this Python environment, instead of the generated code.",
-        ),
-    ] = False,
     preflight: Annotated[
         bool,
         typer.Option(
@@ -253,7 +318,6 @@ def validate(
         generated=generated,
         checks=checks,
         vllm_in_tree=vllm_in_tree,
-        installed_plugin=installed_plugin,
         preflight=preflight,
         log=lambda line: err.print(line, markup=False),
     )
