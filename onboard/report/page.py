@@ -33,8 +33,8 @@ h1{font-size:1.55em;margin:0 0 6px}h2{font-size:1.2em;margin:30px 0 10px}
 h3{font-size:1.02em;margin:0 0 6px}
 .sub{color:#57606a}
 .verdicts span{margin-right:14px}
-.badge{display:inline-block;font-weight:600;font-size:.82em;padding:1px 8px;
-  border-radius:10px;text-transform:uppercase;letter-spacing:.02em}
+.badge{display:inline-block;white-space:nowrap;font-weight:600;font-size:.82em;
+  padding:1px 8px;border-radius:10px;text-transform:uppercase;letter-spacing:.02em}
 .badge.passed{background:#dcf5e3;color:#17723a}
 .badge.failed{background:#fde2e0;color:#b3261e}
 .badge.not-run{background:#fff4cc;color:#7a5d00}
@@ -47,7 +47,8 @@ figure{margin:0}figcaption{color:#57606a;font-size:.9em;margin-top:4px}
 svg.plot{display:block;max-width:100%;height:auto}
 table{border-collapse:collapse;margin:.3em 0 .6em;font-size:.95em}
 td,th{border:1px solid #e1e4e8;padding:3px 9px;text-align:left;vertical-align:top;
-  overflow-wrap:anywhere}
+  overflow-wrap:break-word}
+td code,td.long{overflow-wrap:anywhere}
 th{background:#f3f5f7;font-weight:600}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.kv td:first-child{color:#57606a;white-space:nowrap}
@@ -111,9 +112,9 @@ def _header(title: str, runs: Sequence[D.RunView], spec: ModelSpec | None) -> st
 def _model_section(spec: ModelSpec | None, runs: Sequence[D.RunView]) -> str:
     runs_rows = "".join(
         f"<tr><td>{esc(r.target)}</td><td>{_verdict(r)}</td>"
-        f"<td>{esc(r.model_dir)}</td>"
+        f"<td class='long'>{esc(r.model_dir)}</td>"
         f"<td><code>{esc(r.vllm_model_class or '(none)')}</code></td>"
-        f"<td>{esc(r.reference or '(none)')}</td></tr>"
+        f"<td class='long'>{esc(r.reference or '(none)')}</td></tr>"
         for r in runs
     )
     runs_table = (
@@ -139,7 +140,7 @@ def _model_section(spec: ModelSpec | None, runs: Sequence[D.RunView]) -> str:
         params = D.weight_rows(spec)[0].total_params
         spec_html = (
             f"<table class='kv'>{rows}"
-            f"<tr><td>parameters</td><td>{params / 1e9:.3g} B "
+            f"<tr><td>parameters</td><td>{_count(params)} "
             "<span class='source'>(plan arithmetic from the spec)</span></td></tr>"
             "</table><h3>Checkpoint size per scheme "
             "<span class='source'>(plan arithmetic from the spec, "
@@ -417,7 +418,9 @@ def _kv_budget_plot(spec: ModelSpec | None, runs: Sequence[D.RunView]) -> str:
         (r, c) for r in runs if (c := r.check("kv-cache")) and c.status != "not-run"
     ]
     measured_html = "".join(
-        f"<p>Measured on {esc(r.target)} (kv-cache check, {_badge(c.status)}): "
+        f"<p>Measured on {esc(r.target)} (kv-cache check, {_badge(c.status)}"
+        + (f", {esc(c.metrics['dtype'])} KV cache" if c.metrics.get("dtype") else "")
+        + "): "
         + ", ".join(
             f"{esc(label)} {_num(v, p)}{(' ' + esc(u)) if u else ''}"
             for label, p, v, u in D.headlines(c)
@@ -460,7 +463,7 @@ def _kv_budget_plot(spec: ModelSpec | None, runs: Sequence[D.RunView]) -> str:
     if bars:
         svg = stacked_bars(bars, label="KV-cache budget per target", unit="GiB")
     table = (
-        "<table><tr><th>target</th><th>layout</th><th>KV B/token</th>"
+        "<table><tr><th>target</th><th>layout</th><th>KV B/token (bf16)</th>"
         "<th>per device</th>"
         f"<th>max context at {D.PLAN_CONCURRENCY} requests</th>"
         f"<th>max requests at {fmt(spec.max_position_embeddings)} tokens</th></tr>"
@@ -576,6 +579,13 @@ def _num(value: Any, path: str) -> str:
         f"<span class='v' data-path='{esc(path)}' data-value='{esc(repr(value))}'>"
         f"{esc(fmt(value))}</span>"
     )
+
+
+def _count(n: int) -> str:
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:,.3g} {unit}"
+    return str(n)
 
 
 def _gb(n: int) -> str:
