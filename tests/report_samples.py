@@ -58,12 +58,20 @@ def full_result(target: str = "cpu", scale: float = 1.0) -> ValidationResult:
         Check(
             "quant:fp8-dynamic",
             "passed",
-            {"kl_divergence": 0.0031 * scale, "top1_agreement": 0.985},
+            {
+                "kl_divergence": 0.0031 * scale,
+                "top1_agreement": 0.985,
+                "thresholds": {"kl_divergence": 0.01, "top1_agreement": 0.95},
+            },
         ),
         Check(
             "quant:nvfp4",
             "failed",
-            {"kl_divergence": 0.0412 * scale, "top1_agreement": 0.91},
+            {
+                "kl_divergence": 0.0412 * scale,
+                "top1_agreement": 0.91,
+                "thresholds": {"kl_divergence": 0.02, "top1_agreement": 0.9},
+            },
             "KL 0.0412 > 0.02",
         ),
         Check(

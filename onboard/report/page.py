@@ -384,12 +384,16 @@ def _quant_plot(runs: Sequence[D.RunView]) -> str:
             who = f" ({r.target})" if len(runs) > 1 else ""
             scheme = c.name.split(":", 1)[1] + who
             color = {"passed": PASS, "failed": FAIL}.get(c.status, MUTED)
-            v = D.number(c.metrics.get("kl_divergence"))
-            if v is not None:
-                kl.append(Mark(v, c.metric_path("kl_divergence"), scheme, color))
-            v = D.number(c.metrics.get("top1_agreement"))
-            if v is not None:
-                top1.append(Mark(v, c.metric_path("top1_agreement"), scheme, color))
+            for key, out in (("kl_divergence", kl), ("top1_agreement", top1)):
+                v = D.number(c.metrics.get(key))
+                if v is None:
+                    continue
+                mark = Mark(v, c.metric_path(key), scheme, color)
+                limits = c.metrics.get("thresholds")
+                limit = D.number(limits.get(key)) if isinstance(limits, dict) else None
+                if limit is not None:
+                    mark.limit = (limit, c.metric_path("thresholds", key))
+                out.append(mark)
     svg = None
     if kl or top1:
         svg = ""
@@ -408,7 +412,8 @@ def _quant_plot(runs: Sequence[D.RunView]) -> str:
         "Per quantization scheme: KL divergence of the quantized model's next-token "
         "distribution from the unquantized one, and how often their top-1 tokens "
         "agree (<code>quant:*</code> <code>kl_divergence</code>, "
-        "<code>top1_agreement</code>).",
+        "<code>top1_agreement</code>); a black tick marks the scheme's threshold "
+        "(<code>thresholds</code>) where the check gives one.",
         _why_missing(runs, "quant:"),
     )
 

@@ -25,6 +25,8 @@ class Mark:
     path: str
     label: str = ""
     color: str = PALETTE[0]
+    # A per-bar limit drawn as a tick (e.g. the check's threshold): (value, path).
+    limit: tuple[float, str] | None = None
 
 
 @dataclass
@@ -76,6 +78,7 @@ def bar_chart(
     width = 640
     plot_w = width - left - right
     values = [m.value for m in marks] + ([threshold[0]] if threshold else [])
+    values += [m.limit[0] for m in marks if m.limit]
     if log:
         positive = [v for v in values if v > 0] or [1.0]
         lo_e = math.floor(math.log10(lo if lo else min(positive)))
@@ -110,6 +113,7 @@ def bar_chart(
     for i, mark in enumerate(marks):
         y = top + i * (bar + gap)
         w = max(x(mark.value), 1.5)
+        tick = x(mark.limit[0]) + 2 if mark.limit else 0.0
         body.append(
             f"<text x='{left - 6}' y='{y + bar - 4}' text-anchor='end' {FONT}>"
             f"{esc(mark.label)}</text>"
@@ -117,9 +121,19 @@ def bar_chart(
             f"height='{bar}' fill='{mark.color}'>"
             f"<title>{esc(mark.label)}: {esc(fmt(mark.value))} {esc(unit)}</title>"
             "</rect>"
-            f"<text x='{left + w + 4:.1f}' y='{y + bar - 4}' {FONT} fill='#333'>"
+            f"<text x='{left + max(w, tick) + 4:.1f}' y='{y + bar - 4}' {FONT} "
+            "fill='#333'>"
             f"{esc(fmt(mark.value))}</text>"
         )
+        if mark.limit:
+            lx = left + x(mark.limit[0])
+            body.append(
+                f"<line class='limit' data-path='{esc(mark.limit[1])}' "
+                f"data-value='{esc(repr(mark.limit[0]))}' x1='{lx:.1f}' "
+                f"y1='{y - 2}' x2='{lx:.1f}' y2='{y + bar + 2}' stroke='#1f2328' "
+                f"stroke-width='2.5'><title>{esc(mark.label)}: limit "
+                f"{esc(fmt(mark.limit[0]))}</title></line>"
+            )
     if threshold:
         tx = left + x(threshold[0])
         body.append(
