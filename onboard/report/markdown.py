@@ -17,6 +17,8 @@ def markdown_summary(results: Any, spec: ModelSpec | None = None) -> str:
     taken from the results), for pull-request descriptions."""
     runs = D.runs(results)
     title = spec.name if spec else ", ".join(r.model_dir for r in runs)
+    if not runs:
+        return f"### vLLM validation: {title or 'model'}\n\nNo validation results.\n"
     lines = [f"### vLLM validation: {title}", ""]
     if spec is not None:
         lines.append(f"`{spec.architecture}`: " + _shape(spec))
