@@ -1,0 +1,102 @@
+"""The spec-decode check's decisions that need no engine: which draft it serves
+(or why none), the counter arithmetic, and the verdict from outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from onboard.spec import load_spec
+from onboard.speculators.heads import head_config
+from onboard.validate.check_spec_decode import (
+    _delta,
+    engine_dtype_for,
+    entry_for,
+    find_draft,
+    judge,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+
+
+def _head(directory: Path, spec, weights: bool = True) -> Path:
+    directory.mkdir(parents=True)
+    config = head_config(spec, "eagle3", 3)
+    (directory / "config.json").write_text(json.dumps(config))
+    if weights:
+        (directory / "model.safetensors").write_bytes(b"")
+    return directory
+
+
+def test_entry_defaults_when_the_spec_lists_no_such_method(dense):
+    assert entry_for(dense, "ngram").num_speculative_tokens == 3
+    assert entry_for(dense, "mtp").method == "mtp"
+
+
+def test_find_draft_needs_weights_that_fit_the_verifier(dense, tmp_path):
+    entry = entry_for(dense, "eagle3")
+    draft, why = find_draft(dense, entry, None)
+    assert draft is None and "no speculators directory" in why
+    # A config without weights cannot be served.
+    _head(tmp_path / "s" / "eagle3", dense, weights=False)
+    draft, why = find_draft(dense, entry, tmp_path / "s")
+    assert draft is None and "cannot be served" in why
+    # A head trained for another verifier (DeepSeek-V3's hidden size) is refused.
+    other = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
+    _head(tmp_path / "s" / "tiny" / "eagle3", other)
+    draft, why = find_draft(dense, entry, tmp_path / "s")
+    assert draft is None and "fits this verifier" in why
+    # The tiny head wins once it fits.
+    _head(tmp_path / "t" / "tiny" / "eagle3", dense)
+    draft, why = find_draft(dense, entry, tmp_path / "t")
+    assert draft == str(tmp_path / "t" / "tiny" / "eagle3") and why is None
+
+
+def test_bfloat16_only_for_a_head_beside_mla(dense):
+    mla = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
+    assert engine_dtype_for(mla, "eagle3") == "bfloat16"
+    assert engine_dtype_for(mla, "mtp") is None
+    assert engine_dtype_for(mla, "ngram") is None
+    assert engine_dtype_for(dense, "eagle3") is None
+
+
+def test_counter_delta():
+    before = {"a": 10, "b": [1, 2]}
+    after = {"a": 25, "b": [4, 2], "c": 3}
+    assert _delta(after, before) == {"a": 15, "b": [3, 0], "c": 3}
+
+
+def _out(tokens, top):
+    return {"token_ids": tokens, "logprobs": top}
+
+
+def test_verdict_lossless_and_not():
+    top = [{1: -0.1, 2: -3.0}, {3: -0.1, 4: -3.0}]
+    base = [_out([1, 3], top)]
+    counters = {
+        "vllm:spec_decode_num_drafts": 10,
+        "vllm:spec_decode_num_draft_tokens": 30,
+        "vllm:spec_decode_num_accepted_tokens": 12,
+        "vllm:spec_decode_num_accepted_tokens_per_pos": [6, 4, 2],
+    }
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    ok = judge("spec-decode:ngram", dict(ngram), counters, base, base, 2.0, 1.0, "m")
+    assert ok.status == "passed"
+    assert ok.metrics["mean_acceptance_length"] == pytest.approx(2.2)
+    assert ok.metrics["acceptance_rate_per_position"] == pytest.approx([0.6, 0.4, 0.2])
+    assert ok.metrics["speedup"] == pytest.approx(0.5)
+    # A token outside the other side's top-k is a loss, whatever the acceptance.
+    bad = [_out([1, 9], [top[0], {9: -0.1, 8: -3.0}])]
+    failed = judge("spec-decode:ngram", dict(ngram), counters, bad, base, 2, 1, "m")
+    assert failed.status == "failed" and "differs" in failed.details
+    # No drafts at all: speculation did not run, never a pass.
+    none = judge("spec-decode:mtp", {"method": "mtp", "num_speculative_tokens": 1},
+                 {}, base, base, 1.0, 1.0, "main")  # fmt: skip
+    assert none.status == "failed" and "no drafts" in none.details
