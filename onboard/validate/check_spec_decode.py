@@ -217,6 +217,8 @@ def run(ctx, name: str) -> Check:
             **metrics,
             engine_error=reason,
         )
+    if method == "mtp" and spec.mtp is not None and spec.mtp.num_heads > 1:
+        metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
     if dtype is None:
         baseline_label = "the main engine (same settings, no speculation)"
         base_outputs, base_s, _ = timed_generate(
@@ -232,6 +234,35 @@ def run(ctx, name: str) -> Check:
     return judge(
         name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline_label
     )
+
+
+def _mtp_heads(ctx, k: int) -> dict[str, Any]:
+    """With several MTP heads: which head vLLM runs at each draft step (the
+    codegen's finding; the engine's own per-layer call counts are in
+    ``draft_layer_calls``) and, by the generated reference, each head's own
+    acceptance beside that of the schedule vLLM runs: what the engine leaves on
+    the table."""
+    try:
+        from onboard.checkpoint.mtp_train import reference_mtp_acceptance
+        from onboard.generate.mtp import heads_run_by_vllm
+    except ImportError as exc:  # lands with the MTP codegen (issue 4)
+        return {"mtp_heads_note": f"not available: {exc}"}
+    spec = ctx.spec
+    runs = heads_run_by_vllm(spec, k)
+    out: dict[str, Any] = {"mtp_heads_run_per_step": runs}
+    try:
+        own = reference_mtp_acceptance(
+            ctx.model_dir, spec, ctx.prompts, min(k, spec.mtp.num_heads)
+        )
+        engine_like = reference_mtp_acceptance(
+            ctx.model_dir, spec, ctx.prompts, heads=runs
+        )
+    except Exception as exc:  # the reference is extra information, not the check
+        out["mtp_reference_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out["mtp_reference_acceptance_own_heads"] = own.to_dict()
+    out["mtp_reference_acceptance_as_vllm_runs"] = engine_like.to_dict()
+    return out
 
 
 def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline):
@@ -267,6 +298,18 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
         lines.append(f"draft model class: {drafter['draft_model_class']}")
     if metrics.get("draft_layer_calls"):
         lines.append(f"draft layer calls: {metrics['draft_layer_calls']}")
+    if metrics.get("mtp_heads_run_per_step"):
+        lines.append(
+            f"MTP head run per draft step: {metrics['mtp_heads_run_per_step']}"
+        )
+    own = metrics.get("mtp_reference_acceptance_own_heads")
+    ran = metrics.get("mtp_reference_acceptance_as_vllm_runs")
+    if own and ran:
+        lines.append(
+            "reference acceptance (mean length): each head at its own step "
+            f"{own['mean_acceptance_length']:.2f}, as vLLM runs them "
+            f"{ran['mean_acceptance_length']:.2f}"
+        )
     problems = []
     if not verdict["passed"]:
         problems.append("the output with speculation differs from the output without")
