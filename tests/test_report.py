@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -138,6 +139,15 @@ def screenshot_path(name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"\nreport screenshots in {ARTIFACTS}")
     return ARTIFACTS / name
+
+
+def keep(out: Path, name: str) -> None:
+    """Keep a real run's validation.json, report.html and summary.md beside the
+    screenshots (test-artifacts/NAME/)."""
+    dest = ARTIFACTS / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("validation.json", "report.html", "summary.md"):
+        shutil.copy2(out / f, dest / f)
 
 
 def assert_renders(html: Path, shot: Path, plots: int, missing: int = 0):
@@ -342,6 +352,7 @@ def test_report_of_a_real_run(llama_validated):
     # In the browser: logprob plot, KV budget (cpu plan), and the kv-cache check's
     # numbers if it ran; no spec-decode, quant or speed checks: "not measured".
     html = out / "report.html"
+    keep(out, "tiny-llama")
     page_r = assert_renders(
         html, screenshot_path("report-tiny-llama.png"), plots=2, missing=4
     )
@@ -411,6 +422,7 @@ def test_report_of_a_real_run_with_speed_and_speculation(tmp_path):
     page = (out / "report.html").read_text()
     assert assert_numbers_match(page, [data]) > 50
     plots, missing = expected_plots(data)
+    keep(out, "tiny-llama-speed")
     assert_renders(
         out / "report.html",
         screenshot_path("report-tiny-llama-speed.png"),
