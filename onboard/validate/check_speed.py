@@ -1,9 +1,317 @@
-"""The `speed` check (not built yet: reported as not-run, never passed)."""
+"""The `speed` check: vLLM's own serving benchmark on the cpu target.
+
+For each variant — the checkpoint as validated (``baseline``), the same with the
+spec's first speculative method the CPU engine runs without a trained draft
+(``spec:ngram``, or ``spec:mtp`` when the model has MTP heads), and every quantized
+checkpoint of ``ctx.quantized`` whose scheme the CPU engine loads
+(``quant:<scheme>``) — one `vllm serve` starts with the generated plugin visible
+(:mod:`onboard.validate.serve`) and `vllm bench serve`'s own code
+(:mod:`onboard.validate.bench_sweep`) runs a concurrency sweep against it with
+``--save-result``. TTFT, TPOT and throughput are read from vLLM's result JSON
+(copied to ``OUT/speed/<variant>/bench-c<C>.json``); speculative acceptance from
+the server's /metrics. See docs/validation.md ("Speed").
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onboard.validate.engine import EngineOptions
 from onboard.validate.results import Check
+from onboard.validate.serve import Server, spec_decode_counters
+
+CONCURRENCY = (1, 2, 4)
+INPUT_LEN = 32
+OUTPUT_LEN = 32
+# Requests per concurrency level: enough for every slot to be busy twice.
+PROMPTS_PER_SLOT = 2
+MIN_PROMPTS = 4
+# Speculative methods the CPU engine runs without a trained draft checkpoint.
+_CPU_SPEC_METHODS = ("ngram", "mtp")
+TOOL = "vllm bench serve (vllm.benchmarks.serve, random dataset, --save-result)"
 
 
-def run(ctx, name: str) -> Check:
-    return Check.not_run(name, f"the {name} check is not implemented in onboard yet")
+@dataclass
+class Variant:
+    label: str
+    options: EngineOptions
+    speculative_config: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def num_prompts(concurrency: int) -> int:
+    return max(MIN_PROMPTS, PROMPTS_PER_SLOT * concurrency)
+
+
+def bench_args(model: str, concurrency: int, tokenizer: str | None = None) -> list:
+    """`vllm bench serve` arguments of one sweep level (without the server URL and
+    the result file)."""
+    return [
+        "--backend",
+        "vllm",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer or model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--num-prompts",
+        str(num_prompts(concurrency)),
+        "--num-warmups",
+        "1",
+        "--temperature",
+        "0",
+        "--seed",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+    ]
+
+
+def bench_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of one `vllm bench serve --save-result` JSON, in onboard's
+    names (``ttft_ms``/``tpot_ms`` are medians, as vLLM prints them)."""
+    return {
+        "concurrency": result.get("max_concurrency"),
+        "num_prompts": result.get("num_prompts"),
+        "completed": result.get("completed"),
+        "failed": result.get("failed", 0),
+        "duration_s": result.get("duration"),
+        "output_tokens_per_s": result.get("output_throughput"),
+        "total_tokens_per_s": result.get("total_token_throughput"),
+        "request_throughput": result.get("request_throughput"),
+        "ttft_ms": result.get("median_ttft_ms"),
+        "mean_ttft_ms": result.get("mean_ttft_ms"),
+        "p99_ttft_ms": result.get("p99_ttft_ms"),
+        "tpot_ms": result.get("median_tpot_ms"),
+        "mean_tpot_ms": result.get("mean_tpot_ms"),
+        "p99_tpot_ms": result.get("p99_tpot_ms"),
+        "itl_ms": result.get("median_itl_ms"),
+    }
+
+
+def sweep_problems(label: str, sweep: list[dict[str, Any]]) -> list[str]:
+    """A level whose requests did not all complete, or that measured nothing."""
+    problems = []
+    for level in sweep:
+        c = level["concurrency"]
+        if level["failed"] or level["completed"] != level["num_prompts"]:
+            problems.append(
+                f"{label} at concurrency {c}: {level['completed']} of "
+                f"{level['num_prompts']} requests completed ({level['failed']} failed)"
+            )
+        elif not level["output_tokens_per_s"]:
+            problems.append(f"{label} at concurrency {c}: no output tokens measured")
+    return problems
+
+
+def headline(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DESIGN.md metrics: best output throughput over the sweep, TTFT and TPOT
+    (medians) at the lowest concurrency (one request at a time: pure latency)."""
+    first = min(sweep, key=lambda s: s["concurrency"])
+    best = max(sweep, key=lambda s: s["output_tokens_per_s"] or 0.0)
+    return {
+        "output_tokens_per_s": best["output_tokens_per_s"],
+        "output_tokens_per_s_concurrency": best["concurrency"],
+        "ttft_ms": first["ttft_ms"],
+        "tpot_ms": first["tpot_ms"],
+        "latency_concurrency": first["concurrency"],
+    }
+
+
+def _variants(ctx) -> tuple[list[Variant], list[str]]:
+    from onboard.speculators.methods import speculative_config
+    from onboard.targets import get_target
+
+    base = ctx.engine_options()
+    out = [Variant("baseline", base)]
+    notes = []
+    entry = next(
+        (s for s in ctx.spec.speculators if s.method in _CPU_SPEC_METHODS), None
+    )
+    if entry is not None:
+        config = speculative_config(entry, None)
+        extra = {**base.extra, "speculative_config": config}
+        out.append(
+            Variant(f"spec:{entry.method}", ctx.engine_options(extra=extra), config)
+        )
+    elif ctx.spec.speculators:
+        notes.append(
+            "no speculative variant: the spec's methods ("
+            + ", ".join(s.method for s in ctx.spec.speculators)
+            + ") need a trained draft; the CPU sweep runs ngram/mtp only"
+        )
+    cpu = get_target("cpu")
+    moe = ctx.spec.mlp.moe is not None
+    for scheme, path in sorted(ctx.quantized.items()):
+        if cpu.scheme(scheme).level(moe) == "unsupported":
+            notes.append(f"quant:{scheme}: the CPU engine cannot load it (targets)")
+            continue
+        out.append(Variant(f"quant:{scheme}", ctx.engine_options(model_dir=path)))
+    return out, notes
+
+
+def run_variant(
+    variant: Variant,
+    tokenizer: str,
+    work_dir: Path,
+    out_dir: Path,
+    log_dir: Path,
+    concurrency: tuple[int, ...] = CONCURRENCY,
+) -> dict[str, Any]:
+    """Serve one variant and run the sweep; its summary and the result files."""
+    slug = variant.label.replace(":", "-")
+    result_dir = out_dir / slug
+    result_dir.mkdir(parents=True, exist_ok=True)
+    server = Server(variant.options, work_dir / slug, log_dir / f"serve-{slug}.log")
+    bench_log = log_dir / f"bench-{slug}.log"
+    t0 = time.perf_counter()
+    with server.start():
+        # The benchmark client imports vLLM while the server boots, then waits
+        # for /health.
+        args = bench_args(server.model, max(concurrency), tokenizer)
+        levels = ",".join(map(str, concurrency))
+        with open(bench_log, "wb") as log:
+            client = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "onboard.validate.bench_sweep",
+                    "--base-url",
+                    server.base_url,
+                    "--concurrency",
+                    levels,
+                    "--result-dir",
+                    str(result_dir),
+                    "--prompts-per-slot",
+                    str(PROMPTS_PER_SLOT),
+                    "--min-prompts",
+                    str(MIN_PROMPTS),
+                    "--",
+                    *_without_num_prompts(args),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server.environment(),
+                cwd=work_dir,
+            )
+            try:
+                start_s = server.wait_ready()
+                code = client.wait(timeout=900)
+            finally:
+                if client.poll() is None:
+                    client.kill()
+                    client.wait()
+        if code != 0:
+            tail = "\n".join(bench_log.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"vllm bench serve failed (code {code}):\n{tail}")
+        metrics_text = server.metrics_text()
+    (result_dir / "metrics.prom").write_text(metrics_text)
+    sweep = [
+        bench_summary(json.loads((result_dir / f"bench-c{c}.json").read_text()))
+        for c in concurrency
+    ]
+    summary: dict[str, Any] = {
+        "model": server.model,
+        "speculative_config": variant.speculative_config,
+        "server_start_s": start_s,
+        "wall_s": time.perf_counter() - t0,
+        "results": str(result_dir),
+        "sweep": sweep,
+        **headline(sweep),
+    }
+    counters = spec_decode_counters(metrics_text)
+    if variant.speculative_config is not None:
+        from onboard.speculators.acceptance import acceptance
+
+        summary["spec_decode"] = acceptance(counters)
+    return summary
+
+
+def _without_num_prompts(args: list[str]) -> list[str]:
+    # bench_sweep sets --num-prompts per level (PROMPTS_PER_SLOT x concurrency).
+    i = args.index("--num-prompts")
+    return args[:i] + args[i + 2 :]
+
+
+def run(ctx, name: str, concurrency: tuple[int, ...] = CONCURRENCY) -> Check:
+    from onboard.validate.reference import TOKENIZER_FILES
+
+    if ctx.engine_failure is not None:
+        return Check.not_run(name, "the engine did not load the model (accuracy)")
+    if not any((ctx.model_dir / f).exists() for f in TOKENIZER_FILES):
+        return Check.not_run(
+            name, f"{ctx.model_dir} has no tokenizer: vllm bench serve sends text"
+        )
+    variants, notes = _variants(ctx)
+    out_dir = ctx.out_dir / "speed"
+    results: dict[str, Any] = {}
+    problems: list[str] = []
+    for variant in variants:
+        try:
+            results[variant.label] = run_variant(
+                variant,
+                str(ctx.model_dir),
+                ctx.work_dir / "speed",
+                out_dir,
+                ctx.out_dir / "logs",
+                concurrency,
+            )
+        except (RuntimeError, TimeoutError, OSError, KeyError, ValueError) as exc:
+            problems.append(f"{variant.label}: {type(exc).__name__}: {exc}")
+            continue
+        problems += sweep_problems(variant.label, results[variant.label]["sweep"])
+    base = results.get("baseline")
+    metrics: dict[str, Any] = {
+        "benchmark": {
+            "tool": TOOL,
+            "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN,
+            "num_prompts": {c: num_prompts(c) for c in concurrency},
+            "temperature": 0.0,
+        },
+        "concurrency": list(concurrency),
+        "variants": results,
+    }
+    if base:
+        metrics.update(headline(base["sweep"]))
+        for label, res in results.items():
+            if label != "baseline" and base["output_tokens_per_s"]:
+                res["speedup"] = (
+                    res["sweep"][0]["output_tokens_per_s"]
+                    / base["sweep"][0]["output_tokens_per_s"]
+                )
+    lines = [_line(label, res) for label, res in results.items()]
+    details = "\n".join([*lines, *problems, *notes])
+    status = "passed" if base and not problems else "failed"
+    return Check(name, status, metrics, details)
+
+
+def _line(label: str, res: dict[str, Any]) -> str:
+    levels = ", ".join(
+        f"c={s['concurrency']}: {s['output_tokens_per_s']:.1f} tok/s, TTFT "
+        f"{s['ttft_ms']:.1f} ms, TPOT {s['tpot_ms']:.1f} ms"
+        for s in res["sweep"]
+    )
+    extra = ""
+    if "spec_decode" in res:
+        sd = res["spec_decode"]
+        extra = f"; mean acceptance length {sd['mean_acceptance_length']:.2f}"
+    if "speedup" in res:
+        extra += (
+            f"; x{res['speedup']:.2f} vs baseline at c={res['sweep'][0]['concurrency']}"
+        )
+    return f"{label}: {levels}{extra}"

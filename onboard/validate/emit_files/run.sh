@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Validation run written by `onboard validate MODEL --spec SPEC --target T --emit DIR`.
+# Run it on the target machine from anywhere: `bash DIR/run.sh` (every phase), or
+# `bash DIR/run.sh PHASE...` with the phases below. Results land in DIR/results/;
+# bring DIR back and run `onboard validate --target T --ingest DIR --out OUT`.
+#
+# Phases: install | serve:VARIANT | stop | accuracy | lm-eval | bench:VARIANT |
+#         scrape:VARIANT | reference | env | all
+# Overrides (environment): BASE_URL (use a running server: serve/stop do nothing),
+# SKIP_INSTALL=1, CONCURRENCY="1 4 16 64", LM_EVAL_TASKS, LM_EVAL_INCLUDE (a
+# directory of lm-eval task yamls), LM_EVAL_LIMIT, LM_EVAL_NUM_FEWSHOT, REF_DTYPE,
+# REF_DEVICE, PYTHON, PORT, IN_TREE=1 (serve vLLM's own class instead of the
+# generated plugin), BENCH_INPUT_LEN, BENCH_OUTPUT_LEN, BENCH_PROMPTS_PER_SLOT,
+# BENCH_MIN_PROMPTS.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=/dev/null
+source "$HERE/manifest.env"
+
+PYTHON="${PYTHON:-python3}"
+PORT="${PORT:-8000}"
+CONCURRENCY="${CONCURRENCY:-$CONCURRENCY_DEFAULT}"
+LM_EVAL_TASKS="${LM_EVAL_TASKS:-$LM_EVAL_TASKS_DEFAULT}"
+REF_DTYPE="${REF_DTYPE:-$REF_DTYPE_DEFAULT}"
+LM_EVAL_FEWSHOT="${LM_EVAL_NUM_FEWSHOT:-$LM_EVAL_FEWSHOT}"
+INPUT_LEN="${BENCH_INPUT_LEN:-$INPUT_LEN}"
+OUTPUT_LEN="${BENCH_OUTPUT_LEN:-$OUTPUT_LEN}"
+PROMPTS_PER_SLOT="${BENCH_PROMPTS_PER_SLOT:-$PROMPTS_PER_SLOT}"
+MIN_PROMPTS="${BENCH_MIN_PROMPTS:-$MIN_PROMPTS}"
+RESULTS="$HERE/results"
+mkdir -p "$RESULTS"
+URL="${BASE_URL:-http://127.0.0.1:$PORT}"
+SERVER_PID=""
+
+log() { printf '[onboard %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+export_target_env() {
+    local kv
+    for kv in "${TARGET_ENV[@]}"; do
+        export "${kv?}"
+    done
+    if [[ "${IN_TREE:-0}" == 1 ]]; then
+        export VLLM_PLUGINS=""
+    elif [[ -n "$PLUGIN_ENTRY_POINT" ]]; then
+        export VLLM_PLUGINS="$PLUGIN_ENTRY_POINT"
+    fi
+}
+
+phase_install() {
+    if [[ "${SKIP_INSTALL:-0}" == 1 ]]; then
+        log "install: skipped (SKIP_INSTALL=1)"
+        return
+    fi
+    log "install: $INSTALL_CMD"
+    eval "$INSTALL_CMD"
+    "$PYTHON" -m pip install "$LM_EVAL_PACKAGE" "transformers" "accelerate"
+    if [[ -d "$HERE/plugin" ]]; then
+        "$PYTHON" -m pip install "$HERE/plugin"
+    fi
+}
+
+phase_env() {
+    {
+        echo "{"
+        echo "  \"target\": \"$TARGET\","
+        echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+        echo "  \"host\": \"$(hostname)\","
+        echo "  \"vllm\": \"$("$PYTHON" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)\""
+        echo "}"
+    } >"$RESULTS/environment.json"
+    (nvidia-smi || rocm-smi || true) >"$RESULTS/devices.txt" 2>&1
+}
+
+variant_flags() {
+    # The speculative config of a variant (baseline: none).
+    local variant="$1" name
+    name="SPEC_CONFIG_${variant//[-:]/_}"
+    if [[ "$variant" != baseline ]]; then
+        printf '%s\n' --speculative-config "${!name}"
+    fi
+}
+
+phase_serve() {
+    local variant="${1:-baseline}"
+    if [[ -n "${BASE_URL:-}" ]]; then
+        log "serve: using $BASE_URL"
+        return
+    fi
+    export_target_env
+    local extra=()
+    mapfile -t extra < <(variant_flags "$variant")
+    log "serve $variant: vllm serve $MODEL ${SERVE_FLAGS[*]} ${extra[*]}"
+    vllm serve "$MODEL" "${SERVE_FLAGS[@]}" "${extra[@]}" --port "$PORT" \
+        >"$RESULTS/server-$variant.log" 2>&1 &
+    SERVER_PID=$!
+    local waited=0
+    until curl -sf "$URL/health" >/dev/null; do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "vllm serve exited; see $RESULTS/server-$variant.log"
+            tail -n 30 "$RESULTS/server-$variant.log" >&2
+            exit 1
+        fi
+        sleep 5
+        waited=$((waited + 5))
+        if ((waited > 3600)); then
+            log "vllm serve not ready after an hour"
+            exit 1
+        fi
+    done
+    log "serve $variant: ready after ${waited} s"
+}
+
+phase_stop() {
+    if [[ -n "$SERVER_PID" ]]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=""
+    fi
+}
+trap phase_stop EXIT
+
+phase_accuracy() {
+    log "accuracy: vLLM's prompt logprobs and greedy continuations"
+    "$PYTHON" "$HERE/accuracy_client.py" --manifest "$HERE/manifest.json" \
+        --base-url "$URL" --out "$RESULTS/vllm_accuracy.json"
+}
+
+phase_lm_eval() {
+    log "lm-eval: $LM_EVAL_TASKS"
+    local args=(--model local-completions
+        --model_args "model=$MODEL,base_url=$URL/v1/completions,num_concurrent=8,max_retries=3,tokenized_requests=False"
+        --tasks "$LM_EVAL_TASKS" --num_fewshot "$LM_EVAL_FEWSHOT" --batch_size 1
+        --output_path "$RESULTS/lm_eval" --seed 0)
+    if [[ -n "${LM_EVAL_INCLUDE:-}" ]]; then
+        args+=(--include_path "$LM_EVAL_INCLUDE")
+    fi
+    if [[ -n "${LM_EVAL_LIMIT:-}" ]]; then
+        args+=(--limit "$LM_EVAL_LIMIT")
+    fi
+    "$PYTHON" -m lm_eval "${args[@]}"
+}
+
+phase_bench() {
+    local variant="${1:-baseline}" c n
+    mkdir -p "$RESULTS/bench/$variant"
+    for c in $CONCURRENCY; do
+        n=$((c * PROMPTS_PER_SLOT))
+        ((n < MIN_PROMPTS)) && n=$MIN_PROMPTS
+        log "bench $variant: concurrency $c, $n prompts"
+        vllm bench serve --backend vllm --base-url "$URL" --model "$MODEL" \
+            --dataset-name random --random-input-len "$INPUT_LEN" \
+            --random-output-len "$OUTPUT_LEN" --num-prompts "$n" \
+            --max-concurrency "$c" --num-warmups 1 --temperature 0 --seed 0 \
+            --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+            --disable-tqdm --save-result --result-dir "$RESULTS/bench/$variant" \
+            --result-filename "bench-c$c.json"
+    done
+}
+
+phase_scrape() {
+    local variant="${1:-baseline}"
+    log "scrape $variant: $URL/metrics"
+    curl -sf "$URL/metrics" >"$RESULTS/metrics-$variant.prom"
+}
+
+phase_reference() {
+    log "reference: Hugging Face model at the tokens vLLM reported ($REF_DTYPE)"
+    "$PYTHON" "$HERE/reference_logprobs.py" --manifest "$HERE/manifest.json" \
+        --vllm "$RESULTS/vllm_accuracy.json" --dtype "$REF_DTYPE" \
+        --out "$RESULTS/reference_accuracy.json"
+}
+
+phase_all() {
+    phase_install
+    phase_env
+    local variant
+    for variant in "${VARIANTS[@]}"; do
+        phase_serve "$variant"
+        if [[ "$variant" == baseline ]]; then
+            phase_accuracy
+            phase_lm_eval
+        fi
+        phase_bench "$variant"
+        phase_scrape "$variant"
+        phase_stop
+    done
+    # After the server has freed the devices: the reference needs them.
+    phase_reference
+}
+
+main() {
+    local phases=("$@") p name arg
+    ((${#phases[@]})) || phases=(all)
+    for p in "${phases[@]}"; do
+        name="${p%%:*}"
+        arg=""
+        [[ "$p" == *:* ]] && arg="${p#*:}"
+        case "$name" in
+            install | env | stop | accuracy | reference | all) "phase_$name" ;;
+            lm-eval) phase_lm_eval ;;
+            serve | bench | scrape) "phase_$name" "${arg:-baseline}" ;;
+            *)
+                log "unknown phase $p"
+                exit 2
+                ;;
+        esac
+    done
+}
+
+main "$@"

@@ -1,0 +1,172 @@
+"""The `speed` check on the cpu target: `vllm serve` with the generated plugin and
+vLLM's own serving benchmark (vllm.benchmarks.serve) over a concurrency sweep.
+
+Engine tests build the check's RunContext directly (the check needs no main engine
+or reference) on a tiny Llama written by transformers with a tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from validate_fixtures import LLAMA_SPEC, write_llama
+
+from onboard.validate.check_speed import bench_summary, headline, sweep_problems
+from onboard.validate.serve import serve_flags, spec_decode_counters
+
+NGRAM = "speculators: [{method: ngram, num_speculative_tokens: 3}]\n"
+
+
+def test_serve_flags_from_engine_kwargs():
+    flags = serve_flags(
+        {
+            "dtype": "float32",
+            "enforce_eager": True,
+            "max_model_len": 256,
+            "skip_tokenizer_init": True,
+            "disable_log_stats": False,
+            "attention_config": {"backend": "CPU_MLA"},
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+        }
+    )
+    assert flags == [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--attention-backend",
+        "CPU_MLA",
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":3}',
+    ]
+
+
+def test_spec_decode_counters_from_prometheus_text():
+    labels = 'engine="0",model_name="m"'
+    text = f"""\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{{labels}}} 10.0
+vllm:spec_decode_num_draft_tokens_total{{{labels}}} 30.0
+vllm:spec_decode_num_accepted_tokens_total{{{labels}}} 12.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="1"}} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="0"}} 7.0
+vllm:spec_decode_num_drafts_created{{{labels}}} 1.7e9
+"""
+    counters = spec_decode_counters(text)
+    assert counters["vllm:spec_decode_num_drafts"] == 10
+    assert counters["vllm:spec_decode_num_accepted_tokens"] == 12
+    assert counters["vllm:spec_decode_num_accepted_tokens_per_pos"] == [7, 4]
+    assert spec_decode_counters("vllm:num_requests_running 0.0\n") == {}
+
+
+def test_headline_and_problems_from_bench_results():
+    def result(c, completed, tput, ttft, tpot):
+        return {
+            "max_concurrency": c,
+            "num_prompts": 4,
+            "completed": completed,
+            "failed": 4 - completed,
+            "output_throughput": tput,
+            "median_ttft_ms": ttft,
+            "median_tpot_ms": tpot,
+        }
+
+    sweep = [bench_summary(result(1, 4, 50.0, 20.0, 15.0))]
+    sweep.append(bench_summary(result(2, 3, 80.0, 30.0, 18.0)))
+    top = headline(sweep)
+    assert top["output_tokens_per_s"] == 80.0
+    assert top["output_tokens_per_s_concurrency"] == 2
+    assert (top["ttft_ms"], top["tpot_ms"], top["latency_concurrency"]) == (20, 15, 1)
+    assert sweep_problems("baseline", sweep) == [
+        "baseline at concurrency 2: 3 of 4 requests completed (1 failed)"
+    ]
+
+
+def _context(root: Path, spec_text: str, quantized: dict | None = None):
+    from onboard.generate import generate_all
+    from onboard.spec import parse_spec_text
+    from onboard.validate.engine import EngineOptions, read_plugin
+    from onboard.validate.harness import RunContext
+
+    ckpt = write_llama(root / "ckpt")
+    spec = parse_spec_text(spec_text)
+    generate_all(spec, root / "gen")
+    plugin = read_plugin(root / "gen" / "plugin")
+    ctx = RunContext(
+        spec=spec,
+        model_dir=ckpt,
+        out_dir=root / "out",
+        work_dir=root / "work",
+        plugin=plugin,
+        hf_dir=None,
+        prompts=[],
+        prompt_note="",
+        quantized=quantized or {},
+    )
+    ctx.options = EngineOptions(model_dir=ckpt, plugin=plugin, max_model_len=256)
+    return ctx
+
+
+def _assert_sweep(variant: dict, levels: list[int]) -> None:
+    assert [s["concurrency"] for s in variant["sweep"]] == levels
+    for level in variant["sweep"]:
+        assert level["completed"] == level["num_prompts"] and level["failed"] == 0
+        assert level["output_tokens_per_s"] > 0
+        assert level["ttft_ms"] > 0 and level["tpot_ms"] > 0
+        # vLLM's own result file, kept beside validation.json.
+        path = Path(variant["results"]) / f"bench-c{level['concurrency']}.json"
+        saved = json.loads(path.read_text())
+        assert saved["backend"] == "vllm"
+        assert saved["max_concurrency"] == level["concurrency"]
+        assert saved["output_throughput"] == level["output_tokens_per_s"]
+
+
+@pytest.mark.engine
+def test_speed_check_baseline_sweep(tmp_path):
+    from onboard.validate import check_speed
+
+    ctx = _context(tmp_path, LLAMA_SPEC)
+    t0 = time.perf_counter()
+    check = check_speed.run(ctx, "speed", concurrency=(1, 2))
+    print(f"\nspeed check {time.perf_counter() - t0:.0f} s:\n{check.details}")
+    assert check.status == "passed", check.details
+    m = check.metrics
+    assert set(m["variants"]) == {"baseline"}
+    _assert_sweep(m["variants"]["baseline"], [1, 2])
+    assert m["output_tokens_per_s"] == max(
+        s["output_tokens_per_s"] for s in m["variants"]["baseline"]["sweep"]
+    )
+    assert m["ttft_ms"] == m["variants"]["baseline"]["sweep"][0]["ttft_ms"]
+    assert "vllm bench serve" in m["benchmark"]["tool"]
+    # The server loaded the generated plugin's class.
+    log = (ctx.out_dir / "logs" / "serve-baseline.log").read_text()
+    assert "onboard_plugin_tiny_llama" in log
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_speed_check_full_sweep_with_ngram_and_fp8(tmp_path):
+    from onboard.quantize import quantize_checkpoint
+    from onboard.validate import check_speed
+
+    ctx = _context(tmp_path, LLAMA_SPEC + NGRAM)
+    fp8 = tmp_path / "fp8"
+    quantize_checkpoint(ctx.model_dir, "fp8-dynamic", fp8, spec=ctx.spec)
+    ctx.quantized = {"fp8-dynamic": fp8, "nvfp4": fp8}  # nvfp4: CPU cannot load
+    t0 = time.perf_counter()
+    check = check_speed.run(ctx, "speed")
+    print(f"\nspeed check {time.perf_counter() - t0:.0f} s:\n{check.details}")
+    assert check.status == "passed", check.details
+    m = check.metrics
+    assert set(m["variants"]) == {"baseline", "spec:ngram", "quant:fp8-dynamic"}
+    for variant in m["variants"].values():
+        _assert_sweep(variant, [1, 2, 4])
+    sd = m["variants"]["spec:ngram"]["spec_decode"]
+    assert sd["num_drafts"] > 0 and len(sd["acceptance_rate_per_position"]) == 3
+    assert m["variants"]["spec:ngram"]["speedup"] > 0
+    assert "quant:nvfp4: the CPU engine cannot load it" in check.details
