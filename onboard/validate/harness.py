@@ -360,7 +360,9 @@ def validate(
     if target != "cpu":
         reason = (
             f"target {target} needs its hardware; this machine runs the cpu target "
-            "only (the scripts to run on {target} come with a later onboard version)"
+            "only: write what to run there with `onboard validate MODEL --spec SPEC "
+            "--target {target} --emit DIR`, then read its results back with "
+            "`--ingest DIR`"
         ).format(target=target)
         result.checks = [Check.not_run(name, reason) for name in names]
         result.write(out_dir)

@@ -25,9 +25,11 @@ def load_model(manifest: dict, here: Path, dtype: str, device: str | None):
 
     model = manifest["model"]
     kwargs = {"dtype": getattr(torch, dtype), "trust_remote_code": True}
-    if device:
+    # device_map (accelerate) spreads a large model over the GPUs; on CPU the
+    # model loads plainly.
+    if device and device != "cpu":
         kwargs["device_map"] = device
-    elif torch.cuda.is_available():
+    elif not device and torch.cuda.is_available():
         kwargs["device_map"] = "auto"
     try:
         AutoConfig.from_pretrained(model)
