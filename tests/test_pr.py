@@ -425,3 +425,65 @@ def test_cli_exit_codes(generated, tmp_path):
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2
     assert "no vllm/ directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# -- features the bundled specs do not switch on ---------------------------------
+
+
+def test_mla_with_a_new_model_type_joins_vllms_mla_list(tmp_path):
+    """vLLM decides MLA from a list of model types: a new MLA model type must be
+    added there (an out-of-tree plugin cannot)."""
+    import yaml
+
+    from onboard.generate import generate_files
+    from onboard.pr import pr_tree_files
+
+    data = yaml.safe_load((ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text())
+    data.update(name="novel-mla", architecture="NovelMlaForCausalLM")
+    data.update(model_type="novel_mla", speculators=[], mtp=None)
+    path = tmp_path / "novel-mla.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in data.items() if v is not None}))
+    spec = load_spec(path)
+    files = pr_tree_files(spec, generate_files(spec))
+    convertor = files["vllm-pr/vllm/transformers_utils/model_arch_config_convertor.py"]
+    function = convertor.split("def is_deepseek_mla(")[1].split("\n    def ")[0]
+    first_list = function.split("model_type in (")[1].split("):")[0]
+    assert '            "novel_mla",\n' in first_list
+    assert first_list.count('"novel_mla"') == 1
+    assert function.count('"novel_mla"') == 1  # not in the EAGLE branch
+    compile(convertor, "model_arch_config_convertor.py", "exec")
+    assert "vllm-pr/vllm/transformers_utils/configs/novel_mla.py" in files
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-style", "novel-launch"])
+def test_mtp_draft_and_its_plumbing(generated, name):
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    module = spec.module_name
+    tree = generated[name] / "vllm-pr"
+    plugin = generated[name] / "plugin" / f"onboard_plugin_{module}"
+    draft = tree / "vllm/model_executor/models" / f"{module}_mtp.py"
+    if not (plugin / f"{module}_mtp.py").exists():
+        # The MTP generator did not write a draft module: said in PR.md.
+        assert not draft.exists()
+        assert "this tree has no MTP draft model" in (tree / "PR.md").read_text()
+        return
+    from onboard.generate.mtp import mtp_draft
+
+    info = mtp_draft(spec)
+    assert draft.is_file()
+    registry = (tree / "vllm/model_executor/models/registry.py").read_text()
+    speculative_table = registry.split("_SPECULATIVE_DECODING_MODELS = {")[1]
+    entry = f'"{info.architecture}": ("{module}_mtp", "{info.class_name}"),'
+    assert entry in speculative_table.split("\n}")[0]
+    speculative = tree / "vllm/config/speculative.py"
+    assert speculative.exists() == info.override
+    if info.override:  # a model type vLLM does not map to an MTP draft
+        text = speculative.read_text()
+        literal = text.split("MTPModelTypes = Literal[")[1].split("]")[0]
+        assert f'"{spec.model_type}_mtp",' in literal
+        override = text.split("def hf_config_override(")[1].split("\n    @")[0]
+        branch = override.split(f'if hf_config.model_type == "{spec.model_type}":')[1]
+        assert f'hf_config.model_type = "{spec.model_type}_mtp"' in branch
+        assert f'"architectures": ["{info.architecture}"]' in branch
+        assert override.rstrip().endswith("return hf_config")
+        compile(text, "speculative.py", "exec")

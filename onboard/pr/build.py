@@ -113,6 +113,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     ]
     mtp_source = plugin_files.get(f"{package}/{module}_mtp.py")
     mtp_arch = None
+    new_mtp_type = False  # the draft gets a model type vLLM does not know
     if spec.mtp is not None and mtp_source is None:
         notes.append(
             f"The spec has {spec.mtp.num_heads} MTP head(s) but the generator wrote "
@@ -126,6 +127,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
         draft = mtp_draft(spec)
         mtp_arch, mtp_class = draft.architecture, draft.class_name
         files[f"{MODELS}/{module}_mtp.py"] = vllm_source(mtp_source)
+        new_mtp_type = draft.override
         if draft.override:
             mtp_type = f"{spec.model_type}_mtp"
             layers_key = _mtp_layers_key(spec)
@@ -201,7 +203,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     if spec.attention.type == "mla":
         # vLLM decides MLA (KV-cache layout, backend) from a list of model types.
         for model_type in [spec.model_type] + (
-            [f"{spec.model_type}_mtp"] if mtp_source is not None and mtp_arch else []
+            [f"{spec.model_type}_mtp"] if new_mtp_type else []
         ):
             edits.append(
                 Edit(
