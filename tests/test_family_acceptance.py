@@ -244,6 +244,7 @@ def _pip_install_target(plugin_dir: Path, site: Path, tmp: Path) -> None:
     shutil.rmtree(src)
 
 
+@pytest.mark.acceptance  # ~30 s of pip builds; make test's budget is spent
 def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
     """`validate --installed-plugin` reads the plugin from pip's .dist-info and puts
     nothing of its own on the engine's path (no engine here)."""
