@@ -15,85 +15,73 @@ from dataclasses import dataclass
 
 PINNED_VLLM = "0.32.0"
 
-# Versions whose APIs the table below describes (oldest first).
-KNOWN_VERSIONS = ("0.11.0", "0.14.0", "0.32.0")
+# The versions the table below compares: the pinned one, and the older 0.x
+# releases whose model files used the "before" APIs (vLLM's model sources of the
+# 0.11 line import SharedFusedMoE from vllm.model_executor.layers.shared_fused_moe).
+KNOWN_VERSIONS = ("0.11", PINNED_VLLM)
 
 
 @dataclass(frozen=True)
 class ApiChange:
-    version: str  # first vLLM version with the new API
+    version: str  # the version that has the new API (the pinned one)
     area: str
     before: str
     after: str
-    used_by: str  # what in the generated code depends on it
+    used_by: str  # what in onboard depends on it
 
 
-# Each row was read from the vLLM sources of both versions (the "after" side from
-# the installed 0.32.0: vllm/model_executor/layers/fused_moe/__init__.py,
-# registry.py, transformers_utils/).
+# The "after" side is read from the installed vLLM 0.32.0 (tests/test_pr.py checks
+# the fused-MoE exports); the "before" side from vLLM's older model sources.
 API_CHANGES: tuple[ApiChange, ...] = (
     ApiChange(
-        "0.32.0",
+        PINNED_VLLM,
         "fused MoE layer",
-        "`from vllm.model_executor.layers.fused_moe import FusedMoE`; "
-        "`FusedMoE(num_experts, top_k, hidden_size, intermediate_size, "
-        "renormalize, ...)` built in the model, router a `ReplicatedLinear` gate "
-        "called before the experts",
+        "`from vllm.model_executor.layers.fused_moe import FusedMoE`; the model "
+        "builds `FusedMoE(num_experts=, top_k=, hidden_size=, intermediate_size=, "
+        "renormalize=, ...)` and calls its own router (`ReplicatedLinear` gate) "
+        "before the experts",
         "`from vllm.model_executor.layers.fused_moe import FusedMoEFactory, "
         "GateLinear`; the factory returns a `MoERunner` that owns the "
-        "`GateLinear` router and the shared experts (`SharedExperts`); "
-        "`FusedMoE` is no longer exported",
+        "`GateLinear` router and the shared experts; `FusedMoE` is no longer "
+        "exported",
         "templates/vllm/components/moe.py.j2",
     ),
     ApiChange(
-        "0.32.0",
+        PINNED_VLLM,
         "shared experts",
-        "`SharedFusedMoE(shared_experts=..., ...)` from "
-        "`vllm.model_executor.layers.fused_moe.shared_fused_moe`",
-        "shared experts handed to `FusedMoEFactory` and run by the `MoERunner` "
-        "(`vllm.model_executor.layers.fused_moe.runner.shared_experts`)",
+        "`SharedFusedMoE(shared_experts=..., ...)`, first from "
+        "`vllm.model_executor.layers.shared_fused_moe`, later "
+        "`vllm.model_executor.layers.fused_moe.shared_fused_moe`, then merged "
+        "into `FusedMoE`",
+        "`FusedMoEFactory(shared_experts=..., gate=...)`; the `MoERunner` runs "
+        "them (`vllm.model_executor.layers.fused_moe.runner.shared_experts`)",
         "templates/vllm/components/moe.py.j2",
     ),
     ApiChange(
-        "0.32.0",
+        PINNED_VLLM,
         "expert weight loading",
-        "`FusedMoE.make_expert_params_mapping(...)` + per-expert "
+        "`FusedMoE.make_expert_params_mapping(...)` and per-expert "
         "`weight_loader` calls in the model's `load_weights`",
-        "`MoERunner.load_weights` (`fused_moe_make_expert_params_mapping` "
-        "for models that still map by hand)",
+        "`AutoWeightsLoader` reaches the `MoERunner`'s own `load_weights` (the "
+        "mapping helper is module-level: `fused_moe_make_expert_params_mapping`)",
         "templates/vllm/components/causal_lm.py.j2",
     ),
     ApiChange(
-        "0.14.0",
-        "rope arguments",
-        "`get_rope(head_size, rotary_dim, max_position, base, rope_scaling)`",
-        "`get_rope(..., rope_parameters=config.rope_parameters)` (theta, "
-        "scaling and partial rotary factor in one dict)",
-        "templates/vllm/components/attention_gqa.py.j2",
-    ),
-    ApiChange(
-        "0.14.0",
-        "attention layer import",
-        "`from vllm.attention import Attention`",
-        "`from vllm.model_executor.layers.attention import Attention`",
-        "templates/vllm/components/attention_gqa.py.j2",
-    ),
-    ApiChange(
-        "0.32.0",
+        PINNED_VLLM,
         "MLA model types",
         "`ModelConfig.is_deepseek_mla` in vllm/config/model.py",
-        "`ModelArchConfigConvertorBase.is_deepseek_mla` in "
+        "`is_deepseek_mla` of the config convertor in "
         "vllm/transformers_utils/model_arch_config_convertor.py",
-        "onboard/pr/edits.py (mla_model_type)",
+        "onboard/pr/build.py (CONVERTOR edit)",
     ),
     ApiChange(
-        "0.32.0",
+        PINNED_VLLM,
         "config classes of new model types",
-        "`_CONFIG_REGISTRY` in vllm/transformers_utils/config.py imports each "
-        "class from vllm.transformers_utils.configs",
+        "`_CONFIG_REGISTRY` in vllm/transformers_utils/config.py maps model "
+        "types to imported classes",
         "`_CONFIG_REGISTRY` is a `LazyConfigDict` of class *names*, resolved "
         "through `_CLASS_TO_MODULE` in vllm/transformers_utils/configs/__init__.py",
-        "onboard/pr/edits.py (config_registry, configs_export)",
+        "onboard/pr/build.py (CONFIG_PY, CONFIGS edits)",
     ),
 )
 
