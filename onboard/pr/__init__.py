@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onboard.errors import InputError
 from onboard.pr.build import (
@@ -25,9 +26,10 @@ from onboard.pr.build import (
     tree_version,
     unified_diff,
 )
-from onboard.pr.describe import latest_validation, render_pr_md
 from onboard.pr.versions import PINNED_VLLM
-from onboard.spec.model import ModelSpec
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
 
 TREE = "vllm-pr"
 __all__ = ["PINNED_VLLM", "TREE", "pr_tree_files", "write_pr_md"]
@@ -39,6 +41,8 @@ def pr_tree_files(
     """``vllm-pr/...`` path -> text. ``generated`` is generate_files' output (the
     plugin's rendered model is consumed from it); ``out_dir`` is where a previous
     validation.json may be found for PR.md."""
+    from onboard.pr.describe import latest_validation, render_pr_md
+
     plugin = {
         path.split("/", 1)[1]: text
         for path, text in generated.items()
@@ -100,6 +104,7 @@ def write_pr_md(spec_path: Path, gen_dir: Path, validation: Path | None) -> Path
     validation.json found next to GEN_DIR)."""
     from onboard.fsutil import atomic_write_text
     from onboard.generate import generate_files
+    from onboard.pr.describe import latest_validation, render_pr_md
     from onboard.spec import load_spec
 
     spec = load_spec(spec_path)

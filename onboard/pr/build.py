@@ -15,15 +15,14 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onboard.errors import InputError
-from onboard.generate.context import class_prefix
-from onboard.generate.plugin import package_name
-from onboard.generate.render import render_python
 from onboard.pr.edits import Edit, EditError, apply_edits
 from onboard.pr.versions import PINNED_VLLM
-from onboard.spec.hf import hf_config_from_spec, transformers_knows
-from onboard.spec.model import ModelSpec
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
 
 COPYRIGHT = "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project"
 MODELS = "vllm/model_executor/models"
@@ -84,6 +83,8 @@ def _call_entry(key: str, call: str, args: list[str]) -> str:
 
 
 def _mtp_layers_key(spec: ModelSpec) -> str:
+    from onboard.spec.hf import hf_config_from_spec
+
     config = hf_config_from_spec(spec)
     for key in ("num_nextn_predict_layers", "num_mtp_layers"):
         if key in config:
@@ -93,6 +94,12 @@ def _mtp_layers_key(spec: ModelSpec) -> str:
 
 def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     """New files and edits of the vLLM pull request for ``spec``."""
+    # (imported here: `onboard pr check|apply` needs none of the generator)
+    from onboard.generate.context import class_prefix
+    from onboard.generate.plugin import package_name
+    from onboard.generate.render import render_python
+    from onboard.spec.hf import transformers_knows
+
     module = spec.module_name
     package = package_name(spec)
     arch = spec.architecture
@@ -232,6 +239,8 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
 def _tests_and_docs(
     spec: ModelSpec, mtp_arch: str | None, new_model_type: bool
 ) -> list[Edit]:
+    from onboard.generate.context import class_prefix
+
     repo = f'"{spec.base_checkpoint}"' if spec.base_checkpoint else f'"{spec.name}"'
     args = [repo]
     if new_model_type:
