@@ -30,7 +30,7 @@ max_position_embeddings: 4096
 # name -> (architecture, YAML body after the base fields)
 _VARIANTS: dict[str, tuple[str, str]] = {
     # LayerNorm, GELU (tanh), MHA without head_dim, biases, partial rotary,
-    # linear rope scaling, tied embeddings, every layer sliding.
+    # linear rope scaling, tied embeddings, every layer sliding, a dense MTP head.
     "var-layernorm-mha": (
         "VarLayernormMhaForCausalLM",
         """
@@ -45,10 +45,12 @@ attention:
   sliding_window: 128
 rope: {theta: 10000.0, scaling: {type: linear, factor: 2.0}}
 mlp: {intermediate_size: 512}
+mtp: {num_heads: 1, mlp: dense}
 """,
     ),
     # Interleaved rope, yarn, explicit layer types, qwen layout with a gated
-    # shared expert, softmax routing without renormalisation, MoE every 2nd layer.
+    # shared expert, softmax routing without renormalisation, MoE every 2nd layer,
+    # an MoE MTP head.
     "var-qwen-gated": (
         "VarQwenGatedForCausalLM",
         """
@@ -75,6 +77,7 @@ mlp:
     shared_expert_gate: true
     layer_frequency: 2
     router: {scoring: softmax, norm_topk_prob: false}
+mtp: {num_heads: 1, mlp: moe}
 checkpoint: {layout: qwen}
 """,
     ),
@@ -99,12 +102,13 @@ mlp:
 checkpoint: {layout: mixtral}
 """,
     ),
-    # Checkpoint names that need renaming: overridden roles.
+    # Checkpoint names that need renaming: overridden roles (MTP ones too).
     "var-renamed": (
         "VarRenamedForCausalLM",
         """
 attention: {num_heads: 4, num_kv_heads: 2, qk_norm: true}
 mlp: {intermediate_size: 512}
+mtp: {num_heads: 2, mlp: dense}
 checkpoint:
   layout: llama
   tensor_names:
@@ -112,6 +116,8 @@ checkpoint:
     o_proj: model.layers.{layer}.attn.wo
     embed: model.tok_embeddings
     q_norm: model.layers.{layer}.attn.q_layernorm
+    mtp_eh_proj: model.layers.{layer}.mtp_proj
+    mtp_head_norm: model.layers.{layer}.mtp_head.norm
 """,
     ),
 }

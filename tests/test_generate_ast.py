@@ -105,7 +105,13 @@ def test_generated_files_import_no_model_module(name):
         p: s for p, s in files.items() if p.startswith("plugin/") and p.endswith(".py")
     }
     spec = any_spec(name)
-    assert len(py) in (2, 3)  # + config.py for a model type transformers lacks
+    package = f"plugin/onboard_plugin_{spec.module_name}"
+    expected = {f"{package}/__init__.py", f"{package}/{spec.module_name}.py"}
+    if spec.mtp is not None:
+        expected.add(f"{package}/{spec.module_name}_mtp.py")  # the MTP draft
+    # + config.py for a model type transformers lacks
+    assert set(py) - expected in (set(), {f"{package}/config.py"})
+    assert expected <= set(py)
     problems = [
         p for path, src in py.items() for p in check_file(path, src, spec.module_name)
     ]

@@ -16,6 +16,7 @@ from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.generate.config_fields import GenerationError
 from onboard.generate.context import build_context
+from onboard.generate.mtp import mtp_module_name
 from onboard.generate.plugin import model_class_path, package_name, plugin_files
 from onboard.generate.render import RenderError, render_python
 from onboard.reference import render_reference
@@ -30,6 +31,7 @@ __all__ = [
     "model_class_path",
     "package_name",
     "render_model",
+    "render_mtp",
 ]
 
 
@@ -43,11 +45,23 @@ def render_model(spec: ModelSpec) -> str:
     )
 
 
+def render_mtp(spec: ModelSpec) -> str:
+    """Source of the MTP draft file for a spec with MTP heads (formatted,
+    lint-checked); see :mod:`onboard.generate.mtp`."""
+    return render_python(
+        "vllm/mtp.py.j2",
+        build_context(spec, mtp=True),
+        f"{mtp_module_name(spec)}.py",
+        body_template="vllm/mtp_body.py.j2",
+    )
+
+
 def generate_files(spec: ModelSpec) -> dict[str, str]:
     """Relative path (under the output directory) -> text, for every output file."""
+    mtp_source = render_mtp(spec) if spec.mtp is not None else None
     files = {
         f"plugin/{path}": text
-        for path, text in plugin_files(spec, render_model(spec)).items()
+        for path, text in plugin_files(spec, render_model(spec), mtp_source).items()
     }
     if not transformers_knows(spec.model_type):
         try:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.generate.config_fields import ConfigFields, GenerationError
+from onboard.generate.mtp import MTP_ROLES, mtp_draft
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
 
@@ -292,16 +293,30 @@ def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
 # ---- the context ---------------------------------------------------------------------
 
 
-def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
+def build_context(
+    spec: ModelSpec, hf: dict | None = None, *, mtp: bool = False
+) -> dict[str, Any]:
+    """Template context of the model file, or with ``mtp`` of the MTP draft file.
+
+    An MTP block is a full-attention decoder block (no sliding window, no KV
+    sharing) whose MLP is the spec's ``mtp.mlp``; it has no per-layer plan, so
+    nothing in the MTP file looks a layer up in a per-layer config list (which
+    only covers the ``num_hidden_layers`` decoder layers).
+    """
     f = ConfigFields(spec, hf)
     att = spec.attention
     moe = spec.mlp.moe
     layers = spec.layers()
     is_mla = att.type == "mla"
-    has_moe = moe is not None
-    has_dense = any(not layer.moe for layer in layers)
-    has_shared = bool(moe and moe.num_shared_experts)
-    has_shared_gate = bool(moe and moe.shared_expert_gate)
+    if mtp:
+        assert spec.mtp is not None
+        has_moe = spec.mtp.mlp == "moe"
+        has_dense = not has_moe
+    else:
+        has_moe = moe is not None
+        has_dense = any(not layer.moe for layer in layers)
+    has_shared = bool(has_moe and moe and moe.num_shared_experts)
+    has_shared_gate = bool(has_moe and moe and moe.shared_expert_gate)
 
     cfg: dict[str, str | None] = {
         "vocab_size": f.need("vocab_size", spec.vocab_size),
@@ -317,7 +332,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     # -- attention
     types = spec.layer_attention_types()
     sliding = "none"
-    if "sliding_attention" in types:
+    if "sliding_attention" in types and not mtp:
         sliding = "all" if set(types) == {"sliding_attention"} else "mixed"
         cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
         if sliding == "mixed":
@@ -347,7 +362,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         ):
             f.need("head_dim", spec.head_dim)
 
-    kv_sharing = bool(att.kv_sharing)
+    kv_sharing = bool(att.kv_sharing) and not mtp
     if kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
 
@@ -358,7 +373,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
             "intermediate_size", spec.mlp.intermediate_size
         )
     moe_ctx: dict[str, Any] = {}
-    if moe is not None:
+    if moe is not None and has_moe:
         cfg["num_experts"] = f.need("num_experts", moe.num_experts)
         cfg["num_experts_per_tok"] = f.need(
             "num_experts_per_tok", moe.num_experts_per_tok
@@ -411,7 +426,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
                 "platform; the CPU's plain top-k path is softmax-only.",
                 width=72,
             ),
-            "layer_expr": _moe_layer_expr(spec, f),
+            "layer_expr": None if mtp else _moe_layer_expr(spec, f),
             "scoring": router.scoring,
             "renormalize": router.norm_topk_prob,
             "bias_correction": router.bias_correction,
@@ -456,6 +471,8 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
         if has_shared_gate:
             roles.append("shared_expert_gate")
+    if mtp:
+        roles += list(MTP_ROLES)
     renames = _renames(spec, roles, vllm_paths)
 
     def rel(role: str) -> list[str]:
@@ -552,7 +569,7 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         or bool(moe_ctx and moe_ctx["layer_expr"] and has_dense),
         "summary": _summary(spec),
         "rope_comment": _rope_comment(spec),
-        "attn_doc": _attn_doc(spec),
+        "attn_doc": _attn_doc(spec, mtp),
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
@@ -564,6 +581,9 @@ def build_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
         "tie": spec.tie_word_embeddings,
         "mtp": spec.mtp is not None,
+        "mtp_file": mtp,
+        "mtp_doc": _mtp_doc(spec) if mtp else "",
+        "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
         "mtp_prefixes": mtp_prefixes,
         "names": SimpleNamespace(**names),
         "renames": renames,
@@ -601,7 +621,7 @@ def _kv_target_expr(name: str, value: Any) -> str:
 # ---- docstrings ------------------------------------------------------------------
 
 
-def _attn_doc(spec: ModelSpec) -> str:
+def _attn_doc(spec: ModelSpec, mtp: bool = False) -> str:
     att = spec.attention
     if att.type == "mla":
         mla = att.mla
@@ -629,13 +649,15 @@ def _attn_doc(spec: ModelSpec) -> str:
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     kinds = set(spec.layer_attention_types())
-    if "sliding_attention" in kinds:
+    if mtp:
+        parts.append("full attention (an MTP block)")
+    elif "sliding_attention" in kinds:
         parts.append(
             "sliding-window on the layers the config's layer types mark"
             if len(kinds) > 1
             else "sliding-window on every layer"
         )
-    if att.kv_sharing:
+    if att.kv_sharing and not mtp:
         parts.append("KV-cache sharing across layers")
     return "Attention: " + ", ".join(parts) + "."
 
@@ -700,3 +722,22 @@ def _rope_comment(spec: ModelSpec) -> str:
     if spec.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
     return f"rope_parameters holds {_listed(parts)}."
+
+
+def _mtp_doc(spec: ModelSpec) -> str:
+    """Module docstring body of the MTP draft file."""
+    assert spec.mtp is not None
+    draft = mtp_draft(spec)
+    mlp = "an MoE" if spec.mtp.mlp == "moe" else "a dense"
+    paragraphs = [
+        f"{spec.mtp.num_heads} multi-token-prediction head(s), stored in the "
+        "target checkpoint as layers num_hidden_layers + i. Head i reads the "
+        "previous hidden state h (the target's last one for head 0) and the next "
+        "token t: h_i = block_i(eh_proj(concat(enorm(embed(t)), hnorm(h)))), "
+        "logits_i = shared_head.head(shared_head.norm(h_i)). Each block is a "
+        f"full-attention decoder block with {mlp} MLP.",
+        'vLLM builds this class for speculative_config {"method": "mtp"} under '
+        f"the architecture name {draft.architecture}, and then replaces its "
+        "embedding and output head by the target model's.",
+    ]
+    return "\n\n".join(textwrap.fill(p, width=85) for p in paragraphs)

@@ -8,12 +8,14 @@ Layout (other stages rely on these exact names)::
       onboard_plugin_<module_name>/
         __init__.py           # register(): ModelRegistry.register_model(...)
         <module_name>.py      # the model; class named spec.architecture
+        <module_name>_mtp.py  # only with MTP heads: the MTP draft model
         config.py             # only for a model type transformers does not know
 """
 
 from __future__ import annotations
 
 from onboard.generate.context import class_prefix
+from onboard.generate.mtp import mtp_draft, mtp_module_name
 from onboard.generate.render import render_python, render_template
 from onboard.spec.model import ModelSpec
 
@@ -39,7 +41,9 @@ def transformers_knows(model_type: str) -> bool:
     return model_type in CONFIG_MAPPING
 
 
-def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
+def plugin_files(
+    spec: ModelSpec, model_source: str, mtp_source: str | None = None
+) -> dict[str, str]:
     """Relative path -> text of every file of the plugin directory."""
     package = package_name(spec)
     new_model_type = not transformers_knows(spec.model_type)
@@ -51,6 +55,9 @@ def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
         "version": PLUGIN_VERSION,
         "new_model_type": new_model_type,
         "config_class": f"{class_prefix(spec.architecture)}Config",
+        "mtp": mtp_draft(spec) if mtp_source is not None else None,
+        "mtp_module": mtp_module_name(spec),
+        "num_mtp_field": _num_mtp_field(spec) if mtp_source is not None else None,
     }
     files = {
         "pyproject.toml": render_template("plugin/pyproject.toml.j2", context),
@@ -60,9 +67,19 @@ def plugin_files(spec: ModelSpec, model_source: str) -> dict[str, str]:
         ),
         f"{package}/{spec.module_name}.py": model_source,
     }
+    if mtp_source is not None:
+        files[f"{package}/{mtp_module_name(spec)}.py"] = mtp_source
     if new_model_type:
         # Without it vLLM cannot even read config.json of a new model type.
         files[f"{package}/config.py"] = render_python(
             "plugin/config.py.j2", context, f"{package}/config.py"
         )
     return files
+
+
+def _num_mtp_field(spec: ModelSpec) -> str:
+    """The config attribute holding the number of MTP heads."""
+    from onboard.generate.config_fields import ConfigFields
+
+    assert spec.mtp is not None
+    return ConfigFields(spec).need("num_mtp_layers", spec.mtp.num_heads)

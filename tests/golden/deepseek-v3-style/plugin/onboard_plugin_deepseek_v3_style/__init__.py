@@ -5,10 +5,15 @@
 vLLM runs ``register`` through this package's ``vllm.general_plugins`` entry point
 in every process it starts; the model class is imported only when vLLM builds the
 model (``deepseek_v3_style.py`` in this package).
+The MTP draft (``deepseek_v3_style_mtp.py``) is what vLLM builds for
+``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
+DeepSeekMTPModel.
 """
 
 ARCHITECTURE = "DeepseekV3ForCausalLM"
 MODEL_CLASS = "onboard_plugin_deepseek_v3_style.deepseek_v3_style:DeepseekV3ForCausalLM"
+MTP_ARCHITECTURE = "DeepSeekMTPModel"
+MTP_CLASS = "onboard_plugin_deepseek_v3_style.deepseek_v3_style_mtp:DeepseekV3MTP"
 
 
 def register() -> None:
@@ -19,3 +24,4 @@ def register() -> None:
     # architecture vLLM ships in-tree; registering the same lazy class again
     # leaves the registry as it was.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)

@@ -5,10 +5,54 @@
 vLLM runs ``register`` through this package's ``vllm.general_plugins`` entry point
 in every process it starts; the model class is imported only when vLLM builds the
 model (``novel_launch.py`` in this package).
+The MTP draft (``novel_launch_mtp.py``) is what vLLM builds for
+``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
+NovelLaunchMTPModel.
 """
 
 ARCHITECTURE = "NovelLaunchForCausalLM"
 MODEL_CLASS = "onboard_plugin_novel_launch.novel_launch:NovelLaunchForCausalLM"
+MTP_ARCHITECTURE = "NovelLaunchMTPModel"
+MTP_CLASS = "onboard_plugin_novel_launch.novel_launch_mtp:NovelLaunchMTP"
+MODEL_TYPE = "novel_launch"
+
+
+def mtp_hf_config_override(hf_config):
+    """vLLM's ``SpeculativeConfig.hf_config_override``, extended to MODEL_TYPE.
+
+    vLLM 0.32 derives an MTP draft's config from the target's in that function,
+    for a fixed list of model types, and accepts method "mtp" only when the draft's
+    model type is one of its ``MTPModelTypes``. For MODEL_TYPE the draft gets the
+    generic MTP model type "mtp", its head count as ``n_predict``, and
+    MTP_ARCHITECTURE, which ``register()`` maps to the generated class.
+    """
+    _install_mtp_override()  # in a process that has not run the plugins yet
+    hf_config = mtp_hf_config_override.__wrapped__(hf_config)
+    if hf_config.model_type == MODEL_TYPE:
+        hf_config.model_type = "mtp"
+        hf_config.update(
+            {
+                "n_predict": hf_config.num_nextn_predict_layers,
+                "architectures": [MTP_ARCHITECTURE],
+            }
+        )
+    return hf_config
+
+
+def _install_mtp_override() -> None:
+    """Put mtp_hf_config_override in front of vLLM's, once per process (other
+    plugins may have wrapped it too: the chain is followed through
+    ``__wrapped__``)."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    current = SpeculativeConfig.hf_config_override
+    link = current
+    while link is not None:
+        if link is mtp_hf_config_override:
+            return
+        link = getattr(link, "__wrapped__", None)
+    mtp_hf_config_override.__wrapped__ = current
+    SpeculativeConfig.hf_config_override = staticmethod(mtp_hf_config_override)
 
 
 def register() -> None:
@@ -28,3 +72,5 @@ def register() -> None:
     # architecture vLLM ships in-tree; registering the same lazy class again
     # leaves the registry as it was.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
+    _install_mtp_override()

@@ -31,6 +31,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
@@ -216,15 +217,26 @@ class NovelLaunchAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scaling = self.head_dim**-0.5
 
-        self.qkv_proj = QKVParallelLinear(
-            self.hidden_size,
-            self.head_dim,
-            self.total_num_heads,
-            self.total_num_kv_heads,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.qkv_proj",
-        )
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        if kv_sharing_target_layer_name is None:
+            self.qkv_proj = QKVParallelLinear(
+                self.hidden_size,
+                self.head_dim,
+                self.total_num_heads,
+                self.total_num_kv_heads,
+                bias=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.qkv_proj",
+            )
+        else:
+            # This layer reads an earlier layer's KV cache: queries only.
+            self.q_proj = ColumnParallelLinear(
+                self.hidden_size,
+                self.total_num_heads * self.head_dim,
+                bias=False,
+                quant_config=quant_config,
+                prefix=f"{prefix}.q_proj",
+            )
         self.o_proj = RowParallelLinear(
             self.total_num_heads * self.head_dim,
             self.hidden_size,
@@ -233,7 +245,8 @@ class NovelLaunchAttention(nn.Module):
             prefix=f"{prefix}.o_proj",
         )
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        if kv_sharing_target_layer_name is None:
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         # rope_parameters holds theta.
         self.rotary_emb = get_rope(
             self.head_dim,
@@ -258,6 +271,8 @@ class NovelLaunchAttention(nn.Module):
         positions: torch.Tensor,
         hidden_states: torch.Tensor,
     ) -> torch.Tensor:
+        if self.kv_sharing_target_layer_name is not None:
+            return self._forward_queries_only(positions, hidden_states)
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # RMS-normalise every head of q and k before rope.
@@ -269,6 +284,39 @@ class NovelLaunchAttention(nn.Module):
         attn_output = self.attn(q, k, v)
         output, _ = self.o_proj(attn_output)
         return output
+
+    def _forward_queries_only(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        # Keys and values come from the target layer's KV cache.
+        q, _ = self.q_proj(hidden_states)
+        q_by_head = q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim)
+        q = self.q_norm(q_by_head).view(q.shape)
+        q, _ = self.rotary_emb(positions, q, None)
+        attn_output = self.attn(q, None, None)
+        output, _ = self.o_proj(attn_output)
+        return output
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if self.kv_sharing_target_layer_name is not None:
+            weights = self._queries_only_weights(weights)
+        return AutoWeightsLoader(self).load_weights(weights)
+
+    @staticmethod
+    def _queries_only_weights(
+        weights: Iterable[tuple[str, torch.Tensor]],
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        # The checkpoint's q/k/v arrive stacked as qkv_proj (the shard on the
+        # tensor): q goes to q_proj; k and v (and k_norm), which a checkpoint
+        # may still store for this layer, are not used.
+        for name, tensor in weights:
+            if name.startswith("qkv_proj."):
+                if tensor.shard_id != "q":
+                    continue
+                name = "q_proj." + name.removeprefix("qkv_proj.")
+            elif name.startswith("k_norm."):
+                continue
+            yield name, tensor
 
 
 class NovelLaunchDecoderLayer(nn.Module):
