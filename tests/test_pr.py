@@ -487,3 +487,15 @@ def test_mtp_draft_and_its_plumbing(generated, name):
         assert f'"architectures": ["{info.architecture}"]' in branch
         assert override.rstrip().endswith("return hf_config")
         compile(text, "speculative.py", "exec")
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_check_against_the_installed_vllm(generated, name):
+    """The acceptance dry run on the real site-packages (which sits inside this
+    project's git repository: git must not patch relative to the project)."""
+    site = installed_vllm_root()
+    plan = pr.check(generated[name], site)
+    assert plan.kind == "installed package"
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    assert f"vllm/model_executor/models/{spec.module_name}.py" in plan.files
+    assert not (site / f"vllm/model_executor/models/{spec.module_name}.py").exists()
