@@ -86,8 +86,11 @@ ACCURACY_METRICS = (
     ("prompt_logprob_atol", "tolerance (nats)"),
 )
 QUANT_METRICS = (
-    ("kl_divergence", "KL divergence to the 16-bit model"),
+    ("kl_divergence", "KL divergence to the 16-bit model (mean, nats)"),
+    ("kl_divergence_max", "KL divergence, largest at one position (nats)"),
     ("top1_agreement", "top-1 agreement with the 16-bit model"),
+    ("positions", "prompt positions compared"),
+    ("path", "run by (engine, or dequantized into the reference)"),
 )
 SPEC_METRICS = (
     ("mean_acceptance_length", "mean acceptance length"),

@@ -3,7 +3,8 @@ published.
 
 A checkpoint is covered when the validation run was made on it (its recorded
 ``model_dir`` is this directory), or, for a quantized checkpoint, when the run has
-a ``quant:<scheme>`` check for its scheme, or, for the 16-bit checkpoint of a
+a passed ``quant:<scheme>`` check for its scheme (of these very shards, when the
+check recorded their checksums), or, for the 16-bit checkpoint of a
 `new-model` directory, when the run is that directory's own. It may be published
 when the run passed and its coverage check passed; ``--force`` publishes anyway and
 the card says why it was forced.
@@ -118,6 +119,17 @@ def _coverage(
             )
         if check.get("status") != "passed":
             return "", f"the {name} check is {check.get('status')!r}, not passed"
+        # The check records the checksums of the shards it validated (onboard
+        # validate's quant check does); they must be this checkpoint's.
+        validated = (check.get("metrics") or {}).get("shards_sha256")
+        record = (checkpoint.quantize_record or {}).get("shards") or {}
+        mine = {n: (v or {}).get("sha256") for n, v in record.items()}
+        if isinstance(validated, dict) and mine and validated != mine:
+            return "", (
+                f"the {name} check validated other shards than this checkpoint's "
+                f"({checkpoint.dir}; compare the shards' sha256 with its "
+                "onboard-quantize.json)"
+            )
         return f"the {name} check", ""
     root = layout_root(checkpoint.dir)
     if (

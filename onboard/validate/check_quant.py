@@ -57,22 +57,29 @@ class Threshold:
 
 
 # THE per-scheme thresholds (documented in docs/quantize.md and docs/validation.md).
-# Set from the measurements on the bundled tiny checkpoints (docs/quantize.md) with
-# headroom; FP8 keeps ~3 significant bits per weight more than FP4.
+# Set from measurements on the bundled tiny random checkpoints, whose output head is
+# scaled 8x for decisive logits (DESIGN.md): that amplifies every weight error into
+# the logits, so these are far looser than a real model needs (llm-compressor's
+# FP8 checkpoints of real models are at KL ~0.001-0.01). Measured full-vocabulary
+# KL / top-1 of the dequantized weights (dense-gqa, deepseek-v3-style): fp8-dynamic
+# 0.049 / 0.92, 0.062 / 0.90; fp8-block 0.078 / 0.89, 0.070 / 0.88; nvfp4a16
+# 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. A broken checkpoint
+# (wrong scales, nibble order, transposed weights) is at several nats.
 THRESHOLDS: dict[str, Threshold] = {
-    "fp8-dynamic": Threshold(kl_divergence=0.02, top1_agreement=0.95),
-    "fp8-block": Threshold(kl_divergence=0.02, top1_agreement=0.95),
-    "nvfp4": Threshold(kl_divergence=0.15, top1_agreement=0.85),
-    "nvfp4a16": Threshold(kl_divergence=0.10, top1_agreement=0.85),
-    "mxfp4": Threshold(kl_divergence=0.20, top1_agreement=0.80),
+    "fp8-dynamic": Threshold(kl_divergence=0.2, top1_agreement=0.8),
+    "fp8-block": Threshold(kl_divergence=0.2, top1_agreement=0.8),
+    "nvfp4": Threshold(kl_divergence=1.5, top1_agreement=0.55),
+    "nvfp4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
+    "mxfp4": Threshold(kl_divergence=1.8, top1_agreement=0.5),
 }
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
 P_TOP_K = 20
-# The quantized engine runs in bfloat16: vLLM's CPU FP8 linear kernels compute in
-# the activations' dtype and the FP8 MoE / emulation paths are written for 16-bit
-# activations; a 16-bit checkpoint is what a user serves in bf16, too.
-QUANT_ENGINE_DTYPE = "bfloat16"
+# The quantized engine runs in float32 like the main engine, so that the comparison
+# measures the quantization alone, except where vLLM's CPU kernel takes 16-bit
+# activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
+# half", measured); there it runs in bfloat16, and the KL includes bf16 rounding.
+ENGINE_DTYPE = {"fp8-block": "bfloat16"}
 # Roles that must stay byte-identical, by the reason onboard.quantize keeps them.
 GUARDED = {
     "embeddings": ("role embed",),
@@ -98,6 +105,8 @@ def run(ctx, name: str) -> Check:
     except InputError as exc:
         return Check(name, "failed", {"error": str(exc)}, f"could not quantize: {exc}")
     metrics: dict[str, Any] = {"checkpoint": str(qdir), "scheme": scheme}
+    # What `onboard publish` matches against the checkpoint it is asked to publish.
+    metrics["shards_sha256"] = _shard_checksums(qdir)
     problems: list[str] = []
     untouched, bad = untouched_tensors(ctx.spec, ctx.model_dir, qdir, scheme)
     metrics["untouched_tensors"] = untouched
@@ -146,9 +155,8 @@ def run(ctx, name: str) -> Check:
 
 def _path_text(metrics: dict[str, Any]) -> str:
     if metrics["path"] == "engine":
-        return (
-            f"vLLM's CPU engine ({metrics['vllm_model_class']}, {QUANT_ENGINE_DTYPE})"
-        )
+        cls, dtype = metrics["vllm_model_class"], metrics["engine_dtype"]
+        return f"vLLM's CPU engine ({cls}, {dtype})"
     return (
         "the reference on compressed-tensors-dequantized weights, because vLLM's "
         f"CPU engine refused it: {metrics['engine_error']}"
@@ -171,6 +179,12 @@ def _quantized_dir(ctx, scheme: str) -> Path:
     return out
 
 
+def _shard_checksums(qdir: Path) -> dict[str, str]:
+    from onboard.quantize.st_io import file_sha256
+
+    return {p.name: file_sha256(p) for p in sorted(qdir.glob("*.safetensors"))}
+
+
 def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
     """Per prompt, per position 1..n-1: the main engine's top logprobs."""
     reply = ctx.engine.generate(
@@ -181,9 +195,10 @@ def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
 
 def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dict]:
     """Per prompt, [positions, vocab] logprobs of the quantized model, and how."""
+    dtype = ENGINE_DTYPE.get(scheme, "float32")
     options = ctx.engine_options(
         model_dir=qdir,
-        extra={**ctx.options.extra, "dtype": QUANT_ENGINE_DTYPE, "max_logprobs": -1},
+        extra={**ctx.options.extra, "dtype": dtype, "max_logprobs": -1},
     )
     try:
         with ctx.extra_engine(f"quant-{scheme}", options) as engine:
@@ -202,7 +217,7 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
     vocab = ctx.spec.vocab_size
     rows = [_dense(o["prompt_logprobs"][1:], vocab) for o in reply["outputs"]]
     side = {"path": "engine", "vllm_model_class": model_class}
-    side["engine_dtype"] = QUANT_ENGINE_DTYPE
+    side["engine_dtype"] = dtype
     if ctx.plugin is not None and not model_class.startswith(ctx.plugin.package + "."):
         raise RuntimeError(
             f"vLLM instantiated {model_class} for the {scheme} checkpoint, not the "
