@@ -305,11 +305,22 @@ def validate(
             "--no-preflight lets the engine meet a mismatched checkpoint.",
         ),
     ] = True,
+    quantized: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--quantized",
+            metavar="SCHEME=DIR",
+            help="A quantized checkpoint of MODEL_DIR to compare with it "
+            "(runs the quant:SCHEME check); repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html."""
     from onboard.validate import validate as run_validate
 
+    variants = _quantized_option(quantized or [])
+    checks = ",".join([checks, *(f"quant:{s}" for s in variants)])
     result = run_validate(
         model_dir,
         spec,
@@ -317,6 +328,7 @@ def validate(
         out_dir,
         generated=generated,
         checks=checks,
+        quantized=variants,
         vllm_in_tree=vllm_in_tree,
         preflight=preflight,
         log=lambda line: err.print(line, markup=False),
@@ -330,6 +342,18 @@ def validate(
         raise CheckFailed(
             f"validation did not pass (see {out_dir / 'validation.json'})"
         )
+
+
+def _quantized_option(values: list[str]) -> dict[str, Path]:
+    variants = {}
+    for value in values:
+        scheme, sep, path = value.partition("=")
+        if not sep or not scheme or not path:
+            raise InputError(f"--quantized: expected SCHEME=DIR, got {value!r}")
+        if not Path(path).is_dir():
+            raise InputError(f"--quantized: {path}: no such directory")
+        variants[scheme] = Path(path)
+    return variants
 
 
 @app.command("publish")
