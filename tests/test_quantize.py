@@ -420,3 +420,61 @@ def test_non_finite_weights_are_refused(tmp_path):
     assert r.returncode == 2, r.stderr
     assert name in r.stderr and "NaN" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_lean_import_of_compressed_tensors(tmp_path):
+    # `onboard quantize` imports compressed-tensors without transformers or torch's
+    # compiler (docs/benchmarks.md: 8.3 s of a 17 s run), its run-time byte check
+    # against the library still passes, and a later `import transformers` is real.
+    ckpt = write_llama_checkpoint(
+        tmp_path / "bf16", hidden=64, intermediate=128, layers=1, vocab=128,
+        heads=2, kv=1,
+    )  # fmt: skip
+    code = (
+        "import sys\n"
+        "from onboard.quantize import quantize_checkpoint\n"
+        f"quantize_checkpoint({str(ckpt)!r}, 'nvfp4a16', {str(tmp_path / 'q')!r})\n"
+        "print(sorted(m for m in ('transformers', 'torch._dynamo', 'sklearn')"
+        " if m in sys.modules))\n"
+        "import transformers\n"
+        "print(transformers.PreTrainedModel.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == ["[]", "transformers.modeling_utils"]
+
+
+def test_pipeline_quantize_stage_writes_and_reuses(tmp_path):
+    from rich.console import Console
+
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.pipeline import stage_quantize
+    from onboard.pipeline.runner import Context
+    from onboard.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[1] / "model_specs" / "dense-gqa.yaml")
+    spec = spec.model_copy(update={"quantization": ["fp8-dynamic", "mxfp4"]})
+    ctx = Context(spec=spec, out=tmp_path, full=False, console=Console(quiet=True))
+    bf16 = write_tiny_checkpoint(spec, ctx.checkpoints / "bf16", seed=0)
+    stage_quantize.run(ctx)
+    made = {}
+    for scheme in ("fp8-dynamic", "mxfp4"):
+        record = json.loads(
+            (ctx.checkpoints / scheme / "onboard-quantize.json").read_text()
+        )
+        assert record["scheme"] == scheme
+        made[scheme] = (ctx.checkpoints / scheme / "config.json").stat().st_mtime_ns
+    stage_quantize.run(ctx)  # same bf16 files: reused, not rewritten
+    for scheme, mtime in made.items():
+        assert (ctx.checkpoints / scheme / "config.json").stat().st_mtime_ns == mtime
+    # New bf16 weights: the quantized checkpoints are stale and redone.
+    write_tiny_checkpoint(spec, tmp_path / "other", seed=1)
+    for shard in (tmp_path / "other").glob("*.safetensors"):
+        shard.replace(bf16 / shard.name)
+    stage_quantize.run(ctx)
+    fp8 = ctx.checkpoints / "fp8-dynamic"
+    assert (fp8 / "config.json").stat().st_mtime_ns != made["fp8-dynamic"]
+    record = json.loads((fp8 / "onboard-quantize.json").read_text())
+    for name, entry in record["shards"].items():
+        assert file_sha256(fp8 / name) == entry["sha256"]
