@@ -52,6 +52,7 @@ def run(tmp_path_factory) -> dict:
         *[a for s, d in quantized.items() for a in ("--quantized", f"{s}={d}")],
     )  # fmt: skip
     print(f"\nvalidate with two quant checks: {time.perf_counter() - t0:.0f} s")
+    print(f"validation.json: {root / 'validation' / 'validation.json'}")
     path = root / "validation" / "validation.json"
     assert path.is_file(), proc.stdout + proc.stderr
     result = json.loads(path.read_text())
