@@ -47,6 +47,7 @@ import numpy as np
 
 from onboard.errors import InputError
 from onboard.validate.engine import EngineLoadError
+from onboard.validate.reference import ReferenceUnavailable
 from onboard.validate.results import Check
 
 
@@ -208,7 +209,13 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
             )
     except EngineLoadError as exc:
         error = exc.failure.get("error") or str(exc)
-        rows, reference = dequantized_reference_rows(ctx, scheme, qdir)
+        try:
+            rows, reference = dequantized_reference_rows(ctx, scheme, qdir)
+        except ReferenceUnavailable as ref_exc:
+            raise RuntimeError(
+                f"vLLM's CPU engine refused the {scheme} checkpoint ({error}) and "
+                f"the reference could not run it dequantized either: {ref_exc}"
+            ) from None
         return rows, {
             "path": "dequantized-reference",
             "engine_error": error,
