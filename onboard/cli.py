@@ -314,6 +314,14 @@ def validate(
             "(runs the quant:SCHEME check); repeatable.",
         ),
     ] = None,
+    speculators_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--speculators",
+            help="Output of the speculators stage (DIR/speculators): the trained "
+            "draft heads the spec-decode checks serve.",
+        ),
+    ] = None,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html."""
@@ -329,6 +337,7 @@ def validate(
         generated=generated,
         checks=checks,
         quantized=variants,
+        speculators_dir=speculators_dir,
         vllm_in_tree=vllm_in_tree,
         preflight=preflight,
         log=lambda line: err.print(line, markup=False),
