@@ -16,6 +16,7 @@ final one before it is renamed into place.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,10 @@ def run(ctx) -> None:
     final = ctx.speculators.resolve()
     with atomic_directory(final) as tmp:
         tmp = tmp.resolve()
+        if not spec.speculators:
+            note = {"spec": spec.name, "methods": {}, "note": "the spec lists none"}
+            (tmp / "speculators.json").write_text(json.dumps(note, indent=2) + "\n")
+            return
         write_speculators(spec, tmp, source=str(ctx.out / "spec.yaml"))
         tiny = load_spec(bf16 / "spec.yaml")
         write_speculators(tiny, tmp / "tiny", source=str(bf16 / "spec.yaml"))
