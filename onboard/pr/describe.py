@@ -102,7 +102,14 @@ def expected_checks(spec: ModelSpec) -> list[str]:
 def change_lines(plan: PrPlan) -> list[str]:
     lines = [f"new `{path}`" for path in plan.new_files]
     for edit in plan.edits:
-        where = edit.anchor if edit.op in ("entry",) else edit.op
+        if edit.op == "entry" and edit.mode == "replace":
+            where = f"set in `{edit.anchor}`"
+        elif edit.op == "entry":
+            where = f"added to `{edit.anchor}` unless present"
+        elif edit.op == "md_row":
+            where = "row added to the Text Generation table unless present"
+        else:
+            where = "added"
         lines.append(f"`{edit.path}`: `{edit.key}` ({where})")
     return lines
 
