@@ -64,7 +64,7 @@ def _in_tree_run(tmp: Path, name: str) -> None:
             "validate",
             str(ckpt),
             "--spec",
-            str(spec_path),
+            str(ckpt / "spec.yaml"),  # the shrunk spec the checkpoint was made from
             "--generated",
             str(gen),
             "--reference-vllm-in-tree",
@@ -77,6 +77,7 @@ def _in_tree_run(tmp: Path, name: str) -> None:
         timeout=1800,
     )
     print(f"\n{name}: in-tree validate {time.perf_counter() - t0:.1f} s")
+    assert (out / "validation.json").is_file(), run.stdout + run.stderr
     result = json.loads((out / "validation.json").read_text())
     accuracy = next(c for c in result["checks"] if c["name"] == "accuracy")
     print(
