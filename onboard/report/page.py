@@ -57,7 +57,7 @@ pre{background:#f6f8fa;padding:.7em .9em;overflow-x:auto;white-space:pre-wrap;
 .missing{color:#7a5d00;background:#fffbea;border:1px dashed #e6cf7a;
   border-radius:6px;padding:18px;text-align:center}
 .source{color:#57606a;font-size:.85em}
-details summary{cursor:pointer;color:#0b57d0}
+details summary{cursor:pointer;color:#0b57d0}details details{margin-left:1.2em}
 """
 
 ATOL_KEY = "prompt_logprob_atol"
@@ -540,7 +540,8 @@ def _metrics(metrics: dict[str, Any], path: str) -> str:
 
 def _records(rows: list[dict[str, Any]], path: str) -> str:
     keys = list(dict.fromkeys(k for row in rows for k in row))
-    head = "".join(f"<th>{esc(k)}</th>" for k in keys)
+    # Long snake_case column names may break after an underscore.
+    head = "".join(f"<th>{esc(k).replace('_', '_<wbr>')}</th>" for k in keys)
     body = "".join(
         "<tr>"
         + "".join(
