@@ -274,9 +274,16 @@ def new_model(
 
 @app.command("validate")
 def validate(
-    model_dir: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
-    spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
-    out_dir: OutOpt,
+    model_dir: Annotated[
+        Path | None,
+        typer.Argument(help="Checkpoint directory (with --emit: also a Hub id)."),
+    ] = None,
+    spec: Annotated[
+        Path | None, typer.Option("--spec", help="Model spec YAML.")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output directory.")
+    ] = None,
     target: Annotated[
         str, typer.Option(help="Hardware target (cpu runs here).")
     ] = "cpu",
@@ -322,10 +329,31 @@ def validate(
             "draft heads the spec-decode checks serve.",
         ),
     ] = None,
+    emit: Annotated[
+        Path | None,
+        typer.Option(
+            help="GPU targets: write the run script and thresholds to DIR "
+            "instead of running (docs/validation.md)."
+        ),
+    ] = None,
+    ingest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Read back the results of an emitted run (DIR) into "
+            "OUT/TARGET/validation.json."
+        ),
+    ] = None,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
-    it with the reference; write OUT/validation.json and OUT/report.html."""
+    it with the reference; write OUT/validation.json and OUT/report.html. With
+    --emit / --ingest: write what to run on a GPU target, or read its results."""
     from onboard.validate import validate as run_validate
+
+    if emit is not None or ingest is not None:
+        _validate_remote(model_dir, spec, target, out_dir, generated, emit, ingest)
+        return
+    if model_dir is None or spec is None or out_dir is None:
+        raise InputError("validate: MODEL_DIR, --spec and --out are required")
 
     variants = _quantized_option(quantized or [])
     checks = ",".join([checks, *(f"quant:{s}" for s in variants)])
@@ -351,6 +379,33 @@ def validate(
         raise CheckFailed(
             f"validation did not pass (see {out_dir / 'validation.json'})"
         )
+
+
+def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> None:
+    """`validate --emit DIR` (needs MODEL and --spec) or `--ingest DIR --out OUT`."""
+    if emit is not None and ingest is not None:
+        raise InputError("validate: --emit and --ingest exclude each other")
+    if emit is not None:
+        from onboard.validate.emit import emit as run_emit
+
+        if model is None or spec is None:
+            raise InputError("validate --emit: MODEL and --spec are required")
+        run_emit(str(model), spec, target, emit, generated=generated)
+        out.print(f"wrote {emit}/run.sh and {emit}/thresholds.json", markup=False)
+        out.print(f"run on {target}: bash {emit}/run.sh", markup=False)
+        return
+    from onboard.validate.ingest import ingest as run_ingest
+
+    if out_dir is None:
+        raise InputError("validate --ingest: --out is required")
+    result, where = run_ingest(target, ingest, out_dir)
+    for check in result.checks:
+        out.print(f"{check.name}: {check.status}", markup=False)
+        if check.status != "passed" and check.details:
+            out.print(check.details, markup=False)
+    out.print(f"wrote {where / 'validation.json'}", markup=False)
+    if not result.passed:
+        raise CheckFailed(f"validation did not pass (see {where / 'validation.json'})")
 
 
 def _quantized_option(values: list[str]) -> dict[str, Path]:
