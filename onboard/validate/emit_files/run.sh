@@ -66,7 +66,7 @@ phase_env() {
         echo "  \"target\": \"$TARGET\","
         echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
         echo "  \"host\": \"$(hostname)\","
-        echo "  \"vllm\": \"$("$PYTHON" -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)\""
+        echo "  \"vllm\": \"$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo unknown)\""
         echo "}"
     } >"$RESULTS/environment.json"
     (nvidia-smi || rocm-smi || true) >"$RESULTS/devices.txt" 2>&1
