@@ -192,8 +192,8 @@ def test_speculators_directory_config_is_used(layout, tmp_path):
 
 
 def test_validation_sections_follow_the_contract_metric_names():
-    # `onboard validate` does not run these checks yet; this renders entries
-    # named as DESIGN.md's validation.json contract names them.
+    # Entries named as DESIGN.md's validation.json contract names them (the
+    # quant check's real output: tests/test_publish_quant.py).
     data = {
         "passed": True,
         "target": "b200",
@@ -236,7 +236,7 @@ def test_validation_sections_follow_the_contract_metric_names():
             "quant:nvfp4",
             "passed",
             [
-                ("KL divergence to the 16-bit model", "0.01235"),
+                ("KL divergence to the 16-bit model (mean, nats)", "0.01235"),
                 ("top-1 agreement with the 16-bit model", "0.97"),
             ],
         )
