@@ -49,6 +49,8 @@ K_VALUES = (1, 2, 3, 4)
 NEW_TOKENS = 32
 BANDS = {"batch-8": (8, 1), "batch-1": (1, 4)}  # band: (batch size, calls)
 TOLERANCE = 0.15
+# Rounds per band and engine; the fastest counts (see measure).
+REPEATS = 5
 
 
 @dataclass
@@ -102,39 +104,47 @@ def _counters(engine: Engine) -> dict[str, Any]:
 
 
 def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
-    """Time every band on one engine (after one warm-up call)."""
+    """Time every band on one engine (after one warm-up call): each band REPEATS
+    times, keeping the fastest round (the least disturbed on a shared machine);
+    the counters are per round (greedy rounds repeat the same tokens)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
     runs = {}
-    offset = 0
+    start = 0
     for band, (batch, calls) in BANDS.items():
+        chunks = [prompts[start + i * batch : start + (i + 1) * batch]
+                  for i in range(calls)]  # fmt: skip
+        start += batch * calls
         before = _counters(engine)
-        seconds = 0.0
-        for _ in range(calls):
-            chunk = prompts[offset : offset + batch]
-            offset += batch
+        rounds = []
+        for _ in range(REPEATS):
             t0 = time.perf_counter()
-            engine.generate(
-                chunk, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
-            )
-            seconds += time.perf_counter() - t0
+            for chunk in chunks:
+                engine.generate(
+                    chunk, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
+                )
+            rounds.append(time.perf_counter() - t0)
         after = _counters(engine)
 
-        def diff(key, after=after, before=before):
-            return (after.get(PREFIX + key) or 0) - (before.get(PREFIX + key) or 0)
+        def per_round(key, after=after, before=before):
+            return round(
+                ((after.get(PREFIX + key) or 0) - (before.get(PREFIX + key) or 0))
+                / REPEATS
+            )
 
-        per_pos_after = list(after.get(PREFIX + "num_accepted_tokens_per_pos") or [])
-        per_pos_before = list(
-            before.get(PREFIX + "num_accepted_tokens_per_pos") or []
-        ) or [0] * len(per_pos_after)
+        pos_after = list(after.get(PREFIX + "num_accepted_tokens_per_pos") or [])
+        pos_before = list(before.get(PREFIX + "num_accepted_tokens_per_pos") or []) or [
+            0
+        ] * len(pos_after)
         runs[band] = Run(
-            seconds=seconds,
+            seconds=min(rounds),
             sequences=batch * calls,
             calls=calls,
-            drafts=int(diff("num_drafts")),
-            draft_tokens=int(diff("num_draft_tokens")),
-            accepted=int(diff("num_accepted_tokens")),
+            drafts=per_round("num_drafts"),
+            draft_tokens=per_round("num_draft_tokens"),
+            accepted=per_round("num_accepted_tokens"),
             accepted_per_pos=tuple(
-                int(a - b) for a, b in zip(per_pos_after, per_pos_before, strict=True)
+                round((a - b) / REPEATS)
+                for a, b in zip(pos_after, pos_before, strict=True)
             ),
         )
     return runs
