@@ -288,4 +288,6 @@ def _nice(v: float) -> float:
 
 
 def _tick(v: float) -> str:
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"  # 1,000 rather than 1e+03
     return f"{v:.3g}"
