@@ -36,7 +36,12 @@ def run(model: str, token_prompts, max_tokens: int, mla: bool, k: int | None):
 
     extra = {"attention_backend": "CPU_MLA"} if mla else {}
     if k:
-        extra["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+        spec = {"method": "mtp", "num_speculative_tokens": k}
+        if mla:
+            # The draft picks its own attention backend (vLLM never inherits the
+            # target's): float32 MLA needs CPU_MLA there too.
+            spec["attention_backend"] = "CPU_MLA"
+        extra["speculative_config"] = spec
     llm = LLM(
         model=model,
         **extra,

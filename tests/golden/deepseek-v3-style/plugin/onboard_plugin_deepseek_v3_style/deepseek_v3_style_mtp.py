@@ -172,28 +172,6 @@ def yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:
     return 0.1 * mscale * math.log(scale) + 1.0
 
 
-class DeepseekV3RotaryOnFlatHeads(nn.Module):
-    """Applies the rotary embedding to ``[tokens, heads * dim]`` views.
-
-    vLLM 0.32's CPU rotary kernel rotates the strided ``[tokens, heads, dim]`` rope
-    slice of the MLA query wrongly when there is more than one head; flattening
-    the heads first gives the exact rotation on every platform.
-    """
-
-    def __init__(self, rotary_emb: nn.Module) -> None:
-        super().__init__()
-        self.rotary_emb = rotary_emb
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens = q.shape[0]
-        q_rot, k_rot = self.rotary_emb(
-            positions, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
-        )
-        return q_rot.view(q.shape), k_rot.view(k.shape)
-
-
 class DeepseekV3Attention(nn.Module):
     """Multi-head latent attention: keys and values are cached as one compressed latent
     (kv_lora_rank) plus a shared rope key, with queries through a low-rank q_a/q_b
@@ -273,7 +251,9 @@ class DeepseekV3Attention(nn.Module):
         mla_modules = MLAModules(
             kv_a_layernorm=self.kv_a_layernorm,
             kv_b_proj=self.kv_b_proj,
-            rotary_emb=DeepseekV3RotaryOnFlatHeads(self.rotary_emb),
+            # DeepSeek's YaRN rope runs vLLM's PyTorch implementation on CPU,
+            # which takes [tokens, heads, dim] as they are.
+            rotary_emb=self.rotary_emb,
             o_proj=self.o_proj,
             fused_qkv_a_proj=self.fused_qkv_a_proj,
             kv_a_proj_with_mqa=None,
