@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,11 +258,20 @@ def _shards(spec: ModelSpec, plans: list[TensorPlan]) -> list[list[str]]:
 
 
 def write_tiny_checkpoint(
-    spec: ModelSpec, out_dir: Path, seed: int = 0, dtype: str = "bfloat16"
+    spec: ModelSpec,
+    out_dir: Path,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    *,
+    train_mtp: bool = False,
+    mtp_steps: int | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Shrink ``spec`` and write its random checkpoint to ``out_dir`` (atomically).
 
-    Returns ``out_dir``. Same (spec, seed, dtype) -> byte-identical files.
+    With ``train_mtp`` and MTP heads in the spec, the heads are trained by
+    self-distillation (``onboard.checkpoint.mtp_train``) before the directory
+    appears. Returns ``out_dir``. Same arguments -> byte-identical files.
     """
     from onboard.spec.hf import hf_config_from_spec
 
@@ -292,6 +302,11 @@ def write_tiny_checkpoint(
     try:
         with atomic_directory(out_dir) as tmp:
             _write_files(tmp, tiny, config, generation_config, tensors, shards, dtype)
+            if train_mtp and tiny.mtp is not None:
+                from onboard.checkpoint.mtp_train import STEPS, train_mtp_heads
+
+                steps = STEPS if mtp_steps is None else mtp_steps
+                train_mtp_heads(tmp, tiny, steps=steps, seed=seed, log=log)
     except OSError as exc:  # unwritable place, full disk: the user's to fix
         raise InputError(f"{out_dir}: cannot write the checkpoint: {exc}") from None
     return out_dir

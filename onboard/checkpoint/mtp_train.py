@@ -1,0 +1,640 @@
+"""Train a tiny checkpoint's MTP heads by self-distillation, and measure them.
+
+Random MTP heads accept almost nothing, which proves little about speculative
+decoding. :func:`train_mtp_heads` trains them briefly (about a minute of CPU) on
+the tiny model's own greedy continuations: the main model, run by the generated
+Hugging Face reference (its ``mtp_forward`` is DeepSeek-V3's MTP formula, as vLLM
+computes it), continues bundled training prompts greedily; head ``i`` at slot
+``t`` learns the main model's greedy choice for token ``t + i + 2``. Only the MTP
+parameters train (their output head stays the copy of the model's head); they are
+written back into the safetensors shards in place, byte-deterministically for a
+given seed, each shard replaced atomically.
+
+:func:`reference_mtp_acceptance` measures each head's own acceptance with the
+reference on prompts (the accuracy check's prompts are held out from training), so
+that the spec-decode check can show what the engine leaves on the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onboard.errors import InputError
+from onboard.fsutil import atomic_write_text
+from onboard.spec.model import ModelSpec
+
+PROMPT_TOKENS = 16
+NEW_TOKENS = 32
+# Half windows of the bundled calibration text, half random token ids (the text
+# alone is small; the EAGLE-3 trainer measured the same, onboard/speculators).
+NUM_PROMPTS = 256
+BATCH = 16
+STEPS = 200
+# Small: the copy prior is a good start that larger steps destroy (measured).
+LR = 1e-4
+EVAL_EVERY = 50
+REPORT_FILE = "mtp_training.json"
+INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = {"BF16": "bfloat16", "F32": "<f4", "F16": "<f2"}
+
+
+@dataclass
+class HeadAcceptance:
+    """Teacher-forced acceptance of greedy drafts on greedy continuations.
+
+    ``heads[j]`` is the head run at draft position ``j`` (``[0, 1]``: each head its
+    own step; ``[0, 0]``: the first head reused). ``per_head[j]``: how often
+    position ``j``'s draft equals the target's greedy token, on its own;
+    ``per_position[j]``: how often positions ``0..j`` all do (what a speculative
+    decoder accepts at position ``j``); ``mean_acceptance_length``: 1 + their sum
+    (vLLM's definition: tokens per target step)."""
+
+    heads: list[int]
+    per_head: list[float]
+    per_position: list[float]
+    mean_acceptance_length: float
+    slots: int
+    prompts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MTPTrainingReport:
+    checkpoint_dir: str
+    seed: int
+    steps: int
+    kept_step: int  # the step whose heads were kept (0: the copy prior)
+    seconds: float
+    num_prompts: int
+    trained_tensors: list[str]
+    loss_first: float
+    loss_last: float
+    before: HeadAcceptance
+    after: HeadAcceptance
+    heldout: str = "the accuracy check's prompts (onboard.validate.prompts)"
+    losses: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["before"], out["after"] = self.before.to_dict(), self.after.to_dict()
+        return out
+
+
+# ---- the reference ------------------------------------------------------------------
+
+
+def load_mtp_reference(checkpoint_dir: Path, spec: ModelSpec, work_dir: Path):
+    """The generated Hugging Face reference of the checkpoint (float32), which has
+    ``mtp_forward``: generated from the spec even where transformers knows the
+    model type (transformers' classes have no MTP heads)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from onboard.validate.reference import _overlay_with_remote_code
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if spec.mtp is None:
+        raise InputError(f"{spec.name}: the spec has no MTP heads")
+    config = json.loads((checkpoint_dir / "config.json").read_text())
+    overlay = _overlay_with_remote_code(checkpoint_dir, spec, None, config, work_dir)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            overlay,
+            dtype=torch.float32,
+            trust_remote_code=True,
+            output_loading_info=True,
+        )
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise InputError(
+            f"{checkpoint_dir}: the reference found no tensor for {len(missing)} "
+            f"parameters ({', '.join(missing[:6])})"
+        )
+    model.eval()
+    return model
+
+
+def _layers(model):
+    """(base model, its layer list, number of decoder layers) of the reference."""
+    base = getattr(model, model.base_model_prefix)
+    n = model.config.num_hidden_layers
+    for module in base.children():
+        if type(module).__name__ == "ModuleList" and len(module) > n:
+            return base, module, n
+    raise AssertionError("the reference has no MTP layers after its decoder layers")
+
+
+@contextmanager
+def _heads_as(model, heads: Sequence[int]):
+    """Run ``mtp_forward`` with ``heads[j]`` at draft position j."""
+    from torch import nn
+
+    base, layers, n = _layers(model)
+    name = next(k for k, v in base.named_children() if v is layers)
+    swapped = nn.ModuleList([*layers[:n], *(layers[n + h] for h in heads)])
+    setattr(base, name, swapped)
+    try:
+        yield
+    finally:
+        setattr(base, name, layers)
+
+
+@contextmanager
+def _one_thread():
+    # On a shared two-core machine OpenMP threads waiting for each other slow the
+    # tiny model down many times; one thread also makes training reproducible.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def greedy_sequences(model, prompts: Sequence[Sequence[int]], new_tokens: int):
+    """prompt + greedy continuation, per prompt (a list of 1-D tensors): one
+    left-padded batch, so that the decode steps run once for all prompts."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(list(p))
+        mask[row, width - len(p) :] = 1
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [out[row, width - len(p) :].clone() for row, p in enumerate(prompts)]
+
+
+def mtp_acceptance(
+    model,
+    prompts: Sequence[Sequence[int]],
+    heads: Sequence[int],
+    new_tokens: int = NEW_TOKENS,
+) -> HeadAcceptance:
+    """Acceptance of the drafts of ``heads`` (one per draft position) on the
+    model's greedy continuations of ``prompts``."""
+    seqs = greedy_sequences(model, prompts, new_tokens)
+    return sequence_acceptance(model, seqs, [len(p) for p in prompts], heads)
+
+
+def sequence_acceptance(
+    model, seqs, prompt_lens: Sequence[int], heads: Sequence[int], hidden=None
+) -> HeadAcceptance:
+    """Acceptance of ``heads`` on greedy sequences (prompt + continuation).
+
+    A draft round starts at every slot ``t`` whose next token ``t + 1`` is a
+    generated one (after a verification step the last token is always the
+    target's own): position j's draft, from ``heads[j]``, must equal token
+    ``t + j + 2`` of the greedy sequence. Teacher forcing is exact here: when
+    positions 0..j-1 are accepted, their draft tokens are the sequence's.
+    ``hidden``: the main model's last hidden states of ``seqs``, when known."""
+    import torch
+
+    k = len(heads)
+    hits = np.zeros(k)
+    chained = np.zeros(k)
+    slots = 0
+    with _heads_as(model, heads), torch.inference_mode():
+        for n, (plen, seq) in enumerate(zip(prompt_lens, seqs, strict=True)):
+            first, last = plen - 1, len(seq) - 2 - k
+            if last < first:
+                continue
+            with _main_hidden(model, None if hidden is None else hidden[n : n + 1]):
+                logits = model.mtp_forward(seq[None])
+            ok = torch.stack(
+                [
+                    logits[j][0, first : last + 1].argmax(-1)
+                    == seq[first + j + 2 : last + j + 3]
+                    for j in range(k)
+                ]
+            )
+            hits += ok.sum(1).numpy()
+            chained += ok.cumprod(0).sum(1).numpy()
+            slots += last + 1 - first
+    per_head = (hits / max(slots, 1)).tolist()
+    per_position = (chained / max(slots, 1)).tolist()
+    return HeadAcceptance(
+        heads=list(heads),
+        per_head=per_head,
+        per_position=per_position,
+        mean_acceptance_length=1.0 + sum(per_position),
+        slots=slots,
+        prompts=len(prompt_lens),
+    )
+
+
+@contextmanager
+def _main_hidden(model, hidden):
+    """Let ``mtp_forward`` use known main-model hidden states instead of running
+    the (frozen) main model again: the costly part of a training step."""
+    import types
+
+    if hidden is None:
+        yield
+        return
+    base, _, _ = _layers(model)
+    base.forward = lambda *a, **k: types.SimpleNamespace(last_hidden_state=hidden)
+    try:
+        yield
+    finally:
+        del base.forward
+
+
+def copy_prior(model) -> None:
+    """Start each head's ``eh_proj`` embedding half as the least-squares map that
+    makes the head repeat its input token (enorm(embedding of v) -> the output
+    head's row v): greedy continuations of a random model loop, and "the next
+    token repeats this one" is the rule that holds on prompts never seen (54 %
+    of the novel-launch tiny's continuation tokens). Derived from the model's own
+    weights, no data."""
+    import torch
+
+    _, layers, n = _layers(model)
+    embed = model.get_input_embeddings().weight.detach()
+    with torch.no_grad():
+        for head in layers[n:]:
+            e = _child(head, "enorm")(embed).double()
+            out = _child(head, "head").weight.double()
+            target = out / out.pow(2).mean(-1, keepdim=True).sqrt()
+            w = torch.linalg.lstsq(e, target).solution.T
+            proj = _child(head, "eh_proj").weight
+            proj[:, : w.shape[1]] = w.to(proj.dtype)
+
+
+def _calibrate(model, tokens, hidden, teacher) -> float:
+    """Scale every head's output norm by the factor (from a fixed grid) with the
+    lowest cross-entropy on the training data. The copy prior's logits are far
+    too confident where the next token is not a repeat; left so, the first
+    training steps only shrink them, and break the prior on the way."""
+    import torch
+    import torch.nn.functional as F
+
+    _, layers, n = _layers(model)
+    norms = [_child(_child(head, "shared_head"), "norm") for head in layers[n:]]
+    first = PROMPT_TOKENS - 1
+    sample = slice(0, min(64, len(tokens)))
+    with _main_hidden(model, hidden[sample]), torch.inference_mode():
+        logits = model.mtp_forward(tokens[sample])
+    # The norm's weight scales the logits linearly (no bias in the head).
+    best, factor = float("inf"), 1.0
+    for scale in (1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125):
+        loss = sum(
+            F.cross_entropy(
+                scale * lg[:, first:].flatten(0, 1),
+                teacher[sample][:, first + i + 1 :].flatten(),
+            ).item()
+            for i, lg in enumerate(logits)
+        )
+        if loss < best:
+            best, factor = loss, scale
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.mul_(factor)
+    return factor
+
+
+def _child(head, leaf: str):
+    """The head's submodule named ``leaf`` (enorm, eh_proj, shared_head's head)."""
+    return next(m for name, m in head.named_modules() if name.split(".")[-1] == leaf)
+
+
+def reference_mtp_acceptance(
+    checkpoint_dir: Path,
+    spec: ModelSpec,
+    prompts: Sequence[Sequence[int]],
+    k: int | None = None,
+    *,
+    heads: Sequence[int] | None = None,
+    new_tokens: int = NEW_TOKENS,
+) -> HeadAcceptance:
+    """Per-head acceptance of the checkpoint's MTP heads, by the generated
+    reference, on ``prompts`` (token ids). By default draft position j runs head
+    j (k positions, at most the spec's heads); ``heads=[0, 0]`` measures the first
+    head reused at every position (what vLLM's V1 drafter may run)."""
+    if spec.mtp is None:
+        raise InputError(f"{spec.name}: the spec has no MTP heads")
+    if heads is None:
+        k = spec.mtp.num_heads if k is None else k
+        if not 1 <= k <= spec.mtp.num_heads:
+            raise InputError(f"k must be 1..{spec.mtp.num_heads} (the spec's heads)")
+        heads = list(range(k))
+    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, _one_thread():
+        model = load_mtp_reference(Path(checkpoint_dir), spec, Path(tmp))
+        return mtp_acceptance(model, prompts, heads, new_tokens)
+
+
+def heldout_prompts(checkpoint_dir: Path, spec: ModelSpec) -> list[list[int]]:
+    """The accuracy check's prompts as the validate harness tokenizes them."""
+    from onboard.validate.prompts import PROMPTS
+    from onboard.validate.reference import tokenize_prompts
+
+    ids, _ = tokenize_prompts(Path(checkpoint_dir), PROMPTS, spec.vocab_size)
+    return ids
+
+
+def training_prompts(checkpoint_dir: Path, vocab: int, count: int, seed: int):
+    """Windows of the bundled calibration text (never the accuracy check's
+    prompts) and random token ids, ``PROMPT_TOKENS`` each: a [count, T] tensor."""
+    import torch
+
+    text: list[list[int]] = []
+    if (Path(checkpoint_dir) / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        from onboard.speculators.eagle3 import calibration_prompts
+
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
+        text = calibration_prompts(tokenizer, count // 2, PROMPT_TOKENS)
+        text = [t for t in text if max(t) < vocab]
+    gen = torch.Generator().manual_seed(seed)
+    # Ids 0-2 are the bundled tokenizer's special tokens.
+    noise = torch.randint(3, vocab, (count - len(text), PROMPT_TOKENS), generator=gen)
+    if not text:
+        return noise
+    return torch.cat([torch.tensor(text), noise])
+
+
+# ---- training --------------------------------------------------------------------
+
+
+def _trainable(model) -> dict[str, Any]:
+    """The MTP parameters that train, by checkpoint name: every MTP head's
+    parameter except its output head (a copy of the model's, which it keeps)."""
+    _, layers, n = _layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    out = {}
+    for i in range(n, len(layers)):
+        for name, param in layers[i].named_parameters():
+            if name.startswith("shared_head.") and not name.startswith(
+                "shared_head.norm"
+            ):
+                continue
+            out[f"{prefix}.{i}.{name}"] = param
+    return out
+
+
+def train_mtp_heads(
+    checkpoint_dir: Path,
+    spec: ModelSpec,
+    *,
+    steps: int = STEPS,
+    seed: int = 0,
+    num_prompts: int = NUM_PROMPTS,
+    log: Callable[[str], None] | None = None,
+) -> MTPTrainingReport:
+    """Train the MTP heads of the (tiny) checkpoint in ``checkpoint_dir`` on the
+    model's own greedy continuations; write them back into its shards and the
+    report into ``mtp_training.json``. Same checkpoint, steps and seed ->
+    byte-identical files.
+
+    The heads start from :func:`copy_prior`; ``VAL_PROMPTS`` of the training
+    prompts are held aside, and the parameters with the best acceptance on them
+    (checked every ``EVAL_EVERY`` steps, the start included) are kept."""
+    import torch
+    import torch.nn.functional as F
+
+    log = log or (lambda _: None)
+    checkpoint_dir = Path(checkpoint_dir)
+    if spec.mtp is None:
+        raise InputError(f"{spec.name}: the spec has no MTP heads to train")
+    if steps < 0:
+        raise InputError(f"--mtp-steps must not be negative, got {steps}")
+    t0 = time.perf_counter()
+    heldout = heldout_prompts(checkpoint_dir, spec)
+    heads = list(range(spec.mtp.num_heads))
+    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, _one_thread():
+        torch.manual_seed(seed)
+        model = load_mtp_reference(checkpoint_dir, spec, Path(tmp) / "a")
+        before = mtp_acceptance(model, heldout, heads)
+        log(f"MTP heads before training: held-out acceptance {_fmt(before)}")
+
+        prompts = training_prompts(checkpoint_dir, spec.vocab_size, num_prompts, seed)
+        with torch.inference_mode():
+            tokens = model.generate(
+                prompts,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            hidden = _layers(model)[0](tokens).last_hidden_state
+            # Row t of the main model's logits: its greedy choice of token t + 1.
+            teacher = model.get_output_embeddings()(hidden).argmax(-1)
+        tokens, hidden, teacher = tokens.clone(), hidden.clone(), teacher.clone()
+        # Validation prompts: every eighth, so both kinds of prompt are in it.
+        val = torch.arange(len(tokens)) % 8 == 7
+        train = (~val).nonzero().flatten()
+        log(
+            f"teacher: {len(tokens)} greedy continuations of {NEW_TOKENS} tokens, "
+            f"{int(val.sum())} held aside for validation "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+
+        model.requires_grad_(False)
+        copy_prior(model)
+        params = _trainable(model)
+        for p in params.values():
+            p.requires_grad_(True)
+
+        def validate() -> float:
+            acc = sequence_acceptance(
+                model,
+                tokens[val],
+                [PROMPT_TOKENS] * int(val.sum()),
+                heads,
+                hidden[val],
+            )
+            return acc.mean_acceptance_length
+
+        temperature = _calibrate(model, tokens[train], hidden[train], teacher[train])
+        log(f"copy prior: output norm scaled by {temperature:g} (calibrated)")
+        best = (validate(), 0, {k: p.detach().clone() for k, p in params.items()})
+        log(f"copy prior: validation mean acceptance length {best[0]:.3f}")
+        opt = torch.optim.AdamW(params.values(), lr=LR, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 1.0 - s / max(steps, 1)
+        )
+        order = torch.Generator().manual_seed(seed)
+        losses: list[float] = []
+        # Train where drafting happens: slots whose next token is a generated one.
+        first = PROMPT_TOKENS - 1
+        for step in range(steps):
+            batch = train[torch.randint(0, len(train), (BATCH,), generator=order)]
+            with _main_hidden(model, hidden[batch]):
+                logits = model.mtp_forward(tokens[batch])
+            # Head i, slot t predicts token t + i + 2: the teacher's row t + i + 1.
+            # Cross-entropy on the teacher's greedy token: the likelihood of the
+            # draft being accepted (its full distribution, KL, measured worse).
+            loss = sum(
+                F.cross_entropy(
+                    lg[:, first:].flatten(0, 1),
+                    teacher[batch][:, first + i + 1 :].flatten(),
+                )
+                for i, lg in enumerate(logits)
+            ) / len(logits)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            if (step + 1) % EVAL_EVERY == 0 or step + 1 == steps:
+                score = validate()
+                log(
+                    f"step {step + 1}/{steps}: loss {losses[-1]:.3f}, validation "
+                    f"mean acceptance length {score:.3f}"
+                )
+                if score >= best[0]:  # ties: the trained heads (better calibrated)
+                    best = (
+                        score,
+                        step + 1,
+                        {k: p.detach().clone() for k, p in params.items()},
+                    )
+        kept = best[1]
+        log(f"keeping the heads of step {kept} (validation {best[0]:.3f})")
+        trained = {name: t.numpy().astype(np.float32) for name, t in best[2].items()}
+        write_tensors(checkpoint_dir, trained)
+
+        # Measured on what is now on disk (bf16 shards round the weights).
+        model = load_mtp_reference(checkpoint_dir, spec, Path(tmp) / "b")
+        after = mtp_acceptance(model, heldout, heads)
+    seconds = time.perf_counter() - t0
+    log(
+        f"MTP heads after training: held-out acceptance {_fmt(after)} ({seconds:.0f} s)"
+    )
+    report = MTPTrainingReport(
+        checkpoint_dir=str(checkpoint_dir),
+        seed=seed,
+        steps=steps,
+        kept_step=kept,
+        seconds=seconds,
+        num_prompts=len(tokens),
+        trained_tensors=sorted(trained),
+        loss_first=losses[0] if losses else float("nan"),
+        loss_last=losses[-1] if losses else float("nan"),
+        before=before,
+        after=after,
+        losses=losses[:: max(1, steps // 20)],
+    )
+    # The file is deterministic too: the time it took and the path are left out.
+    record = report.to_dict()
+    del record["seconds"], record["checkpoint_dir"]
+    atomic_write_text(
+        checkpoint_dir / REPORT_FILE,
+        json.dumps(record, indent=2, sort_keys=True) + "\n",
+    )
+    return report
+
+
+def _fmt(acc: HeadAcceptance) -> str:
+    heads = ", ".join(
+        f"head {h}: {a:.2f}" for h, a in zip(acc.heads, acc.per_head, strict=True)
+    )
+    return f"{heads}; mean acceptance length {acc.mean_acceptance_length:.2f}"
+
+
+# ---- writing tensors back ---------------------------------------------------------
+
+
+def _header(data: bytes, path: Path) -> tuple[int, dict[str, Any]]:
+    size = int.from_bytes(data[:8], "little")
+    return 8 + size, json.loads(data[8 : 8 + size])
+
+
+def _encode(x: np.ndarray, tag: str) -> bytes:
+    from onboard.checkpoint.safetensors_io import to_bf16_bits
+
+    if tag == "BF16":
+        return to_bf16_bits(x).astype("<u2").tobytes()
+    return np.ascontiguousarray(x, dtype=_DTYPES[tag]).tobytes()
+
+
+def read_tensor(checkpoint_dir: Path, name: str) -> np.ndarray:
+    """One tensor of a checkpoint, as float32 (for tests and checks)."""
+    from onboard.checkpoint.safetensors_io import from_bf16_bits
+
+    checkpoint_dir = Path(checkpoint_dir)
+    index = json.loads((checkpoint_dir / INDEX_FILE).read_text())
+    data = (checkpoint_dir / index["weight_map"][name]).read_bytes()
+    base, header = _header(data, checkpoint_dir)
+    entry = header[name]
+    a, b = entry["data_offsets"]
+    raw = data[base + a : base + b]
+    if entry["dtype"] == "BF16":
+        x = from_bf16_bits(np.frombuffer(raw, dtype="<u2"))
+    else:
+        x = np.frombuffer(raw, dtype=_DTYPES[entry["dtype"]]).astype(np.float32)
+    return x.reshape(entry["shape"])
+
+
+def write_tensors(checkpoint_dir: Path, tensors: dict[str, np.ndarray]) -> list[Path]:
+    """Replace the data of ``tensors`` (same names, shapes; stored in each tensor's
+    own dtype) in the checkpoint's shards. Headers, every other tensor's bytes and
+    the index stay as they were; each changed shard is written to a temporary file
+    beside it, and the files replace the shards only once all are written."""
+    checkpoint_dir = Path(checkpoint_dir)
+    index = json.loads((checkpoint_dir / INDEX_FILE).read_text())
+    weight_map = index["weight_map"]
+    unknown = sorted(set(tensors) - set(weight_map))
+    if unknown:
+        raise InputError(
+            f"{checkpoint_dir}: the index has no tensor {', '.join(unknown[:5])}"
+        )
+    by_shard: dict[str, list[str]] = {}
+    for name in sorted(tensors):
+        by_shard.setdefault(weight_map[name], []).append(name)
+    staged: list[tuple[str, Path]] = []
+    try:
+        for shard, names in sorted(by_shard.items()):
+            path = checkpoint_dir / shard
+            data = bytearray(path.read_bytes())
+            base, header = _header(bytes(data[:]), path)
+            for name in names:
+                entry = header[name]
+                if list(tensors[name].shape) != entry["shape"]:
+                    raise InputError(
+                        f"{path}: {name} has shape {entry['shape']}, the new tensor "
+                        f"{list(tensors[name].shape)}"
+                    )
+                a, b = entry["data_offsets"]
+                blob = _encode(tensors[name], entry["dtype"])
+                assert len(blob) == b - a, name
+                data[base + a : base + b] = blob
+            fd, tmp = tempfile.mkstemp(dir=checkpoint_dir, prefix=f".{shard}.")
+            staged.append((shard, Path(tmp)))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        for shard, tmp in staged:
+            os.replace(tmp, checkpoint_dir / shard)
+    finally:
+        for _, tmp in staged:
+            tmp.unlink(missing_ok=True)
+    return [checkpoint_dir / shard for shard, _ in staged]
