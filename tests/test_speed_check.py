@@ -131,6 +131,8 @@ def test_speed_check_baseline_sweep(tmp_path):
     from onboard.validate import check_speed
 
     ctx = _context(tmp_path, LLAMA_SPEC)
+    # vLLM names the general plugins it loads at DEBUG level only.
+    ctx.options.env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     t0 = time.perf_counter()
     check = check_speed.run(ctx, "speed", concurrency=(1, 2))
     print(f"\nspeed check {time.perf_counter() - t0:.0f} s:\n{check.details}")
@@ -143,9 +145,9 @@ def test_speed_check_baseline_sweep(tmp_path):
     )
     assert m["ttft_ms"] == m["variants"]["baseline"]["sweep"][0]["ttft_ms"]
     assert "vllm bench serve" in m["benchmark"]["tool"]
-    # The server loaded the generated plugin's class.
+    # The server (all its processes) loaded the generated plugin, and only it.
     log = (ctx.out_dir / "logs" / "serve-baseline.log").read_text()
-    assert "onboard_plugin_tiny_llama" in log
+    assert "onboard_plugin_tiny_llama -> onboard_plugin_tiny_llama:register" in log
 
 
 @pytest.mark.engine
