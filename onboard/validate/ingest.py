@@ -350,8 +350,10 @@ def ingest(target: str, in_dir: Path, out_dir: Path) -> tuple[ValidationResult, 
 
 
 def _served_class(results: Path, package: str) -> str:
-    """The generated package, when the server log shows it registered (vLLM logs
-    no class name at load; the accuracy numbers are what prove the code)."""
+    """The generated package, when the server log shows it registered. vLLM names
+    the general plugins it loads at DEBUG level only (run with
+    VLLM_LOGGING_LEVEL=DEBUG to see it); otherwise empty: the accuracy numbers are
+    what prove the code."""
     log = results / "server-baseline.log"
     if log.is_file() and package in log.read_text(errors="replace"):
         return f"{package} (generated plugin, from the server log)"
