@@ -320,6 +320,14 @@ def validate(
             "(baselines and benchmarks).",
         ),
     ] = False,
+    installed_plugin: Annotated[
+        bool,
+        typer.Option(
+            "--installed-plugin",
+            help="Load the plugin as `pip install GEN_DIR/plugin` installed it in "
+            "this Python environment, instead of the generated code.",
+        ),
+    ] = False,
     preflight: Annotated[
         bool,
         typer.Option(
@@ -384,6 +392,7 @@ def validate(
         quantized=variants,
         speculators_dir=speculators_dir,
         vllm_in_tree=vllm_in_tree,
+        installed_plugin=installed_plugin,
         preflight=preflight,
         log=lambda line: err.print(line, markup=False),
     )
