@@ -277,13 +277,28 @@ def new_model(
     full: Annotated[
         bool, typer.Option(help="Exhaustive sweeps instead of the quick default run.")
     ] = False,
+    checks: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated validation checks (default: every check the spec "
+            "calls for: accuracy, kv-cache, quant:*, spec-decode:*, "
+            "tensor-parallel, speed)."
+        ),
+    ] = None,
 ) -> None:
     """Run the whole pipeline for a spec into OUT."""
     from onboard.pipeline import run_pipeline
 
     selected = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    chosen = [c.strip() for c in checks.split(",") if c.strip()] if checks else None
     ok = run_pipeline(
-        spec, out_dir, stages=selected, force=force, full=full, console=out
+        spec,
+        out_dir,
+        stages=selected,
+        force=force,
+        full=full,
+        checks=chosen,
+        console=out,
     )
     if not ok:
         raise CheckFailed("a validation check failed (see validation.json)")

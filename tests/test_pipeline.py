@@ -75,21 +75,54 @@ def test_bad_stage_and_bad_spec_exit_2(tmp_path):
 
 
 @pytest.mark.engine
-def test_full_run_validates_on_the_engine(tmp_path):
-    """The default run on a bundled spec ends with a passing validation.json that
-    names the generated class the engine instantiated."""
+def test_quick_run_validates_on_the_engine(tmp_path):
+    """generate -> checkpoint -> validate (accuracy, kv-cache) on a bundled spec ends
+    with a passing validation.json that names the generated class the engine
+    instantiated; an unchanged rerun skips every stage."""
     out = tmp_path / "out"
-    res = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out)
+    args = ("--stages", "generate,checkpoint,validate", "--checks", "accuracy,kv-cache")
+    res = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads((out / "validation" / "validation.json").read_text())
     assert result["passed"] is True
     assert result["vllm_model_class"] == (
         "onboard_plugin_dense_gqa.dense_gqa.LlamaForCausalLM"
     )
-    accuracy = next(c for c in result["checks"] if c["name"] == "accuracy")
+    assert [c["name"] for c in result["checks"]] == ["accuracy", "kv-cache"]
+    accuracy, kv_cache = result["checks"]
     assert accuracy["status"] == "passed"
     assert accuracy["metrics"]["top1_top2_margin_median"] > 0.5
+    assert kv_cache["status"] == "passed"
     assert (out / "validation" / "report.html").is_file()
-    rerun = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out)
+    rerun = new_model(ROOT / "model_specs" / "dense-gqa.yaml", out, *args)
     assert "validate: unchanged, skipped" in rerun.stdout
     assert rerun.returncode == 0
+
+
+def test_unknown_check_exits_2_before_any_stage(tmp_path):
+    res = new_model(
+        ROOT / "model_specs" / "dense-gqa.yaml", tmp_path / "o", "--checks", "bogus"
+    )
+    assert res.returncode == 2
+    assert "unknown check 'bogus'" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+@pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style", "novel-launch"])
+def test_full_run_of_every_stage_and_check(tmp_path, name):
+    """The default `onboard new-model`: every stage, every check the spec calls for;
+    no check fails, and a check that cannot run on cpu says why."""
+    out = tmp_path / "out"
+    res = new_model(ROOT / "model_specs" / f"{name}.yaml", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads((out / "validation" / "validation.json").read_text())
+    assert result["passed"] is True
+    names = [c["name"] for c in result["checks"]]
+    assert names[:2] == ["accuracy", "kv-cache"] and "speed" in names
+    for check in result["checks"]:
+        assert check["status"] != "failed", (check["name"], check["details"])
+        if check["status"] == "not-run":
+            assert check["details"], check["name"]
+    assert (out / "validation" / "report.html").is_file()

@@ -26,6 +26,8 @@ class Context:
     out: Path
     full: bool
     console: Console
+    # The validate stage's checks (None: checks_for_spec, everything the spec lists).
+    checks: list[str] | None = None
 
     @property
     def generated(self) -> Path:
@@ -103,7 +105,7 @@ def _stage_validate(ctx: Context) -> bool:
         "cpu",
         ctx.validation,
         generated=ctx.generated,
-        checks=",".join(checks_for_spec(ctx.spec)),
+        checks=",".join(ctx.checks or checks_for_spec(ctx.spec)),
         quantized={
             scheme: ctx.checkpoints / scheme
             for scheme in ctx.spec.quantization
@@ -160,6 +162,7 @@ STAGES: list[Stage] = [
         reads=("generate", "checkpoint", "quantize", "speculators"),
         needs_module="onboard.validate",
         summary="accuracy and checks on the real vLLM engine",
+        extra_inputs=lambda ctx: {"checks": ctx.checks},
     ),
 ]
 
@@ -188,6 +191,7 @@ def run_pipeline(
     stages: list[str] | None = None,
     force: bool = False,
     full: bool = False,
+    checks: list[str] | None = None,
     console: Console | None = None,
 ) -> bool:
     """Run the selected (default: all available) stages; False if a check failed."""
@@ -208,7 +212,11 @@ def run_pipeline(
                 f"--stages: {', '.join(not_built)} not available in this version of "
                 "onboard yet"
             )
-    ctx = Context(spec=spec, out=out, full=full, console=console)
+    if checks is not None:
+        from onboard.validate.harness import parse_checks
+
+        checks = parse_checks(",".join(checks))  # bad names: exit 2 before any work
+    ctx = Context(spec=spec, out=out, full=full, console=console, checks=checks)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "spec.yaml", dump_spec(spec))
     state_dir = out / ".onboard"
