@@ -478,3 +478,34 @@ def test_pipeline_quantize_stage_writes_and_reuses(tmp_path):
     record = json.loads((fp8 / "onboard-quantize.json").read_text())
     for name, entry in record["shards"].items():
         assert file_sha256(fp8 / name) == entry["sha256"]
+
+
+def test_nvfp4_calibrates_a_model_type_transformers_does_not_know(tmp_path):
+    """novel-launch: calibration runs onboard's generated reference; every routed
+    expert gets an activation scale; the KV-sharing layers' own K/V stay 16-bit."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+    from onboard.spec.hf import transformers_knows
+
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "model_specs" / "novel-launch.yaml")
+    assert not transformers_knows(spec.model_type)
+    bf16 = write_tiny_checkpoint(spec, tmp_path / "bf16", seed=0)
+    tiny = load_spec(bf16 / "spec.yaml")
+    out = quantize_checkpoint(bf16, "nvfp4", tmp_path / "nvfp4", workers=1)
+    tensors = load_all(out)
+    moe_layer = next(i for i in range(tiny.num_hidden_layers) if tiny.is_moe_layer(i))
+    experts = tiny.mlp.moe.num_experts
+    for e in range(experts):
+        name = f"model.layers.{moe_layer}.mlp.experts.{e}.down_proj.input_global_scale"
+        assert torch.isfinite(tensors[name]).all() and float(tensors[name]) > 0
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"][
+        "ignore"
+    ]
+    for layer in tiny.attention.kv_sharing:
+        for proj in ("k_proj", "v_proj"):
+            module = f"model.layers.{layer}.self_attn.{proj}"
+            assert module in ignore
+            assert tensors[f"{module}.weight"].dtype == torch.bfloat16
+        q = f"model.layers.{layer}.self_attn.q_proj.weight_packed"
+        assert tensors[q].dtype == torch.uint8

@@ -18,7 +18,10 @@ weights, so no expert is left without a scale however the router picks.
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,6 +78,13 @@ class _Reader:
             return st_io.read_tensor(fd, info)
         finally:
             os.close(fd)
+
+
+def _knows_model_type(plan: Plan) -> bool:
+    from onboard.spec.hf import transformers_knows
+
+    config = json.loads((plan.model_dir / "config.json").read_text())
+    return transformers_knows(config.get("model_type", ""))
 
 
 def _reference(plan: Plan):
@@ -152,6 +162,8 @@ def calibrate(
     )
 
     log = log or (lambda msg: None)
+    if not _knows_model_type(plan):
+        return _calibrate_generated_reference(plan, spec, samples, seq_len, log)
     config, model = _reference(plan)
     reader = _Reader(plan)
     inner = model.model
@@ -265,3 +277,82 @@ def _expert_stats(experts, x, spec, layer, config, stats) -> None:
         ):
             name = spec.tensor_path(role).format(layer=layer, expert=e)
             stats[name] = max(stats.get(name, 0.0), a)
+
+
+def _calibrate_generated_reference(
+    plan: Plan,
+    spec: ModelSpec,
+    samples: int,
+    seq_len: int,
+    log: Callable[[str], None],
+) -> dict[str, float]:
+    """Calibration through onboard's generated Hugging Face reference, for a model
+    type transformers does not know. That code has no per-layer entry point with
+    transformers' calling convention, so the model runs whole: this path needs the
+    checkpoint to fit in memory (a launch's real model has its own reference code
+    by then; the tiny checkpoints always fit)."""
+    from transformers import AutoModelForCausalLM
+
+    from onboard.validate.reference import _overlay_with_remote_code
+
+    config = json.loads((plan.model_dir / "config.json").read_text())
+    wanted = {q.module for q in plan.quantized.values()}
+    stats: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="onboard-calibrate-") as tmp:
+        overlay = _overlay_with_remote_code(
+            plan.model_dir, spec, None, config, Path(tmp)
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            overlay, dtype=torch.float32, trust_remote_code=True
+        )
+    model.eval()
+    hooks = _attach_generated(model, spec, wanted, stats)
+    ids = calibration_ids(plan.model_dir, config["vocab_size"], samples, seq_len)
+    log(f"calibrating on {samples} samples x {seq_len} tokens (generated reference)")
+    with torch.no_grad():
+        for b in range(0, samples, BATCH):
+            model(input_ids=ids[b : b + BATCH], use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    missing = sorted(m for m in wanted if m not in stats)
+    if missing:
+        raise InputError(
+            f"{plan.model_dir}: calibration: the generated reference ran no module "
+            f"for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+        )
+    return {m: stats[m] for m in sorted(stats)}
+
+
+def _attach_generated(model, spec: ModelSpec, wanted: set[str], stats: dict) -> list:
+    """Input-absmax hooks on every wanted Linear; every routed expert also runs on
+    every token its MoE block sees (as `_expert_stats` does for transformers)."""
+    hooks = []
+
+    def record(name):
+        def hook(_module, args):
+            stats[name] = max(stats.get(name, 0.0), float(args[0].abs().amax()))
+
+        return hook
+
+    def all_experts(experts):
+        def hook(_module, args):
+            x = args[0].reshape(-1, args[0].shape[-1])
+            for expert in experts:
+                expert(x)  # its Linear hooks record the inputs
+
+        return hook
+
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
+        if isinstance(module, torch.nn.Linear) and name in wanted:
+            hooks.append(module.register_forward_pre_hook(record(name)))
+    # The experts' ModuleList sits where the spec's layout puts routed experts.
+    if spec.mlp.moe is not None:
+        experts_path = spec.tensor_path("expert_gate_proj").split(".{expert}")[0]
+        pattern = re.compile(re.escape(experts_path).replace(r"\{layer\}", r"\d+"))
+        for name, module in modules.items():
+            parent = name.rsplit(".", 1)[0]
+            if pattern.fullmatch(name) and parent in modules:
+                hook = all_experts(module)
+                hooks.append(modules[parent].register_forward_pre_hook(hook))
+    return hooks

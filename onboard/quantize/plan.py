@@ -213,6 +213,10 @@ def make_plan(
                 why = f"{param} of {role}"
             elif layer is not None and layer >= n_layers and not include_mtp:
                 why = "MTP head"
+            elif role in ("k_proj", "v_proj") and layer in spec.attention.kv_sharing:
+                # The layer reads an earlier layer's cache: vLLM never loads or runs
+                # its own K/V projections (and calibration could not see them).
+                why = "KV-sharing layer's unused K/V"
             elif (
                 role in mark_roles
                 or module in mark_paths
