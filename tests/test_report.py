@@ -327,6 +327,7 @@ def llama_validated(tmp_path_factory) -> Path:
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance  # make test renders measured-shape samples in Chromium
 def test_report_of_a_real_run(llama_validated):
     out = llama_validated / "out"
     data = json.loads((out / "validation.json").read_text())
