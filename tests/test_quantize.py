@@ -478,6 +478,14 @@ def test_pipeline_quantize_stage_writes_and_reuses(tmp_path):
     record = json.loads((fp8 / "onboard-quantize.json").read_text())
     for name, entry in record["shards"].items():
         assert file_sha256(fp8 / name) == entry["sha256"]
+    # An output made by other quantizer code (another onboard) is redone too.
+    stamp_file = tmp_path / ".onboard" / "quantize-fp8-dynamic.json"
+    stamp = json.loads(stamp_file.read_text())
+    stamp_file.write_text(json.dumps(dict(stamp, quantizer="an older onboard")))
+    before = (fp8 / "config.json").stat().st_mtime_ns
+    stage_quantize.run(ctx)
+    assert (fp8 / "config.json").stat().st_mtime_ns != before
+    assert json.loads(stamp_file.read_text()) == stamp
 
 
 def test_nvfp4_calibrates_a_model_type_transformers_does_not_know(tmp_path):

@@ -2,16 +2,19 @@
 
 One `onboard quantize` per scheme the spec lists (progress bar on stderr). A
 finished output is reused when it was made from the same bf16 files (names, sizes,
-modification times, recorded in DIR/.onboard/quantize-<scheme>.json); a stale one
-is replaced. An interrupted run resumes inside `onboard quantize` itself (its
+modification times) by the same quantizer code (a hash of onboard/quantize's
+sources), recorded in DIR/.onboard/quantize-<scheme>.json; a stale one is replaced. An
+interrupted run resumes inside `onboard quantize` itself (its
 partial directory), and the validate stage's `quant:<scheme>` checks read these
 directories.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from pathlib import Path
 
 from onboard.fsutil import atomic_write_text
 
@@ -24,6 +27,16 @@ def _inputs(bf16) -> dict[str, list[int]]:
     }
 
 
+def _quantizer_code() -> str:
+    """Which quantizer made an output: a changed plan or kernel must not reuse it."""
+    import onboard.quantize
+
+    digest = hashlib.sha256()
+    for source in sorted(Path(onboard.quantize.__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
 def run(ctx) -> None:
     from onboard.quantize import quantize_checkpoint
 
@@ -31,7 +44,11 @@ def run(ctx) -> None:
     for scheme in ctx.spec.quantization:
         out = ctx.checkpoints / scheme
         stamp_file = ctx.out / ".onboard" / f"quantize-{scheme}.json"
-        stamp = {"scheme": scheme, "inputs": _inputs(bf16)}
+        stamp = {
+            "scheme": scheme,
+            "inputs": _inputs(bf16),
+            "quantizer": _quantizer_code(),
+        }
         if (out / "onboard-quantize.json").is_file() and stamp_file.is_file():
             if json.loads(stamp_file.read_text()) == stamp:
                 ctx.console.print(f"  {scheme}: {out} is up to date, reused")
