@@ -146,6 +146,12 @@ STAGES: list[Stage] = [
         reads=("checkpoint",),
         needs_module="onboard.pipeline.stage_quantize",
         summary="quantized checkpoints, one per scheme the spec lists",
+        # A changed quantizer (plan or kernels) reruns the stage, not only a new spec.
+        extra_inputs=lambda ctx: {
+            "quantizer": importlib.import_module(
+                "onboard.pipeline.stage_quantize"
+            ).quantizer_code()
+        },
     ),
     Stage(
         "speculators",

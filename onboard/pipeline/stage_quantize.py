@@ -27,7 +27,7 @@ def _inputs(bf16) -> dict[str, list[int]]:
     }
 
 
-def _quantizer_code() -> str:
+def quantizer_code() -> str:
     """Which quantizer made an output: a changed plan or kernel must not reuse it."""
     import onboard.quantize
 
@@ -47,7 +47,7 @@ def run(ctx) -> None:
         stamp = {
             "scheme": scheme,
             "inputs": _inputs(bf16),
-            "quantizer": _quantizer_code(),
+            "quantizer": quantizer_code(),
         }
         if (out / "onboard-quantize.json").is_file() and stamp_file.is_file():
             if json.loads(stamp_file.read_text()) == stamp:
