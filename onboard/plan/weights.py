@@ -175,6 +175,10 @@ def weight_report(
             and len(t.shape) == 2
             and (layer is None or layer < spec.num_hidden_layers)
             and not marks.kept(role, module)
+            # A KV-sharing layer's own K/V: never run by vLLM, kept 16-bit.
+            and not (
+                role in ("k_proj", "v_proj") and layer in spec.attention.kv_sharing
+            )
         )
         if quantized:
             rows, cols = t.shape
