@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from onboard.checkpoint.mtp_train import train_mtp_heads
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.pipeline import stage_speculators
 from onboard.pipeline.runner import Context
@@ -31,13 +32,8 @@ def result(tmp_path_factory):
     spec = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
     bf16 = write_tiny_checkpoint(spec, out / "checkpoints" / "bf16", seed=0)
     stage_speculators.run(Context(spec=spec, out=out, full=False, console=Console()))
-    try:  # the MTP heads' self-distillation (issue 4)
-        from onboard.checkpoint.mtp_train import train_mtp_heads
-    except ImportError:
-        trained_mtp = False
-    else:
-        train_mtp_heads(bf16, load_spec(bf16 / "spec.yaml"))
-        trained_mtp = True
+    # The MTP heads' self-distillation (issue 4).
+    train_mtp_heads(bf16, load_spec(bf16 / "spec.yaml"))
     result = validate(
         bf16,
         bf16 / "spec.yaml",
@@ -47,7 +43,6 @@ def result(tmp_path_factory):
         speculators_dir=out / "speculators",
         log=print,
     )
-    result.trained_mtp = trained_mtp
     return result
 
 
@@ -92,8 +87,6 @@ def test_trained_eagle3_head_is_accepted(result):
 
 def test_trained_mtp_head_is_accepted(result):
     # Random MTP weights: 0 of 372 drafts accepted (measured, docs/speculators.md).
-    if not result.trained_mtp:
-        pytest.skip("onboard.checkpoint.mtp_train (MTP training) is not available")
     mtp = _check(result, "mtp").metrics
     assert mtp["acceptance_rate_per_position"][0] >= 0.1
     assert mtp["mean_acceptance_length"] >= 1.1
