@@ -52,6 +52,7 @@ from onboard.checkpoint.preflight_spec import (
 )
 from onboard.checkpoint.tiny import INDEX_FILE, TensorPlan, plan_tensors
 from onboard.errors import InputError
+from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 from onboard.spec.model import ModelSpec
 
 Severity = Literal["error", "warning", "note"]
@@ -83,31 +84,10 @@ DTYPE_BITS = {
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 # Roles vLLM builds as Linear layers (LinearBase): what a compressed-tensors
-# "Linear" target quantizes. Mirrors onboard.quantize.plan (not imported: it
-# imports torch, and the preflight must stay fast).
+# "Linear" target quantizes: the decoder's Linear roles plus the Linear layers the
+# quantizer keeps in 16 bits (without lm_head, which vLLM builds as ParallelLMHead).
 LINEAR_ROLES = frozenset(
-    {
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "q_a_proj",
-        "q_b_proj",
-        "kv_a_proj",
-        "kv_b_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-        "expert_gate_proj",
-        "expert_up_proj",
-        "expert_down_proj",
-        "shared_gate_proj",
-        "shared_up_proj",
-        "shared_down_proj",
-        "router",
-        "shared_expert_gate",
-        "mtp_eh_proj",
-    }
+    DECODER_LINEAR_ROLES + ("router", "shared_expert_gate", "mtp_eh_proj")
 )
 # Vocabulary-sized layers vLLM builds unquantized whatever the config says.
 HEAD_ROLES = frozenset({"embed", "lm_head", "mtp_head"})
