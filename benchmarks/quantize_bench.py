@@ -106,6 +106,34 @@ def run_once(cmd: list[str], out_dir: Path) -> dict:
     }
 
 
+def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None]]:
+    """Round by round: llm-compressor's fastest path / onboard, onboard / plain."""
+
+    def wall(name: str, r: int) -> float | None:
+        runs = results.get(name, [])
+        if r < len(runs) and runs[r]["rc"] == 0:
+            return runs[r]["wall_s"]
+        return None
+
+    rounds = max((len(v) for v in results.values()), default=0)
+    ratios: dict[str, list[float | None]] = {}
+    for scheme in ("fp8-dynamic", "nvfp4a16"):
+        speedup, vs_plain = [], []
+        for r in range(rounds):
+            mine = wall(f"onboard-{scheme}", r)
+            llmc = [
+                w
+                for m in ("model_free", "oneshot")
+                if (w := wall(f"llmc-{m}-{scheme}", r)) is not None
+            ]
+            plain = wall("plain-read-write", r)
+            speedup.append(round(min(llmc) / mine, 2) if mine and llmc else None)
+            vs_plain.append(round(mine / plain, 2) if mine and plain else None)
+        ratios[f"{scheme}: llm-compressor fastest / onboard"] = speedup
+        ratios[f"{scheme}: onboard / plain read+write"] = vs_plain
+    return ratios
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
@@ -131,7 +159,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in cmds}
     for r in range(args.runs):
         for name, cmd in cmds.items():
+            load = os.getloadavg()[0]
             res = run_once(cmd, out / name)
+            res["load_before"] = load
             results[name].append(res)
             status = "ok" if res["rc"] == 0 else f"FAILED rc={res['rc']}"
             print(
@@ -170,6 +200,18 @@ def main() -> None:
         "cores": len(os.sched_getaffinity(0)),
         "load_average_at_end": os.getloadavg(),
         "results": table,
+        "rounds": {
+            name: [
+                {
+                    "wall_s": round(x["wall_s"], 2),
+                    "rc": x["rc"],
+                    "load_before": round(x["load_before"], 2),
+                }
+                for x in runs
+            ]
+            for name, runs in results.items()
+        },
+        "ratios": paired_ratios(results),
     }
     text = json.dumps(report, indent=2)
     if args.json:

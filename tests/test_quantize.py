@@ -86,9 +86,33 @@ def test_fp4_rounding_and_packing_match_library_at_every_boundary(dtype):
         ref = pack_fp4_to_uint8(
             FP4_E2M1_DATA.cast_to_fp4(values.clamp(-6, 6)).to(dtype)
         )
-    codes = kernels._fp4_codes(values)
+    codes = kernels.fp4_codes(values)
     mine = codes[:, 0::2] | (codes[:, 1::2] << 4)
     assert torch.equal(mine, ref)
+
+
+def test_fp4_codes_match_library_on_every_bfloat16_value_and_near_midpoints():
+    from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
+    from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA
+
+    every_bf16 = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    every_bf16 = every_bf16.view(torch.bfloat16).float()
+    points = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 2.0])
+    near = [points]
+    up, down = points, points
+    for _ in range(4):  # a few float32 steps either side of each decision point
+        up, down = torch.nextafter(up, up + 1), torch.nextafter(down, down - 1)
+        near += [up, down]
+    g = torch.Generator().manual_seed(0)
+    values = torch.cat(
+        [every_bf16, *near, *(-v for v in near), torch.rand(4096, generator=g) * 16 - 8]
+    )
+    values = values[torch.isfinite(values)]
+    values = torch.cat([values, values[: (-len(values)) % 16]]).reshape(-1, 16)
+    with torch.compiler.set_stance("force_eager"):
+        ref = pack_fp4_to_uint8(FP4_E2M1_DATA.cast_to_fp4(values.clamp(-6, 6)))
+    codes = kernels.fp4_codes(values)
+    assert torch.equal(codes[:, 0::2] | (codes[:, 1::2] << 4), ref)
 
 
 def _weights(shape, seed):

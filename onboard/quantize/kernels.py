@@ -47,7 +47,7 @@ TORCH_DTYPES = {
 }
 ST_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
-ROW_BLOCK_BYTES = 1 << 20  # input bytes per fused-loop block: stays in L2 cache
+BLOCK_VALUES = 1 << 16  # values per fused-loop block (see _block_rows)
 CHECK_ROWS = 16  # rows of every tensor re-done by compressed-tensors at run time
 
 
@@ -90,17 +90,27 @@ class NonFiniteWeights(ValueError):
     pass
 
 
-def observe(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+def observe(
+    w: torch.Tensor, scheme: Scheme, fast: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Min and max per scale, over the shapes llm-compressor's observers reduce.
 
+    ``fast``: for symmetric scales, (-absmax, absmax) instead (the same scales).
     Raises NonFiniteWeights on NaN or infinity (which min/max propagate).
     """
     from compressed_tensors.quantization.utils import maybe_pad_tensor_for_block_quant
 
     args = scheme.ct_scheme.weights
-    if args.strategy == "channel":
+    symmetric_fast = fast and args.symmetric and w.dtype in _BITS
+    if args.strategy == "channel" and symmetric_fast:
+        mx = _absmax(w, w.shape[1])
+        mn = -mx
+    elif args.strategy == "channel":
         # (two reductions are faster than torch.aminmax along rows here)
         mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    elif args.strategy in ("group", "tensor_group") and symmetric_fast:
+        mx = _absmax(w, args.group_size)
+        mn = -mx
     elif args.strategy in ("group", "tensor_group"):
         mn, mx = torch.aminmax(w.unflatten(-1, (-1, args.group_size)), dim=-1)
     elif args.strategy == "block":
@@ -115,6 +125,32 @@ def observe(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor
     if not (torch.isfinite(mn).all() and torch.isfinite(mx).all()):
         raise NonFiniteWeights("NaN or infinite values")
     return mn, mx
+
+
+# Symmetric scales depend on max(|min|, |max|) alone (calculate_qparams), so the
+# observer may take one absolute maximum per scale instead: on the bit patterns
+# with the sign cleared, whose integer order is the order of the magnitudes, about
+# 4x faster than torch.aminmax over groups of 16. An exponent of all ones (NaN or
+# infinity) is the largest pattern, so it still shows in the maximum.
+_BITS = {
+    torch.bfloat16: (torch.int16, 0x7FFF),
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+}
+
+
+def _absmax(w: torch.Tensor, group: int) -> torch.Tensor:
+    """Largest magnitude per ``group`` consecutive values of each row (w.dtype)."""
+    int_dtype, mask = _BITS[w.dtype]
+    rows, cols = w.shape
+    bits = w.view(int_dtype)
+    out = torch.empty(rows, cols // group, dtype=int_dtype)
+    step = _block_rows(cols)
+    buf = torch.empty(min(step, rows), cols, dtype=int_dtype)
+    for i in range(0, rows, step):
+        a = torch.bitwise_and(bits[i : i + step], mask, out=buf[: min(step, rows - i)])
+        torch.amax(a.unflatten(-1, (-1, group)), dim=-1, out=out[i : i + step])
+    return out.view(w.dtype)
 
 
 def absmax(stats: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -158,36 +194,76 @@ def scales(
 # ---- the fused element loops --------------------------------------------------
 
 FP8_MAX = 448.0
-
-
-def _fp8_rows(w: torch.Tensor, scale_rows: torch.Tensor, out: torch.Tensor) -> None:
-    # compressed-tensors: x / scale in the weight dtype, clamp to +-448, cast.
-    # (+ 0.0: compressed-tensors adds the zero point, which turns -0.0 into +0.0.)
-    # (A 0-dim tensor: adding a Python scalar takes a slower path in bf16.)
-    out.copy_(torch.div(w, scale_rows).clamp_(-FP8_MAX, FP8_MAX).add_(_ZERO))
-
-
 _ZERO = torch.zeros(())
 
 
+def _block_rows(cols: int) -> int:
+    """Rows per loop block: a block and its scratch buffers stay in L2 cache."""
+    return max(1, BLOCK_VALUES // max(1, cols))
+
+
+def _fp8_rows(
+    w: torch.Tensor, scale_rows: torch.Tensor, out: torch.Tensor, buf: torch.Tensor
+) -> None:
+    # compressed-tensors: x / scale in the weight dtype, clamp to +-448, cast.
+    # (+ 0.0: compressed-tensors adds the zero point, which turns -0.0 into +0.0.)
+    # (A 0-dim tensor: adding a Python scalar takes a slower path in bf16.)
+    x = torch.div(w, scale_rows, out=buf[: w.shape[0]])
+    out.copy_(x.clamp_(-FP8_MAX, FP8_MAX).add_(_ZERO))
+
+
 # Rounding onto the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6 as compressed-tensors'
-# cast_to_fp4 does it, ties to the even grid point: a magnitude's grid index is the
-# number of midpoints below it, where 0.25, 1.25, 2.5 and 5 round down (strict >) and
-# 0.75, 1.75 and 3.5 round up (>=). Seven byte-wide compares are ~4x faster here
-# than a bucketize.
-_FP4_MIDPOINTS = ((0.25, True), (0.75, False), (1.25, True), (1.75, False),
-                  (2.5, True), (3.5, False), (5.0, True))  # fmt: skip
+# cast_to_fp4 does it: to the nearest grid point, ties to the one with the even
+# code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), and
+# magnitudes past 6 to 6. The grid has steps of 0.5 up to 2, 1 up to 4 and 2 up to
+# 6, so on each stretch the code is 2x, x + 2 or x / 2 + 4 rounded half to even
+# (torch.round, exact in float32), and off its own stretch each of the three is
+# at least the right code: the code is their minimum. Nine cheap float passes,
+# about 3x faster than counting the seven midpoints below each value.
 
 
-def _fp4_codes(scaled: torch.Tensor) -> torch.Tensor:
-    """E2M1 nibble per value: grid index, sign in bit 3 (negative zero for -0.x)."""
-    a = scaled.abs()
-    idx = torch.zeros(a.shape, dtype=torch.uint8)
-    for mid, round_down in _FP4_MIDPOINTS:
-        idx += torch.gt(a, mid) if round_down else torch.ge(a, mid)
-    # Values past 6 were clamped to 6 by compressed-tensors: the count is 7 already.
-    idx |= torch.lt(scaled, 0).to(torch.uint8) << 3
-    return idx
+class _Fp4Scratch:
+    """Buffers of one block of the FP4 loop, reused from block to block."""
+
+    def __init__(self, rows: int, cols: int, group: int):
+        grouped = (rows, cols // group, group)
+        self.x = torch.empty(grouped, dtype=torch.float32)
+        self.x16 = torch.empty(grouped, dtype=torch.bfloat16)
+        self.a = torch.empty(grouped, dtype=torch.float32)
+        self.b = torch.empty(grouped, dtype=torch.float32)
+        self.neg = torch.empty(rows, cols, dtype=torch.bool)
+        self.codes = torch.empty(rows, cols, dtype=torch.uint8)
+        self.pairs = torch.empty(rows, cols // 2, dtype=torch.int16)
+
+
+def _fp4_codes_into(x: torch.Tensor, s: _Fp4Scratch, n: int) -> torch.Tensor:
+    """E2M1 nibbles of float32 ``x`` (overwritten): grid index, sign in bit 3."""
+    x = x.flatten(-2)
+    neg = torch.lt(x, 0, out=s.neg[:n])  # -0.0 is not negative: nibble 0
+    x.abs_().clamp_(max=6.0)
+    code = torch.mul(x, 2.0, out=s.a[:n].flatten(-2)).round_()
+    other = torch.round(x, out=s.b[:n].flatten(-2)).add_(2.0)
+    torch.minimum(code, other, out=code)
+    torch.minimum(code, x.mul_(0.5).round_().add_(4.0), out=code)
+    codes = s.codes[:n]
+    codes.copy_(code)
+    return codes.add_(neg.view(torch.uint8), alpha=8)
+
+
+def fp4_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """E2M1 nibbles of a ``[rows, cols]`` tensor of scaled values (for the tests)."""
+    rows, cols = scaled.shape
+    s = _Fp4Scratch(rows, cols, cols)
+    s.x.copy_(scaled.reshape(s.x.shape))
+    return _fp4_codes_into(s.x, s, rows).clone()
+
+
+def _pack_into(codes: torch.Tensor, out: torch.Tensor, s: _Fp4Scratch) -> None:
+    # Two nibbles per byte, the even column low: as int16 (little-endian), a pair
+    # is even + 256 * odd, and (pair | pair >> 4) has the packed byte below.
+    pair = codes.view(torch.int16)
+    packed = torch.bitwise_right_shift(pair, 4, out=s.pairs[: codes.shape[0]])
+    out.copy_(packed.bitwise_or_(pair))  # int16 -> uint8 keeps the low byte
 
 
 def _fp4_rows(
@@ -196,16 +272,24 @@ def _fp4_rows(
     gscale: torch.Tensor | None,
     group: int,
     out: torch.Tensor,
+    s: _Fp4Scratch,
 ) -> None:
     # compressed-tensors' _process_group + _quantize: x grouped, divided by
-    # (scale / global_scale) with torch's type promotion, rounded (the clamp to
-    # +-6 is implicit: the midpoint count stops at 7).
-    s = scale_rows.unsqueeze(-1)
+    # (scale / global_scale) with torch's type promotion (float32 for NVFP4, the
+    # weight dtype for MXFP4), then rounded onto the grid.
+    n = w.shape[0]
+    scale = scale_rows.unsqueeze(-1)
     if gscale is not None:
-        s = s / gscale
-    scaled = w.unflatten(-1, (-1, group)) / s
-    codes = _fp4_codes(scaled).flatten(-2)
-    out.copy_(codes[:, 0::2] | (codes[:, 1::2] << 4))
+        scale = scale / gscale
+    grouped = w.unflatten(-1, (-1, group))
+    dtype = torch.result_type(grouped, scale)
+    if dtype == torch.float32:
+        x = torch.div(grouped, scale, out=s.x[:n])
+    else:  # rounded to 16 bits first, as the library's division is
+        if s.x16.dtype != dtype:
+            s.x16 = torch.empty(s.x16.shape, dtype=dtype)
+        x = s.x[:n].copy_(torch.div(grouped, scale, out=s.x16[:n]))
+    _pack_into(_fp4_codes_into(x, s, n), out, s)
 
 
 def quantize_weight(
@@ -224,10 +308,11 @@ def quantize_weight(
     args = scheme.ct_scheme.weights
     scale = scales(stats or observe(w, scheme), scheme, gscale)
     rows, cols = w.shape
-    step = max(1, ROW_BLOCK_BYTES // max(1, cols * w.element_size()))
+    step = _block_rows(cols)
     out: dict[str, torch.Tensor] = {}
     if scheme.packed:
         packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+        scratch = _Fp4Scratch(min(step, rows), cols, args.group_size)
         for i in range(0, rows, step):
             _fp4_rows(
                 w[i : i + step],
@@ -235,6 +320,7 @@ def quantize_weight(
                 gscale,
                 args.group_size,
                 packed[i : i + step],
+                scratch,
             )
         out[f"{module}.weight_packed"] = packed
         out[f"{module}.weight_scale"] = _compressor(scheme)._compress_scale(scale, args)
@@ -248,14 +334,16 @@ def quantize_weight(
         if scheme.block:
             bh, bw = scheme.block
             step = max(bh, step // bh * bh)
+        buf = torch.empty(min(step, rows), cols, dtype=torch.result_type(w, scale))
+        if scheme.block:
             for i in range(0, rows, step):
                 s = scale[i // bh : (i + step) // bh + 1]
                 s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)
                 n = min(step, rows - i)
-                _fp8_rows(w[i : i + n], s[:n, :cols], q[i : i + n])
+                _fp8_rows(w[i : i + n], s[:n, :cols], q[i : i + n], buf)
         else:
             for i in range(0, rows, step):
-                _fp8_rows(w[i : i + step], scale[i : i + step], q[i : i + step])
+                _fp8_rows(w[i : i + step], scale[i : i + step], q[i : i + step], buf)
         out[f"{module}.weight"] = q
         out[f"{module}.weight_scale"] = scale
     if check:
@@ -282,7 +370,7 @@ def library_compress(
     """compressed-tensors' own ``compress`` of one weight (slow; the reference)."""
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    mn, mx = observe(w, scheme)
+    mn, mx = observe(w, scheme, fast=False)
     scale, zp = calculate_qparams(mn, mx, scheme.ct_scheme.weights, global_scale=gscale)
     state = {"weight": w, "weight_scale": scale, "weight_zero_point": zp}
     if gscale is not None:
@@ -309,7 +397,8 @@ def check_against_library(
 ) -> None:
     """Byte-compare the first rows of ``out`` with compressed-tensors' compressor."""
     n = min(w.shape[0], scheme.block[0] if scheme.block else CHECK_ROWS)
-    ref = library_compress(w[:n], scheme, gscale)
+    # (a copy: ``w`` may be a read-only file mapping, the library gets its own rows)
+    ref = library_compress(w[:n].clone(), scheme, gscale)
     for local, value in ref.items():
         mine = out[f"{module}.{local}"][: value.shape[0]]
         if mine.dtype != value.dtype or not torch.equal(

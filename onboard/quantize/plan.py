@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from onboard.errors import InputError
@@ -92,6 +93,21 @@ class Plan:
         if q.fused_key is None:
             return [name]
         return self.fused[q.fused_key]
+
+    def shard(self, name: str) -> ShardPlan:
+        return self._shards_by_name[name]
+
+    def info(self, tensor: str) -> st_io.TensorInfo:
+        """Where an input tensor's bytes are."""
+        return self._infos[tensor]
+
+    @cached_property
+    def _shards_by_name(self) -> dict[str, ShardPlan]:
+        return {s.name: s for s in self.shards}
+
+    @cached_property
+    def _infos(self) -> dict[str, st_io.TensorInfo]:
+        return {t.name: t for s in self.shards for t in s.tensors}
 
 
 def _role_patterns(spec: ModelSpec) -> list[tuple[str, re.Pattern]]:

@@ -1,11 +1,13 @@
-"""Run a plan: shards in parallel worker processes, resumable, atomically published.
+"""Run a plan: tasks in parallel worker processes, resumable, atomically published.
 
 Output goes to ``.<out>.partial/`` beside the output directory, which is renamed to
 ``<out>`` only once every shard, the index, config.json and the manifest are in
-place: a directory named ``<out>`` is always complete. Each finished shard is
-fsynced, renamed into the partial directory and recorded in its ``state.json``
-(size and sha256) before the next one is trusted, so a killed run resumes at the
-first unfinished shard; a state written for other inputs or options is discarded.
+place: a directory named ``<out>`` is always complete. The shards' files are
+written as ``<shard>.tmp`` by tasks (worker.py: one weight, or a fused set, or
+copied tensors each) that any worker takes as it becomes free; once every task of
+a shard is done, the shard is fsynced, hashed, renamed into the partial directory
+and recorded in its ``state.json`` (size and sha256), so a killed run resumes with
+the unfinished shards; a state written for other inputs or options is discarded.
 Workers are forked (sharing the imported libraries and the plan), use one torch
 thread per core they are given, and die with their parent.
 """
@@ -20,8 +22,9 @@ import os
 import queue
 import shutil
 import signal
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from onboard.errors import InputError
@@ -49,8 +52,8 @@ _JOB: dict = {}
 _PROGRESS: mp.Queue | None = None
 
 
-def default_workers(plan: Plan, pending: list[ShardPlan]) -> int:
-    """One worker per core, no more than shards, and within memory.
+def default_workers(pending: list[ShardPlan], tasks: int) -> int:
+    """One worker per core, no more than tasks, and within memory.
 
     A worker holds at most a few copies of its largest tensor, far below a shard;
     (workers x largest shard + 1 GB) is the bound promised, so it is what we fit.
@@ -59,7 +62,7 @@ def default_workers(plan: Plan, pending: list[ShardPlan]) -> int:
     largest = max((s.nbytes for s in pending), default=1)
     avail = _available_memory()
     by_memory = max(1, (avail - RESERVED_BYTES) // max(largest, 1))
-    return int(max(1, min(cores, len(pending), by_memory)))
+    return int(max(1, min(cores, tasks, by_memory)))
 
 
 def _available_memory() -> int:
@@ -131,9 +134,6 @@ def _execute_locked(
         assert calibration is not None
         state["calibration"] = calibration()
         _save_state(partial, state)
-    _JOB.clear()
-    _JOB.update(plan=plan, partial=partial, calib=state["calibration"])
-
     pending = [s for s in plan.shards if s.name not in state["shards"]]
     if len(pending) < len(plan.shards):
         log(
@@ -141,8 +141,23 @@ def _execute_locked(
             "shards already done"
         )
     if pending:
-        n = workers or default_workers(plan, pending)
-        for name, size, sha in _run_shards(pending, n, progress):
+        from onboard.quantize.worker import make_tasks, temp_path
+
+        tasks = make_tasks(plan, [s.name for s in pending])
+        offsets = {
+            s.name: st_io.create_file(temp_path(partial, s.name), s.outputs)
+            for s in pending
+        }
+        _JOB.clear()
+        _JOB.update(
+            plan=plan,
+            partial=partial,
+            calib=state["calibration"],
+            tasks=tasks,
+            offsets=offsets,
+        )
+        n = workers or default_workers(pending, len(tasks))
+        for name, size, sha in _run(pending, n, progress):
             state["shards"][name] = {"size": size, "sha256": sha}
             _save_state(partial, state)
 
@@ -207,15 +222,59 @@ def _report(nbytes: int) -> None:
         _PROGRESS.put(nbytes)
 
 
-def _shard_job(index: int) -> tuple[str, int, str]:
-    from onboard.quantize.worker import process_shard
-
-    plan: Plan = _JOB["plan"]
-    shard = plan.shards[index]
-    return process_shard(plan, shard, _JOB["partial"], _JOB["calib"], _report)
+def _job(item: tuple[str, int | str]):
+    """One unit for a worker: ("task", index) or ("finish", shard name)."""
+    return _unit(item, _report)
 
 
-def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
+def _unit(item: tuple[str, int | str], report: Callable[[int], None]):
+    from onboard.quantize.worker import finish_shard, run_task
+
+    kind, what = item
+    if kind == "finish":
+        return finish_shard(_JOB["partial"], what)
+    return run_task(
+        _JOB["plan"],
+        _JOB["tasks"][what],
+        _JOB["partial"],
+        _JOB["offsets"],
+        _JOB["calib"],
+        report,
+    )
+
+
+class _Schedule:
+    """Which unit runs next: a finished shard's flush and hash first, then the
+    tasks in order; and which shards are complete."""
+
+    def __init__(self, plan: Plan, pending: list[ShardPlan]):
+        tasks = _JOB["tasks"]
+        self.ready: deque = deque(("task", i) for i in range(len(tasks)))
+        self.left = {s.name: 0 for s in pending}
+        for t in tasks:
+            for shard in t.shards:
+                self.left[shard] += 1
+        self.expected = {s.name: {t.name for t in s.outputs} for s in pending}
+        self.written: dict[str, set[str]] = {s.name: set() for s in pending}
+
+    def done(self, item, result) -> tuple[str, int, str] | None:
+        """Record a finished unit; a shard's (name, size, sha256) once it is."""
+        if item[0] == "finish":
+            return result
+        for shard, name in result:
+            self.written[shard].add(name)
+        for shard in _JOB["tasks"][item[1]].shards:
+            self.left[shard] -= 1
+            if self.left[shard] == 0:
+                missing = self.expected[shard] - self.written[shard]
+                if missing:
+                    raise AssertionError(f"{shard}: never wrote {sorted(missing)[:5]}")
+                self.ready.appendleft(("finish", shard))
+        return None
+
+
+def _run(pending: list[ShardPlan], workers: int, show: bool):
+    """Run every task; yield (shard, size, sha256) as shards are finished."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -228,8 +287,7 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
 
     global _PROGRESS
     plan: Plan = _JOB["plan"]
-    indices = [plan.shards.index(s) for s in pending]
-    total = sum(s.nbytes for s in pending)
+    total = sum(t.nbytes for t in _JOB["tasks"])
     columns = (
         TextColumn("quantize {task.fields[scheme]}"),
         BarColumn(),
@@ -238,25 +296,21 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
         TimeRemainingColumn(),
     )
     console = Console(stderr=True)
+    schedule = _Schedule(plan, pending)
     with Progress(*columns, console=console, disable=not show, transient=False) as bar:
         task = bar.add_task("", total=total, scheme=plan.scheme.name)
         if workers <= 1:
             import torch
 
-            from onboard.quantize.worker import process_shard
-
             before = torch.get_num_threads()
             torch.set_num_threads(len(os.sched_getaffinity(0)))
             _PROGRESS = None
             try:
-                for i in indices:
-                    yield process_shard(
-                        plan,
-                        plan.shards[i],
-                        _JOB["partial"],
-                        _JOB["calib"],
-                        lambda n: bar.advance(task, n),
-                    )
+                while schedule.ready:
+                    item = schedule.ready.popleft()
+                    result = _unit(item, lambda n: bar.advance(task, n))
+                    if (shard := schedule.done(item, result)) is not None:
+                        yield shard
             finally:
                 torch.set_num_threads(before)
             return
@@ -266,17 +320,22 @@ def _run_shards(pending: list[ShardPlan], workers: int, show: bool):
         with ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_init_worker, initargs=(q, threads)
         ) as pool:
-            futures = {pool.submit(_shard_job, i) for i in indices}
+            running: dict = {}
             try:
-                while futures:
-                    done, futures = wait(
-                        futures, timeout=0.1, return_when=FIRST_EXCEPTION
-                    )
+                while schedule.ready or running:
+                    # No more units queued than workers: a shard finished meanwhile
+                    # goes ahead of the remaining tasks.
+                    while schedule.ready and len(running) < workers:
+                        item = schedule.ready.popleft()
+                        running[pool.submit(_job, item)] = item
+                    done, _ = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
                     _drain(q, bar, task)
                     for f in done:
-                        yield f.result()
+                        item = running.pop(f)
+                        if (shard := schedule.done(item, f.result())) is not None:
+                            yield shard
             except BaseException:
-                # Stop the other shards now: kill the workers, keep the partial dir.
+                # Stop the other units now: kill the workers, keep the partial dir.
                 procs = list((getattr(pool, "_processes", None) or {}).values())
                 pool.shutdown(wait=False, cancel_futures=True)
                 for p in procs:

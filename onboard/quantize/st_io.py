@@ -138,6 +138,38 @@ def read_tensor(fd: int, info: TensorInfo):
     return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
 
 
+def map_tensor(fd: int, info: TensorInfo):
+    """The tensor's data mapped from the file: no copy, pages from the page cache.
+
+    A read-only mapping, populated at once (faster than page by page), unmapped
+    when the tensor is freed; the tensor must not be written to. Falls back to
+    ``read_tensor`` where the data is not aligned to its element size.
+    """
+    import mmap
+    import warnings
+
+    import torch
+
+    from onboard.quantize.kernels import TORCH_DTYPES
+
+    if info.nbytes == 0 or info.start % ITEMSIZE[info.dtype]:
+        return read_tensor(fd, info)
+    base = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(
+        fd,
+        info.end - base,
+        flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+        prot=mmap.PROT_READ,
+        offset=base,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "non-writable buffer": read only, by design
+        buf = torch.frombuffer(
+            m, dtype=torch.uint8, count=info.nbytes, offset=info.start - base
+        )
+    return buf.view(TORCH_DTYPES[info.dtype]).reshape(info.shape)
+
+
 @dataclass(frozen=True)
 class OutTensor:
     name: str
@@ -173,66 +205,57 @@ def layout(tensors: list[OutTensor]) -> tuple[bytes, dict[str, int]]:
     return blob, {name: len(blob) + off for name, off in rel.items()}
 
 
-class ShardWriter:
-    """Write a planned safetensors file; tensors may arrive in any order."""
+def create_file(path: Path, tensors: list[OutTensor]) -> dict[str, int]:
+    """Create the planned file (header, full size; data to be written by
+    ``write_tensor`` / ``copy_tensor``); return each tensor's offset."""
+    header, offsets = layout(tensors)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, len(header) + sum(t.nbytes for t in tensors))
+        _pwrite_all(fd, memoryview(header), 0)
+    finally:
+        os.close(fd)
+    return offsets
 
-    def __init__(self, path: Path, tensors: list[OutTensor]):
-        self.path = path
-        self.expected = {t.name: t for t in tensors}
-        header, self.offsets = layout(tensors)
-        self.size = len(header) + sum(t.nbytes for t in tensors)
-        self.written: set[str] = set()
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(self.fd, self.size)
-        os.pwrite(self.fd, header, 0)
 
-    def write(self, name: str, tensor) -> None:
-        from onboard.quantize.kernels import ST_DTYPES
+def write_tensor(fd: int, offset: int, expected: OutTensor, tensor) -> None:
+    """Write ``tensor`` at ``offset``, checked against its planned dtype and shape."""
+    import torch
 
-        t = self.expected[name]
-        if ST_DTYPES[tensor.dtype] != t.dtype or tuple(tensor.shape) != t.shape:
-            raise AssertionError(
-                f"{name}: produced {tensor.dtype} {list(tensor.shape)}, planned "
-                f"{t.dtype} {list(t.shape)}"
-            )
-        import torch
+    from onboard.quantize.kernels import ST_DTYPES
 
-        data = memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy())
-        _pwrite_all(self.fd, data, self.offsets[name])
-        self.written.add(name)
+    if (
+        ST_DTYPES[tensor.dtype] != expected.dtype
+        or tuple(tensor.shape) != expected.shape
+    ):
+        raise AssertionError(
+            f"{expected.name}: produced {tensor.dtype} {list(tensor.shape)}, planned "
+            f"{expected.dtype} {list(expected.shape)}"
+        )
+    data = memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+    _pwrite_all(fd, data, offset)
 
-    def copy_from(self, name: str, src_fd: int, info: TensorInfo) -> None:
-        """Copy an unchanged tensor straight from the input file."""
-        t = self.expected[name]
-        assert (t.dtype, t.shape) == (info.dtype, info.shape), name
-        done = 0
-        while done < info.nbytes:
-            n = os.copy_file_range(
-                src_fd,
-                self.fd,
-                info.nbytes - done,
-                info.start + done,
-                self.offsets[name] + done,
-            )
-            if n <= 0:
-                raise InputError(f"unexpected end of file copying {info.name}")
-            done += n
-        self.written.add(name)
 
-    def finish(self) -> str:
-        """Flush to disk and return the file's sha256."""
-        missing = set(self.expected) - self.written
-        if missing:
-            raise AssertionError(f"{self.path.name}: never wrote {sorted(missing)[:5]}")
-        os.fsync(self.fd)
-        os.close(self.fd)
-        return file_sha256(self.path)
+def copy_tensor(src_fd: int, info: TensorInfo, dst_fd: int, offset: int) -> None:
+    """Copy an unchanged tensor straight from the input file (in the kernel)."""
+    done = 0
+    while done < info.nbytes:
+        n = os.copy_file_range(
+            src_fd, dst_fd, info.nbytes - done, info.start + done, offset + done
+        )
+        if n <= 0:
+            raise InputError(f"unexpected end of file copying {info.name}")
+        done += n
 
-    def abort(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+
+def finish_file(path: Path) -> str:
+    """Flush a written file to disk and return its sha256."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return file_sha256(path)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -242,8 +265,14 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def file_sha256(path: Path) -> str:
+    import mmap
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            h.update(chunk)
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return h.hexdigest()
+        # Hashed from the mapped page cache: no copy into Python buffers.
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+            h.update(m)
     return h.hexdigest()
