@@ -3,7 +3,7 @@ Transformers modeling backend, on the same engine build and the same weights.
 
     flock /work/notes/engine.lock .venv/bin/python benchmarks/codegen_speed.py \
         [--families deepseek_v3,qwen3_moe] [--rounds 3] [--prompts 8] \
-        [--max-tokens 64] [--work DIR] [--json OUT.json]
+        [--max-tokens 64] [--work DIR] [--json OUT.json] [--profile]
 
 Per family, one random checkpoint written by transformers' own class
 (``save_pretrained``, float32) at a size where the model code, not the engine's
@@ -17,13 +17,16 @@ same engine arguments, float32, eager):
                 validate's hidden ``--reference-vllm-in-tree`` path)
   transformers  vLLM's Transformers modeling backend (``model_impl="transformers"``)
 
-Each engine reports the class it instantiated. After one warm-up request per
-engine, every round runs the same batch of prompts (greedy, ``ignore_eos``, so
-every run decodes the same number of tokens) on each engine in turn, the order
-rotating from round to round; the time is vLLM's ``LLM.generate`` time measured
-inside the engine's worker. Reported: median output tokens/s per engine and the
-ratios generated/in-tree and generated/transformers per round and as medians,
-with the machine's load average before and after.
+Each engine reports the class it instantiated. Every round starts each engine
+alone, warms it up with one request, times the same batch of prompts (greedy,
+``ignore_eos``, so every run decodes the same number of tokens) and closes it,
+the order rotating from round to round; the time is vLLM's ``LLM.generate`` time
+measured inside the engine's worker. Only one engine is alive at a time: resident
+engines slowed each other down unevenly. ``--profile`` also records, in round 1,
+each engine's top operators by self CPU time (torch.profiler in the worker), so a
+gap can be traced to the operators that cause it. Reported: median output tokens/s
+per engine and the ratios generated/in-tree and generated/transformers per round and
+as medians, with the machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# Imported in the engine's worker process (CPU time, --profile): the engines
+# inherit PYTHONPATH, to which main() adds this directory.
+PROFILER = "worker_profiler"
 
 # Big enough that the layers' matmuls dominate a decode step on two cores, small
 # enough to write, load and run three times each within a few minutes.
@@ -124,7 +131,7 @@ def prompts(n: int, vocab: int, length: int = 32) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def engines_for(family: str, ckpt: Path, work: Path, log_dir: Path):
+def engines_for(family: str, ckpt: Path, work: Path):
     """label -> (EngineOptions) for the three implementations."""
     from onboard.generate import generate_all
     from onboard.spec.hf import spec_from_hf_config_file
@@ -148,92 +155,134 @@ def engines_for(family: str, ckpt: Path, work: Path, log_dir: Path):
     }
 
 
-def bench_family(family: str, args, work: Path) -> dict:
+def _start(options, work: Path, name: str, batch, sampling):
+    """One engine, started and warmed up; None (with the error) if it failed."""
     from onboard.validate.engine import Engine, EngineDied, EngineLoadError
 
+    engine = Engine(options, work / name, work / "logs" / f"{name}.log")
+    t0 = time.perf_counter()
+    engine.start()
+    try:
+        info = engine.wait_ready()
+        engine.generate(batch[:2], **{**sampling, "max_tokens": 4})  # warm-up
+    except (EngineLoadError, EngineDied, TimeoutError) as exc:
+        engine.close()
+        return None, {"error": str(exc)[:2000], "log": str(engine.log_path)}
+    return engine, {
+        "model_class": info["model_class"],
+        "start_s": time.perf_counter() - t0,
+        "log": str(engine.log_path),
+    }
+
+
+def bench_family(family: str, args, work: Path) -> dict:
     ckpt = write_checkpoint(family, work / f"{family}-ckpt")
     config = json.loads((ckpt / "config.json").read_text())
     batch = prompts(args.prompts, config["vocab_size"])
     sampling = dict(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    log_dir = work / "logs"
+    options = engines_for(family, ckpt, work)
     result: dict = {"family": family, "checkpoint": str(ckpt), "engines": {}}
-    running: dict[str, Engine] = {}
-    try:
-        # Started one after another: two cores, and start-up is not what we time.
-        for label, options in engines_for(family, ckpt, work, log_dir).items():
-            engine = Engine(
-                options, work / f"{family}-{label}", log_dir / f"{family}-{label}.log"
-            )
-            t0 = time.perf_counter()
-            engine.start()
-            entry = result["engines"][label] = {"log": str(engine.log_path)}
-            try:
-                info = engine.wait_ready()
-                engine.generate(batch[:2], **{**sampling, "max_tokens": 4})  # warm-up
-            except (EngineLoadError, EngineDied, TimeoutError) as exc:
-                entry["error"] = str(exc)[:2000]
-                print(f"{family} {label}: failed to start: {exc}", flush=True)
-                engine.close()
+    labels = list(options)
+    result["load_before"] = os.getloadavg()
+    rounds = []
+    # One engine alive at a time: with several engines resident, each pinned by
+    # vLLM to the same core, the first-started one ran 10-25% slower whatever its
+    # turn (the same model code, profiled alone, matched the in-tree class op for
+    # op). So every round starts, times and closes each engine in turn.
+    for r in range(args.rounds):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        row = {}
+        for label in order:
+            if "error" in result["engines"].get(label, {}):
                 continue
-            entry.update(
-                model_class=info["model_class"], start_s=time.perf_counter() - t0
+            engine, entry = _start(
+                options[label], work, f"{family}-{label}", batch, sampling
             )
-            print(f"{family} {label}: {info['model_class']}", flush=True)
-            running[label] = engine
-        labels = list(running)
-        result["load_before"] = os.getloadavg()
-        rounds = []
-        for r in range(args.rounds):
-            order = labels[r % len(labels) :] + labels[: r % len(labels)]
-            row = {}
-            for label in order:
-                reply = running[label].generate(batch, **sampling)
-                tokens = sum(len(o["token_ids"]) for o in reply["outputs"])
-                row[label] = {
-                    "time_s": reply["time_s"],
-                    "tokens": tokens,
-                    "tokens_per_s": tokens / reply["time_s"],
-                    "token_ids": [o["token_ids"] for o in reply["outputs"]],
-                }
-            rounds.append({"order": order, **row})
-            print(
-                f"{family} round {r + 1}: "
-                + ", ".join(f"{k} {row[k]['tokens_per_s']:.1f} tok/s" for k in order),
-                flush=True,
-            )
-        result["load_after"] = os.getloadavg()
-    finally:
-        for engine in running.values():
-            engine.close()
+            if engine is None:
+                result["engines"][label] = entry
+                print(f"{family} {label}: failed to start: {entry['error']}")
+                continue
+            result["engines"].setdefault(label, entry)
+            try:
+                cpu_before = _worker_cpu_seconds(engine)
+                reply = engine.generate(batch, **sampling)
+                cpu_s = _worker_cpu_seconds(engine) - cpu_before
+                if args.profile and r == 0:
+                    result["engines"][label]["top_ops"] = profile_batch(
+                        engine, batch, sampling
+                    )
+            finally:
+                engine.close()
+            tokens = sum(len(o["token_ids"]) for o in reply["outputs"])
+            row[label] = {
+                "time_s": reply["time_s"],
+                "tokens": tokens,
+                "tokens_per_s": tokens / reply["time_s"],
+                "cpu_s": cpu_s,
+                "tokens_per_cpu_s": tokens / cpu_s,
+                "token_ids": [o["token_ids"] for o in reply["outputs"]],
+            }
+        rounds.append({"order": order, **row})
+        print(
+            f"{family} round {r + 1}: "
+            + ", ".join(f"{k} {row[k]['tokens_per_s']:.1f} tok/s" for k in row),
+            flush=True,
+        )
+    result["load_after"] = os.getloadavg()
+    labels = [label for label in labels if "error" not in result["engines"][label]]
     result["rounds"] = [
         {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(
             v, dict) else v) for k, v in row.items()}
         for row in rounds
     ]  # fmt: skip
     result["summary"] = summarize(rounds, labels)
-    if rounds and "generated" in labels and "in-tree" in labels:
-        # Same weights, same engine, greedy: the two vLLM implementations should
-        # give the same tokens (a speed figure for a different model means nothing).
-        last = rounds[-1]
-        result["summary"]["generated_tokens_equal_in_tree"] = (
-            last["generated"]["token_ids"] == last["in-tree"]["token_ids"]
-        )
+    # Same weights, greedy: the implementations should give the same tokens (a
+    # speed figure for a different model means nothing). On the CPU build the
+    # in-tree DeepSeek class does not: its rotary kernel mis-rotates the MLA query's
+    # strided rope slice (DESIGN.md), which the generated class works around.
+    last = rounds[-1] if rounds else {}
+    for other in ("in-tree", "transformers"):
+        if "generated" in last and other in last:
+            result["summary"][f"generated_tokens_equal_{other}"] = (
+                last["generated"]["token_ids"] == last[other]["token_ids"]
+            )
     return result
 
 
+def _worker_cpu_seconds(engine) -> float:
+    return engine.request({"op": "rpc", "function": f"{PROFILER}:cpu_seconds"})[
+        "result"
+    ][0]
+
+
+def profile_batch(engine, batch, sampling) -> list[dict]:
+    """Top operators by self CPU time in the model worker over one more batch
+    (torch.profiler, started and stopped in the worker through collective_rpc)."""
+    engine.request({"op": "rpc", "function": f"{PROFILER}:start"})
+    engine.generate(batch, **sampling)
+    reply = engine.request({"op": "rpc", "function": f"{PROFILER}:stop"})
+    return reply["result"][0]
+
+
 def summarize(rounds: list[dict], labels: list[str]) -> dict:
+    """Medians per engine, and generated/other ratios taken within each round, by
+    wall time (tokens/s) and by the worker's CPU time (tokens per CPU second)."""
     out: dict = {}
     for label in labels:
-        speeds = [row[label]["tokens_per_s"] for row in rounds]
-        out[f"{label}_tokens_per_s"] = statistics.median(speeds)
+        for metric in ("tokens_per_s", "tokens_per_cpu_s"):
+            speeds = [row[label][metric] for row in rounds if label in row]
+            out[f"{label}_{metric}"] = statistics.median(speeds)
     for other in ("in-tree", "transformers"):
-        if "generated" in labels and other in labels:
+        if "generated" not in labels or other not in labels:
+            continue
+        for metric, suffix in (("tokens_per_s", ""), ("tokens_per_cpu_s", "_cpu")):
             ratios = [
-                row["generated"]["tokens_per_s"] / row[other]["tokens_per_s"]
+                row["generated"][metric] / row[other][metric]
                 for row in rounds
+                if "generated" in row and other in row
             ]
-            out[f"generated_over_{other}"] = statistics.median(ratios)
-            out[f"generated_over_{other}_per_round"] = ratios
+            out[f"generated_over_{other}{suffix}"] = statistics.median(ratios)
+            out[f"generated_over_{other}{suffix}_per_round"] = ratios
     return out
 
 
@@ -245,8 +294,15 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also record each engine's top operators (torch.profiler) in round 1",
+    )
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     work = args.work or Path(tempfile.mkdtemp(prefix="codegen-speed-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -269,33 +325,42 @@ def main() -> int:
 
 
 def print_table(report: dict) -> None:
-    print("\n| family | engine | class | median tok/s |")
-    print("| --- | --- | --- | --- |")
+    print("\n| family | engine | class | median tok/s | median tok/CPU-s |")
+    print("| --- | --- | --- | --- | --- |")
     for fam in report["families"]:
+        s = fam["summary"]
         for label, entry in fam["engines"].items():
-            speed = fam["summary"].get(f"{label}_tokens_per_s")
+            speed = s.get(f"{label}_tokens_per_s")
             shown = (
-                f"{speed:.1f}" if speed else f"failed: {entry.get('error', '')[:80]}"
+                f"{speed:.1f} | {s[f'{label}_tokens_per_cpu_s']:.1f}"
+                if speed
+                else f"failed: {entry.get('error', '')[:80]} | -"
             )
             print(
                 f"| {fam['family']} | {label} | {entry.get('model_class', '-')} "
                 f"| {shown} |"
             )
-        s = fam["summary"]
         for other in ("in-tree", "transformers"):
-            if f"generated_over_{other}" in s:
-                rounds = ", ".join(
-                    f"{r:.3f}" for r in s[f"generated_over_{other}_per_round"]
-                )
+            for suffix, what in (("", "wall"), ("_cpu", "CPU time")):
+                key = f"generated_over_{other}{suffix}"
+                if key in s:
+                    rounds = ", ".join(f"{r:.3f}" for r in s[f"{key}_per_round"])
+                    print(
+                        f"{fam['family']}: generated/{other} ({what}) median "
+                        f"{s[key]:.3f} (rounds {rounds})"
+                    )
+        for other in ("in-tree", "transformers"):
+            if f"generated_tokens_equal_{other}" in s:
                 print(
-                    f"{fam['family']}: generated/{other} median "
-                    f"{s[f'generated_over_{other}']:.3f} (rounds {rounds})"
+                    f"{fam['family']}: generated tokens == {other} tokens: "
+                    f"{s[f'generated_tokens_equal_{other}']}"
                 )
-        if "generated_tokens_equal_in_tree" in s:
-            print(
-                f"{fam['family']}: generated tokens == in-tree tokens: "
-                f"{s['generated_tokens_equal_in_tree']}"
-            )
+        for label, entry in fam["engines"].items():
+            for op in entry.get("top_ops", [])[:5]:
+                print(
+                    f"{fam['family']} {label}: {op['op']} {op['calls']} calls, "
+                    f"{op['ms_per_call']:.3f} ms each"
+                )
         print(
             f"{fam['family']}: load average before {fam.get('load_before')}, "
             f"after {fam.get('load_after')}"
