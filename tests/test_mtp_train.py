@@ -20,6 +20,8 @@ import pytest
 
 from onboard.checkpoint.mtp_train import (
     REPORT_FILE,
+    decoded_walk,
+    engine_schedule,
     heldout_prompts,
     read_tensor,
     reference_mtp_acceptance,
@@ -92,8 +94,45 @@ def test_reference_acceptance_by_head_choice(novel_trained):
     assert own.per_head[0] == reused.per_head[0]  # same head, same drafts
     assert reused.per_position[1] <= reused.per_position[0]
     assert own.mean_acceptance_length == 1 + sum(own.per_position)
+    # As a speculative decoder drafts (only after each verification): a round
+    # at least every k + 1 slots, at most one per slot.
+    for acc in (own, reused):
+        assert 30 / 3 <= acc.decoded_drafts <= 30
+        assert acc.decoded_mean_acceptance_length == pytest.approx(
+            1 + sum(acc.decoded_per_position)
+        )
+        assert acc.decoded_per_position[1] <= acc.decoded_per_position[0]
     with pytest.raises(InputError, match="k must be 1..2"):
         reference_mtp_acceptance(ckpt, spec, prompts, 3)
+
+
+def test_decoded_walk_drafts_only_after_each_verification():
+    # k=1: right at slots 0, 1, 3, 6 -> rounds at 0 (accepted, skip 1), 2, 3
+    # (accepted, skip 4), 5, 6 (accepted).
+    drafts, accepted = decoded_walk(np.array([[1, 1, 0, 1, 0, 0, 1]], dtype=bool))
+    assert drafts == 5 and accepted.tolist() == [3]
+    # k=2: a round accepts its leading right positions only; a full round skips
+    # k + 1 slots.
+    ok = np.array([[1, 1, 0, 1, 1], [1, 0, 1, 1, 1]], dtype=bool)
+    drafts, accepted = decoded_walk(ok)
+    assert drafts == 2 and accepted.tolist() == [2, 2]  # rounds at 0 and 3
+    ok = np.array([[0, 1, 1], [1, 1, 1]], dtype=bool)
+    drafts, accepted = decoded_walk(ok)
+    assert drafts == 2 and accepted.tolist() == [1, 1]  # rounds at 0 and 1
+    # Every slot right, k=1: half the slots are drafted, all accepted; a per-slot
+    # rate of 0.5 in runs (easy, hard, ...) is a decoded rate below it.
+    drafts, accepted = decoded_walk(np.ones((1, 10), dtype=bool))
+    assert drafts == 5 and accepted.tolist() == [5]
+    runs = np.array([[1, 1, 1, 1, 0, 0, 0, 0]], dtype=bool)
+    drafts, accepted = decoded_walk(runs)
+    assert accepted[0] / drafts == 2 / 6 < runs.mean()
+
+
+def test_engine_schedule_is_the_spec_k_of_head_0():
+    novel = load_spec(ROOT / "model_specs/novel-launch.yaml")
+    deepseek = load_spec(ROOT / "model_specs/deepseek-v3-style.yaml")
+    assert engine_schedule(novel) == [0, 0]  # k=2, vLLM reuses head 0
+    assert engine_schedule(deepseek) == [0]
 
 
 def test_same_seed_same_bytes_and_only_mtp_tensors_change(tmp_path):

@@ -57,7 +57,17 @@ class HeadAcceptance:
     position ``j``'s draft equals the target's greedy token, on its own;
     ``per_position[j]``: how often positions ``0..j`` all do (what a speculative
     decoder accepts at position ``j``); ``mean_acceptance_length``: 1 + their sum
-    (vLLM's definition: tokens per target step)."""
+    (vLLM's definition: tokens per target step). These count every slot.
+
+    A speculative decoder drafts only after each verification: a draft whose
+    positions 0..a-1 are accepted is followed by the next draft ``a + 1`` tokens
+    later, so runs of easy slots are sampled less often than the slots where
+    drafts fail. ``decoded_*`` replay that walk over the same greedy sequences
+    (draft at the prompt's last token, advance by accepted + 1): the figures
+    vLLM's counters report (``decoded_per_position[j]``: accepted at position j
+    over ``decoded_drafts``; ``decoded_mean_acceptance_length``: 1 + their
+    sum). Measured: the engine's first-position acceptance equals the decoded
+    figure, not the per-slot one (docs/checkpoints.md)."""
 
     heads: list[int]
     per_head: list[float]
@@ -65,6 +75,9 @@ class HeadAcceptance:
     mean_acceptance_length: float
     slots: int
     prompts: int
+    decoded_per_position: list[float] = field(default_factory=list)
+    decoded_mean_acceptance_length: float = 1.0
+    decoded_drafts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,13 +96,15 @@ class MTPTrainingReport:
     loss_last: float
     before: HeadAcceptance
     after: HeadAcceptance
+    # The same, with the heads vLLM runs at each of the spec's k draft positions
+    # (engine_schedule): what the spec-decode check's engine figure compares with.
+    before_as_vllm_runs: HeadAcceptance
+    after_as_vllm_runs: HeadAcceptance
     heldout: str = "the accuracy check's prompts (onboard.validate.prompts)"
     losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["before"], out["after"] = self.before.to_dict(), self.after.to_dict()
-        return out
+        return asdict(self)
 
 
 # ---- the reference ------------------------------------------------------------------
@@ -221,7 +236,8 @@ def sequence_acceptance(
     k = len(heads)
     hits = np.zeros(k)
     chained = np.zeros(k)
-    slots = 0
+    accepted = np.zeros(k)
+    slots = drafts = 0
     with _heads_as(model, heads), torch.inference_mode():
         for n, (plen, seq) in enumerate(zip(prompt_lens, seqs, strict=True)):
             first, last = plen - 1, len(seq) - 2 - k
@@ -239,8 +255,12 @@ def sequence_acceptance(
             hits += ok.sum(1).numpy()
             chained += ok.cumprod(0).sum(1).numpy()
             slots += last + 1 - first
+            n_drafts, n_accepted = decoded_walk(ok.numpy())
+            drafts += n_drafts
+            accepted += n_accepted
     per_head = (hits / max(slots, 1)).tolist()
     per_position = (chained / max(slots, 1)).tolist()
+    decoded = (accepted / max(drafts, 1)).tolist()
     return HeadAcceptance(
         heads=list(heads),
         per_head=per_head,
@@ -248,7 +268,29 @@ def sequence_acceptance(
         mean_acceptance_length=1.0 + sum(per_position),
         slots=slots,
         prompts=len(prompt_lens),
+        decoded_per_position=decoded,
+        decoded_mean_acceptance_length=1.0 + sum(decoded),
+        decoded_drafts=drafts,
     )
+
+
+def decoded_walk(ok: np.ndarray) -> tuple[int, np.ndarray]:
+    """(drafts, accepted per position) of a speculative decoder on one greedy
+    sequence, from ``ok[j, s]`` (position j's draft of the round at slot s is
+    right): a round at slot s accepts its leading right positions, a, and the
+    next round starts at slot s + a + 1 (the verifier's own token follows them).
+    """
+    k, n = ok.shape
+    accepted = np.zeros(k)
+    drafts = s = 0
+    while s < n:
+        drafts += 1
+        a = 0
+        while a < k and ok[a, s]:
+            accepted[a] += 1
+            a += 1
+        s += a + 1
+    return drafts, accepted
 
 
 @contextmanager
@@ -351,6 +393,18 @@ def reference_mtp_acceptance(
         return mtp_acceptance(model, prompts, heads, new_tokens)
 
 
+def engine_schedule(spec: ModelSpec) -> list[int]:
+    """The MTP head vLLM runs at each draft position of the spec's ``mtp``
+    speculator (k: its ``num_speculative_tokens``, else the number of heads)."""
+    from onboard.generate.mtp import heads_run_by_vllm
+
+    k = next(
+        (s.num_speculative_tokens for s in spec.speculators if s.method == "mtp"),
+        spec.mtp.num_heads,
+    )
+    return heads_run_by_vllm(spec, k)
+
+
 def heldout_prompts(checkpoint_dir: Path, spec: ModelSpec) -> list[list[int]]:
     """The accuracy check's prompts as the validate harness tokenizes them."""
     from onboard.validate.prompts import PROMPTS
@@ -430,11 +484,13 @@ def train_mtp_heads(
     t0 = time.perf_counter()
     heldout = heldout_prompts(checkpoint_dir, spec)
     heads = list(range(spec.mtp.num_heads))
+    schedule = engine_schedule(spec)
     with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, _one_thread():
         torch.manual_seed(seed)
         model = load_mtp_reference(checkpoint_dir, spec, Path(tmp) / "a")
-        before = mtp_acceptance(model, heldout, heads)
+        before, before_vllm = _heldout_acceptance(model, heldout, heads, schedule)
         log(f"MTP heads before training: held-out acceptance {_fmt(before)}")
+        log(f"  as vLLM runs them ({schedule}): {_fmt_decoded(before_vllm)}")
 
         prompts = training_prompts(checkpoint_dir, spec.vocab_size, num_prompts, seed)
         with torch.inference_mode():
@@ -465,19 +521,22 @@ def train_mtp_heads(
             p.requires_grad_(True)
 
         def validate() -> float:
+            # What vLLM's counters report for the heads it runs: the decoded
+            # first-position acceptance (the mean length breaks ties).
             acc = sequence_acceptance(
                 model,
                 tokens[val],
                 [PROMPT_TOKENS] * int(val.sum()),
-                heads,
+                schedule,
                 hidden[val],
             )
-            return acc.mean_acceptance_length
+            rates = acc.decoded_per_position
+            return rates[0] + 1e-3 * acc.decoded_mean_acceptance_length
 
         temperature = _calibrate(model, tokens[train], hidden[train], teacher[train])
         log(f"copy prior: output norm scaled by {temperature:g} (calibrated)")
         best = (validate(), 0, {k: p.detach().clone() for k, p in params.items()})
-        log(f"copy prior: validation mean acceptance length {best[0]:.3f}")
+        log(f"copy prior: validation score {best[0]:.3f}")
         opt = torch.optim.AdamW(params.values(), lr=LR, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 1.0 - s / max(steps, 1)
@@ -509,7 +568,7 @@ def train_mtp_heads(
                 score = validate()
                 log(
                     f"step {step + 1}/{steps}: loss {losses[-1]:.3f}, validation "
-                    f"mean acceptance length {score:.3f}"
+                    f"score {score:.3f}"
                 )
                 if score >= best[0]:  # ties: the trained heads (better calibrated)
                     best = (
@@ -524,11 +583,12 @@ def train_mtp_heads(
 
         # Measured on what is now on disk (bf16 shards round the weights).
         model = load_mtp_reference(checkpoint_dir, spec, Path(tmp) / "b")
-        after = mtp_acceptance(model, heldout, heads)
+        after, after_vllm = _heldout_acceptance(model, heldout, heads, schedule)
     seconds = time.perf_counter() - t0
     log(
         f"MTP heads after training: held-out acceptance {_fmt(after)} ({seconds:.0f} s)"
     )
+    log(f"  as vLLM runs them ({schedule}): {_fmt_decoded(after_vllm)}")
     report = MTPTrainingReport(
         checkpoint_dir=str(checkpoint_dir),
         seed=seed,
@@ -541,6 +601,8 @@ def train_mtp_heads(
         loss_last=losses[-1] if losses else float("nan"),
         before=before,
         after=after,
+        before_as_vllm_runs=before_vllm,
+        after_as_vllm_runs=after_vllm,
         losses=losses[:: max(1, steps // 20)],
     )
     # The file is deterministic too: the time it took and the path are left out.
@@ -551,6 +613,23 @@ def train_mtp_heads(
         json.dumps(record, indent=2, sort_keys=True) + "\n",
     )
     return report
+
+
+def _heldout_acceptance(model, prompts, heads, schedule):
+    """(acceptance of each head at its own position, acceptance of the heads
+    vLLM runs) on the same greedy continuations."""
+    seqs = greedy_sequences(model, prompts, NEW_TOKENS)
+    lens = [len(p) for p in prompts]
+    own = sequence_acceptance(model, seqs, lens, heads)
+    return own, sequence_acceptance(model, seqs, lens, schedule)
+
+
+def _fmt_decoded(acc: HeadAcceptance) -> str:
+    rates = ", ".join(f"{r:.2f}" for r in acc.decoded_per_position)
+    return (
+        f"as decoded {rates} per position over {acc.decoded_drafts} drafts, mean "
+        f"acceptance length {acc.decoded_mean_acceptance_length:.2f}"
+    )
 
 
 def _fmt(acc: HeadAcceptance) -> str:

@@ -217,7 +217,7 @@ def run(ctx, name: str) -> Check:
             **metrics,
             engine_error=reason,
         )
-    if method == "mtp" and spec.mtp is not None and spec.mtp.num_heads > 1:
+    if method == "mtp" and spec.mtp is not None:
         metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
     if dtype is None:
         baseline_label = "the main engine (same settings, no speculation)"
@@ -237,32 +237,55 @@ def run(ctx, name: str) -> Check:
 
 
 def _mtp_heads(ctx, k: int) -> dict[str, Any]:
-    """With several MTP heads: which head vLLM runs at each draft step (the
-    codegen's finding; the engine's own per-layer call counts are in
-    ``draft_layer_calls``) and, by the generated reference, each head's own
-    acceptance beside that of the schedule vLLM runs: what the engine leaves on
-    the table."""
+    """The generated reference's view of the MTP heads on the check's prompts:
+    which head vLLM runs at each draft step (the codegen's finding; the engine's
+    own per-layer call counts are in ``draft_layer_calls``), the acceptance of
+    that schedule as a speculative decoder counts it (``decoded_per_position``:
+    the figure to set beside the engine's ``acceptance_rate_per_position``), each
+    head's own acceptance (what the engine leaves on the table) and, from the
+    checkpoint's ``mtp_training.json``, the same figures of the untrained heads."""
+    import json
+
     try:
-        from onboard.checkpoint.mtp_train import reference_mtp_acceptance
+        from onboard.checkpoint.mtp_train import REPORT_FILE, reference_mtp_acceptance
         from onboard.generate.mtp import heads_run_by_vllm
     except ImportError as exc:  # lands with the MTP codegen (issue 4)
         return {"mtp_heads_note": f"not available: {exc}"}
     spec = ctx.spec
     runs = heads_run_by_vllm(spec, k)
     out: dict[str, Any] = {"mtp_heads_run_per_step": runs}
+    training = Path(ctx.model_dir) / REPORT_FILE
+    if training.is_file():
+        report = json.loads(training.read_text())
+        out["mtp_training"] = {
+            "heldout": report.get("heldout"),
+            "untrained_as_vllm_runs": report.get("before_as_vllm_runs"),
+            "trained_as_vllm_runs": report.get("after_as_vllm_runs"),
+            "untrained_own_heads": report.get("before"),
+            "trained_own_heads": report.get("after"),
+        }
+    else:
+        out["mtp_training"] = None  # heads as the checkpoint came (not trained here)
     try:
-        own = reference_mtp_acceptance(
-            ctx.model_dir, spec, ctx.prompts, min(k, spec.mtp.num_heads)
-        )
         engine_like = reference_mtp_acceptance(
             ctx.model_dir, spec, ctx.prompts, heads=runs
         )
+        own = None
+        if spec.mtp.num_heads > 1:
+            own = reference_mtp_acceptance(
+                ctx.model_dir, spec, ctx.prompts, min(k, spec.mtp.num_heads)
+            )
     except Exception as exc:  # the reference is extra information, not the check
         out["mtp_reference_error"] = f"{type(exc).__name__}: {exc}"
         return out
-    out["mtp_reference_acceptance_own_heads"] = own.to_dict()
     out["mtp_reference_acceptance_as_vllm_runs"] = engine_like.to_dict()
+    if own is not None:
+        out["mtp_reference_acceptance_own_heads"] = own.to_dict()
     return out
+
+
+def _rates(values) -> str:
+    return ", ".join(f"{r:.2f}" for r in values)
 
 
 def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline):
@@ -304,12 +327,29 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
         )
     own = metrics.get("mtp_reference_acceptance_own_heads")
     ran = metrics.get("mtp_reference_acceptance_as_vllm_runs")
-    if own and ran:
+    if ran:
         lines.append(
-            "reference acceptance (mean length): each head at its own step "
-            f"{own['mean_acceptance_length']:.2f}, as vLLM runs them "
-            f"{ran['mean_acceptance_length']:.2f}"
+            "reference, as vLLM runs the heads and drafts (after each verification):"
+            f" acceptance per position {_rates(ran['decoded_per_position'])}, mean "
+            f"length {ran['decoded_mean_acceptance_length']:.2f}; at every slot "
+            f"{_rates(ran['per_position'])}"
         )
+    if own:
+        lines.append(
+            "reference, each head at its own step: acceptance per position "
+            f"{_rates(own['decoded_per_position'])} as decoded, mean length "
+            f"{own['decoded_mean_acceptance_length']:.2f}"
+        )
+    training = metrics.get("mtp_training")
+    if training and training.get("untrained_as_vllm_runs"):
+        before = _rates(training["untrained_as_vllm_runs"]["decoded_per_position"])
+        after = _rates(training["trained_as_vllm_runs"]["decoded_per_position"])
+        lines.append(
+            "MTP heads untrained -> trained (reference, held-out prompts, as vLLM "
+            f"runs them): acceptance per position {before} -> {after}"
+        )
+    elif "mtp_training" in metrics and training is None:
+        lines.append("MTP heads: not trained by onboard (no mtp_training.json)")
     problems = []
     if not verdict["passed"]:
         problems.append("the output with speculation differs from the output without")
