@@ -22,8 +22,9 @@ from pathlib import Path
 def summary(report: dict) -> list[str]:
     rows = [
         "| method | band | default k: acceptance length, speed-up | tuned k: "
-        "acceptance length, speed-up | prediction error (k=1..4) | decision |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "acceptance length, speed-up | predicted / measured speed-up (k=1..4) | "
+        "prediction error (k=1..4) | largest round spread | decision |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method, result in report["methods"].items():
         for band, data in result["bands"].items():
@@ -31,6 +32,14 @@ def summary(report: dict) -> list[str]:
             default = by_k.get(result["default_k"])
             best = max(data["rows"], key=lambda r: r["measured_speedup"])
             errors = ", ".join(f"{r['error']:+.0%}" for r in data["rows"])
+            speedups = ", ".join(
+                f"{r['predicted_speedup']:.2f}/{r['measured_speedup']:.2f}"
+                for r in data["rows"]
+            )
+            spread = max(
+                max(r.get("spread", 0), r.get("baseline_spread", 0))
+                for r in data["rows"]
+            )
 
             def cell(r):
                 if r is None:
@@ -41,8 +50,8 @@ def summary(report: dict) -> list[str]:
                 )
 
             rows.append(
-                f"| {method} | {band} | {cell(default)} | {cell(best)} | {errors} | "
-                f"{data['decision']} |"
+                f"| {method} | {band} | {cell(default)} | {cell(best)} | {speedups} | "
+                f"{errors} | {spread:.0%} | {data['decision']} |"
             )
     return rows
 

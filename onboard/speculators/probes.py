@@ -80,3 +80,56 @@ def count_draft_layer_calls(worker) -> list[str]:
 def draft_layer_calls(worker) -> dict[str, int]:
     """The counts since :func:`count_draft_layer_calls` (empty: not counting)."""
     return dict(getattr(_drafter(worker), COUNTER, {}) or {})
+
+
+TIMINGS = "_onboard_step_timings"
+# The model runner's per-step methods timed by :func:`time_steps`: the whole step
+# (execute_model + sample_tokens), the target forward inside it, sampling (the
+# rejection sampler when drafts are verified) and the drafter.
+TIMED = ("execute_model", "sample_tokens", "_model_forward", "_sample",
+         "propose_draft_token_ids")  # fmt: skip
+
+
+def _tokens(args, kwargs) -> int:
+    for value in (kwargs.get("input_ids"), kwargs.get("positions"), *args[:2]):
+        shape = getattr(value, "shape", None)
+        if shape:
+            return int(shape[-1])
+    return 0
+
+
+def time_steps(worker) -> list[str]:
+    """From now on, record the wall time of every call of the model runner's
+    per-step methods (:data:`TIMED`; the target forward with its token count);
+    :func:`step_timings` returns and clears them."""
+    import time
+
+    runner = worker.model_runner
+    records: list[tuple[str, float, int]] = []
+    setattr(runner, TIMINGS, records)
+    for name in TIMED:
+        method = getattr(runner, name, None)
+        if method is None:
+            continue
+
+        def timed(*args, _method=method, _name=name, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                tokens = _tokens(args, kwargs) if _name == "_model_forward" else 0
+                records.append((_name, time.perf_counter() - t0, tokens))
+
+        setattr(runner, name, timed)  # the instance attribute wins over the method
+    return [n for n in TIMED if hasattr(runner, n)]
+
+
+def step_timings(worker) -> list[tuple[str, float, int]]:
+    """The calls recorded since :func:`time_steps` or the last read (then cleared):
+    (method, seconds, target tokens for ``_model_forward``)."""
+    records = getattr(worker.model_runner, TIMINGS, None)
+    if records is None:
+        return []
+    out = list(records)
+    records.clear()
+    return out

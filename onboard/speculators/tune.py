@@ -2,39 +2,44 @@
 
 vLLM fixes k per engine, so every k costs an engine start (about a minute here).
 Per method the tuner starts one engine per k = 1..K (K = 4) and shares one engine
-without speculation; in each it times the same greedy requests for two batch
-bands (batch 8: eight prompts in one call; batch 1: four prompts one at a time)
-and reads vLLM's spec-decode counters.
+without speculation; in each it probes the step cost, then times the same greedy
+requests for two batch bands (batch 8: eight prompts in one call; batch 1: four
+prompts one at a time) and reads vLLM's spec-decode counters.
 
 Cost model (what is predicted from what; ``predict`` is the pure function):
 
 - per sequence, a decode step emits 1 + the accepted draft tokens, so over n
   sequences of N new tokens the number of sequence-steps is
   ``S = n (N - 1) - accepted`` (the first token comes from the prefill);
-- ``t1``: time of one decode step without speculation (baseline time per call over
-  N - 1 steps); ``s(k)``: time of one step with k drafts (spec time per call over
-  S / n steps). A step verifies k + 1 tokens per sequence and runs the draft k
-  times, so ``s(k) = s(1) + (k - 1) * delta``: linear in k, calibrated on the k = 1
-  and k = K engines. ``delta / t1`` is the draft/target cost ratio of one more draft
-  token; ``s(1) / t1`` the cost of a step with one draft relative to a plain step;
+- ``t1``: wall-clock of one decode step without speculation (baseline time per
+  call over N - 1 steps);
+- ``s(k)``: the step cost with k drafts, from a short probe in k's engine: its
+  band's requests once with PROBE_TOKENS new tokens, the worker's time per decode
+  step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps;
+  median), plus the time per step spent outside the worker (scheduler, IPC),
+  taken from the baseline (its wall-clock step minus its own probe). Measured per
+  k, not interpolated: on vLLM 0.32's CPU build the step cost is not linear in k
+  (k = 2 cost more than k = 3 in every run; docs/speculators.md has the cause);
 - acceptance: ``p_i``, vLLM's per-position acceptance (accepted at position i over
-  drafts) from the k = K engine, and ``f``, the share of steps that had a draft
-  (1 for model drafts; below 1 for n-gram, which drafts only on a match). A draft
-  at position i does not depend on k, so the mean tokens per step for any k is
-  ``L(k) = 1 + f * sum(p_1..p_k)``;
-- predicted speed-up ``t1 * L(k) / s(k)``; measured speed-up: baseline wall-clock
-  over speculative wall-clock for the same requests.
+  drafts) from the k = K engine's timed rounds, and ``f``, the share of steps that
+  had a draft (1 for model drafts; below 1 for n-gram, which drafts only on a
+  match). A draft at position i does not depend on k, so the mean tokens per step
+  for any k is ``L(k) = 1 + f * sum(p_1..p_k)``;
+- predicted speed-up ``t1 * L(k) / s(k)``; measured speed-up: the baseline's
+  median wall-clock over the speculative engine's, over REPEATS rounds of the same
+  requests (the spread of the rounds is reported beside it).
 
-k = 1 and k = K calibrate the step cost (their acceptance is still predicted);
-k = 2 and 3 are predictions from the other engines' numbers alone. The best k is
-the measured best; when no k beats 1.0 the tuner declines speculation for that
-band, with the numbers.
+The first model (step cost linear in k, calibrated on the k = 1 and k = K
+wall-clocks: ``predict_linear``) is still computed and reported for comparison.
+The best k is the measured best; when no k beats 1.0 the tuner declines
+speculation for that band, with the numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +54,11 @@ K_VALUES = (1, 2, 3, 4)
 NEW_TOKENS = 32
 BANDS = {"batch-8": (8, 1), "batch-1": (1, 4)}  # band: (batch size, calls)
 TOLERANCE = 0.15
-# Rounds per band and engine; the fastest counts (see measure).
-REPEATS = 5
+# Timed rounds per band and engine; the median counts (see measure).
+REPEATS = 7
+# New tokens per request in the step-cost probe (see measure).
+PROBE_TOKENS = 12
+PROBES = "onboard.speculators.probes"
 
 
 @dataclass
@@ -64,10 +72,27 @@ class Run:
     draft_tokens: int = 0
     accepted: int = 0
     accepted_per_pos: tuple[int, ...] = ()
+    # Every timing round's wall-clock (``seconds`` is their median).
+    rounds: tuple[float, ...] = ()
+    # Median worker time of one decode step (execute_model + sample_tokens) in
+    # the short probe run, and in the timed rounds (diagnosis only).
+    probe_step_s: float | None = None
+    round_step_s: float | None = None
+    # Per decode step in the timed rounds, median seconds of its parts (target
+    # forward, sampling / rejection sampling, drafter) and target token counts.
+    parts_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    forward_tokens: tuple[int, ...] = ()
 
     @property
     def seq_steps(self) -> int:
         return self.sequences * (NEW_TOKENS - 1) - self.accepted
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median round: the timing noise."""
+        return (
+            (max(self.rounds) - min(self.rounds)) / self.seconds if self.rounds else 0
+        )
 
 
 def step_time_baseline(base: Run) -> float:
@@ -78,24 +103,50 @@ def step_time_spec(run: Run) -> float:
     return run.seconds / run.calls / (run.seq_steps / run.sequences)
 
 
-def predict(base: Run, k1: Run, kmax: Run, kmax_value: int, k: int) -> dict:
-    """Predicted speed-up of draft length ``k`` from the baseline, the k = 1 and
-    the k = K runs (see the module docstring)."""
-    t1 = step_time_baseline(base)
-    s1, sk = step_time_spec(k1), step_time_spec(kmax)
-    delta = (sk - s1) / (kmax_value - 1)
+def tokens_per_step(kmax: Run, k: int) -> tuple[float, float]:
+    """(L(k), f): the mean tokens per step a draft length ``k`` is predicted to
+    emit from the k = K run's per-position acceptance, and the share of steps
+    that had a draft."""
     rates = [c / kmax.drafts if kmax.drafts else 0.0 for c in kmax.accepted_per_pos]
     f = kmax.drafts / kmax.seq_steps if kmax.seq_steps else 0.0
-    length = 1 + f * sum(rates[:k])
-    step = s1 + (k - 1) * delta
+    return 1 + f * sum(rates[:k]), f
+
+
+def predict(base: Run, probe: Run, kmax: Run, k: int) -> dict:
+    """Predicted speed-up of draft length ``k``: the baseline's time per plain
+    step ``t1``; the step cost ``s(k)`` of k's own engine from its short probe
+    (the worker's median time per decode step) plus the time per step spent
+    outside the worker, taken from the baseline (its step time minus its probe);
+    the tokens per step ``L(k)`` from the k = K run's acceptance per position.
+    Speed-up ``t1 * L(k) / s(k)``."""
+    t1 = step_time_baseline(base)
+    outside = t1 - (base.probe_step_s or 0.0)
+    step = (probe.probe_step_s or 0.0) + outside
+    length, f = tokens_per_step(kmax, k)
     return {
         "predicted_speedup": t1 * length / step,
         "predicted_tokens_per_step": length,
         "predicted_step_s": step,
+        "probe_step_s": probe.probe_step_s,
         "baseline_step_s": t1,
+        "baseline_probe_step_s": base.probe_step_s,
+        "step_cost_ratio": step / t1,
+        "draft_step_share": f,
+    }
+
+
+def predict_linear(base: Run, k1: Run, kmax: Run, kmax_value: int, k: int) -> dict:
+    """The first model, kept for comparison: step cost linear in k, calibrated on
+    the k = 1 and k = K runs' wall-clock (it missed k = 2 by about 20%: see
+    docs/speculators.md)."""
+    t1 = step_time_baseline(base)
+    s1, sk = step_time_spec(k1), step_time_spec(kmax)
+    delta = (sk - s1) / (kmax_value - 1)
+    length, _ = tokens_per_step(kmax, k)
+    return {
+        "predicted_speedup": t1 * length / (s1 + (k - 1) * delta),
         "draft_cost_ratio": delta / t1,
         "k1_step_cost_ratio": s1 / t1,
-        "draft_step_share": f,
     }
 
 
@@ -103,19 +154,61 @@ def _counters(engine: Engine) -> dict[str, Any]:
     return {k: v for k, v in engine.metrics().items() if k.startswith(PREFIX)}
 
 
+def _rpc(engine: Engine, function: str):
+    return engine.request({"op": "rpc", "function": f"{PROBES}:{function}"})["result"][
+        0
+    ]
+
+
+def decode_steps(records) -> list[dict[str, float]]:
+    """Group the worker's timed calls (probes.step_timings, in completion order:
+    the forward ends inside execute_model, sampling and drafting inside
+    sample_tokens) into steps, and drop each request batch's first step (the
+    prefill); the records of one generate call."""
+    steps: list[dict[str, float]] = []
+    current: dict[str, float] = {}
+    for name, seconds, tokens in records:
+        current[name] = current.get(name, 0.0) + seconds
+        if name == "_model_forward":
+            current["tokens"] = tokens
+        if name == "sample_tokens":
+            steps.append(current)
+            current = {}
+    return steps[1:]
+
+
+def _median(values) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _step_s(step: dict[str, float]) -> float:
+    return step.get("execute_model", 0.0) + step.get("sample_tokens", 0.0)
+
+
 def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
-    """Time every band on one engine (after one warm-up call): each band REPEATS
-    times, keeping the fastest round (the least disturbed on a shared machine);
-    the counters are per round (greedy rounds repeat the same tokens)."""
+    """Time every band on one engine (after one warm-up call).
+
+    First the probe: each band's requests once with PROBE_TOKENS new tokens, the
+    worker's time per decode step recorded (median). Then REPEATS timed rounds of
+    NEW_TOKENS; the median round counts, the spread is kept. The counters are per
+    round (greedy rounds repeat the same tokens)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
+    _rpc(engine, "time_steps")
+    _rpc(engine, "step_timings")  # clear
     runs = {}
     start = 0
     for band, (batch, calls) in BANDS.items():
         chunks = [prompts[start + i * batch : start + (i + 1) * batch]
                   for i in range(calls)]  # fmt: skip
         start += batch * calls
+        probe = []
+        for chunk in chunks:
+            engine.generate(
+                chunk, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True
+            )
+            probe += decode_steps(_rpc(engine, "step_timings"))
         before = _counters(engine)
-        rounds = []
+        rounds, steps = [], []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             for chunk in chunks:
@@ -123,6 +216,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                     chunk, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
                 )
             rounds.append(time.perf_counter() - t0)
+            steps += decode_steps(_rpc(engine, "step_timings"))
         after = _counters(engine)
 
         def per_round(key, after=after, before=before):
@@ -136,7 +230,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
             0
         ] * len(pos_after)
         runs[band] = Run(
-            seconds=min(rounds),
+            seconds=_median(rounds),
             sequences=batch * calls,
             calls=calls,
             drafts=per_round("num_drafts"),
@@ -146,6 +240,14 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                 round((a - b) / REPEATS)
                 for a, b in zip(pos_after, pos_before, strict=True)
             ),
+            rounds=tuple(rounds),
+            probe_step_s=_median([_step_s(x) for x in probe]),
+            round_step_s=_median([_step_s(x) for x in steps]),
+            parts_s={
+                part: _median([x.get(part, 0.0) for x in steps])
+                for part in ("_model_forward", "_sample", "propose_draft_token_ids")
+            },
+            forward_tokens=tuple(sorted({int(x.get("tokens", 0)) for x in steps})),
         )
     return runs
 
@@ -156,6 +258,34 @@ def _start(options: EngineOptions, work: Path, label: str, log) -> Engine:
     info = engine.wait_ready()
     log(f"{label}: engine ready in {info['start_s']:.0f} s")
     return engine
+
+
+def measure_engine(
+    options: EngineOptions, work: Path, label: str, prompts, log
+) -> dict[str, Run]:
+    """The bands measured on one engine (``label``); saved to WORK/<label>.json
+    as soon as they are, and read back from there by a rerun with the same
+    engine settings (a method's engines can then span several shorter runs)."""
+    saved = work / f"{label}.json"
+    config = json.loads(json.dumps(options.engine_kwargs(), default=str))
+    if saved.is_file():
+        data = json.loads(saved.read_text())
+        if data.get("engine") == config:
+            log(f"{label}: measured before ({saved})")
+            return {band: _run_from(r) for band, r in data["bands"].items()}
+    engine = _start(options, work, label, log)
+    try:
+        runs = measure(engine, prompts)
+    finally:
+        engine.close()
+    bands = {band: dataclasses.asdict(r) for band, r in runs.items()}
+    atomic_write_text(saved, json.dumps({"engine": config, "bands": bands}) + "\n")
+    return runs
+
+
+def _run_from(data: dict[str, Any]) -> Run:
+    tuples = ("accepted_per_pos", "rounds", "forward_tokens")
+    return Run(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
 
 
 def tune_method(
@@ -172,33 +302,51 @@ def tune_method(
     runs: dict[int, dict[str, Run]] = {}
     for k in (K_VALUES[0], K_VALUES[-1], *K_VALUES[1:-1]):
         extra = {**options.extra, "speculative_config": config_for_k(k)}
-        engine = _start(
+        runs[k] = measure_engine(
             dataclasses.replace(options, extra=extra),
             work,
             f"{entry.method}-k{k}",
+            prompts,
             log,
         )
-        try:
-            runs[k] = measure(engine, prompts)
-        finally:
-            engine.close()
     kmax = K_VALUES[-1]
-    result: dict[str, Any] = {"default_k": entry.num_speculative_tokens, "bands": {}}
+    result: dict[str, Any] = {
+        "default_k": entry.num_speculative_tokens,
+        "bands": {},
+        # The raw measurements, so that a cost model can be checked offline.
+        "runs": {
+            "baseline": {b: dataclasses.asdict(r) for b, r in base.items()},
+            **{
+                f"k{k}": {b: dataclasses.asdict(r) for b, r in by_band.items()}
+                for k, by_band in runs.items()
+            },
+        },
+    }
     for band in BANDS:
         rows = []
         for k in K_VALUES:
-            row = predict(
+            run = runs[k][band]
+            row = predict(base[band], run, runs[kmax][band], k)
+            linear = predict_linear(
                 base[band], runs[K_VALUES[0]][band], runs[kmax][band], kmax, k
             )
-            run = runs[k][band]
             measured = base[band].seconds / run.seconds
             row.update(
                 k=k,
                 measured_speedup=measured,
                 error=row["predicted_speedup"] / measured - 1,
-                calibration=k in (K_VALUES[0], kmax),
+                linear_predicted_speedup=linear["predicted_speedup"],
+                linear_error=linear["predicted_speedup"] / measured - 1,
+                draft_cost_ratio=linear["draft_cost_ratio"],
+                k1_step_cost_ratio=linear["k1_step_cost_ratio"],
+                # k = K: its own counters give L(K), only its step cost is probed.
+                calibration=k == kmax,
                 seconds=run.seconds,
                 baseline_seconds=base[band].seconds,
+                spread=run.spread,
+                baseline_spread=base[band].spread,
+                round_step_s=run.round_step_s,
+                parts_s=run.parts_s,
                 mean_acceptance_length=1 + run.accepted / run.drafts
                 if run.drafts
                 else 1.0,
@@ -211,8 +359,12 @@ def tune_method(
             )
             rows.append(row)
         best = max(rows, key=lambda r: r["measured_speedup"])
+        predicted_best = max(rows, key=lambda r: r["predicted_speedup"])
         result["bands"][band] = {
             "rows": rows,
+            "predicted_best_k": predicted_best["k"]
+            if predicted_best["predicted_speedup"] > 1.0
+            else None,
             "best_k": best["k"] if best["measured_speedup"] > 1.0 else None,
             "best_measured_speedup": best["measured_speedup"],
             "within_tolerance": all(abs(r["error"]) <= TOLERANCE for r in rows),
@@ -277,11 +429,9 @@ def tune(
             extra=extra,
         )
         if dtype not in bases:
-            engine = _start(options, work, f"baseline-{dtype or 'default'}", log)
-            try:
-                bases[dtype] = measure(engine, prompts)
-            finally:
-                engine.close()
+            bases[dtype] = measure_engine(
+                options, work, f"baseline-{dtype or 'default'}", prompts, log
+            )
 
         def config_for_k(k, entry=entry, draft=draft, method=method, dtype=dtype):
             cfg = speculative_config(
@@ -309,24 +459,26 @@ def render(report: dict[str, Any]) -> str:
                 f"## {method}, {band} (default k={result['default_k']})",
                 "",
                 "| k | acceptance per position | mean acceptance length | "
-                "predicted speed-up | measured speed-up | error |",
-                "| --- | --- | --- | --- | --- | --- |",
+                "step cost (probe, plain steps) | predicted speed-up | "
+                "measured speed-up (round spread spec / base) | error | "
+                "linear model error |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
             ]
             for r in data["rows"]:
                 rates = ", ".join(f"{x:.2f}" for x in r["acceptance_rate_per_position"])
-                mark = " (calibration)" if r["calibration"] else ""
+                mark = " (acceptance measured)" if r["calibration"] else ""
                 lines.append(
-                    f"| {r['k']}{mark} | {rates} | {r['mean_acceptance_length']:.2f} | "
-                    f"{r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x | "
-                    f"{r['error']:+.0%} |"
+                    f"| {r['k']}{mark} | {rates} | {r['mean_acceptance_length']:.2f} "
+                    f"| {r['step_cost_ratio']:.2f} | {r['predicted_speedup']:.2f}x | "
+                    f"{r['measured_speedup']:.2f}x ({r.get('spread', 0):.0%} / "
+                    f"{r.get('baseline_spread', 0):.0%}) | {r['error']:+.0%} | "
+                    f"{r.get('linear_error', 0):+.0%} |"
                 )
             r0 = data["rows"][0]
             lines += [
                 "",
-                "Draft/target cost ratio per draft token "
-                f"{r0['draft_cost_ratio']:.2f}; "
-                f"a step with one draft costs {r0['k1_step_cost_ratio']:.2f} plain "
-                f"steps. Decision: {data['decision']}.",
+                f"A plain step takes {1000 * r0['baseline_step_s']:.1f} ms. "
+                f"Decision: {data['decision']}.",
                 "",
             ]
     return "\n".join(lines)
