@@ -220,6 +220,34 @@ def test_missing_router_bias(broken) -> None:
     assert errors_of(report) == {"missing-tensor"}
 
 
+def test_kv_sharing_layers_may_omit_their_own_kv(broken) -> None:
+    """A KV-sharing layer reads an earlier layer's cache: its own K/V projections
+    and k-norm are never run, so a checkpoint without them passes; a layer that
+    computes K/V still needs them."""
+    ckpt = broken("novel-launch")
+    spec = spec_of(ckpt)
+    sharing = "|".join(str(i) for i in sorted(spec.attention.kv_sharing))
+    unused = re.compile(
+        rf"model\.layers\.({sharing})\.self_attn\.(k_proj|v_proj|k_norm)\."
+    )
+    dropped: list[str] = []
+
+    def drop_unused(tensors: Tensors) -> Tensors:
+        dropped.extend(k for k in tensors if unused.match(k))
+        return {k: v for k, v in tensors.items() if not unused.match(k)}
+
+    edit_shards(ckpt, drop_unused)
+    assert len(dropped) == 3 * len(spec.attention.kv_sharing)
+    report = preflight(spec, ckpt)
+    assert report.ok and report.problems == [], report.lines()
+
+    target = spec.attention.kv_sharing[min(spec.attention.kv_sharing)]
+    name = f"model.layers.{target}.self_attn.k_proj.weight"
+    edit_shards(ckpt, lambda t: {k: v for k, v in t.items() if k != name})
+    problem = one(preflight(spec, ckpt), "missing-tensor")
+    assert problem.tensors == (name,)
+
+
 def test_mla_latent_size(broken) -> None:
     """kv_a_proj_with_mqa rows != kv_lora_rank + qk_rope_head_dim."""
     ckpt = broken()

@@ -102,6 +102,9 @@ FUSED_SETS = (
     EXPERT_ROLES,  # one FusedMoE layer per decoder layer
 )
 # Parameters quantizers add next to (or instead of) a Linear module's weight.
+# A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
+SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
+
 QUANT_PARAMS = frozenset(
     {
         "weight_packed",
@@ -743,6 +746,15 @@ class _Run:
             role = roles.get(module)
             expect = _Expect(plan.shape, None, role, param)
             linear = param == "weight" and len(plan.shape) == 2
+            if role in SHARING_UNUSED_ROLES and plan.layer in spec.attention.kv_sharing:
+                # The layer reads an earlier layer's KV cache: the generated model
+                # drops its own K/V (and k-norm) when stored, so they may be absent.
+                optional[plan.name] = expect
+                if linear and quant is not None:
+                    self._accept_as_stored(
+                        module, plan.shape, role, "quantized", {}, optional
+                    )
+                continue
             if quant is None or not linear or role not in QUANTIZABLE_ROLES:
                 expected[plan.name] = expect
                 continue
