@@ -47,7 +47,7 @@ TORCH_DTYPES = {
 }
 ST_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
-BLOCK_VALUES = 1 << 16  # values per fused-loop block (see _block_rows)
+BLOCK_VALUES = 1 << 17  # values per fused-loop block (see _block_rows)
 CHECK_ROWS = 16  # rows of every tensor re-done by compressed-tensors at run time
 
 
@@ -101,16 +101,15 @@ def observe(
     from compressed_tensors.quantization.utils import maybe_pad_tensor_for_block_quant
 
     args = scheme.ct_scheme.weights
-    symmetric_fast = fast and args.symmetric and w.dtype in _BITS
-    if args.strategy == "channel" and symmetric_fast:
-        mx = _absmax(w, w.shape[1])
-        mn = -mx
-    elif args.strategy == "channel":
+    if fast and args.symmetric and w.dtype in _BITS and args.strategy != "block":
+        group = w.shape[1] if args.strategy == "channel" else args.group_size
+        mx = _absmax(w, group)
+        if not torch.isfinite(mx).all():
+            raise NonFiniteWeights("NaN or infinite values")
+        return -mx, mx
+    if args.strategy == "channel":
         # (two reductions are faster than torch.aminmax along rows here)
         mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
-    elif args.strategy in ("group", "tensor_group") and symmetric_fast:
-        mx = _absmax(w, args.group_size)
-        mn = -mx
     elif args.strategy in ("group", "tensor_group"):
         mn, mx = torch.aminmax(w.unflatten(-1, (-1, args.group_size)), dim=-1)
     elif args.strategy == "block":
@@ -231,7 +230,7 @@ class _Fp4Scratch:
         self.x16 = torch.empty(grouped, dtype=torch.bfloat16)
         self.a = torch.empty(grouped, dtype=torch.float32)
         self.b = torch.empty(grouped, dtype=torch.float32)
-        self.neg = torch.empty(rows, cols, dtype=torch.bool)
+        self.neg = torch.empty(rows, cols, dtype=torch.uint8)  # (faster than bool)
         self.codes = torch.empty(rows, cols, dtype=torch.uint8)
         self.pairs = torch.empty(rows, cols // 2, dtype=torch.int16)
 
@@ -247,7 +246,7 @@ def _fp4_codes_into(x: torch.Tensor, s: _Fp4Scratch, n: int) -> torch.Tensor:
     torch.minimum(code, x.mul_(0.5).round_().add_(4.0), out=code)
     codes = s.codes[:n]
     codes.copy_(code)
-    return codes.add_(neg.view(torch.uint8), alpha=8)
+    return codes.add_(neg, alpha=8)
 
 
 def fp4_codes(scaled: torch.Tensor) -> torch.Tensor:

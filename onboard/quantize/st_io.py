@@ -250,12 +250,18 @@ def copy_tensor(src_fd: int, info: TensorInfo, dst_fd: int, offset: int) -> None
 
 def finish_file(path: Path) -> str:
     """Flush a written file to disk and return its sha256."""
+    from concurrent.futures import ThreadPoolExecutor
+
     fd = os.open(path, os.O_RDWR)
     try:
-        os.fsync(fd)
+        # The disk write and the hash (from the page cache) at the same time.
+        with ThreadPoolExecutor(1) as pool:
+            flushed = pool.submit(os.fsync, fd)
+            sha = file_sha256(path)
+            flushed.result()
     finally:
         os.close(fd)
-    return file_sha256(path)
+    return sha
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
