@@ -94,6 +94,7 @@ def test_emit_writes_a_self_contained_run(tmp_path, spec_path, target):
         "thresholds.json",
         "accuracy_client.py",
         "reference_logprobs.py",
+        "onboard_probe.py",
         "plugin",
         "spec.yaml",
         "results",
@@ -101,12 +102,15 @@ def test_emit_writes_a_self_contained_run(tmp_path, spec_path, target):
     assert (out / "plugin" / "pyproject.toml").is_file()
     syntax = subprocess.run(["bash", "-n", str(out / "run.sh")], capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
-    for script in ("accuracy_client.py", "reference_logprobs.py"):
+    for script in ("accuracy_client.py", "reference_logprobs.py", "onboard_probe.py"):
         compile((out / script).read_text(), script, "exec")
 
     run = (out / "run.sh").read_text()
     assert "vllm bench serve" in run and "--save-result" in run
     assert '"$URL/metrics"' in run and "-m lm_eval" in run
+    # The served class is asked of the workers (model-class phase).
+    assert "--worker-extension-cls onboard_probe.ModelClassProbe" in run
+    assert "VLLM_SERVER_DEV_MODE=1" in run and "phase_model_class" in run
     env = out / "manifest.env"
     assert _manifest_env(env, "MODEL") == "my-org/tiny-llama"
     assert _manifest_env(env, "VARIANTS") == "baseline spec-ngram"
@@ -227,9 +231,19 @@ def _round_trip(root: Path, speculative: bool) -> RoundTrip:
     logs = []
     for variant, config in variants.items():
         extra = {"speculative_config": config} if config else {}
-        options = EngineOptions(ckpt, plugin, max_model_len=512, extra=extra)
-        server = Server(options, root / f"work-{variant}", root / f"{variant}.log")
-        phases = [f"bench:{variant}", f"scrape:{variant}"]
+        # Served as run.sh serves: with the model-class probe and dev mode.
+        probe = manifest["model_class_probe"]
+        extra["worker_extension_cls"] = probe["worker_extension_cls"]
+        options = EngineOptions(
+            ckpt, plugin, max_model_len=512, extra=extra, env=probe["env"]
+        )
+        server = Server(
+            options,
+            root / f"work-{variant}",
+            root / f"{variant}.log",
+            pythonpath=(emitted,),
+        )
+        phases = [f"model-class:{variant}", f"bench:{variant}", f"scrape:{variant}"]
         if variant == "baseline":
             phases = ["env", "accuracy", "lm-eval", *phases]
         with server.start():
@@ -309,6 +323,12 @@ def _assert_real_results(trip: RoundTrip, result: dict) -> None:
     # float32 on both sides: the same bound as the cpu target's validate.
     assert m["prompt_logprob_max_abs_diff"] < 1e-2
     assert m["prompt_positions"] > 100
+    # The class the server's worker built, asked over vLLM's /collective_rpc.
+    assert result["vllm_model_class"].startswith("onboard_plugin_tiny_llama.")
+    assert result["vllm_model_class"].endswith(".LlamaForCausalLM")
+    assert m["generated_class_instantiated"] is True
+    probe = json.loads((results / "model-class-baseline.json").read_text())
+    assert probe["workers"] == [result["vllm_model_class"]]
     speed = _check(result, "speed")
     assert speed["status"] == "passed", speed["details"]
     assert [s["concurrency"] for s in speed["metrics"]["sweep"]] == [1, 2]
@@ -333,6 +353,20 @@ def test_round_trip_ingests_real_cpu_results(round_trip):
     assert result["passed"] is True
     assert (trip.out / "b200" / "report.html").is_file()
     assert (trip.out / "b200" / "results" / "vllm_accuracy.json").is_file()
+
+    # A server that built vLLM's own class instead: accuracy fails, as on cpu.
+    probe_path = trip.emitted / "results" / "model-class-baseline.json"
+    probe = probe_path.read_text()
+    in_tree = "vllm.model_executor.models.llama.LlamaForCausalLM"
+    probe_path.write_text(probe.replace(result["vllm_model_class"], in_tree))
+    proc, wrong = trip.ingest()
+    assert proc.returncode == 1 and wrong["vllm_model_class"] == in_tree
+    accuracy = _check(wrong, "accuracy")
+    assert (
+        accuracy["status"] == "failed"
+        and "did not take effect" in (accuracy["details"])
+    )
+    probe_path.write_text(probe)
 
     # Thresholds the same numbers miss: the checks fail, exit 1.
     score = _check(result, "lm-eval:gsm8k_onboard_tiny")["metrics"]["score"]

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 from validate_fixtures import LLAMA_SPEC, write_llama
 
-from onboard.validate.check_speed import bench_summary, headline, sweep_problems
+from onboard.validate.check_speed import (
+    bench_summary,
+    engine_timings,
+    headline,
+    histogram_totals,
+    sweep_problems,
+)
 from onboard.validate.serve import serve_flags, spec_decode_counters
 
 NGRAM = "speculators: [{method: ngram, num_speculative_tokens: 3}]\n"
@@ -87,6 +93,28 @@ def test_headline_and_problems_from_bench_results():
     ]
 
 
+def test_tokens_in_bursts_are_flagged_not_reported():
+    """A real sweep level (tests/fixtures/speed_bursty: novel-launch, before the
+    client ran at a raised priority) whose streamed tokens reached vLLM's
+    benchmark all at once: its median TPOT of ~0.005 ms against the engine's own
+    ~42 ms is a problem, not a speed figure."""
+    fixture = Path(__file__).parent / "fixtures" / "speed_bursty"
+    level = bench_summary(json.loads((fixture / "bench-c1.json").read_text()))
+    assert level["tpot_ms"] < 0.01 and level["ttft_ms"] > 400  # the symptom
+    level.update(
+        engine_timings({}, histogram_totals((fixture / "metrics.prom").read_text()))
+    )
+    assert 41 < level["engine_tpot_ms"] < 43
+    assert 41 < level["engine_itl_ms"] < 43 and 200 < level["engine_ttft_ms"] < 215
+    (problem,) = sweep_problems("baseline", [level])
+    assert (
+        "baseline at concurrency 1: the benchmark's median TPOT 0.00484 ms" in problem
+    )
+    assert "in bursts" in problem
+    # A per-token figure near the engine's passes.
+    assert sweep_problems("baseline", [{**level, "tpot_ms": 35.0}]) == []
+
+
 def _context(root: Path, spec_text: str, quantized: dict | None = None):
     from onboard.generate import generate_all
     from onboard.spec import parse_spec_text
@@ -118,6 +146,11 @@ def _assert_sweep(variant: dict, levels: list[int]) -> None:
         assert level["completed"] == level["num_prompts"] and level["failed"] == 0
         assert level["output_tokens_per_s"] > 0
         assert level["ttft_ms"] > 0 and level["tpot_ms"] > 0
+        # Per-token figures: the client's TPOT is the engine's own (its /metrics,
+        # same requests) plus delivery, not the ~0.005 ms of tokens read in bursts.
+        assert level["engine_tpot_ms"] > 0 and level["engine_ttft_ms"] > 0
+        assert level["tpot_ms"] > 0.5 * level["engine_tpot_ms"], level
+        assert level["itl_ms"] > 0.1, level
         # vLLM's own result file, kept beside validation.json.
         path = Path(variant["results"]) / f"bench-c{level['concurrency']}.json"
         saved = json.loads(path.read_text())

@@ -358,7 +358,11 @@ def _throughput_plot(runs: Sequence[D.RunView]) -> str:
 
 def _latency_plot(runs: Sequence[D.RunView]) -> str:
     svg = ""
-    for key, label in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)")):
+    for key, label in (
+        ("ttft_ms", "TTFT (ms)"),
+        ("tpot_ms", "TPOT (ms)"),
+        ("engine_tpot_ms", "engine TPOT (ms)"),
+    ):
         series = _sweep_series(runs, key)
         if series:
             svg += line_chart(
@@ -372,7 +376,9 @@ def _latency_plot(runs: Sequence[D.RunView]) -> str:
         "Latency vs concurrency",
         svg or None,
         "Time to first token and time per output token over the same sweep "
-        "(median <code>ttft_ms</code>, <code>tpot_ms</code> of each level).",
+        "(median <code>ttft_ms</code>, <code>tpot_ms</code> of each level, as the "
+        "benchmark client timed them), and the engine's own mean per-request TPOT "
+        "from the server's /metrics (<code>engine_tpot_ms</code>; cpu runs).",
         _why_missing(runs, "speed"),
     )
 

@@ -9,7 +9,11 @@ checkpoint of ``ctx.quantized`` whose scheme the CPU engine loads
 (:mod:`onboard.validate.bench_sweep`) runs a concurrency sweep against it with
 ``--save-result``. TTFT, TPOT and throughput are read from vLLM's result JSON
 (copied to ``OUT/speed/<variant>/bench-c<C>.json``); speculative acceptance from
-the server's /metrics. See docs/validation.md ("Speed").
+the server's /metrics. The engine's own timings of the same requests (its /metrics
+histograms, scraped after each level) are kept beside the client's: a client
+TPOT far below the engine's means the tokens reached the client in bursts (the
+benchmark was starved of CPU), and the check fails rather than report it. See
+docs/validation.md ("Speed").
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from onboard.validate.engine import EngineOptions
 from onboard.validate.results import Check
-from onboard.validate.serve import Server, spec_decode_counters
+from onboard.validate.serve import Server, parse_prometheus, spec_decode_counters
 
 CONCURRENCY = (1, 2, 4)
 INPUT_LEN = 32
@@ -35,6 +39,16 @@ MIN_PROMPTS = 4
 # Speculative methods the CPU engine runs without a trained draft checkpoint.
 _CPU_SPEC_METHODS = ("ngram", "mtp")
 TOOL = "vllm bench serve (vllm.benchmarks.serve, random dataset, --save-result)"
+# A client TPOT under this share of the engine's own is not a per-token figure:
+# tokens reached the benchmark in bursts (0.005 ms when all arrive in one read).
+MIN_CLIENT_ENGINE_TPOT = 0.1
+# vLLM's /metrics histograms of the engine's token timings (seconds):
+# onboard name -> metric.
+ENGINE_HISTOGRAMS = {
+    "engine_ttft_ms": "vllm:time_to_first_token_seconds",
+    "engine_tpot_ms": "vllm:request_time_per_output_token_seconds",
+    "engine_itl_ms": "vllm:inter_token_latency_seconds",
+}
 
 
 @dataclass
@@ -103,8 +117,33 @@ def bench_summary(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def histogram_totals(text: str) -> dict[str, float]:
+    """``<metric>_sum`` and ``<metric>_count`` of the engine histograms in a
+    /metrics text, summed over engines and label sets."""
+    wanted = {
+        f"{m}_{part}" for m in ENGINE_HISTOGRAMS.values() for part in ("sum", "count")
+    }
+    totals = dict.fromkeys(wanted, 0.0)
+    for name, _, value in parse_prometheus(text):
+        if name in wanted:
+            totals[name] += value
+    return totals
+
+
+def engine_timings(before: dict[str, float], after: dict[str, float]) -> dict:
+    """The engine's mean TTFT, per-request TPOT and inter-token latency (ms) over
+    the requests between two scrapes (one sweep level, its warm-up included)."""
+    out: dict[str, Any] = {}
+    for key, metric in ENGINE_HISTOGRAMS.items():
+        count = after[f"{metric}_count"] - before.get(f"{metric}_count", 0.0)
+        total = after[f"{metric}_sum"] - before.get(f"{metric}_sum", 0.0)
+        out[key] = total / count * 1000 if count > 0 else None
+    return out
+
+
 def sweep_problems(label: str, sweep: list[dict[str, Any]]) -> list[str]:
-    """A level whose requests did not all complete, or that measured nothing."""
+    """A level whose requests did not all complete, that measured nothing, or
+    whose client TPOT is no per-token figure (far below the engine's own)."""
     problems = []
     for level in sweep:
         c = level["concurrency"]
@@ -115,6 +154,14 @@ def sweep_problems(label: str, sweep: list[dict[str, Any]]) -> list[str]:
             )
         elif not level["output_tokens_per_s"]:
             problems.append(f"{label} at concurrency {c}: no output tokens measured")
+        engine = level.get("engine_tpot_ms")
+        if engine and (level["tpot_ms"] or 0.0) < MIN_CLIENT_ENGINE_TPOT * engine:
+            problems.append(
+                f"{label} at concurrency {c}: the benchmark's median TPOT "
+                f"{level['tpot_ms']:.3g} ms is under {MIN_CLIENT_ENGINE_TPOT:g}x the "
+                f"engine's {engine:.3g} ms: the streamed tokens reached the client "
+                "in bursts (client short of CPU), so TTFT/TPOT are not per-token"
+            )
     return problems
 
 
@@ -220,10 +267,14 @@ def run_variant(
             raise RuntimeError(f"vllm bench serve failed (code {code}):\n{tail}")
         metrics_text = server.metrics_text()
     (result_dir / "metrics.prom").write_text(metrics_text)
-    sweep = [
-        bench_summary(json.loads((result_dir / f"bench-c{c}.json").read_text()))
-        for c in concurrency
-    ]
+    sweep = []
+    before: dict[str, float] = {}
+    for c in concurrency:
+        level = bench_summary(json.loads((result_dir / f"bench-c{c}.json").read_text()))
+        after = histogram_totals((result_dir / f"metrics-c{c}.prom").read_text())
+        level.update(engine_timings(before, after))
+        before = after
+        sweep.append(level)
     summary: dict[str, Any] = {
         "model": server.model,
         "speculative_config": variant.speculative_config,
@@ -303,7 +354,12 @@ def run(ctx, name: str, concurrency: tuple[int, ...] = CONCURRENCY) -> Check:
 def _line(label: str, res: dict[str, Any]) -> str:
     levels = ", ".join(
         f"c={s['concurrency']}: {s['output_tokens_per_s']:.1f} tok/s, TTFT "
-        f"{s['ttft_ms']:.1f} ms, TPOT {s['tpot_ms']:.1f} ms"
+        f"{s['ttft_ms']:.1f} ms, TPOT {s['tpot_ms']:.2f} ms"
+        + (
+            f" (engine {s['engine_tpot_ms']:.2f})"
+            if s.get("engine_tpot_ms") is not None
+            else ""
+        )
         for s in res["sweep"]
     )
     extra = ""

@@ -42,6 +42,10 @@ LM_EVAL_PACKAGE = "lm_eval[api]==0.4.13"
 LM_EVAL_TASK = "gsm8k"
 LM_EVAL_FEWSHOT = 5
 MAX_NEW_TOKENS = 32
+# run.sh serves with this worker extension and VLLM_SERVER_DEV_MODE=1, then asks
+# each worker for the class it built (/collective_rpc; emit_files/onboard_probe.py).
+PROBE_EXTENSION = "onboard_probe.ModelClassProbe"
+PROBE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 MAX_PROMPT_TOKENS = 64
 
 # Default thresholds. bf16 on both sides (vLLM's kernels and transformers' differ
@@ -170,6 +174,10 @@ def emit(
             "env": {k: v for k, v in profile.env.items() if not v.startswith("<")},
             "serve_flags": flags,
             "plugin": {"package": plugin.package, "entry_point": plugin.entry_point},
+            "model_class_probe": {
+                "worker_extension_cls": PROBE_EXTENSION,
+                "env": dict(PROBE_ENV),
+            },
             "variants": variants,
             "concurrency": list(GPU_CONCURRENCY),
             "input_len": input_len,
@@ -241,7 +249,12 @@ def emit(
             "REF_DTYPE_DEFAULT": ref_dtype,
         }
         with atomic_directory(out_dir) as dst:
-            for name in ("run.sh", "accuracy_client.py", "reference_logprobs.py"):
+            for name in (
+                "run.sh",
+                "accuracy_client.py",
+                "reference_logprobs.py",
+                "onboard_probe.py",
+            ):
                 shutil.copy(FILES / name, dst / name)
             (dst / "run.sh").chmod(0o755)
             (dst / "manifest.env").write_text(_manifest_env(env_values))

@@ -14,6 +14,10 @@ Writes ``OUT/<target>/validation.json`` (the DESIGN.md contract, one per target)
 - ``spec-decode:<method>`` — the server's /metrics after the speculative variant's
   benchmark (results/metrics-spec-<method>.prom) and its benchmark files.
 
+``vllm_model_class`` is the class the baseline server's workers built
+(results/model-class-baseline.json, from run.sh's model-class phase); as on the
+cpu target, a class outside the generated plugin fails the accuracy check.
+
 A missing DIR, manifest, thresholds or results, a run for another target, or a
 malformed result file is bad input (exit 2); a part of the run that left no
 results is a ``not-run`` check with the reason.
@@ -336,7 +340,9 @@ def ingest(target: str, in_dir: Path, out_dir: Path) -> tuple[ValidationResult, 
         *_spec_decode(results, manifest, thresholds, base),
     ]
     if manifest.get("plugin"):
-        result.vllm_model_class = _served_class(results, manifest["plugin"]["package"])
+        result.vllm_model_class = _model_class(
+            results, manifest["plugin"]["package"], accuracy
+        )
     target_dir = out_dir / target
     target_dir.mkdir(parents=True, exist_ok=True)
     copy = target_dir / "results"
@@ -349,12 +355,32 @@ def ingest(target: str, in_dir: Path, out_dir: Path) -> tuple[ValidationResult, 
     return result, target_dir
 
 
-def _served_class(results: Path, package: str) -> str:
-    """The generated package, when the server log shows it registered. vLLM names
-    the general plugins it loads at DEBUG level only (run with
-    VLLM_LOGGING_LEVEL=DEBUG to see it); otherwise empty: the accuracy numbers are
-    what prove the code."""
-    log = results / "server-baseline.log"
-    if log.is_file() and package in log.read_text(errors="replace"):
-        return f"{package} (generated plugin, from the server log)"
-    return ""
+def _model_class(results: Path, package: str, accuracy: Check) -> str:
+    """The class vLLM instantiated (run.sh's model-class phase asked every
+    worker); recorded on the accuracy check as on the cpu target, where a class
+    outside the generated plugin fails it: the numbers would be another model's."""
+    path = results / "model-class-baseline.json"
+    if not path.is_file():
+        accuracy.details += (
+            f"\nmodel class: not recorded (no {path.name}: run.sh's model-class "
+            "phase did not run or the server had no onboard_probe extension)"
+        )
+        return ""
+    data = _read_json(path)
+    model_class = data.get("model_class")
+    workers = data.get("workers")
+    if not isinstance(workers, list) or not workers:
+        raise InputError(f"{path}: no workers answered (not written by onboard_probe)")
+    if not model_class:
+        model_class = " / ".join(sorted(set(map(str, workers))))
+    generated = model_class.startswith(package + ".")
+    if accuracy.status != "not-run":
+        accuracy.metrics["vllm_model_class"] = model_class
+        accuracy.metrics["generated_class_instantiated"] = generated
+        if not generated:
+            accuracy.status = "failed"
+            accuracy.details += (
+                f"\nvLLM instantiated {model_class}, not the generated class from "
+                f"{package}: the plugin did not take effect"
+            )
+    return model_class

@@ -93,8 +93,16 @@ def cli_environment(env: dict[str, str], site_dir: Path) -> dict[str, str]:
 class Server:
     """`vllm serve MODEL` on a free local port, in its own process group."""
 
-    def __init__(self, options: EngineOptions, work_dir: Path, log_path: Path):
+    def __init__(
+        self,
+        options: EngineOptions,
+        work_dir: Path,
+        log_path: Path,
+        pythonpath: tuple[Path, ...] = (),
+    ):
         self.options = options
+        # Further import paths for the server's processes (e.g. a worker extension).
+        self.pythonpath = tuple(pythonpath)
         self.work_dir = Path(work_dir)
         self.log_path = Path(log_path)
         self.port = free_port()
@@ -128,6 +136,8 @@ class Server:
         # The validate engine's environment (plugin on PYTHONPATH, its dist-info,
         # VLLM_PLUGINS, KV-cache space), not a copy of that logic.
         env = Engine(self.options, self.work_dir, self.log_path).environment()
+        paths = [str(Path(p).resolve()) for p in self.pythonpath]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env["PYTHONPATH"]])
         return cli_environment(env, self.work_dir / "cli-site")
 
     def start(self) -> Server:

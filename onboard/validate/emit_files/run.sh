@@ -4,8 +4,8 @@
 # `bash DIR/run.sh PHASE...` with the phases below. Results land in DIR/results/;
 # bring DIR back and run `onboard validate --target T --ingest DIR --out OUT`.
 #
-# Phases: install | serve:VARIANT | stop | accuracy | lm-eval | bench:VARIANT |
-#         scrape:VARIANT | reference | env | all
+# Phases: install | serve:VARIANT | model-class:VARIANT | stop | accuracy |
+#         lm-eval | bench:VARIANT | scrape:VARIANT | reference | env | all
 # Overrides (environment): BASE_URL (use a running server: serve/stop do nothing),
 # SKIP_INSTALL=1, CONCURRENCY="1 4 16 64", LM_EVAL_TASKS, LM_EVAL_INCLUDE (a
 # directory of lm-eval task yamls), LM_EVAL_LIMIT, LM_EVAL_NUM_FEWSHOT, REF_DTYPE,
@@ -90,8 +90,13 @@ phase_serve() {
     export_target_env
     local extra=()
     mapfile -t extra < <(variant_flags "$variant")
+    # The model-class phase asks every worker which class it built: a worker
+    # extension (onboard_probe.py, one added method) and vLLM's /collective_rpc,
+    # which only dev mode serves.
+    extra+=(--worker-extension-cls onboard_probe.ModelClassProbe)
     log "serve $variant: vllm serve $MODEL ${SERVE_FLAGS[*]} ${extra[*]}"
-    vllm serve "$MODEL" "${SERVE_FLAGS[@]}" "${extra[@]}" --port "$PORT" \
+    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" VLLM_SERVER_DEV_MODE=1 \
+        vllm serve "$MODEL" "${SERVE_FLAGS[@]}" "${extra[@]}" --port "$PORT" \
         >"$RESULTS/server-$variant.log" 2>&1 &
     SERVER_PID=$!
     local waited=0
@@ -119,6 +124,15 @@ phase_stop() {
     fi
 }
 trap phase_stop EXIT
+
+phase_model_class() {
+    local variant="${1:-baseline}"
+    log "model-class $variant: the class vLLM instantiated ($URL/collective_rpc)"
+    # Not fatal: a server started without the probe (BASE_URL) still benchmarks.
+    "$PYTHON" "$HERE/onboard_probe.py" --base-url "$URL" \
+        --out "$RESULTS/model-class-$variant.json" ||
+        log "model-class $variant: no answer (serve with onboard_probe, see run.sh)"
+}
 
 phase_accuracy() {
     log "accuracy: vLLM's prompt logprobs and greedy continuations"
@@ -177,6 +191,7 @@ phase_all() {
     local variant
     for variant in "${VARIANTS[@]}"; do
         phase_serve "$variant"
+        phase_model_class "$variant"
         if [[ "$variant" == baseline ]]; then
             phase_accuracy
             phase_lm_eval
@@ -200,6 +215,7 @@ main() {
             install | env | stop | accuracy | reference | all) "phase_$name" ;;
             lm-eval) phase_lm_eval ;;
             serve | bench | scrape) "phase_$name" "${arg:-baseline}" ;;
+            model-class) phase_model_class "${arg:-baseline}" ;;
             *)
                 log "unknown phase $p"
                 exit 2
