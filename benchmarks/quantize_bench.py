@@ -134,6 +134,48 @@ def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None
     return ratios
 
 
+def make_report(results: dict[str, list[dict]], size: int, largest: int) -> dict:
+    table = []
+    for name, runs in results.items():
+        ok = [x for x in runs if x["rc"] == 0]
+        if not ok:
+            table.append({"command": name, "failed": True})
+            continue
+        wall = statistics.median(x["wall_s"] for x in ok)
+        table.append(
+            {
+                "command": name,
+                "runs": len(ok),
+                "median_s": round(wall, 2),
+                "min_s": round(min(x["wall_s"] for x in ok), 2),
+                "max_s": round(max(x["wall_s"] for x in ok), 2),
+                "gb_per_s": round(size / 1e9 / wall, 3),
+                "peak_tree_pss_gib": round(
+                    max(x["peak_tree_pss"] for x in ok) / 2**30, 2
+                ),
+            }
+        )
+    return {
+        "checkpoint_bytes": size,
+        "largest_shard_bytes": largest,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_average_at_end": os.getloadavg(),
+        "results": table,
+        "rounds": {
+            name: [
+                {
+                    "wall_s": round(x["wall_s"], 2),
+                    "rc": x["rc"],
+                    "load_before": round(x["load_before"], 2),
+                }
+                for x in runs
+            ]
+            for name, runs in results.items()
+        },
+        "ratios": paired_ratios(results),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
@@ -173,53 +215,17 @@ def main() -> None:
                 print(res["stderr_tail"], file=sys.stderr)
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
+        if args.json:  # after every round: a cut-short run keeps what it measured
+            args.json.write_text(json.dumps(make_report(results, size, largest)))
 
-    table = []
-    for name, runs in results.items():
-        ok = [x for x in runs if x["rc"] == 0]
-        if not ok:
-            table.append({"command": name, "failed": True})
-            continue
-        wall = statistics.median(x["wall_s"] for x in ok)
-        table.append(
-            {
-                "command": name,
-                "runs": len(ok),
-                "median_s": round(wall, 2),
-                "min_s": round(min(x["wall_s"] for x in ok), 2),
-                "max_s": round(max(x["wall_s"] for x in ok), 2),
-                "gb_per_s": round(size / 1e9 / wall, 3),
-                "peak_tree_pss_gib": round(
-                    max(x["peak_tree_pss"] for x in ok) / 2**30, 2
-                ),
-            }
-        )
-    report = {
-        "checkpoint_bytes": size,
-        "largest_shard_bytes": largest,
-        "cores": len(os.sched_getaffinity(0)),
-        "load_average_at_end": os.getloadavg(),
-        "results": table,
-        "rounds": {
-            name: [
-                {
-                    "wall_s": round(x["wall_s"], 2),
-                    "rc": x["rc"],
-                    "load_before": round(x["load_before"], 2),
-                }
-                for x in runs
-            ]
-            for name, runs in results.items()
-        },
-        "ratios": paired_ratios(results),
-    }
+    report = make_report(results, size, largest)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text)
     print(text)
     print("\n| command | median s | min-max s | GB/s | peak tree PSS GiB |")
     print("| --- | --- | --- | --- | --- |")
-    for row in table:
+    for row in report["results"]:
         if row.get("failed"):
             print(f"| {row['command']} | failed | | | |")
             continue
