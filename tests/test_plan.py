@@ -275,6 +275,34 @@ def test_deepseek_mi355x_mxfp4_by_hand(deepseek):
     assert "wheels.vllm.ai/rocm/0.32.0" in text
 
 
+def test_deepseek_mi355x_fp8_block_by_hand(deepseek):
+    """The same FP8-block checkpoint as on 8 x B200 fits four 288 GB MI355X:
+    TP4 x EP4 holds the weights; 16 full contexts need DCP4 (four latent copies
+    otherwise)."""
+    plan = make_plan(
+        deepseek, "mi355x", "fp8-block", context=CONTEXT, concurrency=CONCURRENCY
+    )
+    groups = hand_groups(fp8_block)
+    usable = 264_960_000_000
+    weights = hand_per_device(groups, tp=4, ep=4)
+    assert weights == 169_121_092_208  # the B200 table's TP4 row, too big there
+    assert hand_per_device(groups, tp=2, ep=2) + RESERVE > usable
+    budget = usable - weights - RESERVE
+    assert budget == 87_777_570_192
+    assert CONCURRENCY * KV_PER_REQUEST > budget  # TP4 alone: "no (KV)"
+    kv_per_rank = CONCURRENCY * KV_PER_REQUEST // 4
+    assert kv_per_rank == 46_053_457_920 <= budget
+    lay = plan.layout
+    assert (lay.tp, lay.dp, lay.ep, lay.dcp, lay.devices) == (4, 1, True, 4, 4)
+    assert plan.chosen.weights == weights and plan.chosen.kv_budget == budget
+    assert plan.chosen.kv_needed == kv_per_rank
+    assert plan.max_concurrency == budget // (KV_PER_REQUEST // 4) == 30
+    assert plan.env == {"VLLM_ROCM_USE_AITER": "1"}
+    text = render_plan(plan)
+    for number in ("169,121,092,208", "87,777,570,192", "46,053,457,920", "30 request"):
+        assert number in text, number
+
+
 # ---- GQA, sliding windows, KV sharing, by hand --------------------------------------
 
 
