@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_report import assert_numbers_match
 
 ROOT = Path(__file__).resolve().parents[1]
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
@@ -135,3 +136,17 @@ def test_full_run_of_every_stage_and_check(tmp_path, name):
         if check["status"] == "not-run":
             assert check["details"], check["name"]
     assert (out / "validation" / "report.html").is_file()
+    # The report agrees with validation.json: every number it shows is the file's
+    # (as written and as data), and every check metric is shown.
+    page = (out / "validation" / "report.html").read_text()
+    assert assert_numbers_match(page, [result]) > 50
+    speed = next(c for c in result["checks"] if c["name"] == "speed")
+    for variant in speed["metrics"]["variants"].values():
+        for level in variant["sweep"]:
+            # Per-token figures (the speed check fails on tokens read in bursts).
+            assert level["tpot_ms"] > 0.1 * level["engine_tpot_ms"], level
+    print(
+        f"\n{name}: "
+        + "; ".join(f"{c['name']} {c['status']}" for c in result["checks"])
+        + f"\nspeed: {speed['details']}"
+    )

@@ -383,7 +383,18 @@ def expected_plots(data: dict) -> tuple[int, int]:
             if n.startswith("quant:")
         ),
     }
+    # Speed: throughput, TTFT, TPOT, and the engine's own TPOT where the sweep
+    # carries it (cpu runs).
+    engine_tpot = any(
+        "engine_tpot_ms" in level
+        for variant in checks.get("speed", {})
+        .get("metrics", {})
+        .get("variants", {})
+        .values()
+        for level in variant.get("sweep", [])
+    )
     plots = has["logprob"] + has["acceptance"] + 3 * has["speed"] + 2 * has["quant"]
+    plots += has["speed"] and engine_tpot
     missing = (not has["logprob"]) + (not has["acceptance"]) + 2 * (not has["speed"])
     return plots + 1, missing + (not has["quant"])
 
