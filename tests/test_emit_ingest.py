@@ -334,6 +334,9 @@ def _assert_real_results(trip: RoundTrip, result: dict) -> None:
     assert [s["concurrency"] for s in speed["metrics"]["sweep"]] == [1, 2]
     assert speed["metrics"]["output_tokens_per_s"] > 0
     assert speed["metrics"]["ttft_ms"] > 0 and speed["metrics"]["tpot_ms"] > 0
+    # The engine's own timings per level, from the /metrics run.sh saved around it.
+    for level in speed["metrics"]["sweep"]:
+        assert level["engine_tpot_ms"] > 0 and level["engine_ttft_ms"] > 0, level
     gsm = _check(result, "lm-eval:gsm8k_onboard_tiny")
     assert gsm["metrics"]["num_samples"] == 4
     assert 0.0 <= gsm["metrics"]["score"] <= 1.0

@@ -10,7 +10,9 @@ Writes ``OUT/<target>/validation.json`` (the DESIGN.md contract, one per target)
   same machine (results/reference_accuracy.json), judged by
   :func:`onboard.validate.compare.judge_accuracy` with the thresholds' bounds;
 - ``lm-eval:<task>`` — lm-eval's results JSON (results/lm_eval/**/results_*.json);
-- ``speed`` — `vllm bench serve --save-result` files (results/bench/baseline/);
+- ``speed`` — `vllm bench serve --save-result` files (results/bench/baseline/),
+  with the engine's own timings per level from the /metrics run.sh saved around
+  each level (``metrics-before.prom``, ``metrics-c<C>.prom``);
 - ``spec-decode:<method>`` — the server's /metrics after the speculative variant's
   benchmark (results/metrics-spec-<method>.prom) and its benchmark files.
 
@@ -36,7 +38,9 @@ import numpy as np
 from onboard.errors import InputError
 from onboard.validate.check_speed import (
     bench_summary,
+    engine_timings,
     headline,
+    histogram_totals,
     sweep_problems,
 )
 from onboard.validate.compare import GreedyOutput, judge_accuracy
@@ -243,7 +247,23 @@ def _sweep(bench_dir: Path) -> list[dict[str, Any]]:
     for f, level in zip(files, sweep, strict=True):
         if level["concurrency"] is None or level["output_tokens_per_s"] is None:
             raise InputError(f"{f}: not a `vllm bench serve --save-result` file")
-    return sorted(sweep, key=lambda s: s["concurrency"])
+    sweep.sort(key=lambda s: s["concurrency"])
+    # The engine's own timings per level: run.sh scrapes /metrics before the
+    # sweep (the server already answered accuracy and lm-eval) and after each
+    # level, in this order.
+    before_path = bench_dir / "metrics-before.prom"
+    before = (
+        histogram_totals(before_path.read_text()) if before_path.is_file() else None
+    )
+    for level in sweep:
+        path = bench_dir / f"metrics-c{level['concurrency']}.prom"
+        if before is None or not path.is_file():
+            before = None
+            continue
+        after = histogram_totals(path.read_text())
+        level.update(engine_timings(before, after))
+        before = after
+    return sweep
 
 
 def _speed(results: Path, thresholds: dict) -> tuple[Check, list | None]:

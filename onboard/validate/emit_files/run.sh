@@ -158,6 +158,9 @@ phase_lm_eval() {
 phase_bench() {
     local variant="${1:-baseline}" c n
     mkdir -p "$RESULTS/bench/$variant"
+    # /metrics around each level: the engine's own TTFT/TPOT per level (ingest
+    # takes the differences; the server may have answered other phases before).
+    curl -sf "$URL/metrics" >"$RESULTS/bench/$variant/metrics-before.prom" || true
     for c in $CONCURRENCY; do
         n=$((c * PROMPTS_PER_SLOT))
         ((n < MIN_PROMPTS)) && n=$MIN_PROMPTS
@@ -169,6 +172,7 @@ phase_bench() {
             --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
             --disable-tqdm --save-result --result-dir "$RESULTS/bench/$variant" \
             --result-filename "bench-c$c.json"
+        curl -sf "$URL/metrics" >"$RESULTS/bench/$variant/metrics-c$c.prom" || true
     done
 }
 
