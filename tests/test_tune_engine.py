@@ -1,0 +1,60 @@
+"""The tuner's step-cost probe on the real vLLM CPU engine: timing wrappers
+installed in vLLM's worker (onboard.speculators.probes.time_steps) see every
+decode step, its target forward verifies batch x (k + 1) tokens at most, and one
+engine's measurement (probe, seven rounds, counters) is complete.
+
+One n-gram engine (k = 2) on the DeepSeek-V3-style tiny checkpoint, about two
+minutes: `make test-all`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.spec import load_spec
+from onboard.speculators.methods import speculative_config
+from onboard.speculators.tune import REPEATS, measure
+from onboard.validate.check_spec_decode import entry_for
+from onboard.validate.engine import Engine, EngineOptions
+from onboard.validate.prompts import PROMPTS
+from onboard.validate.reference import tokenize_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 2
+pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune-engine")
+    spec = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
+    model = write_tiny_checkpoint(spec, out / "bf16", seed=0)
+    entry = entry_for(spec, "ngram").model_copy(update={"num_speculative_tokens": K})
+    options = EngineOptions(
+        model_dir=model,
+        plugin=None,
+        uses_mla=True,
+        extra={"speculative_config": speculative_config(entry, None)},
+    )
+    prompts, _ = tokenize_prompts(model, PROMPTS, spec.vocab_size)
+    with Engine(options, out / "engine", out / "engine.log") as engine:
+        engine.start()
+        engine.wait_ready()
+        return measure(engine, prompts)
+
+
+def test_probe_times_every_decode_step(runs):
+    for band, run in runs.items():
+        print(band, run)
+        batch = 8 if band == "batch-8" else 1
+        assert len(run.rounds) == REPEATS and run.seconds > 0
+        assert 0 < run.probe_step_s < run.seconds
+        # A decode step's forward verifies at most batch x (1 + k) tokens, and
+        # n-gram drafted somewhere (more than one token per sequence).
+        assert max(run.forward_tokens) <= batch * (1 + K)
+        assert max(run.forward_tokens) > batch
+        assert run.parts_s["_model_forward"] > 0
+        assert run.drafts > 0 and len(run.accepted_per_pos) == K
