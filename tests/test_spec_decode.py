@@ -100,3 +100,42 @@ def test_verdict_lossless_and_not():
     none = judge("spec-decode:mtp", {"method": "mtp", "num_speculative_tokens": 1},
                  {}, base, base, 1.0, 1.0, "main")  # fmt: skip
     assert none.status == "failed" and "no drafts" in none.details
+
+
+def test_mtp_details_show_the_reference_as_decoded_and_the_untrained_heads():
+    """What the check prints beside the engine's acceptance for MTP heads (the
+    figures come from the reference and the checkpoint's mtp_training.json)."""
+    top = [{1: -0.1, 2: -3.0}]
+    base = [_out([1], top)]
+    counters = {
+        "vllm:spec_decode_num_drafts": 10,
+        "vllm:spec_decode_num_draft_tokens": 10,
+        "vllm:spec_decode_num_accepted_tokens": 6,
+        "vllm:spec_decode_num_accepted_tokens_per_pos": [6],
+    }
+
+    def acc(every, decoded):
+        return {"per_position": [every], "decoded_per_position": [decoded],
+                "decoded_mean_acceptance_length": 1 + decoded}  # fmt: skip
+
+    metrics = {
+        "method": "mtp",
+        "num_speculative_tokens": 1,
+        "mtp_heads_run_per_step": [0],
+        "mtp_reference_acceptance_as_vllm_runs": acc(0.68, 0.55),
+        "mtp_training": {
+            "untrained_as_vllm_runs": acc(0.0, 0.0),
+            "trained_as_vllm_runs": acc(0.68, 0.55),
+        },
+    }
+    check = judge("spec-decode:mtp", metrics, counters, base, base, 1.0, 1.0, "m")
+    assert check.status == "passed"
+    assert "acceptance per position 0.60" in check.details  # the engine
+    assert "as vLLM runs the heads and drafts" in check.details
+    assert "per position 0.55, mean length 1.55; at every slot 0.68" in check.details
+    assert "untrained -> trained" in check.details
+    assert "0.00 -> 0.55" in check.details
+    # Heads not trained by onboard: said so.
+    metrics = {"method": "mtp", "num_speculative_tokens": 1, "mtp_training": None}
+    check = judge("spec-decode:mtp", metrics, counters, base, base, 1.0, 1.0, "m")
+    assert "not trained by onboard" in check.details
