@@ -12,7 +12,11 @@ given seed, each shard replaced atomically.
 
 :func:`reference_mtp_acceptance` measures each head's own acceptance with the
 reference on prompts (the accuracy check's prompts are held out from training), so
-that the spec-decode check can show what the engine leaves on the table.
+that the spec-decode check can show what the engine leaves on the table. It counts
+two ways: at every slot, and as a speculative decoder drafts (``decoded_*``: a
+round only after each verification), which is what vLLM's counters report: the
+generated MTP module computes exactly what ``mtp_forward`` does (checked inside the
+engine, docs/checkpoints.md), so the engine's acceptance is the decoded figure.
 """
 
 from __future__ import annotations
