@@ -17,9 +17,11 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   band's requests once with PROBE_TOKENS new tokens, the worker's time per decode
   step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps;
   median), plus the time per step spent outside the worker (scheduler, IPC),
-  taken from the baseline (its wall-clock step minus its own probe). Measured per
-  k, not interpolated: on vLLM 0.32's CPU build the step cost is not linear in k
-  (k = 2 cost more than k = 3 in every run; docs/speculators.md has the cause);
+  taken from the baseline (its wall-clock step minus its own probe). Probed per
+  k in k's own engine, not interpolated across engines: an engine instance's speed
+  varies by about 15% on a shared 2-core machine (vLLM pins its thread to core 0),
+  which the line through the k = 1 and k = K engines carried into k = 2 and 3
+  (docs/benchmarks.md); probe and timed rounds share one instance;
 - acceptance: ``p_i``, vLLM's per-position acceptance (accepted at position i over
   drafts) from the k = K engine's timed rounds, and ``f``, the share of steps that
   had a draft (1 for model drafts; below 1 for n-gram, which drafts only on a
@@ -137,8 +139,8 @@ def predict(base: Run, probe: Run, kmax: Run, k: int) -> dict:
 
 def predict_linear(base: Run, k1: Run, kmax: Run, kmax_value: int, k: int) -> dict:
     """The first model, kept for comparison: step cost linear in k, calibrated on
-    the k = 1 and k = K runs' wall-clock (it missed k = 2 by about 20%: see
-    docs/speculators.md)."""
+    the k = 1 and k = K runs' wall-clock (it missed k = 2 by about 20%:
+    docs/benchmarks.md)."""
     t1 = step_time_baseline(base)
     s1, sk = step_time_spec(k1), step_time_spec(kmax)
     delta = (sk - s1) / (kmax_value - 1)
