@@ -57,6 +57,8 @@ class Variant:
     options: EngineOptions
     speculative_config: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # Only the lowest concurrency level (see _variants); None: the whole sweep.
+    lowest_only: bool = False
 
 
 def num_prompts(concurrency: int) -> int:
@@ -213,7 +215,22 @@ def _variants(ctx) -> tuple[list[Variant], list[str]]:
         if cpu.scheme(scheme).level(moe) == "unsupported":
             notes.append(f"quant:{scheme}: the CPU engine cannot load it (targets)")
             continue
-        out.append(Variant(f"quant:{scheme}", ctx.engine_options(model_dir=path)))
+        emulated = cpu.scheme(scheme).level(moe) == "emulated"
+        if emulated:
+            # FP8 without AMX-FP8 runs vLLM's W8A16 fallback, tens of times slower
+            # per token than float32 here: a correctness path, not a speed one.
+            # One level says so; three would take most of a full run's budget.
+            notes.append(
+                f"quant:{scheme}: emulated on the CPU (targets): lowest concurrency "
+                "level only"
+            )
+        out.append(
+            Variant(
+                f"quant:{scheme}",
+                ctx.engine_options(model_dir=path),
+                lowest_only=emulated,
+            )
+        )
     return out, notes
 
 
@@ -325,7 +342,7 @@ def run(ctx, name: str, concurrency: tuple[int, ...] = CONCURRENCY) -> Check:
                 ctx.work_dir / "speed",
                 out_dir,
                 ctx.out_dir / "logs",
-                concurrency,
+                (min(concurrency),) if variant.lowest_only else concurrency,
             )
         except (RuntimeError, TimeoutError, OSError, KeyError, ValueError) as exc:
             refusal = _load_refusal(ctx.out_dir / "logs", variant)
