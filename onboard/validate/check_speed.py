@@ -36,6 +36,8 @@ OUTPUT_LEN = 32
 # Requests per concurrency level: enough for every slot to be busy twice.
 PROMPTS_PER_SLOT = 2
 MIN_PROMPTS = 4
+# Requests of an emulated quantized variant (one level; see _variants).
+EMULATED_PROMPTS = 2
 # Speculative methods the CPU engine runs without a trained draft checkpoint.
 _CPU_SPEC_METHODS = ("ngram", "mtp")
 TOOL = "vllm bench serve (vllm.benchmarks.serve, random dataset, --save-result)"
@@ -184,6 +186,7 @@ def headline(sweep: list[dict[str, Any]]) -> dict[str, Any]:
 def _variants(ctx) -> tuple[list[Variant], list[str]]:
     from onboard.speculators.methods import speculative_config
     from onboard.targets import get_target
+    from onboard.validate.check_quant import ENGINE_DTYPE
 
     base = ctx.engine_options()
     out = [Variant("baseline", base)]
@@ -222,15 +225,16 @@ def _variants(ctx) -> tuple[list[Variant], list[str]]:
             # One level says so; three would take most of a full run's budget.
             notes.append(
                 f"quant:{scheme}: emulated on the CPU (targets): lowest concurrency "
-                "level only"
+                f"level only, {EMULATED_PROMPTS} requests"
             )
-        out.append(
-            Variant(
-                f"quant:{scheme}",
-                ctx.engine_options(model_dir=path),
-                lowest_only=emulated,
-            )
+        # The dtype the quant check runs the scheme in on this engine (fp8-block's
+        # CPU kernel takes bfloat16 activations only: "fp8_scaled_mm_cpu: expect A
+        # to be bfloat16 or half" at the first request in float32).
+        dtype = ENGINE_DTYPE.get(scheme, base.engine_kwargs()["dtype"])
+        options = ctx.engine_options(
+            model_dir=path, extra={**base.extra, "dtype": dtype}
         )
+        out.append(Variant(f"quant:{scheme}", options, lowest_only=emulated))
     return out, notes
 
 
@@ -241,6 +245,7 @@ def run_variant(
     out_dir: Path,
     log_dir: Path,
     concurrency: tuple[int, ...] = CONCURRENCY,
+    min_prompts: int = MIN_PROMPTS,
 ) -> dict[str, Any]:
     """Serve one variant and run the sweep; its summary and the result files."""
     slug = variant.label.replace(":", "-")
@@ -269,7 +274,7 @@ def run_variant(
                     "--prompts-per-slot",
                     str(PROMPTS_PER_SLOT),
                     "--min-prompts",
-                    str(MIN_PROMPTS),
+                    str(min_prompts),
                     "--",
                     *_without_num_prompts(args),
                 ],
@@ -343,6 +348,8 @@ def run(ctx, name: str, concurrency: tuple[int, ...] = CONCURRENCY) -> Check:
                 out_dir,
                 ctx.out_dir / "logs",
                 (min(concurrency),) if variant.lowest_only else concurrency,
+                # Emulated: seconds per token on the dense-gqa tiny checkpoint.
+                EMULATED_PROMPTS if variant.lowest_only else MIN_PROMPTS,
             )
         except (RuntimeError, TimeoutError, OSError, KeyError, ValueError) as exc:
             refusal = _load_refusal(ctx.out_dir / "logs", variant)
