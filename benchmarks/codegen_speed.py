@@ -204,9 +204,9 @@ def bench_family(family: str, args, work: Path) -> dict:
                 continue
             result["engines"].setdefault(label, entry)
             try:
-                cpu_before = _worker_cpu_seconds(engine)
+                cpu_before = engine.rpc(f"{PROFILER}:cpu_seconds")
                 reply = engine.generate(batch, **sampling)
-                cpu_s = _worker_cpu_seconds(engine) - cpu_before
+                cpu_s = engine.rpc(f"{PROFILER}:cpu_seconds") - cpu_before
                 if args.profile and r == 0:
                     result["engines"][label]["top_ops"] = profile_batch(
                         engine, batch, sampling
@@ -249,19 +249,12 @@ def bench_family(family: str, args, work: Path) -> dict:
     return result
 
 
-def _worker_cpu_seconds(engine) -> float:
-    return engine.request({"op": "rpc", "function": f"{PROFILER}:cpu_seconds"})[
-        "result"
-    ][0]
-
-
 def profile_batch(engine, batch, sampling) -> list[dict]:
     """Top operators by self CPU time in the model worker over one more batch
     (torch.profiler, started and stopped in the worker through collective_rpc)."""
-    engine.request({"op": "rpc", "function": f"{PROFILER}:start"})
+    engine.rpc(f"{PROFILER}:start")
     engine.generate(batch, **sampling)
-    reply = engine.request({"op": "rpc", "function": f"{PROFILER}:stop"})
-    return reply["result"][0]
+    return engine.rpc(f"{PROFILER}:stop")
 
 
 def summarize(rounds: list[dict], labels: list[str]) -> dict:

@@ -1,5 +1,5 @@
-"""Functions that run inside vLLM's worker process (``Engine.request({"op": "rpc",
-"function": "onboard.speculators.probes:<name>"})``): what the speculative-decoding
+"""Functions that run inside vLLM's worker process
+(``Engine.rpc("onboard.speculators.probes:<name>")``): what the speculative-decoding
 drafter actually is, and which of its draft layers (MTP heads) run at each step.
 
 They get vLLM's worker as their first argument and must stay importable there

@@ -156,12 +156,6 @@ def _counters(engine: Engine) -> dict[str, Any]:
     return {k: v for k, v in engine.metrics().items() if k.startswith(PREFIX)}
 
 
-def _rpc(engine: Engine, function: str):
-    return engine.request({"op": "rpc", "function": f"{PROBES}:{function}"})["result"][
-        0
-    ]
-
-
 def decode_steps(records) -> list[dict[str, float]]:
     """Group the worker's timed calls (probes.step_timings, in completion order:
     the forward ends inside execute_model, sampling and drafting inside
@@ -195,8 +189,8 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
     NEW_TOKENS; the median round counts, the spread is kept. The counters are per
     round (greedy rounds repeat the same tokens)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
-    _rpc(engine, "time_steps")
-    _rpc(engine, "step_timings")  # clear
+    engine.rpc(f"{PROBES}:time_steps")
+    engine.rpc(f"{PROBES}:step_timings")  # clear
     runs = {}
     start = 0
     for band, (batch, calls) in BANDS.items():
@@ -208,7 +202,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
             engine.generate(
                 chunk, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True
             )
-            probe += decode_steps(_rpc(engine, "step_timings"))
+            probe += decode_steps(engine.rpc(f"{PROBES}:step_timings"))
         before = _counters(engine)
         rounds, steps = [], []
         for _ in range(REPEATS):
@@ -218,7 +212,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                     chunk, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
                 )
             rounds.append(time.perf_counter() - t0)
-            steps += decode_steps(_rpc(engine, "step_timings"))
+            steps += decode_steps(engine.rpc(f"{PROBES}:step_timings"))
         after = _counters(engine)
 
         def per_round(key, after=after, before=before):

@@ -134,12 +134,6 @@ def timed_generate(engine, prompts, max_tokens: int, warm: bool = True):
     return reply["outputs"], seconds, counters
 
 
-def _rpc(engine, function: str):
-    return engine.request({"op": "rpc", "function": f"{PROBES}:{function}"})["result"][
-        0
-    ]
-
-
 def engine_dtype_for(spec: ModelSpec, method: str) -> str | None:
     """bfloat16 where the method cannot run beside the float32 MLA backend (see
     the module docstring); None: the main engine's settings."""
@@ -195,13 +189,13 @@ def run(ctx, name: str) -> Check:
         with ctx.extra_engine(f"spec-{method}", spec_options) as engine:
             metrics["engine_start_s"] = engine.info["start_s"]
             metrics["target_model_class"] = engine.info["model_class"]
-            metrics["drafter"] = _rpc(engine, "drafter_info")
-            counted = _rpc(engine, "count_draft_layer_calls")
+            metrics["drafter"] = engine.rpc(f"{PROBES}:drafter_info")
+            counted = engine.rpc(f"{PROBES}:count_draft_layer_calls")
             outputs, spec_s, counters = timed_generate(
                 engine, ctx.prompts, ctx.max_new_tokens
             )
             if counted:
-                metrics["draft_layer_calls"] = _rpc(engine, "draft_layer_calls")
+                metrics["draft_layer_calls"] = engine.rpc(f"{PROBES}:draft_layer_calls")
     except EngineLoadError as exc:
         reason = exc.failure.get("error") or str(exc)
         if method in CPU_METHODS:

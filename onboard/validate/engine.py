@@ -303,6 +303,12 @@ class Engine:
     def metrics(self) -> dict[str, Any]:
         return self.request({"op": "metrics"})["metrics"]
 
+    def rpc(self, function: str, *args: Any) -> Any:
+        """Call ``function`` ("module:name", importable in vLLM's processes) in the
+        model workers through collective_rpc; the first worker's result."""
+        reply = self.request({"op": "rpc", "function": function, "args": list(args)})
+        return reply["result"][0]
+
     def request(self, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S):
         self._send(message)
         reply = self._read(timeout)
