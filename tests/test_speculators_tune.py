@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from onboard.speculators.probes import step_kind
 from onboard.speculators.tune import (
     NEW_TOKENS,
     Run,
     decode_steps,
+    group_steps,
     predict,
     predict_linear,
     render,
@@ -23,19 +25,24 @@ from onboard.speculators.tune import (
 ROOT = Path(__file__).resolve().parents[1]
 
 # Eight sequences of 32 new tokens: 8 * 31 = 248 decode positions. The baseline's
-# worker spends 0.08 s of each 0.1 s step (probe), 0.02 s per step is outside it.
-BASE = Run(seconds=3.1, sequences=8, calls=1, probe_step_s=0.08,
-           rounds=(3.0, 3.1, 3.4))  # fmt: skip
+# probe: 0.1 s per plain step (wall), 0.3 s of prefill per call -> a call of 32
+# tokens is predicted at 0.3 + 31 * 0.1 = 3.4 s.
+BASE = Run(seconds=3.1, sequences=8, calls=1, probe_wall_step_s=0.1,
+           probe_prefill_s=0.3, rounds=(3.0, 3.1, 3.4))  # fmt: skip
 # k = 4: 80 drafts, 120 accepted (48, 32, 24, 16 per position) -> 128 sequence
 # steps (16 per sequence), 3.2 s -> 0.2 s per step; 80 of 128 steps drafted.
 K4 = Run(3.2, 8, 1, drafts=80, draft_tokens=320, accepted=120,
-         accepted_per_pos=(48, 32, 24, 16), probe_step_s=0.18)  # fmt: skip
+         accepted_per_pos=(48, 32, 24, 16), probe_wall_step_s=0.2,
+         probe_prefill_s=0.3)  # fmt: skip
 # k = 1: 40 accepted -> 208 steps (26 per sequence), 2.6 s -> 0.1 s per step.
 K1 = Run(2.6, 8, 1, drafts=130, draft_tokens=130, accepted=40,
-         accepted_per_pos=(40,), probe_step_s=0.08)  # fmt: skip
-# k = 2, probed dearer than the line through k = 1 and k = 4 (0.1333 s) says.
+         accepted_per_pos=(40,), probe_wall_step_s=0.1,
+         probe_prefill_s=0.3)  # fmt: skip
+# k = 2, probed dearer than the line through k = 1 and k = 4 (0.1333 s) says; its
+# worker took 0.15 s of a 0.17 s engine step.
 K2 = Run(3.0, 8, 1, drafts=100, draft_tokens=200, accepted=80,
-         accepted_per_pos=(50, 30), probe_step_s=0.16)  # fmt: skip
+         accepted_per_pos=(50, 30), probe_wall_step_s=0.18, probe_prefill_s=0.31,
+         probe_step_s=0.15, probe_engine_step_s=0.17)  # fmt: skip
 
 
 def test_step_times():
@@ -48,17 +55,29 @@ def test_step_times():
 
 def test_prediction_by_hand():
     # f = 80 / 128 = 0.625; p = 0.6, 0.4, 0.3, 0.2 (from k = 4). k = 2:
-    # L = 1 + 0.625 * 1.0 = 1.625; step = k = 2's probe 0.16 + the 0.02 s outside
-    # the worker (baseline 0.1 - its probe 0.08) = 0.18 s; speed-up
-    # 0.1 * 1.625 / 0.18 = 0.9028.
+    # L = 1 + 0.625 * 1.0 = 1.625; a call: 0.31 + 31 * 0.18 / 1.625 = 3.7438 s
+    # against the baseline's 3.4 s -> 0.9082x.
     row = predict(BASE, K2, K4, 2)
     assert row["draft_step_share"] == pytest.approx(0.625)
     assert row["predicted_tokens_per_step"] == pytest.approx(1.625)
     assert row["predicted_step_s"] == pytest.approx(0.18)
     assert row["step_cost_ratio"] == pytest.approx(1.8)
-    assert row["predicted_speedup"] == pytest.approx(0.1 * 1.625 / 0.18)
-    # k = 1 uses the same k = 4 acceptance (p_1 = 0.6): L = 1.375, step 0.1 s.
-    assert predict(BASE, K1, K4, 1)["predicted_speedup"] == pytest.approx(1.375)
+    assert row["baseline_call_s"] == pytest.approx(3.4)
+    assert row["predicted_call_s"] == pytest.approx(0.31 + 31 * 0.18 / 1.625)
+    assert row["predicted_speedup"] == pytest.approx(3.4 / 3.743846, rel=1e-6)
+    assert row["outside_worker_s"] == pytest.approx(0.02)
+    # k = 1 uses the same k = 4 acceptance (p_1 = 0.6): L = 1.375.
+    assert predict(BASE, K1, K4, 1)["predicted_speedup"] == pytest.approx(
+        3.4 / (0.3 + 3.1 / 1.375)
+    )
+
+
+def test_without_prefill_the_prediction_is_t1_l_over_s():
+    base = Run(**{**BASE.__dict__, "probe_prefill_s": 0.0})
+    k2 = Run(**{**K2.__dict__, "probe_prefill_s": 0.0})
+    assert predict(base, k2, K4, 2)["predicted_speedup"] == pytest.approx(
+        0.1 * 1.625 / 0.18
+    )
 
 
 def test_linear_model_by_hand():
@@ -74,36 +93,98 @@ def test_linear_model_by_hand():
 
 
 def test_probed_step_cost_moves_the_prediction():
-    # Same acceptance, a dearer probe: the prediction drops in proportion.
-    cheap = predict(BASE, K2, K4, 2)["predicted_speedup"]
-    dear = Run(**{**K2.__dict__, "probe_step_s": 0.34})
-    assert predict(BASE, dear, K4, 2)["predicted_speedup"] == pytest.approx(
-        cheap * 0.18 / 0.36
+    # Same acceptance, a dearer probed step: the predicted call gets longer by
+    # the extra decode time, the speed-up drops.
+    cheap = predict(BASE, K2, K4, 2)
+    dear = predict(BASE, Run(**{**K2.__dict__, "probe_wall_step_s": 0.36}), K4, 2)
+    assert dear["predicted_call_s"] - cheap["predicted_call_s"] == pytest.approx(
+        31 * 0.18 / 1.625
     )
+    assert dear["predicted_speedup"] < cheap["predicted_speedup"]
 
 
 def test_no_acceptance_predicts_a_loss():
     # A draft that is never accepted only adds cost: every k predicts < 1.
     k4 = Run(6.2, 8, 1, drafts=248, draft_tokens=992, accepted=0,
-             accepted_per_pos=(0, 0, 0, 0), probe_step_s=0.1)  # fmt: skip
+             accepted_per_pos=(0, 0, 0, 0), probe_wall_step_s=0.12,
+             probe_prefill_s=0.3)  # fmt: skip
     assert [predict(BASE, k4, k4, k)["predicted_speedup"] for k in (1, 2, 3, 4)] == (
-        pytest.approx([0.1 / 0.12] * 4)
+        pytest.approx([3.4 / (0.3 + 31 * 0.12)] * 4)
     )
 
 
-def test_decode_steps_drop_the_prefill_and_group_by_step():
+def test_decode_steps_keep_only_decode_steps():
     # Completion order inside vLLM: the forward ends inside execute_model, the
-    # sampler and the drafter inside sample_tokens.
-    step = [["_model_forward", 0.05, 24], ["execute_model", 0.06, 0],
-            ["_sample", 0.01, 0], ["propose_draft_token_ids", 0.002, 0],
-            ["sample_tokens", 0.02, 0]]  # fmt: skip
-    prefill = [["_model_forward", 0.5, 96], ["execute_model", 0.6, 0],
-               ["_sample", 0.01, 0], ["sample_tokens", 0.02, 0]]  # fmt: skip
-    steps = decode_steps(prefill + step + step)
-    assert len(steps) == 2
-    assert steps[0]["tokens"] == 24
+    # sampler and the drafter inside sample_tokens. The batch's prefill took two
+    # steps (requests arrived apart), the second also decoding the first ones.
+    def step(kind, tokens, seconds=0.06):
+        return [["_model_forward", seconds - 0.01, tokens, ""],
+                ["execute_model", seconds, 0, kind], ["_sample", 0.01, 0, ""],
+                ["propose_draft_token_ids", 0.002, 0, ""],
+                ["sample_tokens", 0.02, 0, ""]]  # fmt: skip
+
+    empty = [["execute_model", 0.001, 0, "empty"]]  # nothing scheduled, no sampling
+    records = (step("prefill", 96, 0.5) + step("mixed", 131, 0.6) + empty
+               + step("decode", 24) + step("decode", 20))  # fmt: skip
+    steps = decode_steps(records)
+    assert [s["tokens"] for s in steps] == [24, 20]
     assert steps[0]["execute_model"] + steps[0]["sample_tokens"] == pytest.approx(0.08)
+    assert [s["kind"] for s in group_steps(records)] == [
+        "prefill", "mixed", "decode", "decode"]  # fmt: skip
     assert decode_steps([]) == []
+
+
+def test_step_kind_from_vllms_scheduler_output():
+    # vLLM's own scheduler-output and request-state classes; the runner is only
+    # the holder of its ``requests`` (what step_kind reads of it).
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.output import (
+        CachedRequestData,
+        NewRequestData,
+        SchedulerOutput,
+    )
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    def state(req_id, prompt):
+        return CachedRequestState(req_id=req_id, prompt_token_ids=list(range(prompt)),
+                                  mm_features=[], sampling_params=None,
+                                  generator=None, block_ids=([0],),
+                                  num_computed_tokens=0,
+                                  output_token_ids=[])  # fmt: skip
+
+    runner = SimpleNamespace(requests={"a": state("a", 28), "b": state("b", 30)})
+    new = NewRequestData(req_id="c", prompt_token_ids=list(range(28)),
+                         mm_features=[], sampling_params=None, pooling_params=None,
+                         block_ids=([1],), num_computed_tokens=0,
+                         lora_request=None)  # fmt: skip
+
+    def output(new_reqs, cached: dict[str, int], tokens: dict[str, int]):
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=list(cached), resumed_req_ids=set(), new_token_ids=[],
+                all_token_ids={}, new_block_ids=[None] * len(cached),
+                num_computed_tokens=list(cached.values()),
+                num_output_tokens=[0] * len(cached)),
+            num_scheduled_tokens=tokens,
+            total_num_scheduled_tokens=sum(tokens.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            finished_req_ids=set(), free_encoder_mm_hashes=[],
+        )  # fmt: skip
+
+    assert step_kind(runner, output([new], {}, {"c": 28})) == "prefill"
+    # a and b decode (past their prompts, a with 2 drafts), c's prefill arrives.
+    mixed = output([new], {"a": 29, "b": 31}, {"a": 3, "b": 1, "c": 28})
+    assert step_kind(runner, mixed) == "mixed"
+    assert step_kind(runner, output([], {"a": 29, "b": 31}, {"a": 3, "b": 1})) == (
+        "decode"
+    )
+    # b's prompt not fully computed yet (a chunked or resumed prefill).
+    assert step_kind(runner, output([], {"a": 29, "b": 16}, {"a": 1, "b": 14})) == (
+        "mixed"
+    )
+    assert step_kind(runner, output([], {}, {})) == "empty"
 
 
 def test_render_shows_predicted_and_measured_side_by_side():
@@ -111,7 +192,7 @@ def test_render_shows_predicted_and_measured_side_by_side():
         **predict(BASE, K2, K4, 2),
         "k": 2,
         "measured_speedup": 0.95,
-        "error": (0.1 * 1.625 / 0.18) / 0.95 - 1,
+        "error": 3.4 / 3.743846 / 0.95 - 1,
         "linear_error": 1.21875 / 0.95 - 1,
         "spread": 0.04,
         "baseline_spread": 0.05,
@@ -130,8 +211,8 @@ def test_render_shows_predicted_and_measured_side_by_side():
     }
     text = render(report)
     assert (
-        "| 2 | 0.60, 0.40 | 1.60 | 1.80 | 0.90x | 0.95x (4% / 5%) | -5% | +28% |"
-        in (text)
+        "| 2 | 0.60, 0.40 | 1.60 | 180.0 (1.80); 150.0 / 20.0 | 0.91x | "
+        "0.95x (4% / 5%) | -4% | +28% |" in text
     )
     assert "Decision: decline." in text
 
@@ -167,12 +248,13 @@ def test_a_measured_engine_is_read_back_not_restarted(tmp_path):
     import dataclasses
     import json
 
-    from onboard.speculators.tune import measure_engine
+    from onboard.speculators.tune import FORMAT, measure_engine
     from onboard.validate.engine import EngineOptions
 
     extra = {"speculative_config": {"method": "ngram"}}
     options = EngineOptions(model_dir=tmp_path / "none", plugin=None, extra=extra)
     saved = {
+        "format": FORMAT,
         "engine": json.loads(json.dumps(options.engine_kwargs(), default=str)),
         "bands": {"batch-8": dataclasses.asdict(K4)},
     }

@@ -1,7 +1,10 @@
 """The tuner's step-cost probe on the real vLLM CPU engine: timing wrappers
 installed in vLLM's worker (onboard.speculators.probes.time_steps) see every
-decode step, its target forward verifies batch x (k + 1) tokens at most, and one
-engine's measurement (probe, seven rounds, counters) is complete.
+decode step and classify it by what vLLM scheduled (a batch's prefill can take
+two steps when its requests reach the engine core apart: the second one is
+"mixed", not decode), a decode step's target forward verifies batch x (k + 1)
+tokens at most, the probe's wall step holds the worker's step, and one engine's
+measurement (probe, seven rounds, counters) is complete.
 
 One n-gram engine (k = 2) on the DeepSeek-V3-style tiny checkpoint, about two
 minutes: `make test-all`.
@@ -16,7 +19,7 @@ import pytest
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.spec import load_spec
 from onboard.speculators.methods import speculative_config
-from onboard.speculators.tune import REPEATS, measure
+from onboard.speculators.tune import PROBE_REPEATS, REPEATS, measure
 from onboard.validate.check_spec_decode import entry_for
 from onboard.validate.engine import Engine, EngineOptions
 from onboard.validate.prompts import PROMPTS
@@ -52,6 +55,13 @@ def test_probe_times_every_decode_step(runs):
         batch = 8 if band == "batch-8" else 1
         assert len(run.rounds) == REPEATS and run.seconds > 0
         assert 0 < run.probe_step_s < run.seconds
+        # The probe: wall per decode step and prefill from its own short runs;
+        # an engine step's wall time includes the worker's part of it.
+        assert len(run.probe_walls) == PROBE_REPEATS
+        assert 0 < run.probe_wall_step_s < run.seconds
+        assert 0 < run.probe_prefill_s < run.seconds
+        assert run.probe_engine_step_s > run.probe_step_s
+        assert run.probe_tokens_per_step >= 1
         # A decode step's forward verifies at most batch x (1 + k) tokens, and
         # n-gram drafted somewhere (more than one token per sequence).
         assert max(run.forward_tokens) <= batch * (1 + K)

@@ -98,14 +98,37 @@ def _tokens(args, kwargs) -> int:
     return 0
 
 
+def step_kind(runner, scheduler_output) -> str:
+    """What one scheduled step computes: "decode" (every request past its prompt),
+    "prefill" (prompts only), "mixed" (both: requests of one batch arrive in the
+    engine core at slightly different times, so a later request's prefill can
+    share a step with earlier requests' decoding) or "empty"."""
+    if scheduler_output is None or not scheduler_output.total_num_scheduled_tokens:
+        return "empty"
+    prefill = bool(scheduler_output.scheduled_new_reqs)
+    decode = False
+    cached = scheduler_output.scheduled_cached_reqs
+    computed_tokens = cached.num_computed_tokens
+    for req_id, computed in zip(cached.req_ids, computed_tokens, strict=True):
+        state = runner.requests.get(req_id)
+        if state is not None and computed < state.num_prompt_tokens:
+            prefill = True  # the rest of a prompt (chunked or resumed)
+        else:
+            decode = True
+    if not prefill:
+        return "decode"
+    return "mixed" if decode else "prefill"
+
+
 def time_steps(worker) -> list[str]:
     """From now on, record the wall time of every call of the model runner's
-    per-step methods (:data:`TIMED`; the target forward with its token count);
-    :func:`step_timings` returns and clears them."""
+    per-step methods (:data:`TIMED`; the target forward with its token count,
+    execute_model with its :func:`step_kind`); :func:`step_timings` returns and
+    clears them."""
     import time
 
     runner = worker.model_runner
-    records: list[tuple[str, float, int]] = []
+    records: list[tuple[str, float, int, str]] = []
     setattr(runner, TIMINGS, records)
     for name in TIMED:
         method = getattr(runner, name, None)
@@ -113,20 +136,25 @@ def time_steps(worker) -> list[str]:
             continue
 
         def timed(*args, _method=method, _name=name, **kwargs):
+            kind = ""
+            if _name == "execute_model":
+                output = kwargs.get("scheduler_output", args[0] if args else None)
+                kind = step_kind(runner, output)
             t0 = time.perf_counter()
             try:
                 return _method(*args, **kwargs)
             finally:
                 tokens = _tokens(args, kwargs) if _name == "_model_forward" else 0
-                records.append((_name, time.perf_counter() - t0, tokens))
+                records.append((_name, time.perf_counter() - t0, tokens, kind))
 
         setattr(runner, name, timed)  # the instance attribute wins over the method
     return [n for n in TIMED if hasattr(runner, n)]
 
 
-def step_timings(worker) -> list[tuple[str, float, int]]:
+def step_timings(worker) -> list[tuple[str, float, int, str]]:
     """The calls recorded since :func:`time_steps` or the last read (then cleared):
-    (method, seconds, target tokens for ``_model_forward``)."""
+    (method, seconds, target tokens for ``_model_forward``, step kind for
+    ``execute_model``)."""
     records = getattr(worker.model_runner, TIMINGS, None)
     if records is None:
         return []

@@ -13,23 +13,32 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   ``S = n (N - 1) - accepted`` (the first token comes from the prefill);
 - ``t1``: wall-clock of one decode step without speculation (baseline time per
   call over N - 1 steps);
-- ``s(k)``: the step cost with k drafts, from a short probe in k's engine: its
-  band's requests once with PROBE_TOKENS new tokens, the worker's time per decode
-  step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps;
-  median), plus the time per step spent outside the worker (scheduler, IPC),
-  taken from the baseline (its wall-clock step minus its own probe). Probed per
-  k in k's own engine, not interpolated across engines: an engine instance's speed
-  varies by about 15% on a shared 2-core machine (vLLM pins its thread to core 0),
-  which the line through the k = 1 and k = K engines carried into k = 2 and 3
-  (docs/benchmarks.md); probe and timed rounds share one instance;
+- the probe, a short run in each engine before its timed rounds, PROBE_REPEATS
+  times: the band's requests once with max_tokens 1 (the prefill: ``P``, wall
+  seconds per call) and once with PROBE_TOKENS new tokens; the difference is the
+  wall time of the decode steps, everything included (worker, engine-core
+  scheduling, IPC, output processing), divided by the probe's own sequence-steps
+  per sequence (from the counters around it) gives ``s``, the wall seconds per
+  decode step; the medians over the repeats count. ``t1`` and ``P0`` are the
+  baseline engine's, ``s(k)`` and ``P(k)`` k's own engine's. Probed per k in k's
+  own engine, not interpolated across engines: an engine instance's speed varies
+  by about 15% on a shared 2-core machine (vLLM pins its thread to core 0);
+  probe and timed rounds share one instance. The worker's own time per decode
+  step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps)
+  and the rest of the wall step (outside the worker) are reported as detail: the
+  earlier model took the outside part from the baseline, but it grows with k;
 - acceptance: ``p_i``, vLLM's per-position acceptance (accepted at position i over
   drafts) from the k = K engine's timed rounds, and ``f``, the share of steps that
   had a draft (1 for model drafts; below 1 for n-gram, which drafts only on a
   match). A draft at position i does not depend on k, so the mean tokens per step
   for any k is ``L(k) = 1 + f * sum(p_1..p_k)``;
-- predicted speed-up ``t1 * L(k) / s(k)``; measured speed-up: the baseline's
-  median wall-clock over the speculative engine's, over REPEATS rounds of the same
-  requests (the spread of the rounds is reported beside it).
+- predicted time per call of N new tokens: ``P0 + (N - 1) t1`` without
+  speculation, ``P(k) + (N - 1) s(k) / L(k)`` with k drafts; predicted speed-up
+  their ratio (``t1 * L(k) / s(k)`` when the prefill is negligible); measured
+  speed-up: the baseline's median wall-clock over the speculative engine's, over
+  REPEATS rounds of the same requests (the spread of the rounds is reported
+  beside it). Wall-clock is the engine's own ``LLM.generate`` time, in probe and
+  rounds alike.
 
 The first model (step cost linear in k, calibrated on the k = 1 and k = K
 wall-clocks: ``predict_linear``) is still computed and reported for comparison.
@@ -58,8 +67,11 @@ BANDS = {"batch-8": (8, 1), "batch-1": (1, 4)}  # band: (batch size, calls)
 TOLERANCE = 0.15
 # Timed rounds per band and engine; the median counts (see measure).
 REPEATS = 7
-# New tokens per request in the step-cost probe (see measure).
-PROBE_TOKENS = 12
+# New tokens per request in the step-cost probe, and its repeats (see measure).
+PROBE_TOKENS = 16
+PROBE_REPEATS = 3
+# Bumped when Run changes: a saved measurement of another version is retaken.
+FORMAT = 2
 PROBES = "onboard.speculators.probes"
 
 
@@ -76,8 +88,17 @@ class Run:
     accepted_per_pos: tuple[int, ...] = ()
     # Every timing round's wall-clock (``seconds`` is their median).
     rounds: tuple[float, ...] = ()
+    # The probe (medians over PROBE_REPEATS): wall seconds per decode step (per
+    # sequence-step, as S counts them) and of the prefill per call, the probe's
+    # own tokens per step, and wall seconds per engine decode step.
+    probe_wall_step_s: float | None = None
+    probe_prefill_s: float | None = None
+    probe_tokens_per_step: float | None = None
+    probe_engine_step_s: float | None = None
+    probe_walls: tuple[float, ...] = ()
     # Median worker time of one decode step (execute_model + sample_tokens) in
-    # the short probe run, and in the timed rounds (diagnosis only).
+    # the probe, and in the timed rounds (detail: wall minus worker is the time
+    # outside the worker).
     probe_step_s: float | None = None
     round_step_s: float | None = None
     # Per decode step in the timed rounds, median seconds of its parts (target
@@ -115,25 +136,31 @@ def tokens_per_step(kmax: Run, k: int) -> tuple[float, float]:
 
 
 def predict(base: Run, probe: Run, kmax: Run, k: int) -> dict:
-    """Predicted speed-up of draft length ``k``: the baseline's time per plain
-    step ``t1``; the step cost ``s(k)`` of k's own engine from its short probe
-    (the worker's median time per decode step) plus the time per step spent
-    outside the worker, taken from the baseline (its step time minus its probe);
-    the tokens per step ``L(k)`` from the k = K run's acceptance per position.
-    Speed-up ``t1 * L(k) / s(k)``."""
-    t1 = step_time_baseline(base)
-    outside = t1 - (base.probe_step_s or 0.0)
-    step = (probe.probe_step_s or 0.0) + outside
+    """Predicted speed-up of draft length ``k`` from the probes: the baseline's
+    wall seconds per plain step ``t1`` and prefill ``P0``, k's own engine's wall
+    seconds per decode step ``s(k)`` and prefill ``P(k)``, the tokens per step
+    ``L(k)`` from the k = K run's acceptance per position. Per call of N new
+    tokens: ``(P0 + (N - 1) t1) / (P(k) + (N - 1) s(k) / L(k))``."""
+    t1, s = base.probe_wall_step_s, probe.probe_wall_step_s
     length, f = tokens_per_step(kmax, k)
+    base_call = base.probe_prefill_s + (NEW_TOKENS - 1) * t1
+    call = probe.probe_prefill_s + (NEW_TOKENS - 1) * s / length
     return {
-        "predicted_speedup": t1 * length / step,
+        "predicted_speedup": base_call / call,
         "predicted_tokens_per_step": length,
-        "predicted_step_s": step,
-        "probe_step_s": probe.probe_step_s,
+        "predicted_step_s": s,
+        "predicted_call_s": call,
         "baseline_step_s": t1,
-        "baseline_probe_step_s": base.probe_step_s,
-        "step_cost_ratio": step / t1,
+        "baseline_call_s": base_call,
+        "prefill_s": probe.probe_prefill_s,
+        "baseline_prefill_s": base.probe_prefill_s,
+        "step_cost_ratio": s / t1,
         "draft_step_share": f,
+        # Detail: the worker's part of an engine decode step and the rest.
+        "probe_step_s": probe.probe_step_s,
+        "probe_engine_step_s": probe.probe_engine_step_s,
+        "outside_worker_s": (probe.probe_engine_step_s or 0.0)
+        - (probe.probe_step_s or 0.0),
     }
 
 
@@ -156,21 +183,33 @@ def _counters(engine: Engine) -> dict[str, Any]:
     return {k: v for k, v in engine.metrics().items() if k.startswith(PREFIX)}
 
 
-def decode_steps(records) -> list[dict[str, float]]:
+def group_steps(records) -> list[dict[str, Any]]:
     """Group the worker's timed calls (probes.step_timings, in completion order:
     the forward ends inside execute_model, sampling and drafting inside
-    sample_tokens) into steps, and drop each request batch's first step (the
-    prefill); the records of one generate call."""
-    steps: list[dict[str, float]] = []
-    current: dict[str, float] = {}
-    for name, seconds, tokens in records:
+    sample_tokens) into steps: {method: seconds, "tokens": target tokens,
+    "kind": probes.step_kind}."""
+    steps: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for name, seconds, tokens, kind in records:
+        if name in ("_model_forward", "execute_model") and "execute_model" in current:
+            current = {}  # a step without sampling (nothing scheduled): not a step
         current[name] = current.get(name, 0.0) + seconds
         if name == "_model_forward":
             current["tokens"] = tokens
+        if name == "execute_model":
+            current["kind"] = kind
         if name == "sample_tokens":
             steps.append(current)
             current = {}
-    return steps[1:]
+    return steps
+
+
+def decode_steps(records) -> list[dict[str, Any]]:
+    """The decode steps among the records: every scheduled request past its
+    prompt. Not "all but the first step": the requests of one call reach the
+    engine core at slightly different times, so the prefill of a batch can take
+    two steps, the second one also decoding the first requests ("mixed")."""
+    return [s for s in group_steps(records) if s.get("kind") == "decode"]
 
 
 def _median(values) -> float:
@@ -181,45 +220,78 @@ def _step_s(step: dict[str, float]) -> float:
     return step.get("execute_model", 0.0) + step.get("sample_tokens", 0.0)
 
 
+def _timed(engine: Engine, chunks, max_tokens: int) -> float:
+    """Wall seconds of the chunks' generate calls, as the engine times them."""
+    return sum(
+        engine.generate(chunk, temperature=0.0, max_tokens=max_tokens, ignore_eos=True)[
+            "time_s"
+        ]
+        for chunk in chunks
+    )
+
+
+def _delta(after, before, key, times: int = 1) -> int:
+    a, b = after.get(PREFIX + key) or 0, before.get(PREFIX + key) or 0
+    return round((a - b) / times)
+
+
+def probe(engine: Engine, chunks, sequences: int) -> dict[str, Any]:
+    """The step-cost probe of one band (a short run, separate from the timed
+    rounds): PROBE_REPEATS times the prefill alone (max_tokens 1), then
+    PROBE_TOKENS new tokens; medians of the wall seconds per decode step and per
+    prefill call (see the module doc)."""
+    calls = len(chunks)
+    walls, prefills, per_step, engine_steps, worker = [], [], [], [], []
+    step_timings = f"{PROBES}:step_timings"
+    engine.rpc(step_timings)  # clear
+    for _ in range(PROBE_REPEATS):
+        prefill = _timed(engine, chunks, 1)
+        prefill_steps = len(group_steps(engine.rpc(step_timings)))
+        before = _counters(engine)
+        full = _timed(engine, chunks, PROBE_TOKENS)
+        steps = group_steps(engine.rpc(step_timings))
+        accepted = _delta(_counters(engine), before, "num_accepted_tokens")
+        seq_steps = sequences * (PROBE_TOKENS - 1) - accepted
+        decode = full - prefill
+        walls.append(decode * sequences / calls / seq_steps)
+        prefills.append(prefill / calls)
+        per_step.append(sequences * (PROBE_TOKENS - 1) / seq_steps)
+        engine_steps.append(decode / max(1, len(steps) - prefill_steps))
+        worker += [_step_s(x) for x in steps if x.get("kind") == "decode"]
+    return {
+        "probe_wall_step_s": _median(walls),
+        "probe_prefill_s": _median(prefills),
+        "probe_tokens_per_step": _median(per_step),
+        "probe_engine_step_s": _median(engine_steps),
+        "probe_walls": tuple(walls),
+        "probe_step_s": _median(worker),
+    }
+
+
 def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
     """Time every band on one engine (after one warm-up call).
 
-    First the probe: each band's requests once with PROBE_TOKENS new tokens, the
-    worker's time per decode step recorded (median). Then REPEATS timed rounds of
-    NEW_TOKENS; the median round counts, the spread is kept. The counters are per
-    round (greedy rounds repeat the same tokens)."""
+    First the probe (:func:`probe`). Then REPEATS timed rounds of NEW_TOKENS; the
+    median round counts, the spread is kept. The counters are per round (greedy
+    rounds repeat the same tokens)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
     engine.rpc(f"{PROBES}:time_steps")
-    engine.rpc(f"{PROBES}:step_timings")  # clear
     runs = {}
     start = 0
     for band, (batch, calls) in BANDS.items():
         chunks = [prompts[start + i * batch : start + (i + 1) * batch]
                   for i in range(calls)]  # fmt: skip
         start += batch * calls
-        probe = []
-        for chunk in chunks:
-            engine.generate(
-                chunk, temperature=0.0, max_tokens=PROBE_TOKENS, ignore_eos=True
-            )
-            probe += decode_steps(engine.rpc(f"{PROBES}:step_timings"))
+        probed = probe(engine, chunks, batch * calls)
         before = _counters(engine)
         rounds, steps = [], []
         for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            for chunk in chunks:
-                engine.generate(
-                    chunk, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
-                )
-            rounds.append(time.perf_counter() - t0)
+            rounds.append(_timed(engine, chunks, NEW_TOKENS))
             steps += decode_steps(engine.rpc(f"{PROBES}:step_timings"))
         after = _counters(engine)
 
         def per_round(key, after=after, before=before):
-            return round(
-                ((after.get(PREFIX + key) or 0) - (before.get(PREFIX + key) or 0))
-                / REPEATS
-            )
+            return _delta(after, before, key, REPEATS)
 
         pos_after = list(after.get(PREFIX + "num_accepted_tokens_per_pos") or [])
         pos_before = list(before.get(PREFIX + "num_accepted_tokens_per_pos") or []) or [
@@ -237,7 +309,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                 for a, b in zip(pos_after, pos_before, strict=True)
             ),
             rounds=tuple(rounds),
-            probe_step_s=_median([_step_s(x) for x in probe]),
+            **probed,
             round_step_s=_median([_step_s(x) for x in steps]),
             parts_s={
                 part: _median([x.get(part, 0.0) for x in steps])
@@ -266,7 +338,7 @@ def measure_engine(
     config = json.loads(json.dumps(options.engine_kwargs(), default=str))
     if saved.is_file():
         data = json.loads(saved.read_text())
-        if data.get("engine") == config:
+        if data.get("engine") == config and data.get("format") == FORMAT:
             log(f"{label}: measured before ({saved})")
             return {band: _run_from(r) for band, r in data["bands"].items()}
     engine = _start(options, work, label, log)
@@ -275,12 +347,13 @@ def measure_engine(
     finally:
         engine.close()
     bands = {band: dataclasses.asdict(r) for band, r in runs.items()}
-    atomic_write_text(saved, json.dumps({"engine": config, "bands": bands}) + "\n")
+    data = {"format": FORMAT, "engine": config, "bands": bands}
+    atomic_write_text(saved, json.dumps(data) + "\n")
     return runs
 
 
 def _run_from(data: dict[str, Any]) -> Run:
-    tuples = ("accepted_per_pos", "rounds", "forward_tokens")
+    tuples = ("accepted_per_pos", "rounds", "forward_tokens", "probe_walls")
     return Run(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
 
 
@@ -455,17 +528,21 @@ def render(report: dict[str, Any]) -> str:
                 f"## {method}, {band} (default k={result['default_k']})",
                 "",
                 "| k | acceptance per position | mean acceptance length | "
-                "step cost (probe, plain steps) | predicted speed-up | "
-                "measured speed-up (round spread spec / base) | error | "
-                "linear model error |",
+                "probed step: wall ms (x plain); worker / outside ms per engine "
+                "step | predicted speed-up | measured speed-up (round spread "
+                "spec / base) | error | linear model error |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- |",
             ]
             for r in data["rows"]:
                 rates = ", ".join(f"{x:.2f}" for x in r["acceptance_rate_per_position"])
                 mark = " (acceptance measured)" if r["calibration"] else ""
+                worker = r.get("probe_step_s") or 0.0
+                outside = r.get("outside_worker_s") or 0.0
                 lines.append(
                     f"| {r['k']}{mark} | {rates} | {r['mean_acceptance_length']:.2f} "
-                    f"| {r['step_cost_ratio']:.2f} | {r['predicted_speedup']:.2f}x | "
+                    f"| {1000 * r['predicted_step_s']:.1f} "
+                    f"({r['step_cost_ratio']:.2f}); {1000 * worker:.1f} / "
+                    f"{1000 * outside:.1f} | {r['predicted_speedup']:.2f}x | "
                     f"{r['measured_speedup']:.2f}x ({r.get('spread', 0):.0%} / "
                     f"{r.get('baseline_spread', 0):.0%}) | {r['error']:+.0%} | "
                     f"{r.get('linear_error', 0):+.0%} |"
@@ -473,8 +550,8 @@ def render(report: dict[str, Any]) -> str:
             r0 = data["rows"][0]
             lines += [
                 "",
-                f"A plain step takes {1000 * r0['baseline_step_s']:.1f} ms. "
-                f"Decision: {data['decision']}.",
+                f"A plain step takes {1000 * r0['baseline_step_s']:.1f} ms "
+                f"(probed wall). Decision: {data['decision']}.",
                 "",
             ]
     return "\n".join(lines)
