@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 
 import torch
 
@@ -211,6 +212,37 @@ def _fp8_rows(
     out.copy_(x.clamp_(-FP8_MAX, FP8_MAX).add_(_ZERO))
 
 
+# Clamp, zero point and cast of a 16-bit quotient depend on its 16 bits alone, so
+# for 16-bit weights they are one table lookup: the table is those very torch ops
+# applied once to all 65536 bit patterns, then indexed by each quotient's bits
+# (index_select, 0.5 ns per value; clamp + add + cast take 2.2 ns).
+
+
+@cache
+def _fp8_table(dtype: torch.dtype) -> torch.Tensor:
+    """FP8 byte of clamp(x, -448, 448) + 0 for every ``dtype`` (16-bit) value x."""
+    values = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+    cast = torch.empty(values.shape, dtype=torch.float8_e4m3fn)
+    cast.copy_(values.clamp(-FP8_MAX, FP8_MAX).add_(_ZERO))
+    return cast.view(torch.uint8)
+
+
+def _fp8_rows_table(
+    w: torch.Tensor,
+    scale_rows: torch.Tensor,
+    out: torch.Tensor,
+    buf: torch.Tensor,
+    index: torch.Tensor,
+) -> None:
+    """``_fp8_rows`` for 16-bit quotients, through ``_fp8_table``."""
+    n = w.shape[0]
+    x = torch.div(w, scale_rows, out=buf[:n])
+    idx = index[:n].copy_(x.view(torch.uint16))  # zero-extended: 0..65535
+    torch.index_select(
+        _fp8_table(x.dtype), 0, idx.view(-1), out=out.view(torch.uint8).view(-1)
+    )
+
+
 # Rounding onto the E2M1 grid 0, .5, 1, 1.5, 2, 3, 4, 6 as compressed-tensors'
 # cast_to_fp4 does it: to the nearest grid point, ties to the one with the even
 # code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), and
@@ -299,10 +331,16 @@ def quantize_weight(
     in_gscale: torch.Tensor | None = None,
     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
     check: bool = True,
+    sink: Callable[[str, int, torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Compressed tensors of ``module.weight`` (names as vLLM loads them).
 
     ``stats`` is ``observe(w, scheme)`` when the caller has it already.
+    ``sink(name, first_row, rows)``: the quantized weight (``weight`` or
+    ``weight_packed``) is handed over block by block as it is made, from a reused
+    buffer that ``sink`` must consume at once, and left out of the result; the
+    writer writes each block while it is still in cache instead of a whole fresh
+    tensor (whose first touch costs ~1 ns per byte here).
     """
     args = scheme.ct_scheme.weights
     scale = scales(stats or observe(w, scheme), scheme, gscale)
@@ -310,18 +348,21 @@ def quantize_weight(
     step = _block_rows(cols)
     out: dict[str, torch.Tensor] = {}
     if scheme.packed:
-        packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+        name = f"{module}.weight_packed"
         scratch = _Fp4Scratch(min(step, rows), cols, args.group_size)
+        block = torch.empty(min(step, rows), cols // 2, dtype=torch.uint8)
+        emit, head = _emitter(name, (rows, cols // 2), block.dtype, sink, out)
         for i in range(0, rows, step):
+            n = min(step, rows - i)
             _fp4_rows(
-                w[i : i + step],
-                scale[i : i + step],
+                w[i : i + n],
+                scale[i : i + n],
                 gscale,
                 args.group_size,
-                packed[i : i + step],
+                block[:n],
                 scratch,
             )
-        out[f"{module}.weight_packed"] = packed
+            emit(i, block[:n])
         out[f"{module}.weight_scale"] = _compressor(scheme)._compress_scale(scale, args)
         if gscale is not None:
             out[f"{module}.weight_global_scale"] = gscale
@@ -329,25 +370,52 @@ def quantize_weight(
             assert in_gscale is not None, module
             out[f"{module}.input_global_scale"] = in_gscale
     else:
-        q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+        name = f"{module}.weight"
         if scheme.block:
             bh, bw = scheme.block
             step = max(bh, step // bh * bh)
         buf = torch.empty(min(step, rows), cols, dtype=torch.result_type(w, scale))
-        if scheme.block:
-            for i in range(0, rows, step):
+        block = torch.empty(buf.shape, dtype=torch.float8_e4m3fn)
+        emit, head = _emitter(name, (rows, cols), block.dtype, sink, out)
+        rows_fn = _fp8_rows
+        if buf.dtype.itemsize == 2:
+            index = torch.empty(buf.shape, dtype=torch.int32)
+            rows_fn = partial(_fp8_rows_table, index=index)
+        for i in range(0, rows, step):
+            n = min(step, rows - i)
+            if scheme.block:
                 s = scale[i // bh : (i + step) // bh + 1]
-                s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)
-                n = min(step, rows - i)
-                _fp8_rows(w[i : i + n], s[:n, :cols], q[i : i + n], buf)
-        else:
-            for i in range(0, rows, step):
-                _fp8_rows(w[i : i + step], scale[i : i + step], q[i : i + step], buf)
-        out[f"{module}.weight"] = q
+                s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)[:n, :cols]
+            else:
+                s = scale[i : i + n]
+            rows_fn(w[i : i + n], s, block[:n], buf)
+            emit(i, block[:n])
         out[f"{module}.weight_scale"] = scale
     if check:
-        check_against_library(w, scheme, module, gscale, out)
+        check_against_library(w, scheme, module, gscale, {**out, name: head()})
     return out
+
+
+def _emitter(name, shape, dtype, sink, out):
+    """(emit(first_row, rows), head()) for the quantized weight ``name``: to the
+    sink, else into a whole tensor in ``out``; head() has its first rows that
+    ``check_against_library`` compares (CHECK_ROWS, or one block row for fp8-block)."""
+    if sink is None:
+        whole = out[name] = torch.empty(shape, dtype=dtype)
+
+        def emit(i: int, rows: torch.Tensor) -> None:
+            whole[i : i + rows.shape[0]] = rows
+
+        return emit, lambda: whole
+    keep = 128  # >= CHECK_ROWS and the 128-row FP8 blocks
+    first = torch.empty(min(keep, shape[0]), *shape[1:], dtype=dtype)
+
+    def emit_sink(i: int, rows: torch.Tensor) -> None:
+        if i < keep:
+            first[i : i + rows.shape[0]] = rows[: keep - i]
+        sink(name, i, rows)
+
+    return emit_sink, lambda: first
 
 
 # ---- the library's own path, for checks and dequantization -------------------

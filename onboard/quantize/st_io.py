@@ -211,25 +211,57 @@ def create_file(path: Path, tensors: list[OutTensor]) -> dict[str, int]:
     header, offsets = layout(tensors)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.ftruncate(fd, len(header) + sum(t.nbytes for t in tensors))
+        size = len(header) + sum(t.nbytes for t in tensors)
+        os.ftruncate(fd, size)
+        _allocate(fd, size)
         _pwrite_all(fd, memoryview(header), 0)
     finally:
         os.close(fd)
     return offsets
 
 
-def write_tensor(fd: int, offset: int, expected: OutTensor, tensor) -> None:
-    """Write ``tensor`` at ``offset``, checked against its planned dtype and shape."""
+def _allocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks up front, where the file system can.
+
+    Writing into allocated blocks is ~2.5x faster on ext4 than filling a sparse
+    file (which allocates as it goes): measured 2.0 vs 0.8 GB/s into the page
+    cache, for pwrite and copy_file_range alike. The raw fallocate(2), not
+    posix_fallocate, which emulates it by writing zeros where it is unsupported.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate(fd, 0, ctypes.c_int64(0), ctypes.c_int64(size))
+    except (OSError, AttributeError):
+        pass  # not supported here: written sparse, as before
+
+
+def write_tensor(
+    fd: int, offset: int, expected: OutTensor, tensor, first_row: int | None = None
+) -> None:
+    """Write ``tensor`` at ``offset``, checked against its planned dtype and shape.
+
+    ``first_row``: ``tensor`` is only the rows from there on (a block).
+    """
     import torch
 
     from onboard.quantize.kernels import ST_DTYPES
 
-    if (
-        ST_DTYPES[tensor.dtype] != expected.dtype
-        or tuple(tensor.shape) != expected.shape
-    ):
+    shape = tuple(tensor.shape)
+    if first_row is not None:
+        row_bytes = expected.nbytes // max(1, expected.shape[0])
+        offset += first_row * row_bytes
+        fits = (
+            shape[1:] == expected.shape[1:]
+            and first_row + shape[0] <= (expected.shape[0])
+        )
+    else:
+        fits = shape == expected.shape
+    if ST_DTYPES[tensor.dtype] != expected.dtype or not fits:
         raise AssertionError(
-            f"{expected.name}: produced {tensor.dtype} {list(tensor.shape)}, planned "
+            f"{expected.name}: produced {tensor.dtype} {list(tensor.shape)}"
+            f"{'' if first_row is None else f' at row {first_row}'}, planned "
             f"{expected.dtype} {list(expected.shape)}"
         )
     data = memoryview(tensor.contiguous().view(-1).view(torch.uint8).numpy())

@@ -101,10 +101,13 @@ def run_task(
 
     written: list[tuple[str, str]] = []
 
-    def write(shard: str, name: str, value) -> None:
+    def write(shard: str, name: str, value, first_row: int | None = None) -> None:
         fd = fd_of(temp_path(partial, shard), os.O_RDWR)
-        st_io.write_tensor(fd, offsets[shard][name], planned[shard][name], value)
-        written.append((shard, name))
+        st_io.write_tensor(
+            fd, offsets[shard][name], planned[shard][name], value, first_row
+        )
+        if not first_row:  # (once per tensor)
+            written.append((shard, name))
 
     try:
         if not task.quantize:
@@ -144,7 +147,15 @@ def run_task(
             in_gscale = None
             if scheme.calibrated:
                 in_gscale = kernels.input_global_scale(calib[q.module])
-            out = kernels.quantize_weight(w, scheme, q.module, gscale, in_gscale, stats)
+            out = kernels.quantize_weight(
+                w,
+                scheme,
+                q.module,
+                gscale,
+                in_gscale,
+                stats,
+                sink=lambda name, row, block, s=q.shard: write(s, name, block, row),
+            )
             for name, value in out.items():
                 write(q.shard, name, value)
             report(q.src.nbytes)
