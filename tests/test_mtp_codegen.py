@@ -49,10 +49,28 @@ def mtp_file(name: str) -> str:
 # ---- the generated file ---------------------------------------------------------
 
 
+def model_file(name: str) -> str:
+    spec = any_spec(name)
+    package = f"plugin/onboard_plugin_{spec.module_name}"
+    return generate_files(spec)[f"{package}/{spec.module_name}.py"]
+
+
+def mtp_block_call(source: str) -> ast.Call:
+    """The ``self.mtp_block = <call>`` of the MTP file."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == (
+            "self.mtp_block"
+        ):
+            assert isinstance(node.value, ast.Call)
+            return node.value
+    raise AssertionError("no self.mtp_block")
+
+
 @pytest.mark.parametrize("name", MTP_SPECS)
 def test_mtp_file_shape(name):
     """DeepSeek-MTP shape: norms, eh_proj, block, shared head, compute_logits and
-    load_weights; the block's MLP is the spec's mtp.mlp; no per-layer plan."""
+    load_weights; only the MTP classes, the block being the model file's decoder
+    layer (imported, not repeated) with the spec's mtp.mlp; no per-layer plan."""
     spec = any_spec(name)
     source = mtp_file(name)
     tree = ast.parse(source)
@@ -62,18 +80,73 @@ def test_mtp_file_shape(name):
     methods = {n.name for n in top.body if isinstance(n, ast.FunctionDef)}
     assert {"forward", "compute_logits", "load_weights", "embed_input_ids"} <= methods
     prefix = draft.class_name.removesuffix("MTP")
-    assert f"{prefix}MultiTokenPredictorLayer" in classes
+    assert set(classes) == {
+        f"{prefix}SharedHead",
+        f"{prefix}MultiTokenPredictorLayer",
+        f"{prefix}MultiTokenPredictor",
+        draft.class_name,
+    }
     layer_src = ast.get_source_segment(
         source, classes[f"{prefix}MultiTokenPredictorLayer"]
     )
     for attr in ("self.enorm", "self.hnorm", "self.eh_proj", "self.shared_head"):
         assert attr in layer_src
-    assert ("MoE" in "".join(classes)) == (spec.mtp.mlp == "moe")
+    assert f"from .{spec.module_name} import {prefix}DecoderLayer\n" in source
+    call = mtp_block_call(source)
+    assert ast.unparse(call.func) == f"{prefix}DecoderLayer"
+    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    model_classes = {
+        n.name for n in ast.parse(model_file(name)).body if isinstance(n, ast.ClassDef)
+    }
+    if "moe" in keywords:  # the model file has both MLP kinds
+        assert keywords == {"moe": spec.mtp.mlp == "moe"}
+    else:  # ... or only the MTP's
+        assert not keywords
+        assert (f"{prefix}MoE" in model_classes) == (spec.mtp.mlp == "moe")
     # MTP layers index past num_hidden_layers: nothing may look them up in a
     # per-layer list of the config, nor build a sliding window or a KV-sharing
-    # target for them.
+    # target for them (the decoder layer's defaults: full attention, own cache).
     for word in ("layer_types", "kv_sharing", "sliding", "extract_layer_index"):
         assert word not in source, word
+
+
+# All-MoE layers with a dense MTP head: the model file carries the dense MLP for
+# the MTP blocks only, and its layers pass moe=True.
+_ALL_MOE_DENSE_MTP = """
+name: all-moe-dense-mtp
+architecture: AllMoeDenseMtpForCausalLM
+model_type: all_moe_dense_mtp
+vocab_size: 1024
+hidden_size: 256
+num_hidden_layers: 2
+max_position_embeddings: 4096
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe: {num_experts: 8, num_experts_per_tok: 2, expert_intermediate_size: 64}
+mtp: {num_heads: 1, mlp: dense}
+checkpoint: {layout: deepseek}
+"""
+
+
+def test_dense_mtp_block_of_an_all_moe_model():
+    from onboard.spec import parse_spec_text
+
+    spec = parse_spec_text(_ALL_MOE_DENSE_MTP, file="<all-moe-dense-mtp>")
+    files = generate_files(spec)  # rendered, ruff-formatted and lint-checked
+    package = "plugin/onboard_plugin_all_moe_dense_mtp"
+    model = files[f"{package}/all_moe_dense_mtp.py"]
+    mtp = files[f"{package}/all_moe_dense_mtp_mtp.py"]
+    assert "class AllMoeDenseMtpMLP(nn.Module):" in model
+    assert "moe=True," in model  # every model layer is MoE
+    call = mtp_block_call(mtp)
+    assert [(k.arg, ast.literal_eval(k.value)) for k in call.keywords] == [
+        ("moe", False)
+    ]
+    # The MTP file maps the dense block's gate/up pair; the model file maps none
+    # (no model layer is dense).
+    assert '".mlp.gate_proj": (".mlp.gate_up_proj", 0)' in mtp
+    assert ".mlp.gate_up_proj" not in model.split("class AllMoeDenseMtpForCausalLM")[1]
 
 
 @pytest.mark.parametrize("name", MTP_SPECS)
@@ -191,7 +264,10 @@ while link is not None:
     chain += 1
     link = getattr(link, "__wrapped__", None)
 entry = ModelRegistry.models[plugin.MTP_ARCHITECTURE]
+# The draft module imports its blocks from the model module (relative import).
+draft_module = importlib.import_module(entry.module_name)
 out = {
+    "draft_class": getattr(draft_module, entry.class_name).__name__,
     "patched": override is not original,
     "stable": override is first,
     "chain": chain,
@@ -227,6 +303,7 @@ def test_registration_is_idempotent_and_selects_the_generated_class(name, tmp_pa
     out = json.loads(run.stdout.strip().splitlines()[-1])
     module, cls = mtp_class_path(spec).split(":")
     assert out["registered"] == [module, cls]
+    assert out["draft_class"] == cls
     # vLLM's own mapping of other model types survives the wrapper.
     assert out["deepseek"] == ["DeepSeekMTPModel"]
     if mtp_draft(spec).override:

@@ -47,12 +47,16 @@ def render_model(spec: ModelSpec) -> str:
 
 def render_mtp(spec: ModelSpec) -> str:
     """Source of the MTP draft file for a spec with MTP heads (formatted,
-    lint-checked); see :mod:`onboard.generate.mtp`."""
+    lint-checked); see :mod:`onboard.generate.mtp`. Its blocks are the model
+    file's decoder layer, imported from the sibling module (a relative import,
+    which holds in the plugin package and in vLLM's models package alike)."""
+    context = build_context(spec, mtp=True)
     return render_python(
         "vllm/mtp.py.j2",
-        build_context(spec, mtp=True),
+        context,
         f"{mtp_module_name(spec)}.py",
-        body_template="vllm/mtp_body.py.j2",
+        body_template="vllm/components/mtp.py.j2",
+        local_imports={f"{context['P']}DecoderLayer": f".{spec.module_name}"},
     )
 
 

@@ -298,23 +298,31 @@ def build_context(
 ) -> dict[str, Any]:
     """Template context of the model file, or with ``mtp`` of the MTP draft file.
 
-    An MTP block is a full-attention decoder block (no sliding window, no KV
-    sharing) whose MLP is the spec's ``mtp.mlp``; it has no per-layer plan, so
-    nothing in the MTP file looks a layer up in a per-layer config list (which
-    only covers the ``num_hidden_layers`` decoder layers).
+    The MTP file imports the model file's decoder layer for its blocks, so the
+    model file's classes serve both: its MLP classes cover the MTP's ``mtp.mlp``
+    too, and its decoder layer takes its per-layer plan (MLP kind, sliding window,
+    KV-sharing target) as constructor arguments, which the model reads from the
+    config's per-layer fields and the MTP file sets for an MTP block (full
+    attention, its own KV cache, the MTP's MLP): MTP layers index past the
+    ``num_hidden_layers`` entries of those fields. The two contexts differ only in
+    which checkpoint tensors the file's own ``load_weights`` maps.
     """
     f = ConfigFields(spec, hf)
     att = spec.attention
     moe = spec.mlp.moe
     layers = spec.layers()
     is_mla = att.type == "mla"
+    mtp_mlp = spec.mtp.mlp if spec.mtp is not None else None
+    # The model file's MLP classes (for its layers and the MTP blocks).
+    has_moe = moe is not None
+    dense_layers = any(not layer.moe for layer in layers)
+    has_dense = dense_layers or mtp_mlp == "dense"
+    # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
-        assert spec.mtp is not None
-        has_moe = spec.mtp.mlp == "moe"
-        has_dense = not has_moe
+        assert mtp_mlp is not None
+        loads_moe, loads_dense = mtp_mlp == "moe", mtp_mlp == "dense"
     else:
-        has_moe = moe is not None
-        has_dense = any(not layer.moe for layer in layers)
+        loads_moe, loads_dense = has_moe, dense_layers
     has_shared = bool(has_moe and moe and moe.num_shared_experts)
     has_shared_gate = bool(has_moe and moe and moe.shared_expert_gate)
 
@@ -332,7 +340,7 @@ def build_context(
     # -- attention
     types = spec.layer_attention_types()
     sliding = "none"
-    if "sliding_attention" in types and not mtp:
+    if "sliding_attention" in types:
         sliding = "all" if set(types) == {"sliding_attention"} else "mixed"
         cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
         if sliding == "mixed":
@@ -362,7 +370,7 @@ def build_context(
         ):
             f.need("head_dim", spec.head_dim)
 
-    kv_sharing = bool(att.kv_sharing) and not mtp
+    kv_sharing = bool(att.kv_sharing)
     if kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
 
@@ -426,7 +434,7 @@ def build_context(
                 "platform; the CPU's plain top-k path is softmax-only.",
                 width=72,
             ),
-            "layer_expr": None if mtp else _moe_layer_expr(spec, f),
+            "layer_expr": _moe_layer_expr(spec, f),
             "scoring": router.scoring,
             "renormalize": router.norm_topk_prob,
             "bias_correction": router.bias_correction,
@@ -463,9 +471,9 @@ def build_context(
         roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
-    if has_dense:
+    if loads_dense:
         roles += ["gate_proj", "up_proj", "down_proj"]
-    if has_moe:
+    if loads_moe:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
         if has_shared:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
@@ -509,9 +517,9 @@ def build_context(
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     gate_up_blocks = []
-    if has_dense:
+    if loads_dense:
         gate_up_blocks.append(names["mlp"])
-    if has_shared:
+    if loads_moe and has_shared:
         gate_up_blocks.append(names["shared"])
     for block in gate_up_blocks:
         stacked += [
@@ -541,6 +549,19 @@ def build_context(
     kv_target_expr = None
     if kv_sharing:
         kv_target_expr = _kv_target_expr(cfg["kv_sharing"], f.hf[cfg["kv_sharing"]])
+    # What differs between decoder layers (or between a layer and an MTP block):
+    # the decoder layer's constructor arguments.
+    layer_expr = moe_ctx["layer_expr"] if moe_ctx else None
+    plan = SimpleNamespace(
+        moe=has_moe and has_dense,
+        # The model's `moe` per layer: its MoE layer plan, or True where every
+        # layer is MoE (then the dense MLP serves the MTP blocks only).
+        moe_expr=layer_expr or "True",
+        sliding=sliding != "none",
+        kv_sharing=kv_sharing,
+    )
+    plan.any = plan.moe or plan.sliding or plan.kv_sharing
+    layer_idx_needed = sliding == "mixed" or kv_sharing or bool(plan.moe and layer_expr)
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -564,12 +585,14 @@ def build_context(
             and rope.scaling.mscale_all_dim
         ),
         "kv_target_expr": kv_target_expr,
-        "layer_idx_needed": sliding == "mixed"
-        or kv_sharing
-        or bool(moe_ctx and moe_ctx["layer_expr"] and has_dense),
+        "layer_idx_needed": layer_idx_needed,
+        # The model's layer factory reads the config.
+        "plan_reads_config": layer_idx_needed or plan.sliding,
+        "plan": plan,
+        "layer_doc": _layer_doc(spec, plan) if plan.any else "",
         "summary": _summary(spec),
         "rope_comment": _rope_comment(spec),
-        "attn_doc": _attn_doc(spec, mtp),
+        "attn_doc": _attn_doc(spec),
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
@@ -581,8 +604,9 @@ def build_context(
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
         "tie": spec.tie_word_embeddings,
         "mtp": spec.mtp is not None,
-        "mtp_file": mtp,
         "mtp_doc": _mtp_doc(spec) if mtp else "",
+        "mtp_block_moe": str(mtp_mlp == "moe"),
+        "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
         "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
         "mtp_prefixes": mtp_prefixes,
         "names": SimpleNamespace(**names),
@@ -621,7 +645,7 @@ def _kv_target_expr(name: str, value: Any) -> str:
 # ---- docstrings ------------------------------------------------------------------
 
 
-def _attn_doc(spec: ModelSpec, mtp: bool = False) -> str:
+def _attn_doc(spec: ModelSpec) -> str:
     att = spec.attention
     if att.type == "mla":
         mla = att.mla
@@ -649,17 +673,56 @@ def _attn_doc(spec: ModelSpec, mtp: bool = False) -> str:
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     kinds = set(spec.layer_attention_types())
-    if mtp:
-        parts.append("full attention (an MTP block)")
-    elif "sliding_attention" in kinds:
+    if "sliding_attention" in kinds:
         parts.append(
             "sliding-window on the layers the config's layer types mark"
             if len(kinds) > 1
             else "sliding-window on every layer"
         )
-    if att.kv_sharing and not mtp:
+    if att.kv_sharing:
         parts.append("KV-cache sharing across layers")
     return "Attention: " + ", ".join(parts) + "."
+
+
+def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
+    parts = []
+    if plan.moe:
+        parts.append("whether its MLP is the MoE block (else the dense MLP)")
+    if plan.sliding:
+        parts.append("its sliding window (None: full attention)")
+    if plan.kv_sharing:
+        parts.append("the earlier layer whose KV cache it reads (None: its own)")
+    if spec.mtp is None:
+        return (
+            "A decoder layer. Its plan comes from the caller (the model reads it "
+            f"per layer from the config): {_listed(parts)}."
+        )
+    return (
+        f"A decoder layer. Its plan comes from the caller: {_listed(parts)}. The "
+        "model reads it per layer from the config; the MTP draft sets it for its "
+        "blocks, whose layer indices lie past the config's per-layer fields."
+    )
+
+
+def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
+    """Comment lines on the MTP block in the MTP file."""
+    defaults = [
+        what
+        for what, on in (
+            ("full attention", plan.sliding),
+            ("its own KV cache", plan.kv_sharing),
+        )
+        if on
+    ]
+    text = "The model's decoder layer as this head's block"
+    if defaults:
+        text += f": {_listed(defaults)} (the defaults)"
+    text += (
+        ". Its prefix (layer num_hidden_layers + i) names its KV cache; its modules "
+        'keep the checkpoint\'s names (no "mtp_block"), which quantization configs '
+        "use."
+    )
+    return textwrap.wrap(text, width=76)
 
 
 def _moe_doc(spec: ModelSpec) -> str:

@@ -1,7 +1,10 @@
 """The MTP draft model on vLLM 0.32: how it is selected, and which heads vLLM runs.
 
 ``onboard generate`` writes ``<module_name>_mtp.py`` next to the model file for a
-spec with MTP heads (``templates/vllm/mtp_body.py.j2``). vLLM builds the draft of
+spec with MTP heads (``templates/vllm/components/mtp.py.j2``): the MTP classes
+only, each head's block being the model file's decoder layer, imported with
+``from .<module_name> import ...`` (as vLLM's deepseek_mtp.py imports
+deepseek_v2.py). vLLM builds the draft of
 ``speculative_config={"method": "mtp", ...}`` from the target's own config.json,
 rewritten by ``SpeculativeConfig.hf_config_override`` (vllm/config/speculative.py):
 that function maps a fixed list of model types to an MTP model type and draft

@@ -170,13 +170,15 @@ def _used_names(source: str, what: str) -> set[str]:
     return used - defined - set(dir(builtins))
 
 
-def import_block(body: str, what: str) -> str:
-    """The import statements ``body`` needs (ruff then orders them like isort)."""
+def import_block(body: str, what: str, local: dict[str, str] | None = None) -> str:
+    """The import statements ``body`` needs (ruff then orders them like isort).
+    ``local`` maps names to the sibling module (``.module``) they come from."""
+    sources = {**IMPORTS, **{n: (m, n) for n, m in (local or {}).items()}}
     lines: list[str] = []
     for name in sorted(_used_names(body, what)):
-        if name not in IMPORTS:
+        if name not in sources:
             continue  # a local variable; ruff reports real undefined names
-        module, imported = IMPORTS[name]
+        module, imported = sources[name]
         lines.append(
             f"import {module}"
             if imported is None
@@ -224,11 +226,17 @@ def ruff_clean(source: str, filename: str) -> str:
 
 
 def render_python(
-    template: str, context: dict, filename: str, body_template: str | None = None
+    template: str,
+    context: dict,
+    filename: str,
+    body_template: str | None = None,
+    local_imports: dict[str, str] | None = None,
 ) -> str:
     """Render a Python module and ruff it. With ``body_template``, the body is
-    rendered first and the imports it needs are passed to ``template``."""
+    rendered first and the imports it needs (from ``IMPORTS``, or from a sibling
+    module as ``local_imports`` maps them) are passed to ``template``."""
     if body_template is not None:
         body = render_template(body_template, context)
-        context = {**context, "imports": import_block(body, filename), "body": body}
+        imports = import_block(body, filename, local_imports)
+        context = {**context, "imports": imports, "body": body}
     return ruff_clean(render_template(template, context), filename)

@@ -303,12 +303,23 @@ class DeepseekV3Attention(nn.Module):
 
 
 class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
+    """A decoder layer. Its plan comes from the caller: whether its MLP is the MoE block
+    (else the dense MLP). The model reads it per layer from the config; the MTP draft
+    sets it for its blocks, whose layer indices lie past the config's per-layer
+    fields.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        *,
+        moe: bool,
+    ) -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
         cache_config = vllm_config.cache_config
         quant_config = vllm_config.quant_config
-        layer_idx = extract_layer_index(prefix)
         self.hidden_size = config.hidden_size
         self.self_attn = DeepseekV3Attention(
             config=config,
@@ -317,7 +328,7 @@ class DeepseekV3DecoderLayer(nn.Module):
             prefix=f"{prefix}.self_attn",
         )
         self.mlp: DeepseekV3MoE | DeepseekV3MLP
-        if layer_idx >= config.first_k_dense_replace:
+        if moe:
             self.mlp = DeepseekV3MoE(vllm_config=vllm_config, prefix=f"{prefix}.mlp")
         else:
             self.mlp = DeepseekV3MLP(
@@ -370,9 +381,7 @@ class DeepseekV3Model(nn.Module, EagleModelMixin):
             self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
-            lambda prefix: DeepseekV3DecoderLayer(
-                vllm_config=vllm_config, prefix=prefix
-            ),
+            lambda prefix: self._make_layer(vllm_config, prefix),
             prefix=f"{prefix}.layers",
         )
         if get_pp_group().is_last_rank:
@@ -381,6 +390,18 @@ class DeepseekV3Model(nn.Module, EagleModelMixin):
             self.norm = PPMissingLayer()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], config.hidden_size
+        )
+
+    def _make_layer(
+        self, vllm_config: VllmConfig, prefix: str
+    ) -> DeepseekV3DecoderLayer:
+        # The layer's plan, from the config.
+        config = vllm_config.model_config.hf_config
+        layer_idx = extract_layer_index(prefix)
+        return DeepseekV3DecoderLayer(
+            vllm_config,
+            prefix,
+            moe=layer_idx >= config.first_k_dense_replace,
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ architecture name DeepSeekMTPModel, and then replaces its embedding and output h
 by the target model's.
 """
 
-import math
 import re
 from collections.abc import Iterable
 
@@ -23,20 +22,10 @@ from torch import nn
 from transformers import PreTrainedConfig
 
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_ep_group, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.activation import SiluAndMul
-from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
+from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (
-    ColumnParallelLinear,
-    MergedColumnParallelLinear,
-    RowParallelLinear,
-)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from vllm.model_executor.layers.quantization import QuantizationConfig
-from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
@@ -50,279 +39,7 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-
-class DeepseekV3MLP(nn.Module):
-    """Gated feed-forward block: down_proj(act(gate_proj(x)) * up_proj(x))."""
-
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        quant_config: QuantizationConfig | None = None,
-        reduce_results: bool = True,
-        prefix: str = "",
-    ) -> None:
-        super().__init__()
-        # gate_proj and up_proj run as one GEMM.
-        self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size,
-            [intermediate_size] * 2,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.gate_up_proj",
-        )
-        self.down_proj = RowParallelLinear(
-            intermediate_size,
-            hidden_size,
-            bias=False,
-            quant_config=quant_config,
-            reduce_results=reduce_results,
-            prefix=f"{prefix}.down_proj",
-        )
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.gate_up_proj(x)
-        x = self.act_fn(gate_up)
-        x, _ = self.down_proj(x)
-        return x
-
-
-class DeepseekV3MoE(nn.Module):
-    """Routed experts and the shared expert with their router, run by vLLM's fused MoE
-    layer. Routing: sigmoid scores, experts chosen by score +
-    e_score_correction_bias, within the best expert groups, top-k weights
-    renormalised, routed output scaled by routed_scaling_factor.
-    """
-
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_config
-        parallel_config = vllm_config.parallel_config
-        quant_config = vllm_config.quant_config
-        self.hidden_size = config.hidden_size
-        self.tp_size = get_tensor_model_parallel_world_size()
-        self.n_routed_experts = config.n_routed_experts
-        self.n_shared_experts = config.n_shared_experts
-        if self.tp_size > self.n_routed_experts:
-            raise ValueError(
-                f"Tensor parallel size {self.tp_size} is greater than "
-                f"the number of experts {self.n_routed_experts}."
-            )
-
-        # Expert-parallel load balancing (EPLB): physical slots per logical expert.
-        self.ep_size = get_ep_group().device_group.size()
-        eplb_config = parallel_config.eplb_config
-        self.enable_eplb = parallel_config.enable_eplb
-        self.n_logical_experts = self.n_routed_experts
-        self.n_redundant_experts = eplb_config.num_redundant_experts
-        self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
-        self.n_local_physical_experts = self.n_physical_experts // self.ep_size
-
-        self.gate = GateLinear(
-            self.hidden_size,
-            self.n_routed_experts,
-            quant_config=quant_config,
-            prefix=f"{prefix}.gate",
-        )
-        # Added to the scores to choose the experts, not to weight them.
-        self.gate.e_score_correction_bias = nn.Parameter(
-            torch.empty(self.n_routed_experts, dtype=torch.float32)
-        )
-        self.shared_experts = DeepseekV3MLP(
-            hidden_size=self.hidden_size,
-            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
-            quant_config=quant_config,
-            # The fused MoE layer all-reduces routed and shared output together.
-            reduce_results=False,
-            prefix=f"{prefix}.shared_experts",
-        )
-        self.experts = FusedMoEFactory(
-            num_experts=self.n_routed_experts,
-            top_k=config.num_experts_per_tok,
-            hidden_size=self.hidden_size,
-            intermediate_size=config.moe_intermediate_size,
-            renormalize=True,
-            use_grouped_topk=True,
-            num_expert_group=config.n_group,
-            topk_group=config.topk_group,
-            scoring_func="sigmoid",
-            e_score_correction_bias=self.gate.e_score_correction_bias,
-            routed_scaling_factor=config.routed_scaling_factor,
-            quant_config=quant_config,
-            enable_eplb=self.enable_eplb,
-            num_redundant_experts=self.n_redundant_experts,
-            gate=self.gate,
-            shared_experts=self.shared_experts,
-            prefix=f"{prefix}.experts",
-        )
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        num_tokens, hidden_dim = hidden_states.shape
-        # The fused layer runs the router itself (it holds the gate).
-        final_hidden_states = self.experts(
-            hidden_states=hidden_states, router_logits=hidden_states
-        )
-        return final_hidden_states.view(num_tokens, hidden_dim)
-
-
-def yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:
-    if scale <= 1:
-        return 1.0
-    return 0.1 * mscale * math.log(scale) + 1.0
-
-
-class DeepseekV3Attention(nn.Module):
-    """Multi-head latent attention: keys and values are cached as one compressed latent
-    (kv_lora_rank) plus a shared rope key, with queries through a low-rank q_a/q_b
-    projection; vLLM's MLA wrapper picks the kernels.
-    """
-
-    def __init__(
-        self,
-        config: PreTrainedConfig,
-        cache_config: CacheConfig | None = None,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "",
-    ) -> None:
-        super().__init__()
-        self.hidden_size = config.hidden_size
-        self.qk_nope_head_dim = config.qk_nope_head_dim
-        self.qk_rope_head_dim = config.qk_rope_head_dim
-        self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        self.v_head_dim = config.v_head_dim
-        self.q_lora_rank = config.q_lora_rank
-        self.kv_lora_rank = config.kv_lora_rank
-        self.num_heads = config.num_attention_heads
-        tp_size = get_tensor_model_parallel_world_size()
-        assert self.num_heads % tp_size == 0
-        self.num_local_heads = self.num_heads // tp_size
-        self.scaling = self.qk_head_dim**-0.5
-        eps = config.rms_norm_eps
-
-        # q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM.
-        self.fused_qkv_a_proj = MergedColumnParallelLinear(
-            self.hidden_size,
-            [self.q_lora_rank, self.kv_lora_rank + self.qk_rope_head_dim],
-            bias=False,
-            quant_config=quant_config,
-            disable_tp=True,
-            prefix=f"{prefix}.fused_qkv_a_proj",
-        )
-        self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=eps)
-        self.q_b_proj = ColumnParallelLinear(
-            self.q_lora_rank,
-            self.num_heads * self.qk_head_dim,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.q_b_proj",
-        )
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=eps)
-        self.kv_b_proj = ColumnParallelLinear(
-            self.kv_lora_rank,
-            self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.kv_b_proj",
-        )
-        self.o_proj = RowParallelLinear(
-            self.num_heads * self.v_head_dim,
-            self.hidden_size,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.o_proj",
-        )
-
-        # DeepSeek's YaRN rotation (cos/sin scaled by the mscale ratio).
-        rope_parameters = {**config.rope_parameters, "rope_type": "deepseek_yarn"}
-        # ... and the softmax scale multiplied by mscale(mscale_all_dim) squared.
-        mscale = yarn_get_mscale(
-            rope_parameters["factor"], float(rope_parameters["mscale_all_dim"])
-        )
-        self.scaling = self.scaling * mscale * mscale
-        self.rotary_emb = get_rope(
-            self.qk_rope_head_dim,
-            max_position=config.max_position_embeddings,
-            rope_parameters=rope_parameters,
-            # Rotate interleaved pairs (DeepSeek's rope_interleave).
-            is_neox_style=False,
-        )
-
-        mla_modules = MLAModules(
-            kv_a_layernorm=self.kv_a_layernorm,
-            kv_b_proj=self.kv_b_proj,
-            # DeepSeek's YaRN rope runs vLLM's PyTorch implementation on CPU,
-            # which takes [tokens, heads, dim] as they are.
-            rotary_emb=self.rotary_emb,
-            o_proj=self.o_proj,
-            fused_qkv_a_proj=self.fused_qkv_a_proj,
-            kv_a_proj_with_mqa=None,
-            q_a_layernorm=self.q_a_layernorm,
-            q_b_proj=self.q_b_proj,
-            q_proj=None,
-            indexer=None,
-            is_sparse=False,
-            topk_indices_buffer=None,
-        )
-        self.mla_attn = MultiHeadLatentAttentionWrapper(
-            self.hidden_size,
-            self.num_local_heads,
-            self.scaling,
-            self.qk_nope_head_dim,
-            self.qk_rope_head_dim,
-            self.v_head_dim,
-            self.q_lora_rank,
-            self.kv_lora_rank,
-            mla_modules,
-            cache_config,
-            quant_config,
-            prefix,
-        )
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-    ) -> torch.Tensor:
-        return self.mla_attn(positions, hidden_states)
-
-
-class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_config
-        cache_config = vllm_config.cache_config
-        quant_config = vllm_config.quant_config
-        self.hidden_size = config.hidden_size
-        self.self_attn = DeepseekV3Attention(
-            config=config,
-            cache_config=cache_config,
-            quant_config=quant_config,
-            prefix=f"{prefix}.self_attn",
-        )
-        self.mlp = DeepseekV3MoE(vllm_config=vllm_config, prefix=f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(
-            self.hidden_size, eps=config.rms_norm_eps
-        )
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The RMSNorms add the residual in the same kernel.
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        return hidden_states, residual
+from .deepseek_v3_style import DeepseekV3DecoderLayer
 
 
 class DeepseekV3SharedHead(nn.Module):
@@ -363,9 +80,10 @@ class DeepseekV3MultiTokenPredictorLayer(nn.Module):
         self.shared_head = DeepseekV3SharedHead(
             config, quant_config, prefix=maybe_prefix(prefix, "shared_head")
         )
-        # The block's modules keep the checkpoint's names (no "mtp_block"), which
-        # quantization configs use.
-        self.mtp_block = DeepseekV3DecoderLayer(vllm_config=vllm_config, prefix=prefix)
+        # The model's decoder layer as this head's block. Its prefix (layer
+        # num_hidden_layers + i) names its KV cache; its modules keep the checkpoint's
+        # names (no "mtp_block"), which quantization configs use.
+        self.mtp_block = DeepseekV3DecoderLayer(vllm_config, prefix, moe=True)
 
     def forward(
         self,

@@ -320,26 +320,27 @@ class NovelLaunchAttention(nn.Module):
 
 
 class NovelLaunchDecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
+    """A decoder layer. Its plan comes from the caller: whether its MLP is the MoE block
+    (else the dense MLP), its sliding window (None: full attention) and the earlier
+    layer whose KV cache it reads (None: its own). The model reads it per layer from
+    the config; the MTP draft sets it for its blocks, whose layer indices lie past
+    the config's per-layer fields.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        *,
+        moe: bool,
+        sliding_window: int | None = None,
+        kv_sharing_target_layer_name: str | None = None,
+    ) -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
         cache_config = vllm_config.cache_config
         quant_config = vllm_config.quant_config
-        layer_idx = extract_layer_index(prefix)
         self.hidden_size = config.hidden_size
-
-        if config.layer_types[layer_idx] == "sliding_attention":
-            sliding_window = config.sliding_window
-        else:
-            sliding_window = None
-
-        # Layers the config maps to an earlier layer read that layer's KV cache
-        # (and write none of their own).
-        kv_sharing_target_layer_name = None
-        target = config.kv_sharing_target_layers[layer_idx]
-        if target is not None:
-            layers_prefix = prefix.rsplit(".", 1)[0]
-            kv_sharing_target_layer_name = f"{layers_prefix}.{target}.self_attn.attn"
         self.self_attn = NovelLaunchAttention(
             config=config,
             cache_config=cache_config,
@@ -349,7 +350,7 @@ class NovelLaunchDecoderLayer(nn.Module):
             prefix=f"{prefix}.self_attn",
         )
         self.mlp: NovelLaunchMoE | NovelLaunchMLP
-        if layer_idx >= config.first_k_dense_replace:
+        if moe:
             self.mlp = NovelLaunchMoE(vllm_config=vllm_config, prefix=f"{prefix}.mlp")
         else:
             self.mlp = NovelLaunchMLP(
@@ -402,9 +403,7 @@ class NovelLaunchModel(nn.Module, EagleModelMixin):
             self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
-            lambda prefix: NovelLaunchDecoderLayer(
-                vllm_config=vllm_config, prefix=prefix
-            ),
+            lambda prefix: self._make_layer(vllm_config, prefix),
             prefix=f"{prefix}.layers",
         )
         if get_pp_group().is_last_rank:
@@ -413,6 +412,31 @@ class NovelLaunchModel(nn.Module, EagleModelMixin):
             self.norm = PPMissingLayer()
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], config.hidden_size
+        )
+
+    def _make_layer(
+        self, vllm_config: VllmConfig, prefix: str
+    ) -> NovelLaunchDecoderLayer:
+        # The layer's plan, from the config.
+        config = vllm_config.model_config.hf_config
+        layer_idx = extract_layer_index(prefix)
+        if config.layer_types[layer_idx] == "sliding_attention":
+            sliding_window = config.sliding_window
+        else:
+            sliding_window = None
+        # Layers the config maps to an earlier layer read that layer's KV cache
+        # (and write none of their own).
+        kv_sharing_target_layer_name = None
+        target = config.kv_sharing_target_layers[layer_idx]
+        if target is not None:
+            layers_prefix = prefix.rsplit(".", 1)[0]
+            kv_sharing_target_layer_name = f"{layers_prefix}.{target}.self_attn.attn"
+        return NovelLaunchDecoderLayer(
+            vllm_config,
+            prefix,
+            moe=layer_idx >= config.first_k_dense_replace,
+            sliding_window=sliding_window,
+            kv_sharing_target_layer_name=kv_sharing_target_layer_name,
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -22,20 +22,10 @@ from torch import nn
 from transformers import PreTrainedConfig
 
 from vllm.compilation.decorators import support_torch_compile
-from vllm.config import CacheConfig, VllmConfig
-from vllm.distributed import get_ep_group, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.activation import SiluAndMul
-from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
+from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.quantization import QuantizationConfig
-from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
@@ -49,247 +39,7 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-
-class NovelLaunchMLP(nn.Module):
-    """Gated feed-forward block: down_proj(act(gate_proj(x)) * up_proj(x))."""
-
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        quant_config: QuantizationConfig | None = None,
-        reduce_results: bool = True,
-        prefix: str = "",
-    ) -> None:
-        super().__init__()
-        # gate_proj and up_proj run as one GEMM.
-        self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size,
-            [intermediate_size] * 2,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.gate_up_proj",
-        )
-        self.down_proj = RowParallelLinear(
-            intermediate_size,
-            hidden_size,
-            bias=False,
-            quant_config=quant_config,
-            reduce_results=reduce_results,
-            prefix=f"{prefix}.down_proj",
-        )
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.gate_up_proj(x)
-        x = self.act_fn(gate_up)
-        x, _ = self.down_proj(x)
-        return x
-
-
-class NovelLaunchMoE(nn.Module):
-    """Routed experts and the shared expert with their router, run by vLLM's fused MoE
-    layer. Routing: sigmoid scores, experts chosen by score +
-    e_score_correction_bias, top-k weights renormalised, routed output scaled by
-    routed_scaling_factor.
-    """
-
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_config
-        parallel_config = vllm_config.parallel_config
-        quant_config = vllm_config.quant_config
-        self.hidden_size = config.hidden_size
-        self.tp_size = get_tensor_model_parallel_world_size()
-        self.n_routed_experts = config.n_routed_experts
-        self.n_shared_experts = config.n_shared_experts
-        if self.tp_size > self.n_routed_experts:
-            raise ValueError(
-                f"Tensor parallel size {self.tp_size} is greater than "
-                f"the number of experts {self.n_routed_experts}."
-            )
-
-        # Expert-parallel load balancing (EPLB): physical slots per logical expert.
-        self.ep_size = get_ep_group().device_group.size()
-        eplb_config = parallel_config.eplb_config
-        self.enable_eplb = parallel_config.enable_eplb
-        self.n_logical_experts = self.n_routed_experts
-        self.n_redundant_experts = eplb_config.num_redundant_experts
-        self.n_physical_experts = self.n_logical_experts + self.n_redundant_experts
-        self.n_local_physical_experts = self.n_physical_experts // self.ep_size
-
-        self.gate = GateLinear(
-            self.hidden_size,
-            self.n_routed_experts,
-            quant_config=quant_config,
-            prefix=f"{prefix}.gate",
-        )
-        # Added to the scores to choose the experts, not to weight them.
-        self.gate.e_score_correction_bias = nn.Parameter(
-            torch.empty(self.n_routed_experts, dtype=torch.float32)
-        )
-        self.shared_experts = NovelLaunchMLP(
-            hidden_size=self.hidden_size,
-            intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
-            quant_config=quant_config,
-            # The fused MoE layer all-reduces routed and shared output together.
-            reduce_results=False,
-            prefix=f"{prefix}.shared_experts",
-        )
-        self.experts = FusedMoEFactory(
-            num_experts=self.n_routed_experts,
-            top_k=config.num_experts_per_tok,
-            hidden_size=self.hidden_size,
-            intermediate_size=config.moe_intermediate_size,
-            renormalize=True,
-            # All experts in one group (the same routing): vLLM's grouped router is
-            # the one that takes sigmoid scores, the bias correction and the routed
-            # scaling on every platform; the CPU's plain top-k path is softmax-only.
-            use_grouped_topk=True,
-            num_expert_group=1,
-            topk_group=1,
-            scoring_func="sigmoid",
-            e_score_correction_bias=self.gate.e_score_correction_bias,
-            routed_scaling_factor=config.routed_scaling_factor,
-            quant_config=quant_config,
-            enable_eplb=self.enable_eplb,
-            num_redundant_experts=self.n_redundant_experts,
-            gate=self.gate,
-            shared_experts=self.shared_experts,
-            prefix=f"{prefix}.experts",
-        )
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        num_tokens, hidden_dim = hidden_states.shape
-        # The fused layer runs the router itself (it holds the gate).
-        final_hidden_states = self.experts(
-            hidden_states=hidden_states, router_logits=hidden_states
-        )
-        return final_hidden_states.view(num_tokens, hidden_dim)
-
-
-class NovelLaunchAttention(nn.Module):
-    """Attention: grouped-query, with per-head RMS norm on q and k, full attention (an
-    MTP block).
-    """
-
-    def __init__(
-        self,
-        config: PreTrainedConfig,
-        cache_config: CacheConfig | None = None,
-        quant_config: QuantizationConfig | None = None,
-        prefix: str = "",
-    ) -> None:
-        super().__init__()
-        self.hidden_size = config.hidden_size
-        tp_size = get_tensor_model_parallel_world_size()
-        self.total_num_heads = config.num_attention_heads
-        assert self.total_num_heads % tp_size == 0
-        self.num_heads = self.total_num_heads // tp_size
-        self.total_num_kv_heads = config.num_key_value_heads
-        if self.total_num_kv_heads >= tp_size:
-            # Number of KV heads is greater than TP size, so we partition
-            # the KV heads across multiple tensor parallel GPUs.
-            assert self.total_num_kv_heads % tp_size == 0
-        else:
-            # Number of KV heads is less than TP size, so we replicate
-            # the KV heads across multiple tensor parallel GPUs.
-            assert tp_size % self.total_num_kv_heads == 0
-        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
-        self.head_dim = config.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.scaling = self.head_dim**-0.5
-
-        self.qkv_proj = QKVParallelLinear(
-            self.hidden_size,
-            self.head_dim,
-            self.total_num_heads,
-            self.total_num_kv_heads,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.qkv_proj",
-        )
-        self.o_proj = RowParallelLinear(
-            self.total_num_heads * self.head_dim,
-            self.hidden_size,
-            bias=False,
-            quant_config=quant_config,
-            prefix=f"{prefix}.o_proj",
-        )
-        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        # rope_parameters holds theta.
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            max_position=config.max_position_embeddings,
-            rope_parameters=config.rope_parameters,
-            is_neox_style=True,
-        )
-        self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            self.scaling,
-            num_kv_heads=self.num_kv_heads,
-            cache_config=cache_config,
-            quant_config=quant_config,
-            prefix=f"{prefix}.attn",
-        )
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-    ) -> torch.Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # RMS-normalise every head of q and k before rope.
-        q_by_head = q.view(*q.shape[:-1], q.shape[-1] // self.head_dim, self.head_dim)
-        q = self.q_norm(q_by_head).view(q.shape)
-        k_by_head = k.view(*k.shape[:-1], k.shape[-1] // self.head_dim, self.head_dim)
-        k = self.k_norm(k_by_head).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
-        attn_output = self.attn(q, k, v)
-        output, _ = self.o_proj(attn_output)
-        return output
-
-
-class NovelLaunchDecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_config
-        cache_config = vllm_config.cache_config
-        quant_config = vllm_config.quant_config
-        self.hidden_size = config.hidden_size
-        self.self_attn = NovelLaunchAttention(
-            config=config,
-            cache_config=cache_config,
-            quant_config=quant_config,
-            prefix=f"{prefix}.self_attn",
-        )
-        self.mlp = NovelLaunchMoE(vllm_config=vllm_config, prefix=f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(self.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(
-            self.hidden_size, eps=config.rms_norm_eps
-        )
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The RMSNorms add the residual in the same kernel.
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        return hidden_states, residual
+from .novel_launch import NovelLaunchDecoderLayer
 
 
 class NovelLaunchSharedHead(nn.Module):
@@ -330,9 +80,11 @@ class NovelLaunchMultiTokenPredictorLayer(nn.Module):
         self.shared_head = NovelLaunchSharedHead(
             config, quant_config, prefix=maybe_prefix(prefix, "shared_head")
         )
-        # The block's modules keep the checkpoint's names (no "mtp_block"), which
+        # The model's decoder layer as this head's block: full attention and its own
+        # KV cache (the defaults). Its prefix (layer num_hidden_layers + i) names its
+        # KV cache; its modules keep the checkpoint's names (no "mtp_block"), which
         # quantization configs use.
-        self.mtp_block = NovelLaunchDecoderLayer(vllm_config=vllm_config, prefix=prefix)
+        self.mtp_block = NovelLaunchDecoderLayer(vllm_config, prefix, moe=True)
 
     def forward(
         self,
