@@ -716,7 +716,7 @@ def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
     ]
     text = "The model's decoder layer as this head's block"
     if defaults:
-        text += f": {_listed(defaults)} (the defaults)"
+        text += f": {_listed(defaults)} (the default{'s' * (len(defaults) > 1)})"
     text += (
         ". Its prefix (layer num_hidden_layers + i) names its KV cache; its modules "
         'keep the checkpoint\'s names (no "mtp_block"), which quantization configs '
