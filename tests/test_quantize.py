@@ -148,6 +148,57 @@ def test_quantize_weight_is_byte_identical_to_compressed_tensors(scheme, shape):
     assert set(out) == {n for n, _, _ in planned}
 
 
+@pytest.mark.parametrize("scheme", ALL)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scale_table_is_the_library_on_every_16_bit_absmax(scheme, dtype):
+    # scales() looks up the library's calculate_qparams result by the absmax's bits:
+    # against the library itself, on every finite non-negative value, in the
+    # [rows, groups] shape the observer gives.
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    sch = SCHEMES[scheme]
+    a = torch.arange(2**15, dtype=torch.int16).view(dtype)
+    a = a[torch.isfinite(a)]
+    a = torch.cat([a, a[: (-len(a)) % 64]]).reshape(-1, 64)
+    g = kernels.global_scale([a.max()]) if sch.global_scale else None
+    stats = kernels._AbsMax((-a, a))
+    mine = kernels.scales(stats, sch, g)
+    ref, _ = calculate_qparams(-a, a, sch.ct_scheme.weights, global_scale=g)
+    assert same_bytes(mine, ref)
+
+
+@pytest.mark.parametrize("scheme", ["fp8-dynamic", "fp8-block", "nvfp4a16"])
+def test_quantize_weight_float16_and_block_sink_match_library(scheme):
+    # float16 weights (the FP8 table of float16), and the sink path the workers
+    # use (blocks handed over as made) gives the same bytes as the whole tensor.
+    sch = SCHEMES[scheme]
+    w = _weights((300, 2048), seed=5).to(torch.float16)
+    g = (
+        kernels.global_scale([kernels.absmax(kernels.observe(w, sch))])
+        if sch.global_scale
+        else None
+    )
+    whole = kernels.quantize_weight(w, sch, "m", g, check=False)
+    ref = kernels.library_compress(w, sch, g)
+    for local, value in ref.items():
+        assert same_bytes(whole[f"m.{local}"], value), local
+    big = "m.weight_packed" if sch.packed else "m.weight"
+    got = torch.zeros_like(whole[big])
+    rows_seen = []
+
+    def sink(name, row, block):
+        assert name == big
+        got[row : row + block.shape[0]] = block
+        rows_seen.append((row, block.shape[0]))
+
+    small = kernels.quantize_weight(w, sch, "m", g, sink=sink)
+    assert big not in small and len(rows_seen) > 1
+    assert sum(n for _, n in rows_seen) == w.shape[0]
+    assert same_bytes(got, whole[big])
+    for name, value in small.items():
+        assert same_bytes(value, whole[name]), name
+
+
 @pytest.mark.parametrize(
     "scheme,limit",
     [("fp8-dynamic", 0.04), ("fp8-block", 0.04), ("nvfp4a16", 0.13), ("mxfp4", 0.16)],
