@@ -123,8 +123,8 @@ def step_kind(runner, scheduler_output) -> str:
 def time_steps(worker) -> list[str]:
     """From now on, record the wall time of every call of the model runner's
     per-step methods (:data:`TIMED`; the target forward with its token count,
-    execute_model with its :func:`step_kind`); :func:`step_timings` returns and
-    clears them."""
+    execute_model with its :func:`step_kind` and the number of draft tokens it
+    verifies); :func:`step_timings` returns and clears them."""
     import time
 
     runner = worker.model_runner
@@ -136,15 +136,18 @@ def time_steps(worker) -> list[str]:
             continue
 
         def timed(*args, _method=method, _name=name, **kwargs):
-            kind = ""
+            kind, tokens = "", 0
             if _name == "execute_model":
                 output = kwargs.get("scheduler_output", args[0] if args else None)
                 kind = step_kind(runner, output)
+                drafts = getattr(output, "scheduled_spec_decode_tokens", None) or {}
+                tokens = sum(len(ids) for ids in drafts.values())
             t0 = time.perf_counter()
             try:
                 return _method(*args, **kwargs)
             finally:
-                tokens = _tokens(args, kwargs) if _name == "_model_forward" else 0
+                if _name == "_model_forward":
+                    tokens = _tokens(args, kwargs)
                 records.append((_name, time.perf_counter() - t0, tokens, kind))
 
         setattr(runner, name, timed)  # the instance attribute wins over the method
@@ -153,8 +156,8 @@ def time_steps(worker) -> list[str]:
 
 def step_timings(worker) -> list[tuple[str, float, int, str]]:
     """The calls recorded since :func:`time_steps` or the last read (then cleared):
-    (method, seconds, target tokens for ``_model_forward``, step kind for
-    ``execute_model``)."""
+    (method, seconds, tokens: the target's for ``_model_forward``, the draft
+    tokens verified for ``execute_model``; step kind for ``execute_model``)."""
     records = getattr(worker.model_runner, TIMINGS, None)
     if records is None:
         return []

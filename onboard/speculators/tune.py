@@ -11,11 +11,11 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
 - per sequence, a decode step emits 1 + the accepted draft tokens, so over n
   sequences of N new tokens the number of sequence-steps is
   ``S = n (N - 1) - accepted`` (the first token comes from the prefill);
-- ``t1``: wall-clock of one decode step without speculation (baseline time per
-  call over N - 1 steps);
-- the probe, a short run in each engine before its timed rounds, PROBE_REPEATS
-  times: the band's requests once with max_tokens 1 (the prefill: ``P``, wall
-  seconds per call) and once with PROBE_TOKENS new tokens; the difference is the
+- the probe, a short run of its own in each engine, PROBE_REPEATS times,
+  alternating with the timed rounds (so that probe and rounds see the same load
+  on a shared machine): the band's requests once with max_tokens 1 (the
+  prefill: ``P``, wall seconds per call) and once with PROBE_TOKENS new tokens;
+  the difference is the
   wall time of the decode steps, everything included (worker, engine-core
   scheduling, IPC, output processing), divided by the probe's own sequence-steps
   per sequence (from the counters around it) gives ``s``, the wall seconds per
@@ -69,9 +69,10 @@ TOLERANCE = 0.15
 REPEATS = 7
 # New tokens per request in the step-cost probe, and its repeats (see measure).
 PROBE_TOKENS = 16
-PROBE_REPEATS = 3
-# Bumped when Run changes: a saved measurement of another version is retaken.
-FORMAT = 2
+PROBE_REPEATS = 7
+# Bumped when Run or how it is measured changes: a saved measurement of another
+# version is retaken.
+FORMAT = 3
 PROBES = "onboard.speculators.probes"
 
 
@@ -96,6 +97,11 @@ class Run:
     probe_tokens_per_step: float | None = None
     probe_engine_step_s: float | None = None
     probe_walls: tuple[float, ...] = ()
+    # Per probe repeat and per timed round: wall seconds, steps (all, decode,
+    # decode with drafts), the worker's seconds (so other cost models can be
+    # checked offline from WORK/<engine>.json).
+    probe_raw: tuple[dict[str, float], ...] = ()
+    rounds_raw: tuple[dict[str, float], ...] = ()
     # Median worker time of one decode step (execute_model + sample_tokens) in
     # the probe, and in the timed rounds (detail: wall minus worker is the time
     # outside the worker).
@@ -187,7 +193,7 @@ def group_steps(records) -> list[dict[str, Any]]:
     """Group the worker's timed calls (probes.step_timings, in completion order:
     the forward ends inside execute_model, sampling and drafting inside
     sample_tokens) into steps: {method: seconds, "tokens": target tokens,
-    "kind": probes.step_kind}."""
+    "drafts": draft tokens verified, "kind": probes.step_kind}."""
     steps: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
     for name, seconds, tokens, kind in records:
@@ -198,6 +204,7 @@ def group_steps(records) -> list[dict[str, Any]]:
             current["tokens"] = tokens
         if name == "execute_model":
             current["kind"] = kind
+            current["drafts"] = tokens
         if name == "sample_tokens":
             steps.append(current)
             current = {}
@@ -235,45 +242,64 @@ def _delta(after, before, key, times: int = 1) -> int:
     return round((a - b) / times)
 
 
-def probe(engine: Engine, chunks, sequences: int) -> dict[str, Any]:
-    """The step-cost probe of one band (a short run, separate from the timed
-    rounds): PROBE_REPEATS times the prefill alone (max_tokens 1), then
-    PROBE_TOKENS new tokens; medians of the wall seconds per decode step and per
-    prefill call (see the module doc)."""
+def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
+    """One step-cost probe of a band (a short run of its own, not a timed round):
+    the prefill alone (max_tokens 1), then PROBE_TOKENS new tokens; the wall
+    seconds per decode step and per prefill call (see the module doc), with the
+    raw figures."""
     calls = len(chunks)
-    walls, prefills, per_step, engine_steps, worker = [], [], [], [], []
     step_timings = f"{PROBES}:step_timings"
     engine.rpc(step_timings)  # clear
-    for _ in range(PROBE_REPEATS):
-        prefill = _timed(engine, chunks, 1)
-        prefill_steps = len(group_steps(engine.rpc(step_timings)))
-        before = _counters(engine)
-        full = _timed(engine, chunks, PROBE_TOKENS)
-        steps = group_steps(engine.rpc(step_timings))
-        accepted = _delta(_counters(engine), before, "num_accepted_tokens")
-        seq_steps = sequences * (PROBE_TOKENS - 1) - accepted
-        decode = full - prefill
-        walls.append(decode * sequences / calls / seq_steps)
-        prefills.append(prefill / calls)
-        per_step.append(sequences * (PROBE_TOKENS - 1) / seq_steps)
-        engine_steps.append(decode / max(1, len(steps) - prefill_steps))
-        worker += [_step_s(x) for x in steps if x.get("kind") == "decode"]
+    prefill = _timed(engine, chunks, 1)
+    prefill_steps = group_steps(engine.rpc(step_timings))
+    before = _counters(engine)
+    full = _timed(engine, chunks, PROBE_TOKENS)
+    steps = group_steps(engine.rpc(step_timings))
+    after = _counters(engine)
+    accepted = _delta(after, before, "num_accepted_tokens")
+    seq_steps = sequences * (PROBE_TOKENS - 1) - accepted
+    decode = full - prefill
     return {
-        "probe_wall_step_s": _median(walls),
-        "probe_prefill_s": _median(prefills),
-        "probe_tokens_per_step": _median(per_step),
-        "probe_engine_step_s": _median(engine_steps),
-        "probe_walls": tuple(walls),
-        "probe_step_s": _median(worker),
+        "wall_step_s": decode * sequences / calls / seq_steps,
+        "prefill_call_s": prefill / calls,
+        "tokens_per_step": sequences * (PROBE_TOKENS - 1) / seq_steps,
+        "engine_step_s": decode / max(1, len(steps) - len(prefill_steps)),
+        "worker_step_s": _median(
+            [_step_s(x) for x in steps if x.get("kind") == "decode"]
+        ),
+        "prefill_s": prefill,
+        "full_s": full,
+        "seq_steps": seq_steps,
+        "accepted": accepted,
+        "drafts": _delta(after, before, "num_drafts"),
+        "prefill_steps": len(prefill_steps),
+        "prefill_worker_s": sum(_step_s(x) for x in prefill_steps),
+        **_step_counts(steps),
     }
+
+
+def _step_counts(steps) -> dict[str, float]:
+    decode = [x for x in steps if x.get("kind") == "decode"]
+    return {
+        "steps": len(steps),
+        "decode_steps": len(decode),
+        "drafted_steps": sum(1 for x in decode if x.get("drafts")),
+        "worker_s": sum(_step_s(x) for x in steps),
+        "decode_worker_s": sum(_step_s(x) for x in decode),
+    }
+
+
+COUNTED = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
 def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
     """Time every band on one engine (after one warm-up call).
 
-    First the probe (:func:`probe`). Then REPEATS timed rounds of NEW_TOKENS; the
-    median round counts, the spread is kept. The counters are per round (greedy
-    rounds repeat the same tokens)."""
+    PROBE_REPEATS probes (:func:`probe_once`) and REPEATS timed rounds of
+    NEW_TOKENS, alternating (probe, round, probe, round, ...) so that both see
+    the same load on a shared machine; medians count, the rounds' spread is
+    kept. The counters are read around every round (greedy rounds repeat the
+    same tokens; the probes' counts stay out)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
     engine.rpc(f"{PROBES}:time_steps")
     runs = {}
@@ -282,34 +308,48 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
         chunks = [prompts[start + i * batch : start + (i + 1) * batch]
                   for i in range(calls)]  # fmt: skip
         start += batch * calls
-        probed = probe(engine, chunks, batch * calls)
-        before = _counters(engine)
-        rounds, steps = [], []
-        for _ in range(REPEATS):
+        probes, rounds, steps, rounds_raw = [], [], [], []
+        counted = dict.fromkeys(COUNTED, 0)
+        per_pos: list[int] = []
+        for i in range(max(REPEATS, PROBE_REPEATS)):
+            if i < PROBE_REPEATS:
+                probes.append(probe_once(engine, chunks, batch * calls))
+            if i >= REPEATS:
+                continue
+            engine.rpc(f"{PROBES}:step_timings")  # clear
+            before = _counters(engine)
             rounds.append(_timed(engine, chunks, NEW_TOKENS))
-            steps += decode_steps(engine.rpc(f"{PROBES}:step_timings"))
-        after = _counters(engine)
-
-        def per_round(key, after=after, before=before):
-            return _delta(after, before, key, REPEATS)
-
-        pos_after = list(after.get(PREFIX + "num_accepted_tokens_per_pos") or [])
-        pos_before = list(before.get(PREFIX + "num_accepted_tokens_per_pos") or []) or [
-            0
-        ] * len(pos_after)
+            all_steps = group_steps(engine.rpc(f"{PROBES}:step_timings"))
+            after = _counters(engine)
+            for key in COUNTED:
+                counted[key] += _delta(after, before, key)
+            pos_after = list(after.get(PREFIX + "num_accepted_tokens_per_pos") or [])
+            pos_before = list(
+                before.get(PREFIX + "num_accepted_tokens_per_pos") or []
+            ) or [0] * len(pos_after)
+            per_pos = [
+                (per_pos[j] if j < len(per_pos) else 0) + a - b
+                for j, (a, b) in enumerate(zip(pos_after, pos_before, strict=True))
+            ]
+            steps += [x for x in all_steps if x.get("kind") == "decode"]
+            rounds_raw.append({"seconds": rounds[-1], **_step_counts(all_steps)})
         runs[band] = Run(
             seconds=_median(rounds),
             sequences=batch * calls,
             calls=calls,
-            drafts=per_round("num_drafts"),
-            draft_tokens=per_round("num_draft_tokens"),
-            accepted=per_round("num_accepted_tokens"),
-            accepted_per_pos=tuple(
-                round((a - b) / REPEATS)
-                for a, b in zip(pos_after, pos_before, strict=True)
-            ),
+            drafts=round(counted["num_drafts"] / REPEATS),
+            draft_tokens=round(counted["num_draft_tokens"] / REPEATS),
+            accepted=round(counted["num_accepted_tokens"] / REPEATS),
+            accepted_per_pos=tuple(round(c / REPEATS) for c in per_pos),
             rounds=tuple(rounds),
-            **probed,
+            probe_wall_step_s=_median([x["wall_step_s"] for x in probes]),
+            probe_prefill_s=_median([x["prefill_call_s"] for x in probes]),
+            probe_tokens_per_step=_median([x["tokens_per_step"] for x in probes]),
+            probe_engine_step_s=_median([x["engine_step_s"] for x in probes]),
+            probe_walls=tuple(x["wall_step_s"] for x in probes),
+            probe_step_s=_median([x["worker_step_s"] for x in probes]),
+            probe_raw=tuple(probes),
+            rounds_raw=tuple(rounds_raw),
             round_step_s=_median([_step_s(x) for x in steps]),
             parts_s={
                 part: _median([x.get(part, 0.0) for x in steps])
@@ -353,7 +393,8 @@ def measure_engine(
 
 
 def _run_from(data: dict[str, Any]) -> Run:
-    tuples = ("accepted_per_pos", "rounds", "forward_tokens", "probe_walls")
+    tuples = ("accepted_per_pos", "rounds", "forward_tokens", "probe_walls",
+              "probe_raw", "rounds_raw")  # fmt: skip
     return Run(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
 
 
