@@ -286,6 +286,7 @@ def _step_counts(steps) -> dict[str, float]:
         "drafted_steps": sum(1 for x in decode if x.get("drafts")),
         "worker_s": sum(_step_s(x) for x in steps),
         "decode_worker_s": sum(_step_s(x) for x in decode),
+        "drafted_worker_s": sum(_step_s(x) for x in decode if x.get("drafts")),
     }
 
 
