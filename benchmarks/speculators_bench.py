@@ -4,12 +4,13 @@ spec's default k beside the tuned one. A thin wrapper over
 `onboard speculators tune` (onboard/speculators/tune.py) that prints the rows for
 docs/benchmarks.md.
 
-Run (one engine per k and method, about a minute each on two cores; hold the
-engine lock):
+Run (one engine per k and method, one to three minutes each on two cores; hold
+the engine lock; methods one at a time into the same --out, whose work/ keeps every
+engine's measurement, so that a last run with all methods starts no engine):
 
-    flock /work/notes/engine.lock timeout 600 .venv/bin/python \\
+    flock /work/notes/engine.lock timeout 1500 .venv/bin/python \\
         benchmarks/speculators_bench.py --model-dir DIR/checkpoints/bf16 \\
-        --methods ngram --out /tmp/spec-bench [--speculators DIR/speculators]
+        --methods ngram --out /tmp/spec-bench --speculators DIR/speculators
 """
 
 from __future__ import annotations
