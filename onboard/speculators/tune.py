@@ -216,7 +216,12 @@ def decode_steps(records) -> list[dict[str, Any]]:
     prompt. Not "all but the first step": the requests of one call reach the
     engine core at slightly different times, so the prefill of a batch can take
     two steps, the second one also decoding the first requests ("mixed")."""
-    return [s for s in group_steps(records) if s.get("kind") == "decode"]
+    return only_decode(group_steps(records))
+
+
+def only_decode(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The grouped steps that decoded every scheduled request (kind "decode")."""
+    return [s for s in steps if s.get("kind") == "decode"]
 
 
 def _median(values) -> float:
@@ -264,9 +269,7 @@ def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
         "prefill_call_s": prefill / calls,
         "tokens_per_step": sequences * (PROBE_TOKENS - 1) / seq_steps,
         "engine_step_s": decode / max(1, len(steps) - len(prefill_steps)),
-        "worker_step_s": _median(
-            [_step_s(x) for x in steps if x.get("kind") == "decode"]
-        ),
+        "worker_step_s": _median([_step_s(x) for x in only_decode(steps)]),
         "prefill_s": prefill,
         "full_s": full,
         "seq_steps": seq_steps,
@@ -279,7 +282,7 @@ def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
 
 
 def _step_counts(steps) -> dict[str, float]:
-    decode = [x for x in steps if x.get("kind") == "decode"]
+    decode = only_decode(steps)
     return {
         "steps": len(steps),
         "decode_steps": len(decode),
@@ -332,7 +335,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                 (per_pos[j] if j < len(per_pos) else 0) + a - b
                 for j, (a, b) in enumerate(zip(pos_after, pos_before, strict=True))
             ]
-            steps += [x for x in all_steps if x.get("kind") == "decode"]
+            steps += only_decode(all_steps)
             rounds_raw.append({"seconds": rounds[-1], **_step_counts(all_steps)})
         runs[band] = Run(
             seconds=_median(rounds),
