@@ -199,6 +199,8 @@ def test_render_shows_predicted_and_measured_side_by_side():
         "calibration": False,
         "mean_acceptance_length": 1.6,
         "acceptance_rate_per_position": [0.6, 0.4],
+        "measured_tokens_per_step": 1.6,
+        "kmax_error": 3.4 / 3.743846 / 0.95 - 1,
     }
     report = {
         "model_dir": "M",
@@ -211,8 +213,8 @@ def test_render_shows_predicted_and_measured_side_by_side():
     }
     text = render(report)
     assert (
-        "| 2 | 0.60, 0.40 | 1.60 | 180.0 (1.80); 150.0 / 20.0 | 0.91x | "
-        "0.95x (4% / 5%) | -4% | +28% |" in text
+        "| 2 | 0.60, 0.40 (0.60, 0.40) | 1.60 | 1.625 / 1.600 | 180.0 (1.80); "
+        "150.0 / 20.0 | 0.91x | 0.95x (4% / 5%) | -4% | -4% | +28% |" in text
     )
     assert "Decision: decline." in text
 
@@ -259,5 +261,5 @@ def test_a_measured_engine_is_read_back_not_restarted(tmp_path):
         "bands": {"batch-8": dataclasses.asdict(K4)},
     }
     (tmp_path / "ngram-k4.json").write_text(json.dumps(saved))
-    runs = measure_engine(options, tmp_path, "ngram-k4", [], print)
+    runs = measure_engine(options, tmp_path, "ngram-k4", [], [], print)
     assert runs == {"batch-8": K4}

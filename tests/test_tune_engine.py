@@ -4,7 +4,9 @@ decode step and classify it by what vLLM scheduled (a batch's prefill can take
 two steps when its requests reach the engine core apart: the second one is
 "mixed", not decode), a decode step's target forward verifies batch x (k + 1)
 tokens at most, the probe's wall step holds the worker's step, and one engine's
-measurement (probe, seven rounds, counters) is complete.
+measurement (probe, seven rounds, counters, greedy continuations) is complete,
+and vLLM's counters equal the n-gram simulation's over the engine's own greedy
+continuations (onboard.speculators.simulate).
 
 One n-gram engine (k = 2) on the DeepSeek-V3-style tiny checkpoint, about two
 minutes: `make test-all`.
@@ -19,7 +21,16 @@ import pytest
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.spec import load_spec
 from onboard.speculators.methods import speculative_config
-from onboard.speculators.tune import PROBE_REPEATS, REPEATS, measure
+from onboard.speculators.simulate import ngram_counters, ngram_window
+from onboard.speculators.tune import (
+    GREEDY_TOKENS,
+    NEW_TOKENS,
+    PROBE_REPEATS,
+    REPEATS,
+    band_chunks,
+    measure,
+    probe_prompts,
+)
 from onboard.validate.check_spec_decode import entry_for
 from onboard.validate.engine import Engine, EngineOptions
 from onboard.validate.prompts import PROMPTS
@@ -43,13 +54,15 @@ def runs(tmp_path_factory):
         extra={"speculative_config": speculative_config(entry, None)},
     )
     prompts, _ = tokenize_prompts(model, PROMPTS, spec.vocab_size)
+    probes_on = probe_prompts(model, prompts, spec.vocab_size)
     with Engine(options, out / "engine", out / "engine.log") as engine:
         engine.start()
         engine.wait_ready()
-        return measure(engine, prompts)
+        return measure(engine, prompts, probes_on), prompts, options
 
 
 def test_probe_times_every_decode_step(runs):
+    runs, _, _ = runs
     for band, run in runs.items():
         print(band, run)
         batch = 8 if band == "batch-8" else 1
@@ -68,3 +81,22 @@ def test_probe_times_every_decode_step(runs):
         assert max(run.forward_tokens) > batch
         assert run.parts_s["_model_forward"] > 0
         assert run.drafts > 0 and len(run.accepted_per_pos) == K
+
+
+def test_simulated_ngram_counters_equal_the_engines(runs):
+    # vLLM's schedule replayed over the engine's own greedy continuations, with
+    # the replica of its n-gram proposer: the counters of the timed rounds.
+    runs, prompts, options = runs
+    config = options.extra["speculative_config"]
+    lo, hi = ngram_window(config)
+    for band, chunks in band_chunks(prompts).items():
+        run = runs[band]
+        assert len(run.greedy) == run.sequences
+        assert all(len(g) == GREEDY_TOKENS for g in run.greedy)
+        band_prompts = [p for chunk in chunks for p in chunk]
+        sim = ngram_counters(band_prompts, run.greedy, NEW_TOKENS, K, lo, hi,
+                             options.engine_kwargs()["max_model_len"])  # fmt: skip
+        print(band, sim, run.drafts, run.accepted_per_pos)
+        assert (sim.drafts, sim.draft_tokens, sim.accepted) == (
+            run.drafts, run.draft_tokens, run.accepted)  # fmt: skip
+        assert tuple(sim.accepted_per_pos) == run.accepted_per_pos

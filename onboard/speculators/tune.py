@@ -59,6 +59,7 @@ from typing import Any
 from onboard.fsutil import atomic_write_text
 from onboard.spec.model import ModelSpec, Speculator
 from onboard.speculators.acceptance import PREFIX
+from onboard.speculators.simulate import Counters
 from onboard.validate.engine import Engine, EngineOptions, Plugin
 
 K_VALUES = (1, 2, 3, 4)
@@ -67,12 +68,17 @@ BANDS = {"batch-8": (8, 1), "batch-1": (1, 4)}  # band: (batch size, calls)
 TOLERANCE = 0.15
 # Timed rounds per band and engine; the median counts (see measure).
 REPEATS = 7
-# New tokens per request in the step-cost probe, and its repeats (see measure).
-PROBE_TOKENS = 16
+# New tokens per request in the step-cost probe (as many as the timed rounds: a
+# decode step's cost grows with the context, and a short probe has a larger share
+# of a batch's ragged tail), and its repeats (see measure).
+PROBE_TOKENS = NEW_TOKENS
 PROBE_REPEATS = 7
+# Greedy tokens kept per request (the walk's last step may accept drafts past
+# max_tokens: onboard.speculators.simulate).
+GREEDY_TOKENS = NEW_TOKENS + K_VALUES[-1] - 1
 # Bumped when Run or how it is measured changes: a saved measurement of another
 # version is retaken.
-FORMAT = 3
+FORMAT = 4
 PROBES = "onboard.speculators.probes"
 
 
@@ -111,6 +117,10 @@ class Run:
     # forward, sampling / rejection sampling, drafter) and target token counts.
     parts_s: dict[str, float] = dataclasses.field(default_factory=dict)
     forward_tokens: tuple[int, ...] = ()
+    # The engine's greedy continuation of every request of the band
+    # (GREEDY_TOKENS each): the baseline's feed the acceptance simulation, a
+    # speculative engine's must equal them (lossless).
+    greedy: tuple[tuple[int, ...], ...] = ()
 
     @property
     def seq_steps(self) -> int:
@@ -141,19 +151,46 @@ def tokens_per_step(kmax: Run, k: int) -> tuple[float, float]:
     return 1 + f * sum(rates[:k]), f
 
 
-def predict(base: Run, probe: Run, kmax: Run, k: int) -> dict:
+def predict(
+    base: Run,
+    probe: Run,
+    kmax: Run,
+    k: int,
+    simulated: Counters | None = None,
+    source: str = "",
+) -> dict:
     """Predicted speed-up of draft length ``k`` from the probes: the baseline's
     wall seconds per plain step ``t1`` and prefill ``P0``, k's own engine's wall
-    seconds per decode step ``s(k)`` and prefill ``P(k)``, the tokens per step
-    ``L(k)`` from the k = K run's acceptance per position. Per call of N new
-    tokens: ``(P0 + (N - 1) t1) / (P(k) + (N - 1) s(k) / L(k))``."""
+    seconds per decode step ``s(k)`` and prefill ``P(k)``, and the tokens per step
+    ``L(k)``: from the ``simulated`` counters of k (vLLM's schedule replayed over
+    the greedy continuations, onboard.speculators.simulate) when given, else from
+    the k = K run's acceptance per position. Per call of N new tokens:
+    ``(P0 + (N - 1) t1) / (P(k) + (N - 1) s(k) / L(k))``."""
     t1, s = base.probe_wall_step_s, probe.probe_wall_step_s
-    length, f = tokens_per_step(kmax, k)
+    kmax_length, kmax_f = tokens_per_step(kmax, k)
+    if simulated is None:
+        length, f = kmax_length, kmax_f
+        rates = [c / kmax.drafts if kmax.drafts else 0.0 for c in kmax.accepted_per_pos]
+        rates = rates[:k]
+    else:
+        length = simulated.tokens_per_step
+        steps = simulated.nominal_steps
+        f = simulated.drafts / steps if steps else 0.0
+        rates = [c / simulated.drafts if simulated.drafts else 0.0
+                 for c in simulated.accepted_per_pos]  # fmt: skip
     base_call = base.probe_prefill_s + (NEW_TOKENS - 1) * t1
     call = probe.probe_prefill_s + (NEW_TOKENS - 1) * s / length
+    kmax_call = probe.probe_prefill_s + (NEW_TOKENS - 1) * s / kmax_length
     return {
         "predicted_speedup": base_call / call,
         "predicted_tokens_per_step": length,
+        "acceptance_source": source or ("simulated" if simulated else "k=K rates"),
+        "predicted_acceptance_per_position": rates,
+        "simulated_drafts": None if simulated is None else simulated.drafts,
+        # Detail: L(k) and the speed-up from the k = K engine's rates (the model
+        # before the simulation).
+        "kmax_tokens_per_step": kmax_length,
+        "kmax_predicted_speedup": base_call / kmax_call,
         "predicted_step_s": s,
         "predicted_call_s": call,
         "baseline_step_s": t1,
@@ -248,8 +285,9 @@ def _delta(after, before, key, times: int = 1) -> int:
 
 
 def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
-    """One step-cost probe of a band (a short run of its own, not a timed round):
-    the prefill alone (max_tokens 1), then PROBE_TOKENS new tokens; the wall
+    """One step-cost probe of a band (a run of its own on the probe prompts, not a
+    timed round): the prefill alone (max_tokens 1), then PROBE_TOKENS new tokens;
+    the wall
     seconds per decode step and per prefill call (see the module doc), with the
     raw figures."""
     calls = len(chunks)
@@ -296,28 +334,88 @@ def _step_counts(steps) -> dict[str, float]:
 COUNTED = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
-def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
+def band_chunks(prompts: list[list[int]]) -> dict[str, list[list[list[int]]]]:
+    """Each band's calls (lists of prompts): batch 8 takes the first eight
+    prompts in one call, batch 1 the next four one at a time."""
+    chunks, start = {}, 0
+    for band, (batch, calls) in BANDS.items():
+        chunks[band] = [prompts[start + i * batch : start + (i + 1) * batch]
+                        for i in range(calls)]  # fmt: skip
+        start += batch * calls
+    return chunks
+
+
+def probe_prompts(
+    model_dir: Path, prompts: list[list[int]], vocab_size: int
+) -> list[list[int]]:
+    """The step-cost probe's own prompts: one per timed prompt, as many tokens
+    long, cut from the bundled calibration text (onboard.quantize.calibration_text,
+    which contains none of onboard.validate.prompts), so that the probe runs the
+    same shape of work as the timed rounds without timing their prompts (a
+    prediction from the very runs it is compared with would be circular). A
+    checkpoint without a tokenizer gets other seeded random ids."""
+    import numpy as np
+
+    lengths = [len(p) for p in prompts]
+    ids: list[int] = []
+    prefix: list[int] = []  # what the tokenizer puts before every text (BOS)
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        from onboard.quantize.calibration_text import TEXT
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        prefix = tokenizer("").input_ids
+        ids = tokenizer(TEXT).input_ids[len(prefix) :]
+        if not all(0 <= i < vocab_size for i in ids + prefix):
+            ids, prefix = [], []
+    if len(ids) < sum(lengths):
+        rng = np.random.default_rng(1)
+        ids, prefix = rng.integers(0, vocab_size, size=sum(lengths)).tolist(), []
+    # Windows spread over the text, one after another (no two overlap).
+    stride = len(ids) // len(lengths)
+    windows = [
+        prefix + ids[i * stride : i * stride + n - len(prefix)]
+        for i, n in enumerate(lengths)
+    ]
+    if any(len(w) != n for w, n in zip(windows, lengths, strict=True)) or (
+        {tuple(w) for w in windows} & {tuple(p) for p in prompts}
+    ):
+        raise AssertionError("probe prompts must be as long as, and not, the timed")
+    return windows
+
+
+def measure(
+    engine: Engine, prompts: list[list[int]], probes_on: list[list[int]]
+) -> dict[str, Run]:
     """Time every band on one engine (after one warm-up call).
 
-    PROBE_REPEATS probes (:func:`probe_once`) and REPEATS timed rounds of
-    NEW_TOKENS, alternating (probe, round, probe, round, ...) so that both see
-    the same load on a shared machine; medians count, the rounds' spread is
-    kept. The counters are read around every round (greedy rounds repeat the
-    same tokens; the probes' counts stay out)."""
+    PROBE_REPEATS probes (:func:`probe_once`, on ``probes_on``: the band's
+    prompts' counterparts from :func:`probe_prompts`) and REPEATS timed rounds of
+    NEW_TOKENS on ``prompts``, alternating (probe, round, probe, round, ...) so
+    that both see the same load on a shared machine; medians count, the rounds'
+    spread is kept. The counters are read around every round (greedy rounds
+    repeat the same tokens; the probes' counts stay out). One more call per
+    band keeps the greedy continuations (GREEDY_TOKENS)."""
     engine.generate(prompts[:2], temperature=0.0, max_tokens=4)
     engine.rpc(f"{PROBES}:time_steps")
     runs = {}
-    start = 0
-    for band, (batch, calls) in BANDS.items():
-        chunks = [prompts[start + i * batch : start + (i + 1) * batch]
-                  for i in range(calls)]  # fmt: skip
-        start += batch * calls
+    probe_chunks = band_chunks(probes_on)
+    for band, chunks in band_chunks(prompts).items():
+        batch, calls = BANDS[band]
+        greedy = tuple(
+            tuple(out["token_ids"])
+            for chunk in chunks
+            for out in engine.generate(
+                chunk, temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True
+            )["outputs"]
+        )
         probes, rounds, steps, rounds_raw = [], [], [], []
         counted = dict.fromkeys(COUNTED, 0)
         per_pos: list[int] = []
         for i in range(max(REPEATS, PROBE_REPEATS)):
             if i < PROBE_REPEATS:
-                probes.append(probe_once(engine, chunks, batch * calls))
+                probes.append(probe_once(engine, probe_chunks[band], batch * calls))
             if i >= REPEATS:
                 continue
             engine.rpc(f"{PROBES}:step_timings")  # clear
@@ -360,6 +458,7 @@ def measure(engine: Engine, prompts: list[list[int]]) -> dict[str, Run]:
                 for part in ("_model_forward", "_sample", "propose_draft_token_ids")
             },
             forward_tokens=tuple(sorted({int(x.get("tokens", 0)) for x in steps})),
+            greedy=greedy,
         )
     return runs
 
@@ -373,7 +472,7 @@ def _start(options: EngineOptions, work: Path, label: str, log) -> Engine:
 
 
 def measure_engine(
-    options: EngineOptions, work: Path, label: str, prompts, log
+    options: EngineOptions, work: Path, label: str, prompts, probes_on, log
 ) -> dict[str, Run]:
     """The bands measured on one engine (``label``); saved to WORK/<label>.json
     as soon as they are, and read back from there by a rerun with the same
@@ -387,7 +486,7 @@ def measure_engine(
             return {band: _run_from(r) for band, r in data["bands"].items()}
     engine = _start(options, work, label, log)
     try:
-        runs = measure(engine, prompts)
+        runs = measure(engine, prompts, probes_on)
     finally:
         engine.close()
     bands = {band: dataclasses.asdict(r) for band, r in runs.items()}
@@ -399,7 +498,9 @@ def measure_engine(
 def _run_from(data: dict[str, Any]) -> Run:
     tuples = ("accepted_per_pos", "rounds", "forward_tokens", "probe_walls",
               "probe_raw", "rounds_raw")  # fmt: skip
-    return Run(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
+    fields = {k: tuple(v) if k in tuples else v for k, v in data.items()}
+    fields["greedy"] = tuple(tuple(g) for g in data.get("greedy", ()))
+    return Run(**fields)
 
 
 def tune_method(
@@ -410,9 +511,13 @@ def tune_method(
     options: EngineOptions,
     work: Path,
     prompts: list[list[int]],
+    probes_on: list[list[int]],
     log=lambda _m: None,
+    simulated: dict[str, dict[int, Counters]] | None = None,
 ) -> dict[str, Any]:
-    """Measure k = 1..K for one method and compare with the predictions."""
+    """Measure k = 1..K for one method and compare with the predictions
+    (``simulated``: the counters predicted per band and k, from
+    :func:`simulate_acceptance`; None: the k = K engine's rates)."""
     runs: dict[int, dict[str, Run]] = {}
     for k in (K_VALUES[0], K_VALUES[-1], *K_VALUES[1:-1]):
         extra = {**options.extra, "speculative_config": config_for_k(k)}
@@ -421,6 +526,7 @@ def tune_method(
             work,
             f"{entry.method}-k{k}",
             prompts,
+            probes_on,
             log,
         )
     kmax = K_VALUES[-1]
@@ -440,7 +546,8 @@ def tune_method(
         rows = []
         for k in K_VALUES:
             run = runs[k][band]
-            row = predict(base[band], run, runs[kmax][band], k)
+            sim = simulated[band][k] if simulated else None
+            row = predict(base[band], run, runs[kmax][band], k, sim)
             linear = predict_linear(
                 base[band], runs[K_VALUES[0]][band], runs[kmax][band], kmax, k
             )
@@ -449,12 +556,13 @@ def tune_method(
                 k=k,
                 measured_speedup=measured,
                 error=row["predicted_speedup"] / measured - 1,
+                kmax_error=row["kmax_predicted_speedup"] / measured - 1,
                 linear_predicted_speedup=linear["predicted_speedup"],
                 linear_error=linear["predicted_speedup"] / measured - 1,
                 draft_cost_ratio=linear["draft_cost_ratio"],
                 k1_step_cost_ratio=linear["k1_step_cost_ratio"],
                 # k = K: its own counters give L(K), only its step cost is probed.
-                calibration=k == kmax,
+                calibration=k == kmax and simulated is None,
                 seconds=run.seconds,
                 baseline_seconds=base[band].seconds,
                 spread=run.spread,
@@ -470,6 +578,12 @@ def tune_method(
                 num_drafts=run.drafts,
                 num_draft_tokens=run.draft_tokens,
                 num_accepted_tokens=run.accepted,
+                measured_tokens_per_step=run.sequences
+                * (NEW_TOKENS - 1)
+                / run.seq_steps,
+                # Greedy speculation is lossless: the same continuation as the
+                # baseline's (what the simulation replays).
+                lossless=run.greedy == base[band].greedy,
             )
             rows.append(row)
         best = max(rows, key=lambda r: r["measured_speedup"])
@@ -490,6 +604,60 @@ def tune_method(
             ),
         }
     return result
+
+
+def simulate_acceptance(
+    method: str,
+    spec: ModelSpec,
+    model_dir: Path,
+    config_for_k,
+    base: dict[str, Run],
+    prompts: list[list[int]],
+    max_model_len: int | None,
+    log=lambda _m: None,
+) -> tuple[dict[str, dict[int, Counters]] | None, str]:
+    """The spec-decode counters every k will report per band, from the baseline
+    engine's greedy continuations (onboard.speculators.simulate), and where they
+    come from: n-gram by the replica of vLLM's proposer, MTP by the generated
+    reference's heads (the ones vLLM runs); (None, why) for a method without a
+    reference drafter here (its prediction keeps the k = K engine's rates)."""
+    from onboard.speculators import simulate
+
+    chunks = band_chunks(prompts)
+    by_band = {band: [p for c in chunks[band] for p in c] for band in BANDS}
+    if any(len(base[band].greedy) != len(by_band[band]) for band in BANDS):
+        return None, "k=K rates (no greedy continuations saved)"
+    out: dict[str, dict[int, Counters]] = {band: {} for band in BANDS}
+    if method == "ngram":
+        for k in K_VALUES:
+            lo, hi = simulate.ngram_window(config_for_k(k))
+            for band in BANDS:
+                out[band][k] = simulate.ngram_counters(
+                    by_band[band], base[band].greedy, NEW_TOKENS, k, lo, hi,
+                    max_model_len,
+                )  # fmt: skip
+        return out, "simulated: vLLM's n-gram proposer replayed"
+    if method == "mtp" and spec.mtp is not None:
+        import tempfile
+
+        from onboard.checkpoint import mtp_train
+        from onboard.generate.mtp import heads_run_by_vllm
+
+        t0 = time.perf_counter()
+        with (
+            tempfile.TemporaryDirectory(prefix="onboard-tune-") as tmp,
+            mtp_train._one_thread(),
+        ):
+            model = mtp_train.load_mtp_reference(model_dir, spec, Path(tmp))
+            for k in K_VALUES:
+                heads = heads_run_by_vllm(spec, k)
+                for band in BANDS:
+                    out[band][k] = simulate.mtp_counters(
+                        model, by_band[band], base[band].greedy, NEW_TOKENS, heads
+                    )
+        log(f"mtp: reference drafts replayed in {time.perf_counter() - t0:.0f} s")
+        return out, "simulated: the reference's MTP heads replayed"
+    return None, "k=K rates (no reference drafter for this method)"
 
 
 def tune(
@@ -518,10 +686,14 @@ def tune(
     work = out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     prompts, _ = tokenize_prompts(model_dir, PROMPTS, spec.vocab_size)
+    probes_on = probe_prompts(model_dir, prompts, spec.vocab_size)
     mla = spec.attention.type == "mla"
     report: dict[str, Any] = {
         "model_dir": str(model_dir),
         "new_tokens": NEW_TOKENS,
+        "probe_tokens": PROBE_TOKENS,
+        "probe_prompts": "windows of onboard.quantize.calibration_text, one per "
+        "timed prompt and as long",
         "bands": {b: {"batch": v[0], "calls": v[1]} for b, v in BANDS.items()},
         "methods": {},
     }
@@ -544,8 +716,9 @@ def tune(
         )
         if dtype not in bases:
             bases[dtype] = measure_engine(
-                options, work, f"baseline-{dtype or 'default'}", prompts, log
-            )
+                options, work, f"baseline-{dtype or 'default'}", prompts, probes_on,
+                log,
+            )  # fmt: skip
 
         def config_for_k(k, entry=entry, draft=draft, method=method, dtype=dtype):
             cfg = speculative_config(
@@ -555,10 +728,16 @@ def tune(
                 cfg["attention_backend"] = "CPU_MLA"
             return cfg
 
+        simulated, source = simulate_acceptance(
+            method, spec, model_dir, config_for_k, bases[dtype], prompts,
+            options.engine_kwargs().get("max_model_len"), log,
+        )  # fmt: skip
         report["methods"][method] = tune_method(
-            spec, entry, config_for_k, bases[dtype], options, work, prompts, log
-        )
+            spec, entry, config_for_k, bases[dtype], options, work, prompts,
+            probes_on, log, simulated,
+        )  # fmt: skip
         report["methods"][method]["dtype"] = dtype or "float32"
+        report["methods"][method]["acceptance_source"] = source
     report["seconds"] = time.perf_counter() - t_start
     atomic_write_text(out_dir / "tune.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out_dir / "tune.md", render(report))
@@ -572,24 +751,35 @@ def render(report: dict[str, Any]) -> str:
             lines += [
                 f"## {method}, {band} (default k={result['default_k']})",
                 "",
-                "| k | acceptance per position | mean acceptance length | "
+                f"Acceptance predicted from: {result.get('acceptance_source', '')}.",
+                "",
+                "| k | acceptance per position, measured (predicted) | mean "
+                "acceptance length | tokens per step L, predicted / measured | "
                 "probed step: wall ms (x plain); worker / outside ms per engine "
                 "step | predicted speed-up | measured speed-up (round spread "
-                "spec / base) | error | linear model error |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+                "spec / base) | error | error with k=K rates | linear model "
+                "error |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             ]
             for r in data["rows"]:
                 rates = ", ".join(f"{x:.2f}" for x in r["acceptance_rate_per_position"])
+                if r.get("predicted_acceptance_per_position") is not None:
+                    rates += " (" + ", ".join(
+                        f"{x:.2f}" for x in r["predicted_acceptance_per_position"]
+                    ) + ")"  # fmt: skip
                 mark = " (acceptance measured)" if r["calibration"] else ""
                 worker = r.get("probe_step_s") or 0.0
                 outside = r.get("outside_worker_s") or 0.0
                 lines.append(
                     f"| {r['k']}{mark} | {rates} | {r['mean_acceptance_length']:.2f} "
+                    f"| {r['predicted_tokens_per_step']:.3f} / "
+                    f"{r.get('measured_tokens_per_step', 0):.3f} "
                     f"| {1000 * r['predicted_step_s']:.1f} "
                     f"({r['step_cost_ratio']:.2f}); {1000 * worker:.1f} / "
                     f"{1000 * outside:.1f} | {r['predicted_speedup']:.2f}x | "
                     f"{r['measured_speedup']:.2f}x ({r.get('spread', 0):.0%} / "
                     f"{r.get('baseline_spread', 0):.0%}) | {r['error']:+.0%} | "
+                    f"{r.get('kmax_error', 0):+.0%} | "
                     f"{r.get('linear_error', 0):+.0%} |"
                 )
             r0 = data["rows"][0]

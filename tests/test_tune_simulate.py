@@ -1,0 +1,166 @@
+"""The tuner's acceptance simulation (onboard.speculators.simulate) without an
+engine: the n-gram replica against vLLM's own proposer function and hand-made
+cases, the walk's counting against what vLLM's scheduler counts, the MTP walk
+against mtp_train.decoded_walk, and the prediction from simulated counters."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from onboard.checkpoint.mtp_train import decoded_walk
+from onboard.speculators.simulate import (
+    Counters,
+    counters_from_correct,
+    ngram_counters,
+    ngram_propose,
+    ngram_window,
+    walk,
+)
+from onboard.speculators.tune import (
+    BANDS,
+    Run,
+    band_chunks,
+    predict,
+    probe_prompts,
+)
+
+
+def test_ngram_replica_equals_vllms_proposer_on_random_sequences():
+    # vLLM's function itself (its plain-Python body under numba's @jit): a
+    # KMP search over the reversed tokens. Small alphabets make many matches,
+    # overlaps and ties.
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as vllm_propose,
+    )
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.randint(1, 4)) for _ in range(rng.randint(0, 30))]
+        k, lo = rng.randint(1, 5), rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        limit = len(tokens) + rng.randint(-1, 3)
+        want = vllm_propose.py_func(
+            np.array(tokens, dtype=np.int32), lo, hi, limit, k
+        ).tolist()
+        assert ngram_propose(tokens, k, lo, hi, limit) == want, (tokens, k, lo, hi)
+
+
+def test_ngram_hand_made_cases():
+    # The suffix (7, 8) occurred at 0 and 3: the earliest wins; up to k follow.
+    assert ngram_propose([7, 8, 1, 7, 8, 2, 7, 8], 2, 2, 4) == [1, 7]
+    # The longest suffix wins over an earlier shorter match: (5, 7, 8) at 4.
+    assert ngram_propose([7, 8, 1, 9, 5, 7, 8, 3, 5, 7, 8], 3, 2, 4) == [3, 5, 7]
+    # No suffix of min_n tokens recurs (a single repeated token is too short).
+    assert ngram_propose([1, 2, 3, 1], 3, 2, 4) == []
+    # Too short a context; k cut by the tokens left after the match.
+    assert ngram_propose([4], 3, 2, 4) == []
+    assert ngram_propose([1, 2, 1, 2], 3, 2, 4) == [1, 2]
+    # An occurrence may overlap the suffix (a run of one token).
+    assert ngram_propose([6, 6, 6, 6], 4, 2, 4) == [6]
+    # No room left below max_model_len.
+    assert ngram_propose([1, 2, 1, 2], 3, 2, 4, max_model_len=4) == []
+    assert ngram_propose([1, 2, 3, 1, 2], 3, 2, 4, max_model_len=6) == [3]
+    assert ngram_window({"prompt_lookup_min": 2, "prompt_lookup_max": 4}) == (2, 4)
+    assert ngram_window({}) == (5, 5)
+    assert ngram_window({"prompt_lookup_max": 3}) == (3, 3)
+
+
+def test_walk_counts_as_vllms_scheduler():
+    # max_tokens 5, k 2; greedy continuation g0..g5 (N + k - 1 = 6 tokens).
+    # The drafter returns scripted drafts per frontier u (the last emitted token
+    # is greedy[u]):
+    #   u=0: [g1, x]   -> accepts 1, emits 2 tokens       (draft, 1 accepted)
+    #   u=2: []        -> no draft, emits 1 token         (not a draft)
+    #   u=3: [g4, g5]  -> accepts 2, 1 past max_tokens    (draft, 2 accepted)
+    # vLLM's scheduler counts the last step's accepted tokens before the output
+    # is cut at max_tokens, so accepted = 3 and the nominal sequence-steps
+    # n (N - 1) - accepted = 1 undercount the 3 steps taken.
+    greedy = [10, 11, 12, 13, 14, 15]
+    drafts = {0: [11, 99], 2: [], 3: [14, 15]}
+    out = walk([1, 2, 3], greedy, 5, 2, lambda ctx, u: drafts[u])
+    assert (out.drafts, out.draft_tokens, out.accepted) == (2, 4, 3)
+    assert out.accepted_per_pos == [2, 1]
+    assert out.steps == 3
+    assert out.nominal_steps == 1
+    assert out.tokens_per_step == pytest.approx(4.0)
+    # The drafter sees prompt + the tokens emitted so far.
+    seen = []
+    walk([1, 2, 3], greedy, 5, 2, lambda ctx, u: seen.append(ctx) or [])
+    assert seen == [[1, 2, 3, 10], [1, 2, 3, 10, 11], [1, 2, 3, 10, 11, 12],
+                    [1, 2, 3, 10, 11, 12, 13]]  # fmt: skip
+    with pytest.raises(ValueError, match="needs 6"):
+        walk([1], greedy[:5], 5, 2, lambda ctx, u: [])
+
+
+def test_ngram_counters_on_a_repeating_sequence():
+    # A period-3 continuation: after the first period every draft is right.
+    prompt = [5, 6, 7]
+    greedy = [5, 6, 7] * 4
+    c = ngram_counters([prompt], [greedy], 8, 2, 2, 4)
+    # u=0: context 5 6 7 5 -> (7, 5)? no earlier; (5) too short -> no draft.
+    # u=1: ... 5 6 -> (5, 6) at 0 -> [7, 5] both right -> u=4; u=4: [7, 5]
+    # right -> u=7 = N: stop. Drafts 2, accepted 4.
+    assert (c.drafts, c.accepted, c.accepted_per_pos, c.steps) == (2, 4, [2, 2], 3)
+    assert c.nominal_steps == 7 - 4
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_model_draft_walk_equals_mtp_trains_decoded_walk(seed):
+    rng = np.random.default_rng(seed)
+    n_new, k = 32, 3
+    ok = rng.random((k, n_new - 1)) < 0.6  # ok[j, slot]
+    c = counters_from_correct([ok.T.tolist()], n_new, k)
+    drafts, accepted = decoded_walk(ok)
+    assert c.drafts == drafts == c.steps
+    assert c.accepted_per_pos == accepted.astype(int).tolist()
+    assert c.draft_tokens == k * drafts
+
+
+def test_prediction_from_simulated_counters():
+    # Baseline call 0.3 + 31 * 0.1 = 3.4 s. Simulated: 8 sequences, 120 accepted
+    # -> 248 / 128 = 1.9375 tokens per step; k = 2's probe 0.18 s per step:
+    # 0.31 + 31 * 0.18 / 1.9375 = 3.19 s -> 1.0658x. The k = K rates give
+    # L = 1.625 (the model before the simulation) as detail.
+    base = Run(3.1, 8, 1, probe_wall_step_s=0.1, probe_prefill_s=0.3)
+    k4 = Run(3.2, 8, 1, drafts=80, draft_tokens=320, accepted=120,
+             accepted_per_pos=(48, 32, 24, 16))  # fmt: skip
+    k2 = Run(3.0, 8, 1, probe_wall_step_s=0.18, probe_prefill_s=0.31)
+    sim = Counters(sequences=8, new_tokens=32, drafts=100, draft_tokens=200,
+                   accepted=120, accepted_per_pos=[70, 50], steps=140)  # fmt: skip
+    row = predict(base, k2, k4, 2, sim)
+    assert row["predicted_tokens_per_step"] == pytest.approx(1.9375)
+    assert row["predicted_speedup"] == pytest.approx(3.4 / (0.31 + 31 * 0.18 / 1.9375))
+    assert row["predicted_acceptance_per_position"] == pytest.approx([0.7, 0.5])
+    assert row["draft_step_share"] == pytest.approx(100 / 128)
+    assert row["kmax_tokens_per_step"] == pytest.approx(1.625)
+    assert row["kmax_predicted_speedup"] == pytest.approx(
+        3.4 / (0.31 + 31 * 0.18 / 1.625)
+    )
+    assert row["acceptance_source"] == "simulated"
+    assert predict(base, k2, k4, 2)["acceptance_source"] == "k=K rates"
+
+
+def test_probe_prompts_are_as_long_as_and_not_the_timed_ones(tmp_path):
+    from onboard.checkpoint.tokenizer import write_tokenizer
+    from onboard.validate.prompts import PROMPTS
+    from onboard.validate.reference import tokenize_prompts
+
+    write_tokenizer(tmp_path, 2048, 256)
+    timed, _ = tokenize_prompts(tmp_path, PROMPTS, 2048)
+    probes = probe_prompts(tmp_path, timed, 2048)
+    assert [len(p) for p in probes] == [len(p) for p in timed]
+    assert not {tuple(p) for p in probes} & {tuple(p) for p in timed}
+    # Same start as the timed prompts (the tokenizer's BOS), then text.
+    assert {p[0] for p in probes} == {p[0] for p in timed}
+    assert len({tuple(p) for p in probes}) == len(probes)
+    # Each band's calls get the counterparts of its timed prompts.
+    chunks = band_chunks(probes)
+    assert [len(c) for c in chunks["batch-8"]] == [8]
+    assert [len(c) for c in chunks["batch-1"]] == [1] * BANDS["batch-1"][1]
+    # Without a tokenizer: seeded random ids, as long.
+    bare = probe_prompts(tmp_path / "none", [[1, 2, 3]] * 12, 100)
+    assert [len(p) for p in bare] == [3] * 12
+    assert bare == probe_prompts(tmp_path / "none", [[1, 2, 3]] * 12, 100)
