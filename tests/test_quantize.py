@@ -167,6 +167,36 @@ def test_scale_table_is_the_library_on_every_16_bit_absmax(scheme, dtype):
     assert same_bytes(mine, ref)
 
 
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp4_code_table_matches_the_loop_and_the_library(scheme, dtype, monkeypatch):
+    # The FP4 table path (codes looked up by group scale and bits) against the
+    # plain loop and the library, on a weight holding every finite 16-bit value
+    # (shuffled: groups of many magnitudes, so many distinct scales), and on
+    # ordinary weights.
+    sch = SCHEMES[scheme]
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    every = every.view(dtype)
+    every = every[torch.isfinite(every)]
+    g = torch.Generator().manual_seed(1)
+    every = every[torch.randperm(len(every), generator=g)]
+    every = torch.cat([every, every[: (-len(every)) % 256]]).reshape(-1, 256)
+    for w in (every, _weights((512, 1024), seed=3).to(dtype)):
+        stats = kernels.observe(w, sch)
+        gs = kernels.global_scale([kernels.absmax(stats)]) if sch.global_scale else None
+        ig = kernels.input_global_scale(3.5) if sch.calibrated else None
+        monkeypatch.setattr(kernels, "TABLE_MIN_RATIO", 0)  # always the table
+        assert kernels._fp4_table_keys(stats, sch, gs, w.numel()) is not None
+        table = kernels.quantize_weight(w, sch, "m", gs, ig, check=False)
+        monkeypatch.setattr(kernels, "TABLE_MIN_RATIO", 1 << 40)  # never
+        loop = kernels.quantize_weight(w, sch, "m", gs, ig, check=False)
+        assert table.keys() == loop.keys()
+        for name in table:
+            assert same_bytes(table[name], loop[name]), name
+        ref = kernels.library_compress(w, sch, gs)
+        assert same_bytes(table["m.weight_packed"], ref["weight_packed"])
+
+
 @pytest.mark.parametrize("scheme", ["fp8-dynamic", "fp8-block", "nvfp4a16"])
 def test_quantize_weight_float16_and_block_sink_match_library(scheme):
     # float16 weights (the FP8 table of float16), and the sink path the workers

@@ -50,7 +50,8 @@ ST_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
 
 BLOCK_VALUES = 1 << 17  # values per fused-loop block (see _block_rows)
 CHECK_ROWS = 16  # rows of every tensor re-done by compressed-tensors at run time,
-CHECK_VALUES = 1 << 15  # or fewer where rows are long (the library's path is slow)
+CHECK_VALUES = 1 << 13  # or fewer where rows are long (the library's path is slow:
+# ~4 ms for 32K NVFP4 values, 1.2 ms for 8K, per tensor)
 
 
 def output_tensors(
@@ -126,6 +127,21 @@ def observe(
     if not (torch.isfinite(mn).all() and torch.isfinite(mx).all()):
         raise NonFiniteWeights("NaN or infinite values")
     return mn, mx
+
+
+def observes_by_block(scheme: Scheme, dtype: torch.dtype) -> bool:
+    """Whether ``quantize_weight`` observes the weight itself, row block by row
+    block (one symmetric scale per row, nothing shared across rows: fp8-dynamic),
+    so that the caller need not ``observe`` it first. It raises NonFiniteWeights
+    then, possibly after some blocks were handed to the sink."""
+    args = scheme.ct_scheme.weights
+    return (
+        args.strategy == "channel"
+        and args.symmetric
+        and not scheme.global_scale
+        and dtype in _BITS
+        and dtype.itemsize == 2
+    )
 
 
 # Symmetric scales depend on max(|min|, |max|) alone (calculate_qparams), so the
@@ -341,6 +357,30 @@ def _pack_into(codes: torch.Tensor, out: torch.Tensor, s: _Fp4Scratch) -> None:
     out.copy_(packed.bitwise_or_(pair))  # int16 -> uint8 keeps the low byte
 
 
+def _fp4_scaled(
+    w: torch.Tensor,
+    scale_rows: torch.Tensor,
+    gscale: torch.Tensor | None,
+    group: int,
+    s: _Fp4Scratch,
+) -> torch.Tensor:
+    # compressed-tensors' _process_group + _quantize: x grouped, divided by
+    # (scale / global_scale) with torch's type promotion (float32 for NVFP4, the
+    # weight dtype for MXFP4), then rounded onto the grid (by the caller).
+    n = w.shape[0]
+    scale = scale_rows.unsqueeze(-1)
+    if gscale is not None:
+        scale = scale / gscale
+    grouped = w.unflatten(-1, (-1, group))
+    dtype = torch.result_type(grouped, scale)
+    if dtype == torch.float32:
+        return torch.div(grouped, scale, out=s.x[:n])
+    # rounded to 16 bits first, as the library's division is
+    if s.x16.dtype != dtype:
+        s.x16 = torch.empty(s.x16.shape, dtype=dtype)
+    return s.x[:n].copy_(torch.div(grouped, scale, out=s.x16[:n]))
+
+
 def _fp4_rows(
     w: torch.Tensor,
     scale_rows: torch.Tensor,
@@ -349,22 +389,101 @@ def _fp4_rows(
     out: torch.Tensor,
     s: _Fp4Scratch,
 ) -> None:
-    # compressed-tensors' _process_group + _quantize: x grouped, divided by
-    # (scale / global_scale) with torch's type promotion (float32 for NVFP4, the
-    # weight dtype for MXFP4), then rounded onto the grid.
+    x = _fp4_scaled(w, scale_rows, gscale, group, s)
+    _pack_into(_fp4_codes_into(x, s, w.shape[0]), out, s)
+
+
+# A 16-bit weight's FP4 code depends on its 16 bits and its group's scale alone,
+# and a weight has few distinct group scales (FP8 or E8M0 values: ~30 for NVFP4,
+# ~4 for MXFP4 on the benchmark's weights). So, as for FP8, the code is a table
+# lookup: the table is the loop above (the very same torch ops) applied once to
+# every 16-bit pattern with each distinct scale, and each value is looked up by
+# (its group's scale, its bits): three passes and the packing instead of ~14.
+# Used where the table is much smaller than the weight.
+
+_TABLE_COLS = 1 << 16  # every 16-bit pattern, as signed int16 from -32768
+# Only where the weight has this many times the table's entries: building an
+# entry costs a value of the plain loop (~5.5 ns), a lookup ~2 ns.
+TABLE_MIN_RATIO = 2
+
+
+def _fp4_table_keys(
+    stats: tuple[torch.Tensor, torch.Tensor],
+    scheme: Scheme,
+    gscale: torch.Tensor | None,
+    numel: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(divisors, keys): the distinct group scales of a weight (the scales'
+    dtype) and, per group, the offset of its scale's row in the code table
+    (int32, plus 32768 for the signed bits); None where no table pays off."""
+    mn, mx = stats
+    if not (
+        isinstance(stats, _AbsMax) and mx.dtype in _BITS and mx.dtype.itemsize == 2
+    ):
+        return None
+    table = _scale_table(scheme, mx.dtype, gscale)  # scale of every absmax
+    int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[table.element_size()]
+    # Distinct scales by their bits (not values: -0.0 and 0.0 divide differently).
+    uniq, inv = torch.unique(table.view(int_dtype), return_inverse=True)
+    group_key = inv.index_select(0, mx.view(torch.int16).reshape(-1).to(torch.int32))
+    used = torch.bincount(group_key, minlength=uniq.numel()) > 0
+    k = int(used.sum())
+    if k * _TABLE_COLS * TABLE_MIN_RATIO > numel:
+        return None
+    rank = torch.cumsum(used, 0, dtype=torch.int32) - 1
+    keys = rank.index_select(0, group_key) * _TABLE_COLS + (_TABLE_COLS // 2)
+    divisors = uniq[used].view(table.dtype)
+    return divisors, keys.reshape(mx.shape)
+
+
+def _fp4_code_table(
+    divisors: torch.Tensor,
+    gscale: torch.Tensor | None,
+    group: int,
+    dtype: torch.dtype,
+    limit: int,
+) -> torch.Tensor:
+    """FP4 nibble of ``dtype`` bit patterns under each scale (flat uint8).
+
+    Filled only for magnitudes up to the bits ``limit`` (the weight's absolute
+    maximum: no value of it is larger), both signs; the rest is never read.
+    """
+    mags = torch.arange(limit + 1, dtype=torch.int32)
+    cols = torch.cat([mags - (1 << 15), mags])  # the int16 values: -, then +
+    values = cols.to(torch.int16).view(dtype)
+    pad = -len(values) % group  # whole groups for the loop (codes discarded)
+    values = torch.cat([values, torch.zeros(pad, dtype=dtype)])
+    rows = max(1, BLOCK_VALUES // len(values))
+    s = _Fp4Scratch(rows, len(values), group)
+    table = torch.empty(divisors.numel(), _TABLE_COLS, dtype=torch.uint8)
+    where = (cols + (1 << 15)).to(torch.int64)  # column of each value
+    for i in range(0, divisors.numel(), rows):
+        n = min(rows, divisors.numel() - i)
+        w = values.expand(n, len(values))
+        scale_rows = divisors[i : i + n].unsqueeze(1).expand(n, len(values) // group)
+        x = _fp4_scaled(w, scale_rows, gscale, group, s)
+        codes = _fp4_codes_into(x, s, n)[:, : len(cols)]
+        table[i : i + n].index_copy_(1, where, codes)
+    return table.view(-1)
+
+
+def _fp4_rows_table(
+    w: torch.Tensor,
+    keys: torch.Tensor,
+    table: torch.Tensor,
+    group: int,
+    out: torch.Tensor,
+    s: _Fp4Scratch,
+    index: torch.Tensor,
+) -> None:
+    """``_fp4_rows`` through ``_fp4_code_table``: keys from ``_fp4_table_keys``."""
     n = w.shape[0]
-    scale = scale_rows.unsqueeze(-1)
-    if gscale is not None:
-        scale = scale / gscale
-    grouped = w.unflatten(-1, (-1, group))
-    dtype = torch.result_type(grouped, scale)
-    if dtype == torch.float32:
-        x = torch.div(grouped, scale, out=s.x[:n])
-    else:  # rounded to 16 bits first, as the library's division is
-        if s.x16.dtype != dtype:
-            s.x16 = torch.empty(s.x16.shape, dtype=dtype)
-        x = s.x[:n].copy_(torch.div(grouped, scale, out=s.x16[:n]))
-    _pack_into(_fp4_codes_into(x, s, n), out, s)
+    # (copy, then add in one dtype: faster than one mixed-dtype broadcast add)
+    idx = index[:n].copy_(w.view(torch.int16).unflatten(-1, (-1, group)))
+    idx.add_(keys.unsqueeze(-1))  # the bits sign-extended, + 32768 in the key
+    codes = s.codes[:n]
+    torch.index_select(table, 0, idx.view(-1), out=codes.view(-1))
+    _pack_into(codes, out, s)
 
 
 def quantize_weight(
@@ -387,25 +506,49 @@ def quantize_weight(
     tensor (whose first touch costs ~1 ns per byte here).
     """
     args = scheme.ct_scheme.weights
-    scale = scales(stats or observe(w, scheme), scheme, gscale)
     rows, cols = w.shape
+    # Per-row scales are observed block by block, just before the block is
+    # quantized (it is then read from cache, not from memory a second time).
+    by_block = stats is None and observes_by_block(scheme, w.dtype)
+    if by_block:
+        scale = torch.empty(rows, 1, dtype=_fixed_scale_table(scheme, w.dtype).dtype)
+    else:
+        stats = stats or observe(w, scheme)
+        scale = scales(stats, scheme, gscale)
     step = _block_rows(cols)
     out: dict[str, torch.Tensor] = {}
     if scheme.packed:
         name = f"{module}.weight_packed"
-        scratch = _Fp4Scratch(min(step, rows), cols, args.group_size)
+        group = args.group_size
+        scratch = _Fp4Scratch(min(step, rows), cols, group)
         block = torch.empty(min(step, rows), cols // 2, dtype=torch.uint8)
         emit, head = _emitter(name, (rows, cols // 2), block.dtype, sink, out)
+        keyed = None
+        if w.dtype.itemsize == 2:
+            keyed = _fp4_table_keys(stats, scheme, gscale, w.numel())
+        if keyed is not None:
+            divisors, keys = keyed
+            limit = int(stats[1].view(torch.int16).max())  # largest magnitude's bits
+            table = _fp4_code_table(divisors, gscale, group, w.dtype, limit)
+            index = torch.empty(
+                min(step, rows), cols // group, group, dtype=torch.int32
+            )
         for i in range(0, rows, step):
             n = min(step, rows - i)
-            _fp4_rows(
-                w[i : i + n],
-                scale[i : i + n],
-                gscale,
-                args.group_size,
-                block[:n],
-                scratch,
-            )
+            if keyed is not None:
+                _fp4_rows_table(
+                    w[i : i + n],
+                    keys[i : i + n],
+                    table,
+                    group,
+                    block[:n],
+                    scratch,
+                    index,
+                )
+            else:
+                _fp4_rows(
+                    w[i : i + n], scale[i : i + n], gscale, group, block[:n], scratch
+                )
             emit(i, block[:n])
         out[f"{module}.weight_scale"] = _compressor(scheme)._compress_scale(scale, args)
         if gscale is not None:
@@ -432,6 +575,11 @@ def quantize_weight(
                 s = s.repeat_interleave(bh, 0).repeat_interleave(bw, 1)[:n, :cols]
             else:
                 s = scale[i : i + n]
+            if by_block:
+                mx = _absmax(w[i : i + n], cols)
+                if not torch.isfinite(mx).all():
+                    raise NonFiniteWeights("NaN or infinite values")
+                s.copy_(scales(_AbsMax((-mx, mx)), scheme, None))
             rows_fn(w[i : i + n], s, block[:n], buf)
             emit(i, block[:n])
         out[f"{module}.weight_scale"] = scale

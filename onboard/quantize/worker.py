@@ -120,16 +120,21 @@ def run_task(
                 report(info.nbytes)
             return written
 
+        def non_finite(name: str) -> InputError:
+            return InputError(
+                f"{plan.model_dir / plan.tensor_shard[name]}: {name} has NaN or "
+                "infinite values (a corrupt shard?)"
+            )
+
         def load(name: str):
             fd, info = source(name)
             w = st_io.map_tensor(fd, info)
+            if kernels.observes_by_block(scheme, w.dtype):
+                return w, None  # observed while quantized (fp8-dynamic)
             try:
                 return w, kernels.observe(w, scheme)
             except kernels.NonFiniteWeights:
-                raise InputError(
-                    f"{plan.model_dir / plan.tensor_shard[name]}: {name} has NaN or "
-                    "infinite values (a corrupt shard?)"
-                ) from None
+                raise non_finite(name) from None
 
         # Fused partners (NVFP4) share one global scale: loaded together,
         # including any in a finished shard (read, not written, here).
@@ -147,15 +152,18 @@ def run_task(
             in_gscale = None
             if scheme.calibrated:
                 in_gscale = kernels.input_global_scale(calib[q.module])
-            out = kernels.quantize_weight(
-                w,
-                scheme,
-                q.module,
-                gscale,
-                in_gscale,
-                stats,
-                sink=lambda name, row, block, s=q.shard: write(s, name, block, row),
-            )
+            try:
+                out = kernels.quantize_weight(
+                    w,
+                    scheme,
+                    q.module,
+                    gscale,
+                    in_gscale,
+                    stats,
+                    sink=lambda name, row, block, s=q.shard: write(s, name, block, row),
+                )
+            except kernels.NonFiniteWeights:
+                raise non_finite(m) from None
             for name, value in out.items():
                 write(q.shard, name, value)
             report(q.src.nbytes)
