@@ -4,11 +4,12 @@ spec's default k beside the tuned one. A thin wrapper over
 `onboard speculators tune` (onboard/speculators/tune.py) that prints the rows for
 docs/benchmarks.md.
 
-Run (one engine per k and method, one to three minutes each on two cores; hold
+Run (one engine per k and method, one to two minutes each on two cores; hold
 the engine lock; methods one at a time into the same --out, whose work/ keeps every
-engine's measurement, so that a last run with all methods starts no engine):
+engine's measurement, so that a last run with all methods starts no engine, and a
+run cut by its time limit continues where it stopped):
 
-    flock /work/notes/engine.lock timeout 1500 .venv/bin/python \\
+    flock /work/notes/engine.lock timeout 600 .venv/bin/python \\
         benchmarks/speculators_bench.py --model-dir DIR/checkpoints/bf16 \\
         --methods ngram --out /tmp/spec-bench --speculators DIR/speculators
 """
@@ -24,8 +25,9 @@ def summary(report: dict) -> list[str]:
     rows = [
         "| method | band | default k: acceptance length, speed-up | tuned k: "
         "acceptance length, speed-up | predicted / measured speed-up (k=1..4) | "
-        "prediction error (k=1..4) | largest round spread | decision |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "prediction error (k=1..4) | tokens per step L predicted / measured "
+        "(k=1..4) | L from | largest round spread | decision |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method, result in report["methods"].items():
         for band, data in result["bands"].items():
@@ -37,6 +39,12 @@ def summary(report: dict) -> list[str]:
                 f"{r['predicted_speedup']:.2f}/{r['measured_speedup']:.2f}"
                 for r in data["rows"]
             )
+            lengths = ", ".join(
+                f"{r['predicted_tokens_per_step']:.2f}/"
+                f"{r.get('measured_tokens_per_step', 0):.2f}"
+                for r in data["rows"]
+            )
+            source = result.get("acceptance_source", "").split(":")[0]
             spread = max(
                 max(r.get("spread", 0), r.get("baseline_spread", 0))
                 for r in data["rows"]
@@ -52,7 +60,8 @@ def summary(report: dict) -> list[str]:
 
             rows.append(
                 f"| {method} | {band} | {cell(default)} | {cell(best)} | {speedups} | "
-                f"{errors} | {spread:.0%} | {data['decision']} |"
+                f"{errors} | {lengths} | {source} | {spread:.0%} | "
+                f"{data['decision']} |"
             )
     return rows
 

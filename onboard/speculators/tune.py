@@ -10,12 +10,19 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
 
 - per sequence, a decode step emits 1 + the accepted draft tokens, so over n
   sequences of N new tokens the number of sequence-steps is
-  ``S = n (N - 1) - accepted`` (the first token comes from the prefill);
-- the probe, a short run of its own in each engine, PROBE_REPEATS times,
-  alternating with the timed rounds (so that probe and rounds see the same load
-  on a shared machine): the band's requests once with max_tokens 1 (the
-  prefill: ``P``, wall seconds per call) and once with PROBE_TOKENS new tokens;
-  the difference is the
+  ``S = n (N - 1) - accepted`` (the first token comes from the prefill; vLLM
+  counts the accepted tokens of a request's last step before cutting them at
+  max_tokens, so S is nominal: it undercounts the steps a little, the same way
+  in the probe, the rounds and the prediction);
+- the probe, a run of its own in each engine, PROBE_REPEATS times, alternating
+  with the timed rounds (so that probe and rounds see the same load on a shared
+  machine), on prompts of its own (:func:`probe_prompts`: windows of the
+  bundled calibration text, one per timed prompt and as many tokens long; the
+  timed prompts are not probed, so the prediction does not reuse the measurement
+  it is compared with): the band's requests once with max_tokens 1 (the prefill:
+  ``P``, wall seconds per call) and once with PROBE_TOKENS = N new tokens (a
+  step's cost grows with the context, and a shorter probe has more of a batch's
+  ragged tail: a 16-token probe was 5-14% off the rounds); the difference is the
   wall time of the decode steps, everything included (worker, engine-core
   scheduling, IPC, output processing), divided by the probe's own sequence-steps
   per sequence (from the counters around it) gives ``s``, the wall seconds per
@@ -25,13 +32,20 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   by about 15% on a shared 2-core machine (vLLM pins its thread to core 0);
   probe and timed rounds share one instance. The worker's own time per decode
   step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps)
-  and the rest of the wall step (outside the worker) are reported as detail: the
-  earlier model took the outside part from the baseline, but it grows with k;
-- acceptance: ``p_i``, vLLM's per-position acceptance (accepted at position i over
-  drafts) from the k = K engine's timed rounds, and ``f``, the share of steps that
-  had a draft (1 for model drafts; below 1 for n-gram, which drafts only on a
-  match). A draft at position i does not depend on k, so the mean tokens per step
-  for any k is ``L(k) = 1 + f * sum(p_1..p_k)``;
+  and the rest of the wall step (outside the worker) are reported as detail;
+- acceptance: tokens per sequence-step ``L(k) = n (N - 1) / S(k)`` from the
+  counters k will report, predicted by replaying vLLM's schedule over the
+  baseline engine's greedy continuations of the timed prompts
+  (onboard.speculators.simulate; greedy speculation is lossless, so they are
+  every k's continuations too): drafts only at each verification frontier, the
+  leading right draft tokens accepted. n-gram drafts come from a replica of
+  vLLM's proposer, MTP drafts from the generated reference's heads (the ones
+  vLLM runs); both reproduce the engines' counters exactly. A per-position rate
+  taken from one k does not carry over to another (longer accepted runs skip
+  the easy slots between drafts). Methods without a reference drafter (EAGLE-3
+  and the other draft models) keep the k = K engine's rates:
+  ``L(k) = 1 + f * sum(p_1..p_k)``, ``p_i`` accepted at position i over drafts,
+  ``f`` drafts over sequence-steps;
 - predicted time per call of N new tokens: ``P0 + (N - 1) t1`` without
   speculation, ``P(k) + (N - 1) s(k) / L(k)`` with k drafts; predicted speed-up
   their ratio (``t1 * L(k) / s(k)`` when the prefill is negligible); measured
@@ -40,10 +54,11 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   beside it). Wall-clock is the engine's own ``LLM.generate`` time, in probe and
   rounds alike.
 
-The first model (step cost linear in k, calibrated on the k = 1 and k = K
-wall-clocks: ``predict_linear``) is still computed and reported for comparison.
-The best k is the measured best; when no k beats 1.0 the tuner declines
-speculation for that band, with the numbers.
+Detail columns: the prediction with the k = K engine's rates (the model before
+the simulation) and the first model (step cost linear in k, calibrated on the
+k = 1 and k = K wall-clocks: ``predict_linear``). The best k is the measured
+best; when no k beats 1.0 the tuner declines speculation for that band, with the
+numbers.
 """
 
 from __future__ import annotations
