@@ -164,3 +164,91 @@ def test_probe_prompts_are_as_long_as_and_not_the_timed_ones(tmp_path):
     bare = probe_prompts(tmp_path / "none", [[1, 2, 3]] * 12, 100)
     assert [len(p) for p in bare] == [3] * 12
     assert bare == probe_prompts(tmp_path / "none", [[1, 2, 3]] * 12, 100)
+
+
+@pytest.fixture(scope="module")
+def dsv3(tmp_path_factory):
+    """The DeepSeek-V3-style tiny checkpoint (untrained MTP head: its drafts are
+    mostly wrong, which the counts below do not depend on) and its reference."""
+    import tempfile
+    from pathlib import Path
+
+    from onboard.checkpoint import mtp_train
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "model_specs" / "deepseek-v3-style.yaml")
+    out = tmp_path_factory.mktemp("dsv3")
+    model_dir = write_tiny_checkpoint(spec, out / "bf16", seed=0)
+    with tempfile.TemporaryDirectory() as tmp, mtp_train._one_thread():
+        model = mtp_train.load_mtp_reference(model_dir, spec, Path(tmp))
+        prompts = [[5, 9, 3, 7, 2, 8], [11, 4, 4, 6, 1, 3, 9, 2]]
+        seqs = mtp_train.greedy_sequences(model, prompts, 12)
+        greedy = [s[len(p) :].tolist() for s, p in zip(seqs, prompts, strict=True)]
+        yield spec, model, prompts, greedy
+
+
+def test_mtp_counters_walk_the_reference_drafts(dsv3):
+    import torch
+
+    from onboard.checkpoint.mtp_train import sequence_acceptance
+    from onboard.speculators.simulate import mtp_counters
+
+    spec, model, prompts, greedy = dsv3
+    n_new = 10
+    for k in (1, 2, 3):
+        c = mtp_counters(model, prompts, greedy, n_new, [0] * k)
+        # Every step drafts k tokens; the steps cover the N - 1 decode tokens.
+        assert c.drafts == c.steps and c.draft_tokens == k * c.drafts
+        assert c.sequences == 2 and c.accepted == sum(c.accepted_per_pos)
+        assert c.steps <= 2 * (n_new - 1) and c.steps + c.accepted >= 2 * (n_new - 1)
+        # The same as sequence_acceptance on exactly N + k - 1 greedy tokens
+        # (the tokens past that are not looked at).
+        cut = [
+            torch.tensor(p + g[: n_new + k - 1])
+            for p, g in zip(prompts, greedy, strict=True)
+        ]
+        ref = sequence_acceptance(model, cut, [len(p) for p in prompts], [0] * k)
+        assert c.drafts == ref.decoded_drafts
+        assert c.accepted_per_pos == [
+            round(x * ref.decoded_drafts) for x in ref.decoded_per_position
+        ]
+    with pytest.raises(ValueError, match="needs 13"):
+        mtp_counters(model, prompts, [g[:12] for g in greedy], 10, [0] * 4)
+
+
+def test_simulate_acceptance_per_method(dsv3):
+    from onboard.speculators.tune import K_VALUES, simulate_acceptance
+
+    spec, _, _, _ = dsv3
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3) for _ in range(8)] for _ in range(12)]
+    greedy = [tuple(rng.randrange(3) for _ in range(35)) for _ in range(12)]
+    base = {
+        "batch-8": Run(1.0, 8, 1, greedy=tuple(greedy[:8])),
+        "batch-1": Run(1.0, 4, 4, greedy=tuple(greedy[8:])),
+    }
+
+    def config_for_k(k):
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_min": 2, "prompt_lookup_max": 4}  # fmt: skip
+
+    sim, source = simulate_acceptance(
+        "ngram", spec, None, config_for_k, base, prompts, 256
+    )
+    assert source.startswith("simulated")
+    assert set(sim) == set(BANDS) and set(sim["batch-8"]) == set(K_VALUES)
+    assert sim["batch-1"][3] == ngram_counters(
+        prompts[8:], greedy[8:], 32, 3, 2, 4, 256
+    )
+    assert sim["batch-8"][2].sequences == 8
+    # No reference drafter (EAGLE-3) or no saved continuations: the k = K rates.
+    assert (
+        simulate_acceptance("eagle3", spec, None, None, base, prompts, 256)[0] is None
+    )
+    bare = {b: Run(1.0, 8, 1) for b in BANDS}
+    none, why = simulate_acceptance(
+        "ngram", spec, None, config_for_k, bare, prompts, 256
+    )
+    assert none is None and "no greedy" in why
