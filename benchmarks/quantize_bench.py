@@ -1,11 +1,12 @@
 """Benchmark `onboard quantize` against llm-compressor and a plain read+write.
 
-    .venv/bin/python benchmarks/quantize_bench.py [--dir DIR] [--runs 3]
+    .venv/bin/python benchmarks/quantize_bench.py [--dir DIR] [--runs 3] [--warmup 1]
         [--only NAME ...] [--json OUT.json]
 
 On one ~1 GB bf16 checkpoint in two shards (benchmarks/make_checkpoint.py, made on
 first use in DIR), each command is run as a user runs it, as a fresh process
-(imports included), the commands in turn (A B C ... A B C ...), ``--runs`` rounds.
+(imports included), the commands in turn (A B C ... A B C ...), ``--runs`` rounds
+after ``--warmup`` untimed ones.
 Per command: median wall seconds, GB/s (input bytes / wall seconds), and the peak
 of the whole process tree's proportional set size (PSS, sampled every 50 ms;
 forked pages count once), which is what the memory bound of docs/quantize.md is
@@ -183,6 +184,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
     ap.add_argument("--runs", type=int, default=3)
+    # An untimed first round per command: the page cache holds the input and the
+    # imported libraries afterwards, as it does for every timed round after it.
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--preset", default="1gb", help="checkpoint size (1gb, small)")
     ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -200,6 +204,13 @@ def main() -> None:
     cmds = commands(ckpt, out)
     if args.only:
         cmds = {k: v for k, v in cmds.items() if k in args.only}
+
+    for r in range(args.warmup):
+        for name, cmd in cmds.items():
+            res = run_once(cmd, out / name)
+            print(f"warm-up {r + 1} {name}: {res['wall_s']:.1f} s", file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, list[dict]] = {name: [] for name in cmds}
     for r in range(args.runs):
