@@ -13,7 +13,6 @@ import pytest
 from onboard.checkpoint.mtp_train import decoded_walk
 from onboard.speculators.simulate import (
     Counters,
-    counters_from_correct,
     ngram_counters,
     ngram_propose,
     ngram_window,
@@ -112,7 +111,12 @@ def test_model_draft_walk_equals_mtp_trains_decoded_walk(seed):
     rng = np.random.default_rng(seed)
     n_new, k = 32, 3
     ok = rng.random((k, n_new - 1)) < 0.6  # ok[j, slot]
-    c = counters_from_correct([ok.T.tolist()], n_new, k)
+    greedy = list(range(100, 100 + n_new + k - 1))
+
+    def propose(_context, u):  # position j right where ok[j, u], else a miss
+        return [greedy[u + 1 + j] if ok[j, u] else -1 for j in range(k)]
+
+    c = walk([1, 2], greedy, n_new, k, propose)
     drafts, accepted = decoded_walk(ok)
     assert c.drafts == drafts == c.steps
     assert c.accepted_per_pos == accepted.astype(int).tolist()

@@ -183,34 +183,6 @@ def ngram_counters(
     return simulate(prompts, greedy, new_tokens, k, lambda _i: propose)
 
 
-# ---- model drafts with known per-slot correctness ----------------------------------
-
-
-def counters_from_correct(
-    correct: Sequence[Sequence[Sequence[bool]]], new_tokens: int, k: int
-) -> Counters:
-    """The counters of a drafter that always drafts k tokens, from
-    ``correct[i][u][j]``: request i's draft position j at frontier u (its last
-    token the continuation's token u) equals the continuation's token u + 1 + j
-    (given positions < j right: teacher forcing is exact for accepted tokens)."""
-    total = Counters(sequences=0, new_tokens=new_tokens, accepted_per_pos=[0] * k)
-    for rows in correct:
-        out = Counters(sequences=1, new_tokens=new_tokens, accepted_per_pos=[0] * k)
-        u = 0
-        while u + 1 < new_tokens:
-            out.steps += 1
-            out.drafts += 1
-            out.draft_tokens += k
-            a = 0
-            while a < k and rows[u][a]:
-                out.accepted_per_pos[a] += 1
-                a += 1
-            out.accepted += a
-            u += a + 1
-        total = total.add(out)
-    return total
-
-
 def ngram_window(config: dict) -> tuple[int, int]:
     """(min n, max n) of an n-gram ``--speculative-config``, with vLLM's defaults
     (``SpeculativeConfig``: both unset -> 5 and 5; one unset -> the other's)."""
@@ -218,6 +190,9 @@ def ngram_window(config: dict) -> tuple[int, int]:
     if lo is None and hi is None:
         return 5, 5
     return (hi if lo is None else lo), (lo if hi is None else hi)
+
+
+# ---- model drafts (MTP) ------------------------------------------------------------
 
 
 def mtp_counters(
