@@ -576,10 +576,7 @@ def quantize_weight(
             else:
                 s = scale[i : i + n]
             if by_block:
-                mx = _absmax(w[i : i + n], cols)
-                if not torch.isfinite(mx).all():
-                    raise NonFiniteWeights("NaN or infinite values")
-                s.copy_(scales(_AbsMax((-mx, mx)), scheme, None))
+                s.copy_(scales(observe(w[i : i + n], scheme), scheme, None))
             rows_fn(w[i : i + n], s, block[:n], buf)
             emit(i, block[:n])
         out[f"{module}.weight_scale"] = scale
