@@ -27,20 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # Eight sequences of 32 new tokens: 8 * 31 = 248 decode positions. The baseline's
 # probe: 0.1 s per plain step (wall), 0.3 s of prefill per call -> a call of 32
 # tokens is predicted at 0.3 + 31 * 0.1 = 3.4 s.
-BASE = Run(seconds=3.1, sequences=8, calls=1, probe_wall_step_s=0.1,
+BASE = Run(seconds=3.1, sequences=8, calls=1, seq_steps=248, probe_wall_step_s=0.1,
            probe_prefill_s=0.3, rounds=(3.0, 3.1, 3.4))  # fmt: skip
-# k = 4: 80 drafts, 120 accepted (48, 32, 24, 16 per position) -> 128 sequence
+# k = 4: 80 drafts, 120 accepted (48, 32, 24, 16 per position), 128 sequence
 # steps (16 per sequence), 3.2 s -> 0.2 s per step; 80 of 128 steps drafted.
-K4 = Run(3.2, 8, 1, drafts=80, draft_tokens=320, accepted=120,
+K4 = Run(3.2, 8, 1, seq_steps=128, drafts=80, draft_tokens=320, accepted=120,
          accepted_per_pos=(48, 32, 24, 16), probe_wall_step_s=0.2,
          probe_prefill_s=0.3)  # fmt: skip
 # k = 1: 40 accepted -> 208 steps (26 per sequence), 2.6 s -> 0.1 s per step.
-K1 = Run(2.6, 8, 1, drafts=130, draft_tokens=130, accepted=40,
+K1 = Run(2.6, 8, 1, seq_steps=208, drafts=130, draft_tokens=130, accepted=40,
          accepted_per_pos=(40,), probe_wall_step_s=0.1,
          probe_prefill_s=0.3)  # fmt: skip
 # k = 2, probed dearer than the line through k = 1 and k = 4 (0.1333 s) says; its
 # worker took 0.15 s of a 0.17 s engine step.
-K2 = Run(3.0, 8, 1, drafts=100, draft_tokens=200, accepted=80,
+K2 = Run(3.0, 8, 1, seq_steps=168, drafts=100, draft_tokens=200, accepted=80,
          accepted_per_pos=(50, 30), probe_wall_step_s=0.18, probe_prefill_s=0.31,
          probe_step_s=0.15, probe_engine_step_s=0.17)  # fmt: skip
 
@@ -69,6 +69,24 @@ def test_prediction_by_hand():
     # k = 1 uses the same k = 4 acceptance (p_1 = 0.6): L = 1.375.
     assert predict(BASE, K1, K4, 1)["predicted_speedup"] == pytest.approx(
         3.4 / (0.3 + 3.1 / 1.375)
+    )
+
+
+def test_rates_lose_the_tokens_counted_past_max_tokens():
+    # The same counters, but the scheduler took 136 steps, not 248 - 120 = 128:
+    # the last steps accepted 8 tokens past max_tokens. Measured L(4) = 248 / 136;
+    # the rates' formula, 1 + (136 share drafted) ..., is scaled to it.
+    k4 = Run(**{**K4.__dict__, "seq_steps": 136})
+    f = 80 / 136
+    counted = 1 + f * 1.5
+    for k, rates in ((4, 1.5), (2, 1.0)):
+        row = predict(BASE, K2, k4, k)
+        assert row["draft_step_share"] == pytest.approx(f)
+        assert row["predicted_tokens_per_step"] == pytest.approx(
+            (1 + f * rates) * (248 / 136) / counted
+        )
+    assert predict(BASE, K2, k4, 4)["predicted_tokens_per_step"] == pytest.approx(
+        k4.tokens_per_step
     )
 
 
@@ -105,7 +123,7 @@ def test_probed_step_cost_moves_the_prediction():
 
 def test_no_acceptance_predicts_a_loss():
     # A draft that is never accepted only adds cost: every k predicts < 1.
-    k4 = Run(6.2, 8, 1, drafts=248, draft_tokens=992, accepted=0,
+    k4 = Run(6.2, 8, 1, seq_steps=248, drafts=248, draft_tokens=992, accepted=0,
              accepted_per_pos=(0, 0, 0, 0), probe_wall_step_s=0.12,
              probe_prefill_s=0.3)  # fmt: skip
     assert [predict(BASE, k4, k4, k)["predicted_speedup"] for k in (1, 2, 3, 4)] == (
@@ -117,17 +135,20 @@ def test_decode_steps_keep_only_decode_steps():
     # Completion order inside vLLM: the forward ends inside execute_model, the
     # sampler and the drafter inside sample_tokens. The batch's prefill took two
     # steps (requests arrived apart), the second also decoding the first ones.
-    def step(kind, tokens, seconds=0.06):
-        return [["_model_forward", seconds - 0.01, tokens, ""],
-                ["execute_model", seconds, 0, kind], ["_sample", 0.01, 0, ""],
-                ["propose_draft_token_ids", 0.002, 0, ""],
-                ["sample_tokens", 0.02, 0, ""]]  # fmt: skip
+    def step(kind, tokens, decoding, seconds=0.06):
+        return [["_model_forward", seconds - 0.01, tokens, "", 0],
+                ["execute_model", seconds, 0, kind, decoding],
+                ["_sample", 0.01, 0, "", 0],
+                ["propose_draft_token_ids", 0.002, 0, "", 0],
+                ["sample_tokens", 0.02, 0, "", 0]]  # fmt: skip
 
-    empty = [["execute_model", 0.001, 0, "empty"]]  # nothing scheduled, no sampling
-    records = (step("prefill", 96, 0.5) + step("mixed", 131, 0.6) + empty
-               + step("decode", 24) + step("decode", 20))  # fmt: skip
+    empty = [["execute_model", 0.001, 0, "empty", 0]]  # nothing scheduled
+    records = (step("prefill", 96, 0, 0.5) + step("mixed", 131, 5, 0.6) + empty
+               + step("decode", 24, 8) + step("decode", 20, 6))  # fmt: skip
     steps = decode_steps(records)
     assert [s["tokens"] for s in steps] == [24, 20]
+    # The sequence-steps: every request decoded, the mixed step's too.
+    assert sum(s.get("decoding", 0) for s in group_steps(records)) == 5 + 8 + 6
     assert steps[0]["execute_model"] + steps[0]["sample_tokens"] == pytest.approx(0.08)
     assert [s["kind"] for s in group_steps(records)] == [
         "prefill", "mixed", "decode", "decode"]  # fmt: skip
@@ -173,18 +194,20 @@ def test_step_kind_from_vllms_scheduler_output():
             finished_req_ids=set(), free_encoder_mm_hashes=[],
         )  # fmt: skip
 
-    assert step_kind(runner, output([new], {}, {"c": 28})) == "prefill"
+    assert step_kind(runner, output([new], {}, {"c": 28})) == ("prefill", 0)
     # a and b decode (past their prompts, a with 2 drafts), c's prefill arrives.
     mixed = output([new], {"a": 29, "b": 31}, {"a": 3, "b": 1, "c": 28})
-    assert step_kind(runner, mixed) == "mixed"
+    assert step_kind(runner, mixed) == ("mixed", 2)
     assert step_kind(runner, output([], {"a": 29, "b": 31}, {"a": 3, "b": 1})) == (
-        "decode"
+        "decode",
+        2,
     )
     # b's prompt not fully computed yet (a chunked or resumed prefill).
     assert step_kind(runner, output([], {"a": 29, "b": 16}, {"a": 1, "b": 14})) == (
-        "mixed"
+        "mixed",
+        1,
     )
-    assert step_kind(runner, output([], {}, {})) == "empty"
+    assert step_kind(runner, output([], {}, {})) == ("empty", 0)
 
 
 def test_render_shows_predicted_and_measured_side_by_side():

@@ -100,3 +100,5 @@ def test_simulated_ngram_counters_equal_the_engines(runs):
         assert (sim.drafts, sim.draft_tokens, sim.accepted) == (
             run.drafts, run.draft_tokens, run.accepted)  # fmt: skip
         assert tuple(sim.accepted_per_pos) == run.accepted_per_pos
+        # The scheduler's steps, counted in the worker, are the walk's steps.
+        assert sim.steps == run.seq_steps

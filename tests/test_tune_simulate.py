@@ -75,16 +75,15 @@ def test_walk_counts_as_vllms_scheduler():
     #   u=2: []        -> no draft, emits 1 token         (not a draft)
     #   u=3: [g4, g5]  -> accepts 2, 1 past max_tokens    (draft, 2 accepted)
     # vLLM's scheduler counts the last step's accepted tokens before the output
-    # is cut at max_tokens, so accepted = 3 and the nominal sequence-steps
-    # n (N - 1) - accepted = 1 undercount the 3 steps taken.
+    # is cut at max_tokens, so accepted = 3, while the 4 new tokens after the
+    # prefill's took 3 steps (n (N - 1) - accepted = 1 would undercount them).
     greedy = [10, 11, 12, 13, 14, 15]
     drafts = {0: [11, 99], 2: [], 3: [14, 15]}
     out = walk([1, 2, 3], greedy, 5, 2, lambda ctx, u: drafts[u])
     assert (out.drafts, out.draft_tokens, out.accepted) == (2, 4, 3)
     assert out.accepted_per_pos == [2, 1]
     assert out.steps == 3
-    assert out.nominal_steps == 1
-    assert out.tokens_per_step == pytest.approx(4.0)
+    assert out.tokens_per_step == pytest.approx(4 / 3)
     # The drafter sees prompt + the tokens emitted so far.
     seen = []
     walk([1, 2, 3], greedy, 5, 2, lambda ctx, u: seen.append(ctx) or [])
@@ -103,7 +102,6 @@ def test_ngram_counters_on_a_repeating_sequence():
     # u=1: ... 5 6 -> (5, 6) at 0 -> [7, 5] both right -> u=4; u=4: [7, 5]
     # right -> u=7 = N: stop. Drafts 2, accepted 4.
     assert (c.drafts, c.accepted, c.accepted_per_pos, c.steps) == (2, 4, [2, 2], 3)
-    assert c.nominal_steps == 7 - 4
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -124,16 +122,16 @@ def test_model_draft_walk_equals_mtp_trains_decoded_walk(seed):
 
 
 def test_prediction_from_simulated_counters():
-    # Baseline call 0.3 + 31 * 0.1 = 3.4 s. Simulated: 8 sequences, 120 accepted
+    # Baseline call 0.3 + 31 * 0.1 = 3.4 s. Simulated: 8 sequences, 128 steps
     # -> 248 / 128 = 1.9375 tokens per step; k = 2's probe 0.18 s per step:
     # 0.31 + 31 * 0.18 / 1.9375 = 3.19 s -> 1.0658x. The k = K rates give
     # L = 1.625 (the model before the simulation) as detail.
     base = Run(3.1, 8, 1, probe_wall_step_s=0.1, probe_prefill_s=0.3)
-    k4 = Run(3.2, 8, 1, drafts=80, draft_tokens=320, accepted=120,
+    k4 = Run(3.2, 8, 1, seq_steps=128, drafts=80, draft_tokens=320, accepted=120,
              accepted_per_pos=(48, 32, 24, 16))  # fmt: skip
     k2 = Run(3.0, 8, 1, probe_wall_step_s=0.18, probe_prefill_s=0.31)
     sim = Counters(sequences=8, new_tokens=32, drafts=100, draft_tokens=200,
-                   accepted=120, accepted_per_pos=[70, 50], steps=140)  # fmt: skip
+                   accepted=120, accepted_per_pos=[70, 50], steps=128)  # fmt: skip
     row = predict(base, k2, k4, 2, sim)
     assert row["predicted_tokens_per_step"] == pytest.approx(1.9375)
     assert row["predicted_speedup"] == pytest.approx(3.4 / (0.31 + 31 * 0.18 / 1.9375))

@@ -98,15 +98,16 @@ def _tokens(args, kwargs) -> int:
     return 0
 
 
-def step_kind(runner, scheduler_output) -> str:
-    """What one scheduled step computes: "decode" (every request past its prompt),
-    "prefill" (prompts only), "mixed" (both: requests of one batch arrive in the
-    engine core at slightly different times, so a later request's prefill can
-    share a step with earlier requests' decoding) or "empty"."""
+def step_kind(runner, scheduler_output) -> tuple[str, int]:
+    """What one scheduled step computes, and how many requests it decodes (its
+    sequence-steps): "decode" (every request past its prompt), "prefill" (prompts
+    only), "mixed" (both: requests of one batch arrive in the engine core at
+    slightly different times, so a later request's prefill can share a step with
+    earlier requests' decoding) or "empty"."""
     if scheduler_output is None or not scheduler_output.total_num_scheduled_tokens:
-        return "empty"
+        return "empty", 0
     prefill = bool(scheduler_output.scheduled_new_reqs)
-    decode = False
+    decoding = 0
     cached = scheduler_output.scheduled_cached_reqs
     computed_tokens = cached.num_computed_tokens
     for req_id, computed in zip(cached.req_ids, computed_tokens, strict=True):
@@ -114,21 +115,22 @@ def step_kind(runner, scheduler_output) -> str:
         if state is not None and computed < state.num_prompt_tokens:
             prefill = True  # the rest of a prompt (chunked or resumed)
         else:
-            decode = True
+            decoding += 1
     if not prefill:
-        return "decode"
-    return "mixed" if decode else "prefill"
+        return "decode", decoding
+    return ("mixed" if decoding else "prefill"), decoding
 
 
 def time_steps(worker) -> list[str]:
     """From now on, record the wall time of every call of the model runner's
     per-step methods (:data:`TIMED`; the target forward with its token count,
-    execute_model with its :func:`step_kind` and the number of draft tokens it
-    verifies); :func:`step_timings` returns and clears them."""
+    execute_model with its :func:`step_kind`, the number of draft tokens it
+    verifies and the requests it decodes); :func:`step_timings` returns and
+    clears them."""
     import time
 
     runner = worker.model_runner
-    records: list[tuple[str, float, int, str]] = []
+    records: list[tuple[str, float, int, str, int]] = []
     setattr(runner, TIMINGS, records)
     for name in TIMED:
         method = getattr(runner, name, None)
@@ -136,10 +138,10 @@ def time_steps(worker) -> list[str]:
             continue
 
         def timed(*args, _method=method, _name=name, **kwargs):
-            kind, tokens = "", 0
+            kind, tokens, decoding = "", 0, 0
             if _name == "execute_model":
                 output = kwargs.get("scheduler_output", args[0] if args else None)
-                kind = step_kind(runner, output)
+                kind, decoding = step_kind(runner, output)
                 drafts = getattr(output, "scheduled_spec_decode_tokens", None) or {}
                 tokens = sum(len(ids) for ids in drafts.values())
             t0 = time.perf_counter()
@@ -148,16 +150,19 @@ def time_steps(worker) -> list[str]:
             finally:
                 if _name == "_model_forward":
                     tokens = _tokens(args, kwargs)
-                records.append((_name, time.perf_counter() - t0, tokens, kind))
+                records.append(
+                    (_name, time.perf_counter() - t0, tokens, kind, decoding)
+                )
 
         setattr(runner, name, timed)  # the instance attribute wins over the method
     return [n for n in TIMED if hasattr(runner, n)]
 
 
-def step_timings(worker) -> list[tuple[str, float, int, str]]:
+def step_timings(worker) -> list[tuple[str, float, int, str, int]]:
     """The calls recorded since :func:`time_steps` or the last read (then cleared):
     (method, seconds, tokens: the target's for ``_model_forward``, the draft
-    tokens verified for ``execute_model``; step kind for ``execute_model``)."""
+    tokens verified for ``execute_model``; step kind and requests decoded for
+    ``execute_model``)."""
     records = getattr(worker.model_runner, TIMINGS, None)
     if records is None:
         return []

@@ -47,16 +47,12 @@ class Counters:
     steps: int = 0
 
     @property
-    def nominal_steps(self) -> int:
-        """``n (N - 1) - accepted``: the sequence-steps as the tuner counts them
-        from the counters (accepted tokens past a request's end included)."""
-        return self.sequences * (self.new_tokens - 1) - self.accepted
-
-    @property
     def tokens_per_step(self) -> float:
-        """L: the nominal tokens per sequence-step, ``n (N - 1) / nominal_steps``."""
-        steps = self.nominal_steps
-        return self.sequences * (self.new_tokens - 1) / steps if steps > 0 else 0.0
+        """L: new tokens (after the prefill's) per sequence-step, ``n (N - 1) /
+        steps`` (not from ``accepted``, which counts tokens past a request's end)."""
+        return (
+            self.sequences * (self.new_tokens - 1) / self.steps if self.steps else 0.0
+        )
 
     def add(self, other: Counters) -> Counters:
         width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))

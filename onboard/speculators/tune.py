@@ -8,12 +8,14 @@ prompts one at a time) and reads vLLM's spec-decode counters.
 
 Cost model (what is predicted from what; ``predict`` is the pure function):
 
-- per sequence, a decode step emits 1 + the accepted draft tokens, so over n
-  sequences of N new tokens the number of sequence-steps is
-  ``S = n (N - 1) - accepted`` (the first token comes from the prefill; vLLM
-  counts the accepted tokens of a request's last step before cutting them at
-  max_tokens, so S is nominal: it undercounts the steps a little, the same way
-  in the probe, the rounds and the prediction);
+- per sequence, a decode step emits 1 + the accepted draft tokens; over n
+  sequences of N new tokens (the first from the prefill) the sequence-steps S
+  are counted from the scheduler's steps (the requests each step decodes:
+  probes.step_kind), and ``L = n (N - 1) / S``. Not ``S = n (N - 1) -
+  accepted`` from the counters: vLLM counts the tokens a request's last step
+  accepts past max_tokens, which would undercount S by up to k - 1 steps per
+  request (25% on the batch-1 probe of MTP k = 3, whose L is high), by a
+  different amount in the probe and the rounds;
 - the probe, a run of its own in each engine, PROBE_REPEATS times, alternating
   with the timed rounds (so that probe and rounds see the same load on a shared
   machine), on prompts of its own (:func:`probe_prompts`: windows of the
@@ -25,7 +27,7 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   ragged tail: a 16-token probe was 5-14% off the rounds); the difference is the
   wall time of the decode steps, everything included (worker, engine-core
   scheduling, IPC, output processing), divided by the probe's own sequence-steps
-  per sequence (from the counters around it) gives ``s``, the wall seconds per
+  per sequence gives ``s``, the wall seconds per
   decode step; the medians over the repeats count. ``t1`` and ``P0`` are the
   baseline engine's, ``s(k)`` and ``P(k)`` k's own engine's. Probed per k in k's
   own engine, not interpolated across engines: an engine instance's speed varies
@@ -33,19 +35,21 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   probe and timed rounds share one instance. The worker's own time per decode
   step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps)
   and the rest of the wall step (outside the worker) are reported as detail;
-- acceptance: tokens per sequence-step ``L(k) = n (N - 1) / S(k)`` from the
-  counters k will report, predicted by replaying vLLM's schedule over the
+- acceptance: tokens per sequence-step ``L(k) = n (N - 1) / S(k)``, the steps
+  k will take, predicted by replaying vLLM's schedule over the
   baseline engine's greedy continuations of the timed prompts
   (onboard.speculators.simulate; greedy speculation is lossless, so they are
   every k's continuations too): drafts only at each verification frontier, the
   leading right draft tokens accepted. n-gram drafts come from a replica of
   vLLM's proposer, MTP drafts from the generated reference's heads (the ones
-  vLLM runs); both reproduce the engines' counters exactly. A per-position rate
+  vLLM runs); both reproduce the engines' counters and steps exactly. A
+  per-position rate
   taken from one k does not carry over to another (longer accepted runs skip
   the easy slots between drafts). Methods without a reference drafter (EAGLE-3
   and the other draft models) keep the k = K engine's rates:
   ``L(k) = 1 + f * sum(p_1..p_k)``, ``p_i`` accepted at position i over drafts,
-  ``f`` drafts over sequence-steps;
+  ``f`` drafts over sequence-steps, scaled by L(K) measured over L(K) by that
+  formula (the counters' tokens past max_tokens taken out);
 - predicted time per call of N new tokens: ``P0 + (N - 1) t1`` without
   speculation, ``P(k) + (N - 1) s(k) / L(k)`` with k drafts; predicted speed-up
   their ratio (``t1 * L(k) / s(k)`` when the prefill is negligible); measured
@@ -93,7 +97,7 @@ PROBE_REPEATS = 7
 GREEDY_TOKENS = NEW_TOKENS + K_VALUES[-1] - 1
 # Bumped when Run or how it is measured changes: a saved measurement of another
 # version is retaken.
-FORMAT = 4
+FORMAT = 5
 PROBES = "onboard.speculators.probes"
 
 
@@ -104,6 +108,9 @@ class Run:
     seconds: float
     sequences: int
     calls: int
+    # Sequence-steps per round: the decode steps summed over the requests, counted
+    # from the scheduler's steps (not from the counters: see the module doc).
+    seq_steps: int = 0
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
@@ -138,8 +145,9 @@ class Run:
     greedy: tuple[tuple[int, ...], ...] = ()
 
     @property
-    def seq_steps(self) -> int:
-        return self.sequences * (NEW_TOKENS - 1) - self.accepted
+    def tokens_per_step(self) -> float:
+        """L measured: new tokens (after the prefill's) per sequence-step."""
+        return self.sequences * (NEW_TOKENS - 1) / self.seq_steps
 
     @property
     def spread(self) -> float:
@@ -160,10 +168,14 @@ def step_time_spec(run: Run) -> float:
 def tokens_per_step(kmax: Run, k: int) -> tuple[float, float]:
     """(L(k), f): the mean tokens per step a draft length ``k`` is predicted to
     emit from the k = K run's per-position acceptance, and the share of steps
-    that had a draft."""
+    that had a draft: ``1 + f * sum(p_1..p_k)``, scaled by the k = K run's
+    measured L over that formula's L(K). The counters include the tokens a
+    request's last step accepts past max_tokens (onboard.speculators.simulate),
+    which take no step; the scale takes their share out."""
     rates = [c / kmax.drafts if kmax.drafts else 0.0 for c in kmax.accepted_per_pos]
     f = kmax.drafts / kmax.seq_steps if kmax.seq_steps else 0.0
-    return 1 + f * sum(rates[:k]), f
+    counted = 1 + f * sum(rates)
+    return (1 + f * sum(rates[:k])) * kmax.tokens_per_step / counted, f
 
 
 def predict(
@@ -189,8 +201,7 @@ def predict(
         rates = rates[:k]
     else:
         length = simulated.tokens_per_step
-        steps = simulated.nominal_steps
-        f = simulated.drafts / steps if steps else 0.0
+        f = simulated.drafts / simulated.steps if simulated.steps else 0.0
         rates = [c / simulated.drafts if simulated.drafts else 0.0
                  for c in simulated.accepted_per_pos]  # fmt: skip
     base_call = base.probe_prefill_s + (NEW_TOKENS - 1) * t1
@@ -245,10 +256,11 @@ def group_steps(records) -> list[dict[str, Any]]:
     """Group the worker's timed calls (probes.step_timings, in completion order:
     the forward ends inside execute_model, sampling and drafting inside
     sample_tokens) into steps: {method: seconds, "tokens": target tokens,
-    "drafts": draft tokens verified, "kind": probes.step_kind}."""
+    "drafts": draft tokens verified, "kind" and "decoding" (requests decoded):
+    probes.step_kind}."""
     steps: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
-    for name, seconds, tokens, kind in records:
+    for name, seconds, tokens, kind, decoding in records:
         if name in ("_model_forward", "execute_model") and "execute_model" in current:
             current = {}  # a step without sampling (nothing scheduled): not a step
         current[name] = current.get(name, 0.0) + seconds
@@ -257,6 +269,7 @@ def group_steps(records) -> list[dict[str, Any]]:
         if name == "execute_model":
             current["kind"] = kind
             current["drafts"] = tokens
+            current["decoding"] = decoding
         if name == "sample_tokens":
             steps.append(current)
             current = {}
@@ -314,8 +327,7 @@ def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
     full = _timed(engine, chunks, PROBE_TOKENS)
     steps = group_steps(engine.rpc(step_timings))
     after = _counters(engine)
-    accepted = _delta(after, before, "num_accepted_tokens")
-    seq_steps = sequences * (PROBE_TOKENS - 1) - accepted
+    seq_steps = sum(x.get("decoding", 0) for x in steps)
     decode = full - prefill
     return {
         "wall_step_s": decode * sequences / calls / seq_steps,
@@ -326,7 +338,7 @@ def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
         "prefill_s": prefill,
         "full_s": full,
         "seq_steps": seq_steps,
-        "accepted": accepted,
+        "accepted": _delta(after, before, "num_accepted_tokens"),
         "drafts": _delta(after, before, "num_drafts"),
         "prefill_steps": len(prefill_steps),
         "prefill_worker_s": sum(_step_s(x) for x in prefill_steps),
@@ -425,7 +437,7 @@ def measure(
                 chunk, temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True
             )["outputs"]
         )
-        probes, rounds, steps, rounds_raw = [], [], [], []
+        probes, rounds, steps, rounds_raw, seq_steps = [], [], [], [], []
         counted = dict.fromkeys(COUNTED, 0)
         per_pos: list[int] = []
         for i in range(max(REPEATS, PROBE_REPEATS)):
@@ -449,11 +461,13 @@ def measure(
                 for j, (a, b) in enumerate(zip(pos_after, pos_before, strict=True))
             ]
             steps += only_decode(all_steps)
+            seq_steps.append(sum(x.get("decoding", 0) for x in all_steps))
             rounds_raw.append({"seconds": rounds[-1], **_step_counts(all_steps)})
         runs[band] = Run(
             seconds=_median(rounds),
             sequences=batch * calls,
             calls=calls,
+            seq_steps=round(_median(seq_steps)),
             drafts=round(counted["num_drafts"] / REPEATS),
             draft_tokens=round(counted["num_draft_tokens"] / REPEATS),
             accepted=round(counted["num_accepted_tokens"] / REPEATS),
@@ -593,9 +607,7 @@ def tune_method(
                 num_drafts=run.drafts,
                 num_draft_tokens=run.draft_tokens,
                 num_accepted_tokens=run.accepted,
-                measured_tokens_per_step=run.sequences
-                * (NEW_TOKENS - 1)
-                / run.seq_steps,
+                measured_tokens_per_step=run.tokens_per_step,
                 # Greedy speculation is lossless: the same continuation as the
                 # baseline's (what the simulation replays).
                 lossless=run.greedy == base[band].greedy,
