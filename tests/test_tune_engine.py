@@ -73,7 +73,10 @@ def test_probe_times_every_decode_step(runs):
         assert len(run.probe_walls) == PROBE_REPEATS
         assert 0 < run.probe_wall_step_s < run.seconds
         assert 0 < run.probe_prefill_s < run.seconds
-        assert run.probe_engine_step_s > run.probe_step_s
+        # (Totals, not the medians: the median worker step can be a drafted one,
+        # dearer than the average engine step.)
+        for x in run.probe_raw:
+            assert x["full_s"] - x["prefill_s"] > x["decode_worker_s"] > 0
         assert run.probe_tokens_per_step >= 1
         # A decode step's forward verifies at most batch x (1 + k) tokens, and
         # n-gram drafted somewhere (more than one token per sequence).
