@@ -27,8 +27,8 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   ragged tail: a 16-token probe was 5-14% off the rounds); the difference is the
   wall time of the decode steps, everything included (worker, engine-core
   scheduling, IPC, output processing), divided by the probe's own sequence-steps
-  per sequence gives ``s``, the wall seconds per
-  decode step; the medians over the repeats count. ``t1`` and ``P0`` are the
+  per sequence gives ``s``, the wall seconds per decode step; the medians over
+  the repeats count. ``t1`` and ``P0`` are the
   baseline engine's, ``s(k)`` and ``P(k)`` k's own engine's. Probed per k in k's
   own engine, not interpolated across engines: an engine instance's speed varies
   by about 15% on a shared 2-core machine (vLLM pins its thread to core 0);
@@ -36,17 +36,17 @@ Cost model (what is predicted from what; ``predict`` is the pure function):
   step (execute_model + sample_tokens, timed inside vLLM by probes.time_steps)
   and the rest of the wall step (outside the worker) are reported as detail;
 - acceptance: tokens per sequence-step ``L(k) = n (N - 1) / S(k)``, the steps
-  k will take, predicted by replaying vLLM's schedule over the
-  baseline engine's greedy continuations of the timed prompts
+  k will take, predicted by replaying vLLM's schedule over the baseline
+  engine's greedy continuations of the timed prompts
   (onboard.speculators.simulate; greedy speculation is lossless, so they are
   every k's continuations too): drafts only at each verification frontier, the
   leading right draft tokens accepted. n-gram drafts come from a replica of
   vLLM's proposer, MTP drafts from the generated reference's heads (the ones
   vLLM runs); both reproduce the engines' counters and steps exactly. A
-  per-position rate
-  taken from one k does not carry over to another (longer accepted runs skip
-  the easy slots between drafts). Methods without a reference drafter (EAGLE-3
-  and the other draft models) keep the k = K engine's rates:
+  per-position rate taken from one k does not carry over to another (longer
+  accepted runs skip the easy slots between drafts). Methods without a
+  reference drafter (EAGLE-3 and the other draft models) keep the k = K
+  engine's rates:
   ``L(k) = 1 + f * sum(p_1..p_k)``, ``p_i`` accepted at position i over drafts,
   ``f`` drafts over sequence-steps, scaled by L(K) measured over L(K) by that
   formula (the counters' tokens past max_tokens taken out);
