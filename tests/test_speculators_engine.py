@@ -3,7 +3,7 @@ speculators-format head, accepts its drafts on prompts never used in training fa
 more often than the untrained head's, and the output equals the output without
 speculation (lossless).
 
-One fixture per model does the work (tiny checkpoint, a few minutes of training,
+One fixture per model does the work (tiny checkpoint, about a minute of training,
 three engines: trained head, untrained head, no speculation); the tests read its
 report. The numbers go to docs/speculators.md.
 """
@@ -19,7 +19,7 @@ from onboard.spec import load_spec
 from onboard.speculators.tiny_draft import evaluate_tiny_eagle3
 
 ROOT = Path(__file__).resolve().parents[1]
-# Six engine starts and a few minutes of training: part of `make test-all`.
+# Six engine starts and two trainings: part of `make test-all`.
 pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 
 
@@ -42,18 +42,20 @@ def test_vllm_runs_the_head_on_the_target(report):
 
 
 def test_trained_head_is_accepted_on_held_out_prompts(report):
-    # Measured (docs/speculators.md): 0.14-0.29 first-position acceptance after
-    # 130-600 steps, 0.00-0.01 untrained. The issue's goal of 0.5 is not reached
-    # in a few CPU minutes; these bounds are what the default budget gives.
+    # The issue's goal: first-position acceptance >= 0.5 on prompts not used for
+    # training, beside the random head's. Measured (docs/speculators.md): 0.56
+    # (DeepSeek-V3-style, bf16) and 0.53 (dense-gqa, fp32), mean acceptance length
+    # 2.33-2.34, against 0.00-0.01 (1.00-1.01) for the untrained head.
     trained = report["trained"]["acceptance_rate_per_position"]
     untrained = report["untrained"]["acceptance_rate_per_position"]
     assert untrained[0] < 0.05, report["untrained"]
-    assert trained[0] >= 0.1, report["trained"]
-    assert trained[0] >= 5 * untrained[0] + 0.05
+    assert trained[0] >= 0.5, report["trained"]
     assert (
         report["trained"]["mean_acceptance_length"]
-        >= report["untrained"]["mean_acceptance_length"] + 0.15
+        >= report["untrained"]["mean_acceptance_length"] + 1.0
     )
+    # The head kept is the one chosen on validation prompts, scored as vLLM drafts.
+    assert report["training"]["validation_decoded_kept"]["per_position"][0] >= 0.3
 
 
 def test_lossless(report):
