@@ -552,8 +552,9 @@ def train_eagle3_head(
     log=lambda _m: None,
 ) -> dict[str, Any]:
     """Train an EAGLE-3 head for the checkpoint ``model_dir`` (of ``spec``, e.g. the
-    tiny checkpoint's spec.yaml) and save it to ``out_dir``; the same head before
-    training goes to ``untrained_dir`` when given. Returns the training report."""
+    tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
+    initial weights (before the prior and training: the baseline that accepts
+    nothing) go to ``untrained_dir`` when given. Returns the training report."""
     import torch
     from transformers import AutoTokenizer
 
