@@ -118,18 +118,16 @@ def _observe(entries: list[_Entry], memory: mmap.mmap) -> None:
 
     flags = len(memory) - 1 - len(entries)
     stop = len(memory) - 1
+    files: dict[Path, mmap.mmap] = {}
     for i, e in enumerate(entries):
         if memory[stop]:
             return
-        # One weight mapped at a time (the memory bound counts mapped pages).
-        base = e.tensor.start - e.tensor.start % mmap.ALLOCATIONGRANULARITY
-        with open(e.path, "rb") as f:
-            source = mmap.mmap(
-                f.fileno(), e.tensor.end - base, access=mmap.ACCESS_READ, offset=base
-            )
+        if e.path not in files:
+            with open(e.path, "rb") as f:
+                files[e.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         rows, cols = e.tensor.shape
         bits = np.frombuffer(
-            source, np.uint16, rows * cols, e.tensor.start - base
+            files[e.path], np.uint16, rows * cols, e.tensor.start
         ).reshape(rows, cols)
         out = np.frombuffer(memory, np.uint16, rows * cols // GROUP, e.offset)
         out = out.reshape(rows, cols // GROUP)
@@ -145,6 +143,5 @@ def _observe(entries: list[_Entry], memory: mmap.mmap) -> None:
                 half = a.shape[-1] // 2
                 a = np.maximum(a[..., :half], a[..., half:])
             np.maximum(a[..., 0], a[..., 1], out=out[r : r + n])
-        del bits, out  # (the views of the mapping, before closing it)
-        source.close()
+        del bits, out
         memory[flags + i] = 1
