@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onboard.errors import InputError
-from onboard.quantize import prescan
-from onboard.quantize.plan import weights_to_quantize
 from onboard.quantize.schemes import SCHEMES, get_scheme
 
 if TYPE_CHECKING:
@@ -66,6 +64,12 @@ def quantize_checkpoint(
     complete. A run interrupted for any reason resumes where it stopped when
     called again with the same arguments. Bad input raises InputError.
     """
+    from onboard.quantize.ct_import import import_compressed_tensors
+    from onboard.quantize.plan import make_plan
+    from onboard.quantize.run import execute
+
+    import_compressed_tensors()  # before anything imports it the slow way
+
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     sch = get_scheme(scheme)
     if not model_dir.is_dir():
@@ -77,31 +81,6 @@ def quantize_checkpoint(
     if Path(out_dir).resolve() == Path(model_dir).resolve():
         raise InputError(f"{out_dir}: the output cannot be the input directory")
     resolved = resolve_spec(model_dir, spec)
-    # Observe the weights while torch and compressed-tensors import (a second
-    # of one core), in a process forked before them.
-    observer = None
-    if sch.name in prescan.SCHEMES:
-        weights = weights_to_quantize(model_dir, resolved, include_mtp=include_mtp)
-        observer = prescan.start(weights)
-    try:
-        return _quantize(
-            model_dir, sch, out_dir, resolved, observer, workers, include_mtp,
-            progress, log, calibration_samples, calibration_seq_len,
-        )  # fmt: skip
-    finally:
-        if observer is not None:
-            observer.finish()  # (stops and reaps it, also after an error)
-
-
-def _quantize(
-    model_dir, sch, out_dir, resolved, observer, workers, include_mtp, progress, log,
-    calibration_samples, calibration_seq_len,
-) -> Path:  # fmt: skip
-    from onboard.quantize.ct_import import import_compressed_tensors
-    from onboard.quantize.plan import make_plan
-    from onboard.quantize.run import execute
-
-    import_compressed_tensors()  # before anything imports it the slow way
     plan = make_plan(model_dir, resolved, sch, include_mtp=include_mtp)
     for warning in plan.warnings:
         (log or (lambda msg: None))(f"warning: {warning}")
@@ -131,5 +110,4 @@ def _quantize(
         calibration=calibration,
         progress=progress,
         log=log or (lambda msg: None),
-        prescan=observer,
     )

@@ -129,23 +129,6 @@ def observe(
     return mn, mx
 
 
-def observed(maxima16: torch.Tensor, scheme: Scheme) -> _AbsMax:
-    """What ``observe`` returns for an FP4 scheme (its fast path), from the
-    weight's largest magnitude per 16 values (onboard.quantize.prescan): the
-    scheme's group of 16 m values takes the largest of m."""
-    args = scheme.ct_scheme.weights
-    if not (args.symmetric and args.strategy in ("group", "tensor_group")):
-        raise AssertionError(f"{scheme.name}: not observed by group maxima")
-    int_dtype, _ = _BITS[maxima16.dtype]
-    bits = maxima16.view(int_dtype)
-    if args.group_size != 16:
-        bits = bits.unflatten(-1, (-1, args.group_size // 16)).amax(-1)
-    mx = bits.view(maxima16.dtype)
-    if not torch.isfinite(mx).all():
-        raise NonFiniteWeights("NaN or infinite values")
-    return _AbsMax((-mx, mx))
-
-
 def observes_by_block(scheme: Scheme, dtype: torch.dtype) -> bool:
     """Whether ``quantize_weight`` observes the weight itself, row block by row
     block (one symmetric scale per row, nothing shared across rows: fp8-dynamic),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from onboard.errors import InputError
 from onboard.quantize import st_io
+from onboard.quantize.kernels import output_tensors
 from onboard.quantize.schemes import Scheme
 from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES
 from onboard.spec.model import ModelSpec
@@ -198,27 +199,21 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
     return shards, config
 
 
-@dataclass(frozen=True)
-class _Verdict:
-    """What the spec says of one tensor: ``kept`` is why it is copied unchanged,
-    None if it is quantized."""
-
-    shard: ShardPlan
-    tensor: st_io.TensorInfo
-    module: str
-    role: str | None
-    match: re.Match | None
-    layer: int | None
-    linear: bool
-    kept: str | None
-
-
-def _verdicts(shards: list[ShardPlan], spec: ModelSpec, include_mtp: bool):
+def make_plan(
+    model_dir: Path, spec: ModelSpec, scheme: Scheme, *, include_mtp: bool = False
+) -> Plan:
+    shards, config = read_checkpoint(model_dir)
     patterns = _role_patterns(spec)
     mark_roles, mark_paths, mark_regexes = _marks(spec)
     n_layers = spec.num_hidden_layers
+    quantized: dict[str, Quantized] = {}
+    kept: dict[str, str] = {}
+    ignore: set[str] = {spec.tensor_path("lm_head")}
+    tensor_shard: dict[str, str] = {}
+
     for shard in shards:
         for t in shard.tensors:
+            tensor_shard[t.name] = shard.name
             module, _, param = t.name.rpartition(".")
             role, match = _match(patterns, module)
             layer = (
@@ -244,50 +239,22 @@ def _verdicts(shards: list[ShardPlan], spec: ModelSpec, include_mtp: bool):
                 or any(rx.search(module) for rx in mark_regexes)
             ):
                 why = "spec keep_unquantized"
-            yield _Verdict(shard, t, module, role, match, layer, linear, why)
-
-
-def weights_to_quantize(
-    model_dir: Path, spec: ModelSpec, *, include_mtp: bool = False
-) -> list[tuple[Path, st_io.TensorInfo]]:
-    """(shard file, tensor) of every weight ``make_plan`` will quantize, from the
-    headers and the spec alone (without importing torch: onboard.quantize.prescan)."""
-    shards, _ = read_checkpoint(model_dir)
-    return [
-        (v.shard.path, v.tensor)
-        for v in _verdicts(shards, spec, include_mtp)
-        if v.kept is None
-    ]
-
-
-def make_plan(
-    model_dir: Path, spec: ModelSpec, scheme: Scheme, *, include_mtp: bool = False
-) -> Plan:
-    from onboard.quantize.kernels import output_tensors
-
-    shards, config = read_checkpoint(model_dir)
-    quantized: dict[str, Quantized] = {}
-    kept: dict[str, str] = {}
-    ignore: set[str] = {spec.tensor_path("lm_head")}
-    tensor_shard: dict[str, str] = {}
-
-    for v in _verdicts(shards, spec, include_mtp):
-        t, role, module = v.tensor, v.role, v.module
-        tensor_shard[t.name] = v.shard.name
-        if v.kept is not None:
-            kept[t.name] = v.kept
-            if v.linear and (role is None or role in LINEAR_ROLES + KEPT_LINEAR_ROLES):
-                if role != "embed":
-                    ignore.add(module)
-            continue
-        _check_quantizable(t, v.shard, scheme, role)
-        fused_key = None
-        if scheme.global_scale:
-            for members in FUSED_SETS:
-                if role in members:
-                    # Same layer (and expert): the key drops the role.
-                    fused_key = (members, tuple(sorted(v.match.groupdict().items())))
-        quantized[t.name] = Quantized(module, role, v.layer, t, v.shard.name, fused_key)
+            if why is not None:
+                kept[t.name] = why
+                if linear and (
+                    role is None or role in LINEAR_ROLES + KEPT_LINEAR_ROLES
+                ):
+                    if role != "embed":
+                        ignore.add(module)
+                continue
+            _check_quantizable(t, shard, scheme, role)
+            fused_key = None
+            if scheme.global_scale:
+                for members in FUSED_SETS:
+                    if role in members:
+                        # Same layer (and expert): the key drops the role.
+                        fused_key = (members, tuple(sorted(match.groupdict().items())))
+            quantized[t.name] = Quantized(module, role, layer, t, shard.name, fused_key)
 
     if not quantized:
         raise InputError(

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -30,9 +31,7 @@ from onboard.errors import InputError
 from onboard.fsutil import atomic_write_text
 from onboard.quantize import st_io
 from onboard.quantize.plan import INDEX_FILE, Plan, ShardPlan
-from onboard.quantize.prescan import Prescan
 from onboard.quantize.schemes import quantization_config
-from onboard.quantize.worker import die_with_parent
 
 STATE_FILE = "state.json"
 MANIFEST_FILE = "onboard-quantize.json"
@@ -99,11 +98,7 @@ def execute(
     calibration: Callable[[], dict[str, float]] | None,
     progress: bool,
     log: Callable[[str], None],
-    prescan: Prescan | None = None,
 ) -> Path:
-    """Run ``plan`` into ``out_dir`` (see the module doc); ``prescan``: the
-    weights' observer started before the imports, stopped here just before the
-    workers start (onboard.quantize.prescan)."""
     out_dir = Path(out_dir)
     partial = out_dir.with_name(f".{out_dir.name}.partial")
     lock_path = out_dir.with_name(f".{out_dir.name}.lock")
@@ -117,15 +112,7 @@ def execute(
             ) from None
         try:
             result = _execute_locked(
-                plan,
-                out_dir,
-                partial,
-                options,
-                workers,
-                calibration,
-                progress,
-                log,
-                prescan,
+                plan, out_dir, partial, options, workers, calibration, progress, log
             )
         finally:
             lock_path.unlink(missing_ok=True)
@@ -133,7 +120,7 @@ def execute(
 
 
 def _execute_locked(
-    plan, out_dir, partial, options, workers, calibration, progress, log, prescan
+    plan, out_dir, partial, options, workers, calibration, progress, log
 ):
     fp = fingerprint(plan, options)
     state = _load_state(partial, fp, log)
@@ -168,7 +155,6 @@ def _execute_locked(
             calib=state["calibration"],
             tasks=tasks,
             offsets=offsets,
-            maxima=prescan.finish() if prescan else {},
         )
         n = workers or default_workers(pending, len(tasks))
         for name, size, sha in _run(pending, n, progress):
@@ -219,7 +205,11 @@ def _save_state(partial: Path, state: dict) -> None:
 def _init_worker(progress_queue, threads: int) -> None:
     global _PROGRESS
     _PROGRESS = progress_queue
-    die_with_parent()
+    # Die with the parent: an orphan must not keep writing into the partial dir.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
     if os.getppid() == 1:
         os._exit(1)
     import torch
@@ -273,7 +263,6 @@ def _unit(item: tuple[str, int | str], report: Callable[[int], None]):
         _JOB["offsets"],
         _JOB["calib"],
         report,
-        _JOB["maxima"],
     )
 
 

@@ -71,18 +71,6 @@ def make_tasks(plan: Plan, pending: list[str]) -> list[Task]:
     return tasks
 
 
-def die_with_parent() -> None:
-    """Have the kernel kill this forked process when its parent dies: an orphan
-    must not keep working (or writing into the partial directory)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 def temp_path(partial: Path, shard: str) -> Path:
     return partial / f"{shard}.tmp"
 
@@ -94,10 +82,8 @@ def run_task(
     offsets: dict[str, dict[str, int]],
     calib: dict[str, float] | None,
     report: Callable[[int], None],
-    maxima: dict | None = None,
 ) -> list[tuple[str, str]]:
-    """Do ``task``; return the (shard, output tensor) pairs it wrote. ``maxima``:
-    weights already observed (onboard.quantize.prescan)."""
+    """Do ``task``; return the (shard, output tensor) pairs it wrote."""
     from onboard.quantize import kernels
 
     scheme = plan.scheme
@@ -146,8 +132,6 @@ def run_task(
             if kernels.observes_by_block(scheme, w.dtype):
                 return w, None  # observed while quantized (fp8-dynamic)
             try:
-                if maxima and name in maxima:
-                    return w, kernels.observed(maxima[name], scheme)
                 return w, kernels.observe(w, scheme)
             except kernels.NonFiniteWeights:
                 raise non_finite(name) from None
