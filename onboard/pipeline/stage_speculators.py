@@ -24,9 +24,10 @@ from onboard.fsutil import atomic_directory
 from onboard.spec import load_spec
 from onboard.speculators import write_speculators
 
-# Seconds of EAGLE-3 training on the tiny checkpoint (plus about a minute of data
-# collection): measured mean acceptance length 1.33-1.38 after 150-200 s, 1.68
-# after 600 s (docs/speculators.md); --full trains longer.
+# Upper bound on the seconds of EAGLE-3 training on the tiny checkpoint (after
+# 10-15 s of data collection): the head starts from its induction prior and stops
+# at eagle3.MAX_STEPS, 45-115 s here; held-out mean acceptance length 2.34 at k=3
+# (docs/speculators.md). --full allows longer.
 TRAIN_BUDGET_S = 180.0
 TRAIN_BUDGET_FULL_S = 600.0
 NUM_SPECULATIVE_TOKENS = 3
