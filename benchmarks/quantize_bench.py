@@ -7,10 +7,12 @@ On one ~1 GB bf16 checkpoint in two shards (benchmarks/make_checkpoint.py, made 
 first use in DIR), each command is run as a user runs it, as a fresh process
 (imports included), the commands in turn (A B C ... A B C ...), ``--runs`` rounds
 after ``--warmup`` untimed ones.
-Per command: median wall seconds, GB/s (input bytes / wall seconds), and the peak
-of the whole process tree's proportional set size (PSS, sampled every 50 ms;
-forked pages count once), which is what the memory bound of docs/quantize.md is
-about.
+Per command: median wall seconds, GB/s (input bytes / wall seconds), the largest
+process's peak RSS (timed rounds), and the peak of the whole process tree's
+proportional set size (PSS, sampled every 50 ms in the warm-up rounds, not the
+timed ones: the sampler's reads of every process's smaps slow a command of
+several processes more than one of a single process; forked pages count once),
+which is what the memory bound of docs/quantize.md is about.
 
 Commands:
   onboard-<scheme>          .venv/bin/onboard quantize ... --scheme <scheme>
@@ -30,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,7 +89,13 @@ def tree_pss(root: psutil.Process) -> int:
     return total
 
 
-def run_once(cmd: list[str], out_dir: Path) -> dict:
+def run_once(cmd: list[str], out_dir: Path, sample_memory: bool = False) -> dict:
+    """One run of ``cmd``: its wall seconds and the largest process's peak RSS;
+    with ``sample_memory``, also the peak PSS of its whole process tree, sampled
+    every 50 ms. The sampler reads every process's smaps (a few ms each, on the
+    same cores), which slows a command of several processes more than one of a
+    single process: so the timed rounds run without it, and the tree's memory is
+    taken in the untimed warm-up rounds."""
     shutil.rmtree(out_dir, ignore_errors=True)
     for stray in out_dir.parent.glob(f".{out_dir.name}.*"):
         shutil.rmtree(stray, ignore_errors=True)
@@ -95,16 +104,32 @@ def run_once(cmd: list[str], out_dir: Path) -> dict:
     os.sync()
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    ps = psutil.Process(proc.pid)
-    peak_pss = 0
-    while proc.poll() is None:
-        peak_pss = max(peak_pss, tree_pss(ps))
-        time.sleep(0.05)
+    # Drained by a thread (a full pipe would block the command); its end of file
+    # comes once every process holding the pipe has exited, so the next command
+    # does not start beside this one's lingering children (llm-compressor's).
+    errors: list[bytes] = []
+    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()))
+    reader.start()
+    peak_pss = peak_rss = 0
+    if sample_memory:
+        ps = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            peak_pss = max(peak_pss, tree_pss(ps))
+            time.sleep(0.05)
+    else:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak_rss = usage.ru_maxrss * 1024  # the largest process (KiB)
     wall = time.monotonic() - start
-    err = proc.stderr.read().decode(errors="replace")
+    reader.join()
+    err = errors[0].decode(errors="replace")
+    # Removed at once, so that every command starts with the same page cache (not
+    # with the outputs of the commands before it in the round).
+    shutil.rmtree(out_dir, ignore_errors=True)
     return {
         "wall_s": wall,
         "peak_tree_pss": peak_pss,
+        "peak_rss": peak_rss,
         "rc": proc.returncode,
         "stderr_tail": err[-2000:] if proc.returncode else "",
     }
@@ -138,7 +163,9 @@ def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None
     return ratios
 
 
-def make_report(results: dict[str, list[dict]], size: int, largest: int) -> dict:
+def make_report(
+    results: dict[str, list[dict]], memory: dict[str, int], size: int, largest: int
+) -> dict:
     table = []
     for name, runs in results.items():
         ok = [x for x in runs if x["rc"] == 0]
@@ -154,9 +181,8 @@ def make_report(results: dict[str, list[dict]], size: int, largest: int) -> dict
                 "min_s": round(min(x["wall_s"] for x in ok), 2),
                 "max_s": round(max(x["wall_s"] for x in ok), 2),
                 "gb_per_s": round(size / 1e9 / wall, 3),
-                "peak_tree_pss_gib": round(
-                    max(x["peak_tree_pss"] for x in ok) / 2**30, 2
-                ),
+                "peak_tree_pss_gib": round(memory.get(name, 0) / 2**30, 2),
+                "peak_rss_gib": round(max(x["peak_rss"] for x in ok) / 2**30, 2),
             }
         )
     return {
@@ -185,12 +211,15 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/onboard-quantize-bench"))
     ap.add_argument("--runs", type=int, default=3)
     # An untimed first round per command: the page cache holds the input and the
-    # imported libraries afterwards, as it does for every timed round after it.
+    # imported libraries afterwards, as it does for every timed round after it;
+    # the process tree's memory is sampled in it (see run_once).
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--preset", default="1gb", help="checkpoint size (1gb, small)")
     ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
+    if args.warmup < 1:
+        ap.error("--warmup must be at least 1 (the memory is sampled there)")
 
     ckpt = args.dir / "bf16"
     if not (ckpt / "model.safetensors.index.json").exists():
@@ -205,10 +234,16 @@ def main() -> None:
     if args.only:
         cmds = {k: v for k, v in cmds.items() if k in args.only}
 
+    memory: dict[str, int] = {}
     for r in range(args.warmup):
         for name, cmd in cmds.items():
-            res = run_once(cmd, out / name)
-            print(f"warm-up {r + 1} {name}: {res['wall_s']:.1f} s", file=sys.stderr)
+            res = run_once(cmd, out / name, sample_memory=True)
+            memory[name] = max(memory.get(name, 0), res["peak_tree_pss"])
+            print(
+                f"warm-up {r + 1} {name}: {res['wall_s']:.1f} s, tree PSS "
+                f"{res['peak_tree_pss'] / 2**30:.2f} GiB",
+                file=sys.stderr,
+            )
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
 
@@ -221,8 +256,8 @@ def main() -> None:
             results[name].append(res)
             status = "ok" if res["rc"] == 0 else f"FAILED rc={res['rc']}"
             print(
-                f"round {r + 1} {name}: {res['wall_s']:.1f} s, tree PSS "
-                f"{res['peak_tree_pss'] / 2**30:.2f} GiB, {status}",
+                f"round {r + 1} {name}: {res['wall_s']:.2f} s, peak RSS "
+                f"{res['peak_rss'] / 2**30:.2f} GiB, {status}",
                 file=sys.stderr,
             )
             if res["rc"]:
@@ -230,22 +265,27 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         if args.json:  # after every round: a cut-short run keeps what it measured
-            args.json.write_text(json.dumps(make_report(results, size, largest)))
+            report = make_report(results, memory, size, largest)
+            args.json.write_text(json.dumps(report))
 
-    report = make_report(results, size, largest)
+    report = make_report(results, memory, size, largest)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text)
     print(text)
-    print("\n| command | median s | min-max s | GB/s | peak tree PSS GiB |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "\n| command | median s | min-max s | GB/s | peak RSS GiB (largest process)"
+        " | peak tree PSS GiB (warm-up) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for row in report["results"]:
         if row.get("failed"):
-            print(f"| {row['command']} | failed | | | |")
+            print(f"| {row['command']} | failed | | | | |")
             continue
         print(
             f"| {row['command']} | {row['median_s']} | {row['min_s']}-{row['max_s']} "
-            f"| {row['gb_per_s']} | {row['peak_tree_pss_gib']} |"
+            f"| {row['gb_per_s']} | {row['peak_rss_gib']} | "
+            f"{row['peak_tree_pss_gib']} |"
         )
 
 
