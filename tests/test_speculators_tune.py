@@ -18,6 +18,7 @@ from onboard.speculators.tune import (
     predict,
     predict_linear,
     render,
+    sequence_steps,
     step_time_baseline,
     step_time_spec,
 )
@@ -148,7 +149,7 @@ def test_decode_steps_keep_only_decode_steps():
     steps = decode_steps(records)
     assert [s["tokens"] for s in steps] == [24, 20]
     # The sequence-steps: every request decoded, the mixed step's too.
-    assert sum(s.get("decoding", 0) for s in group_steps(records)) == 5 + 8 + 6
+    assert sequence_steps(group_steps(records)) == 5 + 8 + 6
     assert steps[0]["execute_model"] + steps[0]["sample_tokens"] == pytest.approx(0.08)
     assert [s["kind"] for s in group_steps(records)] == [
         "prefill", "mixed", "decode", "decode"]  # fmt: skip

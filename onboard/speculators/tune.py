@@ -289,6 +289,12 @@ def only_decode(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in steps if s.get("kind") == "decode"]
 
 
+def sequence_steps(steps: list[dict[str, Any]]) -> int:
+    """The sequence-steps of grouped steps: the requests each one decoded (mixed
+    steps included), as the scheduler ran them."""
+    return sum(x.get("decoding", 0) for x in steps)
+
+
 def _median(values) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -327,7 +333,7 @@ def probe_once(engine: Engine, chunks, sequences: int) -> dict[str, float]:
     full = _timed(engine, chunks, PROBE_TOKENS)
     steps = group_steps(engine.rpc(step_timings))
     after = _counters(engine)
-    seq_steps = sum(x.get("decoding", 0) for x in steps)
+    seq_steps = sequence_steps(steps)
     decode = full - prefill
     return {
         "wall_step_s": decode * sequences / calls / seq_steps,
@@ -461,7 +467,7 @@ def measure(
                 for j, (a, b) in enumerate(zip(pos_after, pos_before, strict=True))
             ]
             steps += only_decode(all_steps)
-            seq_steps.append(sum(x.get("decoding", 0) for x in all_steps))
+            seq_steps.append(sequence_steps(all_steps))
             rounds_raw.append({"seconds": rounds[-1], **_step_counts(all_steps)})
         runs[band] = Run(
             seconds=_median(rounds),
