@@ -23,17 +23,15 @@ __all__ = ["SCHEMES", "quantize_checkpoint"]
 def own_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelSpec | None:
     """The spec given, else the checkpoint's own spec.yaml, else None (a checkpoint
     as transformers saved it: its layout is read from its names, see layout.py)."""
-    from onboard.spec import load_spec
-    from onboard.spec.model import ModelSpec
+    if spec is None:
+        spec = Path(model_dir) / "spec.yaml"
+        if not spec.is_file():
+            return None  # (without importing the schema: see onboard.spec)
+    if isinstance(spec, str | Path):
+        from onboard.spec import load_spec
 
-    if isinstance(spec, ModelSpec):
-        return spec
-    if spec is not None:
         return load_spec(Path(spec))
-    own = Path(model_dir) / "spec.yaml"
-    if own.is_file():
-        return load_spec(own)
-    return None
+    return spec
 
 
 def _preflight(spec: ModelSpec, model_dir: Path) -> None:
