@@ -1,11 +1,15 @@
-"""Write a random Llama-style bf16 checkpoint of a chosen size, with its onboard spec.
+"""Write a random Llama-style bf16 checkpoint of a chosen size.
 
     python benchmarks/make_checkpoint.py OUT_DIR [--preset 1gb|small] [--shards N]
+        [--transformers]
 
 ``1gb`` (the benchmark's checkpoint): hidden 2048, 8 layers, MLP 5632, vocab 32000,
-GQA 16/8 heads: 508M parameters, 1.02 GB in bf16, in two shards. The files are
-what ``save_pretrained`` writes for a LlamaForCausalLM (config.json, safetensors
-shards, index) plus ``spec.yaml``, deterministic from the seed.
+GQA 16/8 heads: 508M parameters, 1.02 GB in bf16, in two shards. By default the
+files are onboard's own: the tensors and config.json of a LlamaForCausalLM plus
+``spec.yaml``, deterministic from the seed. ``--transformers`` writes the
+checkpoint a user has instead: transformers' own LlamaForCausalLM, randomly
+initialised and saved with ``save_pretrained`` (its config.json says ``dtype``,
+there is no spec.yaml).
 """
 
 from __future__ import annotations
@@ -140,16 +144,55 @@ def write_llama_checkpoint(
     return out
 
 
+def write_transformers_checkpoint(
+    out: Path,
+    *,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    vocab: int,
+    heads: int,
+    kv: int,
+    shards: int = 2,
+    seed: int = 0,
+) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    # save_pretrained cuts a shard once it would exceed this: `shards` files.
+    model.save_pretrained(out, max_shard_size=total // shards + (1 << 20))
+    return Path(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="1gb")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--transformers", action="store_true", help=(
+        "transformers' save_pretrained output (no spec.yaml)"))  # fmt: skip
     args = ap.parse_args()
-    write_llama_checkpoint(
-        args.out, shards=args.shards, seed=args.seed, **PRESETS[args.preset]
+    write = (
+        write_transformers_checkpoint if args.transformers else write_llama_checkpoint
     )
+    write(args.out, shards=args.shards, seed=args.seed, **PRESETS[args.preset])
     print(f"wrote {args.out}")
 
 

@@ -1,12 +1,16 @@
 """Benchmark `onboard quantize` against llm-compressor and a plain read+write.
 
     .venv/bin/python benchmarks/quantize_bench.py [--dir DIR] [--runs 3] [--warmup 1]
-        [--only NAME ...] [--json OUT.json]
+        [--checkpoints transformers onboard] [--only NAME ...] [--json OUT.json]
 
-On one ~1 GB bf16 checkpoint in two shards (benchmarks/make_checkpoint.py, made on
-first use in DIR), each command is run as a user runs it, as a fresh process
+On two ~1 GB bf16 checkpoints of the same Llama architecture in two shards
+(benchmarks/make_checkpoint.py, made on first use in DIR): ``transformers``, as a
+user has it (transformers' model saved with ``save_pretrained``: no spec.yaml,
+``dtype`` in config.json) and ``onboard``, onboard's own (with its spec.yaml).
+Each command is run on each checkpoint as a user runs it, as a fresh process
 (imports included), the commands in turn (A B C ... A B C ...), ``--runs`` rounds
-after ``--warmup`` untimed ones.
+after ``--warmup`` untimed ones; the ratios are paired within a round and a
+checkpoint.
 Per command: median wall seconds, GB/s (input bytes / wall seconds), the largest
 process's peak RSS (timed rounds), and the peak of the whole process tree's
 proportional set size (PSS, sampled every 50 ms in the warm-up rounds, not the
@@ -14,7 +18,7 @@ timed ones: the sampler's reads of every process's smaps slow a command of
 several processes more than one of a single process; forked pages count once),
 which is what the memory bound of docs/quantize.md is about.
 
-Commands:
+Commands (named CHECKPOINT/COMMAND, e.g. transformers/onboard-nvfp4a16):
   onboard-<scheme>          .venv/bin/onboard quantize ... --scheme <scheme>
   llmc-model_free-<scheme>  llm-compressor's model_free_ptq (.venv-llmc)
   llmc-oneshot-<scheme>     llm-compressor's oneshot + save_pretrained (.venv-llmc)
@@ -52,6 +56,8 @@ dst.mkdir(parents=True)
 for f in sorted(src.glob("*.safetensors")):
     save_file(load_file(f), dst / f.name, metadata={"format": "pt"})
 """
+# The two checkpoints, by the directory each is written to under --dir.
+CHECKPOINTS = {"transformers": "hf-bf16", "onboard": "bf16"}
 # The modules onboard keeps in 16 bits on this Llama checkpoint, for llm-compressor.
 IGNORE = json.dumps(["lm_head", "model.embed_tokens"])
 
@@ -97,6 +103,7 @@ def run_once(cmd: list[str], out_dir: Path, sample_memory: bool = False) -> dict
     single process: so the timed rounds run without it, and the tree's memory is
     taken in the untimed warm-up rounds."""
     shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stray in out_dir.parent.glob(f".{out_dir.name}.*"):
         shutil.rmtree(stray, ignore_errors=True)
     # Start with no dirty pages: otherwise the previous command's output (up to
@@ -136,7 +143,8 @@ def run_once(cmd: list[str], out_dir: Path, sample_memory: bool = False) -> dict
 
 
 def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None]]:
-    """Round by round: llm-compressor's fastest path / onboard, onboard / plain."""
+    """Round by round, per checkpoint: llm-compressor's fastest path / onboard,
+    onboard / plain."""
 
     def wall(name: str, r: int) -> float | None:
         runs = results.get(name, [])
@@ -145,29 +153,32 @@ def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None
         return None
 
     rounds = max((len(v) for v in results.values()), default=0)
+    kinds = dict.fromkeys(name.partition("/")[0] for name in results)
     ratios: dict[str, list[float | None]] = {}
-    for scheme in ("fp8-dynamic", "nvfp4a16"):
-        speedup, vs_plain = [], []
-        for r in range(rounds):
-            mine = wall(f"onboard-{scheme}", r)
-            llmc = [
-                w
-                for m in ("model_free", "oneshot")
-                if (w := wall(f"llmc-{m}-{scheme}", r)) is not None
-            ]
-            plain = wall("plain-read-write", r)
-            speedup.append(round(min(llmc) / mine, 2) if mine and llmc else None)
-            vs_plain.append(round(mine / plain, 2) if mine and plain else None)
-        ratios[f"{scheme}: llm-compressor fastest / onboard"] = speedup
-        ratios[f"{scheme}: onboard / plain read+write"] = vs_plain
+    for kind in kinds:
+        for scheme in ("fp8-dynamic", "nvfp4a16"):
+            speedup, vs_plain = [], []
+            for r in range(rounds):
+                mine = wall(f"{kind}/onboard-{scheme}", r)
+                llmc = [
+                    w
+                    for m in ("model_free", "oneshot")
+                    if (w := wall(f"{kind}/llmc-{m}-{scheme}", r)) is not None
+                ]
+                plain = wall(f"{kind}/plain-read-write", r)
+                speedup.append(round(min(llmc) / mine, 2) if mine and llmc else None)
+                vs_plain.append(round(mine / plain, 2) if mine and plain else None)
+            ratios[f"{kind} {scheme}: llm-compressor fastest / onboard"] = speedup
+            ratios[f"{kind} {scheme}: onboard / plain read+write"] = vs_plain
     return ratios
 
 
 def make_report(
-    results: dict[str, list[dict]], memory: dict[str, int], size: int, largest: int
+    results: dict[str, list[dict]], memory: dict[str, int], sizes: dict[str, dict]
 ) -> dict:
     table = []
     for name, runs in results.items():
+        size = sizes[name.partition("/")[0]]["bytes"]
         ok = [x for x in runs if x["rc"] == 0]
         if not ok:
             table.append({"command": name, "failed": True})
@@ -186,8 +197,7 @@ def make_report(
             }
         )
     return {
-        "checkpoint_bytes": size,
-        "largest_shard_bytes": largest,
+        "checkpoints": sizes,
         "cores": len(os.sched_getaffinity(0)),
         "load_average_at_end": os.getloadavg(),
         "results": table,
@@ -215,24 +225,38 @@ def main() -> None:
     # the process tree's memory is sampled in it (see run_once).
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--preset", default="1gb", help="checkpoint size (1gb, small)")
+    ap.add_argument(
+        "--checkpoints", nargs="+", choices=CHECKPOINTS, default=list(CHECKPOINTS)
+    )
     ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     if args.warmup < 1:
         ap.error("--warmup must be at least 1 (the memory is sampled there)")
 
-    ckpt = args.dir / "bf16"
-    if not (ckpt / "model.safetensors.index.json").exists():
-        print(f"writing the {args.preset} checkpoint to {ckpt}", file=sys.stderr)
-        subprocess.run([str(PY), str(ROOT / "benchmarks" / "make_checkpoint.py"),
-                        str(ckpt), "--preset", args.preset], check=True)  # fmt: skip
-    size = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
-    largest = max(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     out = args.dir / "out"
     out.mkdir(parents=True, exist_ok=True)
-    cmds = commands(ckpt, out)
+    cmds: dict[str, list[str]] = {}
+    sizes: dict[str, dict] = {}
+    for kind in args.checkpoints:
+        ckpt = args.dir / CHECKPOINTS[kind]
+        if not (ckpt / "model.safetensors.index.json").exists():
+            print(f"writing the {kind} checkpoint to {ckpt}", file=sys.stderr)
+            maker = [str(PY), str(ROOT / "benchmarks" / "make_checkpoint.py"),
+                     str(ckpt), "--preset", args.preset]  # fmt: skip
+            subprocess.run(maker + (["--transformers"] if kind == "transformers"
+                                    else []), check=True)  # fmt: skip
+        files = sorted(ckpt.glob("*.safetensors"))
+        sizes[kind] = {
+            "dir": str(ckpt),
+            "bytes": sum(f.stat().st_size for f in files),
+            "shard_bytes": [f.stat().st_size for f in files],
+            "spec_yaml": (ckpt / "spec.yaml").exists(),
+        }
+        for name, cmd in commands(ckpt, out / kind).items():
+            cmds[f"{kind}/{name}"] = cmd
     if args.only:
-        cmds = {k: v for k, v in cmds.items() if k in args.only}
+        cmds = {k: v for k, v in cmds.items() if k.partition("/")[2] in args.only}
 
     memory: dict[str, int] = {}
     for r in range(args.warmup):
@@ -265,10 +289,10 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         if args.json:  # after every round: a cut-short run keeps what it measured
-            report = make_report(results, memory, size, largest)
+            report = make_report(results, memory, sizes)
             args.json.write_text(json.dumps(report))
 
-    report = make_report(results, memory, size, largest)
+    report = make_report(results, memory, sizes)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text)

@@ -155,7 +155,10 @@ def quantize(
     out_dir: OutOpt,
     spec: Annotated[
         Path | None,
-        typer.Option(help="Model spec (default: MODEL_DIR/spec.yaml, else inferred)."),
+        typer.Option(
+            help="Model spec (default: MODEL_DIR/spec.yaml, else the layout is read "
+            "from the checkpoint's tensor names and config.json)."
+        ),
     ] = None,
     workers: Annotated[
         int | None, typer.Option(help="Parallel shard workers (default: cores).")

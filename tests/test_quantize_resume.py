@@ -163,3 +163,47 @@ def test_peak_memory_of_the_process_tree_is_bounded(ckpt, tmp_path):
     bound = workers * largest + (1 << 30)
     print(f"peak tree PSS {peak / 2**20:.0f} MiB, bound {bound / 2**20:.0f} MiB")
     assert 0 < peak < bound
+
+
+def test_resume_after_a_spec_change_starts_fresh(ckpt, tmp_path):
+    """A partial output made for other inputs is never reused: killed after its
+    first shard, rerun with keep_unquantized changed, quantize starts over and
+    writes what a fresh run with the new spec writes (index, ignore list and
+    shards agree)."""
+    spec = (ckpt / "spec.yaml").read_text()
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(spec + "keep_unquantized: [o_proj]\n")
+    out = tmp_path / "out"
+    state = tmp_path / ".out.partial" / "state.json"
+    p = start(ckpt, out, 1)
+    while p.poll() is None:
+        try:
+            if json.loads(state.read_text())["shards"]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.01)
+    assert p.poll() is None, "the run ended before it could be interrupted"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(0.5)  # the worker dies with its parent
+
+    def run(dest: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [ONBOARD, "quantize", ckpt, "--scheme", "nvfp4a16", "--out", dest,
+             "--spec", changed],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+
+    resumed = run(out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "starting fresh" in resumed.stderr and "keep_unquantized" in resumed.stderr
+    assert "resuming" not in resumed.stderr
+    fresh = tmp_path / "fresh"
+    assert run(fresh).returncode == 0
+    assert files(out) == files(fresh)
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"][
+        "ignore"
+    ]
+    assert "model.layers.0.self_attn.o_proj" in ignore

@@ -51,6 +51,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import INDEX_FILE, TensorPlan, plan_tensors
+from onboard.config_json import non_finite_keys
 from onboard.errors import InputError
 from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 from onboard.spec.model import ModelSpec
@@ -317,11 +318,16 @@ def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int
 # ---- the check ---------------------------------------------------------------------
 
 
-def preflight(spec: ModelSpec, checkpoint_dir: Path) -> PreflightReport:
+def preflight(
+    spec: ModelSpec, checkpoint_dir: Path, *, config_keys: bool = True
+) -> PreflightReport:
     """Compare a checkpoint's headers and config.json with the spec (no weights read).
 
     Bad input (not a directory) raises InputError; everything about the checkpoint
-    itself is a :class:`Problem` in the report.
+    itself is a :class:`Problem` in the report. ``config_keys=False`` leaves out
+    the comparison of config.json's keys as transformers' config classes read them
+    (their import costs seconds; `quantize` copies those keys unchanged): files,
+    config values, architecture and tensors are still checked.
     """
     root = Path(checkpoint_dir)
     if not root.is_dir():
@@ -330,12 +336,13 @@ def preflight(spec: ModelSpec, checkpoint_dir: Path) -> PreflightReport:
     t0 = time.perf_counter()
     # Computing the spec's config.json needs transformers' config classes, whose
     # import (it pulls in torch) costs seconds once per process: timed apart.
-    _config_class(spec.model_type)
+    if config_keys:
+        _config_class(spec.model_type)
     t1 = time.perf_counter()
     run.read_files()
     t2 = time.perf_counter()
     if run.config is not None:
-        run.check_config()
+        run.check_config(keys=config_keys)
     t3 = time.perf_counter()
     run.check_tensors()
     t4 = time.perf_counter()
@@ -423,6 +430,15 @@ class _Run:
                 "re-download or fix the file",
             )
             return
+        for key in non_finite_keys(config)[:5]:
+            self.add(
+                "error",
+                "config",
+                key,
+                "is NaN or infinite; no model config means that",
+                "fix the value (a corrupt or hand-edited config.json?)",
+                config_keys=[key],
+            )
         self.config = config
         dtype = config.get("dtype", config.get("torch_dtype"))
         self.dtype = CONFIG_DTYPES.get(str(dtype))
@@ -558,9 +574,7 @@ class _Run:
 
     # ---- config.json -----------------------------------------------------------
 
-    def check_config(self) -> None:
-        from onboard.spec import hf
-
+    def check_config(self, keys: bool = True) -> None:
         spec, raw = self.spec, self.config
         assert raw is not None
         if raw.get("model_type") != spec.model_type:
@@ -588,6 +602,13 @@ class _Run:
                 spec_fields=["architecture"],
                 config_keys=["architectures"],
             )
+        if keys:
+            self._check_config_keys()
+
+    def _check_config_keys(self) -> None:
+        from onboard.spec import hf
+
+        spec, raw = self.spec, self.config
         try:
             expected = hf.hf_config_from_spec(spec)
         except InputError as exc:

@@ -17,24 +17,39 @@ from onboard.quantize.schemes import SCHEMES, get_scheme
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
 
-__all__ = ["SCHEMES", "quantize_checkpoint", "resolve_spec"]
+__all__ = ["SCHEMES", "quantize_checkpoint"]
 
 
-def resolve_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelSpec:
-    """The spec given, else the checkpoint's own spec.yaml, else one inferred."""
-    from onboard.spec import load_spec
-    from onboard.spec.model import ModelSpec
+def own_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelSpec | None:
+    """The spec given, else the checkpoint's own spec.yaml, else None (a checkpoint
+    as transformers saved it: its layout is read from its names, see layout.py)."""
+    if spec is None:
+        spec = Path(model_dir) / "spec.yaml"
+        if not spec.is_file():
+            return None  # (without importing the schema: see onboard.spec)
+    if isinstance(spec, str | Path):
+        from onboard.spec import load_spec
 
-    if isinstance(spec, ModelSpec):
-        return spec
-    if spec is not None:
         return load_spec(Path(spec))
-    own = Path(model_dir) / "spec.yaml"
-    if own.is_file():
-        return load_spec(own)
-    config = Path(model_dir) / "config.json"
-    if not config.is_file():
-        raise InputError(f"{model_dir}: no config.json, spec.yaml or --spec")
+    return spec
+
+
+def _preflight(spec: ModelSpec, model_dir: Path) -> None:
+    """Refuse what `onboard spec check --checkpoint` refuses (but for the config
+    keys as transformers reads them: quantize copies those unchanged)."""
+    from onboard.checkpoint.preflight import preflight
+
+    report = preflight(spec, model_dir, config_keys=False)
+    if not report.ok:
+        raise InputError(
+            f"{model_dir}: the checkpoint does not match its spec; nothing was "
+            "written (`onboard spec check --checkpoint` shows all):\n"
+            + "\n".join(line for p in report.errors for line in p.lines())
+        )
+
+
+def inferred_spec(model_dir: Path) -> ModelSpec:
+    """The spec `onboard spec from-hf` infers (what calibration's reference needs)."""
     try:
         from onboard.spec.hf import spec_from_hf_config_file
     except ImportError:
@@ -42,7 +57,7 @@ def resolve_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelS
             f"{model_dir}: no spec.yaml; pass --spec (inference from config.json "
             "is not available in this build)"
         ) from None
-    return spec_from_hf_config_file(config)
+    return spec_from_hf_config_file(Path(model_dir) / "config.json")
 
 
 def quantize_checkpoint(
@@ -80,7 +95,9 @@ def quantize_checkpoint(
         raise InputError(f"--workers must be at least 1, got {workers}")
     if Path(out_dir).resolve() == Path(model_dir).resolve():
         raise InputError(f"{out_dir}: the output cannot be the input directory")
-    resolved = resolve_spec(model_dir, spec)
+    resolved = own_spec(model_dir, spec)
+    if resolved is not None:
+        _preflight(resolved, model_dir)
     plan = make_plan(model_dir, resolved, sch, include_mtp=include_mtp)
     for warning in plan.warnings:
         (log or (lambda msg: None))(f"warning: {warning}")
@@ -100,7 +117,8 @@ def quantize_checkpoint(
         options.update(calibration_samples=samples, calibration_seq_len=seq_len)
 
         def calibration() -> dict[str, float]:
-            return calibrate.calibrate(plan, resolved, samples, seq_len, log=log)
+            reference = resolved or inferred_spec(model_dir)
+            return calibrate.calibrate(plan, reference, samples, seq_len, log=log)
 
     return execute(
         plan,

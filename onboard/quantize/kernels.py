@@ -154,6 +154,25 @@ _BITS = {
     torch.float16: (torch.int16, 0x7FFF),
     torch.float32: (torch.int32, 0x7FFFFFFF),
 }
+# Magnitude bits at and above which a value is infinite or NaN (exponent all ones).
+_INF_BITS = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00, torch.float32: 0x7F800000}
+
+
+def all_finite(w: torch.Tensor) -> bool:
+    """Whether no value of a float tensor is NaN or infinite.
+
+    On the bit patterns, a block at a time: no float temporaries the size of the
+    tensor (it runs on every tensor copied unchanged, embeddings included).
+    """
+    int_dtype, mask = _BITS[w.dtype]
+    flat = w.reshape(-1).view(int_dtype)
+    step = 1 << 22
+    buf = torch.empty(min(step, flat.numel()), dtype=int_dtype)
+    for i in range(0, flat.numel(), step):
+        part = torch.bitwise_and(flat[i : i + step], mask, out=buf[: flat.numel() - i])
+        if int(part.max()) >= _INF_BITS[w.dtype]:
+            return False
+    return True
 
 
 def _absmax(w: torch.Tensor, group: int) -> torch.Tensor:

@@ -20,13 +20,18 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from onboard.config_json import read_config_json
 from onboard.errors import InputError
 from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
+from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
-from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES
-from onboard.spec.model import ModelSpec
+from onboard.spec.layouts import LINEAR_ROLES, ROLES
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -86,6 +91,7 @@ class Plan:
     fused: dict[tuple, list[str]]  # fused key -> tensor names
     tensor_shard: dict[str, str]
     config: dict
+    layout: TensorLayout
     warnings: list[str] = field(default_factory=list)
 
     def fused_partners(self, name: str) -> list[str]:
@@ -110,25 +116,12 @@ class Plan:
         return {t.name: t for s in self.shards for t in s.tensors}
 
 
-def _role_patterns(spec: ModelSpec) -> list[tuple[str, re.Pattern]]:
-    roles = []
-    for role in ROLES:
-        path = spec.checkpoint.tensor_names.get(
-            role, LAYOUT_PRESETS[spec.checkpoint.layout][role]
-        )
-        rx = re.escape(path)
-        rx = rx.replace(re.escape("{layer}"), r"(?P<layer>\d+)")
-        rx = rx.replace(re.escape("{expert}"), r"(?P<expert>\d+)")
-        roles.append((role, re.compile(rx + r"\Z")))
-    return roles
-
-
-def _marks(spec: ModelSpec) -> tuple[set[str], set[str], list[re.Pattern]]:
+def _marks(layout: TensorLayout) -> tuple[set[str], set[str], list[re.Pattern]]:
     """The spec's keep_unquantized entries: roles, module paths, regexes."""
     roles: set[str] = set()
     paths: set[str] = set()
     regexes: list[re.Pattern] = []
-    for i, entry in enumerate(spec.keep_unquantized):
+    for i, entry in enumerate(layout.keep_unquantized):
         if entry.startswith("re:"):
             try:
                 regexes.append(re.compile(entry[3:]))
@@ -153,16 +146,10 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: not a directory")
     config_path = model_dir / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(
-            f"{config_path}: missing (not a Hugging Face checkpoint)"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{config_path}: cannot read: {exc}") from None
+    config = read_config_json(config_path)
     if "quantization_config" in config:
-        method = config["quantization_config"].get("quant_method", "?")
+        qc = config["quantization_config"]
+        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
         raise InputError(
             f"{config_path}: the checkpoint is already quantized ({method}); "
             "quantize the 16-bit checkpoint"
@@ -200,22 +187,33 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
 
 
 def make_plan(
-    model_dir: Path, spec: ModelSpec, scheme: Scheme, *, include_mtp: bool = False
+    model_dir: Path,
+    spec: ModelSpec | None,
+    scheme: Scheme,
+    *,
+    include_mtp: bool = False,
 ) -> Plan:
+    """The plan for ``spec``'s checkpoint in ``model_dir``; without a spec, for the
+    layout the checkpoint's names and config.json show (see layout.py)."""
     shards, config = read_checkpoint(model_dir)
-    patterns = _role_patterns(spec)
-    mark_roles, mark_paths, mark_regexes = _marks(spec)
-    n_layers = spec.num_hidden_layers
+    if spec is not None:
+        layout = TensorLayout.of_spec(spec)
+    else:
+        names = (t.name for s in shards for t in s.tensors)
+        layout = detect_layout(config, names, str(model_dir / "config.json"))
+    patterns = layout.role_patterns()
+    mark_roles, mark_paths, mark_regexes = _marks(layout)
+    n_layers = layout.num_hidden_layers
     quantized: dict[str, Quantized] = {}
     kept: dict[str, str] = {}
-    ignore: set[str] = {spec.tensor_path("lm_head")}
+    ignore: set[str] = {layout.path("lm_head")}
     tensor_shard: dict[str, str] = {}
 
     for shard in shards:
         for t in shard.tensors:
             tensor_shard[t.name] = shard.name
             module, _, param = t.name.rpartition(".")
-            role, match = _match(patterns, module)
+            role, match = match_role(patterns, module)
             layer = (
                 int(match["layer"]) if match and "layer" in match.groupdict() else None
             )
@@ -229,7 +227,7 @@ def make_plan(
                 why = f"{param} of {role}"
             elif layer is not None and layer >= n_layers and not include_mtp:
                 why = "MTP head"
-            elif role in ("k_proj", "v_proj") and layer in spec.attention.kv_sharing:
+            elif role in ("k_proj", "v_proj") and layer in layout.kv_sharing:
                 # The layer reads an earlier layer's cache: vLLM never loads or runs
                 # its own K/V projections (and calibration could not see them).
                 why = "KV-sharing layer's unused K/V"
@@ -258,8 +256,8 @@ def make_plan(
 
     if not quantized:
         raise InputError(
-            f"{model_dir}: no tensor matches a linear role of the spec's "
-            f"{spec.checkpoint.layout!r} layout; is this the spec of this checkpoint?"
+            f"{model_dir}: no tensor matches a linear role of the "
+            f"{layout.layout!r} layout; is this the spec of this checkpoint?"
         )
     fused: dict[tuple, list[str]] = {}
     for name, q in quantized.items():
@@ -287,6 +285,7 @@ def make_plan(
         fused,
         tensor_shard,
         config,
+        layout,
         warnings,
     )
 
@@ -311,14 +310,6 @@ def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str
         "compressed-tensors and llm-compressor write)"
         for role, rows in sorted(bad.items())
     ]
-
-
-def _match(patterns, module: str):
-    for role, rx in patterns:
-        m = rx.match(module)
-        if m:
-            return role, m
-    return None, None
 
 
 def _check_quantizable(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -76,17 +77,49 @@ def _available_memory() -> int:
 
 
 def fingerprint(plan: Plan, options: dict) -> dict:
-    """What a resumed run must share with the interrupted one."""
+    """What a resumed run must share with the interrupted one.
+
+    Everything the output depends on: onboard's version, the scheme and options,
+    config.json, each input shard's identity (size, modification time and its
+    header: names, dtypes, shapes, offsets) and the plan's decisions (which
+    tensors are quantized, fused, kept, ignored: what the spec's layout and
+    keep_unquantized decide). Tensor data is not hashed: that would read the whole
+    checkpoint before the first shard is written.
+    """
+    import onboard
+
+    decisions = {
+        "quantized": sorted(plan.quantized),
+        "fused": sorted(sorted(names) for names in plan.fused.values()),
+        "kept": sorted(plan.kept.items()),
+        "ignore": plan.ignore,
+        "outputs": {
+            s.name: [[t.name, t.dtype, list(t.shape)] for t in s.outputs]
+            for s in plan.shards
+        },
+    }
     return {
         "format_version": FORMAT_VERSION,
+        "onboard_version": onboard.__version__,
         "scheme": plan.scheme.name,
         "options": options,
+        "config_sha256": _sha256_json(plan.config),
         "inputs": [
-            [s.name, s.path.stat().st_size, s.path.stat().st_mtime_ns]
+            [
+                s.name,
+                s.path.stat().st_size,
+                s.path.stat().st_mtime_ns,
+                _sha256_json([[t.name, t.dtype, t.shape, t.start] for t in s.tensors]),
+            ]
             for s in plan.shards
         ],
-        "config_mtime_ns": (plan.model_dir / "config.json").stat().st_mtime_ns,
+        "plan_sha256": _sha256_json(decisions),
     }
+
+
+def _sha256_json(value) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def execute(
@@ -114,6 +147,10 @@ def execute(
             result = _execute_locked(
                 plan, out_dir, partial, options, workers, calibration, progress, log
             )
+        except InputError:
+            # A refusal (a non-finite weight, say): no partial output stays behind.
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         finally:
             lock_path.unlink(missing_ok=True)
     return result
@@ -177,8 +214,18 @@ def _load_state(partial: Path, fp: dict, log) -> dict | None:
     except (OSError, ValueError):
         log(f"discarding {partial}: unreadable state")
         return None
-    if state.get("fingerprint") != fp:
-        log(f"discarding {partial}: it was started with other inputs or options")
+    old = state.get("fingerprint")
+    if old != fp:
+        changed = sorted(
+            k
+            for k in fp.keys() | (old if isinstance(old, dict) else {}).keys()
+            if not isinstance(old, dict) or old.get(k) != fp.get(k)
+        )
+        log(
+            f"discarding {partial}: it was started with other inputs or options "
+            f"({', '.join(map(_FINGERPRINT_WORDS.get, changed, changed))}); "
+            "starting fresh"
+        )
         return None
     # A shard counts as done only if its file is there and intact.
     for name, rec in list(state["shards"].items()):
@@ -193,6 +240,17 @@ def _load_state(partial: Path, fp: dict, log) -> dict | None:
     for stray in partial.glob("*.tmp"):
         stray.unlink()
     return state
+
+
+_FINGERPRINT_WORDS = {
+    "format_version": "state format",
+    "onboard_version": "onboard version",
+    "scheme": "scheme",
+    "options": "options",
+    "config_sha256": "config.json",
+    "inputs": "input shards",
+    "plan_sha256": "what is quantized: spec layout or keep_unquantized",
+}
 
 
 def _save_state(partial: Path, state: dict) -> None:

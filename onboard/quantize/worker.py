@@ -109,22 +109,25 @@ def run_task(
         if not first_row:  # (once per tensor)
             written.append((shard, name))
 
+    def non_finite(name: str) -> InputError:
+        return InputError(
+            f"{plan.model_dir / plan.tensor_shard[name]}: {name} has NaN or "
+            "infinite values (a corrupt shard?); nothing was written"
+        )
+
     try:
         if not task.quantize:
             shard = task.shards[0]
             dst = fd_of(temp_path(partial, shard), os.O_RDWR)
             for name in task.names:
                 src, info = source(name)
+                if info.dtype in st_io.FLOAT_INPUTS and info.nbytes:
+                    if not kernels.all_finite(st_io.map_tensor(src, info)):
+                        raise non_finite(name)
                 st_io.copy_tensor(src, info, dst, offsets[shard][name])
                 written.append((shard, name))
                 report(info.nbytes)
             return written
-
-        def non_finite(name: str) -> InputError:
-            return InputError(
-                f"{plan.model_dir / plan.tensor_shard[name]}: {name} has NaN or "
-                "infinite values (a corrupt shard?)"
-            )
 
         def load(name: str):
             fd, info = source(name)

@@ -1,20 +1,26 @@
-"""The declarative model spec: schema, YAML loading with located errors, HF mapping."""
+"""The declarative model spec: schema, YAML loading with located errors, HF mapping.
 
-from onboard.spec.loader import (
-    Problem,
-    SpecError,
-    dump_spec,
-    load_spec,
-    parse_spec_text,
-)
-from onboard.spec.model import LayerPlan, ModelSpec
+Names are imported on first use: a stage that needs only the tensor-name layouts
+(``onboard.spec.layouts``, e.g. quantize on a checkpoint without a spec) does not
+pay for pydantic and the schema.
+"""
 
-__all__ = [
-    "LayerPlan",
-    "ModelSpec",
-    "Problem",
-    "SpecError",
-    "dump_spec",
-    "load_spec",
-    "parse_spec_text",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "Problem": "onboard.spec.loader",
+    "SpecError": "onboard.spec.loader",
+    "dump_spec": "onboard.spec.loader",
+    "load_spec": "onboard.spec.loader",
+    "parse_spec_text": "onboard.spec.loader",
+    "LayerPlan": "onboard.spec.model",
+    "ModelSpec": "onboard.spec.model",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'onboard.spec' has no attribute {name!r}")
