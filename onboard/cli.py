@@ -397,6 +397,7 @@ def validate(
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html. With
     --emit / --ingest: write what to run on a GPU target, or read its results."""
+    from onboard.report.data import verdict_lines
     from onboard.validate import validate as run_validate
 
     if emit is not None or ingest is not None:
@@ -426,6 +427,7 @@ def validate(
         if check.status != "passed" and check.details:
             out.print(check.details, markup=False)
     out.print(f"wrote {out_dir / 'validation.json'} and {out_dir / 'report.html'}")
+    out.print(*verdict_lines(result), sep="\n", markup=False)
     if not result.passed:
         raise CheckFailed(
             f"validation did not pass (see {out_dir / 'validation.json'})"
@@ -445,6 +447,7 @@ def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> N
         out.print(f"wrote {emit}/run.sh and {emit}/thresholds.json", markup=False)
         out.print(f"run on {target}: bash {emit}/run.sh", markup=False)
         return
+    from onboard.report.data import verdict_lines
     from onboard.validate.ingest import ingest as run_ingest
 
     if out_dir is None:
@@ -455,6 +458,7 @@ def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> N
         if check.status != "passed" and check.details:
             out.print(check.details, markup=False)
     out.print(f"wrote {where / 'validation.json'}", markup=False)
+    out.print(*verdict_lines(result), sep="\n", markup=False)
     if not result.passed:
         raise CheckFailed(f"validation did not pass (see {where / 'validation.json'})")
 

@@ -118,6 +118,33 @@ def test_unknown_check_exits_2_before_any_stage(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_last_line_is_the_verdict_with_what_was_not_covered(tmp_path):
+    """A rerun whose validation is unchanged still ends with the verdict, read
+    from validation.json: which checks did not run and which quant checks were
+    scored on the dequantized reference."""
+    from rich.console import Console
+    from test_report import PARTLY_COVERED, partly_covered_result
+
+    from onboard.pipeline.runner import STAGES, Context, _fingerprint
+    from onboard.spec import load_spec
+
+    spec_path = ROOT / "model_specs" / "dense-gqa.yaml"
+    out = tmp_path / "out"
+    (out / "validation").mkdir(parents=True)
+    (out / ".onboard").mkdir()
+    partly_covered_result().write(out / "validation")
+    # The stamp of a validate stage that ran on these inputs and passed.
+    ctx = Context(load_spec(spec_path), out, full=False, console=Console())
+    stage = next(s for s in STAGES if s.name == "validate")
+    stamp = {"fingerprint": _fingerprint(ctx, stage, {}), "ok": True}
+    (out / ".onboard" / "validate.json").write_text(json.dumps(stamp))
+
+    res = new_model(spec_path, out, "--stages", "validate")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "validate: unchanged, skipped" in res.stdout
+    assert res.stdout.splitlines()[-1] == f"validation (cpu): {PARTLY_COVERED}"
+
+
 @pytest.mark.engine
 @pytest.mark.acceptance
 @pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style", "novel-launch"])

@@ -14,6 +14,7 @@ Llama checkpoint (accuracy and kv-cache checks); the other tests use
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from validate_fixtures import LLAMA_SPEC, write_llama, write_spec
 from onboard.plan import make_plan
 from onboard.plan.weights import weight_report
 from onboard.report import markdown_summary, render_report, write_report
-from onboard.report.data import PLAN_CONCURRENCY, kv_budgets
+from onboard.report.data import PLAN_CONCURRENCY, kv_budgets, verdict_lines
 from onboard.report.svg import fmt
 from onboard.spec import load_spec, parse_spec_text
 from onboard.validate.results import Check, ValidationResult
@@ -248,7 +249,8 @@ def test_markdown_summary_has_every_check_and_its_numbers():
     text = markdown_summary([cpu, b200], spec)
     lines = text.splitlines()
     assert lines[0] == "### vLLM validation: novel-launch"
-    assert "Verdict: cpu ❌ **failed**, b200 ❌ **failed**" in text
+    assert "Verdict: cpu ❌ **failed** (1 check failed: quant:nvfp4; " in text
+    assert ", b200 ❌ **failed** (1 check failed: quant:nvfp4; " in text
     assert "| check | cpu | b200 |" in lines
     rows = {ln.split(" | ")[0][2:]: ln for ln in lines if ln.startswith("| ")}
     for check in cpu.checks:
@@ -261,6 +263,53 @@ def test_markdown_summary_has_every_check_and_its_numbers():
     # Every table row has one cell per target (no stray pipes).
     for row in rows.values():
         assert len(re.split(r"(?<!\\)\|", row)) == 5, row
+
+
+def partly_covered_result() -> ValidationResult:
+    """A passing cpu run that did not cover everything: two checks not run and
+    two quant checks scored on the dequantized reference (no CPU kernel)."""
+    result = full_result()
+    result.checks = [c for c in result.checks if c.status != "failed"]
+    dequantized = {"path": "dequantized-reference", "engine_error": "no kernel"}
+    result.checks += [
+        Check("quant:nvfp4", "passed", {"kl_divergence": 0.7, **dequantized}),
+        Check("quant:mxfp4", "passed", {"kl_divergence": 1.1, **dequantized}),
+        Check.not_run(
+            "spec-decode:eagle3",
+            "not run on cpu: vLLM 0.32.0 cannot run it here (needs amx_bf16)",
+        ),
+    ]
+    return result
+
+
+PARTLY_COVERED = (
+    "passed (2 checks not run on cpu: tensor-parallel, spec-decode:eagle3; "
+    "2 quant checks scored on a dequantized reference (no cpu kernel): "
+    "quant:nvfp4, quant:mxfp4)"
+)
+
+
+def test_verdict_names_what_was_not_run_or_only_emulated(tmp_path):
+    result = partly_covered_result()
+    assert result.passed
+    write_report(result, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"Verdict: cpu ✅ {PARTLY_COVERED}" in summary
+    page = (tmp_path / "report.html").read_text()
+    note = PARTLY_COVERED.removeprefix("passed ")
+    # In the header and in the runs table, beside the badge.
+    assert page.count(f"<span class='verdict-note'>{html.escape(note)}</span>") == 2
+    # A fully covered run says just that it passed; a failing one names why.
+    covered = ValidationResult("cpu", "/m", checks=[accuracy_check([1e-6])])
+    assert verdict_lines(covered) == ["validation (cpu): passed"]
+    failing = full_result()
+    assert verdict_lines(failing) == [
+        "validation (cpu): failed (1 check failed: quant:nvfp4; 1 check not run "
+        "on cpu: tensor-parallel)"
+    ]
+    assert "Verdict: cpu ❌ **failed** (1 check failed: quant:nvfp4;" in (
+        markdown_summary(failing)
+    )
 
 
 def test_write_report_keeps_the_single_result_call(tmp_path):

@@ -229,6 +229,7 @@ def run_pipeline(
     state_dir.mkdir(exist_ok=True)
 
     ok = True
+    validated = False  # the validate stage ran, or its result is current
     done: dict[str, str] = {}
     for stage in STAGES:
         if not stage.available():
@@ -248,10 +249,12 @@ def run_pipeline(
             console.print(f"[dim]= {stage.name}: unchanged, skipped[/]")
             done[stage.name] = fingerprint
             ok = ok and stamp.get("ok", True)
+            validated = validated or stage.name == "validate"
             continue
         console.print(f"[bold]> {stage.name}[/]: {stage.summary}")
         start = time.monotonic()
         result = stage.run(ctx)
+        validated = validated or stage.name == "validate"
         stage_ok = result is not False
         ok = ok and stage_ok
         seconds = time.monotonic() - start
@@ -271,4 +274,11 @@ def run_pipeline(
         console.print(f"  {stage.name}: {mark} in {seconds:.1f}s")
     for name, what in PLANNED.items():
         console.print(f"[yellow]- {name}[/]: not in this version yet ({what})")
+    result_file = ctx.validation / "validation.json"
+    if validated and result_file.is_file():
+        from onboard.report.data import verdict_lines
+
+        # Last, so that the final line says what the run covered.
+        for line in verdict_lines(result_file):
+            console.print(line, markup=False)
     return ok

@@ -110,6 +110,53 @@ def runs(results: Any) -> list[RunView]:
     return out
 
 
+# What a quant check's metrics say when no CPU kernel ran the scheme and the
+# quantized side came from the reference on dequantized weights (check_quant).
+DEQUANTIZED_PATH = "dequantized-reference"
+
+
+def _named(count_of: str, names: list[str], what: str) -> str:
+    noun = count_of if len(names) == 1 else count_of + "s"
+    return f"{len(names)} {noun} {what}: {', '.join(names)}"
+
+
+def verdict_text(run: RunView) -> str:
+    """The run's verdict in one line, naming what it does not cover: e.g.
+    "passed (2 checks not run on cpu: spec-decode:eagle3, tensor-parallel; 1 quant
+    check scored on a dequantized reference (no cpu kernel): quant:nvfp4)"."""
+    failed = [c.name for c in run.checks if c.status == "failed"]
+    not_run = [c.name for c in run.checks if c.status == "not-run"]
+    emulated = [
+        c.name
+        for c in run.checks
+        if c.name.startswith("quant:")
+        and c.status != "not-run"
+        and c.metrics.get("path") == DEQUANTIZED_PATH
+    ]
+    parts = []
+    if failed:
+        parts.append(_named("check", failed, "failed"))
+    if not_run:
+        parts.append(_named("check", not_run, f"not run on {run.target}"))
+    if emulated:
+        parts.append(
+            _named(
+                "quant check",
+                emulated,
+                f"scored on a dequantized reference (no {run.target} kernel)",
+            )
+        )
+    if not run.passed and not failed and not run.check("accuracy"):
+        parts.append("no accuracy check")
+    word = "passed" if run.passed else "failed"
+    return f"{word} ({'; '.join(parts)})" if parts else word
+
+
+def verdict_lines(results: Any) -> list[str]:
+    """One "validation (TARGET): VERDICT" line per validation.json."""
+    return [f"validation ({r.target}): {verdict_text(r)}" for r in runs(results)]
+
+
 def check_names(all_runs: Sequence[RunView]) -> list[str]:
     """Every check name over the runs, in first-seen order."""
     return list(dict.fromkeys(c.name for r in all_runs for c in r.checks))

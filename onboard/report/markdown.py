@@ -23,12 +23,7 @@ def markdown_summary(results: Any, spec: ModelSpec | None = None) -> str:
     if spec is not None:
         lines.append(f"`{spec.architecture}`: " + _shape(spec))
         lines.append("")
-    lines.append(
-        "Verdict: "
-        + ", ".join(
-            f"{r.target} {'✅ passed' if r.passed else '❌ **failed**'}" for r in runs
-        )
-    )
+    lines.append("Verdict: " + ", ".join(f"{r.target} {_verdict(r)}" for r in runs))
     lines += ["", "| check | " + " | ".join(r.target for r in runs) + " |"]
     lines.append("|---" * (len(runs) + 1) + "|")
     for name in D.check_names(runs):
@@ -51,6 +46,13 @@ def markdown_summary(results: Any, spec: ModelSpec | None = None) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Full report: `report.html` beside this file (self-contained)."]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(run: D.RunView) -> str:
+    text = D.verdict_text(run).replace("|", "\\|")
+    if run.passed:
+        return "✅ " + text
+    return "❌ **failed**" + text.removeprefix("failed")
 
 
 def _shape(spec: ModelSpec) -> str:

@@ -32,7 +32,8 @@ header .inner{max-width:1180px;margin:0 auto;padding:0 28px}
 h1{font-size:1.55em;margin:0 0 6px}h2{font-size:1.2em;margin:30px 0 10px}
 h3{font-size:1.02em;margin:0 0 6px}
 .sub{color:#57606a}
-.verdicts span{margin-right:14px}
+.verdicts>span{margin-right:14px;display:inline-block}
+.verdict-note{color:#57606a}
 .badge{display:inline-block;white-space:nowrap;font-weight:600;font-size:.82em;
   padding:1px 8px;border-radius:10px;text-transform:uppercase;letter-spacing:.02em}
 .badge.passed{background:#dcf5e3;color:#17723a}
@@ -605,7 +606,12 @@ def _gb(n: int) -> str:
 
 
 def _verdict(run: D.RunView) -> str:
-    return _badge("passed" if run.passed else "failed")
+    """The badge, then what the verdict does not cover (checks not run, quant
+    checks scored on the dequantized reference) and what failed."""
+    word = "passed" if run.passed else "failed"
+    rest = D.verdict_text(run).removeprefix(word).strip()
+    note = f" <span class='verdict-note'>{esc(rest)}</span>" if rest else ""
+    return _badge(word) + note
 
 
 def _badge(status: str) -> str:
