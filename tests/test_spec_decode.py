@@ -10,12 +10,13 @@ import pytest
 
 from onboard.spec import load_spec
 from onboard.speculators.heads import head_config
-from onboard.validate.check_spec_decode import (
-    _delta,
-    engine_dtype_for,
-    entry_for,
-    find_draft,
-    judge,
+from onboard.validate.check_spec_decode import _delta, entry_for, find_draft, judge
+from onboard.validate.cpu_draft import (
+    cpu_features,
+    describe,
+    full_window_draft,
+    lacking_note,
+    needs_full_window,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,12 +60,47 @@ def test_find_draft_needs_weights_that_fit_the_verifier(dense, tmp_path):
     assert draft == str(tmp_path / "t" / "tiny" / "eagle3") and why is None
 
 
-def test_bfloat16_only_for_a_head_beside_mla(dense):
+def test_a_head_beside_mla_is_served_with_a_full_context_window(dense, tmp_path):
     mla = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
-    assert engine_dtype_for(mla, "eagle3") == "bfloat16"
-    assert engine_dtype_for(mla, "mtp") is None
-    assert engine_dtype_for(mla, "ngram") is None
-    assert engine_dtype_for(dense, "eagle3") is None
+    assert needs_full_window(mla, "eagle3")
+    assert not needs_full_window(mla, "mtp") and not needs_full_window(dense, "eagle3")
+    head = _head(tmp_path / "head", mla)
+    served, change = full_window_draft(str(head), tmp_path / "served")
+    config = json.loads((Path(served) / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    assert layer["layer_types"] == ["sliding_attention"]
+    # The window covers every position the head can see: the same attention.
+    assert layer["sliding_window"] == mla.max_position_embeddings
+    original = json.loads((head / "config.json").read_text())
+    assert {k: v for k, v in config.items() if k != "transformer_layer_config"} == {
+        k: v for k, v in original.items() if k != "transformer_layer_config"
+    }
+    # The weights are the head's own files.
+    assert (Path(served) / "model.safetensors").resolve() == (
+        head / "model.safetensors"
+    ).resolve()
+    assert change["draft_checkpoint"] == str(head)
+    # A Hub id has nothing local to rewrite.
+    assert full_window_draft("org/head", tmp_path / "hub") == ("org/head", {})
+
+
+BLOCK_CLASH = (
+    "ValueError: No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: "
+    "[MultipleOf(32)])."
+)
+
+
+def test_a_refusal_names_the_cpu_feature_it_lacks():
+    no_amx = {"avx2": True, "avx512": False, "avx512_bf16": False, "amx": False}
+    amx = dict.fromkeys(no_amx, True)
+    assert "needs AMX, which this CPU lacks" in lacking_note(BLOCK_CLASH, no_amx)
+    assert lacking_note(BLOCK_CLASH, amx) == ""
+    kernel = "requires AMX tile support (Sapphire Rapids or newer)."
+    assert "needs AMX" in lacking_note(kernel, no_amx)
+    assert lacking_note("Arctic Inference is required", no_amx) == ""
+    assert describe(no_amx) == "avx2; no avx512, avx512_bf16, amx"
+    # The probe is vLLM's own (torch's cpuinfo), whatever this machine has.
+    assert set(cpu_features()) == set(no_amx)
 
 
 def test_counter_delta():

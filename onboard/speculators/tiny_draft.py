@@ -6,10 +6,10 @@ baseline, then run the accuracy check's prompts (never used in training) through
 three engines — trained head, untrained head, no speculation — and report vLLM's
 acceptance counters and whether the greedy outputs agree (lossless).
 
-The CPU engine constraint behind the dtype choice: vLLM 0.32's CPU attention for the
-head takes KV blocks in multiples of 32, its reference MLA backend (CPU_MLA, any
-dtype) only 16, so an MLA verifier with an EAGLE-3 head needs the AMX MLA backend
-(multiples of 32), which only runs bfloat16. GQA verifiers run float32.
+Every engine runs float32; beside an MLA verifier (CPU_MLA) the head is served
+with a full-context sliding window, so that it gets a KV-cache group of its own
+(:mod:`onboard.validate.cpu_draft`: the CPU MLA and attention backends share no
+block size). That runs on any x86-64 CPU.
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from typing import Any
 from onboard.spec.model import ModelSpec
 from onboard.speculators.acceptance import run_with_speculation
 from onboard.validate.compare import GreedyOutput, compare_greedy
+from onboard.validate.cpu_draft import full_window_draft, needs_full_window
 from onboard.validate.engine import Plugin
 
 NUM_SPECULATIVE_TOKENS = 3
-
-
-def engine_dtype(spec: ModelSpec) -> str:
-    return "bfloat16" if spec.attention.type == "mla" else "float32"
 
 
 def _greedy(outputs: list[dict]) -> list[GreedyOutput]:
@@ -50,14 +47,16 @@ def lossless(with_draft: list[dict], without: list[dict]) -> dict[str, Any]:
 
 
 def _run(model_dir, spec, speculative, prompts, work, plugin) -> dict[str, Any]:
+    if speculative is not None and needs_full_window(spec, "eagle3"):
+        model, _ = full_window_draft(speculative["model"], Path(work) / "draft")
+        speculative = {**speculative, "model": model}
     return run_with_speculation(
         model_dir,
         speculative,
         prompts,
         work,
-        uses_mla=False,  # let vLLM pick AMX MLA (see the module docstring)
+        uses_mla=spec.attention.type == "mla",
         plugin=plugin,
-        dtype=engine_dtype(spec),
     )
 
 
@@ -111,7 +110,7 @@ def evaluate_tiny_eagle3(
     )
     report = {
         "spec": spec.name,
-        "engine_dtype": engine_dtype(tiny),
+        "engine_dtype": "float32",
         "model_class": runs["trained"]["model_class"],
         "prompts": note,
         "training": training,

@@ -706,11 +706,8 @@ def tune(
     """Tune every method; write OUT/tune.json and OUT/tune.md; return the report."""
     from onboard.errors import InputError
     from onboard.speculators.methods import speculative_config
-    from onboard.validate.check_spec_decode import (
-        engine_dtype_for,
-        entry_for,
-        find_draft,
-    )
+    from onboard.validate.check_spec_decode import entry_for, find_draft
+    from onboard.validate.cpu_draft import full_window_draft, needs_full_window
     from onboard.validate.prompts import PROMPTS
     from onboard.validate.reference import tokenize_prompts
 
@@ -730,7 +727,7 @@ def tune(
         "bands": {b: {"batch": v[0], "calls": v[1]} for b, v in BANDS.items()},
         "methods": {},
     }
-    bases: dict[str | None, dict[str, Run]] = {}
+    base: dict[str, Run] | None = None
     t_start = time.perf_counter()
     for method in methods:
         entry = entry_for(spec, method)
@@ -739,37 +736,31 @@ def tune(
             draft, why = find_draft(spec, entry, speculators_dir)
             if draft is None:
                 raise InputError(f"--methods {method}: {why}")
-        dtype = engine_dtype_for(spec, method)
-        extra = {"dtype": dtype} if dtype else {}
-        options = EngineOptions(
-            model_dir=model_dir,
-            plugin=plugin,
-            uses_mla=mla and dtype is None,
-            extra=extra,
-        )
-        if dtype not in bases:
-            bases[dtype] = measure_engine(
-                options, work, f"baseline-{dtype or 'default'}", prompts, probes_on,
-                log,
-            )  # fmt: skip
+            if needs_full_window(spec, method):
+                draft, _ = full_window_draft(draft, work / f"draft-{method}")
+        options = EngineOptions(model_dir=model_dir, plugin=plugin, uses_mla=mla)
+        if base is None:
+            base = measure_engine(
+                options, work, "baseline-default", prompts, probes_on, log
+            )
 
-        def config_for_k(k, entry=entry, draft=draft, method=method, dtype=dtype):
+        def config_for_k(k, entry=entry, draft=draft, method=method):
             cfg = speculative_config(
                 entry.model_copy(update={"num_speculative_tokens": k}), draft
             )
-            if method == "mtp" and mla and dtype is None:
+            if method == "mtp" and mla:
                 cfg["attention_backend"] = "CPU_MLA"
             return cfg
 
         simulated, source = simulate_acceptance(
-            method, spec, model_dir, config_for_k, bases[dtype], prompts,
+            method, spec, model_dir, config_for_k, base, prompts,
             options.engine_kwargs().get("max_model_len"), log,
         )  # fmt: skip
         report["methods"][method] = tune_method(
-            spec, entry, config_for_k, bases[dtype], options, work, prompts,
+            spec, entry, config_for_k, base, options, work, prompts,
             probes_on, log, simulated,
         )  # fmt: skip
-        report["methods"][method]["dtype"] = dtype or "float32"
+        report["methods"][method]["dtype"] = "float32"
         report["methods"][method]["acceptance_source"] = source
     report["seconds"] = time.perf_counter() - t_start
     atomic_write_text(out_dir / "tune.json", json.dumps(report, indent=2) + "\n")

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from onboard.errors import InputError
+from onboard.validate.cpu_draft import cpu_features, lacking_note
 from onboard.validate.engine import EngineLoadError
 from onboard.validate.reference import ReferenceUnavailable
 from onboard.validate.results import Check
@@ -158,9 +159,10 @@ def _path_text(metrics: dict[str, Any]) -> str:
     if metrics["path"] == "engine":
         cls, dtype = metrics["vllm_model_class"], metrics["engine_dtype"]
         return f"vLLM's CPU engine ({cls}, {dtype})"
+    lacks = f" ({metrics['cpu_lacks']})" if metrics.get("cpu_lacks") else ""
     return (
         "the reference on compressed-tensors-dequantized weights, because vLLM's "
-        f"CPU engine refused it: {metrics['engine_error']}"
+        f"CPU engine refused it{lacks}: {metrics['engine_error']}"
     )
 
 
@@ -216,11 +218,14 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
                 f"vLLM's CPU engine refused the {scheme} checkpoint ({error}) and "
                 f"the reference could not run it dequantized either: {ref_exc}"
             ) from None
-        return rows, {
+        side = {
             "path": "dequantized-reference",
             "engine_error": error,
             "reference": reference,
+            "cpu_features": cpu_features(),
         }
+        side["cpu_lacks"] = lacking_note(error, side["cpu_features"])
+        return rows, side
     vocab = ctx.spec.vocab_size
     rows = [_dense(o["prompt_logprobs"][1:], vocab) for o in reply["outputs"]]
     side = {"path": "engine", "vllm_model_class": model_class}

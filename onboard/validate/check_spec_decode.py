@@ -16,17 +16,16 @@ measured in this run; on two CPU cores below 1 is an honest answer), plus the ra
 counters, k, the proposer and the draft class vLLM actually instantiated, and for
 draft models with several layers (MTP heads) how often each layer ran.
 
-Which engine is the baseline: the run's main engine, unless the method needs other
-engine settings. A draft head (EAGLE-3, DFlash family) beside an MLA verifier needs
-bfloat16: vLLM 0.32's CPU attention for the head takes KV blocks in multiples of
-32, its float32 MLA backend only 16 ("No common block size"); the AMX MLA backend
-takes 32 but only bfloat16. Then a bfloat16 engine without speculation is started
-as well, so that both sides of the comparison and of the speed-up run the same
-dtype and backend.
+The baseline is the run's main engine (same settings, no speculation). An
+EAGLE-3 head beside an MLA verifier runs with its attention declared a sliding
+window of its whole context, so that vLLM gives it a KV-cache group of its own
+(:mod:`onboard.validate.cpu_draft`: the CPU MLA and attention backends take no
+common block size); that runs on any x86-64 CPU, AMX or not.
 
 Methods: ngram, mtp and eagle3 run on the pinned vLLM CPU build (measured); a
 failure to start them is a failed check. Any other method is attempted for real
-and, if vLLM refuses it, reported as not-run with vLLM's own reason.
+and, if vLLM refuses it, reported as not-run with vLLM's own reason and, where
+that reason points at one, the CPU feature this machine lacks.
 """
 
 from __future__ import annotations
@@ -41,6 +40,13 @@ from onboard.speculators.heads import HEAD_METHODS
 from onboard.speculators.methods import DRAFT_METHODS, refusals, speculative_config
 from onboard.speculators.tiny_draft import lossless
 from onboard.validate.compare import TOP_K
+from onboard.validate.cpu_draft import (
+    cpu_features,
+    describe,
+    full_window_draft,
+    lacking_note,
+    needs_full_window,
+)
 from onboard.validate.engine import EngineLoadError
 from onboard.validate.results import Check
 
@@ -134,14 +140,6 @@ def timed_generate(engine, prompts, max_tokens: int, warm: bool = True):
     return reply["outputs"], seconds, counters
 
 
-def engine_dtype_for(spec: ModelSpec, method: str) -> str | None:
-    """bfloat16 where the method cannot run beside the float32 MLA backend (see
-    the module docstring); None: the main engine's settings."""
-    if spec.attention.type == "mla" and method in HEAD_METHODS:
-        return "bfloat16"
-    return None
-
-
 def run(ctx, name: str) -> Check:
     method = name.split(":", 1)[1]
     if ctx.engine is None:
@@ -161,35 +159,36 @@ def run(ctx, name: str) -> Check:
         draft, why_not = find_draft(spec, entry, ctx.speculators_dir)
         if draft is None:
             return Check.not_run(name, why_not, method=method)
+    served = {}
+    if draft is not None and needs_full_window(spec, method):
+        draft, served = full_window_draft(draft, ctx.work_dir / f"draft-{method}")
     config = speculative_config(entry, draft)
     backend = (ctx.options.engine_kwargs().get("attention_config") or {}).get("backend")
     if method == "mtp" and backend:
         # The MTP layers are the verifier's kind of attention; left alone, vLLM
         # picks the draft's backend anew (on CPU: AMX MLA, which takes no float32).
         config["attention_backend"] = backend
-    dtype = engine_dtype_for(spec, method)
     metrics: dict[str, Any] = {
         "method": method,
         "num_speculative_tokens": entry.num_speculative_tokens,
         "speculative_config": config,
-        "dtype": dtype or ctx.options.engine_kwargs()["dtype"],
+        **served,
+        "dtype": ctx.options.engine_kwargs()["dtype"],
+        "cpu_features": cpu_features(),
         "prompts": len(ctx.prompts),
         "max_new_tokens": ctx.max_new_tokens,
     }
-    extra = dict(ctx.options.extra)
-    changes: dict[str, Any] = {}
-    if dtype is not None:
-        # Let vLLM pick the AMX MLA backend (bfloat16, blocks of 32).
-        extra["dtype"] = dtype
-        changes = {"uses_mla": False, "extra": extra}
-    spec_options = ctx.engine_options(
-        **{**changes, "extra": {**extra, "speculative_config": config}}
+    options = ctx.engine_options(
+        extra={**ctx.options.extra, "speculative_config": config}
     )
     try:
-        with ctx.extra_engine(f"spec-{method}", spec_options) as engine:
+        with ctx.extra_engine(f"spec-{method}", options) as engine:
             metrics["engine_start_s"] = engine.info["start_s"]
             metrics["target_model_class"] = engine.info["model_class"]
             metrics["drafter"] = engine.rpc(f"{PROBES}:drafter_info")
+            metrics["attention_groups"] = engine.rpc(
+                "onboard.validate.engine_probes:attention_groups"
+            )
             counted = engine.rpc(f"{PROBES}:count_draft_layer_calls")
             outputs, spec_s, counters = timed_generate(
                 engine, ctx.prompts, ctx.max_new_tokens
@@ -198,33 +197,27 @@ def run(ctx, name: str) -> Check:
                 metrics["draft_layer_calls"] = engine.rpc(f"{PROBES}:draft_layer_calls")
     except EngineLoadError as exc:
         reason = exc.failure.get("error") or str(exc)
+        note = lacking_note(reason, metrics["cpu_features"])
+        why = f"{reason} ({note})" if note else reason
         if method in CPU_METHODS:
             return Check(
                 name,
                 "failed",
                 {**metrics, "engine_error": reason},
-                f"vLLM could not start {method} speculative decoding: {reason}",
+                f"vLLM could not start {method} speculative decoding: {why}",
             )
         return Check.not_run(
             name,
-            f"not run on cpu: vLLM {_vllm_version()} refused it: {reason}",
+            f"not run on cpu: vLLM {_vllm_version()} refused it: {why}",
             **metrics,
             engine_error=reason,
         )
     if method == "mtp" and spec.mtp is not None:
         metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
-    if dtype is None:
-        baseline_label = "the main engine (same settings, no speculation)"
-        base_outputs, base_s, _ = timed_generate(
-            ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
-        )
-    else:
-        baseline_label = f"a {dtype} engine without speculation (same settings)"
-        options = ctx.engine_options(**changes)
-        with ctx.extra_engine(f"spec-{method}-baseline", options) as base:
-            base_outputs, base_s, _ = timed_generate(
-                base, ctx.prompts, ctx.max_new_tokens
-            )
+    base_outputs, base_s, _ = timed_generate(
+        ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
+    )
+    baseline_label = "the main engine (same settings, no speculation)"
     return judge(
         name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline_label
     )
@@ -313,6 +306,19 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
     drafter = metrics.get("drafter") or {}
     if drafter.get("draft_model_class"):
         lines.append(f"draft model class: {drafter['draft_model_class']}")
+    if metrics.get("cpu_features"):
+        lines.append(f"cpu: {describe(metrics['cpu_features'])}")
+    if metrics.get("draft_attention"):
+        lines.append(f"draft attention: {metrics['draft_attention']}")
+    if metrics.get("attention_groups"):
+        lines.append(
+            "attention backends (KV blocks): "
+            + ", ".join(
+                f"{g['backend']} ({g['kernel_block_size']}"
+                + (", draft)" if g["draft"] else ")")
+                for g in metrics["attention_groups"]
+            )
+        )
     if metrics.get("draft_layer_calls"):
         lines.append(f"draft layer calls: {metrics['draft_layer_calls']}")
     if metrics.get("mtp_heads_run_per_step"):

@@ -32,6 +32,30 @@ def kv_cache_info(worker) -> dict:
     }
 
 
+def attention_groups(worker) -> list[dict]:
+    """Each attention group the engine built: its backend, the KV-cache group it
+    reads, that group's block size and the kernel block size the backend runs,
+    its layer count, and whether its layers are the speculative drafter's."""
+    runner = worker.model_runner
+    drafter = getattr(runner, "drafter", None)
+    draft_layers = set(getattr(drafter, "_draft_attn_layer_names", ()))
+    out = []
+    for per_group in runner.attn_groups:
+        for group in per_group:
+            block = int(group.kv_cache_spec.block_size)
+            out.append(
+                {
+                    "backend": group.backend.get_name(),
+                    "kv_cache_group": group.kv_cache_group_id,
+                    "block_size": block,
+                    "kernel_block_size": int(group.kernel_block_size or block),
+                    "layers": len(group.layer_names),
+                    "draft": bool(draft_layers & set(group.layer_names)),
+                }
+            )
+    return out
+
+
 def diagnose_weights(model_dir: str, worker) -> dict:
     """Feed the checkpoint to a fresh model's ``load_weights``, one tensor at a time.
 

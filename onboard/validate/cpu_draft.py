@@ -1,0 +1,105 @@
+"""An EAGLE-3 head beside an MLA verifier on vLLM's CPU build, on any x86-64 CPU.
+
+vLLM 0.32 puts the verifier's MLA layers and a head's full-attention layer in one
+KV-cache group, and one group runs one kernel block size
+(``vllm/v1/worker/utils.py: prepare_kernel_block_sizes``). The CPU backends that
+exist on every x86-64 CPU disagree on it: the MLA backend ``CPU_MLA`` takes
+blocks of exactly 16, the attention backend ``CPU_ATTN`` of the head multiples of
+32, so the engine refuses the pair ("No common block size for 16 (CPU_MLA: [16];
+CPU_ATTN: [MultipleOf(32)])"). The ``AMX_MLA`` backend takes multiples of 32, but
+only bfloat16 and only on CPUs with AMX tiles (``vllm/platforms/cpu.py``).
+
+A sliding-window layer gets a KV-cache group of its own, whose block size vLLM
+picks from the layer's backend (``Attention.get_kv_cache_spec``: 32 for
+``CPU_ATTN``). So the head is served with its attention declared a sliding window
+as long as its context: the same attention (no position is ever outside the
+window), in its own group of 32-token blocks beside the verifier's 16-token MLA
+groups, in float32 with ``CPU_MLA`` like the main engine, whatever the CPU has.
+Only the ``config.json`` of a copy changes; the weights are the head's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from onboard.spec.model import ModelSpec
+
+SLIDING = "sliding_attention"
+
+
+def needs_full_window(spec: ModelSpec, method: str) -> bool:
+    """Whether ``method``'s head meets the block-size clash above (an EAGLE-3
+    head's Llama layer beside an MLA verifier)."""
+    return method == "eagle3" and spec.attention.type == "mla"
+
+
+def full_window_draft(draft: str, out_dir: Path) -> tuple[str, dict[str, Any]]:
+    """A copy of the local head ``draft`` in ``out_dir`` whose attention layers are
+    sliding windows of the head's whole context, and what changed. A Hub id is
+    returned unchanged (nothing to rewrite locally)."""
+    src = Path(draft)
+    if not (src / "config.json").is_file():
+        return draft, {}
+    config = json.loads((src / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    window = int(layer["max_position_embeddings"])
+    layer["layer_types"] = [SLIDING] * int(layer["num_hidden_layers"])
+    layer["sliding_window"] = window
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.name != "config.json":
+            os.symlink(item.resolve(), out_dir / item.name)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    change = {
+        "draft_checkpoint": str(src),
+        "draft_attention": (
+            f"sliding window of {window} tokens (the head's whole context: the "
+            "same attention) for a KV-cache group of its own beside the MLA "
+            "verifier's"
+        ),
+    }
+    return str(out_dir), change
+
+
+def cpu_features() -> dict[str, bool]:
+    """The x86 features vLLM's CPU build checks before choosing a kernel, read
+    with the same probes (``torch.cpu._is_*_supported``)."""
+    import torch
+
+    probes = {
+        "avx2": torch.cpu._is_avx2_supported,
+        "avx512": torch.cpu._is_avx512_supported,
+        "avx512_bf16": torch.cpu._is_avx512_bf16_supported,
+        "amx": torch.cpu._is_amx_tile_supported,
+    }
+    return {name: bool(probe()) for name, probe in probes.items()}
+
+
+def lacking_note(reason: str, features: dict[str, bool]) -> str:
+    """What this CPU lacks that vLLM's refusal ``reason`` points at ("" when it
+    points at nothing the CPU could have)."""
+    lacking = [name for name, present in features.items() if not present]
+    if "No common block size" in reason and "CPU_MLA" in reason and "amx" in lacking:
+        return (
+            "the MLA backend that takes 32-token blocks (AMX_MLA, bfloat16) needs "
+            "AMX, which this CPU lacks"
+        )
+    if "AMX" in reason and "amx" in lacking:
+        return "vLLM's kernel for it needs AMX, which this CPU lacks"
+    if "AVX-512" in reason and "avx512" in lacking:
+        return "vLLM's kernel for it needs AVX-512, which this CPU lacks"
+    return ""
+
+
+def describe(features: dict[str, bool]) -> str:
+    """E.g. "avx2; no avx512, avx512_bf16, amx"."""
+    have = [name for name, present in features.items() if present]
+    lack = [name for name, present in features.items() if not present]
+    text = ", ".join(have) or "none of " + ", ".join(features)
+    return text + (f"; no {', '.join(lack)}" if lack and have else "")
