@@ -161,7 +161,7 @@ def run(ctx, name: str) -> Check:
             return Check.not_run(name, why_not, method=method)
     served = {}
     if draft is not None and needs_full_window(spec, method):
-        draft, served = full_window_draft(draft, ctx.work_dir / f"draft-{method}")
+        draft, served = full_window_draft(draft, ctx.out_dir / "drafts" / method)
     config = speculative_config(entry, draft)
     backend = (ctx.options.engine_kwargs().get("attention_config") or {}).get("backend")
     if method == "mtp" and backend:
