@@ -12,7 +12,9 @@ from onboard.spec import load_spec
 from onboard.speculators.heads import head_config
 from onboard.validate.check_spec_decode import _delta, entry_for, find_draft, judge
 from onboard.validate.cpu_draft import (
+    MAX_KV_WIDTH,
     cpu_features,
+    cpu_kv_heads,
     describe,
     full_window_draft,
     lacking_note,
@@ -82,6 +84,23 @@ def test_a_head_beside_mla_is_served_with_a_full_context_window(dense, tmp_path)
     assert change["draft_checkpoint"] == str(head)
     # A Hub id has nothing local to rewrite.
     assert full_window_draft("org/head", tmp_path / "hub") == ("org/head", {})
+
+
+def test_heads_trained_beside_mla_fit_the_cpu_engine(dense):
+    """One KV head of 128 beside MLA: its 32-token page fits in the verifier's
+    16-token MLA page, so vLLM can give it a KV-cache group of its own."""
+    mla = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
+    assert cpu_kv_heads(dense) is None
+    layer = head_config(mla, "eagle3", 3, num_kv_heads=cpu_kv_heads(mla))[
+        "transformer_layer_config"
+    ]
+    width = layer["num_key_value_heads"] * layer["head_dim"]
+    assert width <= MAX_KV_WIDTH
+    m = mla.attention.mla
+    assert 32 * 2 * width <= 16 * (m.kv_lora_rank + m.qk_rope_head_dim)
+    # The full-size head a launch ships keeps its default shape.
+    full = head_config(mla, "eagle3", 3)["transformer_layer_config"]
+    assert full["num_key_value_heads"] == 8
 
 
 BLOCK_CLASH = (

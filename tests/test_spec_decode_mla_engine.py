@@ -30,6 +30,7 @@ from onboard.spec import load_spec
 from onboard.speculators.eagle3 import make_head_class, save_head
 from onboard.speculators.heads import aux_layer_ids, head_config
 from onboard.validate import validate
+from onboard.validate.cpu_draft import cpu_kv_heads
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +38,12 @@ pytestmark = pytest.mark.engine
 def write_untrained_head(spec, model_dir: Path, out_dir: Path) -> Path:
     torch.manual_seed(0)
     config = head_config(
-        spec, "eagle3", 3, verifier=str(model_dir), draft_vocab=spec.vocab_size
+        spec,
+        "eagle3",
+        3,
+        verifier=str(model_dir),
+        draft_vocab=spec.vocab_size,
+        num_kv_heads=cpu_kv_heads(spec),  # as train_eagle3_head shapes it
     )
     weights = load_file(model_dir / "model.safetensors")
     head = make_head_class()(

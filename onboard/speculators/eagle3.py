@@ -559,6 +559,7 @@ def train_eagle3_head(
     from transformers import AutoTokenizer
 
     from onboard.checkpoint.mtp_train import _one_thread
+    from onboard.validate.cpu_draft import cpu_kv_heads
     from onboard.validate.reference import load_reference
 
     torch.manual_seed(seed)
@@ -579,6 +580,8 @@ def train_eagle3_head(
         num_speculative_tokens,
         verifier=str(model_dir.resolve()),
         draft_vocab=spec.vocab_size,
+        # A head small enough for vLLM's CPU engine to serve beside an MLA verifier.
+        num_kv_heads=cpu_kv_heads(spec),
     )
     layer = config["transformer_layer_config"]
     embed = model.get_input_embeddings().weight.detach().float().clone()

@@ -43,20 +43,23 @@ def draft_vocab_size(spec: ModelSpec) -> int:
     return min(DRAFT_VOCAB, spec.vocab_size)
 
 
-def head_layer(spec: ModelSpec, method: str) -> dict[str, Any]:
+def head_layer(
+    spec: ModelSpec, method: str, num_kv_heads: int | None = None
+) -> dict[str, Any]:
     """The head's decoder-layer config (a Llama layer for EAGLE-3, a Qwen3 layer for
     the DFlash family, the two kinds vLLM 0.32 has draft models for).
 
     Width and vocabulary are the verifier's (the head reads its hidden states and
     embeddings); attention copies the verifier's GQA shape, or uses heads of
-    ``HEAD_DIM`` for an MLA verifier; the MLP is the verifier's dense width."""
+    ``HEAD_DIM`` for an MLA verifier (``num_kv_heads`` of them, default up to 8);
+    the MLP is the verifier's dense width."""
     att = spec.attention
     if att.type == "gqa":
         heads, kv_heads, head_dim = att.num_heads, spec.num_kv_heads, spec.head_dim
     else:
         head_dim = HEAD_DIM
         heads = max(1, spec.hidden_size // head_dim)
-        kv_heads = min(8, heads)
+        kv_heads = min(num_kv_heads or 8, heads)
         while heads % kv_heads:
             kv_heads -= 1
     intermediate = spec.mlp.intermediate_size
@@ -102,18 +105,20 @@ def head_config(
     draft_vocab: int | None = None,
     norm_before_fc: bool = True,
     norm_output: bool = True,
+    num_kv_heads: int | None = None,
 ) -> dict[str, Any]:
     """The speculators-format config.json of a ``method`` head for ``spec``'s model.
 
     ``verifier`` is the verifier's Hub id or path (default: the spec's
     base_checkpoint). EAGLE-3 defaults follow ``speculators train`` (norm before the
-    fc layer, normed output fed back across steps)."""
+    fc layer, normed output fed back across steps). ``num_kv_heads``: the head's
+    KV heads beside an MLA verifier (see :func:`head_layer`)."""
     from speculators import SpeculatorsConfig, VerifierConfig
     from speculators.proposals import GreedyTokenProposalConfig
 
     if method not in HEAD_METHODS:
         raise InputError(f"{method!r} has no draft head (heads: {HEAD_METHODS})")
-    layer_dict = head_layer(spec, method)
+    layer_dict = head_layer(spec, method, num_kv_heads)
     aux = aux_layer_ids(spec.num_hidden_layers)
     vocab = draft_vocab or draft_vocab_size(spec)
     common = {

@@ -41,6 +41,7 @@ from onboard.speculators.methods import DRAFT_METHODS, refusals, speculative_con
 from onboard.speculators.tiny_draft import lossless
 from onboard.validate.compare import TOP_K
 from onboard.validate.cpu_draft import (
+    block_clash,
     cpu_features,
     describe,
     full_window_draft,
@@ -199,7 +200,9 @@ def run(ctx, name: str) -> Check:
         reason = exc.failure.get("error") or str(exc)
         note = lacking_note(reason, metrics["cpu_features"])
         why = f"{reason} ({note})" if note else reason
-        if method in CPU_METHODS:
+        # vLLM's CPU build cannot place this draft beside the MLA verifier: a
+        # limit of the engine on this CPU, not a failure of the model or draft.
+        if method in CPU_METHODS and not block_clash(reason):
             return Check(
                 name,
                 "failed",

@@ -16,6 +16,14 @@ as long as its context: the same attention (no position is ever outside the
 window), in its own group of 32-token blocks beside the verifier's 16-token MLA
 groups, in float32 with ``CPU_MLA`` like the main engine, whatever the CPU has.
 Only the ``config.json`` of a copy changes; the weights are the head's own files.
+
+The groups must then share one page size (``unify_kv_cache_spec_page_size``): an
+MLA page (16 tokens x 576 latent values) can be neither padded nor split, so the
+head's page (32 tokens x K and V of every KV head) must fit inside it and is
+padded up to it: at most 144 K+V values per token, i.e. one KV head of 128
+(:func:`cpu_kv_heads`, the shape onboard trains its heads for MLA verifiers in).
+A wider head makes vLLM fall back to one group for all layers, and the engine
+refuses it as above.
 """
 
 from __future__ import annotations
@@ -27,14 +35,26 @@ from pathlib import Path
 from typing import Any
 
 from onboard.spec.model import ModelSpec
+from onboard.speculators.heads import HEAD_DIM
 
 SLIDING = "sliding_attention"
+# The widest head (KV heads x head_dim) whose 32-token page fits a 16-token MLA
+# page of kv_lora_rank + qk_rope_head_dim = 576 values: 32 * 2 * w <= 16 * 576.
+MAX_KV_WIDTH = 144
 
 
 def needs_full_window(spec: ModelSpec, method: str) -> bool:
     """Whether ``method``'s head meets the block-size clash above (an EAGLE-3
     head's Llama layer beside an MLA verifier)."""
     return method == "eagle3" and spec.attention.type == "mla"
+
+
+def cpu_kv_heads(spec: ModelSpec) -> int | None:
+    """KV heads of a head vLLM's CPU engine can serve beside ``spec``'s verifier:
+    one beside MLA (the module docstring), None (the default shape) otherwise."""
+    if spec.attention.type != "mla":
+        return None
+    return max(1, MAX_KV_WIDTH // HEAD_DIM)
 
 
 def full_window_draft(draft: str, out_dir: Path) -> tuple[str, dict[str, Any]]:
@@ -85,7 +105,7 @@ def lacking_note(reason: str, features: dict[str, bool]) -> str:
     """What this CPU lacks that vLLM's refusal ``reason`` points at ("" when it
     points at nothing the CPU could have)."""
     lacking = [name for name, present in features.items() if not present]
-    if "No common block size" in reason and "CPU_MLA" in reason and "amx" in lacking:
+    if block_clash(reason) and "amx" in lacking:
         return (
             "the MLA backend that takes 32-token blocks (AMX_MLA, bfloat16) needs "
             "AMX, which this CPU lacks"
@@ -95,6 +115,11 @@ def lacking_note(reason: str, features: dict[str, bool]) -> str:
     if "AVX-512" in reason and "avx512" in lacking:
         return "vLLM's kernel for it needs AVX-512, which this CPU lacks"
     return ""
+
+
+def block_clash(reason: str) -> bool:
+    """vLLM's refusal of a draft beside the CPU MLA backend (module docstring)."""
+    return "No common block size" in reason and "CPU_MLA" in reason
 
 
 def describe(features: dict[str, bool]) -> str:
