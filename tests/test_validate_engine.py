@@ -200,6 +200,30 @@ def test_root_cause_is_the_first_error_traceback_of_the_engine_log():
     assert root_cause("INFO nothing failed\n") == (None, "")
 
 
+# vLLM 0.32 on a CPU without AMX, loading an fp8-block checkpoint (the reasons of
+# a kernel refusal come on lines of their own).
+_KERNEL_LOG = """\
+(Worker pid=1980) ERROR 12-01 22:48:52 [multiproc_executor.py:953] Traceback (most recent call last):
+(Worker pid=1980) ERROR 12-01 22:48:52 [multiproc_executor.py:953]     raise ValueError(
+(Worker pid=1980) ERROR 12-01 22:48:52 [multiproc_executor.py:953] ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. Reasons:\x20
+(Worker pid=1980) ERROR 12-01 22:48:52 [multiproc_executor.py:953] CPUFp8W8A8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer)..
+(Worker pid=1980) ERROR 12-01 22:48:52 [multiproc_executor.py:953] CPUFp8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer)..
+(EngineCore pid=1966) ERROR 12-01 22:48:55 [core.py:1510] Traceback (most recent call last):
+(EngineCore pid=1966) ERROR 12-01 22:48:55 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process.
+"""  # noqa: E501
+
+
+def test_root_cause_keeps_the_lines_of_a_multi_line_message():
+    cause, traceback = root_cause(_KERNEL_LOG)
+    assert cause == (
+        "ValueError: Failed to find a kernel that can implement the ScaledMM linear "
+        "layer. Reasons: CPUFp8W8A8BlockScaledMMKernel requires AMX tile support "
+        "(Sapphire Rapids or newer).. CPUFp8BlockScaledMMKernel requires AMX tile "
+        "support (Sapphire Rapids or newer).."
+    )
+    assert "WorkerProc initialization failed" not in traceback
+
+
 # -- real engine ------------------------------------------------------------------
 
 

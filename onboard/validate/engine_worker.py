@@ -40,7 +40,7 @@ from onboard.validate.engine_probes import (
 
 # vLLM log lines look like "(Worker pid=1) ERROR 11-30 06:17:55 [file.py:953] text".
 _LOG_PREFIX = re.compile(
-    r"^(\(\S+ pid=\d+\) )?(ERROR|WARNING|INFO|DEBUG) \S+ \S+ \[\S+\] "
+    r"^(\(\S+ pid=\d+\) )?(ERROR|WARNING|INFO|DEBUG) \S+ \S+ (\[\S+\]) "
 )
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit))(: .*)?$")
 
@@ -59,8 +59,31 @@ def root_cause(log_text: str) -> tuple[str | None, str]:
         return None, ""
     for i in range(start + 1, len(lines)):
         if _EXC_LINE.match(lines[i]):
-            return lines[i], "\n".join(lines[start : i + 1])
+            end = i + 1 + len(_continuation(errors, i))
+            cause = " ".join(line.strip() for line in lines[i:end])
+            return cause, "\n".join(lines[start:end])
     return None, "\n".join(lines[start:])
+
+
+def _continuation(errors: list[str], i: int) -> list[str]:
+    """The further lines of a multi-line exception message at ``errors[i]`` (e.g.
+    vLLM's "Failed to find a kernel ... Reasons:" and one line per kernel): the
+    lines that follow from the same process and log call."""
+    source = _source(errors[i]) if i < len(errors) else None
+    out = []
+    for line in errors[i + 1 :]:
+        if source is None or _source(line) != source:
+            break
+        text = _LOG_PREFIX.sub("", line)
+        if text.startswith("Traceback") or not text.strip():
+            break
+        out.append(text)
+    return out
+
+
+def _source(line: str) -> tuple[str, str] | None:
+    match = _LOG_PREFIX.match(line)
+    return (match.group(1) or "", match.group(3)) if match else None
 
 
 class _Replies:
