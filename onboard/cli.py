@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,7 +38,10 @@ app.add_typer(checkpoint_app, name="checkpoint")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-SpecArg = Annotated[Path, typer.Argument(help="Model spec YAML.", show_default=False)]
+# Every argument has an upper-case metavar (the usage line names it so).
+SpecArg = Annotated[
+    Path, typer.Argument(metavar="SPEC", help="Model spec YAML.", show_default=False)
+]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Output directory.")]
 
 
@@ -84,7 +88,10 @@ def spec_schema() -> None:
 @spec_app.command("from-hf")
 def spec_from_hf(
     config: Annotated[
-        Path, typer.Argument(help="config.json, or a directory containing one.")
+        Path,
+        typer.Argument(
+            metavar="CONFIG", help="config.json, or a directory containing one."
+        ),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Spec YAML to write.")],
     name: Annotated[
@@ -92,13 +99,23 @@ def spec_from_hf(
     ] = None,
 ) -> None:
     """Infer a spec from a Hugging Face config.json."""
-    from onboard.fsutil import atomic_write_text
+    from onboard.fsutil import atomic_write_text, check_output_file, same_file
     from onboard.spec import dump_spec
     from onboard.spec.hf import spec_from_hf_config_file
 
+    source = config / "config.json" if config.is_dir() else config
+    if same_file(output, source):
+        raise InputError(
+            f"--output {output}: is the input {source}; writing the spec there would "
+            "destroy the config (choose another file, e.g. spec.yaml)"
+        )
+    check_output_file(output)
     spec = spec_from_hf_config_file(config, name=name)
-    atomic_write_text(output, dump_spec(spec))
-    out.print(f"wrote {output} ({spec.architecture})")
+    try:
+        atomic_write_text(output, dump_spec(spec))
+    except OSError as exc:  # e.g. a full disk: the user's to fix
+        raise InputError(f"{output}: cannot write the spec: {exc}") from None
+    out.print(f"wrote {output} ({spec.architecture})", markup=False)
 
 
 @checkpoint_app.command("tiny")
@@ -135,18 +152,29 @@ def checkpoint_tiny(
 @app.command("generate")
 def generate(spec: SpecArg, out_dir: OutOpt) -> None:
     """Render the vLLM model file, its plugin and (new model types) the HF reference."""
+    from onboard.fsutil import check_output_dir
     from onboard.generate import generate_all
     from onboard.spec import load_spec
 
-    written = generate_all(load_spec(spec), out_dir)
+    loaded = load_spec(spec)
+    check_output_dir(out_dir)
+    try:
+        written = generate_all(loaded, out_dir)
+    except OSError as exc:  # e.g. a full disk: the user's to fix
+        raise InputError(
+            f"{out_dir}: cannot write the generated files: {exc}"
+        ) from None
     for path in written:
-        out.print(f"wrote {path}")
+        out.print(f"wrote {path}", markup=False)
 
 
 @app.command("quantize")
 def quantize(
     model_dir: Annotated[
-        Path, typer.Argument(help="16-bit checkpoint directory.", show_default=False)
+        Path,
+        typer.Argument(
+            metavar="MODEL_DIR", help="16-bit checkpoint directory.", show_default=False
+        ),
     ],
     scheme: Annotated[
         str,
@@ -168,7 +196,10 @@ def quantize(
     ] = False,
 ) -> None:
     """Quantize a checkpoint into the compressed-tensors format vLLM loads."""
+    from onboard.fsutil import check_output_dir
     from onboard.quantize import quantize_checkpoint
+
+    check_output_dir(out_dir, must_be_empty=True)
 
     path = quantize_checkpoint(
         model_dir,
@@ -221,7 +252,9 @@ def speculators(spec: SpecArg, out_dir: OutOpt) -> None:
 
 @speculators_app.command("tune")
 def speculators_tune(
-    model_dir: Annotated[Path, typer.Argument(help="Checkpoint directory.")],
+    model_dir: Annotated[
+        Path, typer.Argument(metavar="MODEL_DIR", help="Checkpoint directory.")
+    ],
     spec: Annotated[Path, typer.Option("--spec", help="Model spec YAML.")],
     out_dir: OutOpt,
     methods: Annotated[
@@ -239,6 +272,7 @@ def speculators_tune(
 ) -> None:
     """Measure acceptance and draft cost, predict and measure the speed-up of draft
     lengths 1-4 per method and batch band, pick the best (or decline)."""
+    from onboard.fsutil import INDEX_FILE, read_weight_map
     from onboard.spec import load_spec
     from onboard.spec.model import SPEC_METHODS
     from onboard.speculators.tune import tune
@@ -257,6 +291,8 @@ def speculators_tune(
         raise InputError(f"{spec}: the spec lists no speculative method")
     if not Path(model_dir, "config.json").is_file():
         raise InputError(f"{model_dir}: no config.json (not a checkpoint)")
+    if Path(model_dir, INDEX_FILE).is_file():
+        read_weight_map(Path(model_dir, INDEX_FILE))  # the engine opens what it names
     plugin = read_plugin(generated / "plugin") if generated else None
     report = tune(
         model_dir,
@@ -318,7 +354,10 @@ def new_model(
 def validate(
     model_dir: Annotated[
         Path | None,
-        typer.Argument(help="Checkpoint directory (with --emit: also a Hub id)."),
+        typer.Argument(
+            metavar="MODEL_DIR",
+            help="Checkpoint directory (with --emit: also a Hub id).",
+        ),
     ] = None,
     spec: Annotated[
         Path | None, typer.Option("--spec", help="Model spec YAML.")
@@ -403,8 +442,20 @@ def validate(
     if emit is not None or ingest is not None:
         _validate_remote(model_dir, spec, target, out_dir, generated, emit, ingest)
         return
-    if model_dir is None or spec is None or out_dir is None:
-        raise InputError("validate: MODEL_DIR, --spec and --out are required")
+    missing = [
+        name
+        for name, value in (
+            ("MODEL_DIR", model_dir),
+            ("--spec", spec),
+            ("--out", out_dir),
+        )
+        if value is None
+    ]
+    if missing:
+        raise InputError(
+            f"validate: missing {', '.join(missing)} (a run needs MODEL_DIR, --spec "
+            "and --out)"
+        )
 
     variants = _quantized_option(quantized or [])
     checks = ",".join([checks, *(f"quant:{s}" for s in variants)])
@@ -445,7 +496,8 @@ def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> N
             raise InputError("validate --emit: MODEL and --spec are required")
         run_emit(str(model), spec, target, emit, generated=generated)
         out.print(f"wrote {emit}/run.sh and {emit}/thresholds.json", markup=False)
-        out.print(f"run on {target}: bash {emit}/run.sh", markup=False)
+        run_sh = shlex.quote(str(emit / "run.sh"))
+        out.print(f"run on {target}: bash {run_sh}", markup=False)
         return
     from onboard.report.data import verdict_lines
     from onboard.validate.ingest import ingest as run_ingest
@@ -478,7 +530,10 @@ def _quantized_option(values: list[str]) -> dict[str, Path]:
 @app.command("publish")
 def publish(
     model_dir: Annotated[
-        Path, typer.Argument(help="Checkpoint directory written by onboard.")
+        Path,
+        typer.Argument(
+            metavar="MODEL_DIR", help="Checkpoint directory written by onboard."
+        ),
     ],
     repo: Annotated[str, typer.Option(help="Hub repository, ORG/NAME.")],
     private: Annotated[
@@ -672,7 +727,9 @@ pr_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(pr_app, name="pr")
-GenDirArg = Annotated[Path, typer.Argument(help="Output of `onboard generate`.")]
+GenDirArg = Annotated[
+    Path, typer.Argument(metavar="GEN_DIR", help="Output of `onboard generate`.")
+]
 VllmSrcOpt = Annotated[
     Path,
     typer.Option(
@@ -710,6 +767,20 @@ def pr_describe(
 
     out.print(f"wrote {write_pr_md(spec, gen_dir, validation)}", markup=False)
 
+
+class _Command(typer.core.TyperCommand):
+    """Usage lines in Click's convention, `onboard generate [OPTIONS] SPEC`: typer
+    itself writes a required argument as `{SPEC}`."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        return [p.removeprefix("{").removesuffix("}") for p in pieces]
+
+
+for _app in (app, spec_app, checkpoint_app, speculators_app, pr_app):
+    for _info in _app.registered_commands:
+        if _info.cls is typer.core.TyperCommand:
+            _info.cls = _Command
 
 _STANDALONE = False  # run as the `onboard` program (not in-process, e.g. tests)
 

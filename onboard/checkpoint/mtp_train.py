@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from onboard.errors import InputError
-from onboard.fsutil import atomic_write_text
+from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.spec.model import ModelSpec
 
 PROMPT_TOKENS = 16
@@ -48,7 +48,6 @@ STEPS = 200
 LR = 1e-4
 EVAL_EVERY = 50
 REPORT_FILE = "mtp_training.json"
-INDEX_FILE = "model.safetensors.index.json"
 _DTYPES = {"BF16": "bfloat16", "F32": "<f4", "F16": "<f2"}
 
 
@@ -664,8 +663,9 @@ def read_tensor(checkpoint_dir: Path, name: str) -> np.ndarray:
     from onboard.checkpoint.safetensors_io import from_bf16_bits
 
     checkpoint_dir = Path(checkpoint_dir)
-    index = json.loads((checkpoint_dir / INDEX_FILE).read_text())
-    data = (checkpoint_dir / index["weight_map"][name]).read_bytes()
+    data = (
+        checkpoint_dir / read_weight_map(checkpoint_dir / INDEX_FILE)[name]
+    ).read_bytes()
     base, header = _header(data, checkpoint_dir)
     entry = header[name]
     a, b = entry["data_offsets"]
@@ -683,8 +683,7 @@ def write_tensors(checkpoint_dir: Path, tensors: dict[str, np.ndarray]) -> list[
     the index stay as they were; each changed shard is written to a temporary file
     beside it, and the files replace the shards only once all are written."""
     checkpoint_dir = Path(checkpoint_dir)
-    index = json.loads((checkpoint_dir / INDEX_FILE).read_text())
-    weight_map = index["weight_map"]
+    weight_map = read_weight_map(checkpoint_dir / INDEX_FILE)
     unknown = sorted(set(tensors) - set(weight_map))
     if unknown:
         raise InputError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import shlex
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from onboard.checkpoint.preflight_spec import (
 from onboard.checkpoint.tiny import INDEX_FILE, TensorPlan, plan_tensors
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError
+from onboard.fsutil import BadIndex, read_weight_map
 from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 from onboard.spec.model import ModelSpec
 
@@ -133,6 +135,8 @@ DROPPED = (
     "rotary_emb.cos_cached",
     "rotary_emb.sin_cached",
 )
+# Size mismatches from which preflight looks for the checkpoint's own spec.yaml.
+SPEC_HINT_MISMATCHES = 3
 CPU_MLA_LATENT = 576  # vLLM's CPU MLA decode kernel: kv_lora_rank 512 + rope 64
 
 
@@ -345,6 +349,7 @@ def preflight(
         run.check_config(keys=config_keys)
     t3 = time.perf_counter()
     run.check_tensors()
+    run.suggest_own_spec()
     t4 = time.perf_counter()
     report = run.report
     report.timings = {
@@ -451,20 +456,17 @@ class _Run:
         weight_map: dict[str, str] | None = None
         if index_path.is_file():
             try:
-                weight_map = json.loads(index_path.read_text(encoding="utf-8"))[
-                    "weight_map"
-                ]
-                if not isinstance(weight_map, dict) or not all(
-                    isinstance(v, str) for v in weight_map.values()
-                ):
-                    raise ValueError("weight_map is not a {tensor: file} object")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                weight_map = read_weight_map(index_path)
+            except BadIndex as exc:
+                # Without a trusted index only the shards on disk are read: a name
+                # with a path in it is never opened.
                 self.add(
                     "error",
                     "index",
                     INDEX_FILE,
-                    f"corrupt index: {exc}",
-                    "re-download the index; the shards on disk are checked without it",
+                    exc.problem,
+                    "regenerate or re-download the index (shards are plain file "
+                    "names beside it); the shards on disk are checked without it",
                 )
                 weight_map = None
         on_disk = sorted(p.name for p in self.root.glob("*.safetensors"))
@@ -571,6 +573,54 @@ class _Run:
                 "regenerate the index",
                 tensors=unlisted,
             )
+
+    def suggest_own_spec(self) -> None:
+        """Many size mismatches usually mean the wrong spec: point at the spec.yaml
+        written with the checkpoint (`onboard checkpoint tiny`, `new-model`) when
+        that one has the config's sizes."""
+        mismatches = [
+            p
+            for p in self.report.errors
+            if p.kind in ("shape", "config", "layer-count")
+        ]
+        if len(mismatches) < SPEC_HINT_MISMATCHES or self.config is None:
+            return
+        from onboard.spec import load_spec
+
+        sizes = ("hidden_size", "num_hidden_layers", "vocab_size")
+        config = tuple(self.config.get(key) for key in sizes)
+        if config == tuple(getattr(self.spec, key) for key in sizes):
+            return
+        parent = self.root.parent
+        candidates = [self.root / "spec.yaml"]
+        if parent.name == "checkpoints":  # new-model's DIR/checkpoints/<name>
+            candidates.append(parent.parent / "spec.yaml")
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                own = load_spec(path)
+            except InputError:  # a hint only: a spec that does not load is skipped
+                continue
+            if tuple(getattr(own, key) for key in sizes) == config:
+                command = shlex.join(
+                    [
+                        "onboard",
+                        "spec",
+                        "check",
+                        str(path),
+                        "--checkpoint",
+                        str(self.root),
+                    ]
+                )
+                self.add(
+                    "note",
+                    "spec-hint",
+                    str(path),
+                    "has this checkpoint's sizes (the spec checked has not); check "
+                    f"against it: {command}",
+                )
+                return
 
     # ---- config.json -----------------------------------------------------------
 

@@ -34,8 +34,10 @@ NUM_SPECULATIVE_TOKENS = 3
 
 
 def _rewrite_paths(root: Path, old: str, new: str) -> None:
-    for path in root.rglob("*"):
-        if path.suffix in (".json", ".sh") and path.is_file():
+    # As JSON writes them: a quote or backslash in the path is escaped there.
+    old, new = json.dumps(old)[1:-1], json.dumps(new)[1:-1]
+    for path in root.rglob("*.json"):
+        if path.is_file():
             text = path.read_text()
             if old in text:
                 path.write_text(text.replace(old, new))

@@ -18,7 +18,13 @@ from pathlib import Path
 from onboard.errors import InputError
 from onboard.publish.card import CardInputs, human_size, render_card, speculators_for
 from onboard.publish.checkpoint import CARD, Checkpoint, LocalFile, inspect_checkpoint
-from onboard.publish.hub import Outcome, PublishFailed, Target, Uploader
+from onboard.publish.hub import (
+    Outcome,
+    PublishFailed,
+    Target,
+    Uploader,
+    redact_urls,
+)
 from onboard.publish.validation import Verdict, find_validation, judge, layout_root
 
 __all__ = [
@@ -32,6 +38,9 @@ __all__ = [
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
 _REPO_ID = re.compile(rf"^{_NAME}/{_NAME}$")
 _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
+# A Hugging Face access token (hf_ and 34 letters and digits); shorter runs are
+# accepted as branch names.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}")
 
 
 @dataclass
@@ -52,7 +61,7 @@ class Plan:
         how = "a pull request against" if t.pull_request else "a commit on"
         size = human_size(sum(f.size for f in self.files))
         out = [
-            f"repository {t.repo_id} at {t.endpoint} "
+            f"repository {t.repo_id} at {redact_urls(t.endpoint)} "
             f"({'private' if t.private else 'public if created'}), {how} {t.revision}",
             f"commit: {self.title}",
             f"files ({len(self.files)}, {size}):",
@@ -132,6 +141,12 @@ def plan_publish(
     """Check everything locally and build the card; touches no network."""
     from huggingface_hub import constants
 
+    if _TOKEN.search(revision):
+        # Not echoed: it would land in logs, and in the card's serve command.
+        raise InputError(
+            "--revision: this looks like a Hugging Face token (hf_...), not a branch "
+            "name; nothing was printed or uploaded (pass the token as HF_TOKEN)"
+        )
     if not _REPO_ID.match(repo_id) or ".." in repo_id:
         raise InputError(f"--repo: expected ORG/NAME, got {repo_id!r}")
     if not _BRANCH.match(revision) or revision.startswith("refs/") or ".." in revision:
@@ -140,7 +155,9 @@ def plan_publish(
         raise InputError(f"--base-model: expected ORG/NAME, got {base_model!r}")
     endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
     if not re.match(r"^https?://[^/\s]+", endpoint):
-        raise InputError(f"--endpoint: expected an http(s) URL, got {endpoint!r}")
+        raise InputError(
+            f"--endpoint: expected an http(s) URL, got {redact_urls(endpoint)!r}"
+        )
     target = Target(repo_id, endpoint, private, revision, pull_request)
 
     ckpt_dir = Path(checkpoint_dir)

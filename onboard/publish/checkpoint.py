@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.fsutil import INDEX_FILE as INDEX
+from onboard.fsutil import shard_name_problem
 
-INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 QUANTIZE_RECORD = "onboard-quantize.json"
 
@@ -243,11 +244,13 @@ def _weights(root: Path, entries: list[Path], problems: list[str]) -> list[str]:
             return []
         by_shard: dict[str, set[str]] = {}
         for tensor, shard in weight_map.items():
-            by_shard.setdefault(str(shard), set()).add(tensor)
+            problem = shard_name_problem(shard)
+            if problem is not None:
+                problems.append(f"{root / INDEX}: weight_map[{tensor!r}]: {problem}")
+                return []
+            by_shard.setdefault(shard, set()).add(tensor)
         for shard, tensors in by_shard.items():
-            if "/" in shard or shard.startswith("."):
-                problems.append(f"{INDEX}: shard name {shard!r} is not a plain file")
-            elif shard not in on_disk:
+            if shard not in on_disk:
                 problems.append(
                     f"{shard}: listed in {INDEX} ({len(tensors)} tensors) but missing"
                 )

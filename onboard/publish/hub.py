@@ -20,6 +20,7 @@ replaced by ``***``, including messages the server wrote.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,14 +64,23 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
+# The userinfo of a URL (http://user:password@host): credentials, never shown.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def redact_urls(text: object) -> str:
+    """``text`` with the credentials in its URLs replaced by ``***``."""
+    return _USERINFO.sub(r"\1***@", str(text))
+
+
 class Redactor:
-    """Replaces the token in any text."""
+    """Replaces the token, and any credentials in URLs, in any text."""
 
     def __init__(self, token: str | None):
         self.token = token or None
 
     def __call__(self, text: object) -> str:
-        text = str(text)
+        text = redact_urls(text)
         if self.token:
             text = text.replace(self.token, "***")
         return text
@@ -234,6 +244,7 @@ class Uploader:
     def _ensure_repo(self) -> str:
         t = self.target
         url = str(self.api.create_repo(t.repo_id, private=t.private, exist_ok=True))
+        url = self.redact(url)  # printed: an endpoint's credentials are in it
         info = self.api.model_info(t.repo_id)
         if t.private and not info.private:
             raise InputError(
@@ -315,7 +326,7 @@ class Uploader:
             ref=info.pr_revision or t.revision,
             commit=info.oid,
             pr_num=info.pr_num,
-            pr_url=info.pr_url,
+            pr_url=self.redact(info.pr_url) if info.pr_url else None,
         )
 
     def _verify(self, files: list[LocalFile], outcome: Outcome) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from onboard.config_json import read_config_json
 from onboard.errors import InputError
+from onboard.fsutil import INDEX_FILE, read_weight_map
 from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
 from onboard.quantize.layout import TensorLayout, detect_layout, match_role
@@ -32,8 +33,6 @@ from onboard.spec.layouts import LINEAR_ROLES, ROLES
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
-
-INDEX_FILE = "model.safetensors.index.json"
 
 # Decoder projections that are quantized (vLLM builds them as quantizable layers).
 # Linear modules that always stay in 16 bits (and go to the config's ignore list).
@@ -156,12 +155,8 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
         )
     index_path = model_dir / INDEX_FILE
     if index_path.exists():
-        try:
-            weight_map = json.loads(index_path.read_text(encoding="utf-8"))[
-                "weight_map"
-            ]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"{index_path}: corrupt index: {exc}") from None
+        # Output shards are named after these: only plain names in model_dir.
+        weight_map = read_weight_map(index_path)
         names = sorted(set(weight_map.values()))
     else:
         weight_map = None

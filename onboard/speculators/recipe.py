@@ -61,13 +61,16 @@ def sizes(spec: ModelSpec, head: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def recipe_script(
-    spec: ModelSpec, method: str, k: int, head: dict[str, Any], out_name: str
-) -> str:
-    """The shell recipe that trains ``method``'s head for the full-size model."""
+def recipe_script(spec: ModelSpec, method: str, k: int, head: dict[str, Any]) -> str:
+    """The shell recipe that trains ``method``'s head for the full-size model.
+
+    It saves the head into its own directory (found when it runs, so no path is
+    written into it), where the speculative config expects it. Every value it
+    interpolates is shell-quoted."""
+    q = shlex.quote
     s = sizes(spec, head)
     verifier = spec.base_checkpoint or "PATH/TO/VERIFIER"
-    layer_ids = " ".join(map(str, s["aux_layer_ids"]))
+    layer_ids = " ".join(q(str(i)) for i in s["aux_layer_ids"])
     extract_cfg = json.dumps(
         {
             "method": "extract_hidden_states",
@@ -87,25 +90,25 @@ def recipe_script(
         }
     )
     train_flags = [
-        f"--speculator-type {method}",
+        f"--speculator-type {q(method)}",
         '--verifier-name-or-path "$VERIFIER"',
         '--data-path "$WORK/data"',
         f"--target-layer-ids {layer_ids}",
-        f"--num-layers {NUM_LAYERS[method]}",
-        f"--draft-arch {'llama' if method == 'eagle3' else 'qwen3'}",
+        f"--num-layers {q(str(NUM_LAYERS[method]))}",
+        f"--draft-arch {q('llama' if method == 'eagle3' else 'qwen3')}",
         '--total-seq-len "$SEQ_LENGTH"',
-        f"--save-path {out_name}",
+        '--save-path "$HEAD_DIR"',
     ]
     if method == "eagle3":
         train_flags += [
-            f"--draft-vocab-size {s['draft_vocab_size']}",
-            f"--ttt-steps {k}",
+            f"--draft-vocab-size {q(str(s['draft_vocab_size']))}",
+            f"--ttt-steps {q(str(k))}",
         ]
     else:
         block = k + 1 if method == "dflash" else k
         train_flags += [
-            f"--block-size {block}",
-            f"--mask-token-id {spec.vocab_size - 1}",
+            f"--block-size {q(str(block))}",
+            f"--mask-token-id {q(str(spec.vocab_size - 1))}",
         ]
     flags = " \\\n  ".join(train_flags)
     return f"""#!/usr/bin/env bash
@@ -122,19 +125,21 @@ def recipe_script(
 #     mapping built by `speculators train` from the token frequencies)
 # Needs GPUs that hold the verifier; set TP to their count.
 set -euo pipefail
-VERIFIER=${{VERIFIER:-{shlex.quote(verifier)}}}
+# The head's directory (this script's): the speculative config reads it from there.
+HEAD_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+VERIFIER=${{VERIFIER:-{q(verifier)}}}
 DATASET=${{DATASET:-sharegpt}}
-WORK=${{WORK:-./work-{method}}}
+WORK=${{WORK:-{q(f"./work-{method}")}}}
 TP=${{TP:-8}}
-SEQ_LENGTH=${{SEQ_LENGTH:-{s["seq_length"]}}}
+SEQ_LENGTH=${{SEQ_LENGTH:-{q(str(s["seq_length"]))}}}
 PORT=${{PORT:-8000}}
 mkdir -p "$WORK"
 
 # 1. Serve the verifier (chat rendering for prepare-data, and the hidden states).
 vllm serve "$VERIFIER" --port "$PORT" --tensor-parallel-size "$TP" \\
   --max-model-len "$SEQ_LENGTH" \\
-  --speculative-config '{extract_cfg}' \\
-  --kv-transfer-config '{connector}' &
+  --speculative-config {q(extract_cfg)} \\
+  --kv-transfer-config {q(connector)} &
 SERVER=$!
 trap 'kill $SERVER' EXIT
 until curl -sf "http://localhost:$PORT/health" >/dev/null; do sleep 10; done
@@ -143,7 +148,7 @@ until curl -sf "http://localhost:$PORT/health" >/dev/null; do sleep 10; done
 #    the reduced draft vocabulary.
 speculators prepare-data --model "$VERIFIER" --data "$DATASET" \\
   --output "$WORK/data" --seq-length "$SEQ_LENGTH" \\
-  --max-samples {s["num_samples"]} --render-endpoint "http://localhost:$PORT"
+  --max-samples {q(str(s["num_samples"]))} --render-endpoint "http://localhost:$PORT"
 
 # 3a. Offline: extract the hidden states to files, then train from them.
 speculators generate-offline-data --model "$VERIFIER" \\

@@ -61,9 +61,7 @@ def write_speculators(
             head = head_config(spec, method, k)
             _write_json(head_dir / "config.json", head)
             recipe = head_dir / "recipe.sh"
-            atomic_write_text(
-                recipe, recipe_script(spec, method, k, head, str(head_dir))
-            )
+            atomic_write_text(recipe, recipe_script(spec, method, k, head))
             recipe.chmod(0o755)
             written += [head_dir / "config.json", recipe]
             info.update(head=str(head_dir), sizes=sizes(spec, head))

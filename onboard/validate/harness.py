@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import json
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
-from onboard.fsutil import atomic_write_text
+from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
 from onboard.validate.compare import TOP_K, GreedyOutput, judge_accuracy
 from onboard.validate.engine import (
@@ -238,8 +239,13 @@ def parse_checks(text: str | None) -> list[str]:
         known = [c for c in CHECKS if not c.endswith(":")] + [
             f"{p}{{{'|'.join(v)}}}" for p, v in _PARAMS.items()
         ]
+        every = [c for c in CHECKS if not c.endswith(":")] + [
+            p + v for p, values in _PARAMS.items() for v in values
+        ]
+        close = difflib.get_close_matches(name, every, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise InputError(
-            f"--checks: unknown check {name!r} (known: {', '.join(known)})"
+            f"--checks: unknown check {name!r}{hint} (known: {', '.join(known)})"
         )
     if "accuracy" not in names:
         names.insert(0, "accuracy")  # the run's verdict rests on it
@@ -295,6 +301,9 @@ def check_inputs(spec: ModelSpec, model_dir: Path) -> dict[str, Any]:
         raise InputError(f"{config_path}: invalid JSON: {exc}") from None
     if not any(model_dir.glob("*.safetensors")):
         raise InputError(f"{model_dir}: no *.safetensors weights")
+    if (model_dir / INDEX_FILE).is_file():
+        # Also without preflight: the engine opens every shard the index names.
+        read_weight_map(model_dir / INDEX_FILE)
     problems = []
     if spec.architecture not in (config.get("architectures") or []):
         problems.append(
