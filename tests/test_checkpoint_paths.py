@@ -92,8 +92,11 @@ KINDS = ["absolute", "parent", "subdir", "suffix"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_quantize_refuses_and_writes_nothing(good, tmp_path, kind):
+@pytest.mark.parametrize("with_spec", [True, False])
+def test_quantize_refuses_and_writes_nothing(good, tmp_path, kind, with_spec):
     ckpt, target, name = _malicious(good, tmp_path, kind)
+    if not with_spec:  # the layout is then read from the names (no preflight)
+        (ckpt / "spec.yaml").unlink(missing_ok=True)
     before = _tree(tmp_path)
     out = tmp_path / "q"
     r = subprocess.run(
@@ -103,8 +106,10 @@ def test_quantize_refuses_and_writes_nothing(good, tmp_path, kind):
     )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
-    # Located: the index, the entry (shard 2's first tensor) and the name it gives.
-    assert f"{ckpt / INDEX}: weight_map['lm_head.weight']: " in r.stderr
+    # Located: the index, the entry (shard 2's first tensor) and the name it gives
+    # (with a spec, as preflight reports it, under the checkpoint's path).
+    assert f"{INDEX}: weight_map['lm_head.weight']: " in r.stderr
+    assert str(ckpt) in r.stderr
     assert repr(name) in r.stderr
     # Nothing written anywhere: not the file the name reaches, no output, no
     # partial or lock file beside it.

@@ -487,6 +487,33 @@ def test_full_spec_against_its_tiny_checkpoint(tiny) -> None:
     assert not any("layers 3-" in p.where for p in report.by_kind("missing-tensor"))
 
 
+def test_full_spec_on_a_tiny_checkpoint_points_at_its_own_spec(tiny, tmp_path):
+    """Many size mismatches, and beside the checkpoint a spec.yaml with its sizes
+    (as `onboard checkpoint tiny` and `new-model` write them): one line names it."""
+    full = load_spec(SPECS / f"{DS}.yaml")
+    own = tiny[DS] / "spec.yaml"
+    (hint,) = preflight(full, tiny[DS]).by_kind("spec-hint")
+    assert hint.severity == "note" and hint.where == str(own)
+    assert f"onboard spec check {own} --checkpoint {tiny[DS]}" in hint.message
+    assert len(hint.lines()) == 1
+    assert preflight(spec_of(tiny[DS]), tiny[DS]).problems == []
+
+    # new-model's layout: DIR/spec.yaml is the full spec, the checkpoint's own is
+    # the one with its sizes.
+    layout = tmp_path / "out"
+    bf16 = layout / "checkpoints" / "bf16"
+    shutil.copytree(tiny[DS], bf16)
+    shutil.copy(SPECS / f"{DS}.yaml", layout / "spec.yaml")
+    (hint,) = preflight(full, bf16).by_kind("spec-hint")
+    assert hint.where == str(bf16 / "spec.yaml")
+    # Without one of its own: DIR/spec.yaml when that has the sizes, else none.
+    (bf16 / "spec.yaml").replace(layout / "spec.yaml")
+    (hint,) = preflight(full, bf16).by_kind("spec-hint")
+    assert hint.where == str(layout / "spec.yaml")
+    (layout / "spec.yaml").unlink()
+    assert preflight(full, bf16).by_kind("spec-hint") == []
+
+
 def test_not_a_directory(tmp_path) -> None:
     with pytest.raises(InputError, match="not a checkpoint directory"):
         preflight(load_spec(SPECS / f"{DS}.yaml"), tmp_path / "nope")

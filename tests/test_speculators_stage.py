@@ -53,6 +53,18 @@ def test_stage_writes_full_and_tiny_configs(tmp_path):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".speculators")]
 
 
+def test_stage_final_paths_in_a_directory_named_with_quotes(tmp_path):
+    # JSON escapes a double quote or backslash in the path: the temporary path is
+    # still found and rewritten to the final one.
+    root = tmp_path / "a b \"dq\" 'q' back\\slash $(x)"
+    root.mkdir()
+    out = _run(root, [{"method": "dflash", "num_speculative_tokens": 3}])
+    for config in (out, out / "tiny"):
+        flag = json.loads((config / "speculative-config.dflash.json").read_text())
+        assert flag["model"] == str(config.resolve() / "dflash")
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".speculators")]
+
+
 def test_stage_refuses_before_writing(tmp_path):
     # eagle3 with a draft of another hidden size is refused by the full spec's
     # rules: nothing is written.

@@ -15,7 +15,6 @@ names as the input, and in each, every output tensor's dtype, shape and offset.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
