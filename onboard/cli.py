@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from onboard.errors import CheckFailed, InputError
+from onboard.errors import CheckFailed, InputError, printable_lines
 
 app = typer.Typer(
     name="onboard",
@@ -74,7 +74,10 @@ def spec_check(
     from onboard.spec.rules import tensor_parallel_note
 
     out.print(f"note: {spec}: {tensor_parallel_note(loaded)}", markup=False)
-    out.print(f"{spec}: ok ({loaded.architecture}, {loaded.num_hidden_layers} layers)")
+    out.print(
+        f"{spec}: ok ({loaded.architecture}, {loaded.num_hidden_layers} layers)",
+        markup=False,
+    )
 
 
 @spec_app.command("schema")
@@ -792,8 +795,9 @@ def main() -> None:
     try:
         app()
     except InputError as exc:
-        err.print(f"error: {exc}", markup=False)
+        # Messages quote the user's input: print its control characters escaped.
+        err.print(f"error: {printable_lines(str(exc))}", markup=False)
         sys.exit(2)
     except CheckFailed as exc:
-        err.print(f"failed: {exc}", markup=False)
+        err.print(f"failed: {printable_lines(str(exc))}", markup=False)
         sys.exit(1)

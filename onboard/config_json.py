@@ -27,6 +27,8 @@ def non_finite_keys(value: Any, prefix: str = "") -> list[str]:
 
 def read_config_json(path: Path) -> dict:
     """The parsed config.json at ``path``; InputError when it is not a usable one."""
+    if Path(path).exists() and not Path(path).is_file():
+        raise InputError(f"{path}: not a regular file")
     try:
         config = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -17,7 +17,7 @@ import pytest
 
 from onboard.errors import InputError
 from onboard.reference import render_reference
-from onboard.reference.names import module_names
+from onboard.spec.module_tree import module_names
 from onboard.spec import load_spec
 from onboard.spec.loader import parse_spec_text
 from onboard.spec.model import ModelSpec

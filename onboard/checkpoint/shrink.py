@@ -13,7 +13,8 @@ One rule for every spec (documented in docs/checkpoints.md):
   layout, and the launch wishes (quantization, speculators, targets).
 * **Shrunk** — widths and counts: query heads to at most 2 per KV head and at most
   2 KV heads (MHA stays MHA, MQA stays MQA; MLA keeps 4 heads), hidden size to
-  heads x head_dim where the spec ties them (else 256), dense MLP to 2 x hidden,
+  heads x head_dim where the spec ties them and that stays within 1024 (else 256
+  with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
   widths to 64, q_lora_rank to at most 128, vocab to the bundled tokenizer's 512,
@@ -42,6 +43,7 @@ TINY_VOCAB = 512
 TINY_MAX_POSITIONS = 2048
 TINY_SLIDING_WINDOW = 16
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
+TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
 TINY_Q_LORA_RANK = 128
 MAX_KV_HEADS = 2
@@ -82,7 +84,7 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
             new_heads = new_kv * min(heads // kv, MAX_HEADS_PER_KV)
         att["num_heads"] = new_heads
         att["num_kv_heads"] = None if spec.attention.num_kv_heads is None else new_kv
-        if spec.hidden_size == heads * head_dim:
+        if spec.hidden_size == heads * head_dim and new_heads * head_dim <= TIED_MAX:
             # Families whose config has no head_dim derive it from the hidden size.
             data["hidden_size"] = new_heads * head_dim
         else:
@@ -104,8 +106,9 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
     problems = check_rules(tiny)
     if problems:  # a bug in this rule, not in the user's spec
         raise AssertionError(f"shrunk spec breaks the spec rules: {problems}")
-    if [layer_kind(spec, i, set(keep)) for i in keep] != [
-        layer_kind(tiny, j) for j in range(tiny.num_hidden_layers)
+    types, tiny_types = spec.layer_attention_types(), tiny.layer_attention_types()
+    if [layer_kind(spec, i, set(keep), types) for i in keep] != [
+        layer_kind(tiny, j, types=tiny_types) for j in range(tiny.num_hidden_layers)
     ]:
         raise AssertionError("shrunk spec does not keep the kept layers' kinds")
     return tiny
@@ -143,17 +146,21 @@ def _shrink_moe(spec: ModelSpec, moe: dict) -> None:
 
 
 def layer_kind(
-    spec: ModelSpec, i: int, kept: set[int] | None = None
+    spec: ModelSpec,
+    i: int,
+    kept: set[int] | None = None,
+    types: list[str] | None = None,
 ) -> tuple[str, bool, bool, bool]:
     """What a layer is: attention type, MoE, reads another layer's KV, listed dense.
 
     With ``kept``, a layer reads another layer's KV only if its target is kept too
-    (a shared layer whose target is dropped becomes an ordinary layer).
+    (a shared layer whose target is dropped becomes an ordinary layer). ``types``
+    is ``spec.layer_attention_types()``, passed in by callers that loop.
     """
     moe = spec.mlp.moe
     target = spec.attention.kv_sharing.get(i)
     return (
-        spec.layer_attention_types()[i],
+        (types or spec.layer_attention_types())[i],
         spec.is_moe_layer(i),
         target is not None and (kept is None or target in kept),
         moe is not None and i in moe.dense_layers,
@@ -187,34 +194,36 @@ def select_layers(spec: ModelSpec) -> list[int]:
     period = _period(spec)
     head = _head_count(spec, period)
     first_k = spec.mlp.moe.first_k_dense if spec.mlp.moe is not None else 0
-    want_kinds = {layer_kind(spec, i) for i in range(n)}
     types = spec.layer_attention_types()
-    pairs = sorted(spec.attention.kv_sharing.items())
-    want_pair_types = {types[layer] for layer, _ in pairs}
+    full = [layer_kind(spec, i, types=types) for i in range(n)]
+    want_kinds = set(full)
+    sharing = spec.attention.kv_sharing
+    want_pair_types = {types[layer] for layer in sharing}
     need = min(MIN_LAYERS, n)
+
+    def kind(i: int, a: int) -> tuple[str, bool, bool, bool]:
+        # In a selection head + [a, b], a layer's target (always earlier) is kept
+        # when it is a head layer or at least a: that does not depend on b.
+        target = sharing.get(i)
+        kept = target is not None and (target < head or target >= a)
+        return full[i][:2] + (kept,) + full[i][3:]
 
     best: list[int] | None = None
     for a in range(first_k, n):
         if (a - head) % period:
             continue
-        kept = list(range(head)) + [a]
+        kinds = {kind(i, a) for i in range(head)}
+        pair_types = {types[i] for i in range(head) if i in sharing}
+        size = head
         for b in range(a, n):
-            if b > a:
-                kept.append(b)
-            if best is not None and len(kept) >= len(best):
+            size += 1
+            if best is not None and size >= len(best):
                 break
-            if len(kept) < need:
-                continue
-            members = set(kept)
-            if {layer_kind(spec, i, members) for i in kept} != want_kinds:
-                continue
-            pair_types = {
-                types[layer]
-                for layer, target in pairs
-                if layer in members and target in members
-            }
-            if pair_types == want_pair_types:
-                best = list(kept)
+            kinds.add(kind(b, a))
+            if kind(b, a)[2]:
+                pair_types.add(types[b])
+            if size >= need and kinds == want_kinds and pair_types == want_pair_types:
+                best = list(range(head)) + list(range(a, b + 1))
                 break
     if best is None:  # no aligned run keeps everything: keep every layer
         best = list(range(n))

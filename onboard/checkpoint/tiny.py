@@ -43,6 +43,8 @@ WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 ROUTER_BIAS_STD = 0.05
 LOGIT_STD = 10.0
+# What a seconds-sized checkpoint may hold (bf16: 64 MB); see write_tiny_checkpoint.
+TINY_MAX_PARAMS = 32_000_000
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -297,6 +299,16 @@ def write_tiny_checkpoint(
     }
 
     plans = plan_tensors(tiny)
+    params = sum(math.prod(p.shape) for p in plans)
+    if params > TINY_MAX_PARAMS:
+        # Kept dims (head_dim, the MLA latent) or a long layer period make it big.
+        raise InputError(
+            f"the tiny copy of {spec.name} would have {params / 1e6:.0f}M parameters "
+            f"({tiny.num_hidden_layers} layers of hidden size {tiny.hidden_size}), "
+            f"more than the {TINY_MAX_PARAMS // 10**6}M of a seconds-sized test: "
+            "the layer patterns' period and the dims kernels constrain (head_dim, "
+            "the MLA ranks) are kept as they are (docs/checkpoints.md)"
+        )
     tensors = make_tensors(tiny, seed)
     shards = _shards(tiny, plans)
     try:

@@ -18,7 +18,7 @@ from typing import Any
 from onboard.generate.config_fields import ConfigFields, GenerationError
 from onboard.generate.mtp import MTP_ROLES, mtp_draft
 from onboard.spec.layouts import LAYOUT_PRESETS
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, class_prefix
 
 # The module tree the generated model builds is vLLM's usual one (the Llama /
 # DeepSeek naming). Checkpoint names that differ are renamed by the model's
@@ -34,14 +34,6 @@ ACTIVATIONS = {
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-
-
-def class_prefix(architecture: str) -> str:
-    """``NovelLaunchForCausalLM`` -> ``NovelLaunch`` (prefix of the helper classes)."""
-    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
-        if architecture.endswith(suffix) and len(architecture) > len(suffix):
-            return architecture[: -len(suffix)]
-    return architecture
 
 
 def _py_str(value: str) -> str:

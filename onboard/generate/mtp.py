@@ -61,7 +61,7 @@ class MTPDraft:
 
 
 def mtp_draft(spec: ModelSpec) -> MTPDraft:
-    from onboard.generate.context import class_prefix
+    from onboard.spec.model import class_prefix
 
     prefix = class_prefix(spec.architecture)
     known = VLLM_MTP_ARCHITECTURES.get(spec.model_type)

@@ -14,10 +14,9 @@ Layout (other stages rely on these exact names)::
 
 from __future__ import annotations
 
-from onboard.generate.context import class_prefix
 from onboard.generate.mtp import mtp_draft, mtp_module_name
 from onboard.generate.render import render_python, render_template
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, class_prefix
 
 PLUGIN_VERSION = "0.1.0"
 

@@ -95,10 +95,10 @@ def _mtp_layers_key(spec: ModelSpec) -> str:
 def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     """New files and edits of the vLLM pull request for ``spec``."""
     # (imported here: `onboard pr check|apply` needs none of the generator)
-    from onboard.generate.context import class_prefix
     from onboard.generate.plugin import package_name
     from onboard.generate.render import render_python
     from onboard.spec.hf import transformers_knows
+    from onboard.spec.model import class_prefix
 
     module = spec.module_name
     package = package_name(spec)
@@ -239,7 +239,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
 def _tests_and_docs(
     spec: ModelSpec, mtp_arch: str | None, new_model_type: bool
 ) -> list[Edit]:
-    from onboard.generate.context import class_prefix
+    from onboard.spec.model import class_prefix
 
     repo = f'"{spec.base_checkpoint}"' if spec.base_checkpoint else f'"{spec.name}"'
     args = [repo]

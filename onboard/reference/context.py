@@ -14,21 +14,13 @@ import textwrap
 from typing import Any
 
 from onboard.errors import InputError
-from onboard.reference.names import has_dense_mlp, module_names
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.module_tree import has_dense_mlp, module_names
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
     {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version"}
 )
-
-
-def class_prefix(architecture: str) -> str:
-    """``NovelLaunchForCausalLM`` -> ``NovelLaunch``."""
-    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
-        if architecture.endswith(suffix) and len(architecture) > len(suffix):
-            return architecture[: -len(suffix)]
-    return architecture
 
 
 class _Keys:

@@ -9,11 +9,29 @@ from __future__ import annotations
 import types
 import typing
 
+import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
-from onboard.spec.model import ModelSpec
+from onboard.spec.loader import (
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    MAX_NODES,
+    MAX_PROBLEMS,
+    MAX_SPEC_BYTES,
+    VALUE_ECHO_CHARS,
+)
+from onboard.spec.model import (
+    MAX_EXPERTS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_WIDTH,
+    ModelSpec,
+)
+from onboard.spec.rules import GENERATED_NAMES
 
 _INTRO = """\
 # The model spec
@@ -57,9 +75,36 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
-  module path.
+  module path of letters, digits and `_` (no format specs such as `{layer:04}`, no
+  Python keywords, no leading `_`), at most 200 characters, and no path shared by
+  two roles the model uses.
+- `keep_unquantized`: each entry a role, a module path or `re:` with a regular
+  expression that compiles.
+- Names: the architecture, and the classes named after its prefix
+  (`<Prefix>Model`, `<Prefix>Config`, `<Prefix>Attention`, ...), may not be a name
+  the generated files import: RESERVED.
 - Speculators: each method once; `mtp` needs an `mtp` section and a draft length
   that is a multiple of the heads (or at most their number).
+"""
+
+
+_LIMITS = f"""\
+## Limits
+
+Bounds on what one spec can make onboard do, so that a typo fails in
+milliseconds instead of looping for hours or allocating terabytes:
+
+- the file: a regular file of at most {MAX_SPEC_BYTES} bytes, at most
+  {MAX_NODES} YAML nodes once aliases are expanded (each use of an alias counts as
+  a copy), nested at most {MAX_DEPTH} deep, integers of at most {MAX_INT_DIGITS}
+  digits; no alias inside its own anchor;
+- numbers: the ranges in the tables above (token ids, positions and windows fit
+  int32, as vLLM stores them; layers up to {MAX_LAYERS}, heads up to {MAX_HEADS},
+  head dims up to {MAX_HEAD_DIM}, hidden size up to {MAX_HIDDEN}, widths up to
+  {MAX_WIDTH}, experts up to {MAX_EXPERTS}); no `.inf` or `.nan` anywhere;
+- messages: at most {MAX_PROBLEMS} problems are listed, then a count of the rest;
+  a value is echoed up to {VALUE_ECHO_CHARS} characters; control characters
+  (terminal escapes, newlines) in keys and values are printed escaped.
 """
 
 
@@ -71,7 +116,10 @@ def _type_name(annotation) -> str:
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_name(a) for a in args)
     if origin is typing.Annotated:
-        return _type_name(args[0])
+        return _type_name(args[0]) + _range(
+            [m for a in args[1:] for m in getattr(a, "metadata", [a])],
+            args[0] is int,
+        )
     if origin is list:
         return f"list of {_type_name(args[0])}"
     if origin is dict:
@@ -81,6 +129,27 @@ def _type_name(annotation) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _range(metadata: list, integer: bool) -> str:
+    """`` (1 to 1024)`` from a field's bounds (annotated_types Gt/Ge/Lt/Le)."""
+    low = high = None
+    for m in metadata:
+        if isinstance(m, annotated_types.Gt):
+            low = m.gt + 1 if integer else f"> {m.gt}"
+        elif isinstance(m, annotated_types.Ge):
+            low = m.ge if integer else f">= {m.ge}"
+        elif isinstance(m, annotated_types.Lt):
+            high = m.lt - 1 if integer else f"< {m.lt}"
+        elif isinstance(m, annotated_types.Le):
+            high = m.le if integer else f"<= {m.le}"
+    if low is None and high is None:
+        return ""
+    if high is None:
+        return f" ({low} or more)" if integer else f" ({low})"
+    if low is None:
+        return f" (up to {high})" if integer else f" ({high})"
+    return f" ({low} to {high})" if integer else f" ({low}, {high})"
 
 
 def _default(field) -> str:
@@ -121,12 +190,15 @@ def render_spec_docs() -> str:
         rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             desc = (field.description or "").replace("|", "\\|")
-            rows.append(
-                f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} "
-                f"| {desc} |"
+            kind = _type_name(field.annotation) + _range(
+                field.metadata, field.annotation is int
             )
+            rows.append(f"| `{name}` | {kind} | {_default(field)} | {desc} |")
         parts.append("\n".join(rows) + "\n")
-    parts.append(_RULES)
+    parts.append(
+        _RULES.replace("RESERVED", ", ".join(f"`{n}`" for n in sorted(GENERATED_NAMES)))
+    )
+    parts.append(_LIMITS)
     parts.append(_layouts_table())
     return "\n".join(parts)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from onboard.config_json import non_finite_keys
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
@@ -666,6 +667,13 @@ def spec_from_hf_config(
     """Infer a spec from a Hugging Face config dict; refuse what it cannot map."""
     if not isinstance(config, dict):
         raise InputError(f"{source}: a config must be a JSON object")
+    non_finite = non_finite_keys(config)
+    if non_finite:
+        # NaN would also "contradict" itself below (NaN != NaN).
+        raise InputError(
+            f"{source}: {', '.join(non_finite[:5])}: NaN or infinite; no model "
+            "config means that (a corrupt or hand-edited file?)"
+        )
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError(f"{source}: model_type: required, as a string")
@@ -773,6 +781,8 @@ def spec_from_hf_config_file(path: Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: not a regular file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

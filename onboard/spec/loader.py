@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from onboard.errors import InputError
+from onboard.errors import InputError, printable
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
 
@@ -25,19 +25,121 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: {self.path}: {self.message}"
+        # One line per problem, whatever the spec's keys hold (escapes, newlines).
+        return printable(
+            f"{self.file}:{self.line}:{self.col}: {self.path}: {self.message}"
+        )
+
+
+# What one spec may make the loader do (docs/spec.md, "Limits"). A real spec has a
+# few hundred nodes, nests five deep and is a few kilobytes.
+MAX_SPEC_BYTES = 1 << 20
+MAX_NODES = 5_000  # counting each use of an alias as a copy of its anchor
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 20
+MAX_PROBLEMS = 200
+VALUE_ECHO_CHARS = 80
 
 
 class SpecError(InputError):
-    """A spec with problems; str() lists each as FILE:LINE:COL: path: message."""
+    """A spec with problems; str() lists each as FILE:LINE:COL: path: message.
+
+    At most MAX_PROBLEMS are listed, then a count of the rest.
+    """
 
     def __init__(self, problems: list[Problem]):
         self.problems = problems
-        super().__init__("\n".join(map(str, problems)))
+        lines = list(map(str, problems[:MAX_PROBLEMS]))
+        if len(problems) > MAX_PROBLEMS:
+            lines.append(f"... and {len(problems) - MAX_PROBLEMS} more problems")
+        super().__init__("\n".join(lines))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    pass
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses alias bombs, recursive aliases, deep nesting and
+    oversized integers with a located error instead of hanging or a traceback."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to
+        self._total = 0  # nodes so far, each alias use counted as its expansion
+
+    def _count(self, nodes: int, mark) -> None:
+        self._total += nodes
+        if self._total > MAX_NODES:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the spec expands to more than {MAX_NODES} YAML nodes "
+                "(each use of an alias counts as a copy)",
+                mark,
+            )
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = self.anchors.get(event.anchor)
+            if node is not None and id(node) not in self._sizes:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"alias *{event.anchor} refers to a node that contains "
+                    "it (a recursive structure)",
+                    event.start_mark,
+                )
+            if node is not None:
+                self._count(self._sizes[id(node)], event.start_mark)
+            return super().compose_node(parent, index)
+        mark = self.peek_event().start_mark
+        self._count(1, mark)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", mark
+            )
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            size += sum(self._sizes[id(item)] for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            size += sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
+        self._sizes[id(node)] = size
+        return node
+
+    def construct_object(self, node, deep=False):
+        if (
+            isinstance(node, yaml.ScalarNode)
+            and node.tag == "tag:yaml.org,2002:int"
+            and len(node.value.lstrip("+-0").replace("_", "")) > MAX_INT_DIGITS
+        ):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"integer of more than {MAX_INT_DIGITS} digits",
+                node.start_mark,
+            )
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"cannot read {node.tag.rsplit(':', 1)[-1]} value: {exc}",
+                node.start_mark,
+            ) from None
+
+
+def _compose(text: str) -> tuple[yaml.Node | None, object]:
+    """The document's node tree and its Python value, under the loader's bounds."""
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return root, data
 
 
 def _index_nodes(
@@ -63,11 +165,11 @@ def _index_nodes(
 
 
 def _scalar_key(node: yaml.Node) -> str | int:
-    value = (
-        yaml.safe_load(yaml.serialize(node))
-        if not isinstance(node, yaml.ScalarNode)
-        else _UniqueKeyLoader("").construct_scalar(node)
-    )
+    if not isinstance(node, yaml.ScalarNode):
+        # A sequence or mapping as a key: not a field name; the constructor
+        # refuses it (unhashable) or pydantic reports it.
+        return f"<{node.id} key>"
+    value = node.value
     # Integer keys (kv_sharing: {5: 3}) come back as ints so paths match pydantic's.
     if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int"):
         try:
@@ -81,7 +183,9 @@ def _dotted(loc: Loc) -> str:
     out = ""
     for part in loc:
         out += (
-            f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+            f"[{part}]"
+            if isinstance(part, int)
+            else ("." if out else "") + printable(part, VALUE_ECHO_CHARS)
         )
     return out or "<root>"
 
@@ -127,9 +231,12 @@ def _inner_model(annotation) -> type[BaseModel] | None:
 
 def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
     """Parse and validate spec YAML; raise SpecError listing every problem."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(
+            [Problem(file, 1, 1, "<root>", f"larger than {MAX_SPEC_BYTES} bytes")]
+        )
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = _compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -158,6 +265,8 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
     except ValidationError as exc:
         for err in exc.errors():
             problems.append(_problem_from_pydantic(file, nodes, err))
+        if _looks_like_hf_config(data):
+            problems.insert(0, Problem(file, 1, 1, "<root>", HF_CONFIG_HINT))
         raise SpecError(_sorted(problems)) from None
     for loc, message in check_rules(spec):
         line, col = _locate(file, nodes, loc, key=True)
@@ -167,6 +276,18 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
     return spec
 
 
+HF_CONFIG_HINT = (
+    "this is a Hugging Face config.json, not a spec: `onboard spec from-hf "
+    "CONFIG -o spec.yaml` writes the spec it describes"
+)
+
+
+def _looks_like_hf_config(data: dict) -> bool:
+    return "architectures" in data or (
+        "model_type" in data and "name" not in data and "num_attention_heads" in data
+    )
+
+
 def _sorted(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.line, p.col, p.path))
 
@@ -174,13 +295,17 @@ def _sorted(problems: list[Problem]) -> list[Problem]:
 def _problem_from_pydantic(
     file: str, nodes: dict[Loc, yaml.Node], err: dict
 ) -> Problem:
-    loc = tuple(err["loc"])
-    # Drop pydantic's markers such as "[key]" so the path matches the YAML.
-    loc = tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
+    # Drop pydantic's markers such as "[key]" so the path matches the YAML (a key
+    # the YAML holds, brackets and all, stays).
+    loc: Loc = ()
+    for part in err["loc"]:
+        if isinstance(part, str) and "[" in part and loc + (part,) not in nodes:
+            continue
+        loc += (part,)
     message = err["msg"]
-    if err["type"] == "extra_forbidden":
+    if err["type"] == "extra_forbidden" and loc:
         owner = _model_for(loc[:-1])
-        message = f"unknown field {loc[-1]!r}"
+        message = f"unknown field {printable(repr(loc[-1]), VALUE_ECHO_CHARS)}"
         if owner is not None:
             hint = difflib.get_close_matches(
                 str(loc[-1]), list(owner.model_fields), n=1
@@ -200,7 +325,7 @@ def _problem_from_pydantic(
             "dict_type",
             "value_error",
         ):
-            message += f" (got {err['input']!r})"
+            message += f" (got {printable(repr(err['input']), VALUE_ECHO_CHARS)})"
     return Problem(file, line, col, _dotted(loc), message)
 
 
@@ -208,7 +333,14 @@ def load_spec(path: str | Path) -> ModelSpec:
     """Load and fully validate a spec file (raises SpecError, exit code 2)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # Only a regular file: a FIFO or /dev/zero would block or never end.
+        if not path.is_file():
+            reason = "no such file" if not path.exists() else "not a regular file"
+            reason = f"cannot read spec: {reason}"
+            raise SpecError([Problem(str(path), 1, 1, "<root>", reason)])
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(
             [Problem(str(path), 1, 1, "<root>", f"cannot read spec: {exc}")]

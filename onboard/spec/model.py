@@ -26,8 +26,25 @@ SpecMethod = Literal[
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention"]
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
+# in vLLM; counts and widths stop at a few times the largest released model, so a
+# typo cannot make a stage loop for hours or allocate terabytes.
+INT32_MAX = 2**31 - 1
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_HIDDEN = 65536
+MAX_WIDTH = 1 << 20  # MLP and expert widths, latent ranks
+MAX_EXPERTS = 4096
+MAX_MTP_HEADS = 16
+
+PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
+LayerIndex = Annotated[int, Field(ge=0, lt=MAX_LAYERS)]
+LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+HeadCount = Annotated[int, Field(gt=0, le=MAX_HEADS)]
+HeadDim = Annotated[int, Field(gt=0, le=MAX_HEAD_DIM)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+ExpertCount = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
 
 
 def _check_identifier(value: str, what: str) -> str:
@@ -39,9 +56,21 @@ def _check_identifier(value: str, what: str) -> str:
     return value
 
 
+def class_prefix(architecture: str) -> str:
+    """``NovelLaunchForCausalLM`` -> ``NovelLaunch``: the prefix of every class the
+    generated files define (``NovelLaunchModel``, ``NovelLaunchConfig``, ...)."""
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
+        if architecture.endswith(suffix) and len(architecture) > len(suffix):
+            return architecture[: -len(suffix)]
+    return architecture
+
+
 class _Section(BaseModel):
     # Unknown keys are errors (with a did-you-mean from the loader), never ignored.
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Infinity and NaN mean nothing in a spec and would reach generated code.
+    model_config = ConfigDict(
+        extra="forbid", validate_default=True, allow_inf_nan=False
+    )
 
 
 class Norm(_Section):
@@ -98,17 +127,15 @@ class Rope(_Section):
 class MLA(_Section):
     """Multi-head latent attention (DeepSeek-V2/V3 style)."""
 
-    q_lora_rank: PositiveInt | None = Field(
+    q_lora_rank: Width | None = Field(
         None, description="Rank of the query down-projection; null for a full q_proj."
     )
-    kv_lora_rank: PositiveInt = Field(description="Rank of the compressed KV latent.")
-    qk_nope_head_dim: PositiveInt = Field(
+    kv_lora_rank: Width = Field(description="Rank of the compressed KV latent.")
+    qk_nope_head_dim: HeadDim = Field(
         description="Per-head query/key dims without rope."
     )
-    qk_rope_head_dim: PositiveInt = Field(
-        description="Per-head query/key dims with rope."
-    )
-    v_head_dim: PositiveInt = Field(description="Per-head value dims.")
+    qk_rope_head_dim: HeadDim = Field(description="Per-head query/key dims with rope.")
+    v_head_dim: HeadDim = Field(description="Per-head value dims.")
 
 
 class Attention(_Section):
@@ -117,11 +144,11 @@ class Attention(_Section):
     type: Literal["gqa", "mla"] = Field(
         "gqa", description="`gqa` (covers MHA and MQA) or `mla` (latent attention)."
     )
-    num_heads: PositiveInt = Field(description="Query heads.")
-    num_kv_heads: PositiveInt | None = Field(
+    num_heads: HeadCount = Field(description="Query heads.")
+    num_kv_heads: HeadCount | None = Field(
         None, description="Key/value heads (gqa); null means equal to num_heads."
     )
-    head_dim: PositiveInt | None = Field(
+    head_dim: HeadDim | None = Field(
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
     qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
@@ -133,7 +160,7 @@ class Attention(_Section):
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
     )
-    sliding_window_pattern: PositiveInt | None = Field(
+    sliding_window_pattern: LayerCount | None = Field(
         None,
         description="Every Nth layer is full attention, the others slide "
         "(layer i is full when (i + 1) % N == 0). Null: all layers slide when "
@@ -144,7 +171,7 @@ class Attention(_Section):
         description="Explicit per-layer kind, `full_attention` or `sliding_attention` "
         "(one entry per layer).",
     )
-    kv_sharing: dict[NonNegativeInt, NonNegativeInt] = Field(
+    kv_sharing: dict[LayerIndex, LayerIndex] = Field(
         default_factory=dict,
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
         "reuses the KV cache of the earlier target layer and computes queries only.",
@@ -168,10 +195,10 @@ class Router(_Section):
         description="Per-expert bias added to the scores for selection only "
         "(DeepSeek-V3 `e_score_correction_bias`, `noaux_tc`).",
     )
-    num_groups: PositiveInt | None = Field(
+    num_groups: ExpertCount | None = Field(
         None, description="Grouped top-k: number of expert groups (null: ungrouped)."
     )
-    topk_groups: PositiveInt | None = Field(
+    topk_groups: ExpertCount | None = Field(
         None, description="Grouped top-k: groups kept per token."
     )
     routed_scaling_factor: float = Field(
@@ -182,17 +209,15 @@ class Router(_Section):
 class MoE(_Section):
     """Mixture of experts; layers not excluded below are MoE layers."""
 
-    num_experts: PositiveInt = Field(description="Routed experts per MoE layer.")
-    num_experts_per_tok: PositiveInt = Field(
+    num_experts: ExpertCount = Field(description="Routed experts per MoE layer.")
+    num_experts_per_tok: ExpertCount = Field(
         description="Experts each token uses (top-k)."
     )
-    expert_intermediate_size: PositiveInt = Field(
-        description="Each routed expert's width."
-    )
-    num_shared_experts: NonNegativeInt = Field(
+    expert_intermediate_size: Width = Field(description="Each routed expert's width.")
+    num_shared_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)] = Field(
         0, description="Always-on shared experts."
     )
-    shared_expert_intermediate_size: PositiveInt | None = Field(
+    shared_expert_intermediate_size: Width | None = Field(
         None,
         description="Total width of the shared expert MLP; null means "
         "num_shared_experts x expert_intermediate_size.",
@@ -200,13 +225,13 @@ class MoE(_Section):
     shared_expert_gate: bool = Field(
         False, description="Sigmoid gate on the shared expert output (Qwen2-MoE)."
     )
-    first_k_dense: NonNegativeInt = Field(
+    first_k_dense: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(
         0, description="The first k layers stay dense."
     )
-    layer_frequency: PositiveInt = Field(
+    layer_frequency: LayerCount = Field(
         1, description="Every Nth layer is MoE (layer i when (i + 1) % N == 0)."
     )
-    dense_layers: list[NonNegativeInt] = Field(
+    dense_layers: list[LayerIndex] = Field(
         default_factory=list, description="Further layers that stay dense."
     )
     router: Router = Field(default_factory=Router, description="Routing function.")
@@ -215,7 +240,7 @@ class MoE(_Section):
 class MLP(_Section):
     """Feed-forward blocks."""
 
-    intermediate_size: PositiveInt | None = Field(
+    intermediate_size: Width | None = Field(
         None, description="Width of dense MLP layers (required if any layer is dense)."
     )
     moe: MoE | None = Field(
@@ -226,7 +251,9 @@ class MLP(_Section):
 class MTP(_Section):
     """Multi-token-prediction heads (DeepSeek-V3 style), used as speculative drafts."""
 
-    num_heads: PositiveInt = Field(description="Number of MTP heads (draft depth).")
+    num_heads: Annotated[int, Field(gt=0, le=MAX_MTP_HEADS)] = Field(
+        description="Number of MTP heads (draft depth)."
+    )
     mlp: Literal["moe", "dense"] = Field(
         "moe", description="MLP of each head's decoder block."
     )
@@ -282,8 +309,10 @@ class ModelSpec(_Section):
         description="Hub repo id of the base (bf16) checkpoint.",
     )
     vocab_size: PositiveInt = Field(description="Vocabulary size.")
-    hidden_size: PositiveInt = Field(description="Model (residual) width.")
-    num_hidden_layers: PositiveInt = Field(description="Decoder layers (MTP excluded).")
+    hidden_size: Annotated[int, Field(gt=0, le=MAX_HIDDEN)] = Field(
+        description="Model (residual) width."
+    )
+    num_hidden_layers: LayerCount = Field(description="Decoder layers (MTP excluded).")
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
     tie_word_embeddings: bool = Field(
         False, description="lm_head shares the embedding."

@@ -7,12 +7,15 @@ field validation, so one ``spec check`` reports every problem at once.
 from __future__ import annotations
 
 import difflib
-import string
+import keyword
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, used_roles
+from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
 Path = tuple[str | int, ...]
 Problem = tuple[Path, str]
@@ -34,6 +37,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _mtp_rules,
         _checkpoint_rules,
         _speculator_rules,
+        _name_rules,
+        _keep_unquantized_rules,
     ):
         rule(spec, lambda path, message: problems.append((path, message)))
     return problems
@@ -263,8 +268,16 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
         report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
 
 
+# A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
+# placeholders (no format specs or conversions: `{layer:0>9999}` would pad forever).
+_TEMPLATE = re.compile(r"(?:[A-Za-z0-9_.]|\{layer\}|\{expert\})+")
+MAX_TEMPLATE_CHARS = 200
+
+
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
-    for role, template in spec.checkpoint.tensor_names.items():
+    names = spec.checkpoint.tensor_names
+    bad_template = False
+    for role, template in names.items():
         where: Path = ("checkpoint", "tensor_names", role)
         if role not in ROLES:
             hint = difflib.get_close_matches(role, ROLES, n=1)
@@ -274,21 +287,48 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
                 + (f"; did you mean {hint[0]!r}?" if hint else ""),
             )
             continue
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f}
-        except ValueError as exc:
-            report(where, f"malformed path template: {exc}")
-            continue
-        want = required_placeholders(role)
-        if fields != want:
-            need = ", ".join("{" + f + "}" for f in sorted(want)) or "no placeholders"
-            report(where, f"path must use exactly {need}, got {template!r}")
-        elif not all(
-            # Layer and expert indices are path components too ("layers.0").
-            p.isidentifier() or p.isdigit()
-            for p in template.format(layer=0, expert=0).split(".")
-        ):
-            report(where, f"{template!r} is not a dotted module path")
+        problem = _template_problem(role, template)
+        if problem:
+            report(where, problem)
+            bad_template = True
+    if bad_template:
+        return
+    # Two roles on one path would be one tensor with two meanings.
+    roles = used_roles(spec)
+    for role in names:
+        others = [r for r in roles if r != role and spec.tensor_path(r) == names[role]]
+        if role in roles and others:
+            report(
+                ("checkpoint", "tensor_names", role),
+                f"{names[role]!r} is also the path of {', '.join(others)}",
+            )
+
+
+def _template_problem(role: str, template: str) -> str | None:
+    if len(template) > MAX_TEMPLATE_CHARS:
+        return f"path longer than {MAX_TEMPLATE_CHARS} characters"
+    if not _TEMPLATE.fullmatch(template):
+        return (
+            f"{template!r} is not a dotted module path (letters, digits, _ and . "
+            "with {layer} and {expert} as placeholders)"
+        )
+    fields = set(re.findall(r"\{(layer|expert)\}", template))
+    want = required_placeholders(role)
+    if fields != want:
+        need = ", ".join("{" + f + "}" for f in sorted(want)) or "no placeholders"
+        return f"path must use exactly {need}, got {template!r}"
+    for part in template.replace("{layer}", "0").replace("{expert}", "0").split("."):
+        if not (part.isdigit() or part.isidentifier()):
+            return f"{template!r} is not a dotted module path"
+        if keyword.iskeyword(part) or part.startswith("_"):
+            return f"{part!r} cannot be a module name (a Python keyword or private)"
+        if part in NN_MODULE_ATTRIBUTES or part in REFERENCE_ATTRIBUTES:
+            # The reference's module tree is this path: `self.training = ...`.
+            return (
+                f"{part!r} cannot be a module name: it is an attribute of "
+                "torch.nn.Module or of the generated reference's modules"
+            )
+    return None
 
 
 def _speculator_rules(spec: ModelSpec, report: Report) -> None:
@@ -310,6 +350,85 @@ def _speculator_rules(spec: ModelSpec, report: Report) -> None:
                     f"{s.num_speculative_tokens} draft tokens is not a multiple of "
                     f"the {spec.mtp.num_heads} MTP heads",
                 )
+
+
+# Module-level names the generated files import or define (vLLM model, MTP draft,
+# plugin, Hugging Face reference). The architecture and the classes named after it
+# may not be one of them: `architecture: Attention` would make `Attention(...)`
+# call the generated class itself. tests/test_spec_robustness.py renders every
+# template branch and checks this list is complete.
+GENERATED_NAMES = frozenset(
+    {
+        "ARCHITECTURE", "Attention", "AutoConfig", "AutoWeightsLoader",
+        "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
+        "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
+        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
+        "GenerationMixin", "IntermediateTensors", "Iterable", "LayerNorm",
+        "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
+        "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
+        "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
+        "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
+        "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
+        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
+        "SpeculativeConfig", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+    }
+)  # fmt: skip
+# Classes the generated files name after the architecture's prefix.
+CLASS_SUFFIXES = (
+    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "MLP", "MTP", "MoE",
+    "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
+    "RotaryOnFlatHeads", "SharedHead",
+)  # fmt: skip
+
+
+def generated_class_names(architecture: str) -> set[str]:
+    prefix = class_prefix(architecture)
+    return {prefix + suffix for suffix in CLASS_SUFFIXES}
+
+
+def _name_rules(spec: ModelSpec, report: Report) -> None:
+    arch = spec.architecture
+    if arch in GENERATED_NAMES:
+        report(
+            ("architecture",),
+            f"{arch!r} is reserved: the generated files import a name {arch} "
+            "(docs/spec.md lists the reserved names)",
+        )
+        return
+    derived = generated_class_names(arch)
+    if arch in derived:
+        report(
+            ("architecture",),
+            f"{arch!r} is also the name of a class generated beside it; end the "
+            "architecture in ForCausalLM",
+        )
+    clashes = sorted(derived & GENERATED_NAMES)
+    if clashes:
+        report(
+            ("architecture",),
+            f"{arch!r} makes class names the generated files import: "
+            f"{', '.join(clashes)}; choose another",
+        )
+
+
+def _keep_unquantized_rules(spec: ModelSpec, report: Report) -> None:
+    # The same reading as quantize's (onboard/quantize/plan.py), so an entry that
+    # passes here cannot fail there.
+    for i, entry in enumerate(spec.keep_unquantized):
+        where: Path = ("keep_unquantized", i)
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as exc:
+                report(where, f"bad regular expression: {exc}")
+        elif entry not in ROLES and "." not in entry:
+            hint = difflib.get_close_matches(entry, ROLES, n=1)
+            report(
+                where,
+                f"{entry!r} is neither a role, a module path nor `re:REGEX`"
+                + (f"; did you mean {hint[0]!r}?" if hint else ""),
+            )
 
 
 # ---- tensor parallelism (a note, not an error: a spec is valid at any TP size) ----

@@ -95,12 +95,20 @@ def _read_draft_config(model: str, at: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     config_path = path / "config.json" if path.is_dir() else path
+    if config_path.exists() and not config_path.is_file():
+        # /dev/zero or a FIFO would be read forever.
+        raise InputError(f"{at}: {config_path}: not a regular file")
     try:
-        return json.loads(config_path.read_text())
+        config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise InputError(f"{at}: {path} has no config.json") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{at}: {config_path}: invalid JSON: {exc}") from None
+    except OSError as exc:
+        raise InputError(f"{at}: {config_path}: cannot read: {exc}") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{at}: {config_path}: not a JSON object")
+    return config
 
 
 def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:

@@ -5,15 +5,26 @@ code gets no renaming from transformers, so the reference's module tree *is* the
 checkpoint layout: ``model.layers.{layer}.self_attn.q_proj`` becomes attribute
 ``self_attn`` of a decoder layer holding attribute ``q_proj``. This module splits
 each role's path (:meth:`ModelSpec.tensor_path`) into those attribute names and
-rejects, with the role named, a path that does not fit the tree.
+rejects, with the role named, a path that does not fit the tree. ``spec check``
+runs it, so a spec that passes has a reference every later stage can write.
 """
 
 from __future__ import annotations
 
-from torch import nn
-
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
+
+
+class TensorTreeError(InputError):
+    """A tensor path that does not fit the reference's module tree."""
+
+    def __init__(self, role: str | None, reason: str):
+        self.path: tuple[str, ...] = ("checkpoint", "tensor_names") + (
+            (role,) if role else ()
+        )
+        self.reason = reason
+        super().__init__(f"{'.'.join(self.path)}: {reason}")
+
 
 # Where each role sits in the tree, below a decoder layer ("model.layers.{layer}").
 # A tuple names the containers, then the leaf: ("attn", None) means the path is
@@ -67,6 +78,28 @@ RESERVED = frozenset(
 )  # fmt: skip
 
 
+# The attributes of torch.nn.Module (and the ones it sets in __init__), kept here so
+# `spec check` needs no torch; tests/test_spec_robustness.py compares it with torch.
+NN_MODULE_ATTRIBUTES = frozenset(
+    {
+        "T_destination", "add_module", "apply", "bfloat16", "buffers",
+        "call_super_init",
+        "children", "compile", "cpu", "cuda", "double", "dump_patches", "eval",
+        "extra_repr", "float", "forward", "get_buffer", "get_extra_state",
+        "get_parameter", "get_submodule", "half", "ipu", "load_state_dict", "modules",
+        "mtia", "named_buffers", "named_children", "named_modules",
+        "named_parameters", "parameters", "register_backward_hook",
+        "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+        "register_full_backward_hook", "register_full_backward_pre_hook",
+        "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
+        "register_module", "register_parameter", "register_state_dict_post_hook",
+        "register_state_dict_pre_hook", "requires_grad_", "set_extra_state",
+        "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
+        "training", "type", "xpu", "zero_grad",
+    }
+)  # fmt: skip
+
+
 def used_roles(spec: ModelSpec) -> list[str]:
     """The tensor roles a checkpoint of ``spec`` has (in a stable order)."""
     att = spec.attention
@@ -115,9 +148,10 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
     roles = used_roles(spec)
 
     def bad(role: str, shape: str) -> InputError:
-        return InputError(
-            f"checkpoint.tensor_names.{role}: the generated Hugging Face reference "
-            f"needs this path shaped like {shape!r}, got {spec.tensor_path(role)!r}"
+        return TensorTreeError(
+            role,
+            "the generated Hugging Face reference needs this path shaped like "
+            f"{shape!r}, got {spec.tensor_path(role)!r}",
         )
 
     claimed_by: dict[str, str] = {}
@@ -131,11 +165,11 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             overrides = spec.checkpoint.tensor_names
             if other in overrides and role not in overrides:
                 role, other = other, role
-            raise InputError(
-                f"checkpoint.tensor_names.{role}: {spec.tensor_path(role)!r} puts "
-                f"this role beside {other} ({spec.tensor_path(other)!r}) in "
-                "different modules; the Hugging Face reference needs one module "
-                "per block"
+            raise TensorTreeError(
+                role,
+                f"{spec.tensor_path(role)!r} puts this role beside {other} "
+                f"({spec.tensor_path(other)!r}) in different modules; the Hugging "
+                "Face reference needs one module per block",
             )
         claimed_by.setdefault(key, role)
 
@@ -176,11 +210,12 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     _check_distinct(spec, names, roles)
     for key, value in names.items():
-        if value in RESERVED or hasattr(nn.Module, value):
-            where = f"checkpoint.tensor_names.{key}" if key in roles else "checkpoint"
-            raise InputError(
-                f"{where}: module name {value!r} clashes with an attribute of the "
-                "generated Hugging Face reference; rename it"
+        if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
+            raise TensorTreeError(
+                key if key in roles else None,
+                f"module name {value!r} clashes with an attribute of the generated "
+                "Hugging Face reference (torch.nn.Module or the reference's own); "
+                "rename it",
             )
     return names
 
@@ -194,9 +229,8 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
             continue
         key = slots + (names[role],)
         if seen.setdefault(key, role) != role:
-            raise InputError(
-                f"checkpoint.tensor_names.{role}: {spec.tensor_path(role)!r} is also "
-                f"the path of {seen[key]}"
+            raise TensorTreeError(
+                role, f"{spec.tensor_path(role)!r} is also the path of {seen[key]}"
             )
     # What hangs directly off a decoder layer: the dense MLP and the MoE block may
     # share a name (a layer has one or the other), nothing else may.
@@ -205,7 +239,6 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})
     twice = sorted({n for n in on_layer if on_layer.count(n) > 1})
     if twice:
-        raise InputError(
-            f"checkpoint.tensor_names: {', '.join(twice)} names two different "
-            "modules of one decoder layer"
+        raise TensorTreeError(
+            None, f"{', '.join(twice)} names two different modules of one decoder layer"
         )
