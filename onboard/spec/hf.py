@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from onboard.config_json import non_finite_keys
-from onboard.errors import InputError
+from onboard.errors import InputError, printable
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
 
@@ -975,6 +975,11 @@ def _key_for(concept: str, known: _Known) -> str | None:
     return None
 
 
+def _short(value: Any) -> str:
+    """A value for a message: a per-layer list of 1,000 entries is not read."""
+    return printable(repr(value), 120)
+
+
 def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
     """Refuse a spec whose config would read back as a different model."""
     try:
@@ -985,8 +990,8 @@ def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
         ) from None
     ours, theirs = hf_fields(spec), hf_fields(back)
     diff = [
-        f"  - {path}: the spec says {value!r}, the {spec.model_type} config would "
-        f"give {_flatten(theirs).get(path)!r}"
+        f"  - {path}: the spec says {_short(value)}, the {spec.model_type} config "
+        f"would give {_short(_flatten(theirs).get(path))}"
         for path, value in _flatten(ours).items()
         if _flatten(theirs).get(path) != value
     ]
