@@ -17,10 +17,10 @@ import pytest
 
 from onboard.errors import InputError
 from onboard.reference import render_reference
-from onboard.spec.module_tree import module_names
 from onboard.spec import load_spec
 from onboard.spec.loader import parse_spec_text
 from onboard.spec.model import ModelSpec
+from onboard.spec.module_tree import module_names
 
 ROOT = Path(__file__).parents[1]
 BUNDLED = sorted((ROOT / "model_specs").glob("*.yaml"))
