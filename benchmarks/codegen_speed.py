@@ -118,7 +118,8 @@ def write_checkpoint(family: str, out_dir: Path) -> Path:
     model.save_pretrained(out_dir)
     if family == "deepseek_v3":
         # transformers 5 writes neither; without them vLLM's in-tree DeepSeek
-        # routes by softmax without bias correction (DESIGN.md): a different model.
+        # routes by softmax without bias correction (docs/vllm-cpu-notes.md): a
+        # different model.
         path = out_dir / "config.json"
         cfg = json.loads(path.read_text())
         cfg.update(topk_method="noaux_tc", scoring_func="sigmoid")
@@ -239,7 +240,8 @@ def bench_family(family: str, args, work: Path) -> dict:
     # Same weights, greedy: the implementations should give the same tokens (a
     # speed figure for a different model means nothing). On the CPU build the
     # in-tree DeepSeek class does not: its rotary kernel mis-rotates the MLA query's
-    # strided rope slice (DESIGN.md), which the generated class works around.
+    # strided rope slice (docs/vllm-cpu-notes.md), which the generated class works
+    # around.
     last = rounds[-1] if rounds else {}
     for other in ("in-tree", "transformers"):
         if "generated" in last and other in last:

@@ -147,7 +147,8 @@ def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
     if family == "deepseek_v3":
         # transformers 5 writes neither topk_method nor scoring_func (its model
         # hard-codes both); vLLM's in-tree DeepSeek then builds no
-        # e_score_correction_bias and routes by softmax (DESIGN.md). Say both, as
+        # e_score_correction_bias and routes by softmax (docs/vllm-cpu-notes.md). Say
+        # both, as
         # a user would, so the in-tree baseline is the same model.
         path = Path(out_dir) / "config.json"
         cfg = json.loads(path.read_text())

@@ -129,7 +129,8 @@ def write_dsv3_checkpoint(
     config = dsv3_config(moe_intermediate_size=expert_width)
     model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
     with torch.no_grad():
-        # Decisive logits (see DESIGN.md): scale the output head, not every weight.
+        # Decisive logits (see docs/vllm-cpu-notes.md): scale the output head, not
+        # every weight.
         model.lm_head.weight.mul_(8.0)
         for layer in model.model.layers:
             gate = getattr(layer.mlp, "gate", None)

@@ -1,5 +1,5 @@
 """Validation results with every plotted metric filled in, for the report's
-rendering tests. They are written here in the shape DESIGN.md fixes for
+rendering tests. They are written here in the shape docs/architecture.md fixes for
 validation.json (the numbers are illustrative inputs, not measurements); the tests
 that judge real numbers render a validation.json from a real engine run."""
 

@@ -182,7 +182,7 @@ def test_transformers_written_checkpoints_pass(hf_written, family: str) -> None:
 
 
 def test_transformers_deepseek_without_topk_method(hf_written, tmp_path) -> None:
-    """DESIGN.md: transformers 5 writes no topk_method; vLLM then builds no
+    """docs/vllm-cpu-notes.md: transformers 5 writes no topk_method; vLLM then builds no
     e_score_correction_bias and fails to load with a KeyError."""
     ckpt = tmp_path / "ds"
     shutil.copytree(hf_written["deepseek_v3"], ckpt)

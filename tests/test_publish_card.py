@@ -192,7 +192,7 @@ def test_speculators_directory_config_is_used(layout, tmp_path):
 
 
 def test_validation_sections_follow_the_contract_metric_names():
-    # Entries named as DESIGN.md's validation.json contract names them (the
+    # Entries named as docs/architecture.md's validation.json contract names them (the
     # quant check's real output: tests/test_publish_quant.py).
     data = {
         "passed": True,

@@ -222,7 +222,8 @@ def test_validation_of_another_checkpoint_is_refused(layout, tmp_path):
 
 def test_passed_quant_check_covers_a_quantized_checkpoint(layout, tmp_path):
     # `onboard validate` does not run quant:<scheme> checks yet: this adds one, as
-    # DESIGN.md specifies it, to a real passed run, to test the coverage rule.
+    # docs/architecture.md specifies it, to a real passed run, to test the coverage
+    # rule.
     data = json.loads((FIXTURES / "deepseek-v3-style-bf16.validation.json").read_text())
     data["checks"].append(
         {

@@ -36,7 +36,7 @@ SMALL = dict(
 )
 MLA = dict(
     num_key_value_heads=4,
-    kv_lora_rank=512,  # the CPU MLA kernel's latent (DESIGN.md)
+    kv_lora_rank=512,  # the CPU MLA kernel's latent (docs/vllm-cpu-notes.md)
     qk_rope_head_dim=64,
     qk_nope_head_dim=16,
     v_head_dim=16,
@@ -198,7 +198,7 @@ def test_deepseek_v3_config_tells_vllm_about_the_router_bias():
     spec = spec_from_hf_config(transformers_config("deepseek_v3").to_dict())
     written = hf_config_from_spec(spec)
     # transformers 5 writes neither key; without them vLLM builds no
-    # e_score_correction_bias and routes by softmax (DESIGN.md).
+    # e_score_correction_bias and routes by softmax (docs/vllm-cpu-notes.md).
     assert written["topk_method"] == "noaux_tc"
     assert written["scoring_func"] == "sigmoid"
 

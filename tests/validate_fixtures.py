@@ -2,7 +2,8 @@
 
 Random weights from transformers' initialisation (std 0.02), float32, with the output
 head scaled up so that greedy decisions are decisive (a scaled head, not scaled
-weights: a large init would saturate DeepSeek's sigmoid router, see DESIGN.md), plus
+weights: a large init would saturate DeepSeek's sigmoid router, see
+docs/vllm-cpu-notes.md), plus
 a byte-level BPE tokenizer trained on the bundled prompts.
 """
 
@@ -76,7 +77,8 @@ def write_deepseek_v3(out_dir: Path, seed: int = 0) -> Path:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
-    # The CPU MLA kernel needs kv_lora_rank=512 and qk_rope_head_dim=64 (DESIGN.md).
+    # The CPU MLA kernel needs kv_lora_rank=512 and qk_rope_head_dim=64
+    # (docs/vllm-cpu-notes.md).
     config = DeepseekV3Config(
         vocab_size=VOCAB,
         hidden_size=128,

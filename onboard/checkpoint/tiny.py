@@ -6,7 +6,8 @@ safetensors shards split by layer with ``model.safetensors.index.json``, and a
 byte-level BPE tokenizer. Every file is a function of (spec, seed): each tensor
 draws from its own generator seeded by (seed, tensor name).
 
-Initialisation (see DESIGN.md: decisive logits without saturated routers): linear
+Initialisation (see docs/vllm-cpu-notes.md: decisive logits without saturated routers):
+linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
 spread, so the correction changes some choices); the output heads (``lm_head``,

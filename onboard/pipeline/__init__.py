@@ -1,4 +1,4 @@
-"""`onboard new-model`: every stage in order, into the layout of DESIGN.md.
+"""`onboard new-model`: every stage in order, into the layout of docs/architecture.md.
 
 Each stage reads the spec and files on disk and writes files on disk. A stage is
 skipped on a rerun when the fingerprint of its inputs (the resolved spec, the

@@ -59,7 +59,7 @@ def load_validation(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not readable JSON ({exc})") from None
     problems = []
     if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object (see DESIGN.md)")
+        raise InputError(f"{path}: expected a JSON object (see docs/architecture.md)")
     if not isinstance(data.get("passed"), bool):
         problems.append("`passed` must be true or false")
     checks = data.get("checks")

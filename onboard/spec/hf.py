@@ -157,7 +157,7 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v3": Family(
         "deepseek",
         # Sigmoid scores plus e_score_correction_bias; vLLM builds that bias only
-        # when the config says topk_method: noaux_tc (DESIGN.md).
+        # when the config says topk_method: noaux_tc (docs/vllm-cpu-notes.md).
         {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
         vllm_keys=("topk_method", "scoring_func"),
     ),

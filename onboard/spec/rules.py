@@ -21,7 +21,7 @@ Path = tuple[str | int, ...]
 Problem = tuple[Path, str]
 Report = Callable[[Path, str], None]
 
-# Only the CPU MLA decode kernel constrains the latent; see DESIGN.md.
+# Only the CPU MLA decode kernel constrains the latent; see docs/vllm-cpu-notes.md.
 CPU_MLA_LATENT = 576
 
 

@@ -29,7 +29,7 @@ from typing import Literal
 from onboard.spec.model import ModelSpec
 from onboard.targets import load_profiles
 
-# The CPU MLA decode kernel's only latent size (DESIGN.md, CPU build facts).
+# The CPU MLA decode kernel's only latent size (docs/vllm-cpu-notes.md).
 CPU_MLA_LATENT = 576
 
 Loc = tuple[str | int, ...]

@@ -1,7 +1,7 @@
 """Validation on the real vLLM engine: accuracy against the reference, and the
 checks later stages add (kv-cache, quant:<scheme>, spec-decode:<method>, speed).
 
-``validate()`` writes ``validation.json`` (contract in DESIGN.md) and
+``validate()`` writes ``validation.json`` (contract in docs/architecture.md) and
 ``report.html``; see docs/validation.md.
 """
 

@@ -16,7 +16,8 @@ next prompt token, so both models see the same contexts):
   comes from the reference model (transformers, float32) run on the checkpoint's
   weights dequantized by compressed-tensors instead.
 
-Metrics (names in DESIGN.md): ``kl_divergence`` (mean over positions of KL(P||Q),
+Metrics (names in docs/architecture.md): ``kl_divergence`` (mean over positions of
+KL(P||Q),
 nats), ``kl_divergence_max``, ``top1_agreement`` (share of positions where both
 sides' most likely token is the same). The KL is computed exactly over the tokens
 P was returned for, with all other tokens merged into one outcome (P's and Q's
@@ -60,7 +61,8 @@ class Threshold:
 
 # THE per-scheme thresholds (documented in docs/quantize.md and docs/validation.md).
 # Set from measurements on the bundled tiny random checkpoints, whose output head is
-# scaled 8x for decisive logits (DESIGN.md): that amplifies every weight error into
+# scaled 8x for decisive logits (docs/vllm-cpu-notes.md): that amplifies every weight
+# error into
 # the logits, so these are far looser than a real model needs (llm-compressor's
 # FP8 checkpoints of real models are at KL ~0.001-0.01). Measured full-vocabulary
 # KL / top-1 of the dequantized weights (dense-gqa, deepseek-v3-style): fp8-dynamic

@@ -8,7 +8,8 @@ compared with the same prompts without speculation by the accuracy check's rule
 top-k). Speculative decoding is lossless by construction, so any other divergence
 is a bug in the draft wiring or the verifier.
 
-Reported (metric names from DESIGN.md): ``mean_acceptance_length`` (1 + accepted
+Reported (metric names from docs/architecture.md): ``mean_acceptance_length`` (1 +
+accepted
 draft tokens per verification step), ``acceptance_rate_per_position`` (vLLM's
 ``spec_decode_num_accepted_tokens_per_pos`` over ``spec_decode_num_drafts``) and
 ``speedup`` (wall-clock of the same generate call without / with speculation,
@@ -51,7 +52,8 @@ from onboard.validate.cpu_draft import (
 from onboard.validate.engine import EngineLoadError
 from onboard.validate.results import Check
 
-# Run on vLLM 0.32's CPU build (DESIGN.md, docs/speculators.md): a load failure
+# Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
+# failure
 # of these is a failure, of the others vLLM's reason for not running on CPU.
 CPU_METHODS = ("ngram", "mtp", "eagle3")
 PROBES = "onboard.speculators.probes"

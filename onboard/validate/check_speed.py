@@ -170,8 +170,8 @@ def sweep_problems(label: str, sweep: list[dict[str, Any]]) -> list[str]:
 
 
 def headline(sweep: list[dict[str, Any]]) -> dict[str, Any]:
-    """The DESIGN.md metrics: best output throughput over the sweep, TTFT and TPOT
-    (medians) at the lowest concurrency (one request at a time: pure latency)."""
+    """The docs/architecture.md metrics: best output throughput over the sweep,
+    TTFT and TPOT (medians) at the lowest concurrency (one request at a time)."""
     first = min(sweep, key=lambda s: s["concurrency"])
     best = max(sweep, key=lambda s: s["output_tokens_per_s"] or 0.0)
     return {

@@ -10,7 +10,7 @@ head counts or widths do not split over two ranks (the rules vLLM's layers apply
 :func:`onboard.spec.rules.tensor_parallel_rules`) the check is not-run with the
 reason; it never passes untested.
 
-On the CPU engine each rank needs its own core (DESIGN.md: without
+On the CPU engine each rank needs its own core (docs/vllm-cpu-notes.md: without
 ``VLLM_CPU_OMP_THREADS_BIND`` vLLM refuses with "Not enough allowed NUMA nodes").
 """
 

@@ -1,7 +1,8 @@
 """`onboard validate --target T --ingest DIR --out OUT`: judge what an emitted run
 (:mod:`onboard.validate.emit`) brought back, against its ``thresholds.json``.
 
-Writes ``OUT/<target>/validation.json`` (the DESIGN.md contract, one per target),
+Writes ``OUT/<target>/validation.json`` (the docs/architecture.md contract, one per
+target),
 ``OUT/<target>/report.html`` and a copy of the raw results
 (``OUT/<target>/results/``). Checks:
 

@@ -1,4 +1,4 @@
-"""The validation.json model (contract in DESIGN.md).
+"""The validation.json model (contract in docs/architecture.md).
 
 ``{"passed", "target", "model_dir", "vllm_model_class", "reference", "checks":
 [{"name", "status", "passed", "metrics", "details"}]}``. A check that could not run
