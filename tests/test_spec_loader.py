@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from onboard.arch import build_plan
 from onboard.spec import SpecError, dump_spec, load_spec, parse_spec_text
 from onboard.spec.docs import render_spec_docs
 
@@ -57,7 +58,7 @@ def test_bundled_specs_are_valid_and_round_trip():
 def test_base_spec_is_valid():
     spec = parse_spec_text(BASE)
     assert spec.head_dim == 32 and spec.num_kv_heads == 2
-    assert [layer.moe for layer in spec.layers()] == [False] * 4
+    assert build_plan(spec).moe_layers == (False,) * 4
 
 
 def test_error_points_at_the_value():

@@ -27,11 +27,12 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from onboard.arch import DenseMLP, Layer, build_plan
 from onboard.checkpoint import safetensors_io
 from onboard.checkpoint.shrink import check_shrinkable, shrink_spec
 from onboard.checkpoint.tokenizer import BOS_ID, EOS_ID, PAD_ID, write_tokenizer
@@ -95,8 +96,9 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
     tied = spec.tie_word_embeddings
     head_norm = "head_norm" if tied else "ones"  # see the module docstring
     add("embed", (v, h))
-    for layer in spec.layers():
-        plans += _block(spec, layer.index, layer.moe)
+    arch = build_plan(spec)
+    for layer in arch.layers:
+        plans += _block(spec, layer)
     norm("final_norm", h, None, head_norm)
     if not spec.tie_word_embeddings:
         add("lm_head", (v, h), "head")
@@ -109,17 +111,19 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
             norm("mtp_enorm", h, layer)
             norm("mtp_hnorm", h, layer)
             add("mtp_eh_proj", (h, 2 * h), layer=layer)
-            plans += _block(spec, layer, spec.mtp.mlp == "moe")
+            assert arch.mtp is not None
+            plans += _block(spec, replace(arch.mtp.block, index=layer))
             norm("mtp_head_norm", h, layer, head_norm)
             # DeepSeek-V3 stores a copy of the shared output head per MTP layer.
             add("mtp_head", (v, h), f"copy:{output_head}.weight", layer)
     return plans
 
 
-def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
+def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
     """The tensors of one decoder block (attention, MLP and their norms)."""
     h = spec.hidden_size
-    att = spec.attention
+    att = block.mixer
+    layer = block.index
     out: list[TensorPlan] = []
 
     def add(
@@ -137,7 +141,7 @@ def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
 
     def norm(role: str, size: int) -> None:
         add(role, (size,), "ones")
-        if spec.norm.type == "layernorm":
+        if block.norms.kind == "layernorm":
             add(role, (size,), "bias", suffix="bias")
 
     def linear(
@@ -148,7 +152,7 @@ def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
     norm("input_norm", h)
-    if att.type == "mla":
+    if att.mla is not None:
         mla = att.mla
         assert mla is not None
         qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
@@ -167,7 +171,8 @@ def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
         )
         linear("o_proj", h, att.num_heads * mla.v_head_dim, att.o_bias)
     else:
-        hd, kv = spec.head_dim, spec.num_kv_heads
+        hd, kv = att.head_dim, att.num_kv_heads
+        assert hd is not None and kv is not None
         linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
         linear("k_proj", kv * hd, h, att.qkv_bias)
         linear("v_proj", kv * hd, h, att.qkv_bias)
@@ -177,15 +182,13 @@ def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
             add("k_norm", (hd,), "ones")
     norm("post_attention_norm", h)
 
-    if not moe:
-        inter = spec.mlp.intermediate_size
-        assert inter is not None
+    m = block.mlp
+    if isinstance(m, DenseMLP):
+        inter = m.intermediate_size
         linear("gate_proj", inter, h)
         linear("up_proj", inter, h)
         linear("down_proj", h, inter)
         return out
-    m = spec.mlp.moe
-    assert m is not None
     add("router", (m.num_experts, h))
     if m.router.bias_correction:
         add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
@@ -194,7 +197,7 @@ def _block(spec: ModelSpec, layer: int, moe: bool) -> list[TensorPlan]:
         linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
         linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
     if m.num_shared_experts:
-        shared = spec.shared_expert_intermediate_size
+        shared = m.shared_intermediate_size
         linear("shared_gate_proj", shared, h)
         linear("shared_up_proj", shared, h)
         linear("shared_down_proj", h, shared)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
 from onboard.generate.mtp import MTP_ROLES, mtp_draft
 from onboard.spec.layouts import LAYOUT_PRESETS
@@ -250,12 +251,11 @@ def _check_expr(
         )
 
 
-def _moe_layer_expr(spec: ModelSpec, f: ConfigFields) -> str | None:
+def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigFields) -> str | None:
     """Expression (of ``config`` and ``layer_idx``) that is true on MoE layers,
-    built from the placement fields the config actually has; None when every
-    layer is MoE."""
-    n = spec.num_hidden_layers
-    want = [spec.is_moe_layer(i) for i in range(n)]
+    built from the placement fields the config actually has and checked against
+    the plan's layers; None when every layer is MoE."""
+    want = list(arch.moe_layers)
     if all(want):
         return None
     hf = f.hf
@@ -300,15 +300,15 @@ def build_context(
     which checkpoint tensors the file's own ``load_weights`` maps.
     """
     f = ConfigFields(spec, hf)
+    arch = build_plan(spec)
     att = spec.attention
     moe = spec.mlp.moe
-    layers = spec.layers()
     is_mla = att.type == "mla"
     mtp_mlp = spec.mtp.mlp if spec.mtp is not None else None
     # The model file's MLP classes (for its layers and the MTP blocks).
-    has_moe = moe is not None
-    dense_layers = any(not layer.moe for layer in layers)
-    has_dense = dense_layers or mtp_mlp == "dense"
+    has_moe = arch.has_moe
+    dense_layers = not all(arch.moe_layers)
+    has_dense = arch.has_dense
     # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
         assert mtp_mlp is not None
@@ -330,7 +330,7 @@ def build_context(
     }
 
     # -- attention
-    types = spec.layer_attention_types()
+    types = list(arch.attention_types)
     sliding = "none"
     if "sliding_attention" in types:
         sliding = "all" if set(types) == {"sliding_attention"} else "mixed"
@@ -426,7 +426,7 @@ def build_context(
                 "platform; the CPU's plain top-k path is softmax-only.",
                 width=72,
             ),
-            "layer_expr": _moe_layer_expr(spec, f),
+            "layer_expr": _moe_layer_expr(spec, arch, f),
             "scoring": router.scoring,
             "renormalize": router.norm_topk_prob,
             "bias_correction": router.bias_correction,
@@ -582,9 +582,9 @@ def build_context(
         "plan_reads_config": layer_idx_needed or plan.sliding,
         "plan": plan,
         "layer_doc": _layer_doc(spec, plan) if plan.any else "",
-        "summary": _summary(spec),
+        "summary": _summary(spec, arch),
         "rope_comment": _rope_comment(spec),
-        "attn_doc": _attn_doc(spec),
+        "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
@@ -637,7 +637,7 @@ def _kv_target_expr(name: str, value: Any) -> str:
 # ---- docstrings ------------------------------------------------------------------
 
 
-def _attn_doc(spec: ModelSpec) -> str:
+def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
     att = spec.attention
     if att.type == "mla":
         mla = att.mla
@@ -664,7 +664,7 @@ def _attn_doc(spec: ModelSpec) -> str:
         )
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
-    kinds = set(spec.layer_attention_types())
+    kinds = set(arch.attention_types)
     if "sliding_attention" in kinds:
         parts.append(
             "sliding-window on the layers the config's layer types mark"
@@ -742,12 +742,12 @@ def _moe_doc(spec: ModelSpec) -> str:
     )
 
 
-def _summary(spec: ModelSpec) -> list[str]:
+def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     """Module docstring lines: what the spec is made of."""
-    layers = spec.layers()
-    items = [_attn_doc(spec)]
+    layers = arch.layers
+    items = [_attn_doc(spec, arch)]
     if spec.mlp.moe is not None:
-        n_moe = sum(layer.moe for layer in layers)
+        n_moe = sum(layer.is_moe for layer in layers)
         items.append(
             f"MoE on {n_moe} of {len(layers)} layers in the spec; " + _moe_doc(spec)
         )

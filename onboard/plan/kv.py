@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onboard.arch import build_plan
 from onboard.spec.model import ModelSpec
 
 KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
@@ -126,21 +127,19 @@ def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
             f"= {per_layer:,} B"
         )
     layers = []
-    for plan in spec.layers():
-        if att.type == "mla":
-            kind, window = "mla", None
-        elif plan.attention_type == "sliding_attention":
-            kind, window = "sliding", att.sliding_window
+    for layer in build_plan(spec).layers:
+        if layer.mixer.kind == "mla":
+            kind = "mla"
         else:
-            kind, window = "full", None
-        shared = plan.kv_sharing_target is not None
+            kind = "sliding" if layer.mixer.sliding else "full"
+        shared = layer.mixer.kv_source is not None
         layers.append(
             KVLayer(
-                index=plan.index,
+                index=layer.index,
                 kind=kind,
                 bytes_per_token=0 if shared else per_layer,
-                window=window,
-                shares=plan.kv_sharing_target,
+                window=layer.mixer.window,
+                shares=layer.mixer.kv_source,
             )
         )
     return KVReport(dtype=dtype, dtype_bytes=b, layers=tuple(layers), formula=formula)

@@ -11,16 +11,33 @@ from __future__ import annotations
 
 import re
 import textwrap
+from types import SimpleNamespace
 from typing import Any
 
+from onboard.arch import build_plan
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import has_dense_mlp, module_names
+from onboard.spec.module_tree import module_names
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
     {"architectures", "model_type", "dtype", "torch_dtype", "transformers_version"}
 )
+
+
+def _check_layer_plan(spec: ModelSpec, hf: dict, expr: str, want) -> None:
+    """The reference's per-layer MoE rule, run on the config it will read, must
+    give the plan's layers (the vLLM model's rule is checked the same way)."""
+    config = SimpleNamespace(**hf)
+    got = tuple(
+        bool(eval(expr, {}, {"config": config, "i": i}))  # noqa: S307
+        for i in range(len(want))
+    )
+    if got != tuple(want):
+        raise InputError(
+            f"{spec.name}: the reference's MoE layer rule ({expr}) gives {list(got)} "
+            f"on its config, but the spec's layers are {list(want)}"
+        )
 
 
 class _Keys:
@@ -72,7 +89,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "causal_lm": spec.architecture,
     }
 
-    types = spec.layer_attention_types()
+    arch = build_plan(spec)
+    types = arch.attention_types
     grouped = (
         moe is not None
         and moe.router.num_groups is not None
@@ -94,7 +112,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
-        "dense": has_dense_mlp(spec),
+        "dense": arch.has_dense,
         "shared": moe is not None and moe.num_shared_experts > 0,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
@@ -178,6 +196,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         if moe.dense_layers:
             terms.append(f"i not in config.{keys.need('mlp_only_layers')}")
         plan["moe"] = terms or ["True"]
+        _check_layer_plan(spec, hf, " and ".join(plan["moe"]), arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onboard.arch import build_plan
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
 
@@ -237,9 +238,7 @@ def spec_summary(spec: ModelSpec) -> list[tuple[str, str]]:
         )
     extras = []
     if att.sliding_window:
-        sliding = sum(
-            1 for p in spec.layers() if p.attention_type == "sliding_attention"
-        )
+        sliding = sum(layer.mixer.sliding for layer in build_plan(spec).layers)
         extras.append(f"sliding window {att.sliding_window:,} on {sliding} layers")
     if att.kv_sharing:
         pairs = ", ".join(f"{a}→{b}" for a, b in sorted(att.kv_sharing.items()))

@@ -13,7 +13,6 @@ _EXPORTS = {
     "dump_spec": "onboard.spec.loader",
     "load_spec": "onboard.spec.loader",
     "parse_spec_text": "onboard.spec.loader",
-    "LayerPlan": "onboard.spec.model",
     "ModelSpec": "onboard.spec.model",
 }
 

@@ -8,7 +8,6 @@ problems reports all of them at once.
 from __future__ import annotations
 
 import keyword
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -421,18 +420,6 @@ class ModelSpec(_Section):
             moe.num_shared_experts * moe.expert_intermediate_size
         )
 
-    def layers(self) -> list[LayerPlan]:
-        types = self.layer_attention_types()
-        return [
-            LayerPlan(
-                index=i,
-                attention_type=types[i],
-                moe=self.is_moe_layer(i),
-                kv_sharing_target=self.attention.kv_sharing.get(i),
-            )
-            for i in range(self.num_hidden_layers)
-        ]
-
     def tensor_path(self, role: str) -> str:
         """Module path of a role in this spec's checkpoint layout."""
         from onboard.spec.layouts import LAYOUT_PRESETS
@@ -440,13 +427,3 @@ class ModelSpec(_Section):
         return self.checkpoint.tensor_names.get(
             role, LAYOUT_PRESETS[self.checkpoint.layout][role]
         )
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """What one decoder layer is, resolved from the spec."""
-
-    index: int
-    attention_type: str
-    moe: bool
-    kv_sharing_target: int | None

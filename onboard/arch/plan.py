@@ -1,0 +1,281 @@
+"""The typed architecture plan and the one function that builds it from a spec.
+
+Every per-layer decision is made here once: each layer's token mixer (attention
+kind and parameters, sliding window, KV-sharing source), its MLP (dense, or MoE
+with its router) and its norms; the MTP heads' block; and the map between the
+spec's checkpoint tensor names and the canonical (Llama / DeepSeek) names. The
+objects are frozen: a consumer reads them, it never adjusts them.
+
+A token mixer is one of the ``Mixer`` kinds. Today that is softmax attention
+(``Attention``, GQA or MLA); mixers that are not softmax attention (linear or delta
+attention, sparse MLA with an indexer) are further kinds of the same union, each
+layer carrying its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.model import ModelSpec
+from onboard.spec.module_tree import used_roles
+
+# The names vLLM's own model files use (Llama / DeepSeek): generated modules are
+# built under these, and a checkpoint that names a role otherwise is renamed.
+CANONICAL: Mapping[str, str] = MappingProxyType(dict(LAYOUT_PRESETS["llama"]))
+
+
+@dataclass(frozen=True)
+class MLADims:
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Softmax attention over the layer's own KV cache or another layer's."""
+
+    kind: Literal["gqa", "mla"]
+    num_heads: int
+    num_kv_heads: int | None  # None: MLA (one latent, no KV heads)
+    head_dim: int | None  # None: MLA (per-part dims in ``mla``)
+    window: int | None  # sliding window in tokens; None: full attention
+    kv_source: int | None  # the earlier layer whose KV cache this one reads
+    qk_norm: bool
+    qkv_bias: bool
+    o_bias: bool
+    partial_rotary_factor: float
+    mla: MLADims | None
+
+    @property
+    def sliding(self) -> bool:
+        return self.window is not None
+
+
+# The token mixers a layer can have (more kinds join this union).
+Mixer = Attention
+
+
+@dataclass(frozen=True)
+class Router:
+    scoring: Literal["softmax", "sigmoid"]
+    norm_topk_prob: bool
+    bias_correction: bool
+    num_groups: int | None
+    topk_groups: int | None
+    routed_scaling_factor: float
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_groups is not None
+
+
+@dataclass(frozen=True)
+class DenseMLP:
+    intermediate_size: int
+    activation: str
+
+    kind = "dense"
+
+
+@dataclass(frozen=True)
+class MoEMLP:
+    num_experts: int
+    num_experts_per_tok: int
+    expert_intermediate_size: int
+    num_shared_experts: int
+    shared_intermediate_size: int  # 0 without shared experts
+    shared_expert_gate: bool
+    router: Router
+    activation: str
+
+    kind = "moe"
+
+
+MLP = DenseMLP | MoEMLP
+
+
+@dataclass(frozen=True)
+class Norms:
+    kind: Literal["rmsnorm", "layernorm"]
+    eps: float
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One decoder layer: ``norms`` before its mixer and before its MLP."""
+
+    index: int
+    mixer: Mixer
+    mlp: MLP
+    norms: Norms
+
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, MoEMLP)
+
+
+@dataclass(frozen=True)
+class MTPPlan:
+    """The multi-token-prediction heads: head ``i`` is checkpoint layer
+    ``first_layer + i``, each a full-attention block with its own KV cache."""
+
+    num_heads: int
+    first_layer: int
+    block: Layer  # index: first_layer (each head has the same shape)
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Checkpoint module paths of the roles the model has, and their canonical
+    names (paths use ``{layer}`` and ``{expert}``)."""
+
+    checkpoint: Mapping[str, str]
+    canonical: Mapping[str, str]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self.checkpoint)
+
+    def checkpoint_name(
+        self, role: str, layer: int | None = None, expert: int | None = None
+    ) -> str:
+        return self.checkpoint[role].format(layer=layer, expert=expert)
+
+    @property
+    def renamed(self) -> tuple[str, ...]:
+        """Roles whose checkpoint path differs from the canonical one."""
+        return tuple(r for r, p in self.checkpoint.items() if p != self.canonical[r])
+
+
+@dataclass(frozen=True)
+class ArchPlan:
+    spec: ModelSpec
+    layers: tuple[Layer, ...]
+    mtp: MTPPlan | None
+    tensors: TensorNames
+
+    @property
+    def has_moe(self) -> bool:
+        return any(layer.is_moe for layer in self._blocks)
+
+    @property
+    def has_dense(self) -> bool:
+        """Some block (a decoder layer or the MTP block) has the dense MLP."""
+        return any(not layer.is_moe for layer in self._blocks)
+
+    @property
+    def moe_layers(self) -> tuple[bool, ...]:
+        return tuple(layer.is_moe for layer in self.layers)
+
+    @property
+    def attention_types(self) -> tuple[str, ...]:
+        """Per layer, as configs spell it: full_attention / sliding_attention."""
+        return tuple(
+            "sliding_attention" if layer.mixer.sliding else "full_attention"
+            for layer in self.layers
+        )
+
+    @property
+    def _blocks(self) -> tuple[Layer, ...]:
+        return self.layers + ((self.mtp.block,) if self.mtp else ())
+
+
+def build_plan(spec: ModelSpec) -> ArchPlan:
+    """The plan of a spec that passed `spec check` (its rules hold)."""
+    types = spec.layer_attention_types()
+    norms = Norms(spec.norm.type, spec.norm.eps)
+    dense = _dense_mlp(spec)
+    moe = _moe_mlp(spec)
+
+    def mlp(is_moe: bool) -> MLP:
+        chosen = moe if is_moe else dense
+        assert chosen is not None, "spec rules guarantee the MLP a layer needs"
+        return chosen
+
+    layers = tuple(
+        Layer(
+            index=i,
+            mixer=_attention(spec, types[i] == "sliding_attention", i),
+            mlp=mlp(spec.is_moe_layer(i)),
+            norms=norms,
+        )
+        for i in range(spec.num_hidden_layers)
+    )
+    mtp = None
+    if spec.mtp is not None:
+        first = spec.num_hidden_layers
+        block = Layer(
+            index=first,
+            mixer=_attention(spec, False, None),
+            mlp=mlp(spec.mtp.mlp == "moe"),
+            norms=norms,
+        )
+        mtp = MTPPlan(num_heads=spec.mtp.num_heads, first_layer=first, block=block)
+    roles = used_roles(spec)
+    tensors = TensorNames(
+        checkpoint=MappingProxyType({r: spec.tensor_path(r) for r in roles}),
+        canonical=MappingProxyType({r: CANONICAL[r] for r in roles}),
+    )
+    return ArchPlan(spec=spec, layers=layers, mtp=mtp, tensors=tensors)
+
+
+def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
+    att = spec.attention
+    mla = att.mla
+    return Attention(
+        kind=att.type,
+        num_heads=att.num_heads,
+        num_kv_heads=None if att.type == "mla" else spec.num_kv_heads,
+        head_dim=None if att.type == "mla" else spec.head_dim,
+        window=att.sliding_window if sliding else None,
+        kv_source=None if layer is None else att.kv_sharing.get(layer),
+        qk_norm=att.qk_norm,
+        qkv_bias=att.qkv_bias,
+        o_bias=att.o_bias,
+        partial_rotary_factor=att.partial_rotary_factor,
+        mla=None
+        if mla is None
+        else MLADims(
+            q_lora_rank=mla.q_lora_rank,
+            kv_lora_rank=mla.kv_lora_rank,
+            qk_nope_head_dim=mla.qk_nope_head_dim,
+            qk_rope_head_dim=mla.qk_rope_head_dim,
+            v_head_dim=mla.v_head_dim,
+        ),
+    )
+
+
+def _dense_mlp(spec: ModelSpec) -> DenseMLP | None:
+    size = spec.mlp.intermediate_size
+    return None if size is None else DenseMLP(size, spec.activation)
+
+
+def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
+    moe = spec.mlp.moe
+    if moe is None:
+        return None
+    r = moe.router
+    return MoEMLP(
+        num_experts=moe.num_experts,
+        num_experts_per_tok=moe.num_experts_per_tok,
+        expert_intermediate_size=moe.expert_intermediate_size,
+        num_shared_experts=moe.num_shared_experts,
+        shared_intermediate_size=spec.shared_expert_intermediate_size,
+        shared_expert_gate=moe.shared_expert_gate,
+        router=Router(
+            scoring=r.scoring,
+            norm_topk_prob=r.norm_topk_prob,
+            bias_correction=r.bias_correction,
+            num_groups=r.num_groups,
+            topk_groups=r.topk_groups,
+            routed_scaling_factor=r.routed_scaling_factor,
+        ),
+        activation=spec.activation,
+    )
