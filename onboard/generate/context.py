@@ -18,6 +18,7 @@ from typing import Any
 from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
 from onboard.generate.mtp import MTP_ROLES, mtp_draft
+from onboard.generate.render import py_str
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec, class_prefix
 
@@ -33,15 +34,6 @@ ACTIVATIONS = {
     "gelu": ('GeluAndMul(approximate="none")', "gelu"),
     "gelu_pytorch_tanh": ('GeluAndMul(approximate="tanh")', "gelu_tanh"),
 }
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-
-
-def _py_str(value: str) -> str:
-    """A Python string literal for a spec-derived name (identifiers and dots only)."""
-    if not all(_IDENT.fullmatch(part) for part in value.split(".") if part):
-        raise GenerationError(f"refusing to put {value!r} into generated code")
-    return f'"{value}"'
 
 
 @dataclass
@@ -197,12 +189,12 @@ def _rename(role: str, source: str, target: str) -> Rename:
         elif piece == "{expert}":
             pattern += r"(?P<expert>\d+)"
         else:
-            _py_str(piece)  # identifiers and dots only
+            py_str(piece)  # identifiers and dots only
             pattern += piece.replace(".", r"\.")
     replacement = target.replace("{layer}", r"\g<layer>").replace(
         "{expert}", r"\g<expert>"
     )
-    _py_str(replacement.replace(r"\g<layer>", "0").replace(r"\g<expert>", "0"))
+    py_str(replacement.replace(r"\g<layer>", "0").replace(r"\g<expert>", "0"))
     # Anchored, and ending at a dot or the end, so `mlp.gate` does not also rename
     # `mlp.gate_proj`.
     return Rename(role, f"^{pattern}(?=\\.|$)", replacement)
@@ -533,7 +525,7 @@ def build_context(
         ):
             prefixes.add(spec.tensor_path(role).split("{layer}")[0])
         for p in prefixes:
-            _py_str(p.rstrip("."))
+            py_str(p.rstrip("."))
         mtp_prefixes = sorted(prefixes)
 
     act_layer, moe_act = ACTIVATIONS[spec.activation]
@@ -546,9 +538,9 @@ def build_context(
     layer_expr = moe_ctx["layer_expr"] if moe_ctx else None
     plan = SimpleNamespace(
         moe=has_moe and has_dense,
-        # The model's `moe` per layer: its MoE layer plan, or True where every
+        # The model's `moe` per layer: its MoE layer rule, or None where every
         # layer is MoE (then the dense MLP serves the MTP blocks only).
-        moe_expr=layer_expr or "True",
+        moe_rule=layer_expr,
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
     )
@@ -597,7 +589,7 @@ def build_context(
         "tie": spec.tie_word_embeddings,
         "mtp": spec.mtp is not None,
         "mtp_doc": _mtp_doc(spec) if mtp else "",
-        "mtp_block_moe": str(mtp_mlp == "moe"),
+        "mtp_block_moe": mtp_mlp == "moe",
         "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
         "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
         "mtp_prefixes": mtp_prefixes,
@@ -605,7 +597,6 @@ def build_context(
         "renames": renames,
         "stacked": stacked,
         "packed": packed,
-        "py_str": _py_str,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 import onboard
+from onboard.generate.config_fields import GenerationError
 
 TEMPLATES = Path(onboard.__file__).resolve().parents[1] / "templates"
 
@@ -134,6 +136,16 @@ def docwrap(text: str, indent: int) -> str:
     return out + (f"\n{pad}" if len(lines) > 1 else "")
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+def py_str(value: str) -> str:
+    """A Python string literal for a spec-derived name (identifiers and dots only)."""
+    if not all(_IDENT.fullmatch(part) for part in value.split(".") if part):
+        raise GenerationError(f"refusing to put {value!r} into generated code")
+    return f'"{value}"'
+
+
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -145,6 +157,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["docwrap"] = docwrap
+    env.filters["py_str"] = py_str
     return env
 
 
