@@ -748,10 +748,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
     if spec.mtp is not None:
         items.append(
-            f"{spec.mtp.num_heads} MTP head(s) in the checkpoint, loaded "
+            f"{_heads(spec.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "
             "by the MTP draft model, not by this one."
         )
     return [textwrap.fill(item, width=85) for item in items]
+
+
+def _heads(n: int, what: str) -> str:
+    """``1 MTP head``, ``2 MTP heads``."""
+    return f"{n} {what}{'s' * (n != 1)}"
 
 
 def _listed(parts: list[str]) -> str:
@@ -776,7 +781,7 @@ def _mtp_doc(spec: ModelSpec) -> str:
     draft = mtp_draft(spec)
     mlp = "an MoE" if spec.mtp.mlp == "moe" else "a dense"
     paragraphs = [
-        f"{spec.mtp.num_heads} multi-token-prediction head(s), stored in the "
+        f"{_heads(spec.mtp.num_heads, 'multi-token-prediction head')}, stored in the "
         "target checkpoint as layers num_hidden_layers + i. Head i reads the "
         "previous hidden state h (the target's last one for head 0) and the next "
         "token t: h_i = block_i(eh_proj(concat(enorm(embed(t)), hnorm(h)))), "

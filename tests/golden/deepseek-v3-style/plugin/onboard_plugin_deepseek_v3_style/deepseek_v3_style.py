@@ -11,7 +11,7 @@ router, run by vLLM's fused MoE layer. Routing: sigmoid scores, experts chosen b
 score + e_score_correction_bias, within the best expert groups, top-k weights
 renormalised, routed output scaled by routed_scaling_factor.
 Rope: yarn scaling.
-1 MTP head(s) in the checkpoint, loaded by the MTP draft model, not by this one.
+1 MTP head in the checkpoint, loaded by the MTP draft model, not by this one.
 """
 
 import math
@@ -173,12 +173,8 @@ class DeepseekV3MoE(nn.Module):
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        num_tokens, hidden_dim = hidden_states.shape
         # The fused layer runs the router itself (it holds the gate).
-        final_hidden_states = self.experts(
-            hidden_states=hidden_states, router_logits=hidden_states
-        )
-        return final_hidden_states.view(num_tokens, hidden_dim)
+        return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
 
 
 def yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:
@@ -212,7 +208,6 @@ class DeepseekV3Attention(nn.Module):
         tp_size = get_tensor_model_parallel_world_size()
         assert self.num_heads % tp_size == 0
         self.num_local_heads = self.num_heads // tp_size
-        self.scaling = self.qk_head_dim**-0.5
         eps = config.rms_norm_eps
 
         # q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM.
@@ -254,7 +249,7 @@ class DeepseekV3Attention(nn.Module):
         mscale = yarn_get_mscale(
             rope_parameters["factor"], float(rope_parameters["mscale_all_dim"])
         )
-        self.scaling = self.scaling * mscale * mscale
+        self.scaling = self.qk_head_dim**-0.5 * mscale * mscale
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,
@@ -546,14 +541,6 @@ class DeepseekV3ForCausalLM(
             moe.n_physical_experts = num_physical_experts
             moe.n_redundant_experts = self.num_redundant_experts
             moe.experts.update_expert_map()
-
-    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
-        # Layers whose hidden states the model returns for an EAGLE-3 drafter.
-        self.model._set_aux_hidden_state_layers(layers)
-
-    def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
-        num_layers = len(self.model.layers)
-        return (2, num_layers // 2, num_layers - 3)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)

@@ -9,7 +9,7 @@ MoE on 47 of 48 layers in the spec; Routed experts and the shared expert with th
 router, run by vLLM's fused MoE layer. Routing: sigmoid scores, experts chosen by
 score + e_score_correction_bias, top-k weights renormalised, routed output scaled by
 routed_scaling_factor.
-2 MTP head(s) in the checkpoint, loaded by the MTP draft model, not by this one.
+2 MTP heads in the checkpoint, loaded by the MTP draft model, not by this one.
 """
 
 from collections.abc import Iterable
@@ -174,12 +174,8 @@ class NovelLaunchMoE(nn.Module):
         )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        num_tokens, hidden_dim = hidden_states.shape
         # The fused layer runs the router itself (it holds the gate).
-        final_hidden_states = self.experts(
-            hidden_states=hidden_states, router_logits=hidden_states
-        )
-        return final_hidden_states.view(num_tokens, hidden_dim)
+        return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
 
 
 class NovelLaunchAttention(nn.Module):
@@ -582,14 +578,6 @@ class NovelLaunchForCausalLM(
             moe.n_physical_experts = num_physical_experts
             moe.n_redundant_experts = self.num_redundant_experts
             moe.experts.update_expert_map()
-
-    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
-        # Layers whose hidden states the model returns for an EAGLE-3 drafter.
-        self.model._set_aux_hidden_state_layers(layers)
-
-    def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
-        num_layers = len(self.model.layers)
-        return (2, num_layers // 2, num_layers - 3)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
