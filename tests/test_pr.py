@@ -210,6 +210,8 @@ def test_pr_md_follows_the_vllm_template(generated, tmp_path):
     for heading in ("## Purpose", "## Test Plan", "## Test Result"):
         assert heading in text
     assert "Not measured" in text  # no validation.json next to it
+    # ... so it does not claim the model was validated, it says how to.
+    assert "was also validated" not in text and "To validate" in text
     assert "already serves `LlamaForCausalLM`" in text
 
 
@@ -256,6 +258,7 @@ def test_pr_md_quotes_the_latest_validation(generated, tmp_path):
     assert "mean_acceptance_length=1.75, speedup=0.85" in text
     assert "| speed | not-run | not measured: no hardware |" in text
     assert "| quant:fp8-dynamic | not measured | |" in text
+    assert "was also validated with `onboard`" in text
 
 
 # -- check / apply --------------------------------------------------------------
