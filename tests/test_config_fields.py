@@ -8,6 +8,7 @@ from pathlib import Path
 
 import vllm
 
+from onboard.arch import build_plan
 from onboard.generate.config_fields import (
     ALIASES,
     MOE_FREQUENCY_RULES,
@@ -79,7 +80,7 @@ def test_qwen_decoder_sparse_step_counts_from_one():
     want = [False, True, False, True, False, True]  # (i + 1) % 2 == 0
     assert [spec.is_moe_layer(i) for i in range(6)] == want
     for hf in (config, hf_config_from_spec(spec)):
-        expr = _moe_layer_expr(spec, ConfigFields(spec, hf))
+        expr = _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, hf))
         assert expr == "(layer_idx + 1) % config.decoder_sparse_step == 0"
         assert _plan(expr, hf, 6) == want
 
@@ -111,7 +112,7 @@ def test_deepseek_moe_layer_freq_counts_from_zero():
     spec = spec_from_hf_config(config)
     want = [False, False, True, False, True, False]  # i >= 1 and i % 2 == 0
     assert [spec.is_moe_layer(i) for i in range(6)] == want
-    expr = _moe_layer_expr(spec, ConfigFields(spec, config))
+    expr = _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, config))
     assert expr == (
         "layer_idx >= config.first_k_dense_replace and "
         "layer_idx % config.moe_layer_freq == 0"
@@ -119,7 +120,14 @@ def test_deepseek_moe_layer_freq_counts_from_zero():
     assert _plan(expr, config, 6) == want
     # The config onboard writes for the spec says the same with explicit layers.
     written = hf_config_from_spec(spec)
-    assert _plan(_moe_layer_expr(spec, ConfigFields(spec, written)), written, 6) == want
+    assert (
+        _plan(
+            _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, written)),
+            written,
+            6,
+        )
+        == want
+    )
 
 
 def test_qwen3_moe_with_its_own_head_dim_is_accepted(tmp_path):

@@ -26,10 +26,13 @@ ROOT = Path(__file__).parents[1]
 BUNDLED = sorted((ROOT / "model_specs").glob("*.yaml"))
 
 ALLOWED_MODULES = {
+    "huggingface_hub.dataclasses",
     "math",
     "torch",
     "torch.nn",
     "torch.nn.functional",
+    "typing",
+    "transformers",
     "transformers.activations",
     "transformers.cache_utils",
     "transformers.configuration_utils",
@@ -244,12 +247,16 @@ def test_configuration_fields_are_the_config_json_keys(rendered):
 
     for name, spec in SPECS.items():
         source = rendered[name][f"configuration_{spec.module_name}.py"]
-        init = next(
-            node
-            for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.FunctionDef) and node.name == "__init__"
-        )
-        fields = {a.arg for a in init.args.args[1:]}
+        (cls,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
+        # Typed fields, as transformers' own configs declare them.
+        fields = {
+            n.target.id
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+        assert not any(
+            isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in cls.body
+        ), name
         written = set(hf_config_from_spec(spec)) - {
             "architectures",
             "model_type",

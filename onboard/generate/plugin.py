@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from onboard.generate.mtp import mtp_draft, mtp_module_name
 from onboard.generate.render import render_python, render_template
+from onboard.reference.context import config_class_context
 from onboard.spec.model import ModelSpec, class_prefix
 
 PLUGIN_VERSION = "0.1.0"
@@ -71,7 +72,9 @@ def plugin_files(
     if new_model_type:
         # Without it vLLM cannot even read config.json of a new model type.
         files[f"{package}/config.py"] = render_python(
-            "plugin/config.py.j2", context, f"{package}/config.py"
+            "plugin/config.py.j2",
+            {**context, **config_class_context(spec)},
+            f"{package}/config.py",
         )
     return files
 

@@ -221,7 +221,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
-        "fields": _config_fields(hf),
+        **config_class_context(spec, hf),
     }
 
 
@@ -275,7 +275,25 @@ def _ignore_unexpected(
     return patterns
 
 
+def config_class_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
+    """What the typed config class template needs (the reference's configuration
+    file and the plugin's config module render the same class)."""
+    fields = _config_fields(dict(hf or _hf_config(spec)))
+    return {
+        "spec": spec,
+        "config_class": f"{class_prefix(spec.architecture)}Config",
+        "fields": fields,
+        "derived": [field for field in fields if field["mutable"]],
+        "any_untyped": any(field["type"] == "Any | None" for field in fields),
+    }
+
+
 def _config_fields(hf: dict[str, Any]) -> list[dict[str, Any]]:
+    """The typed fields of the generated config class, one per config.json key.
+
+    Lists and dicts default to None and get their value in ``__post_init__``;
+    ``layer_types`` is derived there from ``sliding_window_pattern`` when the
+    config has one (rather than spelled out per layer)."""
     fields = []
     for key, value in hf.items():
         if key in BASE_KEYS:
@@ -286,12 +304,69 @@ def _config_fields(hf: dict[str, Any]) -> list[dict[str, Any]]:
         fields.append(
             {
                 "name": key,
+                "type": _field_type(value),
                 "default": "None" if mutable else repr(value),
-                "value": repr(value),
+                "value": _per_layer(value, hf.get("num_hidden_layers")),
                 "mutable": mutable,
+                "pattern": key == "layer_types" and _by_pattern(hf),
             }
         )
     return fields
+
+
+def _by_pattern(hf: dict[str, Any]) -> bool:
+    """``layer_types`` is what ``sliding_window_pattern`` gives (then the class
+    derives it instead of listing it)."""
+    n, pattern = hf.get("num_hidden_layers"), hf.get("sliding_window_pattern")
+    if not isinstance(n, int) or not isinstance(pattern, int) or pattern < 1:
+        return False
+    return hf.get("layer_types") == [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+        for i in range(n)
+    ]
+
+
+def _per_layer(value: Any, layers: Any) -> str:
+    """Source of a default: a per-layer list of one repeated value as
+    ``[v] * self.num_hidden_layers``, anything else as its repr."""
+    if (
+        isinstance(value, list)
+        and len(value) == layers
+        and len(value) > 1
+        and all(v == value[0] for v in value)
+        and not isinstance(value[0], list | dict)
+    ):
+        return f"[{value[0]!r}] * self.num_hidden_layers"
+    if (
+        isinstance(value, list)
+        and len(value) == layers
+        and sum(v is None for v in value) > len(value) // 2
+    ):
+        # Mostly None (KV-sharing targets): the few set layers, as a map.
+        pairs = {i: v for i, v in enumerate(value) if v is not None}
+        return f"[{pairs}.get(i) for i in range(self.num_hidden_layers)]"
+    return repr(value)
+
+
+def _field_type(value: Any) -> str:
+    """The annotation of a config field with this (JSON) value."""
+    # Scalars may be null too: a checkpoint's config can say so.
+    if isinstance(value, bool):
+        return "bool | None"
+    if isinstance(value, int):
+        return "int | None"
+    if isinstance(value, float):
+        return "float | int | None"
+    if isinstance(value, str):
+        return "str | None"
+    if isinstance(value, dict):
+        return "dict | None"
+    if isinstance(value, list):
+        kinds = {_field_type(v).removesuffix(" | None") for v in value}
+        if len(kinds) == 1 and (kind := kinds.pop()) in ("bool", "int", "str"):
+            return f"list[{kind}] | None"
+        return "list | None"
+    return "Any | None"  # null: the key is there, its type is the spec's to give
 
 
 def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:

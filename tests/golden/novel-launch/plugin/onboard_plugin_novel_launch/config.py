@@ -4,12 +4,79 @@
 
 transformers does not know this model type, so vLLM could not read config.json;
 ``register()`` registers this class with ``AutoConfig`` instead (no
-``trust_remote_code`` needed). It keeps every key of config.json as an attribute,
-and the model reads the ones it needs.
+``trust_remote_code`` needed). Keys config.json has beyond these fields are kept
+as attributes too.
 """
 
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 
+@strict
 class NovelLaunchConfig(PreTrainedConfig):
+    """The fields are exactly the keys of the config.json onboard writes for this
+    spec; the defaults are the spec's own (full-size) values."""
+
     model_type = "novel_launch"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int | None = 151552
+    hidden_size: int | None = 4096
+    num_hidden_layers: int | None = 48
+    max_position_embeddings: int | None = 262144
+    tie_word_embeddings: bool | None = False
+    hidden_act: str | None = "silu"
+    rms_norm_eps: float | int | None = 1e-06
+    num_attention_heads: int | None = 64
+    num_key_value_heads: int | None = 8
+    head_dim: int | None = 128
+    qk_norm: bool | None = True
+    qkv_bias: bool | None = False
+    o_bias: bool | None = False
+    sliding_window: int | None = 4096
+    use_sliding_window: bool | None = True
+    layer_types: list[str] | None = None
+    sliding_window_pattern: int | None = 4
+    kv_sharing_target_layers: list | None = None
+    rope_parameters: dict | None = None
+    rope_interleave: bool | None = False
+    intermediate_size: int | None = 12288
+    n_routed_experts: int | None = 128
+    num_experts_per_tok: int | None = 8
+    moe_intermediate_size: int | None = 1536
+    n_shared_experts: int | None = 1
+    shared_expert_intermediate_size: Any | None = None
+    shared_expert_gate: bool | None = False
+    first_k_dense_replace: int | None = 1
+    decoder_sparse_step: int | None = 1
+    mlp_only_layers: list | None = None
+    norm_topk_prob: bool | None = True
+    scoring_func: str | None = "sigmoid"
+    topk_method: str | None = "noaux_tc"
+    n_group: int | None = 1
+    topk_group: int | None = 1
+    routed_scaling_factor: float | int | None = 2.0
+    num_nextn_predict_layers: int | None = 2
+    mtp_mlp: str | None = "moe"
+
+    def __post_init__(self, **kwargs):
+        if self.layer_types is None:
+            # Every sliding_window_pattern-th layer attends to the full context.
+            self.layer_types = [
+                "full_attention"
+                if (i + 1) % self.sliding_window_pattern == 0
+                else "sliding_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+        if self.kv_sharing_target_layers is None:
+            self.kv_sharing_target_layers = [
+                {40: 36, 41: 37, 42: 38, 43: 39, 44: 36, 45: 37, 46: 38, 47: 39}.get(i)
+                for i in range(self.num_hidden_layers)
+            ]
+        if self.rope_parameters is None:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": 1000000.0}
+        if self.mlp_only_layers is None:
+            self.mlp_only_layers = []
+        super().__post_init__(**kwargs)
