@@ -28,9 +28,7 @@ from typing import Literal
 
 from onboard.spec.model import ModelSpec
 from onboard.targets import load_profiles
-
-# The CPU MLA decode kernel's only latent size (docs/vllm-cpu-notes.md).
-CPU_MLA_LATENT = 576
+from onboard.targets.cpu_kernels import CPU_MLA_LATENT
 
 Loc = tuple[str | int, ...]
 

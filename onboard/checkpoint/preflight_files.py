@@ -1,0 +1,320 @@
+"""Preflight of the checkpoint's files: the index, the shards and their headers.
+
+Reads the 8-byte length and the JSON header of every shard, never tensor data, and
+checks the index against the shards on disk (missing, unlisted, truncated or
+corrupt shards, tensors the index misplaces). Also the hint that points at the
+checkpoint's own ``spec.yaml`` when many sizes disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+from onboard.checkpoint.preflight_report import PreflightRun, examples
+from onboard.checkpoint.tiny import INDEX_FILE
+from onboard.errors import InputError
+from onboard.fsutil import BadIndex, read_weight_map
+
+MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+# Bits per element of each safetensors dtype (sub-byte FP4/FP6 included).
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "U16": 16,
+    "I16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "U32": 32,
+    "I32": 32,
+    "F32": 32,
+    "U64": 64,
+    "I64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+# Size mismatches from which preflight looks for the checkpoint's own spec.yaml.
+SPEC_HINT_MISMATCHES = 3
+
+
+class HeaderError(Exception):
+    """A shard whose header cannot be trusted (truncated, corrupt)."""
+
+
+class TensorInfo(NamedTuple):
+    dtype: str
+    shape: tuple[int, ...]
+    shard: str
+
+
+def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int, int]:
+    """A safetensors file's tensors as ``{name: (dtype, shape)}``, the bytes read
+    (8 + header length) and the data bytes the header declares.
+
+    Reads the 8-byte length and the JSON header, never the data; checks what a
+    truncated or corrupt file breaks (lengths, JSON, dtypes, shapes against byte
+    ranges, contiguous ranges, the file size from ``stat``).
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise HeaderError(f"truncated: {size} bytes, no header length")
+            n = int.from_bytes(raw, "little")
+            if n > MAX_HEADER:
+                raise HeaderError(f"corrupt: header length {n} is over 100 MiB")
+            if 8 + n > size:
+                raise HeaderError(
+                    f"truncated: the header needs {8 + n} bytes, the file has {size}"
+                )
+            head = f.read(n)
+    except OSError as exc:
+        raise HeaderError(f"cannot read: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HeaderError(f"corrupt header: {exc}") from None
+    if not isinstance(header, dict):
+        raise HeaderError("corrupt header: not a JSON object")
+    header.pop("__metadata__", None)
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    ranges: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        try:
+            dtype = entry["dtype"]
+            shape = tuple(map(int, entry["shape"]))
+            begin, end = map(int, entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise HeaderError(f"corrupt header entry for {name!r}") from None
+        if dtype not in DTYPE_BITS:
+            raise HeaderError(f"{name}: unknown dtype {dtype!r}")
+        if min(shape, default=0) < 0 or end < begin:
+            raise HeaderError(f"{name}: negative shape or byte range")
+        if (end - begin) * 8 != math.prod(shape) * DTYPE_BITS[dtype]:
+            raise HeaderError(
+                f"{name}: byte range {begin}..{end} does not fit shape "
+                f"{list(shape)} of {dtype}"
+            )
+        tensors[name] = (dtype, shape)
+        ranges.append((begin, end, name))
+    ranges.sort()
+    pos = 0
+    for begin, end, name in ranges:
+        if begin != pos:
+            raise HeaderError(f"corrupt header: {name} starts at {begin}, not {pos}")
+        pos = end
+    data = size - 8 - n
+    if pos != data:
+        what = "truncated" if pos > data else "trailing bytes"
+        raise HeaderError(
+            f"{what}: the header declares {pos} bytes of tensor data, the file "
+            f"holds {data}"
+        )
+    return tensors, 8 + n, pos
+
+
+def read_shards(run: PreflightRun) -> None:
+    """Every shard's header into ``run.found``; the index checked against them."""
+    weight_map = _read_index(run)
+    on_disk = sorted(p.name for p in run.root.glob("*.safetensors"))
+    listed = sorted(set(weight_map.values())) if weight_map else on_disk
+    if not listed:
+        run.add(
+            "error",
+            "missing-shard",
+            str(run.root),
+            "no .safetensors files",
+            "download the weights (safetensors)",
+        )
+        return
+    bad = _read_headers(run, listed, weight_map)
+    if weight_map is not None:
+        _check_index(run, weight_map, on_disk, listed, bad)
+
+
+def _read_index(run: PreflightRun) -> dict[str, str] | None:
+    """The index's weight map; None without an index or with one not trusted."""
+    index_path = run.root / INDEX_FILE
+    weight_map: dict[str, str] | None = None
+    if index_path.is_file():
+        try:
+            weight_map = read_weight_map(index_path)
+        except BadIndex as exc:
+            # Without a trusted index only the shards on disk are read: a name
+            # with a path in it is never opened.
+            run.add(
+                "error",
+                "index",
+                INDEX_FILE,
+                exc.problem,
+                "regenerate or re-download the index (shards are plain file "
+                "names beside it); the shards on disk are checked without it",
+            )
+            weight_map = None
+    return weight_map
+
+
+def _read_headers(
+    run: PreflightRun, listed: list[str], weight_map: dict[str, str] | None
+) -> set[str]:
+    """Reads the listed shards' headers; returns the shards missing or unreadable."""
+    bad: set[str] = set()
+    counts = Counter((weight_map or {}).values())
+    for shard in listed:
+        path = run.root / shard
+        if not path.is_file():
+            bad.add(shard)
+            run.add(
+                "error",
+                "missing-shard",
+                shard,
+                f"the index lists it ({counts[shard]} tensors), but it is not on disk",
+                "download or copy the missing shard: the checkpoint is incomplete",
+            )
+            continue
+        try:
+            tensors, nread, ndata = read_header(path)
+        except HeaderError as exc:
+            bad.add(shard)
+            run.add(
+                "error",
+                "corrupt-shard",
+                shard,
+                str(exc),
+                "re-download the shard (an interrupted download or copy truncates it)",
+            )
+            continue
+        run.report.shards += 1
+        run.report.header_bytes += nread
+        run.report.data_bytes += ndata
+        for name, (dtype, shape) in tensors.items():
+            if name in run.found:
+                run.add(
+                    "error",
+                    "index",
+                    name,
+                    f"stored twice, in {run.found[name].shard} and {shard}",
+                    "keep one copy: which one vLLM loads is undefined",
+                    tensors=[name],
+                )
+            run.found[name] = TensorInfo(dtype, shape, shard)
+    run.report.tensors = len(run.found)
+    return bad
+
+
+def _check_index(
+    run: PreflightRun,
+    weight_map: dict[str, str],
+    on_disk: list[str],
+    listed: list[str],
+    bad: set[str],
+) -> None:
+    """The index against the shards on disk and the tensors their headers hold."""
+    # The tensors of a missing or unreadable shard are not reported again as missing.
+    run.lost = {t for t, s in weight_map.items() if s in bad}
+    for shard in sorted(set(on_disk) - set(listed)):
+        run.add(
+            "warning",
+            "unindexed-shard",
+            shard,
+            "on disk but not in the index: vLLM and transformers load only the "
+            "shards the index lists, so its tensors are ignored",
+            f"add its tensors to {INDEX_FILE} or delete the file",
+        )
+    elsewhere, nowhere = [], []
+    for name, shard in weight_map.items():
+        info = run.found.get(name)
+        if shard in bad or (info is not None and info.shard == shard):
+            continue
+        (elsewhere if info is not None else nowhere).append(name)
+    if nowhere:
+        run.add(
+            "error",
+            "index",
+            INDEX_FILE,
+            f"lists {len(nowhere)} tensor(s) that no shard holds, e.g. "
+            f"{examples(nowhere)}",
+            "re-download the shards (or regenerate the index): loaders "
+            "trusting the index fail on these",
+            tensors=nowhere,
+        )
+    if elsewhere:
+        run.add(
+            "warning",
+            "index",
+            INDEX_FILE,
+            f"puts {len(elsewhere)} tensor(s) in the wrong shard, e.g. "
+            f"{examples(elsewhere)}",
+            "regenerate the index",
+            tensors=elsewhere,
+        )
+    unlisted = [t for t in run.found if t not in weight_map]
+    if unlisted:
+        run.add(
+            "warning",
+            "index",
+            INDEX_FILE,
+            f"does not list {len(unlisted)} tensor(s) its shards hold, e.g. "
+            f"{examples(unlisted)}",
+            "regenerate the index",
+            tensors=unlisted,
+        )
+
+
+def suggest_own_spec(run: PreflightRun) -> None:
+    """Many size mismatches usually mean the wrong spec: point at the spec.yaml
+    written with the checkpoint (`onboard checkpoint tiny`, `new-model`) when
+    that one has the config's sizes."""
+    mismatches = [
+        p for p in run.report.errors if p.kind in ("shape", "config", "layer-count")
+    ]
+    if len(mismatches) < SPEC_HINT_MISMATCHES or run.config is None:
+        return
+    from onboard.spec import load_spec
+
+    sizes = ("hidden_size", "num_hidden_layers", "vocab_size")
+    config = tuple(run.config.get(key) for key in sizes)
+    if config == tuple(getattr(run.spec, key) for key in sizes):
+        return
+    parent = run.root.parent
+    candidates = [run.root / "spec.yaml"]
+    if parent.name == "checkpoints":  # new-model's DIR/checkpoints/<name>
+        candidates.append(parent.parent / "spec.yaml")
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            own = load_spec(path)
+        except InputError:  # a hint only: a spec that does not load is skipped
+            continue
+        if tuple(getattr(own, key) for key in sizes) == config:
+            command = shlex.join(
+                [
+                    "onboard",
+                    "spec",
+                    "check",
+                    str(path),
+                    "--checkpoint",
+                    str(run.root),
+                ]
+            )
+            run.add(
+                "note",
+                "spec-hint",
+                str(path),
+                "has this checkpoint's sizes (the spec checked has not); check "
+                f"against it: {command}",
+            )
+            return

@@ -1,0 +1,364 @@
+"""Preflight of the checkpoint's tensors against the spec's plan.
+
+The plan is :func:`onboard.checkpoint.tiny.plan_tensors` (the spec's own names and
+shapes, MTP heads included), with what the quantization config asks of each Linear
+module (``preflight_quant``). Here: the layer count, MTP heads, shapes (with the
+spec fields behind each dimension), the MLA latent and dtypes; missing, unexpected
+and renamed tensors are in ``preflight_names``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from onboard.checkpoint.preflight_ct import FLOATS, CTConfig
+from onboard.checkpoint.preflight_names import report_names
+from onboard.checkpoint.preflight_quant import (
+    QUANTIZABLE_ROLES,
+    QuantCheck,
+    accept_as_stored,
+    kv_scale_names,
+    quantization,
+)
+from onboard.checkpoint.preflight_report import Expect, PreflightRun
+from onboard.checkpoint.preflight_spec import (
+    abstract,
+    by_pattern,
+    describe,
+    dims,
+    fields_in,
+    is_field,
+    role_index,
+    split_name,
+)
+from onboard.checkpoint.tiny import plan_tensors
+from onboard.targets.cpu_kernels import CPU_MLA_LATENT
+
+# A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
+SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
+
+
+def check_tensors(run: PreflightRun) -> None:
+    """Every tensor of the spec's plan against the checkpoint's headers."""
+    spec = run.spec
+    roles = role_index(spec)
+    quant = quantization(run)
+    qcheck = QuantCheck(quant) if quant is not None else None
+    expected: dict[str, Expect] = {}
+    optional: dict[str, Expect] = {}
+
+    for plan in plan_tensors(spec):
+        module, param = split_name(plan.name)
+        role = roles.get(module)
+        expect = Expect(plan.shape, None, role, param)
+        linear = param == "weight" and len(plan.shape) == 2
+        if role in SHARING_UNUSED_ROLES and plan.layer in spec.attention.kv_sharing:
+            # The layer reads an earlier layer's KV cache: the generated model
+            # drops its own K/V (and k-norm) when stored, so they may be absent.
+            optional[plan.name] = expect
+            if linear and quant is not None:
+                accept_as_stored(
+                    run, module, plan.shape, role, "quantized", {}, optional
+                )
+            continue
+        if qcheck is None or not linear or role not in QUANTIZABLE_ROLES:
+            expected[plan.name] = expect
+            continue
+        qcheck.expect_linear(run, module, plan.shape, role, expected, optional)
+    if isinstance(quant, CTConfig) and quant.kv_cache:
+        for name in kv_scale_names(roles):
+            optional[name] = Expect(None, None, None, name.rpartition(".")[2])
+
+    consumed: set[str] = set()  # found tensors already reported
+    if qcheck is not None:
+        qcheck.report(run, roles)
+        consumed = qcheck.consumed
+    missing = [
+        n for n, e in expected.items() if n not in run.found and n not in run.lost
+    ]
+    unexpected = [
+        n
+        for n in run.found
+        if n not in expected and n not in optional and n not in consumed
+    ]
+    _check_present(run, expected, optional)
+    missing = _check_mtp(run, _check_layer_count(run, missing))
+    report_names(run, missing, unexpected, quant, expected)
+    _note_cpu_mla(run)
+
+
+def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
+    """One problem when the checkpoint has fewer or more layers than the spec;
+    the tensors of the layers it lacks are not listed one pattern at a time."""
+    spec = run.spec
+    prefix = spec.tensor_path("input_norm").split("{layer}")[0]
+    layers = {
+        int(name[len(prefix) :].split(".", 1)[0])
+        for name in run.found
+        if name.startswith(prefix) and name[len(prefix) :].split(".", 1)[0].isdigit()
+    }
+    if not layers:
+        return missing
+    mtp = spec.mtp.num_heads if spec.mtp else 0
+    total, have = spec.num_hidden_layers + mtp, max(layers) + 1
+    if have == total or (mtp and have == spec.num_hidden_layers):
+        return missing  # equal, or only the MTP heads lack (reported as such)
+    run.add(
+        "error",
+        "layer-count",
+        f"{prefix}{{layer}}",
+        f"the checkpoint has {have} layers ({prefix}0-{have - 1}); the spec "
+        f"has num_hidden_layers {spec.num_hidden_layers}"
+        + (f" + {mtp} MTP head(s) = {total}" if mtp else ""),
+        f"set num_hidden_layers in the spec to {have - mtp} (MTP heads are the "
+        "last layers)"
+        if mtp
+        else f"set num_hidden_layers: {have} in the spec",
+        spec_fields=["num_hidden_layers", "mtp.num_heads"]
+        if mtp
+        else ["num_hidden_layers"],
+    )
+    # Tensors of layers the checkpoint does not have are covered above.
+    return [
+        n
+        for n in missing
+        if not n.startswith(prefix)
+        or not n[len(prefix) :].split(".", 1)[0].isdigit()
+        or int(n[len(prefix) :].split(".", 1)[0]) < have
+    ]
+
+
+def _check_mtp(run: PreflightRun, missing: list[str]) -> list[str]:
+    """A checkpoint without any of the spec's MTP heads: one problem."""
+    spec = run.spec
+    if spec.mtp is None:
+        return missing
+    prefix = spec.tensor_path("input_norm").split("{layer}")[0]
+    heads = [
+        f"{prefix}{spec.num_hidden_layers + i}." for i in range(spec.mtp.num_heads)
+    ]
+    if any(name.startswith(tuple(heads)) for name in run.found):
+        return missing  # present, perhaps in part: missing tensors are listed
+    absent = [n for n in missing if n.startswith(tuple(heads))]
+    if not absent:
+        return missing
+    uses_mtp = any(s.method == "mtp" for s in spec.speculators)
+    run.add(
+        "error" if uses_mtp else "warning",
+        "missing-mtp",
+        f"{prefix}{spec.num_hidden_layers}+",
+        f"the spec has mtp.num_heads: {spec.mtp.num_heads} (stored at "
+        f"{heads[0]}*), but the checkpoint has no MTP layer ({len(absent)} "
+        "tensors): the main model loads, MTP speculative decoding cannot"
+        + (" (the spec's speculators include mtp)" if uses_mtp else ""),
+        "use a checkpoint that keeps its MTP heads (transformers' "
+        "save_pretrained drops them), or set mtp: null in the spec"
+        + (" and remove the mtp speculator" if uses_mtp else ""),
+        tensors=absent,
+        spec_fields=["mtp"],
+    )
+    return [n for n in missing if not n.startswith(tuple(heads))]
+
+
+def _check_present(
+    run: PreflightRun, expected: dict[str, Expect], optional: dict[str, Expect]
+) -> None:
+    shapes: dict[tuple, list[str]] = defaultdict(list)
+    dtypes: dict[tuple, list[str]] = defaultdict(list)
+    for name, info in run.found.items():
+        want = expected.get(name) or optional.get(name)
+        if want is None:
+            continue
+        if want.shape is not None and not _same_shape(want.shape, info.shape):
+            key = (abstract(name)[0], want.shape, info.shape, want.role, want.param)
+            shapes[key].append(name)
+        if want.param == "weight-any":
+            continue
+        if want.dtypes is not None:
+            if info.dtype not in want.dtypes:
+                dtypes[("quant", info.dtype, tuple(sorted(want.dtypes)))].append(name)
+        elif info.dtype not in FLOATS:
+            dtypes[("not-float", info.dtype, ())].append(name)
+        elif (
+            run.dtype is not None
+            and info.dtype != run.dtype
+            and want.param != "e_score_correction_bias"  # FP32 by design
+        ):
+            dtypes[("mixed", info.dtype, (run.dtype,))].append(name)
+    for (pattern, want, got, role, param), names in shapes.items():
+        _shape_problem(run, pattern, want, got, role, param, names, expected)
+    for (what, got, want), names in dtypes.items():
+        _dtype_problem(run, what, got, want, names)
+
+
+def _shape_problem(
+    run: PreflightRun,
+    pattern: str,
+    want: tuple[int, ...],
+    got: tuple[int, ...],
+    role: str | None,
+    param: str,
+    names: list[str],
+    expected: dict[str, Expect],
+) -> None:
+    spec = run.spec
+    where = describe(pattern, names)
+    if (
+        role == "kv_a_proj"
+        and param in ("weight", "weight_packed")
+        and (got[:1] != want[:1])
+    ):
+        _mla_latent(run, where, want, got, names)
+        return
+    exprs = dims(spec, role, param) if param in ("weight", "bias") else None
+    if exprs is None or len(exprs) != len(want) or len(got) != len(want):
+        expect = expected[names[0]]
+        if expect.weight_shape is not None and param != "weight":
+            message = (
+                f"shape {list(got)}, but config group {expect.scheme} stores "
+                f"{list(want)} for the {param} of a {list(expect.weight_shape)} "
+                "weight"
+            )
+            fix = (
+                "make quantization_config describe how the checkpoint was "
+                "quantized (group size, block structure), or re-quantize"
+            )
+        else:
+            message = f"shape {list(got)}, expected {list(want)}"
+            fix = "re-export the checkpoint, or fix the spec it was made for"
+        run.add("error", "shape", where, message, fix, tensors=names)
+        return
+    parts, fields = [], []
+    for i, ((text, value), g) in enumerate(zip(exprs, got, strict=True)):
+        if value == g:
+            continue
+        implied = f" (the checkpoint implies {text}: {g})" if is_field(text) else ""
+        parts.append(f"dim {i} is {g}, but {text} = {value}{implied}")
+        fields += fields_in(text)
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}, the spec gives {list(want)}: " + "; ".join(parts),
+        f"set {', '.join(dict.fromkeys(fields))} in the spec to the checkpoint's "
+        "values (or use the checkpoint this spec describes)",
+        tensors=names,
+        spec_fields=dict.fromkeys(fields),
+    )
+
+
+def _mla_latent(
+    run: PreflightRun, where: str, want: tuple, got: tuple, names: list[str]
+) -> None:
+    mla = run.spec.attention.mla
+    assert mla is not None
+    rows = got[0]
+    layer = abstract(names[0])[1][0]
+    norm_name = run.spec.tensor_path("kv_a_norm").format(layer=layer)
+    norm = run.found.get(f"{norm_name}.weight")
+    if norm is not None and len(norm.shape) == 1 and norm.shape[0] < rows:
+        rank, rope = norm.shape[0], rows - norm.shape[0]
+        fix = (
+            f"set attention.mla.kv_lora_rank: {rank} and qk_rope_head_dim: "
+            f"{rope} in the spec (kv_a_layernorm has {rank} entries)"
+        )
+    else:
+        fix = (
+            "set attention.mla.kv_lora_rank and qk_rope_head_dim in the spec so "
+            f"that they sum to {rows}"
+        )
+    run.add(
+        "error",
+        "mla-latent",
+        where,
+        f"MLA latent size mismatch: kv_a_proj_with_mqa has {rows} rows, but "
+        f"kv_lora_rank + qk_rope_head_dim = {mla.kv_lora_rank} + "
+        f"{mla.qk_rope_head_dim} = {want[0]} (shape {list(got)}, expected "
+        f"{list(want)})",
+        fix,
+        tensors=names,
+        spec_fields=[
+            "attention.mla.kv_lora_rank",
+            "attention.mla.qk_rope_head_dim",
+        ],
+    )
+
+
+def _note_cpu_mla(run: PreflightRun) -> None:
+    spec = run.spec
+    if spec.attention.type != "mla":
+        return
+    mla = spec.attention.mla
+    latent = mla.kv_lora_rank + mla.qk_rope_head_dim
+    kv_a = spec.tensor_path("kv_a_proj").format(layer=0) + ".weight"
+    info = run.found.get(kv_a) or run.found.get(kv_a + "_packed")
+    if info is not None and info.shape:
+        latent = info.shape[0]
+    if latent == CPU_MLA_LATENT:
+        return
+    run.add(
+        "warning" if "cpu" in spec.targets else "note",
+        "cpu-mla",
+        "attention.mla",
+        f"the MLA latent is {latent}; vLLM's CPU MLA decode kernel accepts only "
+        f"{CPU_MLA_LATENT} (kv_lora_rank 512 + qk_rope_head_dim 64) and fails "
+        "deep inside with misleading errors ('Unsupported block size: 16')",
+        "validate on a GPU target, or keep kv_lora_rank 512 and qk_rope_head_dim "
+        "64 for CPU runs",
+        spec_fields=[
+            "attention.mla.kv_lora_rank",
+            "attention.mla.qk_rope_head_dim",
+        ],
+    )
+
+
+def _dtype_problem(
+    run: PreflightRun, what: str, got: str, want: tuple[str, ...], names: list[str]
+) -> None:
+    groups = by_pattern(names)
+    where = "; ".join(describe(p, n) for p, n in list(groups.items())[:3])
+    if len(groups) > 3:
+        where += f"; and {len(groups) - 3} more pattern(s)"
+    if what == "quant":
+        run.add(
+            "error",
+            "dtype",
+            where,
+            f"stored as {got}; the quantization scheme stores {' or '.join(want)}",
+            "re-quantize with compressed-tensors (`onboard quantize`)",
+            tensors=names,
+        )
+    elif what == "not-float":
+        quant = (run.config or {}).get("quantization_config")
+        run.add(
+            "error",
+            "dtype",
+            where,
+            f"stored as {got}, but "
+            + (
+                "config.json has no quantization_config"
+                if quant is None
+                else "the quantization config keeps it unquantized"
+            )
+            + ": vLLM would read the raw values as weights",
+            "add the quantization_config the quantizer wrote"
+            if quant is None
+            else "store it in 16 bits",
+            tensors=names,
+        )
+    else:
+        run.add(
+            "warning",
+            "dtype",
+            where,
+            f"stored as {got} while config.json says {want[0]}: vLLM casts on "
+            "load, but a mixed-dtype export is often a mistake",
+            f"re-export in {want[0]}, or set dtype in config.json to the "
+            "weights' dtype",
+            tensors=names,
+        )
+
+
+def _same_shape(want: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    # A per-tensor scale is (1,) in compressed-tensors, () in some exports.
+    return want == got or (want == (1,) and got == ())
