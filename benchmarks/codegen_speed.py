@@ -134,7 +134,7 @@ def prompts(n: int, vocab: int, length: int = 32) -> list[list[int]]:
 
 def engines_for(family: str, ckpt: Path, work: Path):
     """label -> (EngineOptions) for the three implementations."""
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec.hf import spec_from_hf_config_file
     from onboard.validate.engine import EngineOptions, read_plugin
 

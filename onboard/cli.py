@@ -140,14 +140,18 @@ def checkpoint_tiny(
     """Write a seconds-sized random checkpoint of the spec's architecture."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.spec import load_spec
+    from onboard.speculators.mtp_train import head_trainer
 
+    trainer = head_trainer(
+        steps=mtp_steps,
+        seed=seed,
+        log=lambda line: out.print(f"  {line}", markup=False),
+    )
     path = write_tiny_checkpoint(
         load_spec(spec),
         out_dir,
         seed=seed,
-        train_mtp=train_mtp,
-        mtp_steps=mtp_steps,
-        log=lambda line: out.print(f"  {line}", markup=False),
+        finish=trainer if train_mtp else None,
     )
     out.print(f"wrote tiny checkpoint to {path}")
 
@@ -156,7 +160,7 @@ def checkpoint_tiny(
 def generate(spec: SpecArg, out_dir: OutOpt) -> None:
     """Render the vLLM model file, its plugin and (new model types) the HF reference."""
     from onboard.fsutil import check_output_dir
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import load_spec
 
     loaded = load_spec(spec)
@@ -766,7 +770,7 @@ def pr_describe(
     ] = None,
 ) -> None:
     """Rewrite GEN_DIR/vllm-pr/PR.md with the numbers of a validation.json."""
-    from onboard.pr import write_pr_md
+    from onboard.pipeline.generate import write_pr_md
 
     out.print(f"wrote {write_pr_md(spec, gen_dir, validation)}", markup=False)
 

@@ -140,10 +140,10 @@ def test_spec_check_with_the_checkpoint_exits_2(good, tmp_path, kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_reader_refuses(good, tmp_path, kind):
-    from onboard.checkpoint.mtp_train import read_tensor
     from onboard.checkpoint.preflight import preflight
     from onboard.publish.checkpoint import inspect_checkpoint
     from onboard.spec import load_spec
+    from onboard.speculators.mtp_train import read_tensor
     from onboard.validate.harness import check_inputs
 
     ckpt, _, name = _malicious(good, tmp_path, kind)

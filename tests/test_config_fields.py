@@ -138,7 +138,7 @@ def test_qwen3_moe_with_its_own_head_dim_is_accepted(tmp_path):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from onboard.checkpoint.preflight import preflight
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
 
     qwen = (MODELS / "qwen3_moe.py").read_text()
     assert 'head_dim=getattr(config, "head_dim", None)' in qwen

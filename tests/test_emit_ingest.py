@@ -210,7 +210,7 @@ class RoundTrip:
 
 
 def _round_trip(root: Path, speculative: bool) -> RoundTrip:
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import load_spec
     from onboard.validate.emit import emit
     from onboard.validate.engine import EngineOptions, read_plugin

@@ -248,7 +248,7 @@ def _pip_install_target(plugin_dir: Path, site: Path, tmp: Path) -> None:
 def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
     """`validate --installed-plugin` reads the plugin from pip's .dist-info and puts
     nothing of its own on the engine's path (no engine here)."""
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import load_spec
 
     spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")

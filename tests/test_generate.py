@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from generate_variants import ALL, BUNDLED, any_spec, bundled, variant
 
-from onboard.generate import generate_all, generate_files, model_class_path
-from onboard.generate.render import RUFF_SETTINGS
+from onboard.generate import generate_files, model_class_path
+from onboard.pipeline.generate import generate_all
+from onboard.templating import RUFF_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"

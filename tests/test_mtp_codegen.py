@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from generate_variants import ALL, any_spec, bundled
 
-from onboard.generate import generate_all, generate_files, model_class_path
-from onboard.generate.mtp import (
+from onboard.generate import generate_files, model_class_path
+from onboard.pipeline.generate import generate_all
+from onboard.spec.mtp import (
     GENERIC_MTP_MODEL_TYPE,
     TUPLE_ARCHITECTURES,
     VLLM_MTP_ARCHITECTURES,

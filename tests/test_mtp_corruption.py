@@ -30,7 +30,7 @@ SPEC = ROOT / "model_specs" / "novel-launch.yaml"
 
 
 def corrupt(src: Path, dst: Path, name: str, value) -> Path:
-    from onboard.checkpoint.mtp_train import read_tensor, write_tensors
+    from onboard.speculators.mtp_train import read_tensor, write_tensors
 
     shutil.copytree(src, dst)
     old = read_tensor(dst, name)
@@ -42,8 +42,9 @@ def corrupt(src: Path, dst: Path, name: str, value) -> Path:
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory) -> dict:
     from onboard.checkpoint.tiny import write_tiny_checkpoint
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import load_spec
+    from onboard.speculators.mtp_train import head_trainer
     from onboard.validate import check_spec_decode
     from onboard.validate.engine import EngineOptions, read_plugin
     from onboard.validate.harness import MAX_MODEL_LEN, RunContext, run_accuracy
@@ -56,7 +57,7 @@ def checks(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("mtp-corruption")
     spec = load_spec(SPEC)
-    good = write_tiny_checkpoint(spec, root / "good", train_mtp=True)
+    good = write_tiny_checkpoint(spec, root / "good", finish=head_trainer())
     tiny = load_spec(good / "spec.yaml")
     n = tiny.num_hidden_layers
     mtp_bad = corrupt(

@@ -1,4 +1,4 @@
-"""MTP self-distillation of tiny checkpoints (onboard.checkpoint.mtp_train).
+"""MTP self-distillation of tiny checkpoints (onboard.speculators.mtp_train).
 
 No engine: the generated Hugging Face reference is the teacher and the judge.
 The bundled novel-launch spec's tiny checkpoint (two MTP heads) is trained as
@@ -18,7 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onboard.checkpoint.mtp_train import (
+from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.errors import InputError
+from onboard.spec import load_spec
+from onboard.speculators.mtp_train import (
     REPORT_FILE,
     decoded_walk,
     engine_schedule,
@@ -28,9 +31,6 @@ from onboard.checkpoint.mtp_train import (
     train_mtp_heads,
     write_tensors,
 )
-from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.errors import InputError
-from onboard.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 ONBOARD = str(Path(sys.executable).with_name("onboard"))

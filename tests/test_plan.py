@@ -540,7 +540,7 @@ def engine_and_plan(request):
     )
     plugin = None
     if not vllm_knows(spec.architecture):  # novel_launch: the generated plugin
-        from onboard.generate import generate_all
+        from onboard.pipeline.generate import generate_all
 
         generate_all(spec, work / "generated")
         plugin = read_plugin(work / "generated" / "plugin")

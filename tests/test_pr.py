@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from onboard.errors import InputError
-from onboard.generate import generate_all
-from onboard.generate.render import RUFF_SETTINGS
+from onboard.pipeline.generate import generate_all
 from onboard.pr import apply as pr
 from onboard.pr.build import installed_vllm_root, tree_version
 from onboard.pr.edits import Edit, EditError, apply_edit
 from onboard.pr.farm import vllm_farm
 from onboard.pr.versions import API_CHANGES, PINNED_VLLM, api_changes_markdown
 from onboard.spec import load_spec
+from onboard.templating import RUFF_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "vllm-pr" / "checkout"
@@ -218,7 +218,7 @@ def test_pr_md_follows_the_vllm_template(generated, tmp_path):
 def test_pr_md_quotes_the_latest_validation(generated, tmp_path):
     import json
 
-    from onboard.pr import write_pr_md
+    from onboard.pipeline.generate import write_pr_md
 
     gen = tmp_path / "run" / "generated"
     shutil.copytree(generated["dense-gqa"], gen)
@@ -470,7 +470,7 @@ def test_mtp_draft_and_its_plumbing(generated, name):
         assert not draft.exists()
         assert "this tree has no MTP draft model" in (tree / "PR.md").read_text()
         return
-    from onboard.generate.mtp import mtp_draft
+    from onboard.spec.mtp import mtp_draft
 
     info = mtp_draft(spec)
     assert draft.is_file()

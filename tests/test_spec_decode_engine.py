@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from onboard.checkpoint.mtp_train import train_mtp_heads
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.pipeline import stage_speculators
 from onboard.pipeline.runner import Context
 from onboard.spec import load_spec
+from onboard.speculators.mtp_train import train_mtp_heads
 from onboard.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from onboard.checkpoint.mtp_train import decoded_walk
+from onboard.speculators.mtp_train import decoded_walk
 from onboard.speculators.simulate import (
     Counters,
     ngram_counters,
@@ -175,15 +175,16 @@ def dsv3(tmp_path_factory):
     import tempfile
     from pathlib import Path
 
-    from onboard.checkpoint import mtp_train
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.spec import load_spec
+    from onboard.speculators import mtp_train
+    from onboard.threads import one_thread
 
     root = Path(__file__).resolve().parents[1]
     spec = load_spec(root / "model_specs" / "deepseek-v3-style.yaml")
     out = tmp_path_factory.mktemp("dsv3")
     model_dir = write_tiny_checkpoint(spec, out / "bf16", seed=0)
-    with tempfile.TemporaryDirectory() as tmp, mtp_train._one_thread():
+    with tempfile.TemporaryDirectory() as tmp, one_thread():
         model = mtp_train.load_mtp_reference(model_dir, spec, Path(tmp))
         prompts = [[5, 9, 3, 7, 2, 8], [11, 4, 4, 6, 1, 3, 9, 2]]
         seqs = mtp_train.greedy_sequences(model, prompts, 12)
@@ -194,7 +195,7 @@ def dsv3(tmp_path_factory):
 def test_mtp_counters_walk_the_reference_drafts(dsv3):
     import torch
 
-    from onboard.checkpoint.mtp_train import sequence_acceptance
+    from onboard.speculators.mtp_train import sequence_acceptance
     from onboard.speculators.simulate import mtp_counters
 
     spec, model, prompts, greedy = dsv3

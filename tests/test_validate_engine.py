@@ -86,7 +86,7 @@ def llama_ckpt(tmp_path_factory) -> Path:
 
 
 def test_plugin_is_found_by_importlib_metadata_with_nothing_installed(tmp_path):
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import parse_spec_text
 
     generate_all(parse_spec_text(LLAMA_SPEC), tmp_path / "gen")
@@ -112,7 +112,7 @@ def test_plugin_is_found_by_importlib_metadata_with_nothing_installed(tmp_path):
 
 
 def test_engine_environment_isolates_the_plugin(tmp_path, llama_ckpt):
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
     from onboard.spec import parse_spec_text
 
     generate_all(parse_spec_text(LLAMA_SPEC), tmp_path / "gen")

@@ -13,9 +13,8 @@ import math
 import shlex
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
 
-from onboard.checkpoint.preflight_report import PreflightRun, examples
+from onboard.checkpoint.preflight_report import PreflightRun, TensorInfo, examples
 from onboard.checkpoint.tiny import INDEX_FILE
 from onboard.errors import InputError
 from onboard.fsutil import BadIndex, read_weight_map
@@ -50,12 +49,6 @@ SPEC_HINT_MISMATCHES = 3
 
 class HeaderError(Exception):
     """A shard whose header cannot be trusted (truncated, corrupt)."""
-
-
-class TensorInfo(NamedTuple):
-    dtype: str
-    shape: tuple[int, ...]
-    shard: str
 
 
 def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int, int]:

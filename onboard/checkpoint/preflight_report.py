@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
-    from onboard.checkpoint.preflight_files import TensorInfo
     from onboard.spec.model import ModelSpec
+
+
+class TensorInfo(NamedTuple):
+    """One tensor of the checkpoint, as its shard's header declares it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    shard: str
+
 
 Severity = Literal["error", "warning", "note"]
 

@@ -269,15 +269,15 @@ def write_tiny_checkpoint(
     seed: int = 0,
     dtype: str = "bfloat16",
     *,
-    train_mtp: bool = False,
-    mtp_steps: int | None = None,
-    log: Callable[[str], None] | None = None,
+    finish: Callable[[Path, ModelSpec], None] | None = None,
 ) -> Path:
     """Shrink ``spec`` and write its random checkpoint to ``out_dir`` (atomically).
 
-    With ``train_mtp`` and MTP heads in the spec, the heads are trained by
-    self-distillation (``onboard.checkpoint.mtp_train``) before the directory
-    appears. Returns ``out_dir``. Same arguments -> byte-identical files.
+    ``finish(directory, tiny_spec)`` runs on the complete files before the
+    directory appears: the callers that train MTP heads pass
+    :func:`onboard.speculators.mtp_train.head_trainer` (a step of the speculators
+    layer, which this one does not import). Returns ``out_dir``. Same arguments ->
+    byte-identical files.
     """
     from onboard.spec.hf import hf_config_from_spec
 
@@ -318,11 +318,8 @@ def write_tiny_checkpoint(
     try:
         with atomic_directory(out_dir) as tmp:
             _write_files(tmp, tiny, config, generation_config, tensors, shards, dtype)
-            if train_mtp and tiny.mtp is not None:
-                from onboard.checkpoint.mtp_train import STEPS, train_mtp_heads
-
-                steps = STEPS if mtp_steps is None else mtp_steps
-                train_mtp_heads(tmp, tiny, steps=steps, seed=seed, log=log)
+            if finish is not None:
+                finish(tmp, tiny)
     except OSError as exc:  # unwritable place, full disk: the user's to fix
         raise InputError(f"{out_dir}: cannot write the checkpoint: {exc}") from None
     return out_dir

@@ -1,11 +1,12 @@
 """Generate the vLLM model file and its installable plugin from a spec.
 
-``generate_all(spec, out_dir)`` writes ``out_dir/plugin/`` (see
+``write_model_code(spec, out_dir)`` writes ``out_dir/plugin/`` (see
 :mod:`onboard.generate.plugin` for the layout) and, for a model type transformers
 does not know, ``out_dir/hf/``: the Hugging Face reference (configuration and
 modeling files for ``trust_remote_code``, see :mod:`onboard.reference`). Output
 is a pure function of the spec and the templates in ``templates/``: the same spec
-gives the same bytes.
+gives the same bytes. The PR-ready vLLM tree (:mod:`onboard.pr`) is built from
+these files; :func:`onboard.pipeline.generate_all` writes both.
 """
 
 from __future__ import annotations
@@ -16,22 +17,24 @@ from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.generate.config_fields import GenerationError
 from onboard.generate.context import build_context
-from onboard.generate.mtp import mtp_module_name
-from onboard.generate.plugin import model_class_path, package_name, plugin_files
-from onboard.generate.render import RenderError, render_python
+from onboard.generate.plugin import plugin_files
 from onboard.reference import render_reference
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec
+from onboard.spec.mtp import mtp_module_name
+from onboard.spec.naming import model_class_path, package_name
+from onboard.templating import RenderError, render_python
 
 __all__ = [
     "GenerationError",
     "RenderError",
-    "generate_all",
     "generate_files",
     "model_class_path",
     "package_name",
     "render_model",
     "render_mtp",
+    "write_model_code",
+    "write_trees",
 ]
 
 
@@ -47,7 +50,7 @@ def render_model(spec: ModelSpec) -> str:
 
 def render_mtp(spec: ModelSpec) -> str:
     """Source of the MTP draft file for a spec with MTP heads (formatted,
-    lint-checked); see :mod:`onboard.generate.mtp`. Its blocks are the model
+    lint-checked); see :mod:`onboard.spec.mtp`. Its blocks are the model
     file's decoder layer, imported from the sibling module (a relative import,
     which holds in the plugin package and in vLLM's models package alike)."""
     context = build_context(spec, mtp=True)
@@ -78,17 +81,14 @@ def generate_files(spec: ModelSpec) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
-    """Write every generated file under ``out_dir``; return their paths.
+def write_trees(files: dict[str, str], out_dir: Path) -> list[Path]:
+    """Write ``files`` (paths under ``out_dir``) and return their paths.
 
-    Each output tree (``plugin/``, ``hf/``) is replaced as a whole and atomically, so a
-    failed generation leaves the previous output untouched.
+    Each output tree (the first path part: ``plugin/``, ``hf/``, ...) is replaced
+    as a whole and atomically, so a failed write leaves the previous output
+    untouched.
     """
     out_dir = Path(out_dir)
-    files = generate_files(spec)
-    from onboard.pr import pr_tree_files  # DIR/vllm-pr: the PR-ready vLLM tree
-
-    files.update(pr_tree_files(spec, files, out_dir))
     written: list[Path] = []
     trees = sorted({path.split("/", 1)[0] for path in files})
     for tree in trees:
@@ -103,3 +103,10 @@ def generate_all(spec: ModelSpec, out_dir: Path) -> list[Path]:
                 target.write_text(text, encoding="utf-8")
                 written.append(out_dir / path)
     return written
+
+
+def write_model_code(spec: ModelSpec, out_dir: Path) -> list[Path]:
+    """``out_dir/plugin/`` and ``out_dir/hf/`` alone: what vLLM and the reference
+    load. ``onboard generate`` adds the PR tree
+    (:func:`onboard.pipeline.generate.generate_all`)."""
+    return write_trees(generate_files(spec), out_dir)

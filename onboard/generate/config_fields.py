@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
+from onboard.templating import GenerationError
 
 # concept -> candidate config attributes, preferred first. The same concept is
 # spelled differently across families (DeepSeek n_routed_experts, Qwen3-MoE
@@ -69,10 +69,6 @@ MOE_FREQUENCY_RULES: dict[str, str] = {
     "decoder_sparse_step": "(layer_idx + 1) % config.{name} == 0",
     "moe_layer_freq": "layer_idx % config.{name} == 0",
 }
-
-
-class GenerationError(InputError):
-    """The spec cannot be turned into a model file (reported with exit code 2)."""
 
 
 def _hf_config(spec: ModelSpec) -> dict[str, Any]:

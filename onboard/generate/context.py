@@ -17,10 +17,10 @@ from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
-from onboard.generate.mtp import MTP_ROLES, mtp_draft
-from onboard.generate.render import py_str
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.mtp import MTP_ROLES, mtp_draft
+from onboard.templating import py_str
 
 # The module tree the generated model builds is vLLM's usual one (the Llama /
 # DeepSeek naming). Checkpoint names that differ are renamed by the model's

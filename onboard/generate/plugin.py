@@ -14,25 +14,13 @@ Layout (other stages rely on these exact names)::
 
 from __future__ import annotations
 
-from onboard.generate.mtp import mtp_draft, mtp_module_name
-from onboard.generate.render import render_python, render_template
 from onboard.reference.context import config_class_context
 from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.mtp import mtp_draft, mtp_module_name
+from onboard.spec.naming import dist_name, package_name
+from onboard.templating import render_python, render_template
 
 PLUGIN_VERSION = "0.1.0"
-
-
-def dist_name(spec: ModelSpec) -> str:
-    return f"onboard-plugin-{spec.name}"
-
-
-def package_name(spec: ModelSpec) -> str:
-    return f"onboard_plugin_{spec.module_name}"
-
-
-def model_class_path(spec: ModelSpec) -> str:
-    """What the plugin registers: ``package.module:Class``."""
-    return f"{package_name(spec)}.{spec.module_name}:{spec.architecture}"
 
 
 def transformers_knows(model_type: str) -> bool:

@@ -66,13 +66,14 @@ class Stage:
 
 
 def _stage_generate(ctx: Context) -> None:
-    from onboard.generate import generate_all
+    from onboard.pipeline.generate import generate_all
 
     generate_all(ctx.spec, ctx.generated)
 
 
 def _stage_checkpoint(ctx: Context) -> None:
     from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.speculators.mtp_train import head_trainer
 
     # No weights can be downloaded here: the bf16 variant is the tiny checkpoint of
     # the spec's architecture, which every later stage validates.
@@ -82,8 +83,9 @@ def _stage_checkpoint(ctx: Context) -> None:
         ctx.spec,
         ctx.checkpoints / "bf16",
         seed=0,
-        train_mtp=True,
-        log=lambda line: ctx.console.print(f"  {line}", markup=False),
+        finish=head_trainer(
+            seed=0, log=lambda line: ctx.console.print(f"  {line}", markup=False)
+        ),
     )
 
 

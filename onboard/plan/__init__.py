@@ -13,7 +13,6 @@ decode context parallelism or prefill/decode disaggregation pays, and the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from onboard.errors import InputError
@@ -28,9 +27,11 @@ from onboard.plan.layout import (
     max_context,
     reserve_bytes,
 )
-from onboard.plan.weights import DTYPE_BYTES, WeightReport, weight_report
+from onboard.plan.serve import fill_commands
+from onboard.plan.types import Decision, ServingPlan
+from onboard.plan.weights import DTYPE_BYTES, weight_report
 from onboard.spec.model import ModelSpec
-from onboard.targets import SCHEMES, SchemeSupport, TargetProfile, get_target
+from onboard.targets import SCHEMES, TargetProfile, get_target
 
 # Decode context parallelism pays from this context on (tokens), see dcp_decision.
 DCP_LONG_CONTEXT = 32768
@@ -40,126 +41,6 @@ PD_PROMPT_CHUNKS = 4
 PD_MIN_CONCURRENCY = 8
 MAX_GPU_DEVICES = 64
 DEFAULT_OUTPUT_LEN = 1024
-
-
-@dataclass(frozen=True)
-class Decision:
-    pays: bool
-    reason: str
-
-
-@dataclass
-class ServingPlan:
-    spec: ModelSpec
-    target: TargetProfile
-    scheme: str
-    support: SchemeSupport
-    dtype: str
-    kv_cache_dtype: str
-    context: int
-    concurrency: int
-    output_len: int
-    weights: WeightReport
-    kv: KVReport
-    memory_per_device: int  # bytes
-    usable: int  # memory_per_device x utilization
-    reserve: int
-    reserve_items: dict[str, int]
-    candidates: list[DeviceMemory]
-    chosen: DeviceMemory | None
-    dcp: Decision
-    pd: Decision
-    max_context: int = 0
-    max_concurrency: int = 0
-    kv_block_size: int | None = None
-    cpu_kv_space_gib: int | None = None
-    num_blocks: int | None = None
-    model: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    argv: list[str] = field(default_factory=list)
-    pd_commands: list[tuple[str, list[str]]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def layout(self) -> Layout | None:
-        return self.chosen.layout if self.chosen else None
-
-    @property
-    def nodes(self) -> int:
-        if self.layout is None:
-            return 0
-        return math.ceil(self.layout.devices / self.target.devices_per_node)
-
-    def to_dict(self) -> dict:
-        """The plan's numbers, for JSON output and reports."""
-        layout = self.layout
-        return {
-            "spec": self.spec.name,
-            "target": self.target.name,
-            "scheme": self.scheme,
-            "scheme_support": self.support.support,
-            "dtype": self.dtype,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "context": self.context,
-            "concurrency": self.concurrency,
-            "weights": {
-                "total_bytes": self.weights.total_bytes,
-                "total_params": self.weights.total_params,
-                "quantized_params": self.weights.quantized_params,
-                "mtp_bytes": self.weights.mtp.bytes,
-                "groups": {
-                    g.name: {"params": g.params, "bytes": g.bytes, "shard": g.shard}
-                    for g in self.weights.groups.values()
-                },
-            },
-            "kv_cache": {
-                "bytes_per_token": self.kv.bytes_per_token,
-                "bytes_per_token_without_sharing": (
-                    self.kv.bytes_per_token_without_sharing
-                ),
-                "bytes_per_request": self.kv.bytes_per_request(self.context),
-                "layers": [
-                    {
-                        "index": x.index,
-                        "kind": x.kind,
-                        "bytes_per_token": x.bytes_per_token,
-                        "window": x.window,
-                        "shares": x.shares,
-                    }
-                    for x in self.kv.layers
-                ],
-            },
-            "layout": None
-            if layout is None
-            else {
-                "name": layout.name,
-                "tp": layout.tp,
-                "dp": layout.dp,
-                "pp": layout.pp,
-                "ep": layout.ep,
-                "dcp": layout.dcp,
-                "devices": layout.devices,
-                "nodes": self.nodes,
-            },
-            "per_device": None
-            if self.chosen is None
-            else {
-                "memory": self.memory_per_device,
-                "usable": self.usable,
-                "weights": self.chosen.weights,
-                "reserve": self.reserve,
-                "kv_budget": self.chosen.kv_budget,
-                "kv_needed": self.chosen.kv_needed,
-            },
-            "max_context": self.max_context,
-            "max_concurrency": self.max_concurrency,
-            "num_blocks": self.num_blocks,
-            "kv_block_size": self.kv_block_size,
-            "dcp": {"pays": self.dcp.pays, "reason": self.dcp.reason},
-            "pd_disaggregation": {"pays": self.pd.pays, "reason": self.pd.reason},
-            "env": self.env,
-            "command": self.argv,
-        }
 
 
 def make_plan(
@@ -176,7 +57,6 @@ def make_plan(
     host_memory_bytes: int | None = None,
 ) -> ServingPlan:
     """Plan serving ``spec`` on ``target`` (see the module docstring)."""
-    from onboard.plan.serve import fill_commands
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
     if scheme not in SCHEMES:

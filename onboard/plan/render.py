@@ -9,7 +9,7 @@ from onboard.plan.serve import shell
 from onboard.plan.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
 
 if TYPE_CHECKING:
-    from onboard.plan import ServingPlan
+    from onboard.plan.types import ServingPlan
 
 
 def gib(n: float) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from onboard.plan import ServingPlan
+    from onboard.plan.types import ServingPlan
 
 NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 

@@ -99,15 +99,18 @@ def _new_only(plan: PrPlan, parts: tuple[str, ...]) -> list[FileChange]:
     ]
 
 
-def write_pr_md(spec_path: Path, gen_dir: Path, validation: Path | None) -> Path:
+def write_pr_md(
+    spec: ModelSpec,
+    generated: dict[str, str],
+    gen_dir: Path,
+    validation: Path | None,
+) -> Path:
     """Rewrite GEN_DIR/vllm-pr/PR.md, quoting ``validation`` (default: the latest
-    validation.json found next to GEN_DIR)."""
+    validation.json found next to GEN_DIR). ``generated`` is generate_files'
+    output for ``spec``."""
     from onboard.fsutil import atomic_write_text
-    from onboard.generate import generate_files
     from onboard.pr.describe import latest_validation, render_pr_md
-    from onboard.spec import load_spec
 
-    spec = load_spec(spec_path)
     target = Path(gen_dir) / TREE / "PR.md"
     if not target.parent.is_dir():
         raise InputError(f"{target.parent}: missing (run `onboard generate` first)")
@@ -116,7 +119,7 @@ def write_pr_md(spec_path: Path, gen_dir: Path, validation: Path | None) -> Path
     validation = validation or latest_validation(Path(gen_dir))
     plugin = {
         path.split("/", 1)[1]: text
-        for path, text in generate_files(spec).items()
+        for path, text in generated.items()
         if path.startswith("plugin/")
     }
     plan = pr_plan(spec, plugin)

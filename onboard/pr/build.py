@@ -95,10 +95,10 @@ def _mtp_layers_key(spec: ModelSpec) -> str:
 def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     """New files and edits of the vLLM pull request for ``spec``."""
     # (imported here: `onboard pr check|apply` needs none of the generator)
-    from onboard.generate.plugin import package_name
-    from onboard.generate.render import render_python
     from onboard.spec.hf import transformers_knows
     from onboard.spec.model import class_prefix
+    from onboard.spec.naming import package_name
+    from onboard.templating import render_python
 
     module = spec.module_name
     package = package_name(spec)
@@ -129,7 +129,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     if mtp_source is not None:
         # The draft's registry name and class, as the MTP generator decided them
         # (vLLM's own name for a model type vLLM maps to an MTP draft).
-        from onboard.generate.mtp import mtp_draft
+        from onboard.spec.mtp import mtp_draft
 
         draft = mtp_draft(spec)
         mtp_arch, mtp_class = draft.architecture, draft.class_name

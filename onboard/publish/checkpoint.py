@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE as INDEX
 from onboard.fsutil import shard_name_problem
+from onboard.safetensors_header import HeaderError, SizeMismatch, read_header
 
 SINGLE = "model.safetensors"
 QUANTIZE_RECORD = "onboard-quantize.json"
@@ -278,31 +278,16 @@ def _check_shard(path: Path, expected: set[str] | None, problems: list[str]) -> 
     """The header parses, the data section is exactly as long as the header says,
     and the tensors are the ones the index maps to this shard."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                problems.append(f"{path.name}: truncated ({size} bytes)")
-                return
-            (length,) = struct.unpack("<Q", head)
-            if length > size - 8:
-                problems.append(f"{path.name}: truncated (header runs past the end)")
-                return
-            header = json.loads(f.read(length))
-    except (OSError, ValueError) as exc:
+        header = read_header(path)
+    except SizeMismatch as exc:
+        problems.append(f"{path.name}: {exc}")
+        return
+    except HeaderError as exc:
         problems.append(f"{path.name}: not a safetensors file ({exc})")
         return
-    header.pop("__metadata__", None)
-    end = max((int(t["data_offsets"][1]) for t in header.values()), default=0)
-    data = size - 8 - length
-    if end != data:
-        what = "truncated" if end > data else "has trailing bytes"
-        problems.append(
-            f"{path.name}: {what}: tensors need {end} data bytes, the file has {data}"
-        )
     if expected is None:
         return
-    names = set(header)
+    names = {t.name for t in header.tensors}
     if missing := sorted(expected - names):
         problems.append(
             f"{path.name}: {len(missing)} tensors the index maps here are missing, "

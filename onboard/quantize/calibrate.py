@@ -293,13 +293,13 @@ def _calibrate_generated_reference(
     by then; the tiny checkpoints always fit)."""
     from transformers import AutoModelForCausalLM
 
-    from onboard.validate.reference import _overlay_with_remote_code
+    from onboard.reference.overlay import overlay_with_remote_code
 
     config = json.loads((plan.model_dir / "config.json").read_text())
     wanted = {q.module for q in plan.quantized.values()}
     stats: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onboard-calibrate-") as tmp:
-        overlay = _overlay_with_remote_code(
+        overlay = overlay_with_remote_code(
             plan.model_dir, spec, None, config, Path(tmp)
         )
         model = AutoModelForCausalLM.from_pretrained(

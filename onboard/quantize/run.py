@@ -33,6 +33,7 @@ from onboard.fsutil import atomic_write_text
 from onboard.quantize import st_io
 from onboard.quantize.plan import INDEX_FILE, Plan, ShardPlan
 from onboard.quantize.schemes import quantization_config
+from onboard.threads import torch_threads
 
 STATE_FILE = "state.json"
 MANIFEST_FILE = "onboard-quantize.json"
@@ -381,20 +382,16 @@ def _run(pending: list[ShardPlan], workers: int, show: bool):
     with Progress(*columns, console=console, disable=not show, transient=False) as bar:
         task = bar.add_task("", total=total, scheme=plan.scheme.name)
         if workers <= 1:
-            import torch
-
-            before = torch.get_num_threads()
-            torch.set_num_threads(len(os.sched_getaffinity(0)))
             _PROGRESS = None
             _keep_freed_memory()
             try:
-                while schedule.ready:
-                    item = schedule.ready.popleft()
-                    result = _unit(item, lambda n: bar.advance(task, n))
-                    if (shard := schedule.done(item, result)) is not None:
-                        yield shard
+                with torch_threads(len(os.sched_getaffinity(0))):
+                    while schedule.ready:
+                        item = schedule.ready.popleft()
+                        result = _unit(item, lambda n: bar.advance(task, n))
+                        if (shard := schedule.done(item, result)) is not None:
+                            yield shard
             finally:
-                torch.set_num_threads(before)
                 _keep_freed_memory(False)
             return
         threads = max(1, len(os.sched_getaffinity(0)) // workers)

@@ -22,7 +22,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from onboard import safetensors_header
 from onboard.errors import InputError
+from onboard.safetensors_header import HeaderError, TensorEntry
 
 ITEMSIZE = {
     "F64": 8,
@@ -42,83 +44,23 @@ ITEMSIZE = {
     "BOOL": 1,
 }
 FLOAT_INPUTS = ("BF16", "F16", "F32")
-MAX_HEADER = 100 * 1024 * 1024
 
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor of an input file: where its bytes are."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int  # absolute file offset
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
+# One tensor of an input file: where its bytes are.
+TensorInfo = TensorEntry
 
 
 def read_header(path: Path) -> tuple[list[TensorInfo], dict[str, str]]:
-    """Parse and check a safetensors header; a clear InputError on any damage.
-
-    Checks what a truncated or corrupt file breaks: the header length, the JSON,
-    dtypes, shapes against byte ranges, contiguous ranges, and the file size.
-    """
+    """Parse and check a safetensors header (see :mod:`onboard.safetensors_header`);
+    an InputError naming the file on any damage or a dtype the quantizer cannot
+    read."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw_len = f.read(8)
-            if len(raw_len) < 8:
-                raise InputError(f"{path}: truncated safetensors file ({size} bytes)")
-            n = int.from_bytes(raw_len, "little")
-            if n > MAX_HEADER or 8 + n > size:
-                raise InputError(
-                    f"{path}: corrupt or truncated safetensors header (header length "
-                    f"{n}, file size {size})"
-                )
-            head = f.read(n)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        header = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: corrupt safetensors header: {exc}") from None
-    if not isinstance(header, dict):
-        raise InputError(f"{path}: corrupt safetensors header: not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    base = 8 + n
-    infos: list[TensorInfo] = []
-    for name, entry in header.items():
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{path}: corrupt header entry for {name!r}") from None
-        if dtype not in ITEMSIZE:
-            raise InputError(f"{path}: {name}: unsupported dtype {dtype!r}")
-        if end - begin != math.prod(shape) * ITEMSIZE[dtype]:
-            raise InputError(
-                f"{path}: {name}: byte range {begin}..{end} does not fit shape "
-                f"{list(shape)} of {dtype}"
-            )
-        infos.append(TensorInfo(name, dtype, shape, base + begin, base + end))
-    infos.sort(key=lambda t: t.start)
-    pos = base
-    for t in infos:
-        if t.start != pos:
-            raise InputError(
-                f"{path}: corrupt header: {t.name} does not start at {pos}"
-            )
-        pos = t.end
-    if pos != size:
-        what = "truncated" if pos > size else "has trailing bytes"
-        raise InputError(
-            f"{path}: {what}: the header describes {pos} bytes, the file has {size}"
-        )
-    return infos, metadata
+        header = safetensors_header.read_header(path)
+    except HeaderError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    for t in header.tensors:
+        if t.dtype not in ITEMSIZE:
+            raise InputError(f"{path}: {t.name}: unsupported dtype {t.dtype!r}")
+    return header.tensors, header.metadata
 
 
 def read_tensor(fd: int, info: TensorInfo):

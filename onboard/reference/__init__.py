@@ -37,7 +37,7 @@ def file_names(spec: ModelSpec) -> tuple[str, str]:
 
 def render_reference(spec: ModelSpec) -> dict[str, str]:
     """File name -> source of the two generated files (formatted, lint-clean)."""
-    from onboard.generate.render import render_template, ruff_clean
+    from onboard.templating import render_template, ruff_clean
 
     context = reference_context(spec)
     config_file, modeling_file = file_names(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +203,20 @@ def _locate(
         if node is not None:
             return node.start_mark.line + 1, node.start_mark.column + 1
     return 1, 1
+
+
+def spec_locator(path: Path) -> Callable[[Loc], tuple[int, int]]:
+    """Line/column (1-based) of a field path in the spec file at ``path``, found as
+    spec errors are, for checks outside this package that point into the spec; an
+    unreadable file locates everything at 1:1."""
+    try:
+        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        root = None
+    nodes: dict[Loc, yaml.Node] = {}
+    if root is not None:
+        _index_nodes(root, (), nodes, [])
+    return lambda loc: _locate(str(path), nodes, loc)
 
 
 def _model_for(loc: Loc) -> type[BaseModel] | None:

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
+from onboard.speculators.calibration import calibration_prompts
 from onboard.speculators.heads import aux_layer_ids, head_config
+from onboard.threads import one_thread
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 32
@@ -70,18 +71,6 @@ class TrainingData:
     aux: Any
     logits: Any
     prompt_tokens: int
-
-
-def calibration_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
-    """``count`` windows of ``length`` tokens spread over the calibration text."""
-    from onboard.quantize.calibration_text import TEXT
-
-    ids = tokenizer(TEXT).input_ids
-    if len(ids) < length + 1:
-        raise InputError("the calibration text is shorter than one prompt")
-    stride = max(1, (len(ids) - length) // count)
-    starts = range(0, len(ids) - length, stride)
-    return [ids[s : s + length] for s in starts][:count]
 
 
 def verifier_states(model, tokens, aux: list[int]):
@@ -412,7 +401,7 @@ def decoded_acceptance(head, data: list[TrainingData], k: int) -> dict[str, Any]
     import numpy as np
     import torch
 
-    from onboard.checkpoint.mtp_train import decoded_walk
+    from onboard.speculators.mtp_train import decoded_walk
 
     drafts, accepted = 0, np.zeros(k)
     with torch.no_grad():
@@ -558,7 +547,6 @@ def train_eagle3_head(
     import torch
     from transformers import AutoTokenizer
 
-    from onboard.checkpoint.mtp_train import _one_thread
     from onboard.validate.cpu_draft import cpu_kv_heads
     from onboard.validate.reference import load_reference
 
@@ -591,7 +579,7 @@ def train_eagle3_head(
         save_head(head, config, Path(untrained_dir))
     before = first_position_accuracy(head, data)
     # One thread: reproducible, and fair to a shared two-core machine.
-    with _one_thread():
+    with one_thread():
         result = train(
             head,
             data,

@@ -21,7 +21,7 @@ too (``greedy`` must hold ``new_tokens + k - 1`` tokens).
 The n-gram drafter is replicated here (:func:`ngram_propose`, vLLM's
 ``ngram_proposer._find_longest_matched_ngram_and_propose_tokens``); a model
 draft's correctness per slot comes from a reference forward
-(``onboard.checkpoint.mtp_train.sequence_acceptance`` for MTP).
+(``onboard.speculators.mtp_train.sequence_acceptance`` for MTP).
 """
 
 from __future__ import annotations
@@ -199,14 +199,14 @@ def mtp_counters(
     heads: Sequence[int],
 ) -> Counters:
     """The counters of an MTP engine running ``heads`` (one per draft position:
-    ``onboard.generate.mtp.heads_run_by_vllm``), from the generated reference
+    ``onboard.spec.mtp.heads_run_by_vllm``), from the generated reference
     ``model`` (``mtp_train.load_mtp_reference``): its ``mtp_forward`` over prompt
     + greedy continuation gives every slot's drafts, ``sequence_acceptance``'s
     decoded walk the counters (each sequence cut to ``new_tokens + k - 1``
     generated tokens, so that its last round is the request's last step)."""
     import torch
 
-    from onboard.checkpoint.mtp_train import sequence_acceptance
+    from onboard.speculators.mtp_train import sequence_acceptance
 
     k = len(heads)
     if any(len(g) < new_tokens + k - 1 for g in greedy):

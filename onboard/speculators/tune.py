@@ -79,6 +79,7 @@ from onboard.fsutil import atomic_write_text
 from onboard.spec.model import ModelSpec, Speculator
 from onboard.speculators.acceptance import PREFIX
 from onboard.speculators.simulate import Counters
+from onboard.threads import one_thread
 from onboard.validate.engine import Engine, EngineOptions, Plugin
 
 K_VALUES = (1, 2, 3, 4)
@@ -673,13 +674,13 @@ def simulate_acceptance(
     if method == "mtp" and spec.mtp is not None:
         import tempfile
 
-        from onboard.checkpoint import mtp_train
-        from onboard.generate.mtp import heads_run_by_vllm
+        from onboard.spec.mtp import heads_run_by_vllm
+        from onboard.speculators import mtp_train
 
         t0 = time.perf_counter()
         with (
             tempfile.TemporaryDirectory(prefix="onboard-tune-") as tmp,
-            mtp_train._one_thread(),
+            one_thread(),
         ):
             model = mtp_train.load_mtp_reference(model_dir, spec, Path(tmp))
             for k in K_VALUES:

@@ -119,12 +119,12 @@ def target_findings(spec: ModelSpec) -> list[TargetFinding]:
 def check_spec_targets(path: str | Path, spec: ModelSpec) -> list[str]:
     """Located warnings for ``spec`` (read from ``path``); raises SpecError
     (exit 2) listing the located errors when there are any."""
-    from onboard.spec.loader import Problem, SpecError
+    from onboard.spec.loader import Problem, SpecError, spec_locator
 
     findings = target_findings(spec)
     if not findings:
         return []
-    locate = _locator(Path(path))
+    locate = spec_locator(Path(path))
     problems = {"warning": [], "error": []}
     for f in findings:
         line, col = locate(f.path)
@@ -134,22 +134,6 @@ def check_spec_targets(path: str | Path, spec: ModelSpec) -> list[str]:
     if problems["error"]:
         raise SpecError(problems["error"])
     return [str(p) for p in problems["warning"]]
-
-
-def _locator(path: Path):
-    # The loader's own YAML index, so findings point where spec errors point.
-    import yaml
-
-    from onboard.spec.loader import _index_nodes, _locate
-
-    try:
-        root = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-    except (OSError, yaml.YAMLError):
-        root = None
-    nodes: dict = {}
-    if root is not None:
-        _index_nodes(root, (), nodes, [])
-    return lambda loc: _locate(str(path), nodes, loc)
 
 
 def _dotted(loc: Loc) -> str:

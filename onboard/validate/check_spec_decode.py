@@ -239,8 +239,8 @@ def _mtp_heads(ctx, k: int) -> dict[str, Any]:
     import json
 
     try:
-        from onboard.checkpoint.mtp_train import REPORT_FILE, reference_mtp_acceptance
-        from onboard.generate.mtp import heads_run_by_vllm
+        from onboard.spec.mtp import heads_run_by_vllm
+        from onboard.speculators.mtp_train import REPORT_FILE, reference_mtp_acceptance
     except ImportError as exc:  # lands with the MTP codegen (issue 4)
         return {"mtp_heads_note": f"not available: {exc}"}
     spec = ctx.spec

@@ -129,7 +129,7 @@ def emit(
     generated: Path | None = None,
 ) -> dict[str, Any]:
     """Write the run for ``target`` into ``out_dir``; return the manifest."""
-    from onboard.generate import generate_all
+    from onboard.generate import write_model_code
     from onboard.reference import auto_map
     from onboard.spec import load_spec
     from onboard.targets import get_target
@@ -157,7 +157,7 @@ def emit(
     with tempfile.TemporaryDirectory(prefix="onboard-emit-") as tmp:
         gen = Path(generated) if generated else Path(tmp) / "generated"
         if generated is None:
-            generate_all(spec, gen)
+            write_model_code(spec, gen)
         from onboard.validate.engine import read_plugin
 
         plugin = read_plugin(gen / "plugin")

@@ -382,7 +382,7 @@ def validate(
         work_dir = Path(tmp)
         plugin, hf_dir = _model_code(spec, generated, vllm_in_tree, work_dir, log)
         if installed_plugin and not vllm_in_tree:
-            from onboard.generate.plugin import dist_name
+            from onboard.spec.naming import dist_name
             from onboard.validate.engine import installed_plugin as find_installed
 
             plugin = find_installed(dist_name(spec))
@@ -449,11 +449,11 @@ def _model_code(
         hf = Path(generated) / "hf" if generated else None
         return None, hf
     if generated is None:
-        from onboard.generate import generate_all
+        from onboard.generate import write_model_code
 
         generated = work_dir / "generated"
         log(f"generating the model code into {generated}")
-        generate_all(spec, generated)
+        write_model_code(spec, generated)
     generated = Path(generated)
     return read_plugin(generated / "plugin"), generated / "hf"
 

@@ -35,7 +35,9 @@ import numpy as np
 
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
+from onboard.safetensors_header import HeaderError, TensorEntry, read_header
 from onboard.spec.model import ModelSpec
+from onboard.threads import one_thread
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 32
@@ -121,13 +123,13 @@ def load_mtp_reference(checkpoint_dir: Path, spec: ModelSpec, work_dir: Path):
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from onboard.validate.reference import _overlay_with_remote_code
+    from onboard.reference.overlay import overlay_with_remote_code
 
     checkpoint_dir = Path(checkpoint_dir)
     if spec.mtp is None:
         raise InputError(f"{spec.name}: the spec has no MTP heads")
     config = json.loads((checkpoint_dir / "config.json").read_text())
-    overlay = _overlay_with_remote_code(checkpoint_dir, spec, None, config, work_dir)
+    overlay = overlay_with_remote_code(checkpoint_dir, spec, None, config, work_dir)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
@@ -172,20 +174,6 @@ def _heads_as(model, heads: Sequence[int]):
         yield
     finally:
         setattr(base, name, layers)
-
-
-@contextmanager
-def _one_thread():
-    # On a shared two-core machine OpenMP threads waiting for each other slow the
-    # tiny model down many times; one thread also makes training reproducible.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def greedy_sequences(model, prompts: Sequence[Sequence[int]], new_tokens: int):
@@ -391,7 +379,7 @@ def reference_mtp_acceptance(
         if not 1 <= k <= spec.mtp.num_heads:
             raise InputError(f"k must be 1..{spec.mtp.num_heads} (the spec's heads)")
         heads = list(range(k))
-    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, _one_thread():
+    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, one_thread():
         model = load_mtp_reference(Path(checkpoint_dir), spec, Path(tmp))
         return mtp_acceptance(model, prompts, heads, new_tokens)
 
@@ -399,7 +387,7 @@ def reference_mtp_acceptance(
 def engine_schedule(spec: ModelSpec) -> list[int]:
     """The MTP head vLLM runs at each draft position of the spec's ``mtp``
     speculator (k: its ``num_speculative_tokens``, else the number of heads)."""
-    from onboard.generate.mtp import heads_run_by_vllm
+    from onboard.spec.mtp import heads_run_by_vllm
 
     k = next(
         (s.num_speculative_tokens for s in spec.speculators if s.method == "mtp"),
@@ -426,7 +414,7 @@ def training_prompts(checkpoint_dir: Path, vocab: int, count: int, seed: int):
     if (Path(checkpoint_dir) / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
 
-        from onboard.speculators.eagle3 import calibration_prompts
+        from onboard.speculators.calibration import calibration_prompts
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
         text = calibration_prompts(tokenizer, count // 2, PROMPT_TOKENS)
@@ -456,6 +444,29 @@ def _trainable(model) -> dict[str, Any]:
                 continue
             out[f"{prefix}.{i}.{name}"] = param
     return out
+
+
+def head_trainer(
+    *,
+    steps: int | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> Callable[[Path, ModelSpec], None]:
+    """The ``finish`` step of :func:`onboard.checkpoint.tiny.write_tiny_checkpoint`
+    that trains a tiny checkpoint's MTP heads (a spec without heads is left as
+    written), before the checkpoint directory appears."""
+
+    def finish(checkpoint_dir: Path, tiny: ModelSpec) -> None:
+        if tiny.mtp is not None:
+            train_mtp_heads(
+                checkpoint_dir,
+                tiny,
+                steps=STEPS if steps is None else steps,
+                seed=seed,
+                log=log,
+            )
+
+    return finish
 
 
 def train_mtp_heads(
@@ -488,7 +499,7 @@ def train_mtp_heads(
     heldout = heldout_prompts(checkpoint_dir, spec)
     heads = list(range(spec.mtp.num_heads))
     schedule = engine_schedule(spec)
-    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, _one_thread():
+    with tempfile.TemporaryDirectory(prefix="onboard-mtp-") as tmp, one_thread():
         torch.manual_seed(seed)
         model = load_mtp_reference(checkpoint_dir, spec, Path(tmp) / "a")
         before, before_vllm = _heldout_acceptance(model, heldout, heads, schedule)
@@ -645,9 +656,11 @@ def _fmt(acc: HeadAcceptance) -> str:
 # ---- writing tensors back ---------------------------------------------------------
 
 
-def _header(data: bytes, path: Path) -> tuple[int, dict[str, Any]]:
-    size = int.from_bytes(data[:8], "little")
-    return 8 + size, json.loads(data[8 : 8 + size])
+def _entries(path: Path) -> dict[str, TensorEntry]:
+    try:
+        return read_header(path).by_name()
+    except HeaderError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def _encode(x: np.ndarray, tag: str) -> bytes:
@@ -663,18 +676,15 @@ def read_tensor(checkpoint_dir: Path, name: str) -> np.ndarray:
     from onboard.checkpoint.safetensors_io import from_bf16_bits
 
     checkpoint_dir = Path(checkpoint_dir)
-    data = (
-        checkpoint_dir / read_weight_map(checkpoint_dir / INDEX_FILE)[name]
-    ).read_bytes()
-    base, header = _header(data, checkpoint_dir)
-    entry = header[name]
-    a, b = entry["data_offsets"]
-    raw = data[base + a : base + b]
-    if entry["dtype"] == "BF16":
+    path = checkpoint_dir / read_weight_map(checkpoint_dir / INDEX_FILE)[name]
+    data = path.read_bytes()
+    entry = _entries(path)[name]
+    raw = data[entry.start : entry.end]
+    if entry.dtype == "BF16":
         x = from_bf16_bits(np.frombuffer(raw, dtype="<u2"))
     else:
-        x = np.frombuffer(raw, dtype=_DTYPES[entry["dtype"]]).astype(np.float32)
-    return x.reshape(entry["shape"])
+        x = np.frombuffer(raw, dtype=_DTYPES[entry.dtype]).astype(np.float32)
+    return x.reshape(entry.shape)
 
 
 def write_tensors(checkpoint_dir: Path, tensors: dict[str, np.ndarray]) -> list[Path]:
@@ -697,18 +707,17 @@ def write_tensors(checkpoint_dir: Path, tensors: dict[str, np.ndarray]) -> list[
         for shard, names in sorted(by_shard.items()):
             path = checkpoint_dir / shard
             data = bytearray(path.read_bytes())
-            base, header = _header(bytes(data[:]), path)
+            entries = _entries(path)
             for name in names:
-                entry = header[name]
-                if list(tensors[name].shape) != entry["shape"]:
+                entry = entries[name]
+                if tuple(tensors[name].shape) != entry.shape:
                     raise InputError(
-                        f"{path}: {name} has shape {entry['shape']}, the new tensor "
-                        f"{list(tensors[name].shape)}"
+                        f"{path}: {name} has shape {list(entry.shape)}, the new "
+                        f"tensor {list(tensors[name].shape)}"
                     )
-                a, b = entry["data_offsets"]
-                blob = _encode(tensors[name], entry["dtype"])
-                assert len(blob) == b - a, name
-                data[base + a : base + b] = blob
+                blob = _encode(tensors[name], entry.dtype)
+                assert len(blob) == entry.nbytes, name
+                data[entry.start : entry.end] = blob
             fd, tmp = tempfile.mkstemp(dir=checkpoint_dir, prefix=f".{shard}.")
             staged.append((shard, Path(tmp)))
             with os.fdopen(fd, "wb") as f:

@@ -80,7 +80,7 @@ def mtp_module_name(spec: ModelSpec) -> str:
 
 def mtp_class_path(spec: ModelSpec) -> str:
     """What the plugin registers for the draft: ``package.module:Class``."""
-    from onboard.generate.plugin import package_name
+    from onboard.spec.naming import package_name
 
     draft = mtp_draft(spec)
     return f"{package_name(spec)}.{mtp_module_name(spec)}:{draft.class_name}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 import onboard
-from onboard.generate.config_fields import GenerationError
+from onboard.errors import InputError
 
 TEMPLATES = Path(onboard.__file__).resolve().parents[1] / "templates"
 
@@ -134,6 +134,10 @@ def docwrap(text: str, indent: int) -> str:
         pad + line if line and n else line for n, line in enumerate(lines)
     )
     return out + (f"\n{pad}" if len(lines) > 1 else "")
+
+
+class GenerationError(InputError):
+    """The spec cannot be turned into a model file (reported with exit code 2)."""
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
