@@ -79,7 +79,8 @@ RESERVED = frozenset(
 
 
 # The attributes of torch.nn.Module (and the ones it sets in __init__), kept here so
-# `spec check` needs no torch; tests/test_spec_robustness.py compares it with torch.
+# `spec check` needs no torch (smart_apply: transformers adds it to every module);
+# tests/test_spec_robustness.py compares it with torch.
 NN_MODULE_ATTRIBUTES = frozenset(
     {
         "T_destination", "add_module", "apply", "bfloat16", "buffers",
@@ -94,7 +95,8 @@ NN_MODULE_ATTRIBUTES = frozenset(
         "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
         "register_module", "register_parameter", "register_state_dict_post_hook",
         "register_state_dict_pre_hook", "requires_grad_", "set_extra_state",
-        "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
+        "set_submodule", "share_memory", "smart_apply", "state_dict", "to",
+        "to_empty", "train",
         "training", "type", "xpu", "zero_grad",
     }
 )  # fmt: skip
