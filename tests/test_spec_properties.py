@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import keyword
 import re
 import subprocess
 import sys
@@ -45,7 +46,10 @@ def quick(examples: int) -> settings:
 # ---- valid specs ---------------------------------------------------------------------
 
 floats = st.floats(min_value=0.05, max_value=1e6, allow_nan=False, allow_infinity=False)
-ident_part = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True)
+# Name parts that are not Python keywords (`name: as` would make a keyword module).
+ident_part = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True).filter(
+    lambda part: not keyword.iskeyword(part)
+)
 
 
 def _divisors(n: int) -> list[int]:

@@ -275,7 +275,9 @@ class Speculator(_Section):
     """One speculative-decoding method to configure and validate."""
 
     method: SpecMethod = Field(description="vLLM speculative method.")
-    num_speculative_tokens: PositiveInt = Field(3, le=16, description="Draft length k.")
+    num_speculative_tokens: Annotated[int, Field(gt=0, le=16)] = Field(
+        3, description="Draft length k."
+    )
     model: str | None = Field(
         None,
         description="Draft checkpoint (Hub id or local directory): required for "
