@@ -131,6 +131,14 @@ def test_a_huge_value_is_not_echoed_in_full():
     assert len(line) < 400 and "more characters" in line
 
 
+@pytest.mark.parametrize("key", ["a key with spaces", "k" * 300])
+def test_a_key_stays_one_token_of_the_located_line(key):
+    # refused() asserts the FILE:LINE:COL: PATH: message shape, PATH one token.
+    (line,) = refused(NO_CHECKPOINT + f"{key}: 1\n")
+    path = line.split(": ")[1]
+    assert " " not in path and len(path) < 100
+
+
 def test_terminal_escapes_and_newlines_in_keys_are_printed_escaped(tmp_path):
     key = '"\\e]0;PWNED\\a\\e[2J\\nline2\\u202e"'
     spec = tmp_path / "escapes.yaml"

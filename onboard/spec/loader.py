@@ -186,9 +186,18 @@ def _dotted(loc: Loc) -> str:
         out += (
             f"[{part}]"
             if isinstance(part, int)
-            else ("." if out else "") + printable(part, VALUE_ECHO_CHARS)
+            else ("." if out else "") + _key_token(part)
         )
     return out or "<root>"
+
+
+def _key_token(key: str) -> str:
+    """A key as one token of the ``FILE:LINE:COL: PATH: message`` line: escaped,
+    no spaces, a long key cut with the rest counted."""
+    text = printable(key).replace(" ", "\\x20")
+    if len(text) > VALUE_ECHO_CHARS:
+        text = f"{text[:VALUE_ECHO_CHARS]}...(+{len(text) - VALUE_ECHO_CHARS})"
+    return text
 
 
 def _locate(
