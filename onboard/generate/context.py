@@ -294,239 +294,34 @@ def build_context(
     f = ConfigFields(spec, hf)
     arch = build_plan(spec)
     att = spec.attention
-    moe = spec.mlp.moe
     is_mla = att.type == "mla"
     mtp_mlp = spec.mtp.mlp if spec.mtp is not None else None
     # The model file's MLP classes (for its layers and the MTP blocks).
-    has_moe = arch.has_moe
-    dense_layers = not all(arch.moe_layers)
-    has_dense = arch.has_dense
+    has_moe, has_dense = arch.has_moe, arch.has_dense
+    mlp = SimpleNamespace(
+        has_moe=has_moe,
+        has_dense=has_dense,
+        shared=bool(has_moe and spec.mlp.moe and spec.mlp.moe.num_shared_experts),
+        shared_gate=bool(has_moe and spec.mlp.moe and spec.mlp.moe.shared_expert_gate),
+    )
     # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
         assert mtp_mlp is not None
-        loads_moe, loads_dense = mtp_mlp == "moe", mtp_mlp == "dense"
+        mlp.loads_moe, mlp.loads_dense = mtp_mlp == "moe", mtp_mlp == "dense"
     else:
-        loads_moe, loads_dense = has_moe, dense_layers
-    has_shared = bool(has_moe and moe and moe.num_shared_experts)
-    has_shared_gate = bool(has_moe and moe and moe.shared_expert_gate)
+        mlp.loads_moe, mlp.loads_dense = has_moe, not all(arch.moe_layers)
 
-    cfg: dict[str, str | None] = {
-        "vocab_size": f.need("vocab_size", spec.vocab_size),
-        "hidden_size": f.need("hidden_size", spec.hidden_size),
-        "num_hidden_layers": f.need("num_hidden_layers", spec.num_hidden_layers),
-        "max_position_embeddings": f.need(
-            "max_position_embeddings", spec.max_position_embeddings
-        ),
-        "num_attention_heads": f.need("num_attention_heads", att.num_heads),
-        "norm_eps": f.need("norm_eps", spec.norm.eps),
-    }
-
-    # -- attention
-    types = list(arch.attention_types)
-    sliding = "none"
-    if "sliding_attention" in types:
-        sliding = "all" if set(types) == {"sliding_attention"} else "mixed"
-        cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
-        if sliding == "mixed":
-            cfg["layer_types"] = f.need("layer_types", types)
-    if is_mla:
-        mla = att.mla
-        assert mla is not None
-        for concept in (
-            "kv_lora_rank",
-            "qk_nope_head_dim",
-            "qk_rope_head_dim",
-            "v_head_dim",
-        ):
-            cfg[concept] = f.need(concept, getattr(mla, concept))
-        if mla.q_lora_rank is not None:
-            cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
-    else:
-        # MHA configs may leave the KV heads out (then they equal the heads).
-        cfg["num_key_value_heads"] = f.find("num_key_value_heads", spec.num_kv_heads)
-        if cfg["num_key_value_heads"] is None and spec.num_kv_heads != att.num_heads:
-            f.need("num_key_value_heads", spec.num_kv_heads)
-        # Families without head_dim in their config derive it from the width.
-        cfg["head_dim"] = f.find("head_dim", spec.head_dim)
-        if cfg["head_dim"] is None and (
-            att.head_dim is not None
-            and spec.head_dim * att.num_heads != spec.hidden_size
-        ):
-            f.need("head_dim", spec.head_dim)
-
+    cfg = _model_config_keys(spec, arch, f)
+    sliding = _sliding(arch)
     kv_sharing = bool(att.kv_sharing)
-    if kv_sharing:
-        cfg["kv_sharing"] = _kv_sharing_field(spec, f)
-
-    # -- feed-forward
-    if has_dense:
-        assert spec.mlp.intermediate_size is not None
-        cfg["intermediate_size"] = f.need(
-            "intermediate_size", spec.mlp.intermediate_size
-        )
-    moe_ctx: dict[str, Any] = {}
-    if moe is not None and has_moe:
-        cfg["num_experts"] = f.need("num_experts", moe.num_experts)
-        cfg["num_experts_per_tok"] = f.need(
-            "num_experts_per_tok", moe.num_experts_per_tok
-        )
-        cfg["moe_intermediate_size"] = f.need(
-            "moe_intermediate_size", moe.expert_intermediate_size
-        )
-        shared_size_expr = None
-        cfg["n_shared_experts"] = None
-        if has_shared:
-            width = spec.shared_expert_intermediate_size
-            cfg["n_shared_experts"] = f.find("n_shared_experts", moe.num_shared_experts)
-            if (name := f.find("shared_expert_intermediate_size", width)) is not None:
-                shared_size_expr = f"config.{name}"
-            elif cfg["n_shared_experts"] is not None and (
-                f.hf[cfg["moe_intermediate_size"]] * moe.num_shared_experts == width
-            ):
-                shared_size_expr = (
-                    f"config.{cfg['moe_intermediate_size']} "
-                    f"* config.{cfg['n_shared_experts']}"
-                )
-            else:
-                f.need("shared_expert_intermediate_size", width)
-        router = moe.router
-        grouped = router.num_groups is not None
-        if grouped:
-            cfg["n_group"] = f.need("n_group", router.num_groups)
-            cfg["topk_group"] = f.need("topk_group", router.topk_groups)
-        scaled = router.routed_scaling_factor != 1.0
-        if scaled:
-            cfg["routed_scaling_factor"] = f.need(
-                "routed_scaling_factor", router.routed_scaling_factor
-            )
-        # Ungrouped routing that needs more than plain softmax top-k runs as one
-        # group of all experts (same math).
-        needs = [
-            what
-            for what, on in (
-                ("sigmoid scores", router.scoring == "sigmoid"),
-                ("the bias correction", router.bias_correction),
-                ("the routed scaling", scaled),
-            )
-            if on
-        ]
-        moe_ctx = {
-            "one_group": not grouped and bool(needs),
-            "one_group_comment": textwrap.wrap(
-                "All experts in one group (the same routing): vLLM's grouped "
-                f"router is the one that takes {_listed(needs)} on every "
-                "platform; the CPU's plain top-k path is softmax-only.",
-                width=72,
-            ),
-            "layer_expr": _moe_layer_expr(spec, arch, f),
-            "scoring": router.scoring,
-            "renormalize": router.norm_topk_prob,
-            "bias_correction": router.bias_correction,
-            "grouped": grouped,
-            "scaled": scaled,
-            "shared": has_shared,
-            "shared_size_expr": shared_size_expr,
-            "shared_gate": has_shared_gate,
-        }
+    moe_ctx = _moe_context(spec, arch, f, cfg, mlp)
     if spec.mtp is not None:
         cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
 
-    # -- module paths and checkpoint renames
-    vllm_paths = dict(CANONICAL)
-    if has_moe:
-        vllm_paths.update(_vllm_moe_paths(spec, has_dense, has_shared, has_shared_gate))
-    if has_dense:
-        block = _vllm_dense_block(spec)
-        for role in ("gate_proj", "up_proj", "down_proj"):
-            vllm_paths[role] = f"model.layers.{{layer}}.{block}.{role}"
-    roles = ["embed", "final_norm", "input_norm", "post_attention_norm", "o_proj"]
-    if not spec.tie_word_embeddings:
-        roles.append("lm_head")
-    if is_mla:
-        mla = att.mla
-        assert mla is not None
-        roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj"]
-        roles += (
-            ["q_proj"]
-            if mla.q_lora_rank is None
-            else ["q_a_proj", "q_a_norm", "q_b_proj"]
-        )
-    else:
-        roles += ["q_proj", "k_proj", "v_proj"]
-        if att.qk_norm:
-            roles += ["q_norm", "k_norm"]
-    if loads_dense:
-        roles += ["gate_proj", "up_proj", "down_proj"]
-    if loads_moe:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
-        if has_shared:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
-        if has_shared_gate:
-            roles.append("shared_expert_gate")
-    if mtp:
-        roles += list(MTP_ROLES)
-    renames = _renames(spec, roles, vllm_paths)
-
-    def rel(role: str) -> list[str]:
-        return (_layer_rel(vllm_paths[role]) or "").split(".")
-
-    names: dict[str, Any] = {}
-    if has_dense:
-        names["mlp"] = rel("gate_proj")[0]
-    if has_moe:
-        names["mlp"] = rel("router")[0]
-        names["router"] = rel("router")[1]
-        names["ckpt_names"] = tuple(
-            rel(role)[-1]
-            for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
-        )
-        names["shared"] = rel("shared_gate_proj")[1]
-        names["shared_gate"] = rel("shared_expert_gate")[1]
-
-    # Checkpoint tensors stacked into one vLLM parameter: (substring, new, shard).
-    stacked: list[tuple[str, str, str]] = []
-    packed: dict[str, list[str]] = {}
-    if not is_mla:
-        stacked += [
-            (".q_proj", ".qkv_proj", '"q"'),
-            (".k_proj", ".qkv_proj", '"k"'),
-            (".v_proj", ".qkv_proj", '"v"'),
-        ]
-        packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
-    elif att.mla is not None and att.mla.q_lora_rank is not None:
-        # vLLM computes q_a and kv_a in one GEMM.
-        stacked += [
-            (".q_a_proj", ".fused_qkv_a_proj", "0"),
-            (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
-        ]
-        packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
-    gate_up_blocks = []
-    if loads_dense:
-        gate_up_blocks.append(names["mlp"])
-    if loads_moe and has_shared:
-        gate_up_blocks.append(names["shared"])
-    for block in gate_up_blocks:
-        stacked += [
-            (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
-            (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
-        ]
-    if gate_up_blocks:
-        packed["gate_up_proj"] = ["gate_proj", "up_proj"]
-
-    mtp_prefixes: list[str] = []
-    if spec.mtp is not None:
-        prefixes = {"model.layers."}
-        for role in (
-            "mtp_enorm",
-            "mtp_hnorm",
-            "mtp_eh_proj",
-            "mtp_head_norm",
-            "mtp_head",
-        ):
-            prefixes.add(spec.tensor_path(role).split("{layer}")[0])
-        for p in prefixes:
-            py_str(p.rstrip("."))
-        mtp_prefixes = sorted(prefixes)
+    vllm_paths = _vllm_paths(spec, mlp)
+    renames = _renames(spec, _loaded_roles(spec, mlp, mtp=mtp), vllm_paths)
+    names = _module_names(vllm_paths, mlp)
+    stacked, packed = _stacked_params(spec, mlp, names)
 
     act_layer, moe_act = ACTIVATIONS[spec.activation]
     rope = spec.rope
@@ -546,6 +341,7 @@ def build_context(
     )
     plan.any = plan.moe or plan.sliding or plan.kv_sharing
     layer_idx_needed = sliding == "mixed" or kv_sharing or bool(plan.moe and layer_expr)
+    yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -561,12 +357,9 @@ def build_context(
         "rope_scaling": rope.scaling.type if rope.scaling else None,
         "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
         # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
-        "mla_yarn": bool(is_mla and rope.scaling and rope.scaling.type == "yarn"),
+        "mla_yarn": is_mla and yarn,
         "mla_yarn_mscale": bool(
-            is_mla
-            and rope.scaling
-            and rope.scaling.type == "yarn"
-            and rope.scaling.mscale_all_dim
+            is_mla and yarn and rope.scaling and rope.scaling.mscale_all_dim
         ),
         "kv_target_expr": kv_target_expr,
         "layer_idx_needed": layer_idx_needed,
@@ -592,12 +385,266 @@ def build_context(
         "mtp_block_moe": mtp_mlp == "moe",
         "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
         "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
-        "mtp_prefixes": mtp_prefixes,
+        "mtp_prefixes": _mtp_prefixes(spec),
         "names": SimpleNamespace(**names),
         "renames": renames,
         "stacked": stacked,
         "packed": packed,
     }
+
+
+def _sliding(arch: ArchPlan) -> str:
+    """Which layers slide: "none", "all" or "mixed"."""
+    types = set(arch.attention_types)
+    if "sliding_attention" not in types:
+        return "none"
+    return "all" if types == {"sliding_attention"} else "mixed"
+
+
+def _model_config_keys(
+    spec: ModelSpec, arch: ArchPlan, f: ConfigFields
+) -> dict[str, str | None]:
+    """Config attribute names the model reads, by concept: sizes, attention,
+    KV sharing and the dense MLP (the MoE's are added by :func:`_moe_context`)."""
+    att = spec.attention
+    cfg: dict[str, str | None] = {
+        "vocab_size": f.need("vocab_size", spec.vocab_size),
+        "hidden_size": f.need("hidden_size", spec.hidden_size),
+        "num_hidden_layers": f.need("num_hidden_layers", spec.num_hidden_layers),
+        "max_position_embeddings": f.need(
+            "max_position_embeddings", spec.max_position_embeddings
+        ),
+        "num_attention_heads": f.need("num_attention_heads", att.num_heads),
+        "norm_eps": f.need("norm_eps", spec.norm.eps),
+    }
+    sliding = _sliding(arch)
+    if sliding != "none":
+        cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
+        if sliding == "mixed":
+            cfg["layer_types"] = f.need("layer_types", list(arch.attention_types))
+    if att.type == "mla":
+        mla = att.mla
+        assert mla is not None
+        for concept in (
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        ):
+            cfg[concept] = f.need(concept, getattr(mla, concept))
+        if mla.q_lora_rank is not None:
+            cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
+    else:
+        # MHA configs may leave the KV heads out (then they equal the heads).
+        cfg["num_key_value_heads"] = f.find("num_key_value_heads", spec.num_kv_heads)
+        if cfg["num_key_value_heads"] is None and spec.num_kv_heads != att.num_heads:
+            f.need("num_key_value_heads", spec.num_kv_heads)
+        # Families without head_dim in their config derive it from the width.
+        cfg["head_dim"] = f.find("head_dim", spec.head_dim)
+        if cfg["head_dim"] is None and (
+            att.head_dim is not None
+            and spec.head_dim * att.num_heads != spec.hidden_size
+        ):
+            f.need("head_dim", spec.head_dim)
+    if att.kv_sharing:
+        cfg["kv_sharing"] = _kv_sharing_field(spec, f)
+    if arch.has_dense:
+        assert spec.mlp.intermediate_size is not None
+        cfg["intermediate_size"] = f.need(
+            "intermediate_size", spec.mlp.intermediate_size
+        )
+    return cfg
+
+
+def _moe_context(
+    spec: ModelSpec,
+    arch: ArchPlan,
+    f: ConfigFields,
+    cfg: dict[str, str | None],
+    mlp: SimpleNamespace,
+) -> dict[str, Any]:
+    """The MoE block's decisions (empty without MoE layers); adds the MoE's
+    config attribute names to ``cfg``."""
+    moe = spec.mlp.moe
+    if moe is None or not mlp.has_moe:
+        return {}
+    cfg["num_experts"] = f.need("num_experts", moe.num_experts)
+    cfg["num_experts_per_tok"] = f.need("num_experts_per_tok", moe.num_experts_per_tok)
+    cfg["moe_intermediate_size"] = f.need(
+        "moe_intermediate_size", moe.expert_intermediate_size
+    )
+    shared_size_expr = None
+    cfg["n_shared_experts"] = None
+    if mlp.shared:
+        width = spec.shared_expert_intermediate_size
+        cfg["n_shared_experts"] = f.find("n_shared_experts", moe.num_shared_experts)
+        if (name := f.find("shared_expert_intermediate_size", width)) is not None:
+            shared_size_expr = f"config.{name}"
+        elif cfg["n_shared_experts"] is not None and (
+            f.hf[cfg["moe_intermediate_size"]] * moe.num_shared_experts == width
+        ):
+            shared_size_expr = (
+                f"config.{cfg['moe_intermediate_size']} "
+                f"* config.{cfg['n_shared_experts']}"
+            )
+        else:
+            f.need("shared_expert_intermediate_size", width)
+    router = moe.router
+    grouped = router.num_groups is not None
+    if grouped:
+        cfg["n_group"] = f.need("n_group", router.num_groups)
+        cfg["topk_group"] = f.need("topk_group", router.topk_groups)
+    scaled = router.routed_scaling_factor != 1.0
+    if scaled:
+        cfg["routed_scaling_factor"] = f.need(
+            "routed_scaling_factor", router.routed_scaling_factor
+        )
+    # Ungrouped routing that needs more than plain softmax top-k runs as one
+    # group of all experts (same math).
+    needs = [
+        what
+        for what, on in (
+            ("sigmoid scores", router.scoring == "sigmoid"),
+            ("the bias correction", router.bias_correction),
+            ("the routed scaling", scaled),
+        )
+        if on
+    ]
+    return {
+        "one_group": not grouped and bool(needs),
+        "one_group_comment": textwrap.wrap(
+            "All experts in one group (the same routing): vLLM's grouped "
+            f"router is the one that takes {_listed(needs)} on every "
+            "platform; the CPU's plain top-k path is softmax-only.",
+            width=72,
+        ),
+        "layer_expr": _moe_layer_expr(spec, arch, f),
+        "scoring": router.scoring,
+        "renormalize": router.norm_topk_prob,
+        "bias_correction": router.bias_correction,
+        "grouped": grouped,
+        "scaled": scaled,
+        "shared": mlp.shared,
+        "shared_size_expr": shared_size_expr,
+        "shared_gate": mlp.shared_gate,
+    }
+
+
+# ---- module paths, checkpoint renames, stacked parameters ------------------------
+
+
+def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
+    """vLLM module path of every role (templates with ``{layer}``/``{expert}``)."""
+    paths = dict(CANONICAL)
+    if mlp.has_moe:
+        paths.update(_vllm_moe_paths(spec, mlp.has_dense, mlp.shared, mlp.shared_gate))
+    if mlp.has_dense:
+        block = _vllm_dense_block(spec)
+        for role in ("gate_proj", "up_proj", "down_proj"):
+            paths[role] = f"model.layers.{{layer}}.{block}.{role}"
+    return paths
+
+
+def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[str]:
+    """The roles whose checkpoint tensors the file's ``load_weights`` maps."""
+    att = spec.attention
+    roles = ["embed", "final_norm", "input_norm", "post_attention_norm", "o_proj"]
+    if not spec.tie_word_embeddings:
+        roles.append("lm_head")
+    if att.type == "mla":
+        mla = att.mla
+        assert mla is not None
+        roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj"]
+        roles += (
+            ["q_proj"]
+            if mla.q_lora_rank is None
+            else ["q_a_proj", "q_a_norm", "q_b_proj"]
+        )
+    else:
+        roles += ["q_proj", "k_proj", "v_proj"]
+        if att.qk_norm:
+            roles += ["q_norm", "k_norm"]
+    if mlp.loads_dense:
+        roles += ["gate_proj", "up_proj", "down_proj"]
+    if mlp.loads_moe:
+        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        if mlp.shared:
+            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+        if mlp.shared_gate:
+            roles.append("shared_expert_gate")
+    if mtp:
+        roles += list(MTP_ROLES)
+    return roles
+
+
+def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str, Any]:
+    """Attribute names of the MLP blocks inside a decoder layer."""
+
+    def rel(role: str) -> list[str]:
+        return (_layer_rel(vllm_paths[role]) or "").split(".")
+
+    names: dict[str, Any] = {}
+    if mlp.has_dense:
+        names["mlp"] = rel("gate_proj")[0]
+    if mlp.has_moe:
+        names["mlp"] = rel("router")[0]
+        names["router"] = rel("router")[1]
+        names["ckpt_names"] = tuple(
+            rel(role)[-1]
+            for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
+        )
+        names["shared"] = rel("shared_gate_proj")[1]
+        names["shared_gate"] = rel("shared_expert_gate")[1]
+    return names
+
+
+def _stacked_params(
+    spec: ModelSpec, mlp: SimpleNamespace, names: dict[str, Any]
+) -> tuple[list[tuple[str, str, str]], dict[str, list[str]]]:
+    """Checkpoint tensors stacked into one vLLM parameter, as (substring, new,
+    shard) triples, and the packed-modules map."""
+    att = spec.attention
+    stacked: list[tuple[str, str, str]] = []
+    packed: dict[str, list[str]] = {}
+    if att.type != "mla":
+        stacked += [
+            (".q_proj", ".qkv_proj", '"q"'),
+            (".k_proj", ".qkv_proj", '"k"'),
+            (".v_proj", ".qkv_proj", '"v"'),
+        ]
+        packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
+    elif att.mla is not None and att.mla.q_lora_rank is not None:
+        # vLLM computes q_a and kv_a in one GEMM.
+        stacked += [
+            (".q_a_proj", ".fused_qkv_a_proj", "0"),
+            (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
+        ]
+        packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    gate_up_blocks = []
+    if mlp.loads_dense:
+        gate_up_blocks.append(names["mlp"])
+    if mlp.loads_moe and mlp.shared:
+        gate_up_blocks.append(names["shared"])
+    for block in gate_up_blocks:
+        stacked += [
+            (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
+            (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
+        ]
+    if gate_up_blocks:
+        packed["gate_up_proj"] = ["gate_proj", "up_proj"]
+    return stacked, packed
+
+
+def _mtp_prefixes(spec: ModelSpec) -> list[str]:
+    """Checkpoint prefixes of the MTP heads' tensors (each a checked string)."""
+    if spec.mtp is None:
+        return []
+    prefixes = {"model.layers."}
+    for role in ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"):
+        prefixes.add(spec.tensor_path(role).split("{layer}")[0])
+    for p in prefixes:
+        py_str(p.rstrip("."))
+    return sorted(prefixes)
 
 
 def _kv_sharing_field(spec: ModelSpec, f: ConfigFields) -> str:
