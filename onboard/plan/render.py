@@ -17,7 +17,15 @@ def gib(n: float) -> str:
 
 
 def render_plan(plan: ServingPlan) -> str:
-    spec, t, w, kv = plan.spec, plan.target, plan.weights, plan.kv
+    sections = [_header(plan), _weights(plan), _kv_cache(plan), _memory(plan)]
+    if plan.chosen is not None:
+        sections += [_capacity(plan), _parallelism(plan), _serve(plan)]
+    return "\n\n".join("\n".join(lines) for lines in sections)
+
+
+def _header(plan: ServingPlan) -> list[str]:
+    """The target, scheme and load."""
+    spec, t, kv = plan.spec, plan.target, plan.kv
     out: list[str] = []
     add = out.append
     add(f"onboard plan: {spec.name} on {t.name} ({t.description})")
@@ -30,8 +38,14 @@ def render_plan(plan: ServingPlan) -> str:
         f"load: {plan.concurrency} request(s) of {plan.context:,} tokens "
         f"({plan.output_len:,} of them output)"
     )
+    return out
 
-    add("")
+
+def _weights(plan: ServingPlan) -> list[str]:
+    """1. Weights per group."""
+    w = plan.weights
+    out: list[str] = []
+    add = out.append
     add(f"1. Weights ({plan.scheme}; unquantized tensors in {w.dtype})")
     add(_weight_rule(plan.scheme))
     add(f"   {'group':<40} {'params':>17} {'bytes':>19}  split over")
@@ -49,8 +63,14 @@ def render_plan(plan: ServingPlan) -> str:
             f"   MTP heads (not loaded without MTP speculation): {w.mtp.params:,} "
             f"params, {w.mtp.bytes:,} B"
         )
+    return out
 
-    add("")
+
+def _kv_cache(plan: ServingPlan) -> list[str]:
+    """2. KV cache per token and per request."""
+    kv = plan.kv
+    out: list[str] = []
+    add = out.append
     add(f"2. KV cache per token ({kv.dtype}, {kv.dtype_bytes} B per value)")
     add(f"   per layer: {kv.formula}")
     kinds: dict[str, list[int]] = {}
@@ -86,8 +106,14 @@ def render_plan(plan: ServingPlan) -> str:
             f"{plan.context:,} = {kv.bytes_per_request(plan.context):,} B = "
             f"{gib(kv.bytes_per_request(plan.context))}"
         )
+    return out
 
-    add("")
+
+def _memory(plan: ServingPlan) -> list[str]:
+    """3. Memory per device and the layouts tried."""
+    spec, t, kv = plan.spec, plan.target, plan.kv
+    out: list[str] = []
+    add = out.append
     add("3. Memory per device")
     mem_src = f"{t.memory_gb:g} GB" if t.memory_gb is not None else "host memory"
     add(
@@ -126,7 +152,7 @@ def render_plan(plan: ServingPlan) -> str:
         )
     if plan.chosen is None:
         add("   no layout fits: the plan stops here")
-        return "\n".join(out)
+        return out
     c = plan.chosen
     lay = c.layout
     add(
@@ -146,8 +172,17 @@ def render_plan(plan: ServingPlan) -> str:
         f"requests per rank = ceil({plan.concurrency} / DP {lay.dp}) = "
         f"{lay.requests_per_rank(plan.concurrency)}"
     )
+    return out
 
-    add("")
+
+def _capacity(plan: ServingPlan) -> list[str]:
+    """4. Capacity of the chosen layout."""
+    spec, kv = plan.spec, plan.kv
+    c = plan.chosen
+    assert c is not None
+    owning = kv.owning_layers
+    out: list[str] = []
+    add = out.append
     add("4. Capacity")
     if plan.cpu_kv_space_gib is not None:
         add(
@@ -186,8 +221,14 @@ def render_plan(plan: ServingPlan) -> str:
         f"   max concurrency at {plan.context:,} tokens: {plan.max_concurrency:,} "
         "request(s)"
     )
+    return out
 
-    add("")
+
+def _parallelism(plan: ServingPlan) -> list[str]:
+    """5-6. DCP and prefill/decode disaggregation."""
+    kv = plan.kv
+    out: list[str] = []
+    add = out.append
     add("5. Decode context parallelism (DCP)")
     add(f"   {'pays' if plan.dcp.pays else 'does not pay'}: {plan.dcp.reason}")
     add("6. Prefill/decode disaggregation (NIXL connector)")
@@ -198,8 +239,14 @@ def render_plan(plan: ServingPlan) -> str:
             f"   KV sent per request: {kv.bytes_per_token:,} B x {prompt:,} prompt "
             f"tokens = {gib(kv.bytes_per_request(prompt))}"
         )
+    return out
 
-    add("")
+
+def _serve(plan: ServingPlan) -> list[str]:
+    """7. The serve command."""
+    t = plan.target
+    out: list[str] = []
+    add = out.append
     add(f"7. Serve ({t.vllm.install})")
     add("   backends: " + _backends(plan))
     if plan.pd_commands:
@@ -210,7 +257,7 @@ def render_plan(plan: ServingPlan) -> str:
         add(shell(plan.env, plan.argv))
     for note in plan.notes:
         add(f"# note: {note}")
-    return "\n".join(out)
+    return out
 
 
 def _weight_rule(scheme: str) -> str:

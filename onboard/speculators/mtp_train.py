@@ -507,18 +507,7 @@ def train_mtp_heads(
         log(f"  as vLLM runs them ({schedule}): {_fmt_decoded(before_vllm)}")
 
         prompts = training_prompts(checkpoint_dir, spec.vocab_size, num_prompts, seed)
-        with torch.inference_mode():
-            tokens = model.generate(
-                prompts,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            hidden = _layers(model)[0](tokens).last_hidden_state
-            # Row t of the main model's logits: its greedy choice of token t + 1.
-            teacher = model.get_output_embeddings()(hidden).argmax(-1)
-        tokens, hidden, teacher = tokens.clone(), hidden.clone(), teacher.clone()
+        tokens, hidden, teacher = _teacher(model, prompts)
         # Validation prompts: every eighth, so both kinds of prompt are in it.
         val = torch.arange(len(tokens)) % 8 == 7
         train = (~val).nonzero().flatten()
@@ -627,6 +616,26 @@ def train_mtp_heads(
         json.dumps(record, indent=2, sort_keys=True) + "\n",
     )
     return report
+
+
+def _teacher(model, prompts):
+    """The main model's greedy continuations of ``prompts``, its last hidden
+    states on them, and its greedy choice at each position (the targets)."""
+    import torch
+
+    with torch.inference_mode():
+        tokens = model.generate(
+            prompts,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        hidden = _layers(model)[0](tokens).last_hidden_state
+        # Row t of the main model's logits: its greedy choice of token t + 1.
+        teacher = model.get_output_embeddings()(hidden).argmax(-1)
+    # Out of inference mode, so training can take gradients through them.
+    return tokens.clone(), hidden.clone(), teacher.clone()
 
 
 def _heldout_acceptance(model, prompts, heads, schedule):
