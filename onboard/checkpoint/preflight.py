@@ -42,10 +42,7 @@ from onboard.checkpoint.preflight_config import (
     read_config,
 )
 from onboard.checkpoint.preflight_files import (
-    DTYPE_BITS,
-    MAX_HEADER,
     SPEC_HINT_MISMATCHES,
-    HeaderError,
     TensorInfo,
     read_header,
     read_shards,
@@ -68,6 +65,7 @@ from onboard.checkpoint.preflight_report import (
 )
 from onboard.checkpoint.preflight_tensors import SHARING_UNUSED_ROLES, check_tensors
 from onboard.errors import InputError
+from onboard.safetensors_header import DTYPE_BITS, MAX_HEADER, HeaderError
 from onboard.spec.model import ModelSpec
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT
 

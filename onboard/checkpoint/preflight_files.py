@@ -8,114 +8,28 @@ checkpoint's own ``spec.yaml`` when many sizes disagree.
 
 from __future__ import annotations
 
-import json
-import math
 import shlex
 from collections import Counter
 from pathlib import Path
 
+from onboard import safetensors_header
 from onboard.checkpoint.preflight_report import PreflightRun, TensorInfo, examples
 from onboard.checkpoint.tiny import INDEX_FILE
 from onboard.errors import InputError
 from onboard.fsutil import BadIndex, read_weight_map
+from onboard.safetensors_header import HeaderError
 
-MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
-# Bits per element of each safetensors dtype (sub-byte FP4/FP6 included).
-DTYPE_BITS = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E4M3": 8,
-    "F8_E5M2": 8,
-    "F8_E8M0": 8,
-    "U16": 16,
-    "I16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "U32": 32,
-    "I32": 32,
-    "F32": 32,
-    "U64": 64,
-    "I64": 64,
-    "F64": 64,
-    "C64": 64,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-}
 # Size mismatches from which preflight looks for the checkpoint's own spec.yaml.
 SPEC_HINT_MISMATCHES = 3
 
 
-class HeaderError(Exception):
-    """A shard whose header cannot be trusted (truncated, corrupt)."""
-
-
 def read_header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], int, int]:
-    """A safetensors file's tensors as ``{name: (dtype, shape)}``, the bytes read
-    (8 + header length) and the data bytes the header declares.
-
-    Reads the 8-byte length and the JSON header, never the data; checks what a
-    truncated or corrupt file breaks (lengths, JSON, dtypes, shapes against byte
-    ranges, contiguous ranges, the file size from ``stat``).
-    """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise HeaderError(f"truncated: {size} bytes, no header length")
-            n = int.from_bytes(raw, "little")
-            if n > MAX_HEADER:
-                raise HeaderError(f"corrupt: header length {n} is over 100 MiB")
-            if 8 + n > size:
-                raise HeaderError(
-                    f"truncated: the header needs {8 + n} bytes, the file has {size}"
-                )
-            head = f.read(n)
-    except OSError as exc:
-        raise HeaderError(f"cannot read: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HeaderError(f"corrupt header: {exc}") from None
-    if not isinstance(header, dict):
-        raise HeaderError("corrupt header: not a JSON object")
-    header.pop("__metadata__", None)
-    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
-    ranges: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(map(int, entry["shape"]))
-            begin, end = map(int, entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise HeaderError(f"corrupt header entry for {name!r}") from None
-        if dtype not in DTYPE_BITS:
-            raise HeaderError(f"{name}: unknown dtype {dtype!r}")
-        if min(shape, default=0) < 0 or end < begin:
-            raise HeaderError(f"{name}: negative shape or byte range")
-        if (end - begin) * 8 != math.prod(shape) * DTYPE_BITS[dtype]:
-            raise HeaderError(
-                f"{name}: byte range {begin}..{end} does not fit shape "
-                f"{list(shape)} of {dtype}"
-            )
-        tensors[name] = (dtype, shape)
-        ranges.append((begin, end, name))
-    ranges.sort()
-    pos = 0
-    for begin, end, name in ranges:
-        if begin != pos:
-            raise HeaderError(f"corrupt header: {name} starts at {begin}, not {pos}")
-        pos = end
-    data = size - 8 - n
-    if pos != data:
-        what = "truncated" if pos > data else "trailing bytes"
-        raise HeaderError(
-            f"{what}: the header declares {pos} bytes of tensor data, the file "
-            f"holds {data}"
-        )
-    return tensors, 8 + n, pos
+    """A safetensors file's tensors as ``{name: (dtype, shape)}`` in file order,
+    the bytes read (8 + header length) and the data bytes the header declares;
+    :class:`HeaderError` on a truncated or corrupt file."""
+    header = safetensors_header.read_header(path)
+    tensors = {t.name: (t.dtype, t.shape) for t in header.tensors}
+    return tensors, header.data_start, header.data_bytes
 
 
 def read_shards(run: PreflightRun) -> None:

@@ -21,9 +21,6 @@ Path = tuple[str | int, ...]
 Problem = tuple[Path, str]
 Report = Callable[[Path, str], None]
 
-# Only the CPU MLA decode kernel constrains the latent; see docs/vllm-cpu-notes.md.
-CPU_MLA_LATENT = 576
-
 
 def check_rules(spec: ModelSpec) -> list[Problem]:
     problems: list[Problem] = []
