@@ -17,7 +17,11 @@ from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
-from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.layouts import (
+    LAYOUT_PRESETS,
+    ROUTED_EXPERT_ROLES,
+    SHARED_EXPERT_ROLES,
+)
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.templating import py_str
@@ -85,12 +89,8 @@ def _vllm_moe_paths(
         role: CANONICAL[role]
         for role in (
             "router",
-            "expert_gate_proj",
-            "expert_up_proj",
-            "expert_down_proj",
-            "shared_gate_proj",
-            "shared_up_proj",
-            "shared_down_proj",
+            *ROUTED_EXPERT_ROLES,
+            *SHARED_EXPERT_ROLES,
             "shared_expert_gate",
         )
     }

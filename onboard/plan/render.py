@@ -26,19 +26,14 @@ def render_plan(plan: ServingPlan) -> str:
 def _header(plan: ServingPlan) -> list[str]:
     """The target, scheme and load."""
     spec, t, kv = plan.spec, plan.target, plan.kv
-    out: list[str] = []
-    add = out.append
-    add(f"onboard plan: {spec.name} on {t.name} ({t.description})")
-    add(
-        f"scheme {plan.scheme} ({plan.support.support} on {t.name}"
-        + (f": {plan.support.note}" if plan.support.note else "")
-        + f"), dtype {plan.dtype}, KV cache {kv.dtype}"
-    )
-    add(
+    note = f": {plan.support.note}" if plan.support.note else ""
+    return [
+        f"onboard plan: {spec.name} on {t.name} ({t.description})",
+        f"scheme {plan.scheme} ({plan.support.support} on {t.name}{note}), "
+        f"dtype {plan.dtype}, KV cache {kv.dtype}",
         f"load: {plan.concurrency} request(s) of {plan.context:,} tokens "
-        f"({plan.output_len:,} of them output)"
-    )
-    return out
+        f"({plan.output_len:,} of them output)",
+    ]
 
 
 def _weights(plan: ServingPlan) -> list[str]:
@@ -243,21 +238,14 @@ def _parallelism(plan: ServingPlan) -> list[str]:
 
 
 def _serve(plan: ServingPlan) -> list[str]:
-    """7. The serve command."""
-    t = plan.target
-    out: list[str] = []
-    add = out.append
-    add(f"7. Serve ({t.vllm.install})")
-    add("   backends: " + _backends(plan))
+    """7. The serve command (one per role with prefill/decode disaggregation)."""
+    out = [f"7. Serve ({plan.target.vllm.install})", "   backends: " + _backends(plan)]
     if plan.pd_commands:
         for role, argv in plan.pd_commands:
-            add(f"# {role}")
-            add(shell(plan.env, argv))
+            out += [f"# {role}", shell(plan.env, argv)]
     else:
-        add(shell(plan.env, plan.argv))
-    for note in plan.notes:
-        add(f"# note: {note}")
-    return out
+        out.append(shell(plan.env, plan.argv))
+    return out + [f"# note: {note}" for note in plan.notes]
 
 
 def _weight_rule(scheme: str) -> str:

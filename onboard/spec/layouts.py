@@ -75,6 +75,10 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
+# The MLP of one routed expert, and of the shared expert, by role.
+ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")
+SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
 LINEAR_ROLES: tuple[str, ...] = (
@@ -89,12 +93,8 @@ LINEAR_ROLES: tuple[str, ...] = (
     "gate_proj",
     "up_proj",
     "down_proj",
-    "expert_gate_proj",
-    "expert_up_proj",
-    "expert_down_proj",
-    "shared_gate_proj",
-    "shared_up_proj",
-    "shared_down_proj",
+    *ROUTED_EXPERT_ROLES,
+    *SHARED_EXPERT_ROLES,
 )
 
 # Placeholders each role's path must (and may only) contain.

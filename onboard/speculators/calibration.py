@@ -1,5 +1,5 @@
-"""Training prompts cut from the bundled calibration text, shared by the EAGLE-3
-and MTP-head trainers."""
+"""Training prompts cut from the bundled calibration text, and the verifier's
+greedy continuations of them, shared by the EAGLE-3 and MTP-head trainers."""
 
 from __future__ import annotations
 
@@ -15,3 +15,19 @@ def calibration_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
     stride = max(1, (len(ids) - length) // count)
     starts = range(0, len(ids) - length, stride)
     return [ids[s : s + length] for s in starts][:count]
+
+
+def greedy_continuations(model, ids, new_tokens: int, attention_mask=None):
+    """``ids`` [batch, length] followed by ``new_tokens`` greedy tokens each:
+    what the verifier itself would say next, the drafts' training targets."""
+    import torch
+
+    with torch.inference_mode():
+        return model.generate(
+            ids,
+            attention_mask=attention_mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )

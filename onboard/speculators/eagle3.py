@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.spec.model import ModelSpec
-from onboard.speculators.calibration import calibration_prompts
+from onboard.speculators.calibration import calibration_prompts, greedy_continuations
 from onboard.speculators.heads import aux_layer_ids, head_config
 from onboard.threads import one_thread
 
@@ -111,14 +111,7 @@ def collect_data(
         3, vocab, (num_prompts - len(text), PROMPT_TOKENS), generator=gen
     )
     prompts = torch.cat([torch.tensor(text), noise])
-    with torch.inference_mode():
-        tokens = model.generate(
-            prompts,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
+    tokens = greedy_continuations(model, prompts, NEW_TOKENS)
     states, logits = verifier_states(model, tokens, aux)
     return TrainingData(tokens, states, logits, PROMPT_TOKENS)
 

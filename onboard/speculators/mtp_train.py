@@ -37,6 +37,7 @@ from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.safetensors_header import HeaderError, TensorEntry, read_header
 from onboard.spec.model import ModelSpec
+from onboard.speculators.calibration import greedy_continuations
 from onboard.threads import one_thread
 
 PROMPT_TOKENS = 16
@@ -187,15 +188,7 @@ def greedy_sequences(model, prompts: Sequence[Sequence[int]], new_tokens: int):
     for row, p in enumerate(prompts):
         ids[row, width - len(p) :] = torch.tensor(list(p))
         mask[row, width - len(p) :] = 1
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
+    out = greedy_continuations(model, ids, new_tokens, attention_mask=mask)
     return [out[row, width - len(p) :].clone() for row, p in enumerate(prompts)]
 
 
@@ -623,14 +616,8 @@ def _teacher(model, prompts):
     states on them, and its greedy choice at each position (the targets)."""
     import torch
 
+    tokens = greedy_continuations(model, prompts, NEW_TOKENS)
     with torch.inference_mode():
-        tokens = model.generate(
-            prompts,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
         hidden = _layers(model)[0](tokens).last_hidden_state
         # Row t of the main model's logits: its greedy choice of token t + 1.
         teacher = model.get_output_embeddings()(hidden).argmax(-1)

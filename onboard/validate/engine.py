@@ -349,8 +349,13 @@ class Engine:
         return json.loads(line)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from onboard.validate.engine import Engine, EngineOptions
+from onboard.validate.engine import Engine, EngineOptions, log_tail
 
 START_TIMEOUT_S = 900.0
 # Engine keyword arguments that have no meaning for a server: a server detokenizes
@@ -203,11 +203,7 @@ class Server:
         self.close()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
