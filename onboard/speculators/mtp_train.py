@@ -37,7 +37,7 @@ from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.safetensors_header import HeaderError, TensorEntry, read_header
 from onboard.spec.model import ModelSpec
-from onboard.speculators.calibration import greedy_continuations
+from onboard.speculators.calibration import calibration_prompts, greedy_continuations
 from onboard.threads import one_thread
 
 PROMPT_TOKENS = 16
@@ -406,8 +406,6 @@ def training_prompts(checkpoint_dir: Path, vocab: int, count: int, seed: int):
     text: list[list[int]] = []
     if (Path(checkpoint_dir) / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
-
-        from onboard.speculators.calibration import calibration_prompts
 
         tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
         text = calibration_prompts(tokenizer, count // 2, PROMPT_TOKENS)
