@@ -150,6 +150,19 @@ def py_str(value: str) -> str:
     return f'"{value}"'
 
 
+def config_or(key: str | None, value: bool | int | float | str) -> str:
+    """``config.<key>`` where the config carries the setting, else the literal:
+    a generated model reads what the config says, and bakes in only what it
+    does not say."""
+    if key is None:
+        if not isinstance(value, (bool, int, float, str)):
+            raise GenerationError(f"refusing to put {value!r} into generated code")
+        return py_str(value) if isinstance(value, str) else repr(value)
+    if not _IDENT.fullmatch(key):
+        raise GenerationError(f"refusing to read config.{key!r} in generated code")
+    return f"config.{key}"
+
+
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -162,6 +175,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["docwrap"] = docwrap
     env.filters["py_str"] = py_str
+    env.filters["config_or"] = config_or
     return env
 
 

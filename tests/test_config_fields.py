@@ -45,8 +45,12 @@ def test_each_frequency_field_keeps_its_familys_arithmetic():
     # Two concepts, never aliases of each other.
     assert ALIASES["decoder_sparse_step"] == ("decoder_sparse_step",)
     assert ALIASES["moe_layer_freq"] == ("moe_layer_freq",)
+    # Each field the config carries is read, at 1 too (the config decides).
     both = ConfigFields(spec=None, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
-    assert both.moe_frequency_terms() == ["layer_idx % config.moe_layer_freq == 0"]
+    assert both.moe_frequency_terms() == [
+        "(layer_idx + 1) % config.decoder_sparse_step == 0",
+        "layer_idx % config.moe_layer_freq == 0",
+    ]
     assert both.need("decoder_sparse_step") == "decoder_sparse_step"
     qwen_step = ConfigFields(spec=None, hf={"decoder_sparse_step": 2})
     assert qwen_step.moe_frequency_terms() == [
@@ -81,7 +85,11 @@ def test_qwen_decoder_sparse_step_counts_from_one():
     assert [spec.is_moe_layer(i) for i in range(6)] == want
     for hf in (config, hf_config_from_spec(spec)):
         expr = _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, hf))
-        assert expr == "(layer_idx + 1) % config.decoder_sparse_step == 0"
+        # Qwen2-MoE's config also carries mlp_only_layers (empty): read too.
+        assert expr == (
+            "(layer_idx + 1) % config.decoder_sparse_step == 0"
+            " and layer_idx not in config.mlp_only_layers"
+        )
         assert _plan(expr, hf, 6) == want
 
 

@@ -292,11 +292,12 @@ def test_features_appear_only_where_the_spec_has_them(outputs):
         "e_score_correction_bias",
     } <= novel
     # Sigmoid routing without groups runs as one group of all experts (the
-    # router vLLM's CPU build supports for sigmoid scores); no shared-expert gate.
+    # router vLLM's CPU build supports for sigmoid scores), as the config's
+    # n_group = topk_group = 1 say; no shared-expert gate.
     novel_src = model_source(outputs["novel-launch"], "novel-launch")
-    assert "num_expert_group=1," in novel_src and "topk_group=1," in novel_src
+    assert "num_expert_group=config.n_group," in novel_src
+    assert "topk_group=config.topk_group," in novel_src
     assert not novel & {
-        "n_group",
         "GatedSharedExpert",
         "shared_expert_gate",
         "ReplicatedLinear",
@@ -304,7 +305,9 @@ def test_features_appear_only_where_the_spec_has_them(outputs):
     gated = _identifiers(model_source(outputs["var-qwen-gated"], "var-qwen-gated"))
     assert {"shared_expert_gate", "VarQwenGatedGatedSharedExpert"} <= gated
     assert "e_score_correction_bias" not in gated
-    assert "scoring_func" not in gated  # softmax is the fused MoE default
+    # Softmax, as its config says (a new model type writes scoring_func).
+    gated_src = model_source(outputs["var-qwen-gated"], "var-qwen-gated")
+    assert "scoring_func=config.scoring_func," in gated_src
     mla = model_source(outputs["var-mla-nolora"], "var-mla-nolora")
     assert "self.fused_qkv_a_proj" not in mla and "self.q_proj" in mla
     assert "yarn_get_mscale" not in mla

@@ -29,11 +29,17 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
+    # Llama-style configs have one attention_bias for all four projections.
+    "qkv_bias": ("qkv_bias", "attention_bias"),
+    "o_bias": ("o_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
     "intermediate_size": ("intermediate_size",),
+    "hidden_act": ("hidden_act", "hidden_activation"),
+    "mlp_bias": ("mlp_bias",),
     "sliding_window": ("sliding_window",),
     "layer_types": ("layer_types",),
     "rope_parameters": ("rope_parameters",),
+    "rope_interleave": ("rope_interleave",),
     # MLA
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),
@@ -50,6 +56,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
+    "norm_topk_prob": ("norm_topk_prob",),
+    "scoring_func": ("scoring_func",),
     "first_k_dense": ("first_k_dense_replace",),
     # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
     "decoder_sparse_step": ("decoder_sparse_step",),
@@ -104,10 +112,10 @@ class ConfigFields:
 
     def moe_frequency_terms(self) -> list[str]:
         """The MoE-placement terms (of ``config`` and ``layer_idx``) for the
-        frequency fields the config has with a value other than 1 (every layer)."""
+        frequency fields the config has."""
         terms = []
         for concept, rule in MOE_FREQUENCY_RULES.items():
-            name = self.find(concept, check=lambda v: v != 1)
+            name = self.find(concept, check=lambda v: isinstance(v, int))
             if name is not None:
                 terms.append(rule.format(name=name))
         return terms

@@ -17,6 +17,7 @@ from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
+from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYOUT_PRESETS,
     ROUTED_EXPERT_ROLES,
@@ -243,6 +244,14 @@ def _check_expr(
         )
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
 def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigFields) -> str | None:
     """Expression (of ``config`` and ``layer_idx``) that is true on MoE layers,
     built from the placement fields the config actually has and checked against
@@ -256,12 +265,14 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigFields) -> str | N
     ) is not None:
         expr = f'config.{name}[layer_idx] == "sparse"'
     else:
+        # Every placement key the config carries is read, even at a value that
+        # places nothing: the config, not the generator, decides.
         terms = []
-        if (name := f.find("first_k_dense", check=bool)) is not None:
+        if (name := f.find("first_k_dense", check=_is_int)) is not None:
             terms.append(f"layer_idx >= config.{name}")
         # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq from 0.
         terms += f.moe_frequency_terms()
-        if (name := f.find("mlp_only_layers", check=bool)) is not None:
+        if (name := f.find("mlp_only_layers", check=_is_list)) is not None:
             terms.append(f"layer_idx not in config.{name}")
         if not terms:
             raise GenerationError(
@@ -435,6 +446,7 @@ def _model_config_keys(
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
     else:
+        cfg["qkv_bias"] = f.find("qkv_bias", att.qkv_bias)
         # MHA configs may leave the KV heads out (then they equal the heads).
         cfg["num_key_value_heads"] = f.find("num_key_value_heads", spec.num_kv_heads)
         if cfg["num_key_value_heads"] is None and spec.num_kv_heads != att.num_heads:
@@ -446,6 +458,8 @@ def _model_config_keys(
             and spec.head_dim * att.num_heads != spec.hidden_size
         ):
             f.need("head_dim", spec.head_dim)
+    cfg["o_bias"] = f.find("o_bias", att.o_bias)
+    cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
     if att.kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
     if arch.has_dense:
@@ -453,6 +467,9 @@ def _model_config_keys(
         cfg["intermediate_size"] = f.need(
             "intermediate_size", spec.mlp.intermediate_size
         )
+    cfg["hidden_act"] = f.find("hidden_act", spec.activation)
+    # The spec has no MLP biases: a config that says so is read, not ignored.
+    cfg["mlp_bias"] = f.find("mlp_bias", False)
     return cfg
 
 
@@ -494,6 +511,8 @@ def _moe_context(
     if grouped:
         cfg["n_group"] = f.need("n_group", router.num_groups)
         cfg["topk_group"] = f.need("topk_group", router.topk_groups)
+    cfg["norm_topk_prob"] = f.find("norm_topk_prob", router.norm_topk_prob)
+    cfg["scoring_func"] = f.find("scoring_func", router.scoring)
     scaled = router.routed_scaling_factor != 1.0
     if scaled:
         cfg["routed_scaling_factor"] = f.need(
@@ -510,8 +529,15 @@ def _moe_context(
         )
         if on
     ]
+    one_group = not grouped and bool(needs)
+    if one_group:
+        # The config onboard writes for a new model type says so itself:
+        # n_group = topk_group = 1. A known type's config may leave them unset.
+        new_type = not transformers_knows(spec.model_type)
+        cfg["n_group"] = f.find("n_group", 1) if new_type else None
+        cfg["topk_group"] = f.find("topk_group", 1) if new_type else None
     return {
-        "one_group": not grouped and bool(needs),
+        "one_group": one_group,
         "one_group_comment": textwrap.wrap(
             "All experts in one group (the same routing): vLLM's grouped "
             f"router is the one that takes {_listed(needs)} on every "

@@ -16,6 +16,7 @@ from typing import Any
 
 from onboard.arch import build_plan
 from onboard.errors import InputError
+from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import module_names
 
@@ -91,10 +92,16 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
 
     arch = build_plan(spec)
     types = arch.attention_types
-    grouped = (
-        moe is not None
-        and moe.router.num_groups is not None
-        and (moe.router.num_groups, moe.router.topk_groups) != (1, 1)
+    # Grouped top-k wherever the config onboard writes has groups, one group
+    # included (then the same choice as plain top-k), so the reference reads
+    # what it says. A model type transformers knows ships transformers' config,
+    # which may leave n_group unset.
+    grouped = moe is not None and (
+        moe.router.num_groups is not None
+        or (
+            not transformers_knows(spec.model_type)
+            and hf.get(keys.find("n_group") or "") is not None
+        )
     )
     f = {
         "mla": att.type == "mla",
@@ -124,13 +131,15 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
     }
 
-    c: dict[str, str] = {
+    c: dict[str, str | None] = {
         "hidden": keys.need("hidden_size"),
         "vocab": keys.need("vocab_size"),
         "layers": keys.need("num_hidden_layers"),
         "heads": keys.need("num_attention_heads"),
         "rope": keys.need("rope_parameters"),
     }
+    c["hidden_act"] = keys.find("hidden_act")
+    c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("rms_norm_eps" if spec.norm.type == "rmsnorm" else "layer_norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
     if f["mla"]:
@@ -154,6 +163,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
+        c["qkv_bias"] = keys.find("qkv_bias") or keys.find("attention_bias")
+    c["o_bias"] = keys.find("o_bias") or keys.find("attention_bias")
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -171,32 +182,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     if f["kv_sharing"]:
         c["kv_sharing"] = keys.need("kv_sharing_target_layers")
     if moe is not None:
-        c["n_experts"] = keys.need("n_routed_experts")
-        c["top_k"] = keys.need("num_experts_per_tok")
-        width = keys.find("moe_intermediate_size")
-        # Mixtral keeps the experts' width in intermediate_size (no dense layers).
-        c["expert_width"] = f"config.{width or keys.need('intermediate_size')}"
-        if f["shared"]:
-            if moe.shared_expert_intermediate_size is not None:
-                key = keys.need("shared_expert_intermediate_size")
-                c["shared_width"] = f"config.{key}"
-            else:
-                key = keys.need("n_shared_experts")
-                c["shared_width"] = f"config.{key} * {c['expert_width']}"
-        if f["grouped"]:
-            c["n_group"] = keys.need("n_group")
-            c["topk_group"] = keys.need("topk_group")
-        if f["scaled"]:
-            c["scaling"] = keys.need("routed_scaling_factor")
-        terms = []
-        if moe.first_k_dense:
-            terms.append(f"i >= config.{keys.need('first_k_dense_replace')}")
-        if moe.layer_frequency != 1:
-            terms.append(f"(i + 1) % config.{keys.need('decoder_sparse_step')} == 0")
-        if moe.dense_layers:
-            terms.append(f"i not in config.{keys.need('mlp_only_layers')}")
-        plan["moe"] = terms or ["True"]
-        _check_layer_plan(spec, hf, " and ".join(plan["moe"]), arch.moe_layers)
+        plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
 
@@ -223,6 +209,55 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+def _moe_keys(
+    spec: ModelSpec,
+    keys: _Keys,
+    f: dict[str, Any],
+    c: dict[str, str | None],
+    moe_layers: tuple[bool, ...],
+) -> list[str]:
+    """Adds the MoE's config keys to ``c``; returns the MoE layer rule's terms
+    (of ``config`` and ``i``), checked against the plan's MoE layers."""
+    moe, hf = spec.mlp.moe, keys.hf
+    assert moe is not None
+    c["n_experts"] = keys.need("n_routed_experts")
+    c["top_k"] = keys.need("num_experts_per_tok")
+    width = keys.find("moe_intermediate_size")
+    # Mixtral keeps the experts' width in intermediate_size (no dense layers).
+    c["expert_width"] = f"config.{width or keys.need('intermediate_size')}"
+    if f["shared"]:
+        if moe.shared_expert_intermediate_size is not None:
+            key = keys.need("shared_expert_intermediate_size")
+            c["shared_width"] = f"config.{key}"
+        else:
+            key = keys.need("n_shared_experts")
+            c["shared_width"] = f"config.{key} * {c['expert_width']}"
+    if f["grouped"]:
+        c["n_group"] = keys.need("n_group")
+        c["topk_group"] = keys.need("topk_group")
+    if f["scaled"]:
+        c["scaling"] = keys.need("routed_scaling_factor")
+    c["norm_topk"] = keys.find("norm_topk_prob")
+    c["scoring"] = keys.find("scoring_func")
+    # Every placement key the config carries is read (the config decides).
+    terms = []
+    for concept, rule, needed in (
+        ("first_k_dense_replace", "i >= config.{}", moe.first_k_dense),
+        (
+            "decoder_sparse_step",
+            "(i + 1) % config.{} == 0",
+            moe.layer_frequency != 1,
+        ),
+        ("mlp_only_layers", "i not in config.{}", moe.dense_layers),
+    ):
+        key = keys.find(concept) if not needed else keys.need(concept)
+        if key is not None and hf[key] is not None:
+            terms.append(rule.format(key))
+    terms = terms or ["True"]
+    _check_layer_plan(spec, hf, " and ".join(terms), moe_layers)
+    return terms
 
 
 def _mlp_classes(
@@ -279,11 +314,14 @@ def config_class_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, A
     """What the typed config class template needs (the reference's configuration
     file and the plugin's config module render the same class)."""
     fields = _config_fields(dict(hf or _hf_config(spec)))
+    names = {field["name"] for field in fields}
     return {
         "spec": spec,
         "config_class": f"{class_prefix(spec.architecture)}Config",
         "fields": fields,
         "derived": [field for field in fields if field["mutable"]],
+        # Qwen2's switch: the window applies only with use_sliding_window.
+        "window_switch": {"use_sliding_window", "sliding_window"} <= names,
         "any_untyped": any(field["type"] == "Any | None" for field in fields),
     }
 

@@ -356,7 +356,7 @@ def _speculator_rules(spec: ModelSpec, report: Report) -> None:
 # template branch and checks this list is complete.
 GENERATED_NAMES = frozenset(
     {
-        "ARCHITECTURE", "Any", "Attention", "AutoConfig", "AutoWeightsLoader",
+        "ACT2FN", "ARCHITECTURE", "Any", "Attention", "AutoConfig", "AutoWeightsLoader",
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
         "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",

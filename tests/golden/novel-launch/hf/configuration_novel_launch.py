@@ -56,6 +56,9 @@ class NovelLaunchConfig(PreTrainedConfig):
     mtp_mlp: str | None = "moe"
 
     def __post_init__(self, **kwargs):
+        if not self.use_sliding_window:
+            # Without use_sliding_window no layer slides (Qwen2's rule).
+            self.sliding_window = None
         if self.layer_types is None:
             # Every sliding_window_pattern-th layer attends to the full context.
             self.layer_types = [

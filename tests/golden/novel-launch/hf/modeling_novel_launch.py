@@ -7,14 +7,15 @@ KV sharing, rope, mixture of experts (sigmoid routing, shared experts), dense la
 rmsnorm, 2 multi-token-prediction heads.
 
 Load it with ``trust_remote_code=True``: config.json's ``auto_map`` points here. It
-imports torch and transformers' base classes only, never a transformers model, and
-prefers the obvious computation to a fast one: it is the accuracy oracle the vLLM
-model is checked against.
+imports torch and transformers' base classes and activations only, never a
+transformers model, and prefers the obvious computation to a fast one: it is the
+accuracy oracle the vLLM model is checked against.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
@@ -45,10 +46,6 @@ def make_norm(size: int, config: NovelLaunchConfig) -> nn.Module:
     return RMSNorm(size, config.rms_norm_eps)
 
 
-def activation(x: torch.Tensor) -> torch.Tensor:
-    return F.silu(x)
-
-
 # ---- rotary position embedding -------------------------------------------------------
 
 
@@ -70,14 +67,22 @@ def rope_cos_sin(
     return angles.cos() * factor, angles.sin() * factor
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
     """Rotate ``x`` [batch, heads, seq, dim] by position.
 
-    NeoX style: dim i pairs with dim i + rotary_dim / 2.
+    Interleaved (GPT-J style): dims (0, 1), (2, 3), ... form the rotated pairs;
+    otherwise (NeoX style) dim i pairs with dim i + rotary_dim / 2.
     """
     cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        rotated = rotated.flatten(-2)
+    else:
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated
 
 
@@ -141,6 +146,7 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.rope_interleave = config.rope_interleave
         self.window = window
         self.kv_source = kv_source
         hidden = config.hidden_size
@@ -149,12 +155,16 @@ class Attention(nn.Module):
         )
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads
-        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=config.qkv_bias)
         if kv_source is None:
-            self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-            self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+            self.k_proj = nn.Linear(
+                hidden, kv_heads * self.head_dim, bias=config.qkv_bias
+            )
+            self.v_proj = nn.Linear(
+                hidden, kv_heads * self.head_dim, bias=config.qkv_bias
+            )
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=config.o_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
@@ -170,13 +180,13 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, -1, self.head_dim)
         q = self.q_norm(q)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
+        q = apply_rope(q.transpose(1, 2), cos, sin, self.rope_interleave)
         if self.kv_source is not None:
             k, v = layer_kv[self.kv_source]
         else:
             k = self.k_proj(x).view(b, s, -1, self.head_dim)
             k = self.k_norm(k)
-            k = apply_rope(k.transpose(1, 2), cos, sin)
+            k = apply_rope(k.transpose(1, 2), cos, sin, self.rope_interleave)
             v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
             if cache is not None:
                 k, v = cache.update(k, v, self.layer_idx)
@@ -208,9 +218,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, width, bias=False)
         self.up_proj = nn.Linear(hidden, width, bias=False)
         self.down_proj = nn.Linear(width, hidden, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(activation(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Router(nn.Linear):
@@ -218,14 +229,19 @@ class Router(nn.Linear):
 
     Scores are the sigmoid of the router logits. A per-expert bias
     (e_score_correction_bias) is added to them to choose the experts, but not to weigh
-    them. The top-k weights are renormalised to sum to one. The weights are multiplied
-    by routed_scaling_factor.
+    them. Experts come in groups; a group is scored by its two best experts, and only
+    the topk_groups best groups are eligible. The top-k weights are renormalised to sum
+    to one. The weights are multiplied by routed_scaling_factor.
     """
 
     def __init__(self, config: NovelLaunchConfig) -> None:
         super().__init__(config.hidden_size, config.n_routed_experts, bias=False)
         self.top_k = config.num_experts_per_tok
+        self.num_groups = config.n_group
+        self.topk_groups = config.topk_group
         self.scaling_factor = config.routed_scaling_factor
+        self.scoring_func = config.scoring_func
+        self.norm_topk_prob = config.norm_topk_prob
         self.register_buffer(
             "e_score_correction_bias", torch.zeros(config.n_routed_experts)
         )
@@ -233,12 +249,24 @@ class Router(nn.Linear):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights and expert indices, each [tokens, top_k]."""
         logits = F.linear(x.float(), self.weight.float())
-        scores = logits.sigmoid()
+        if self.scoring_func == "sigmoid":
+            scores = logits.sigmoid()
+        else:
+            scores = logits.softmax(dim=-1)
         # The bias steers which experts are chosen, not how much they weigh.
         choice = scores + self.e_score_correction_bias.float()
+        # Grouped top-k: keep the best groups, then choose experts inside them.
+        grouped = choice.view(choice.shape[0], self.num_groups, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        kept = group_scores.topk(self.topk_groups, dim=-1).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool)
+        group_mask.scatter_(1, kept, True)
+        expert_mask = group_mask[..., None].expand_as(grouped).reshape(choice.shape)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
         experts = choice.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, experts)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights * self.scaling_factor
         return weights.to(x.dtype), experts
 
@@ -278,7 +306,11 @@ def is_sliding_layer(config: NovelLaunchConfig, i: int) -> bool:
 
 
 def is_moe_layer(config: NovelLaunchConfig, i: int) -> bool:
-    return i >= config.first_k_dense_replace
+    return (
+        i >= config.first_k_dense_replace
+        and (i + 1) % config.decoder_sparse_step == 0
+        and i not in config.mlp_only_layers
+    )
 
 
 def kv_source_layer(config: NovelLaunchConfig, i: int) -> int | None:

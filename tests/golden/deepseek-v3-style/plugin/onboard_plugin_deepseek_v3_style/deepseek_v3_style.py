@@ -73,6 +73,7 @@ class DeepseekV3MLP(nn.Module):
         self,
         hidden_size: int,
         intermediate_size: int,
+        hidden_act: str,
         quant_config: QuantizationConfig | None = None,
         reduce_results: bool = True,
         prefix: str = "",
@@ -94,6 +95,10 @@ class DeepseekV3MLP(nn.Module):
             reduce_results=reduce_results,
             prefix=f"{prefix}.down_proj",
         )
+        if hidden_act != "silu":
+            raise ValueError(
+                f"Unsupported activation: {hidden_act}. Only silu is supported for now."
+            )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,6 +152,7 @@ class DeepseekV3MoE(nn.Module):
         self.shared_experts = DeepseekV3MLP(
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
+            hidden_act=config.hidden_act,
             quant_config=quant_config,
             # The fused MoE layer all-reduces routed and shared output together.
             reduce_results=False,
@@ -157,11 +163,11 @@ class DeepseekV3MoE(nn.Module):
             top_k=config.num_experts_per_tok,
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size,
-            renormalize=True,
+            renormalize=config.norm_topk_prob,
             use_grouped_topk=True,
             num_expert_group=config.n_group,
             topk_group=config.topk_group,
-            scoring_func="sigmoid",
+            scoring_func=config.scoring_func,
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,
             quant_config=quant_config,
@@ -238,7 +244,7 @@ class DeepseekV3Attention(nn.Module):
         self.o_proj = RowParallelLinear(
             self.num_heads * self.v_head_dim,
             self.hidden_size,
-            bias=False,
+            bias=config.attention_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
@@ -254,8 +260,8 @@ class DeepseekV3Attention(nn.Module):
             self.qk_rope_head_dim,
             max_position=config.max_position_embeddings,
             rope_parameters=rope_parameters,
-            # Rotate interleaved pairs (DeepSeek's rope_interleave).
-            is_neox_style=False,
+            # Interleaved pairs (GPT-J style) rotate where the config says so.
+            is_neox_style=not config.rope_interleave,
         )
 
         mla_modules = MLAModules(
@@ -329,6 +335,7 @@ class DeepseekV3DecoderLayer(nn.Module):
             self.mlp = DeepseekV3MLP(
                 hidden_size=self.hidden_size,
                 intermediate_size=config.intermediate_size,
+                hidden_act=config.hidden_act,
                 quant_config=quant_config,
                 prefix=f"{prefix}.mlp",
             )

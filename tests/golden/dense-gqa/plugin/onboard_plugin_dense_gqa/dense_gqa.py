@@ -59,7 +59,9 @@ class LlamaMLP(nn.Module):
         self,
         hidden_size: int,
         intermediate_size: int,
+        hidden_act: str,
         quant_config: QuantizationConfig | None = None,
+        bias: bool = False,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -67,17 +69,21 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size,
             [intermediate_size] * 2,
-            bias=False,
+            bias=bias,
             quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
         )
         self.down_proj = RowParallelLinear(
             intermediate_size,
             hidden_size,
-            bias=False,
+            bias=bias,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
+        if hidden_act != "silu":
+            raise ValueError(
+                f"Unsupported activation: {hidden_act}. Only silu is supported for now."
+            )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,14 +129,14 @@ class LlamaAttention(nn.Module):
             self.head_dim,
             self.total_num_heads,
             self.total_num_kv_heads,
-            bias=False,
+            bias=config.attention_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
         )
         self.o_proj = RowParallelLinear(
             self.total_num_heads * self.head_dim,
             self.hidden_size,
-            bias=False,
+            bias=config.attention_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
@@ -180,7 +186,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(
             hidden_size=self.hidden_size,
             intermediate_size=config.intermediate_size,
+            hidden_act=config.hidden_act,
             quant_config=quant_config,
+            bias=config.mlp_bias,
             prefix=f"{prefix}.mlp",
         )
         self.input_layernorm = RMSNorm(self.hidden_size, eps=config.rms_norm_eps)

@@ -71,6 +71,7 @@ class NovelLaunchMLP(nn.Module):
         self,
         hidden_size: int,
         intermediate_size: int,
+        hidden_act: str,
         quant_config: QuantizationConfig | None = None,
         reduce_results: bool = True,
         prefix: str = "",
@@ -92,6 +93,10 @@ class NovelLaunchMLP(nn.Module):
             reduce_results=reduce_results,
             prefix=f"{prefix}.down_proj",
         )
+        if hidden_act != "silu":
+            raise ValueError(
+                f"Unsupported activation: {hidden_act}. Only silu is supported for now."
+            )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,6 +150,7 @@ class NovelLaunchMoE(nn.Module):
         self.shared_experts = NovelLaunchMLP(
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size * config.n_shared_experts,
+            hidden_act=config.hidden_act,
             quant_config=quant_config,
             # The fused MoE layer all-reduces routed and shared output together.
             reduce_results=False,
@@ -155,14 +161,14 @@ class NovelLaunchMoE(nn.Module):
             top_k=config.num_experts_per_tok,
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size,
-            renormalize=True,
+            renormalize=config.norm_topk_prob,
             # All experts in one group (the same routing): vLLM's grouped router is
             # the one that takes sigmoid scores, the bias correction and the routed
             # scaling on every platform; the CPU's plain top-k path is softmax-only.
             use_grouped_topk=True,
-            num_expert_group=1,
-            topk_group=1,
-            scoring_func="sigmoid",
+            num_expert_group=config.n_group,
+            topk_group=config.topk_group,
+            scoring_func=config.scoring_func,
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,
             quant_config=quant_config,
@@ -220,7 +226,7 @@ class NovelLaunchAttention(nn.Module):
                 self.head_dim,
                 self.total_num_heads,
                 self.total_num_kv_heads,
-                bias=False,
+                bias=config.qkv_bias,
                 quant_config=quant_config,
                 prefix=f"{prefix}.qkv_proj",
             )
@@ -229,14 +235,14 @@ class NovelLaunchAttention(nn.Module):
             self.q_proj = ColumnParallelLinear(
                 self.hidden_size,
                 self.total_num_heads * self.head_dim,
-                bias=False,
+                bias=config.qkv_bias,
                 quant_config=quant_config,
                 prefix=f"{prefix}.q_proj",
             )
         self.o_proj = RowParallelLinear(
             self.total_num_heads * self.head_dim,
             self.hidden_size,
-            bias=False,
+            bias=config.o_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
@@ -248,7 +254,8 @@ class NovelLaunchAttention(nn.Module):
             self.head_dim,
             max_position=config.max_position_embeddings,
             rope_parameters=config.rope_parameters,
-            is_neox_style=True,
+            # Interleaved pairs (GPT-J style) rotate where the config says so.
+            is_neox_style=not config.rope_interleave,
         )
         self.attn = Attention(
             self.num_heads,
@@ -352,6 +359,7 @@ class NovelLaunchDecoderLayer(nn.Module):
             self.mlp = NovelLaunchMLP(
                 hidden_size=self.hidden_size,
                 intermediate_size=config.intermediate_size,
+                hidden_act=config.hidden_act,
                 quant_config=quant_config,
                 prefix=f"{prefix}.mlp",
             )
@@ -430,7 +438,11 @@ class NovelLaunchModel(nn.Module, EagleModelMixin):
         return NovelLaunchDecoderLayer(
             vllm_config,
             prefix,
-            moe=layer_idx >= config.first_k_dense_replace,
+            moe=(
+                layer_idx >= config.first_k_dense_replace
+                and (layer_idx + 1) % config.decoder_sparse_step == 0
+                and layer_idx not in config.mlp_only_layers
+            ),
             sliding_window=sliding_window,
             kv_sharing_target_layer_name=kv_sharing_target_layer_name,
         )

@@ -1,0 +1,139 @@
+"""Every key the generated config.json writes is read by the code it configures.
+
+A key that changes the forward pass must be read from the config by the generated
+vLLM model and by the generated Hugging Face reference (where there is one:
+transformers' own class is the reference of a model type it knows, and reads its
+own keys). Otherwise the config could say one thing and the code do another. The
+rest are listed below as metadata, each with its reason. Reads are found on the
+AST: ``config.<key>`` and ``getattr(config, "<key>", ...)``, and ``self.<key>``
+inside the generated config class (its ``__post_init__`` derives fields).
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from generate_variants import BUNDLED, bundled
+
+from onboard.generate import generate_files
+from onboard.spec.hf import IGNORED, hf_config_from_spec
+
+# Keys that do not change what the generated code computes, and why.
+METADATA: dict[str, str] = {
+    **{key: "no effect on inference (spec.hf.IGNORED)" for key in IGNORED},
+    "architectures": "selects the model class; vLLM and transformers read it",
+    "model_type": "selects the config class; vLLM and transformers read it",
+    "qk_head_dim": "derived (qk_nope_head_dim + qk_rope_head_dim); the parts are read",
+    # Structural: which tensors exist. A config that disagrees fails at load with
+    # missing or unexpected tensors, and spec inference reads the key back.
+    "qk_norm": "structural: whether q_norm/k_norm tensors exist",
+    "shared_expert_gate": "structural: whether the shared expert's gate tensor exists",
+    "topk_method": "structural: noaux_tc means an e_score_correction_bias tensor",
+    "mtp_mlp": "structural: which MLP tensors the MTP blocks have",
+    "tie_word_embeddings": "structural: whether lm_head.weight exists (transformers "
+    "ties by it; the generated vLLM model ties exactly when the spec does)",
+}
+
+# Keys one kind of file may leave unread, and why.
+NOT_READ_BY = {
+    # MLA's heads come from qk_nope/qk_rope/v head dims and the query heads;
+    # transformers' DeepSeek classes declare these anyway.
+    "mla": {
+        "head_dim": "unused by MLA (transformers sets it to qk_rope_head_dim)",
+        "num_key_value_heads": "unused by MLA (one latent serves all heads)",
+    },
+    "hf": {
+        "max_position_embeddings": "sizes vLLM's rope cache; the reference "
+        "computes the rope angles of each position it is given",
+    },
+}
+
+
+def _reads(source: str) -> set[str]:
+    """Config attributes a generated file reads."""
+    tree = ast.parse(source)
+    reads: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (
+            (isinstance(node.value, ast.Name) and node.value.id == "config")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "config")
+        ):
+            reads.add(node.attr)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            reads.add(str(node.args[1].value))
+        elif isinstance(node, ast.FunctionDef) and node.name == "__post_init__":
+            reads |= _post_init_reads(node)
+    return reads
+
+
+def _post_init_reads(function: ast.FunctionDef) -> set[str]:
+    """``self.<key>`` loads in a config class's ``__post_init__``, not counting
+    ``self.<key> is None`` (filling in a default is not reading the key)."""
+    defaults = {
+        id(n.left)
+        for n in ast.walk(function)
+        if isinstance(n, ast.Compare)
+        and isinstance(n.ops[0], ast.Is)
+        and isinstance(n.comparators[0], ast.Constant)
+        and n.comparators[0].value is None
+    }
+    return {
+        n.attr
+        for n in ast.walk(function)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+        and isinstance(n.ctx, ast.Load)
+        and id(n) not in defaults
+    }
+
+
+def _unread(name: str) -> dict[str, list[str]]:
+    spec = bundled(name)
+    # A key set to null says nothing (transformers reads it as unset).
+    config = hf_config_from_spec(spec)
+    written = {key for key, value in config.items() if value is not None}
+    written -= set(METADATA)
+    files = generate_files(spec)
+    vllm = {
+        p: t for p, t in files.items() if p.startswith("plugin/") and p.endswith(".py")
+    }
+    hf = {p: t for p, t in files.items() if p.startswith("hf/") and p.endswith(".py")}
+    if spec.attention.type == "mla":
+        written -= set(NOT_READ_BY["mla"])
+    unread = {"vllm": sorted(written - set().union(*map(_reads, vllm.values())))}
+    if hf:
+        hf_written = written - set(NOT_READ_BY["hf"])
+        unread["hf"] = sorted(hf_written - set().union(*map(_reads, hf.values())))
+    return unread
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_every_written_key_is_read_or_metadata(name):
+    unread = _unread(name)
+    assert not any(unread.values()), (
+        f"{name}: config.json keys the generated code does not read "
+        f"(read them from the config, stop writing them, or list them in METADATA "
+        f"with a reason): {unread}"
+    )
+
+
+def test_a_literal_in_place_of_a_read_is_caught():
+    source = "class A:\n    def __init__(self, config):\n        self.bias = False\n"
+    assert "qkv_bias" not in _reads(source)
+    assert "qkv_bias" in _reads(source.replace("False", "config.qkv_bias"))
+    assert "qkv_bias" in _reads(source.replace("False", 'getattr(config, "qkv_bias")'))
+    default = (
+        "def __post_init__(self):\n"
+        "    if self.experts is None:\n"
+        "        self.experts = []\n"
+    )
+    assert _reads(default) == set()
+    assert _reads(default.replace("[]", "[0] * self.layers")) == {"layers"}
