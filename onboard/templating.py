@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import re
 import subprocess
 import sys
 import textwrap
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -150,6 +152,26 @@ def py_str(value: str) -> str:
     return f'"{value}"'
 
 
+def py_literal(value: Any) -> str:
+    """A Python literal for spec-derived data: None, bools, numbers, names (as
+    :func:`py_str` allows them), and lists and name-keyed dicts of those."""
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return py_str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(py_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ", ".join(f"{py_str(k)}: {py_literal(v)}" for k, v in value.items())
+            + "}"
+        )
+    raise GenerationError(f"refusing to put {value!r} into generated code")
+
+
 def config_or(key: str | None, value: bool | int | float | str) -> str:
     """``config.<key>`` where the config carries the setting, else the literal:
     a generated model reads what the config says, and bakes in only what it
@@ -176,6 +198,7 @@ def environment() -> jinja2.Environment:
     env.filters["docwrap"] = docwrap
     env.filters["py_str"] = py_str
     env.filters["config_or"] = config_or
+    env.filters["py_literal"] = py_literal
     return env
 
 

@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 
 from onboard.checkpoint import plan_tensors, select_layers, shrink_spec
 from onboard.checkpoint.safetensors_io import to_bf16_bits
-from onboard.checkpoint.shrink import layer_kind
 from onboard.checkpoint.tiny import INDEX_FILE, LOGIT_STD, write_tiny_checkpoint
 from onboard.checkpoint.tokenizer import BOS_ID, EOS_ID
 from onboard.cli import app
 from onboard.errors import InputError
 from onboard.spec import ModelSpec, dump_spec, load_spec, parse_spec_text
 from onboard.spec.rules import check_rules
+from onboard.spec.shrink import layer_kind
 
 SPECS = Path(__file__).resolve().parents[1] / "model_specs"
 BUNDLED = ["dense-gqa", "deepseek-v3-style", "novel-launch"]

@@ -29,7 +29,7 @@ SPEC_CLASS = {"full": "FullAttentionSpec", "sliding": "SlidingWindowSpec"}
 
 
 def _novel_tiny():
-    from onboard.checkpoint.shrink import shrink_spec
+    from onboard.spec.shrink import shrink_spec
 
     return shrink_spec(load_spec(ROOT / "model_specs/novel-launch.yaml"))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import math
 import shutil
 import subprocess
 import sys
@@ -22,7 +24,10 @@ from onboard.pr.build import installed_vllm_root, tree_version
 from onboard.pr.edits import Edit, EditError, apply_edit
 from onboard.pr.farm import vllm_farm
 from onboard.pr.versions import API_CHANGES, PINNED_VLLM, api_changes_markdown
+from onboard.safetensors_header import read_header
 from onboard.spec import load_spec
+from onboard.spec.hf import transformers_knows
+from onboard.spec.module_tree import used_roles
 from onboard.templating import RUFF_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -502,3 +507,101 @@ def test_check_against_the_installed_vllm(generated, name):
     spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
     assert f"vllm/model_executor/models/{spec.module_name}.py" in plan.files
     assert not (site / f"vllm/model_executor/models/{spec.module_name}.py").exists()
+
+
+def _tiny_config(test_file: Path) -> dict:
+    """TINY_CONFIG as the generated test states it (a literal, read without running
+    the file)."""
+    for node in ast.parse(test_file.read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and ast.unparse(node.targets[0]) == "TINY_CONFIG"
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{test_file}: no TINY_CONFIG")
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_generated_test_runs_the_tiny_model_of_the_spec(generated, name, tmp_path):
+    """The PR's test sets TINY_CONFIG on the example model's full-size config and
+    builds a random model from it: transformers must build the shrunk spec's model
+    (every tensor, every shape, vocabulary aside), not the full-size one."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from onboard.checkpoint.tiny import plan_tensors
+    from onboard.reference import install_reference
+    from onboard.spec.hf import hf_config_from_spec
+    from onboard.spec.shrink import shrink_spec
+
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    test = (
+        generated[name]
+        / "vllm-pr/tests/models/language/generation"
+        / f"test_{spec.module_name}.py"
+    )
+    tiny = _tiny_config(test)
+    assert tiny and "vocab_size" not in tiny and "max_position_embeddings" not in tiny
+    # The example model as the Hub would serve it: its full-size config.json (and,
+    # for a new model type, the configuration and modeling code beside it).
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_from_spec(spec)))
+    remote = not transformers_knows(spec.model_type)
+    if remote:
+        install_reference(spec, tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path, trust_remote_code=remote)
+    config.update(tiny)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
+    saved = tmp_path / "tiny"
+    model.save_pretrained(saved)  # the checkpoint vLLM loads, as transformers names it
+    got = {
+        name: entry.shape
+        for shard in saved.glob("*.safetensors")
+        for name, entry in read_header(shard).by_name().items()
+    }
+    shrunk = shrink_spec(spec)
+    want = {p.name: p.shape for p in plan_tensors(shrunk)}
+    assert set(got) - set(want) == set(), "tensors the shrunk spec does not have"
+    # transformers' own DeepSeek-V3 class has no MTP layers, and a KV-sharing
+    # layer's reference has no K/V of its own; everything else is there.
+    missing = {k for k in set(want) - set(got) if not _optional(shrunk, k)}
+    assert not missing, sorted(missing)[:5]
+    tiny_vocab = shrunk.vocab_size
+    for key, shape in got.items():  # the vocabulary is the example model's
+        unvocab = tuple(tiny_vocab if d == spec.vocab_size else d for d in shape)
+        assert unvocab == want[key], (key, shape, want[key])
+    # Seconds-sized but for the embedding and head (the example's vocabulary).
+    blocks = sum(math.prod(s) for s in got.values() if spec.vocab_size not in s)
+    assert blocks < 40_000_000, blocks
+
+
+def _optional(spec, name: str) -> bool:
+    """A tensor of ``spec``'s checkpoint that vLLM's model does not need: an MTP
+    head's, or a KV-sharing layer's own keys and values."""
+    if spec.mtp is not None and any(
+        name.startswith(f"model.layers.{spec.num_hidden_layers + i}.")
+        for i in range(spec.mtp.num_heads)
+    ):
+        return True
+    own_kv = ("k_proj", "v_proj", "k_norm")
+    return any(
+        name.startswith(spec.tensor_path(role).format(layer=layer))
+        for layer in spec.attention.kv_sharing
+        for role in own_kv
+        if role in used_roles(spec)
+    )
+
+
+def test_py_literal_refuses_what_is_not_plain_data():
+    from onboard.templating import GenerationError, py_literal
+
+    assert py_literal({"num_hidden_layers": 4, "layer_types": ["full_attention"]}) == (
+        '{"num_hidden_layers": 4, "layer_types": ["full_attention"]}'
+    )
+    assert ast.literal_eval(py_literal([1.5, None, True, "silu"])) == [
+        1.5,
+        None,
+        True,
+        "silu",
+    ]
+    for bad in (float("nan"), float("inf"), 'x"); import os; ("', {"a b": 1}, object()):
+        with pytest.raises(GenerationError):
+            py_literal(bad)

@@ -357,7 +357,7 @@ def test_tiny_refuses_a_checkpoint_beyond_its_size_cap(tmp_path):
 
 
 def test_layer_selection_is_quick_on_the_largest_layer_count():
-    from onboard.checkpoint.shrink import select_layers
+    from onboard.spec.shrink import select_layers
 
     text = NO_CHECKPOINT.replace("num_hidden_layers: 32", "num_hidden_layers: 1024")
     text = text.replace("  head_dim: 128", "  head_dim: 128\n  sliding_window: 64\n"

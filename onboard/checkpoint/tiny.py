@@ -1,6 +1,6 @@
 """Tiny random checkpoints in the spec's own tensor-name layout.
 
-``write_tiny_checkpoint`` shrinks the spec (:mod:`onboard.checkpoint.shrink`) and
+``write_tiny_checkpoint`` shrinks the spec (:mod:`onboard.spec.shrink`) and
 writes, atomically: ``spec.yaml``, ``config.json``, ``generation_config.json``,
 safetensors shards split by layer with ``model.safetensors.index.json``, and a
 byte-level BPE tokenizer. Every file is a function of (spec, seed): each tensor
@@ -34,12 +34,12 @@ import numpy as np
 
 from onboard.arch import DenseMLP, Layer, build_plan
 from onboard.checkpoint import safetensors_io
-from onboard.checkpoint.shrink import check_shrinkable, shrink_spec
 from onboard.checkpoint.tokenizer import BOS_ID, EOS_ID, PAD_ID, write_tokenizer
 from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.spec.loader import dump_spec
 from onboard.spec.model import ModelSpec
+from onboard.spec.shrink import check_shrinkable, shrink_spec
 
 WEIGHT_STD = 0.02
 BIAS_STD = 0.02

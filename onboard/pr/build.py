@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from onboard.errors import InputError
 from onboard.pr.edits import Edit, EditError, apply_edits
 from onboard.pr.versions import PINNED_VLLM
+from onboard.spec.shrink import shrink_spec, tiny_config_overrides
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
@@ -229,7 +230,8 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
             "spec": spec,
             "module": module,
             "trust_remote_code": new_model_type,
-            "uses_mla": spec.attention.type == "mla",
+            "tiny_config": tiny_config_overrides(spec),
+            "tiny_layers": shrink_spec(spec).num_hidden_layers,
         },
         f"test_{module}.py",
     )

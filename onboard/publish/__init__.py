@@ -105,7 +105,7 @@ def _load_spec(ckpt_dir: Path):
 def _is_tiny(spec) -> bool:
     """Whether the spec is that of a tiny random checkpoint (`onboard checkpoint
     tiny`): its 512-token vocabulary is far below any real model's."""
-    from onboard.checkpoint.shrink import TINY_VOCAB, TINY_WIDTH
+    from onboard.spec.shrink import TINY_VOCAB, TINY_WIDTH
 
     return (
         spec is not None

@@ -34,6 +34,7 @@ One rule for every spec (documented in docs/checkpoints.md):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
@@ -112,6 +113,27 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
     ]:
         raise AssertionError("shrunk spec does not keep the kept layers' kinds")
     return tiny
+
+
+# A test that shrinks a real model keeps its tokenizer, so the vocabulary stays,
+# and its rope tables, so the context length stays.
+KEPT_BY_TINY_OVERRIDES = ("vocab_size", "max_position_embeddings")
+
+
+def tiny_config_overrides(spec: ModelSpec) -> dict[str, Any]:
+    """The config.json keys whose new values turn ``spec``'s full-size config into
+    the shrunk spec's, vocabulary and context length excepted: what a test sets on
+    the real model's config to get a random model of the same layer kinds."""
+    from onboard.spec.hf import hf_config_from_spec
+
+    full, tiny = hf_config_from_spec(spec), hf_config_from_spec(shrink_spec(spec))
+    if set(full) != set(tiny):  # the rule keeps structure, so the same keys
+        raise AssertionError(f"shrink changes the config keys: {set(full) ^ set(tiny)}")
+    return {
+        key: tiny[key]
+        for key in sorted(full)
+        if tiny[key] != full[key] and key not in KEPT_BY_TINY_OVERRIDES
+    }
 
 
 def _shrink_moe(spec: ModelSpec, moe: dict) -> None:
