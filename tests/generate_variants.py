@@ -102,6 +102,32 @@ mlp:
 checkpoint: {layout: mixtral}
 """,
     ),
+    # Post-norm blocks with LayerNorm (the un-fused residual path), a Mixtral MoE
+    # after a dense first layer, sliding layers, and a renamed post-MLP norm.
+    "var-post-norm": (
+        "VarPostNormForCausalLM",
+        """
+norm: {type: layernorm, eps: 1.0e-05, placement: post}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  layer_types: [sliding_attention, full_attention, sliding_attention,
+                full_attention]
+  sliding_window: 64
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+    router: {scoring: softmax, norm_topk_prob: true}
+checkpoint:
+  layout: mixtral
+  tensor_names:
+    mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
+""",
+    ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).
     "var-renamed": (
         "VarRenamedForCausalLM",

@@ -17,6 +17,7 @@ LOGIT_STD = 8.0
 def _configs() -> dict:
     from transformers import (
         DeepseekV3Config,
+        Exaone4Config,
         LlamaConfig,
         MixtralConfig,
         Qwen3Config,
@@ -57,6 +58,18 @@ def _configs() -> dict:
                 "factor": 4.0,
                 "original_max_position_embeddings": 128,
             },
+            **common,
+        ),
+        # Post-norm blocks; without a sliding window every layer has rope.
+        "exaone4": Exaone4Config(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=None,
+            layer_types=["full_attention"] * 2,
             **common,
         ),
         "qwen3_moe": Qwen3MoeConfig(
@@ -122,7 +135,7 @@ def _configs() -> dict:
     }
 
 
-FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
+FAMILIES = ("llama", "qwen3", "exaone4", "qwen3_moe", "mixtral", "deepseek_v3")
 
 
 def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:

@@ -28,6 +28,7 @@ METADATA: dict[str, str] = {
     # Structural: which tensors exist. A config that disagrees fails at load with
     # missing or unexpected tensors, and spec inference reads the key back.
     "qk_norm": "structural: whether q_norm/k_norm tensors exist",
+    "norm_placement": "structural: which norm tensors a layer has",
     "shared_expert_gate": "structural: whether the shared expert's gate tensor exists",
     "topk_method": "structural: noaux_tc means an e_score_correction_bias tensor",
     "mtp_mlp": "structural: which MLP tensors the MTP blocks have",

@@ -68,6 +68,9 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
         moe_intermediate_size=128, norm_topk_prob=True, mlp_only_layers=[0])),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
         _SMALL, num_local_experts=8, num_experts_per_tok=2)),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", dict(
+        _SMALL, head_dim=64, sliding_window=None,
+        layer_types=["full_attention"] * 4)),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
         _MLA, q_lora_rank=None, topk_method="greedy", routed_scaling_factor=1.0)),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
@@ -87,6 +90,7 @@ VLLM_MODULES = {
     "qwen3": "vllm.model_executor.models.qwen3",
     "qwen3_moe": "vllm.model_executor.models.qwen3_moe",
     "mixtral": "vllm.model_executor.models.mixtral",
+    "exaone4": "vllm.model_executor.models.exaone4",
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",
     "deepseek_v3": "vllm.model_executor.models.deepseek_v2",
 }
@@ -216,7 +220,7 @@ def test_loads_in_vllm_in_tree_and_generates(
 
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
+SWEEP = ("llama", "qwen3", "exaone4", "qwen3_moe", "mixtral", "deepseek_v3")
 
 
 def _run(*args: str, env: dict | None = None, timeout: int = 1800):

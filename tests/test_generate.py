@@ -466,6 +466,7 @@ def test_variant_specs_cover_every_template_switch():
     assert variant("var-qwen-gated").mlp.moe.shared_expert_gate
     assert variant("var-mla-nolora").attention.mla.q_lora_rank is None
     assert variant("var-renamed").checkpoint.tensor_names
+    assert variant("var-post-norm").norm.placement == "post"
 
 
 # ---- the generated plugin on vLLM's CPU engine -------------------------------------
@@ -577,7 +578,8 @@ def _check_report(report: dict, spec) -> None:
 
 # The bundled specs (Llama-style, DeepSeek-V3-style) and novel-launch run in
 # `make test`; these families are the heavier sweep of `make test-all`, except
-# Qwen3-MoE (softmax routing, its own MoE naming), kept in the CI run.
+# Qwen3-MoE (softmax routing, its own MoE naming) and EXAONE-4 (post-norm
+# blocks), kept in the CI run.
 _SWEEP = pytest.mark.acceptance
 
 
@@ -588,6 +590,7 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("llama", marks=_SWEEP),
         pytest.param("qwen3", marks=_SWEEP),
         "qwen3_moe",
+        "exaone4",  # post-norm blocks
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
     ],

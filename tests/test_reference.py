@@ -164,6 +164,29 @@ def test_qwen3_qk_norm_and_yarn_rope(tmp_path):
     assert spec.attention.qk_norm and spec.rope.scaling.type == "yarn"
 
 
+def test_exaone4_post_norms_and_qk_norm(tmp_path):
+    """Post-norm blocks (norm.placement post): x + norm(attn(x)), x + norm(mlp(x))."""
+    from transformers import Exaone4Config, Exaone4ForCausalLM
+
+    torch.manual_seed(0)
+    config = Exaone4Config(
+        **SMALL,
+        num_hidden_layers=2,
+        head_dim=16,
+        sliding_window=None,  # with a window its full layers are NoPE
+        layer_types=["full_attention"] * 2,
+    )
+    model = Exaone4ForCausalLM(config)
+    # Norms start at one, where a misplaced norm can hide: make them matter.
+    randomize(model, ("layernorm.weight", "q_norm.weight", "k_norm.weight"), 1.0)
+    spec = check_against_transformers(tmp_path, model)
+    assert spec.norm.placement == "post" and spec.attention.qk_norm
+    ref = load_reference(tmp_path / "ckpt")
+    layer = ref.model.layers[0]
+    assert not hasattr(layer, "input_layernorm")
+    assert hasattr(layer, "post_feedforward_layernorm")
+
+
 def test_qwen2_qkv_bias_and_mixed_sliding_window(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

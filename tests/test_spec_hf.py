@@ -79,6 +79,9 @@ FAMILIES = {
         **MOE,
     ),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "exaone4": dict(
+        head_dim=16, sliding_window=None, layer_types=["full_attention"] * 4
+    ),
     "deepseek_v2": dict(
         n_routed_experts=8,
         n_shared_experts=2,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -103,13 +103,22 @@ MLP = DenseMLP | MoEMLP
 
 @dataclass(frozen=True)
 class Norms:
+    """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
+    ``post`` their outputs (before each residual add)."""
+
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
+    placement: Literal["pre", "post"]
+
+    @property
+    def roles(self) -> tuple[str, str]:
+        """Its checkpoint roles: (the one around attention, the one around the MLP)."""
+        return LAYER_NORM_ROLES[self.placement]
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One decoder layer: ``norms`` before its mixer and before its MLP."""
+    """One decoder layer: its token mixer, its MLP and the norms around them."""
 
     index: int
     mixer: Mixer
@@ -190,7 +199,7 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(spec.norm.type, spec.norm.eps)
+    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onboard.arch import DenseMLP, Layer, build_plan
+from onboard.arch import DenseMLP, Layer, MoEMLP, build_plan
 from onboard.checkpoint import safetensors_io
 from onboard.checkpoint.tokenizer import BOS_ID, EOS_ID, PAD_ID, write_tokenizer
 from onboard.errors import InputError
@@ -151,7 +151,9 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    norm("input_norm", h)
+    attention_norm, mlp_norm = block.norms.roles
+    if block.norms.placement == "pre":
+        norm(attention_norm, h)
     if att.mla is not None:
         mla = att.mla
         assert mla is not None
@@ -180,7 +182,8 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         if att.qk_norm:
             add("q_norm", (hd,), "ones")
             add("k_norm", (hd,), "ones")
-    norm("post_attention_norm", h)
+    # pre: the MLP's input norm; post: attention's output norm (same place).
+    norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
@@ -188,7 +191,17 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         linear("gate_proj", inter, h)
         linear("up_proj", inter, h)
         linear("down_proj", h, inter)
-        return out
+    else:
+        _moe_tensors(m, h, add, linear)
+    if block.norms.placement == "post":
+        norm(mlp_norm, h)
+    return out
+
+
+def _moe_tensors(
+    m: MoEMLP, h: int, add: Callable[..., None], linear: Callable[..., None]
+) -> None:
+    """The router's and the experts' tensors, made with _block's helpers."""
     add("router", (m.num_experts, h))
     if m.router.bias_correction:
         add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
@@ -203,7 +216,6 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         linear("shared_down_proj", h, shared)
         if m.shared_expert_gate:
             linear("shared_expert_gate", 1, h)
-    return out
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:

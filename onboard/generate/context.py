@@ -19,6 +19,7 @@ from onboard.arch import ArchPlan, build_plan
 from onboard.generate.config_fields import ConfigFields, GenerationError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
+    LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
@@ -32,6 +33,13 @@ from onboard.templating import py_str
 # ``hf_to_vllm_mapper``, which vLLM also applies to a quantization config's
 # module lists.
 CANONICAL = LAYOUT_PRESETS["llama"]
+# A decoder layer's own modules besides its MLP, which an MLP may not be named.
+LAYER_ATTRIBUTES = (
+    "self_attn",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "post_feedforward_layernorm",
+)
 
 ACTIVATIONS = {
     # spec activation -> (dense MLP layer expression, fused-MoE activation name)
@@ -102,7 +110,7 @@ def _vllm_moe_paths(
         return paths
     block, gate = parts
     if (
-        block in ("self_attn", "input_layernorm", "post_attention_layernorm")
+        block in LAYER_ATTRIBUTES
         or (dense_block is not None and block != dense_block)
         or gate == "experts"
     ):
@@ -176,7 +184,7 @@ def _vllm_dense_block(spec: ModelSpec) -> str:
             return "mlp"
         blocks.add(m.group(1))
     block = blocks.pop() if len(blocks) == 1 else "mlp"
-    if block in ("self_attn", "input_layernorm", "post_attention_layernorm"):
+    if block in LAYER_ATTRIBUTES:
         return "mlp"
     return block
 
@@ -353,6 +361,7 @@ def build_context(
     plan.any = plan.moe or plan.sliding or plan.kv_sharing
     layer_idx_needed = sliding == "mixed" or kv_sharing or bool(plan.moe and layer_expr)
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
+    norms = arch.layers[0].norms
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -385,6 +394,10 @@ def build_context(
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
+        "norm_placement": norms.placement,
+        # The decoder layer takes and returns the residual beside the hidden
+        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
+        "fused_residual": norms.kind == "rmsnorm" and norms.placement == "pre",
         "act_layer": act_layer,
         "moe_act": moe_act,
         "has_dense": has_dense,
@@ -574,7 +587,7 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
 def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[str]:
     """The roles whose checkpoint tensors the file's ``load_weights`` maps."""
     att = spec.attention
-    roles = ["embed", "final_norm", "input_norm", "post_attention_norm", "o_proj"]
+    roles = ["embed", "final_norm", *LAYER_NORM_ROLES[spec.norm.placement], "o_proj"]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
     if att.type == "mla":

@@ -116,6 +116,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "kv_sharing": bool(att.kv_sharing),
         "layernorm": spec.norm.type == "layernorm",
+        "post_norm": arch.layers[0].norms.placement == "post",
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,

@@ -46,6 +46,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_act": ("hidden_act", "hidden_activation"),
     "rms_norm_eps": ("rms_norm_eps",),
     "layer_norm_eps": ("layer_norm_eps",),
+    "norm_placement": ("norm_placement",),
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -135,6 +136,8 @@ class Family:
     facts: dict[str, Any] = field(default_factory=dict)
     # Alias keys vLLM's in-tree model reads although transformers' class does not.
     vllm_keys: tuple[str, ...] = ()
+    # Full-attention layers use no rope once a sliding window is set.
+    nope_when_sliding: bool = False
 
 
 # The verified families. A model type transformers knows but that is not here is
@@ -160,6 +163,11 @@ FAMILIES: dict[str, Family] = {
         # when the config says topk_method: noaux_tc (docs/vllm-cpu-notes.md).
         {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
         vllm_keys=("topk_method", "scoring_func"),
+    ),
+    # Post-norm blocks with per-head q/k norms. With a sliding window its
+    # full-attention layers skip rope (NoPE), which no spec says: refused.
+    "exaone4": Family(
+        "llama", {"qk_norm": True, "norm_placement": "post"}, nope_when_sliding=True
     ),
 }
 
@@ -353,6 +361,7 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     spec["norm"] = {
         "type": "rmsnorm" if rms is not None else "layernorm",
         "eps": rms if rms is not None else ln,
+        "placement": r.get("norm_placement", "pre"),
     }
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
@@ -691,6 +700,13 @@ def spec_from_hf_config(
             as_class, class_reader = _read(declared, facts, fixed=True)
             problems += [p for p in class_reader.problems if p not in problems]
             problems += _contradictions(data, as_class, model_type, known)
+        if family is not None and family.nope_when_sliding:
+            if data["attention"].get("sliding_window") is not None:
+                problems.append(
+                    f"sliding_window={data['attention']['sliding_window']!r}: "
+                    f"{model_type}'s full-attention layers then use no rotary "
+                    "embedding (NoPE), which a spec cannot express"
+                )
     except (TypeError, ValueError, AttributeError) as exc:
         # Safety net for value types the checks above do not anticipate.
         raise InputError(
@@ -814,6 +830,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
         "num_attention_heads": att.num_heads,
     }
+    if spec.norm.placement != "pre":
+        c["norm_placement"] = spec.norm.placement
     rope: dict[str, Any] = {
         "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
         "rope_theta": spec.rope.theta,

@@ -19,6 +19,10 @@ _BASE: dict[str, str] = {
     "lm_head": "lm_head",
     "input_norm": f"{_LAYER}.input_layernorm",
     "post_attention_norm": f"{_LAYER}.post_attention_layernorm",
+    # norm.placement post: the norms of attention's and the MLP's outputs. OLMo-2
+    # and EXAONE-4 store the first where Llama keeps its pre-MLP norm.
+    "attention_output_norm": f"{_LAYER}.post_attention_layernorm",
+    "mlp_output_norm": f"{_LAYER}.post_feedforward_layernorm",
     # GQA / MHA attention
     "q_proj": f"{_LAYER}.self_attn.q_proj",
     "k_proj": f"{_LAYER}.self_attn.k_proj",
@@ -74,6 +78,12 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 }
 
 ROLES: tuple[str, ...] = tuple(_BASE)
+
+# The norm roles of a decoder layer, by norm.placement.
+LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {
+    "pre": ("input_norm", "post_attention_norm"),
+    "post": ("attention_output_norm", "mlp_output_norm"),
+}
 
 # The MLP of one routed expert, and of the shared expert, by role.
 ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")

@@ -79,6 +79,13 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
+    placement: Literal["pre", "post"] = Field(
+        "pre",
+        description="Where a decoder layer normalises: `pre` normalises the input "
+        "of attention and of the MLP (Llama); `post` normalises their outputs, "
+        "before each residual add, and the layer input is not normalised "
+        "(OLMo-2, EXAONE-4).",
+    )
 
 
 class RopeScaling(_Section):

@@ -12,6 +12,7 @@ runs it, so a spec that passes has a reference every later stage can write.
 from __future__ import annotations
 
 from onboard.errors import InputError
+from onboard.spec.layouts import LAYER_NORM_ROLES
 from onboard.spec.model import ModelSpec
 
 
@@ -32,6 +33,8 @@ class TensorTreeError(InputError):
 _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "input_norm": (),
     "post_attention_norm": (),
+    "attention_output_norm": (),
+    "mlp_output_norm": (),
     **dict.fromkeys(
         (
             "q_proj",
@@ -105,7 +108,7 @@ NN_MODULE_ATTRIBUTES = frozenset(
 def used_roles(spec: ModelSpec) -> list[str]:
     """The tensor roles a checkpoint of ``spec`` has (in a stable order)."""
     att = spec.attention
-    roles = ["embed", "final_norm", "input_norm", "post_attention_norm"]
+    roles = ["embed", "final_norm", *LAYER_NORM_ROLES[spec.norm.placement]]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
     if att.type == "mla":

@@ -263,6 +263,9 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
         report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
+    if spec.mtp is not None and spec.norm.placement != "pre":
+        # No family has both; an MTP block of post-norm layers is unverified.
+        report(("mtp",), "MTP heads need norm.placement pre")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
