@@ -8,7 +8,7 @@ Transformers modeling backend, on the same engine build and the same weights.
 Per family, one random checkpoint written by transformers' own class
 (``save_pretrained``, float32) at a size where the model code, not the engine's
 per-step overhead, dominates on two cores; then three engines on it, started the
-way `onboard validate` starts them (:class:`onboard.validate.engine.Engine`, so the
+way `onboard validate` starts them (:class:`onboard.runtime.engine.Engine`, so the
 same engine arguments, float32, eager):
 
   generated     the plugin `onboard generate` wrote for ``spec from-hf``'s spec,
@@ -135,8 +135,8 @@ def prompts(n: int, vocab: int, length: int = 32) -> list[list[int]]:
 def engines_for(family: str, ckpt: Path, work: Path):
     """label -> (EngineOptions) for the three implementations."""
     from onboard.pipeline.generate import generate_all
+    from onboard.runtime.engine import EngineOptions, read_plugin
     from onboard.spec.hf import spec_from_hf_config_file
-    from onboard.validate.engine import EngineOptions, read_plugin
 
     spec = spec_from_hf_config_file(
         ckpt / "config.json", name=f"bench-{family.replace('_', '-')}"
@@ -158,7 +158,7 @@ def engines_for(family: str, ckpt: Path, work: Path):
 
 def _start(options, work: Path, name: str, batch, sampling):
     """One engine, started and warmed up; None (with the error) if it failed."""
-    from onboard.validate.engine import Engine, EngineDied, EngineLoadError
+    from onboard.runtime.engine import Engine, EngineDied, EngineLoadError
 
     engine = Engine(options, work / name, work / "logs" / f"{name}.log")
     t0 = time.perf_counter()

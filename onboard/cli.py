@@ -280,10 +280,10 @@ def speculators_tune(
     """Measure acceptance and draft cost, predict and measure the speed-up of draft
     lengths 1-4 per method and batch band, pick the best (or decline)."""
     from onboard.fsutil import INDEX_FILE, read_weight_map
+    from onboard.runtime.engine import read_plugin
     from onboard.spec import load_spec
     from onboard.spec.model import SPEC_METHODS
     from onboard.speculators.tune import tune
-    from onboard.validate.engine import read_plugin
 
     loaded = load_spec(spec)
     names = (

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.runtime.prompts import PROMPTS
+from onboard.runtime.reference import load_reference, tokenize_prompts
 from onboard.spec import load_spec
 from onboard.speculators import eagle3
 from onboard.speculators.heads import aux_layer_ids, head_config
 from onboard.speculators.mtp_train import greedy_sequences
-from onboard.validate.prompts import PROMPTS
-from onboard.validate.reference import load_reference, tokenize_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 3

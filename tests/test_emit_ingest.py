@@ -211,9 +211,9 @@ class RoundTrip:
 
 def _round_trip(root: Path, speculative: bool) -> RoundTrip:
     from onboard.pipeline.generate import generate_all
+    from onboard.runtime.engine import EngineOptions, read_plugin
     from onboard.spec import load_spec
     from onboard.validate.emit import emit
-    from onboard.validate.engine import EngineOptions, read_plugin
     from onboard.validate.serve import Server
 
     ckpt = write_llama(root / "ckpt")

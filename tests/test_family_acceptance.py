@@ -261,7 +261,7 @@ def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
     _pip_install_target(tmp_path / "gen" / "plugin", site, tmp_path)
     probe = (
         "import json, pathlib\n"
-        "from onboard.validate.engine import Engine, EngineOptions, installed_plugin\n"
+        "from onboard.runtime.engine import Engine, EngineOptions, installed_plugin\n"
         "p = installed_plugin('onboard-plugin-dense-gqa')\n"
         "e = Engine(EngineOptions(model_dir=pathlib.Path('.'), plugin=p),"
         " pathlib.Path('w'), pathlib.Path('w.log'))\n"
@@ -279,7 +279,7 @@ def test_installed_plugin_is_what_the_engine_is_given(tmp_path: Path):
     assert path.split(os.pathsep) == [str(ROOT), *_with_site(site).split(os.pathsep)]
     missing = _run(
         sys.executable, "-c",
-        "from onboard.validate.engine import installed_plugin\n"
+        "from onboard.runtime.engine import installed_plugin\n"
         "installed_plugin('onboard-plugin-dense-gqa')",
     )  # fmt: skip
     assert missing.returncode == 1 and "is not installed" in missing.stderr

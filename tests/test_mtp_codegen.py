@@ -24,6 +24,7 @@ from generate_variants import ALL, any_spec, bundled
 
 from onboard.generate import generate_files, model_class_path
 from onboard.pipeline.generate import generate_all
+from onboard.runtime.compare import GreedyOutput, compare_greedy
 from onboard.spec.mtp import (
     GENERIC_MTP_MODEL_TYPE,
     TUPLE_ARCHITECTURES,
@@ -34,7 +35,6 @@ from onboard.spec.mtp import (
     mtp_draft,
     speculative_config,
 )
-from onboard.validate.compare import GreedyOutput, compare_greedy
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -43,17 +43,17 @@ def corrupt(src: Path, dst: Path, name: str, value) -> Path:
 def checks(tmp_path_factory) -> dict:
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.pipeline.generate import generate_all
-    from onboard.spec import load_spec
-    from onboard.speculators.mtp_train import head_trainer
-    from onboard.validate import check_spec_decode
-    from onboard.validate.engine import EngineOptions, read_plugin
-    from onboard.validate.harness import MAX_MODEL_LEN, RunContext, run_accuracy
-    from onboard.validate.prompts import PROMPTS
-    from onboard.validate.reference import (
+    from onboard.runtime.engine import EngineOptions, read_plugin
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import (
         load_reference,
         run_reference,
         tokenize_prompts,
     )
+    from onboard.spec import load_spec
+    from onboard.speculators.mtp_train import head_trainer
+    from onboard.validate import check_spec_decode
+    from onboard.validate.harness import MAX_MODEL_LEN, RunContext, run_accuracy
 
     root = tmp_path_factory.mktemp("mtp-corruption")
     spec = load_spec(SPEC)

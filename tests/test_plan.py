@@ -523,7 +523,7 @@ def engine_and_plan(request):
     the plan's context, concurrency, batch size and VLLM_CPU_KVCACHE_SPACE."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.plan.serve import vllm_knows
-    from onboard.validate.engine import Engine, EngineOptions, read_plugin
+    from onboard.runtime.engine import Engine, EngineOptions, read_plugin
 
     name = request.param
     # Its own directory: pytest prunes old base temp dirs when other sessions of

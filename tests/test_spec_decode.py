@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onboard.spec import load_spec
-from onboard.speculators.heads import head_config
-from onboard.validate.check_spec_decode import _delta, entry_for, find_draft, judge
-from onboard.validate.cpu_draft import (
+from onboard.runtime.cpu_draft import (
     MAX_KV_WIDTH,
     cpu_features,
     cpu_kv_heads,
@@ -20,6 +17,10 @@ from onboard.validate.cpu_draft import (
     lacking_note,
     needs_full_window,
 )
+from onboard.spec import load_spec
+from onboard.speculators.heads import head_config
+from onboard.speculators.methods import entry_for, find_draft
+from onboard.validate.check_spec_decode import _delta, judge
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -76,7 +76,7 @@ def test_drafter_class_is_read_from_the_engine(result):
     eagle = _check(result, "eagle3").metrics
     assert eagle["drafter"]["draft_model_class"].endswith("Eagle3LlamaForCausalLM")
     # The main engine's float32 and CPU_MLA beside the MLA verifier, the head
-    # in its own KV-cache group (onboard.validate.cpu_draft): any x86-64 CPU.
+    # in its own KV-cache group (onboard.runtime.cpu_draft): any x86-64 CPU.
     assert eagle["dtype"] == "float32"
     backends = {(g["backend"], g["draft"]) for g in eagle["attention_groups"]}
     assert backends == {("CPU_MLA", False), ("CPU_ATTN", True)}

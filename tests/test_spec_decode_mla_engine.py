@@ -7,7 +7,7 @@ beside an MLA verifier before; without AMX the engine refused the pair ("No
 common block size for 16"). The check now runs the verifier on the reference MLA
 backend even where AMX exists (the main engine pins ``CPU_MLA``, vLLM's own
 switch away from AMX MLA) and serves the head with a full-context sliding window
-(onboard.validate.cpu_draft). The test reads the attention groups the engine
+(onboard.runtime.cpu_draft). The test reads the attention groups the engine
 built, so on an AMX host it shows the same no-AMX configuration it shows here.
 
 Two engine starts (main, with speculation) on a DeepSeek-V3 checkpoint written by
@@ -26,11 +26,11 @@ import torch
 from safetensors.torch import load_file
 from validate_fixtures import DEEPSEEK_V3_SPEC, write_deepseek_v3, write_spec
 
+from onboard.runtime.cpu_draft import cpu_kv_heads
 from onboard.spec import load_spec
 from onboard.speculators.eagle3 import make_head_class, save_head
 from onboard.speculators.heads import aux_layer_ids, head_config
 from onboard.validate import validate
-from onboard.validate.cpu_draft import cpu_kv_heads
 
 pytestmark = pytest.mark.engine
 

@@ -274,8 +274,8 @@ def test_a_measured_engine_is_read_back_not_restarted(tmp_path):
     import dataclasses
     import json
 
+    from onboard.runtime.engine import EngineOptions
     from onboard.speculators.tune import FORMAT, measure_engine
-    from onboard.validate.engine import EngineOptions
 
     extra = {"speculative_config": {"method": "ngram"}}
     options = EngineOptions(model_dir=tmp_path / "none", plugin=None, extra=extra)

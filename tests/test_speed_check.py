@@ -117,8 +117,8 @@ def test_tokens_in_bursts_are_flagged_not_reported():
 
 def _context(root: Path, spec_text: str, quantized: dict | None = None):
     from onboard.pipeline.generate import generate_all
+    from onboard.runtime.engine import EngineOptions, read_plugin
     from onboard.spec import parse_spec_text
-    from onboard.validate.engine import EngineOptions, read_plugin
     from onboard.validate.harness import RunContext
 
     ckpt = write_llama(root / "ckpt")

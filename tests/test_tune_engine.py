@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.runtime.engine import Engine, EngineOptions
+from onboard.runtime.prompts import PROMPTS
+from onboard.runtime.reference import tokenize_prompts
 from onboard.spec import load_spec
-from onboard.speculators.methods import speculative_config
+from onboard.speculators.methods import entry_for, speculative_config
 from onboard.speculators.simulate import ngram_counters, ngram_window
 from onboard.speculators.tune import (
     GREEDY_TOKENS,
@@ -31,10 +34,6 @@ from onboard.speculators.tune import (
     measure,
     probe_prompts,
 )
-from onboard.validate.check_spec_decode import entry_for
-from onboard.validate.engine import Engine, EngineOptions
-from onboard.validate.prompts import PROMPTS
-from onboard.validate.reference import tokenize_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 2

@@ -147,8 +147,8 @@ def test_prediction_from_simulated_counters():
 
 def test_probe_prompts_are_as_long_as_and_not_the_timed_ones(tmp_path):
     from onboard.checkpoint.tokenizer import write_tokenizer
-    from onboard.validate.prompts import PROMPTS
-    from onboard.validate.reference import tokenize_prompts
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
 
     write_tokenizer(tmp_path, 2048, 256)
     timed, _ = tokenize_prompts(tmp_path, PROMPTS, 2048)

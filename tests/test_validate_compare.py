@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from onboard.errors import InputError
-from onboard.validate.compare import (
+from onboard.runtime.compare import (
     PROMPT_LOGPROB_ATOL,
     GreedyOutput,
     compare_greedy,
@@ -27,8 +27,8 @@ from onboard.validate.compare import (
     margins,
     top_k,
 )
+from onboard.runtime.reference import run_reference
 from onboard.validate.harness import parse_checks
-from onboard.validate.reference import run_reference
 from onboard.validate.report import render_report
 from onboard.validate.results import Check, ValidationResult
 

@@ -30,9 +30,9 @@ from validate_fixtures import (
     write_spec,
 )
 
-from onboard.validate.compare import PROMPT_LOGPROB_ATOL
-from onboard.validate.engine import Engine, EngineOptions, plugin_site, read_plugin
-from onboard.validate.engine_worker import root_cause
+from onboard.runtime.compare import PROMPT_LOGPROB_ATOL
+from onboard.runtime.engine import Engine, EngineOptions, plugin_site, read_plugin
+from onboard.runtime.engine_worker import root_cause
 
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
 ENGINE_RUN_TIMEOUT = 1800

@@ -23,7 +23,7 @@ def write_tokenizer(out_dir: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from onboard.validate.prompts import PROMPTS
+    from onboard.runtime.prompts import PROMPTS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

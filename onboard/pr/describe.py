@@ -9,9 +9,9 @@ from typing import Any
 from onboard.errors import InputError
 from onboard.pr.build import PrPlan
 from onboard.pr.versions import PINNED_VLLM
+from onboard.runtime.compare import TOP_K
 from onboard.spec.model import ModelSpec
 from onboard.templating import render_template
-from onboard.validate.compare import TOP_K
 
 # The numbers PR.md quotes per check kind (metric names of docs/validation.md).
 _METRICS = {

@@ -1,7 +1,7 @@
 """Run a checkpoint with a speculative config on the real vLLM engine and read the
 acceptance from vLLM's own counters.
 
-The engine is :class:`onboard.validate.engine.Engine` (the validate stage's worker
+The engine is :class:`onboard.runtime.engine.Engine` (the validate stage's worker
 process and plugin environment); this module only adds the speculative config and
 turns ``llm.get_metrics()``'s spec-decode counters into rates.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from onboard.validate.compare import TOP_K
-from onboard.validate.engine import Engine, EngineOptions, Plugin
+from onboard.runtime.compare import TOP_K
+from onboard.runtime.engine import Engine, EngineOptions, Plugin
 
 PREFIX = "vllm:spec_decode_"
 

@@ -22,7 +22,7 @@ train`` does), and the head kept is the one with the best first-position
 acceptance *as a speculative decoder drafts* (:func:`decoded_acceptance`) on
 validation prompts held aside from training.
 
-The accuracy check's prompts (``onboard.validate.prompts``) are never used here:
+The accuracy check's prompts (``onboard.runtime.prompts``) are never used here:
 they are the held-out set on which acceptance is measured.
 """
 
@@ -540,8 +540,8 @@ def train_eagle3_head(
     import torch
     from transformers import AutoTokenizer
 
-    from onboard.validate.cpu_draft import cpu_kv_heads
-    from onboard.validate.reference import load_reference
+    from onboard.runtime.cpu_draft import cpu_kv_heads
+    from onboard.runtime.reference import load_reference
 
     torch.manual_seed(seed)
     model_dir = Path(model_dir)

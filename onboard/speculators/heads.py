@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.runtime.cpu_draft import HEAD_DIM
 from onboard.spec.model import ModelSpec
 
 HEAD_METHODS = ("eagle3", "dflash", "dspark")
@@ -20,8 +21,6 @@ HEAD_METHODS = ("eagle3", "dflash", "dspark")
 NUM_LAYERS = {"eagle3": 1, "dflash": 5, "dspark": 5}
 # EAGLE-3's reduced draft vocabulary (the published EAGLE-3 heads use 32k).
 DRAFT_VOCAB = 32000
-# The draft's attention heads are this wide when the verifier has none to copy (MLA).
-HEAD_DIM = 128
 
 
 def aux_layer_ids(num_layers: int) -> list[int]:

@@ -80,6 +80,52 @@ def refusals(spec: ModelSpec, source: str = "spec") -> list[str]:
     return problems
 
 
+def entry_for(spec: ModelSpec, method: str) -> Speculator:
+    """The spec's entry for ``method`` (k=3 and no draft when it lists none)."""
+    for entry in spec.speculators:
+        if entry.method == method:
+            return entry
+    return Speculator(method=method)
+
+
+def find_draft(spec: ModelSpec, entry: Speculator, speculators_dir: Path | None):
+    """(draft directory or Hub id, None) or (None, why there is none) for methods
+    that need a draft checkpoint. A trained head is searched in the speculators
+    stage output (DIR/speculators/tiny/<method>, DIR/speculators/<method>) and
+    must fit this verifier (the refusal rules of `onboard speculators`)."""
+    if entry.model is not None:
+        return entry.model, None
+    if entry.method not in HEAD_METHODS:
+        return None, f"{entry.method} needs a draft checkpoint (`model:` in the spec)"
+    if speculators_dir is None:
+        return None, (
+            f"no trained {entry.method} draft: no speculators directory was given "
+            "(`onboard new-model` passes DIR/speculators, written by its "
+            "speculators stage)"
+        )
+    tried = []
+    for head in (
+        Path(speculators_dir) / "tiny" / entry.method,
+        Path(speculators_dir) / entry.method,
+    ):
+        tried.append(str(head))
+        if not any(head.glob("*.safetensors")):
+            continue
+        candidate = Speculator(
+            method=entry.method,
+            num_speculative_tokens=entry.num_speculative_tokens,
+            model=str(head),
+        )
+        probe = spec.model_copy(update={"speculators": [candidate]})
+        if not refusals(probe):
+            return str(head), None
+    return None, (
+        f"no trained {entry.method} draft that fits this verifier in "
+        f"{' or '.join(tried)} (a config without weights cannot be served; the "
+        "speculators stage trains one for the tiny checkpoint)"
+    )
+
+
 def _mtp_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
     if spec.mtp is None:
         return [

@@ -106,7 +106,7 @@ class MTPTrainingReport:
     # (engine_schedule): what the spec-decode check's engine figure compares with.
     before_as_vllm_runs: HeadAcceptance
     after_as_vllm_runs: HeadAcceptance
-    heldout: str = "the accuracy check's prompts (onboard.validate.prompts)"
+    heldout: str = "the accuracy check's prompts (onboard.runtime.prompts)"
     losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -391,8 +391,8 @@ def engine_schedule(spec: ModelSpec) -> list[int]:
 
 def heldout_prompts(checkpoint_dir: Path, spec: ModelSpec) -> list[list[int]]:
     """The accuracy check's prompts as the validate harness tokenizes them."""
-    from onboard.validate.prompts import PROMPTS
-    from onboard.validate.reference import tokenize_prompts
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
 
     ids, _ = tokenize_prompts(Path(checkpoint_dir), PROMPTS, spec.vocab_size)
     return ids

@@ -8,7 +8,7 @@ acceptance counters and whether the greedy outputs agree (lossless).
 
 Every engine runs float32; beside an MLA verifier (CPU_MLA) the head is served
 with a full-context sliding window, so that it gets a KV-cache group of its own
-(:mod:`onboard.validate.cpu_draft`: the CPU MLA and attention backends share no
+(:mod:`onboard.runtime.cpu_draft`: the CPU MLA and attention backends share no
 block size). That runs on any x86-64 CPU.
 """
 
@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from onboard.runtime.compare import GreedyOutput, compare_greedy
+from onboard.runtime.cpu_draft import full_window_draft, needs_full_window
+from onboard.runtime.engine import Plugin
 from onboard.spec.model import ModelSpec
 from onboard.speculators.acceptance import run_with_speculation
-from onboard.validate.compare import GreedyOutput, compare_greedy
-from onboard.validate.cpu_draft import full_window_draft, needs_full_window
-from onboard.validate.engine import Plugin
 
 NUM_SPECULATIVE_TOKENS = 3
 
@@ -72,10 +72,10 @@ def evaluate_tiny_eagle3(
     """Train, serve and measure; returns (and writes to WORK/report.json) the
     acceptance of the trained and untrained heads and the lossless comparison."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
     from onboard.spec import load_spec
     from onboard.speculators.eagle3 import train_eagle3_head
-    from onboard.validate.prompts import PROMPTS
-    from onboard.validate.reference import tokenize_prompts
 
     work_dir = Path(work_dir)
     model_dir = write_tiny_checkpoint(spec, work_dir / "tiny", seed=seed)

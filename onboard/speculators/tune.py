@@ -76,11 +76,11 @@ from pathlib import Path
 from typing import Any
 
 from onboard.fsutil import atomic_write_text
+from onboard.runtime.engine import Engine, EngineOptions, Plugin
 from onboard.spec.model import ModelSpec, Speculator
 from onboard.speculators.acceptance import PREFIX
 from onboard.speculators.simulate import Counters
 from onboard.threads import one_thread
-from onboard.validate.engine import Engine, EngineOptions, Plugin
 
 K_VALUES = (1, 2, 3, 4)
 NEW_TOKENS = 32
@@ -384,7 +384,7 @@ def probe_prompts(
 ) -> list[list[int]]:
     """The step-cost probe's own prompts: one per timed prompt, as many tokens
     long, cut from the bundled calibration text (onboard.quantize.calibration_text,
-    which contains none of onboard.validate.prompts), so that the probe runs the
+    which contains none of onboard.runtime.prompts), so that the probe runs the
     same shape of work as the timed rounds without timing their prompts (a
     prediction from the very runs it is compared with would be circular). A
     checkpoint without a tokenizer gets other seeded random ids."""
@@ -706,11 +706,10 @@ def tune(
 ) -> dict[str, Any]:
     """Tune every method; write OUT/tune.json and OUT/tune.md; return the report."""
     from onboard.errors import InputError
-    from onboard.speculators.methods import speculative_config
-    from onboard.validate.check_spec_decode import entry_for, find_draft
-    from onboard.validate.cpu_draft import full_window_draft, needs_full_window
-    from onboard.validate.prompts import PROMPTS
-    from onboard.validate.reference import tokenize_prompts
+    from onboard.runtime.cpu_draft import full_window_draft, needs_full_window
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+    from onboard.speculators.methods import entry_for, find_draft, speculative_config
 
     model_dir = Path(model_dir).resolve()
     out_dir = Path(out_dir)

@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from onboard.errors import InputError
-from onboard.validate.cpu_draft import cpu_features, lacking_note
-from onboard.validate.engine import EngineLoadError
-from onboard.validate.reference import ReferenceUnavailable
+from onboard.runtime.cpu_draft import cpu_features, lacking_note
+from onboard.runtime.engine import EngineLoadError
+from onboard.runtime.reference import ReferenceUnavailable
 from onboard.validate.results import Check
 
 
@@ -252,7 +252,7 @@ def dequantized_reference_rows(ctx, scheme: str, qdir: Path):
     """The reference model on the checkpoint's dequantized weights."""
     import torch
 
-    from onboard.validate.reference import load_reference
+    from onboard.runtime.reference import load_reference
 
     work = ctx.work_dir / f"quant-{scheme}"
     shutil.rmtree(work, ignore_errors=True)

@@ -20,7 +20,7 @@ draft models with several layers (MTP heads) how often each layer ran.
 The baseline is the run's main engine (same settings, no speculation). An
 EAGLE-3 head beside an MLA verifier runs with its attention declared a sliding
 window of its whole context, so that vLLM gives it a KV-cache group of its own
-(:mod:`onboard.validate.cpu_draft`: the CPU MLA and attention backends take no
+(:mod:`onboard.runtime.cpu_draft`: the CPU MLA and attention backends take no
 common block size); that runs on any x86-64 CPU, AMX or not.
 
 Methods: ngram, mtp and eagle3 run on the pinned vLLM CPU build (measured); a
@@ -35,13 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onboard.spec.model import ModelSpec, Speculator
-from onboard.speculators.acceptance import PREFIX, acceptance
-from onboard.speculators.heads import HEAD_METHODS
-from onboard.speculators.methods import DRAFT_METHODS, refusals, speculative_config
-from onboard.speculators.tiny_draft import lossless
-from onboard.validate.compare import TOP_K
-from onboard.validate.cpu_draft import (
+from onboard.runtime.compare import TOP_K
+from onboard.runtime.cpu_draft import (
     block_clash,
     cpu_features,
     describe,
@@ -49,7 +44,17 @@ from onboard.validate.cpu_draft import (
     lacking_note,
     needs_full_window,
 )
-from onboard.validate.engine import EngineLoadError
+from onboard.runtime.engine import EngineLoadError
+from onboard.spec.model import ModelSpec
+from onboard.speculators.acceptance import PREFIX, acceptance
+from onboard.speculators.methods import (
+    DRAFT_METHODS,
+    entry_for,
+    find_draft,
+    refusals,
+    speculative_config,
+)
+from onboard.speculators.tiny_draft import lossless
 from onboard.validate.results import Check
 
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
@@ -58,52 +63,6 @@ from onboard.validate.results import Check
 CPU_METHODS = ("ngram", "mtp", "eagle3")
 PROBES = "onboard.speculators.probes"
 WARMUP_TOKENS = 4
-
-
-def entry_for(spec: ModelSpec, method: str) -> Speculator:
-    """The spec's entry for ``method`` (k=3 and no draft when it lists none)."""
-    for entry in spec.speculators:
-        if entry.method == method:
-            return entry
-    return Speculator(method=method)
-
-
-def find_draft(spec: ModelSpec, entry: Speculator, speculators_dir: Path | None):
-    """(draft directory or Hub id, None) or (None, why there is none) for methods
-    that need a draft checkpoint. A trained head is searched in the speculators
-    stage output (DIR/speculators/tiny/<method>, DIR/speculators/<method>) and
-    must fit this verifier (the refusal rules of `onboard speculators`)."""
-    if entry.model is not None:
-        return entry.model, None
-    if entry.method not in HEAD_METHODS:
-        return None, f"{entry.method} needs a draft checkpoint (`model:` in the spec)"
-    if speculators_dir is None:
-        return None, (
-            f"no trained {entry.method} draft: no speculators directory was given "
-            "(`onboard new-model` passes DIR/speculators, written by its "
-            "speculators stage)"
-        )
-    tried = []
-    for head in (
-        Path(speculators_dir) / "tiny" / entry.method,
-        Path(speculators_dir) / entry.method,
-    ):
-        tried.append(str(head))
-        if not any(head.glob("*.safetensors")):
-            continue
-        candidate = Speculator(
-            method=entry.method,
-            num_speculative_tokens=entry.num_speculative_tokens,
-            model=str(head),
-        )
-        probe = spec.model_copy(update={"speculators": [candidate]})
-        if not refusals(probe):
-            return str(head), None
-    return None, (
-        f"no trained {entry.method} draft that fits this verifier in "
-        f"{' or '.join(tried)} (a config without weights cannot be served; the "
-        "speculators stage trains one for the tiny checkpoint)"
-    )
 
 
 def _counters(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +149,7 @@ def run(ctx, name: str) -> Check:
             metrics["target_model_class"] = engine.info["model_class"]
             metrics["drafter"] = engine.rpc(f"{PROBES}:drafter_info")
             metrics["attention_groups"] = engine.rpc(
-                "onboard.validate.engine_probes:attention_groups"
+                "onboard.runtime.engine_probes:attention_groups"
             )
             counted = engine.rpc(f"{PROBES}:count_draft_layer_calls")
             outputs, spec_s, counters = timed_generate(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onboard.validate.engine import EngineOptions
+from onboard.runtime.engine import EngineOptions
 from onboard.validate.results import Check
 from onboard.validate.serve import Server, parse_prometheus, spec_decode_counters
 
@@ -327,7 +327,7 @@ def _without_num_prompts(args: list[str]) -> list[str]:
 
 
 def run(ctx, name: str, concurrency: tuple[int, ...] = CONCURRENCY) -> Check:
-    from onboard.validate.reference import TOKENIZER_FILES
+    from onboard.runtime.reference import TOKENIZER_FILES
 
     if ctx.engine_failure is not None:
         return Check.not_run(name, "the engine did not load the model (accuracy)")

@@ -3,7 +3,7 @@ the unsplit one.
 
 A second engine with ``tensor_parallel_size=2`` runs the run's prompts greedily
 with logprobs; its continuations are judged against the main (TP=1) engine's by the
-accuracy check's rule (:func:`onboard.validate.compare.compare_greedy`: a differing
+accuracy check's rule (:func:`onboard.runtime.compare.compare_greedy`: a differing
 token must sit in the other side's top-k, after which that sequence stops), and
 the logprobs of the tokens both sides report are compared. Where the checkpoint's
 head counts or widths do not split over two ranks (the rules vLLM's layers apply,
@@ -23,19 +23,19 @@ import time
 from typing import Any
 
 from onboard.generate.config_fields import ALIASES
+from onboard.runtime.compare import (
+    PROMPT_LOGPROB_ATOL,
+    TOP_K,
+    GreedyOutput,
+    compare_greedy,
+)
+from onboard.runtime.engine import EngineLoadError
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import (
     TPDims,
     allowed_tensor_parallel_sizes,
     tensor_parallel_problems,
 )
-from onboard.validate.compare import (
-    PROMPT_LOGPROB_ATOL,
-    TOP_K,
-    GreedyOutput,
-    compare_greedy,
-)
-from onboard.validate.engine import EngineLoadError
 from onboard.validate.results import Check
 
 TP_SIZE = 2

@@ -28,7 +28,7 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
-from onboard.validate.compare import TOP_K
+from onboard.runtime.compare import TOP_K
 
 FILES = Path(__file__).with_name("emit_files")
 GPU_CONCURRENCY = (1, 4, 16, 64)
@@ -131,9 +131,9 @@ def emit(
     """Write the run for ``target`` into ``out_dir``; return the manifest."""
     from onboard.generate import write_model_code
     from onboard.reference import auto_map
+    from onboard.runtime.prompts import PROMPTS
     from onboard.spec import load_spec
     from onboard.targets import get_target
-    from onboard.validate.prompts import PROMPTS
 
     spec = load_spec(spec_path)
     profile = get_target(target)
@@ -158,7 +158,7 @@ def emit(
         gen = Path(generated) if generated else Path(tmp) / "generated"
         if generated is None:
             write_model_code(spec, gen)
-        from onboard.validate.engine import read_plugin
+        from onboard.runtime.engine import read_plugin
 
         plugin = read_plugin(gen / "plugin")
         has_hf = (gen / "hf").is_dir() and any((gen / "hf").glob("*.py"))

@@ -23,9 +23,8 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
-from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
-from onboard.validate.compare import TOP_K, GreedyOutput, judge_accuracy
-from onboard.validate.engine import (
+from onboard.runtime.compare import TOP_K, GreedyOutput, judge_accuracy
+from onboard.runtime.engine import (
     Engine,
     EngineDied,
     EngineLoadError,
@@ -33,14 +32,15 @@ from onboard.validate.engine import (
     Plugin,
     read_plugin,
 )
-from onboard.validate.prompts import PROMPTS
-from onboard.validate.reference import (
+from onboard.runtime.prompts import PROMPTS
+from onboard.runtime.reference import (
     Reference,
     ReferenceUnavailable,
     load_reference,
     run_reference,
     tokenize_prompts,
 )
+from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
 from onboard.validate.results import Check, ValidationResult
 
 MAX_NEW_TOKENS = 32
@@ -382,8 +382,8 @@ def validate(
         work_dir = Path(tmp)
         plugin, hf_dir = _model_code(spec, generated, vllm_in_tree, work_dir, log)
         if installed_plugin and not vllm_in_tree:
+            from onboard.runtime.engine import installed_plugin as find_installed
             from onboard.spec.naming import dist_name
-            from onboard.validate.engine import installed_plugin as find_installed
 
             plugin = find_installed(dist_name(spec))
             log(f"loading the installed plugin {plugin.dist_name} ({plugin.root})")

@@ -9,7 +9,7 @@ target),
 - ``accuracy`` — vLLM's prompt logprobs and greedy continuations
   (results/vllm_accuracy.json) against the Hugging Face reference computed on the
   same machine (results/reference_accuracy.json), judged by
-  :func:`onboard.validate.compare.judge_accuracy` with the thresholds' bounds;
+  :func:`onboard.runtime.compare.judge_accuracy` with the thresholds' bounds;
 - ``lm-eval:<task>`` — lm-eval's results JSON (results/lm_eval/**/results_*.json);
 - ``speed`` — `vllm bench serve --save-result` files (results/bench/baseline/),
   with the engine's own timings per level from the /metrics run.sh saved around
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from onboard.errors import InputError
+from onboard.runtime.compare import GreedyOutput, judge_accuracy
 from onboard.validate.check_speed import (
     bench_summary,
     engine_timings,
@@ -44,7 +45,6 @@ from onboard.validate.check_speed import (
     histogram_totals,
     sweep_problems,
 )
-from onboard.validate.compare import GreedyOutput, judge_accuracy
 from onboard.validate.results import Check, ValidationResult
 from onboard.validate.serve import spec_decode_counters
 

@@ -2,7 +2,7 @@
 check and the GPU-target round trip read from it.
 
 The server gets exactly the environment of the validate engine's worker
-(:meth:`onboard.validate.engine.Engine.environment`: ``PYTHONPATH`` with the plugin
+(:meth:`onboard.runtime.engine.Engine.environment`: ``PYTHONPATH`` with the plugin
 and its synthesized ``.dist-info``, ``VLLM_PLUGINS``), so `vllm serve` loads the
 generated model class with nothing installed. The engine arguments are the same
 :class:`EngineOptions` as the validate engine's, turned into `vllm serve` flags.
@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from onboard.validate.engine import Engine, EngineOptions, log_tail
+from onboard.runtime.engine import Engine, EngineOptions, log_tail
 
 START_TIMEOUT_S = 900.0
 # Engine keyword arguments that have no meaning for a server: a server detokenizes

@@ -1,6 +1,6 @@
 """Drive the real vLLM engine in a worker subprocess.
 
-The engine runs in :mod:`onboard.validate.engine_worker` (one ``vllm.LLM`` per run,
+The engine runs in :mod:`onboard.runtime.engine_worker` (one ``vllm.LLM`` per run,
 shared by every check), so that vLLM's imports, threads and child processes never
 touch this process, and so that the generated plugin can be made visible to vLLM
 with nothing installed: the worker's ``PYTHONPATH`` carries the plugin's package
@@ -231,7 +231,7 @@ class Engine:
                 [
                     sys.executable,
                     "-m",
-                    "onboard.validate.engine_worker",
+                    "onboard.runtime.engine_worker",
                     str(config_path),
                     str(write_fd),
                 ],

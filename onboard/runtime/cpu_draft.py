@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from onboard.spec.model import ModelSpec
-from onboard.speculators.heads import HEAD_DIM
 
 SLIDING = "sliding_attention"
+# The draft's attention heads are this wide when the verifier has none to copy (MLA)
+# (onboard.speculators.heads); one KV head of it fits MAX_KV_WIDTH below.
+HEAD_DIM = 128
 # The widest head (KV heads x head_dim) whose 32-token page fits a 16-token MLA
 # page of kv_lora_rank + qk_rope_head_dim = 576 values: 32 * 2 * w <= 16 * 576.
 MAX_KV_WIDTH = 144

@@ -1,7 +1,7 @@
 """The vLLM engine, in its own process, answering JSON requests.
 
-Run by :mod:`onboard.validate.engine` as
-``python -m onboard.validate.engine_worker CONFIG_JSON RESULT_FD``. It builds ONE
+Run by :mod:`onboard.runtime.engine` as
+``python -m onboard.runtime.engine_worker CONFIG_JSON RESULT_FD``. It builds ONE
 ``vllm.LLM`` for the whole validation run (vLLM then spawns its engine-core and
 worker processes beneath it), reports what the engine instantiated, and serves
 requests read from stdin, one JSON object per line, writing one JSON line per reply
@@ -17,7 +17,7 @@ Requests (parent -> worker), each answered {"ok": true, ...} or {"ok": false, "e
   {"op": "shutdown"}
 
 What runs inside vLLM's own processes (through ``LLM.apply_model`` and
-``collective_rpc``) lives in :mod:`onboard.validate.engine_probes`: this module runs
+``collective_rpc``) lives in :mod:`onboard.runtime.engine_probes`: this module runs
 as ``__main__``, whose functions would not unpickle there.
 """
 
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from onboard.validate.engine_probes import (
+from onboard.runtime.engine_probes import (
     diagnose_weights,
     kv_cache_info,
     model_class_name,

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from onboard.reference.overlay import ReferenceUnavailable, overlay_with_remote_code
+from onboard.runtime.compare import TOP_K, GreedyOutput
 from onboard.spec.model import ModelSpec
-from onboard.validate.compare import TOP_K, GreedyOutput
 
 TOKENIZER_FILES = (
     "tokenizer.json",
