@@ -356,6 +356,7 @@ def test_dcp_rule():
     """DCP shards the copies TP makes of the KV cache: none with GQA while TP <=
     num_kv_heads; refused with sliding windows (vLLM asserts); long or
     non-fitting contexts otherwise."""
+    from onboard.arch import build_plan
     from onboard.plan import dcp_decision
     from onboard.plan.layout import Layout
     from onboard.targets import get_target
@@ -363,23 +364,25 @@ def test_dcp_rule():
     b200 = get_target("b200")
     novel = load_spec(SPECS / "novel-launch.yaml")
     kv = kv_report(novel)
-    no_copies = dcp_decision(novel, kv, b200, Layout(tp=8), False, 262144)
+    no_copies = dcp_decision(build_plan(novel), kv, b200, Layout(tp=8), False, 262144)
     assert not no_copies.pays and "different share" in no_copies.reason
     mqa = novel.model_copy(
         update={"attention": novel.attention.model_copy(update={"num_kv_heads": 2})}
     )
-    sliding = dcp_decision(mqa, kv_report(mqa), b200, Layout(tp=8), False, 262144)
+    sliding = dcp_decision(
+        build_plan(mqa), kv_report(mqa), b200, Layout(tp=8), False, 262144
+    )
     assert not sliding.pays and "sliding" in sliding.reason
     dense = load_spec(SPECS / "dense-gqa.yaml")
     gqa2 = dense.model_copy(
         update={"attention": dense.attention.model_copy(update={"num_kv_heads": 2})}
     )
-    kv2 = kv_report(gqa2)
-    assert Layout(tp=8).kv_replicas(gqa2) == 4
-    assert dcp_decision(gqa2, kv2, b200, Layout(tp=8), True, 131072).pays
-    assert not dcp_decision(gqa2, kv2, b200, Layout(tp=8), True, 8192).pays
-    assert dcp_decision(gqa2, kv2, b200, Layout(tp=8), False, 8192).pays
-    rocm = dcp_decision(gqa2, kv2, get_target("mi355x"), Layout(tp=8), False, 8192)
+    kv2, arch2 = kv_report(gqa2), build_plan(gqa2)
+    assert Layout(tp=8).kv_replicas(arch2) == 4
+    assert dcp_decision(arch2, kv2, b200, Layout(tp=8), True, 131072).pays
+    assert not dcp_decision(arch2, kv2, b200, Layout(tp=8), True, 8192).pays
+    assert dcp_decision(arch2, kv2, b200, Layout(tp=8), False, 8192).pays
+    rocm = dcp_decision(arch2, kv2, get_target("mi355x"), Layout(tp=8), False, 8192)
     assert not rocm.pays and "LSE" in rocm.reason
     plan = make_plan(novel, "b200", "fp8-dynamic", context=262144, concurrency=8)
     assert plan.layout is not None and plan.layout.dcp == 1

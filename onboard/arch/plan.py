@@ -15,7 +15,7 @@ layer carrying its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -35,6 +35,11 @@ class MLADims:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+
+    @property
+    def latent(self) -> int:
+        """Entries of the one latent an MLA layer caches per token."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,41 @@ class ArchPlan:
     @property
     def _blocks(self) -> tuple[Layer, ...]:
         return self.layers + ((self.mtp.block,) if self.mtp else ())
+
+    @property
+    def attention(self) -> Attention:
+        """The attention every block shares, without the per-layer sliding
+        window and KV source (kind, heads, dims: one for the whole model)."""
+        return replace(self.layers[0].mixer, window=None, kv_source=None)
+
+    @property
+    def dense(self) -> DenseMLP | None:
+        """The dense MLP of the blocks that have one (None: every block is MoE)."""
+        return next((b.mlp for b in self._blocks if isinstance(b.mlp, DenseMLP)), None)
+
+    @property
+    def moe(self) -> MoEMLP | None:
+        """The MoE MLP of the blocks that have one (None: no MoE block)."""
+        return next((b.mlp for b in self._blocks if isinstance(b.mlp, MoEMLP)), None)
+
+    @property
+    def kv_sources(self) -> Mapping[int, int]:
+        """Decoder layer -> the earlier layer whose KV cache it reads."""
+        return {
+            layer.index: layer.mixer.kv_source
+            for layer in self.layers
+            if layer.mixer.kv_source is not None
+        }
+
+    @property
+    def checkpoint_layers(self) -> int:
+        """Layers the checkpoint numbers: the decoder's, then the MTP heads'."""
+        return len(self.layers) + (self.mtp.num_heads if self.mtp else 0)
+
+    def layout_path(self, role: str) -> str:
+        """Checkpoint module path of any role of the layout, one the model lacks
+        included (to name the tensors a checkpoint should not have)."""
+        return self.tensors.checkpoint.get(role) or self.spec.tensor_path(role)
 
 
 def build_plan(spec: ModelSpec) -> ArchPlan:

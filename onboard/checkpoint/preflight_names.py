@@ -53,7 +53,7 @@ def report_names(
     that the tensors they explain are not reported again."""
     miss = by_pattern(missing)
     extra = by_pattern(unexpected)
-    canon = canonical_roles(run.spec)
+    canon = canonical_roles(run.plan)
     scales = [p for p in extra if split_name(p)[1] in QUANT_PARAMS]
     if quant is None and scales:
         names = [n for p in scales for n in extra.pop(p)]
@@ -83,7 +83,7 @@ def report_names(
             describe(f"{module}.*", names),
             f"the checkpoint stores role {role!r} as {module!r}; the spec's "
             f"{run.spec.checkpoint.layout!r} layout names it "
-            f"{run.spec.tensor_path(role)!r}"
+            f"{run.plan.layout_path(role)!r}"
             + (
                 f" (checked: with the override all {len(gone)} tensors match, "
                 "shapes included)"
@@ -227,8 +227,7 @@ def _override_fix(run: PreflightRun, role: str, module: str) -> tuple[str, bool]
 def _missing_problem(
     run: PreflightRun, pattern: str, role: str | None, param: str, names: list[str]
 ) -> None:
-    spec = run.spec
-    moe = spec.mlp.moe
+    spec, moe, mtp = run.spec, run.plan.moe, run.plan.mtp
     where = describe(pattern, names)
     layers = {abstract(n)[1][0] for n in names if abstract(n)[1]}
     message = "missing from the checkpoint"
@@ -260,10 +259,10 @@ def _missing_problem(
             "the bias: export it with e_score_correction_bias"
         )
         fields = ["mlp.moe.router.bias_correction"]
-    elif spec.mtp and layers and min(layers) >= spec.num_hidden_layers:
+    elif mtp and layers and min(layers) >= mtp.first_layer:
         message += (
-            f": the spec has mtp.num_heads: {spec.mtp.num_heads}, stored at "
-            f"model.layers.{spec.num_hidden_layers}+"
+            f": the spec has mtp.num_heads: {mtp.num_heads}, stored at "
+            f"model.layers.{mtp.first_layer}+"
         )
         fix = (
             "set mtp: null in the spec (no MTP speculative decoding), or use a "
@@ -271,7 +270,7 @@ def _missing_problem(
         )
         fields = ["mtp"]
     elif role is not None:
-        fix, fields = role_hint(spec, role, param, fix, missing=True)
+        fix, fields = role_hint(run.plan, role, param, fix, missing=True)
     elif moe is not None and "{expert}" in pattern:
         fields = ["mlp.moe.num_experts"]
     run.add(
@@ -307,7 +306,8 @@ def _unexpected_problem(
         "in the spec; otherwise remove it from the checkpoint"
     )
     fields: list[str] = ["checkpoint.tensor_names"]
-    total = spec.num_hidden_layers + (spec.mtp.num_heads if spec.mtp else 0)
+    arch = run.plan
+    decoder, total, moe = len(arch.layers), arch.checkpoint_layers, arch.moe
     if any(pattern.endswith(d) for d in DROPPED):
         severity, message = "note", "vLLM's loader drops it by name"
         fix, fields = "", []
@@ -327,9 +327,9 @@ def _unexpected_problem(
         )
         fields = ["tie_word_embeddings"]
     elif layers and min(layers) >= total:
-        if spec.mtp is None:
+        if arch.mtp is None:
             message = (
-                f"layers beyond num_hidden_layers ({spec.num_hidden_layers}): "
+                f"layers beyond num_hidden_layers ({decoder}): "
                 "MTP heads, or more decoder layers than the spec says"
             )
             fix = (
@@ -344,27 +344,27 @@ def _unexpected_problem(
     elif role is not None and role.startswith("mtp_") and layers:
         message = (
             f"MTP head tensors at layers {ranges(layers)}, but the spec puts "
-            f"MTP heads after its {spec.num_hidden_layers} decoder layers"
-            + ("" if spec.mtp else " and has none (mtp: null)")
+            f"MTP heads after its {decoder} decoder layers"
+            + ("" if arch.mtp else " and has none (mtp: null)")
         )
         fix = f"set num_hidden_layers: {min(layers)} in the spec" + (
-            "" if spec.mtp else f" and mtp: {{num_heads: {len(layers)}}}"
+            "" if arch.mtp else f" and mtp: {{num_heads: {len(layers)}}}"
         )
         fields = ["num_hidden_layers", "mtp"]
     elif (
         role in EXPERT_ROLES
-        and spec.mlp.moe is not None
-        and any(len(i) > 1 and i[1] >= spec.mlp.moe.num_experts for i in idx)
+        and moe is not None
+        and any(len(i) > 1 and i[1] >= moe.num_experts for i in idx)
     ):
         top = max(i[1] for i in idx if len(i) > 1)
         message = (
-            f"experts beyond mlp.moe.num_experts ({spec.mlp.moe.num_experts}): "
+            f"experts beyond mlp.moe.num_experts ({moe.num_experts}): "
             f"the checkpoint has experts up to {top}"
         )
         fix = f"set mlp.moe.num_experts: {top + 1} in the spec"
         fields = ["mlp.moe.num_experts"]
     elif role is not None:
-        fix, fields = role_hint(spec, role, param, fix, missing=False)
+        fix, fields = role_hint(run.plan, role, param, fix, missing=False)
     run.add(
         severity,
         "unexpected-tensor",

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from onboard.arch import build_plan
+
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
 
@@ -137,10 +139,12 @@ class Expect:
 
 
 class PreflightRun:
-    """One preflight: the spec, what was read from the checkpoint, the report."""
+    """One preflight: the spec and its plan, what was read from the checkpoint,
+    the report."""
 
     def __init__(self, spec: ModelSpec, root: Path):
         self.spec = spec
+        self.plan = build_plan(spec)
         self.root = root
         self.report = PreflightReport(root)
         self.config: dict | None = None

@@ -8,8 +8,8 @@ import re
 from collections import defaultdict
 from functools import cache
 
+from onboard.arch import ArchPlan
 from onboard.spec.layouts import EXPERT_ROLES, ROLES, required_placeholders
-from onboard.spec.model import ModelSpec
 
 PLACEHOLDERS = ("{layer}", "{expert}")
 
@@ -66,13 +66,13 @@ def split_name(name: str) -> tuple[str, str]:
     return module, param
 
 
-def role_index(spec: ModelSpec) -> dict[str, str]:
+def role_index(plan: ArchPlan) -> dict[str, str]:
     """Module path -> role, for every module the spec's layout can name."""
-    total = spec.num_hidden_layers + (spec.mtp.num_heads if spec.mtp else 0)
-    experts = spec.mlp.moe.num_experts if spec.mlp.moe else 0
+    total = plan.checkpoint_layers
+    experts = plan.moe.num_experts if plan.moe else 0
     out: dict[str, str] = {}
     for role in ROLES:
-        path = spec.tensor_path(role)
+        path = plan.layout_path(role)
         holes = required_placeholders(role)
         if not holes:
             out.setdefault(path, role)
@@ -86,12 +86,12 @@ def role_index(spec: ModelSpec) -> dict[str, str]:
     return out
 
 
-def canonical_roles(spec: ModelSpec) -> dict[str, str]:
+def canonical_roles(plan: ArchPlan) -> dict[str, str]:
     """Abstract module pattern -> role (as :func:`abstract` writes patterns)."""
     out: dict[str, str] = {}
     for role in ROLES:
         out.setdefault(
-            abstract(spec.tensor_path(role).format(layer=0, expert=0))[0], role
+            abstract(plan.layout_path(role).format(layer=0, expert=0))[0], role
         )
     return out
 
@@ -101,10 +101,10 @@ def placeholders(pattern: str) -> tuple[str, ...]:
 
 
 def role_hint(
-    spec: ModelSpec, role: str, param: str, default: str, *, missing: bool
+    plan: ArchPlan, role: str, param: str, default: str, *, missing: bool
 ) -> tuple[str, list[str]]:
     """The spec field that decides whether a role's tensor exists, and its fix."""
-    att, moe = spec.attention, spec.mlp.moe
+    att, moe = plan.attention, plan.moe
     want = "false" if missing else "true"
     if role in ("q_norm", "k_norm"):
         return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
@@ -128,7 +128,7 @@ def role_hint(
             ["tie_word_embeddings"],
         )
     if role in ("q_a_proj", "q_a_norm", "q_b_proj") or (
-        role == "q_proj" and att.type == "mla"
+        role == "q_proj" and att.kind == "mla"
     ):
         return (
             "set attention.mla.q_lora_rank in the spec (null: one q_proj; a rank: "
@@ -136,9 +136,9 @@ def role_hint(
             ["attention.mla.q_lora_rank"],
         )
     mla_roles = ("kv_a_proj", "kv_a_norm", "kv_b_proj")
-    if role in mla_roles or (role in ("k_proj", "v_proj") and att.type == "mla"):
+    if role in mla_roles or (role in ("k_proj", "v_proj") and att.kind == "mla"):
         return (
-            f"check attention.type (the spec says {att.type}; MLA checkpoints have "
+            f"check attention.type (the spec says {att.kind}; MLA checkpoints have "
             "kv_a_proj_with_mqa / kv_b_proj, GQA ones k_proj / v_proj)",
             ["attention.type"],
         )
@@ -169,9 +169,12 @@ def role_hint(
     return default, ["checkpoint.tensor_names"]
 
 
-def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]] | None:
-    """Each dimension of a role's tensor as (spec expression, value)."""
-    att, mla, moe = spec.attention, spec.attention.mla, spec.mlp.moe
+def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] | None:
+    """Each dimension of a role's tensor as (spec expression, value): the values
+    are the plan's, the expressions name the spec fields they come from."""
+    spec = plan.spec
+    att, mla, moe = plan.attention, plan.attention.mla, plan.moe
+    set_in_spec = spec.attention  # which fields the spec sets, for the expressions
     h = ("hidden_size", spec.hidden_size)
     vocab = ("vocab_size", spec.vocab_size)
     nh = att.num_heads
@@ -190,16 +193,21 @@ def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]]
         "mtp_head_norm",
     ):
         table[norm] = (h,)
-    if att.type == "gqa":
+    if att.kind == "gqa":
+        assert att.head_dim is not None and att.num_kv_heads is not None
         hd = (
             "attention.head_dim"
-            if att.head_dim
+            if set_in_spec.head_dim
             else "hidden_size / attention.num_heads",
-            spec.head_dim,
+            att.head_dim,
         )
-        kvh = "attention.num_kv_heads" if att.num_kv_heads else "attention.num_heads"
+        kvh = (
+            "attention.num_kv_heads"
+            if set_in_spec.num_kv_heads
+            else "attention.num_heads"
+        )
         q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
-        kv = (f"{kvh} × {hd[0]}", spec.num_kv_heads * hd[1])
+        kv = (f"{kvh} × {hd[0]}", att.num_kv_heads * hd[1])
         table |= {
             "q_proj": (q, h),
             "k_proj": (kv, h),
@@ -240,8 +248,8 @@ def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]]
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    if spec.mlp.intermediate_size is not None:
-        inter = ("mlp.intermediate_size", spec.mlp.intermediate_size)
+    if plan.dense is not None:
+        inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
             "gate_proj": (inter, h),
             "up_proj": (inter, h),
@@ -250,6 +258,8 @@ def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]]
     if moe is not None:
         ne = ("mlp.moe.num_experts", moe.num_experts)
         ei = ("mlp.moe.expert_intermediate_size", moe.expert_intermediate_size)
+        moe_spec = spec.mlp.moe
+        assert moe_spec is not None
         table |= {
             "router": (ne, h),
             "expert_gate_proj": (ei, h),
@@ -260,9 +270,9 @@ def dims(spec: ModelSpec, role: str | None, param: str) -> list[tuple[str, int]]
         if moe.num_shared_experts:
             si = (
                 "mlp.moe.shared_expert_intermediate_size"
-                if moe.shared_expert_intermediate_size
+                if moe_spec.shared_expert_intermediate_size
                 else "mlp.moe.num_shared_experts × mlp.moe.expert_intermediate_size",
-                spec.shared_expert_intermediate_size,
+                moe.shared_intermediate_size,
             )
             table |= {
                 "shared_gate_proj": (si, h),

@@ -40,19 +40,19 @@ SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
 
 def check_tensors(run: PreflightRun) -> None:
     """Every tensor of the spec's plan against the checkpoint's headers."""
-    spec = run.spec
-    roles = role_index(spec)
+    sharing = run.plan.kv_sources
+    roles = role_index(run.plan)
     quant = quantization(run)
     qcheck = QuantCheck(quant) if quant is not None else None
     expected: dict[str, Expect] = {}
     optional: dict[str, Expect] = {}
 
-    for plan in plan_tensors(spec):
+    for plan in plan_tensors(run.spec):
         module, param = split_name(plan.name)
         role = roles.get(module)
         expect = Expect(plan.shape, None, role, param)
         linear = param == "weight" and len(plan.shape) == 2
-        if role in SHARING_UNUSED_ROLES and plan.layer in spec.attention.kv_sharing:
+        if role in SHARING_UNUSED_ROLES and plan.layer in sharing:
             # The layer reads an earlier layer's KV cache: the generated model
             # drops its own K/V (and k-norm) when stored, so they may be absent.
             optional[plan.name] = expect
@@ -90,8 +90,9 @@ def check_tensors(run: PreflightRun) -> None:
 def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
     """One problem when the checkpoint has fewer or more layers than the spec;
     the tensors of the layers it lacks are not listed one pattern at a time."""
-    spec = run.spec
-    prefix = spec.tensor_path("input_norm").split("{layer}")[0]
+    arch = run.plan
+    decoder = len(arch.layers)
+    prefix = arch.tensors.checkpoint["input_norm"].split("{layer}")[0]
     layers = {
         int(name[len(prefix) :].split(".", 1)[0])
         for name in run.found
@@ -99,16 +100,16 @@ def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
     }
     if not layers:
         return missing
-    mtp = spec.mtp.num_heads if spec.mtp else 0
-    total, have = spec.num_hidden_layers + mtp, max(layers) + 1
-    if have == total or (mtp and have == spec.num_hidden_layers):
+    mtp = arch.mtp.num_heads if arch.mtp else 0
+    total, have = arch.checkpoint_layers, max(layers) + 1
+    if have == total or (mtp and have == decoder):
         return missing  # equal, or only the MTP heads lack (reported as such)
     run.add(
         "error",
         "layer-count",
         f"{prefix}{{layer}}",
         f"the checkpoint has {have} layers ({prefix}0-{have - 1}); the spec "
-        f"has num_hidden_layers {spec.num_hidden_layers}"
+        f"has num_hidden_layers {decoder}"
         + (f" + {mtp} MTP head(s) = {total}" if mtp else ""),
         f"set num_hidden_layers in the spec to {have - mtp} (MTP heads are the "
         "last layers)"
@@ -130,13 +131,11 @@ def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
 
 def _check_mtp(run: PreflightRun, missing: list[str]) -> list[str]:
     """A checkpoint without any of the spec's MTP heads: one problem."""
-    spec = run.spec
-    if spec.mtp is None:
+    spec, mtp = run.spec, run.plan.mtp
+    if mtp is None:
         return missing
-    prefix = spec.tensor_path("input_norm").split("{layer}")[0]
-    heads = [
-        f"{prefix}{spec.num_hidden_layers + i}." for i in range(spec.mtp.num_heads)
-    ]
+    prefix = run.plan.tensors.checkpoint["input_norm"].split("{layer}")[0]
+    heads = [f"{prefix}{mtp.first_layer + i}." for i in range(mtp.num_heads)]
     if any(name.startswith(tuple(heads)) for name in run.found):
         return missing  # present, perhaps in part: missing tensors are listed
     absent = [n for n in missing if n.startswith(tuple(heads))]
@@ -146,8 +145,8 @@ def _check_mtp(run: PreflightRun, missing: list[str]) -> list[str]:
     run.add(
         "error" if uses_mtp else "warning",
         "missing-mtp",
-        f"{prefix}{spec.num_hidden_layers}+",
-        f"the spec has mtp.num_heads: {spec.mtp.num_heads} (stored at "
+        f"{prefix}{mtp.first_layer}+",
+        f"the spec has mtp.num_heads: {mtp.num_heads} (stored at "
         f"{heads[0]}*), but the checkpoint has no MTP layer ({len(absent)} "
         "tensors): the main model loads, MTP speculative decoding cannot"
         + (" (the spec's speculators include mtp)" if uses_mtp else ""),
@@ -201,7 +200,6 @@ def _shape_problem(
     names: list[str],
     expected: dict[str, Expect],
 ) -> None:
-    spec = run.spec
     where = describe(pattern, names)
     if (
         role == "kv_a_proj"
@@ -210,7 +208,7 @@ def _shape_problem(
     ):
         _mla_latent(run, where, want, got, names)
         return
-    exprs = dims(spec, role, param) if param in ("weight", "bias") else None
+    exprs = dims(run.plan, role, param) if param in ("weight", "bias") else None
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
         expect = expected[names[0]]
         if expect.weight_shape is not None and param != "weight":
@@ -250,11 +248,11 @@ def _shape_problem(
 def _mla_latent(
     run: PreflightRun, where: str, want: tuple, got: tuple, names: list[str]
 ) -> None:
-    mla = run.spec.attention.mla
+    mla = run.plan.attention.mla
     assert mla is not None
     rows = got[0]
     layer = abstract(names[0])[1][0]
-    norm_name = run.spec.tensor_path("kv_a_norm").format(layer=layer)
+    norm_name = run.plan.tensors.checkpoint_name("kv_a_norm", layer)
     norm = run.found.get(f"{norm_name}.weight")
     if norm is not None and len(norm.shape) == 1 and norm.shape[0] < rows:
         rank, rope = norm.shape[0], rows - norm.shape[0]
@@ -285,12 +283,12 @@ def _mla_latent(
 
 
 def _note_cpu_mla(run: PreflightRun) -> None:
-    spec = run.spec
-    if spec.attention.type != "mla":
+    spec, att = run.spec, run.plan.attention
+    if att.kind != "mla":
         return
-    mla = spec.attention.mla
-    latent = mla.kv_lora_rank + mla.qk_rope_head_dim
-    kv_a = spec.tensor_path("kv_a_proj").format(layer=0) + ".weight"
+    assert att.mla is not None
+    latent = att.mla.latent
+    kv_a = run.plan.tensors.checkpoint_name("kv_a_proj", 0) + ".weight"
     info = run.found.get(kv_a) or run.found.get(kv_a + "_packed")
     if info is not None and info.shape:
         latent = info.shape[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from onboard.arch import ArchPlan, build_plan
 from onboard.errors import InputError
 from onboard.plan.kv import KV_DTYPE_BYTES, KVReport, kv_report
 from onboard.plan.layout import (
@@ -68,7 +69,8 @@ def make_plan(
     if kv_cache_dtype not in ("auto", "fp8"):
         raise InputError("--kv-cache-dtype: choose auto or fp8")
     support = profile.scheme(scheme)
-    if support.level(spec.mlp.moe is not None) == "unsupported":
+    arch = build_plan(spec)
+    if support.level(arch.has_moe) == "unsupported":
         raise InputError(
             f"{profile.name} cannot run {scheme} in vLLM 0.32: {support.note}"
         )
@@ -98,7 +100,7 @@ def make_plan(
 
     def memory_of(layout: Layout) -> DeviceMemory:
         return device_memory(
-            spec,
+            arch,
             weights,
             kv,
             layout,
@@ -111,14 +113,14 @@ def make_plan(
     candidates: list[DeviceMemory] = []
     chosen = None
     dcp = Decision(False, "no layout fits")
-    for layout in candidate_layouts(spec, profile.scale_up_devices, max_devices):
+    for layout in candidate_layouts(arch, profile.scale_up_devices, max_devices):
         mem = memory_of(layout)
         candidates.append(mem)
         if not mem.weights_fit:
             continue
-        dcp = dcp_decision(spec, kv, profile, layout, mem.fits, context)
+        dcp = dcp_decision(arch, kv, profile, layout, mem.fits, context)
         if dcp.pays:
-            with_dcp = memory_of(layout.with_dcp(layout.kv_replicas(spec)))
+            with_dcp = memory_of(layout.with_dcp(layout.kv_replicas(arch)))
             candidates.append(with_dcp)
             if with_dcp.fits:
                 chosen = with_dcp
@@ -131,7 +133,7 @@ def make_plan(
         dcp = Decision(False, "no layout fits")
     pd = pd_decision(profile, context, concurrency, output_len, chosen is not None)
     if pd.pays and chosen is not None and chosen.layout.dcp > 1:
-        if spec.attention.type != "mla":
+        if arch.attention.kind != "mla":
             # VllmConfig: "PD with decode_context_parallel_size > 1 is only
             # supported for MLA models".
             pd = Decision(
@@ -141,6 +143,7 @@ def make_plan(
             )
     plan = ServingPlan(
         spec=spec,
+        arch=arch,
         target=profile,
         scheme=scheme,
         support=support,
@@ -164,14 +167,14 @@ def make_plan(
         if not profile.is_gpu:
             _cpu_kv_cache(plan)
         else:
-            plan.max_context = max_context(spec, kv, chosen, concurrency)
-            plan.max_concurrency = max_concurrency(spec, kv, chosen, context)
+            plan.max_context = max_context(arch, kv, chosen, concurrency)
+            plan.max_concurrency = max_concurrency(arch, kv, chosen, context)
     fill_commands(plan, model)
     return plan
 
 
 def dcp_decision(
-    spec: ModelSpec,
+    arch: ArchPlan,
     kv: KVReport,
     profile: TargetProfile,
     layout: Layout,
@@ -185,7 +188,7 @@ def dcp_decision(
     or the context is long (>= DCP_LONG_CONTEXT tokens), where decode reads each
     request's whole cache every step and DCP splits that read r ways, for one
     all-gather and one reduce-scatter per layer."""
-    r = layout.kv_replicas(spec)
+    r = layout.kv_replicas(arch)
     if not profile.is_gpu:
         return Decision(False, "not on the cpu target (no DCP in vLLM's CPU build)")
     if r == 1:
@@ -205,7 +208,7 @@ def dcp_decision(
             "the model has sliding-window layers and vLLM 0.32 refuses DCP with "
             "them (SlidingWindowSpec: 'DCP not support sliding window')",
         )
-    if spec.attention.type == "gqa" and profile.platform == "rocm":
+    if arch.attention.kind == "gqa" and profile.platform == "rocm":
         return Decision(
             False,
             "ROCm's MHA backends cannot return the softmax LSE that DCP merges "
@@ -284,12 +287,12 @@ def _cpu_kv_cache(plan: ServingPlan) -> None:
     """The CPU engine gets exactly VLLM_CPU_KVCACHE_SPACE GiB of KV cache: the
     smallest whole GiB that holds the requested load (at least 1). vLLM then makes
     floor(space / bytes per block) blocks (see KVReport.bytes_per_block)."""
-    spec, kv = plan.spec, plan.kv
+    arch, kv = plan.arch, plan.kv
     need = plan.concurrency * kv.bytes_per_request(plan.context)
     plan.cpu_kv_space_gib = max(1, math.ceil(need / GiB))
     space = plan.cpu_kv_space_gib * GiB
     assert plan.target.kv_block_size is not None
-    kind = "mla" if spec.attention.type == "mla" else "attention"
+    kind = "mla" if arch.attention.kind == "mla" else "attention"
     plan.kv_block_size = plan.target.kv_block_size[kind]
     plan.num_blocks = space // kv.bytes_per_block(plan.kv_block_size)
     # The chosen rank's KV budget on cpu is the space, not the leftover memory.
@@ -302,8 +305,8 @@ def _cpu_kv_cache(plan: ServingPlan) -> None:
         chosen.reserve,
         chosen.kv_needed,
     )
-    plan.max_context = max_context(spec, kv, budget_mem, plan.concurrency)
-    plan.max_concurrency = max_concurrency(spec, kv, budget_mem, plan.context)
+    plan.max_context = max_context(arch, kv, budget_mem, plan.concurrency)
+    plan.max_concurrency = max_concurrency(arch, kv, budget_mem, plan.context)
 
 
 __all__ = [

@@ -110,24 +110,27 @@ def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
     """Per-layer KV bytes per token of the spec's decoder (MTP heads excluded:
     they hold a cache only when served as speculative drafts)."""
     b = KV_DTYPE_BYTES[dtype]
-    att = spec.attention
-    if att.type == "mla":
-        assert att.mla is not None
-        latent = att.mla.kv_lora_rank + att.mla.qk_rope_head_dim
-        per_layer = latent * b
+    arch = build_plan(spec)
+    att = arch.attention
+    if att.kind == "mla":
+        mla = att.mla
+        assert mla is not None
+        per_layer = mla.latent * b
         formula = (
-            f"MLA: (kv_lora_rank {att.mla.kv_lora_rank} + qk_rope_head_dim "
-            f"{att.mla.qk_rope_head_dim}) x {b} B = {per_layer:,} B"
+            f"MLA: (kv_lora_rank {mla.kv_lora_rank} + qk_rope_head_dim "
+            f"{mla.qk_rope_head_dim}) x {b} B = {per_layer:,} B"
         )
     else:
-        per_layer = 2 * spec.num_kv_heads * spec.head_dim * b
+        kv_heads, head_dim = att.num_kv_heads, att.head_dim
+        assert kv_heads is not None and head_dim is not None
+        per_layer = 2 * kv_heads * head_dim * b
         formula = (
-            f"{'MHA' if spec.num_kv_heads == att.num_heads else 'GQA'}: 2 x "
-            f"num_kv_heads {spec.num_kv_heads} x head_dim {spec.head_dim} x {b} B "
+            f"{'MHA' if kv_heads == att.num_heads else 'GQA'}: 2 x "
+            f"num_kv_heads {kv_heads} x head_dim {head_dim} x {b} B "
             f"= {per_layer:,} B"
         )
     layers = []
-    for layer in build_plan(spec).layers:
+    for layer in arch.layers:
         if layer.mixer.kind == "mla":
             kind = "mla"
         else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from onboard.arch import ArchPlan
 from onboard.plan.kv import KVReport
 from onboard.plan.weights import WeightReport
 from onboard.spec.model import ModelSpec
@@ -62,27 +63,26 @@ class Layout:
 
     # -- KV cache --------------------------------------------------------------
 
-    def kv_replicas(self, spec: ModelSpec) -> int:
+    def kv_replicas(self, arch: ArchPlan) -> int:
         """TP ranks that hold the same KV cache: MLA keeps one latent per token
         on every TP rank; GQA splits KV heads over TP and copies them beyond."""
-        if spec.attention.type == "mla":
+        kv_heads = arch.attention.num_kv_heads
+        if kv_heads is None:  # MLA
             return self.tp
-        return max(1, self.tp // spec.num_kv_heads)
+        return max(1, self.tp // kv_heads)
 
-    def kv_bytes_per_token(self, spec: ModelSpec, kv: KVReport) -> float:
+    def kv_bytes_per_token(self, arch: ArchPlan, kv: KVReport) -> float:
         """One rank's KV bytes per token (uncapped by windows)."""
-        return self.kv_bytes_per_request(spec, kv, 1)
+        return self.kv_bytes_per_request(arch, kv, 1)
 
-    def kv_bytes_per_request(
-        self, spec: ModelSpec, kv: KVReport, context: int
-    ) -> float:
+    def kv_bytes_per_request(self, arch: ArchPlan, kv: KVReport, context: int) -> float:
         """One rank's share of one request's KV cache.
 
         The layer bytes are split over TP like the KV heads (MLA: not at all;
         GQA: over min(tp, kv_heads) ranks), over DCP ranks, and over pipeline
         stages (each holds its layers)."""
         total = kv.bytes_per_request(context)
-        heads_split = self.tp / self.kv_replicas(spec)
+        heads_split = self.tp / self.kv_replicas(arch)
         return total / heads_split / self.dcp / self.pp
 
     def requests_per_rank(self, concurrency: int) -> int:
@@ -90,11 +90,11 @@ class Layout:
         return math.ceil(concurrency / self.dp)
 
 
-def candidate_layouts(spec: ModelSpec, devices_per_domain: int, max_devices: int):
+def candidate_layouts(arch: ArchPlan, devices_per_domain: int, max_devices: int):
     """Layouts by device count (1, 2, 4, ... up to max_devices), each count in
     preference order: TP (+EP for MoE), then DP attention with EP (MoE), then
     across scale-up domains TP x DP with EP (MoE) or TP x PP (dense)."""
-    moe = spec.mlp.moe is not None
+    moe = arch.has_moe
     tp_max = min(devices_per_domain, MAX_TP)
     n = 1
     while n <= max_devices:
@@ -111,13 +111,13 @@ def candidate_layouts(spec: ModelSpec, devices_per_domain: int, max_devices: int
         n *= 2
 
 
-def tp_problem(spec: ModelSpec, tp: int) -> str | None:
+def tp_problem(arch: ArchPlan, tp: int) -> str | None:
     """Why vLLM cannot split this model over ``tp`` ranks (None if it can)."""
-    heads = spec.attention.num_heads
+    heads = arch.attention.num_heads
     if heads % tp:
         return f"num_heads {heads} is not divisible by TP {tp}"
-    if spec.attention.type == "gqa":
-        kv = spec.num_kv_heads
+    kv = arch.attention.num_kv_heads
+    if kv is not None:  # GQA
         if kv % tp and tp % kv:
             return f"num_kv_heads {kv} and TP {tp}: neither divides the other"
     return None
@@ -175,7 +175,7 @@ class DeviceMemory:
 
 
 def device_memory(
-    spec: ModelSpec,
+    arch: ArchPlan,
     weights: WeightReport,
     kv: KVReport,
     layout: Layout,
@@ -185,22 +185,22 @@ def device_memory(
     context: int,
     concurrency: int,
 ) -> DeviceMemory:
-    problem = tp_problem(spec, layout.tp)
+    problem = tp_problem(arch, layout.tp)
     per_device = weights.per_device_bytes(
         layout.tp,
         layout.tp * layout.dp if layout.ep else None,
         layout.pp,
-        spec.num_kv_heads if spec.attention.type == "gqa" else None,
+        arch.attention.num_kv_heads,  # None: MLA
     )
     kv_needed = math.ceil(
         layout.requests_per_rank(concurrency)
-        * layout.kv_bytes_per_request(spec, kv, context)
+        * layout.kv_bytes_per_request(arch, kv, context)
     )
     return DeviceMemory(layout, usable, per_device, reserve, kv_needed, problem)
 
 
 def max_context(
-    spec: ModelSpec, kv: KVReport, mem: DeviceMemory, concurrency: int
+    arch: ArchPlan, kv: KVReport, mem: DeviceMemory, concurrency: int
 ) -> int:
     """Largest context (<= max_position_embeddings) whose KV cache for
     ``concurrency`` requests fits the rank's KV budget (0 if none)."""
@@ -208,9 +208,9 @@ def max_context(
     per_rank = mem.layout.requests_per_rank(concurrency)
 
     def fits(n: int) -> bool:
-        return per_rank * mem.layout.kv_bytes_per_request(spec, kv, n) <= budget
+        return per_rank * mem.layout.kv_bytes_per_request(arch, kv, n) <= budget
 
-    lo, hi = 0, spec.max_position_embeddings
+    lo, hi = 0, arch.spec.max_position_embeddings
     while lo < hi:  # largest n in [0, hi] with fits(n); fits is monotone
         mid = (lo + hi + 1) // 2
         if fits(mid):
@@ -221,10 +221,10 @@ def max_context(
 
 
 def max_concurrency(
-    spec: ModelSpec, kv: KVReport, mem: DeviceMemory, context: int
+    arch: ArchPlan, kv: KVReport, mem: DeviceMemory, context: int
 ) -> int:
     """Requests of ``context`` tokens the layout's KV caches hold at once."""
-    per_request = mem.layout.kv_bytes_per_request(spec, kv, context)
+    per_request = mem.layout.kv_bytes_per_request(arch, kv, context)
     if per_request <= 0 or mem.kv_budget <= 0:
         return 0
     return int(mem.kv_budget // per_request) * mem.layout.dp

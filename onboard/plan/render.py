@@ -159,11 +159,11 @@ def _memory(plan: ServingPlan) -> list[str]:
         f"{gib(c.kv_needed)} = {gib(c.weights + plan.reserve + c.kv_needed)} of "
         f"{gib(plan.usable)} usable"
     )
-    split = lay.tp / lay.kv_replicas(spec)
+    split = lay.tp / lay.kv_replicas(plan.arch)
     add(
         f"   KV per request per rank = {kv.bytes_per_request(plan.context):,} / "
         f"(TP split {split:g} x DCP {lay.dcp} x PP {lay.pp}) = "
-        f"{lay.kv_bytes_per_request(spec, kv, plan.context):,.0f} B; "
+        f"{lay.kv_bytes_per_request(plan.arch, kv, plan.context):,.0f} B; "
         f"requests per rank = ceil({plan.concurrency} / DP {lay.dp}) = "
         f"{lay.requests_per_rank(plan.concurrency)}"
     )
@@ -271,10 +271,10 @@ def _shard_text(shard: str) -> str:
 
 def _backends(plan: ServingPlan) -> str:
     b = plan.target.backends
-    attention = b.mla if plan.spec.attention.type == "mla" else b.attention
+    attention = b.mla if plan.arch.attention.kind == "mla" else b.attention
     moe = plan.support.moe or b.moe
     parts = [f"attention {attention}", f"linear {plan.support.linear}"]
-    if plan.spec.mlp.moe is not None:
+    if plan.arch.has_moe:
         parts.append(f"MoE {moe}")
     return "; ".join(parts)
 

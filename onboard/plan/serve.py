@@ -63,7 +63,8 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
         argv += ["--dtype", plan.dtype]
     if plan.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", plan.kv_cache_dtype]
-    if not target.is_gpu and spec.attention.type == "mla" and plan.dtype != "bfloat16":
+    mla = plan.arch.attention.kind == "mla"
+    if not target.is_gpu and mla and plan.dtype != "bfloat16":
         # The AMX MLA backend, preferred on AMX CPUs, only takes bf16.
         argv += ["--attention-backend", "CPU_MLA"]
     plan.argv = argv

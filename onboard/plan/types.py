@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from onboard.arch import ArchPlan
 from onboard.plan.kv import KVReport
 from onboard.plan.layout import DeviceMemory, Layout
 from onboard.plan.weights import WeightReport
@@ -23,6 +24,7 @@ class Decision:
 @dataclass
 class ServingPlan:
     spec: ModelSpec
+    arch: ArchPlan  # the spec's architecture plan
     target: TargetProfile
     scheme: str
     support: SchemeSupport

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from onboard.arch import ArchPlan, build_plan
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.errors import InputError
 from onboard.spec.layouts import LINEAR_ROLES, ROLES
@@ -160,8 +161,10 @@ def weight_report(
     """Weight bytes of ``spec`` quantized with ``scheme`` ("bf16" for none)."""
     unq_bytes = DTYPE_BYTES[dtype]
     quantize = scheme != "bf16"
+    arch = build_plan(spec)
+    decoder, sharing = len(arch.layers), arch.kv_sources
     marks = _Marks(spec)
-    roles = _RoleMatcher(spec)
+    roles = _RoleMatcher(arch)
     groups: dict[str, WeightGroup] = {}
     mtp = WeightGroup("MTP heads", SHARD_REPLICATED)
     for t in plan_tensors(spec):
@@ -173,12 +176,10 @@ def weight_report(
             and role in LINEAR_ROLES
             and param == "weight"
             and len(t.shape) == 2
-            and (layer is None or layer < spec.num_hidden_layers)
+            and (layer is None or layer < decoder)
             and not marks.kept(role, module)
             # A KV-sharing layer's own K/V: never run by vLLM, kept 16-bit.
-            and not (
-                role in ("k_proj", "v_proj") and layer in spec.attention.kv_sharing
-            )
+            and not (role in ("k_proj", "v_proj") and layer in sharing)
         )
         if quantized:
             rows, cols = t.shape
@@ -192,7 +193,7 @@ def weight_report(
             nbytes = quantized_bytes(scheme, rows, cols)
         else:
             nbytes = numel * unq_bytes
-        if layer is not None and layer >= spec.num_hidden_layers:
+        if layer is not None and layer >= decoder:
             target = mtp
         else:
             name, shard = GROUPS.get(role, NORMS)
@@ -201,13 +202,12 @@ def weight_report(
         target.params += numel
         target.bytes += nbytes
         target.quantized_params += numel if quantized else 0
-    moe = spec.mlp.moe
     return WeightReport(
         scheme=scheme,
         dtype=dtype,
         groups=groups,
-        num_experts=moe.num_experts if moe else 0,
-        num_layers=spec.num_hidden_layers,
+        num_experts=arch.moe.num_experts if arch.moe else 0,
+        num_layers=decoder,
         mtp=mtp,
     )
 
@@ -241,11 +241,11 @@ class _Marks:
         )
 
 
-def role_patterns(spec: ModelSpec) -> list[tuple[str, re.Pattern]]:
+def role_patterns(arch: ArchPlan) -> list[tuple[str, re.Pattern]]:
     """(role, regex of its module path) for every role of the spec's layout."""
     out = []
     for role in ROLES:
-        rx = re.escape(spec.tensor_path(role))
+        rx = re.escape(arch.layout_path(role))
         rx = rx.replace(re.escape("{layer}"), r"(?P<layer>\d+)")
         rx = rx.replace(re.escape("{expert}"), r"(?P<expert>\d+)")
         out.append((role, re.compile(rx + r"\Z")))
@@ -256,8 +256,8 @@ class _RoleMatcher:
     """Role and layer of a module path, with the role cached per digit-free shape
     (a full-size MoE checkpoint has tens of thousands of expert tensors)."""
 
-    def __init__(self, spec: ModelSpec):
-        self._patterns = role_patterns(spec)
+    def __init__(self, arch: ArchPlan):
+        self._patterns = role_patterns(arch)
         self._cache: dict[str, tuple[str | None, re.Pattern | None]] = {}
 
     def match(self, module: str) -> tuple[str | None, int | None]:

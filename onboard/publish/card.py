@@ -24,6 +24,7 @@ import jinja2
 import yaml
 
 import onboard
+from onboard.arch import build_plan
 from onboard.publish.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
@@ -191,15 +192,16 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
         return [("architecture", arch)] + [
             (k.replace("_", " "), fmt(config[k])) for k in keys if k in config
         ]
-    a, mlp = spec.attention, spec.mlp
+    arch = build_plan(spec)
+    a, moe = arch.attention, arch.moe
     rows = [
         ("architecture", f"`{spec.architecture}` (model_type `{spec.model_type}`)"),
-        ("layers", fmt(spec.num_hidden_layers)),
+        ("layers", fmt(len(arch.layers))),
         ("hidden size", fmt(spec.hidden_size)),
         ("vocabulary", fmt(spec.vocab_size)),
         ("context length", fmt(spec.max_position_embeddings)),
     ]
-    if a.type == "mla" and a.mla is not None:
+    if a.kind == "mla" and a.mla is not None:
         m = a.mla
         rows.append(
             (
@@ -210,15 +212,15 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
             )
         )
     else:
-        kind = "MHA" if spec.num_kv_heads == a.num_heads else "GQA"
+        kind = "MHA" if a.num_kv_heads == a.num_heads else "GQA"
         text = (
-            f"{kind}, {a.num_heads} query heads, {spec.num_kv_heads} KV heads, "
-            f"head dim {spec.head_dim}"
+            f"{kind}, {a.num_heads} query heads, {a.num_kv_heads} KV heads, "
+            f"head dim {a.head_dim}"
         )
-        if a.sliding_window:
-            text += f", sliding window {a.sliding_window}"
-        if a.kv_sharing:
-            text += f", KV shared across {len(a.kv_sharing)} layers"
+        if spec.attention.sliding_window:  # the spec's window, as the report
+            text += f", sliding window {spec.attention.sliding_window}"
+        if arch.kv_sources:
+            text += f", KV shared across {len(arch.kv_sources)} layers"
         if a.qk_norm:
             text += ", QK norm"
         rows.append(("attention", text))
@@ -226,23 +228,22 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
     if spec.rope.scaling is not None:
         rope += f", {spec.rope.scaling.type} scaling x{fmt(spec.rope.scaling.factor)}"
     rows.append(("rotary embedding", rope))
-    if mlp.moe is not None:
-        moe = mlp.moe
+    if moe is not None:
         text = (
             f"MoE, {moe.num_experts} experts, top-{moe.num_experts_per_tok}, "
             f"expert width {moe.expert_intermediate_size}"
         )
         if moe.num_shared_experts:
             text += f", {moe.num_shared_experts} shared"
-        if moe.first_k_dense:
-            n = moe.first_k_dense
+        n = spec.mlp.moe.first_k_dense if spec.mlp.moe else 0  # as the spec says
+        if n:
             text += f"; first {n} layer{'s' if n > 1 else ''} dense"
         text += f"; {moe.router.scoring} router"
         if moe.router.bias_correction:
             text += " with bias correction"
         rows.append(("feed-forward", text))
     else:
-        rows.append(("feed-forward", f"dense, width {fmt(mlp.intermediate_size)}"))
+        rows.append(("feed-forward", f"dense, width {fmt(spec.mlp.intermediate_size)}"))
     if spec.mtp is not None:
         rows.append(("MTP heads", f"{spec.mtp.num_heads} ({spec.mtp.mlp} MLP)"))
     return rows

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from onboard.arch import ArchPlan, build_plan
 from onboard.errors import InputError
 from onboard.quantize import st_io
 from onboard.quantize.plan import Plan
@@ -104,7 +105,9 @@ def _reference(plan: Plan):
     return config, model
 
 
-def _materialize(module: torch.nn.Module, prefix: str, reader: _Reader, spec, layer):
+def _materialize(
+    module: torch.nn.Module, prefix: str, reader: _Reader, arch: ArchPlan, layer
+):
     """Load ``module``'s weights from the checkpoint (fused experts assembled)."""
     module.to_empty(device="cpu")
     state = {}
@@ -117,8 +120,8 @@ def _materialize(module: torch.nn.Module, prefix: str, reader: _Reader, spec, la
                 [
                     torch.cat(
                         [
-                            reader.get(_expert(spec, "expert_gate_proj", layer, e)),
-                            reader.get(_expert(spec, "expert_up_proj", layer, e)),
+                            reader.get(_expert(arch, "expert_gate_proj", layer, e)),
+                            reader.get(_expert(arch, "expert_up_proj", layer, e)),
                         ]
                     )
                     for e in range(p.shape[0])
@@ -127,7 +130,7 @@ def _materialize(module: torch.nn.Module, prefix: str, reader: _Reader, spec, la
         elif name.endswith("down_proj") and p.ndim == 3:
             state[name] = torch.stack(
                 [
-                    reader.get(_expert(spec, "expert_down_proj", layer, e))
+                    reader.get(_expert(arch, "expert_down_proj", layer, e))
                     for e in range(p.shape[0])
                 ]
             ).to(p.dtype)
@@ -143,8 +146,8 @@ def plan_dir(reader: _Reader):
     return reader.plan.model_dir
 
 
-def _expert(spec: ModelSpec, role: str, layer: int, expert: int) -> str:
-    return spec.tensor_path(role).format(layer=layer, expert=expert) + ".weight"
+def _expert(arch: ArchPlan, role: str, layer: int, expert: int) -> str:
+    return arch.tensors.checkpoint_name(role, layer, expert) + ".weight"
 
 
 @torch.no_grad()
@@ -162,16 +165,17 @@ def calibrate(
     )
 
     log = log or (lambda msg: None)
+    arch = build_plan(spec)
     if not _knows_model_type(plan):
-        return _calibrate_generated_reference(plan, spec, samples, seq_len, log)
+        return _calibrate_generated_reference(plan, arch, samples, seq_len, log)
     config, model = _reference(plan)
     reader = _Reader(plan)
     inner = model.model
     wanted = {q.module for q in plan.quantized.values()}
     stats: dict[str, float] = {}
 
-    embed_path = spec.tensor_path("embed")
-    _materialize(inner.embed_tokens, embed_path, reader, spec, None)
+    embed_path = arch.tensors.checkpoint_name("embed")
+    _materialize(inner.embed_tokens, embed_path, reader, arch, None)
     ids = calibration_ids(plan.model_dir, config.vocab_size, samples, seq_len)
     hidden = inner.embed_tokens(ids)
     inner.embed_tokens.to_empty(device="meta")
@@ -202,7 +206,7 @@ def calibrate(
 
     for i, layer in enumerate(inner.layers[: config.num_hidden_layers]):
         prefix = f"model.layers.{i}"
-        _materialize(layer, f"{prefix}", reader, spec, i)
+        _materialize(layer, f"{prefix}", reader, arch, i)
         hooks, moe_inputs = _attach(layer, prefix, wanted, stats)
         mask = masks[layer_types[i]] if layer_types else masks["full_attention"]
         outs = []
@@ -220,7 +224,7 @@ def calibrate(
         for h in hooks:
             h.remove()
         for experts, xs in moe_inputs.items():
-            _expert_stats(experts, torch.cat(xs), spec, i, config, stats)
+            _expert_stats(experts, torch.cat(xs), arch, i, config, stats)
         layer.to_empty(device="meta")
 
     missing = sorted(m for m in wanted if m not in stats)
@@ -261,7 +265,7 @@ def _attach(layer, prefix, wanted, stats):
     return hooks, moe_inputs
 
 
-def _expert_stats(experts, x, spec, layer, config, stats) -> None:
+def _expert_stats(experts, x, arch: ArchPlan, layer, config, stats) -> None:
     """Every expert on every token: gate/up input is x, down input is act(g) * u."""
     from transformers.activations import ACT2FN
 
@@ -275,13 +279,13 @@ def _expert_stats(experts, x, spec, layer, config, stats) -> None:
             ("expert_up_proj", a_in),
             ("expert_down_proj", a_down),
         ):
-            name = spec.tensor_path(role).format(layer=layer, expert=e)
+            name = arch.tensors.checkpoint_name(role, layer, e)
             stats[name] = max(stats.get(name, 0.0), a)
 
 
 def _calibrate_generated_reference(
     plan: Plan,
-    spec: ModelSpec,
+    arch: ArchPlan,
     samples: int,
     seq_len: int,
     log: Callable[[str], None],
@@ -300,13 +304,13 @@ def _calibrate_generated_reference(
     stats: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onboard-calibrate-") as tmp:
         overlay = overlay_with_remote_code(
-            plan.model_dir, spec, None, config, Path(tmp)
+            plan.model_dir, arch.spec, None, config, Path(tmp)
         )
         model = AutoModelForCausalLM.from_pretrained(
             overlay, dtype=torch.float32, trust_remote_code=True
         )
     model.eval()
-    hooks = _attach_generated(model, spec, wanted, stats)
+    hooks = _attach_generated(model, arch, wanted, stats)
     ids = calibration_ids(plan.model_dir, config["vocab_size"], samples, seq_len)
     log(f"calibrating on {samples} samples x {seq_len} tokens (generated reference)")
     with torch.no_grad():
@@ -323,7 +327,7 @@ def _calibrate_generated_reference(
     return {m: stats[m] for m in sorted(stats)}
 
 
-def _attach_generated(model, spec: ModelSpec, wanted: set[str], stats: dict) -> list:
+def _attach_generated(model, arch: ArchPlan, wanted: set[str], stats: dict) -> list:
     """Input-absmax hooks on every wanted Linear; every routed expert also runs on
     every token its MoE block sees (as `_expert_stats` does for transformers)."""
     hooks = []
@@ -347,8 +351,8 @@ def _attach_generated(model, spec: ModelSpec, wanted: set[str], stats: dict) -> 
         if isinstance(module, torch.nn.Linear) and name in wanted:
             hooks.append(module.register_forward_pre_hook(record(name)))
     # The experts' ModuleList sits where the spec's layout puts routed experts.
-    if spec.mlp.moe is not None:
-        experts_path = spec.tensor_path("expert_gate_proj").split(".{expert}")[0]
+    if arch.has_moe:
+        experts_path = arch.tensors.checkpoint["expert_gate_proj"].split(".{expert}")[0]
         pattern = re.compile(re.escape(experts_path).replace(r"\{layer\}", r"\d+"))
         for name, module in modules.items():
             parent = name.rsplit(".", 1)[0]

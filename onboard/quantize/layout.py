@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from onboard.arch import build_plan
 from onboard.errors import InputError
 from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES
 
@@ -36,11 +37,12 @@ class TensorLayout:
 
     @classmethod
     def of_spec(cls, spec) -> TensorLayout:
+        arch = build_plan(spec)  # decoder depth and KV-sharing layers
         return cls(
             layout=spec.checkpoint.layout,
-            num_hidden_layers=spec.num_hidden_layers,
+            num_hidden_layers=len(arch.layers),
             tensor_names=dict(spec.checkpoint.tensor_names),
-            kv_sharing=dict(spec.attention.kv_sharing),
+            kv_sharing=dict(arch.kv_sources),
             keep_unquantized=tuple(spec.keep_unquantized),
         )
 

@@ -355,7 +355,9 @@ def kv_budgets(
             row.layout, row.devices = mem.layout.name, mem.layout.devices
             row.weights, row.reserve = mem.weights, mem.reserve
             row.kv_needed, row.kv_budget = mem.kv_needed, mem.kv_budget
-            row.kv_bytes_per_token_device = mem.layout.kv_bytes_per_token(spec, plan.kv)
+            row.kv_bytes_per_token_device = mem.layout.kv_bytes_per_token(
+                plan.arch, plan.kv
+            )
             row.max_context, row.max_concurrency = (
                 plan.max_context,
                 plan.max_concurrency,
