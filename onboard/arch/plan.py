@@ -197,6 +197,12 @@ class ArchPlan:
         )
 
     @property
+    def layer_prefix(self) -> str:
+        """The checkpoint path the decoder layers sit under (``model.layers.``)."""
+        norm = self.layers[0].norms.roles[0]
+        return self.tensors.checkpoint[norm].split("{layer}")[0]
+
+    @property
     def _blocks(self) -> tuple[Layer, ...]:
         return self.layers + ((self.mtp.block,) if self.mtp else ())
 

@@ -187,6 +187,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
     for norm in (
         "input_norm",
         "post_attention_norm",
+        "attention_output_norm",
+        "mlp_output_norm",
         "final_norm",
         "mtp_enorm",
         "mtp_hnorm",

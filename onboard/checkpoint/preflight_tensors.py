@@ -92,7 +92,7 @@ def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
     the tensors of the layers it lacks are not listed one pattern at a time."""
     arch = run.plan
     decoder = len(arch.layers)
-    prefix = arch.tensors.checkpoint["input_norm"].split("{layer}")[0]
+    prefix = arch.layer_prefix
     layers = {
         int(name[len(prefix) :].split(".", 1)[0])
         for name in run.found
@@ -134,7 +134,7 @@ def _check_mtp(run: PreflightRun, missing: list[str]) -> list[str]:
     spec, mtp = run.spec, run.plan.mtp
     if mtp is None:
         return missing
-    prefix = run.plan.tensors.checkpoint["input_norm"].split("{layer}")[0]
+    prefix = run.plan.layer_prefix
     heads = [f"{prefix}{mtp.first_layer + i}." for i in range(mtp.num_heads)]
     if any(name.startswith(tuple(heads)) for name in run.found):
         return missing  # present, perhaps in part: missing tensors are listed
