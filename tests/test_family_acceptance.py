@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: HF config -> spec -> tiny checkpoint -> transformers and vLLM.
+"""Acceptance: HF config -> spec -> tiny checkpoint -> transformers and vLLM.
 
 For each family a config written by transformers' own config class goes through
 ``spec_from_hf_config_file`` and ``write_tiny_checkpoint``; the checkpoint must load
@@ -216,7 +216,7 @@ def test_loads_in_vllm_in_tree_and_generates(
         assert tokens[0] == int(logits.argmax()), prompt
 
 
-# ---- issue 3 acceptance: from-hf -> generate -> pip install -> validate -----------
+# ---- acceptance: from-hf -> generate -> pip install -> validate -----------
 
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Issue 9's finish: the bundled FP8 checkpoint published on the strength of its
+"""End to end: the bundled FP8 checkpoint published on the strength of its
 passed ``quant:fp8-dynamic`` check, without ``--force``.
 
 The layout is `onboard new-model`'s (``checkpoints/bf16``, ``checkpoints/fp8-dynamic``,

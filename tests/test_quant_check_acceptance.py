@@ -1,4 +1,4 @@
-"""Issue 6 acceptance: every scheme on the bundled DeepSeek-V3-style tiny checkpoint
+"""Acceptance: every scheme on the bundled DeepSeek-V3-style tiny checkpoint
 (MLA + MoE + MTP) loads in vLLM's CPU engine or, where that build has no path for
 it, is dequantized into the reference, and passes its threshold, with routers,
 norms and embeddings untouched. One validate run: the 16-bit engine plus one

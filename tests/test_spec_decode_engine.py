@@ -32,7 +32,7 @@ def result(tmp_path_factory):
     spec = load_spec(ROOT / "model_specs" / "deepseek-v3-style.yaml")
     bf16 = write_tiny_checkpoint(spec, out / "checkpoints" / "bf16", seed=0)
     stage_speculators.run(Context(spec=spec, out=out, full=False, console=Console()))
-    # The MTP heads' self-distillation (issue 4).
+    # The MTP heads' self-distillation.
     train_mtp_heads(bf16, load_spec(bf16 / "spec.yaml"))
     result = validate(
         bf16,
@@ -97,7 +97,7 @@ def test_trained_mtp_head_is_accepted(result):
 
 
 def test_engine_mtp_acceptance_is_the_references_as_decoded(result):
-    """Issue 4: the generated MTP module computes what the reference does, so the
+    """The generated MTP module computes what the reference does, so the
     engine's first-position acceptance is the reference's, counted as vLLM
     counts (drafts only after each verification): 0.56 vs 0.55 measured, while
     the every-slot figure (0.68) is higher. The untrained heads' figure from

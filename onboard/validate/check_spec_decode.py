@@ -197,11 +197,9 @@ def _mtp_heads(ctx, k: int) -> dict[str, Any]:
     checkpoint's ``mtp_training.json``, the same figures of the untrained heads."""
     import json
 
-    try:
-        from onboard.spec.mtp import heads_run_by_vllm
-        from onboard.speculators.mtp_train import REPORT_FILE, reference_mtp_acceptance
-    except ImportError as exc:  # lands with the MTP codegen (issue 4)
-        return {"mtp_heads_note": f"not available: {exc}"}
+    from onboard.spec.mtp import heads_run_by_vllm
+    from onboard.speculators.mtp_train import REPORT_FILE, reference_mtp_acceptance
+
     spec = ctx.spec
     runs = heads_run_by_vllm(spec, k)
     out: dict[str, Any] = {"mtp_heads_run_per_step": runs}
