@@ -9,10 +9,10 @@ from pathlib import Path
 import vllm
 
 from onboard.arch import build_plan
-from onboard.generate.config_fields import (
+from onboard.arch.config_keys import (
     ALIASES,
     MOE_FREQUENCY_RULES,
-    ConfigFields,
+    ConfigKeys,
 )
 from onboard.generate.context import _moe_layer_expr
 from onboard.spec.hf import (
@@ -46,13 +46,13 @@ def test_each_frequency_field_keeps_its_familys_arithmetic():
     assert ALIASES["decoder_sparse_step"] == ("decoder_sparse_step",)
     assert ALIASES["moe_layer_freq"] == ("moe_layer_freq",)
     # Each field the config carries is read, at 1 too (the config decides).
-    both = ConfigFields(spec=None, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
+    both = ConfigKeys(spec=None, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
     assert both.moe_frequency_terms() == [
         "(layer_idx + 1) % config.decoder_sparse_step == 0",
         "layer_idx % config.moe_layer_freq == 0",
     ]
     assert both.need("decoder_sparse_step") == "decoder_sparse_step"
-    qwen_step = ConfigFields(spec=None, hf={"decoder_sparse_step": 2})
+    qwen_step = ConfigKeys(spec=None, hf={"decoder_sparse_step": 2})
     assert qwen_step.moe_frequency_terms() == [
         "(layer_idx + 1) % config.decoder_sparse_step == 0"
     ]
@@ -84,7 +84,7 @@ def test_qwen_decoder_sparse_step_counts_from_one():
     want = [False, True, False, True, False, True]  # (i + 1) % 2 == 0
     assert [spec.is_moe_layer(i) for i in range(6)] == want
     for hf in (config, hf_config_from_spec(spec)):
-        expr = _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, hf))
+        expr = _moe_layer_expr(spec, build_plan(spec), ConfigKeys(spec, hf))
         # Qwen2-MoE's config also carries mlp_only_layers (empty): read too.
         assert expr == (
             "(layer_idx + 1) % config.decoder_sparse_step == 0"
@@ -120,7 +120,7 @@ def test_deepseek_moe_layer_freq_counts_from_zero():
     spec = spec_from_hf_config(config)
     want = [False, False, True, False, True, False]  # i >= 1 and i % 2 == 0
     assert [spec.is_moe_layer(i) for i in range(6)] == want
-    expr = _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, config))
+    expr = _moe_layer_expr(spec, build_plan(spec), ConfigKeys(spec, config))
     assert expr == (
         "layer_idx >= config.first_k_dense_replace and "
         "layer_idx % config.moe_layer_freq == 0"
@@ -130,7 +130,7 @@ def test_deepseek_moe_layer_freq_counts_from_zero():
     written = hf_config_from_spec(spec)
     assert (
         _plan(
-            _moe_layer_expr(spec, build_plan(spec), ConfigFields(spec, written)),
+            _moe_layer_expr(spec, build_plan(spec), ConfigKeys(spec, written)),
             written,
             6,
         )

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
+from onboard.arch.config_keys import ConfigKeys
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
@@ -174,6 +176,13 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+
+    @cached_property
+    def config(self) -> ConfigKeys:
+        """The config.json onboard writes for the spec, and the key it uses for
+        each concept: both generated files read their settings under these keys.
+        Built on first use (writing the config may load transformers' class)."""
+        return ConfigKeys(self.spec)
 
     @property
     def has_moe(self) -> bool:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
-from onboard.generate.config_fields import GenerationError
 from onboard.generate.context import build_context
 from onboard.generate.plugin import plugin_files
 from onboard.reference import render_reference
@@ -23,7 +22,7 @@ from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec
 from onboard.spec.mtp import mtp_module_name
 from onboard.spec.naming import model_class_path, package_name
-from onboard.templating import RenderError, render_python
+from onboard.templating import GenerationError, RenderError, render_python
 
 __all__ = [
     "GenerationError",

@@ -4,7 +4,7 @@ Templates only print what this module decided. Features (qk-norm, biases, MoE,
 MLA, sliding windows, ...) are decided here, at generation time, so the generated
 file contains exactly the code paths the spec uses; sizes and per-layer plans are
 read by the generated code from the checkpoint's config (see
-:mod:`onboard.generate.config_fields`).
+:mod:`onboard.arch.config_keys`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
-from onboard.generate.config_fields import ConfigFields, GenerationError
+from onboard.arch.config_keys import ConfigKeys, GenerationError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
@@ -260,7 +260,7 @@ def _is_list(value: Any) -> bool:
     return isinstance(value, list)
 
 
-def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigFields) -> str | None:
+def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | None:
     """Expression (of ``config`` and ``layer_idx``) that is true on MoE layers,
     built from the placement fields the config actually has and checked against
     the plan's layers; None when every layer is MoE."""
@@ -310,8 +310,8 @@ def build_context(
     ``num_hidden_layers`` entries of those fields. The two contexts differ only in
     which checkpoint tensors the file's own ``load_weights`` maps.
     """
-    f = ConfigFields(spec, hf)
     arch = build_plan(spec)
+    f = arch.config if hf is None else ConfigKeys(spec, hf)
     att = spec.attention
     is_mla = att.type == "mla"
     mtp_mlp = spec.mtp.mlp if spec.mtp is not None else None
@@ -426,7 +426,7 @@ def _sliding(arch: ArchPlan) -> str:
 
 
 def _model_config_keys(
-    spec: ModelSpec, arch: ArchPlan, f: ConfigFields
+    spec: ModelSpec, arch: ArchPlan, f: ConfigKeys
 ) -> dict[str, str | None]:
     """Config attribute names the model reads, by concept: sizes, attention,
     KV sharing and the dense MLP (the MoE's are added by :func:`_moe_context`)."""
@@ -489,7 +489,7 @@ def _model_config_keys(
 def _moe_context(
     spec: ModelSpec,
     arch: ArchPlan,
-    f: ConfigFields,
+    f: ConfigKeys,
     cfg: dict[str, str | None],
     mlp: SimpleNamespace,
 ) -> dict[str, Any]:
@@ -686,7 +686,7 @@ def _mtp_prefixes(spec: ModelSpec) -> list[str]:
     return sorted(prefixes)
 
 
-def _kv_sharing_field(spec: ModelSpec, f: ConfigFields) -> str:
+def _kv_sharing_field(spec: ModelSpec, f: ConfigKeys) -> str:
     """Config attribute holding the KV-sharing map ``{layer: target}``."""
     want = {int(k): int(v) for k, v in spec.attention.kv_sharing.items()}
 

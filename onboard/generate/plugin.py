@@ -14,6 +14,7 @@ Layout (other stages rely on these exact names)::
 
 from __future__ import annotations
 
+from onboard.arch import build_plan
 from onboard.reference.context import config_class_context
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.mtp import mtp_draft, mtp_module_name
@@ -69,7 +70,5 @@ def plugin_files(
 
 def _num_mtp_field(spec: ModelSpec) -> str:
     """The config attribute holding the number of MTP heads."""
-    from onboard.generate.config_fields import ConfigFields
-
     assert spec.mtp is not None
-    return ConfigFields(spec).need("num_mtp_layers", spec.mtp.num_heads)
+    return build_plan(spec).config.need("num_mtp_layers", spec.mtp.num_heads)

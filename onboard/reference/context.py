@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import build_plan
+from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
@@ -41,42 +42,7 @@ def _check_layer_plan(spec: ModelSpec, hf: dict, expr: str, want) -> None:
         )
 
 
-class _Keys:
-    """Concept -> the key this spec's config.json uses for it (onboard.spec.hf)."""
-
-    def __init__(self, spec: ModelSpec, hf: dict[str, Any]):
-        from onboard.spec.hf import ALIASES
-
-        self.spec = spec
-        self.hf = hf
-        self.aliases = ALIASES
-
-    def find(self, concept: str) -> str | None:
-        for key in self.aliases[concept]:
-            if key in self.hf:
-                return key
-        return None
-
-    def need(self, concept: str) -> str:
-        key = self.find(concept)
-        if key is None:
-            raise InputError(
-                f"spec {self.spec.name!r}: the config.json written for it has no key "
-                f"for {concept} (looked for {', '.join(self.aliases[concept])}), but "
-                "the Hugging Face reference must read it from there"
-            )
-        return key
-
-
-def _hf_config(spec: ModelSpec) -> dict[str, Any]:
-    from onboard.spec.hf import hf_config_from_spec
-
-    return hf_config_from_spec(spec)
-
-
 def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    hf = dict(_hf_config(spec))
-    keys = _Keys(spec, hf)
     att, moe = spec.attention, spec.mlp.moe
     names = module_names(spec)
     prefix = class_prefix(spec.architecture)
@@ -91,6 +57,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
 
     arch = build_plan(spec)
+    keys = arch.config
+    hf = keys.hf
     types = arch.attention_types
     # Grouped top-k wherever the config onboard writes has groups, one group
     # included (then the same choice as plain top-k), so the reference reads
@@ -99,8 +67,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     grouped = moe is not None and (
         moe.router.num_groups is not None
         or (
-            not transformers_knows(spec.model_type)
-            and hf.get(keys.find("n_group") or "") is not None
+            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
         )
     )
     f = {
@@ -141,7 +108,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
     c["hidden_act"] = keys.find("hidden_act")
     c["rope_interleave"] = keys.find("rope_interleave")
-    eps = keys.find("rms_norm_eps" if spec.norm.type == "rmsnorm" else "layer_norm_eps")
+    eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
     if f["mla"]:
         for short, concept in (
@@ -164,15 +131,15 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
-        c["qkv_bias"] = keys.find("qkv_bias") or keys.find("attention_bias")
-    c["o_bias"] = keys.find("o_bias") or keys.find("attention_bias")
+        c["qkv_bias"] = keys.find("qkv_bias")
+    c["o_bias"] = keys.find("o_bias")
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
     plan: dict[str, Any] = {}
     if f["sliding"]:
         c["window"] = keys.need("sliding_window")
-        if hf.get(keys.find("layer_types") or "") is not None:
+        if keys.find("layer_types") is not None:
             plan["sliding"] = "layer_types"
             c["layer_types"] = keys.need("layer_types")
         elif "full_attention" not in types:
@@ -181,11 +148,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             plan["sliding"] = "pattern"
             c["window_pattern"] = keys.need("sliding_window_pattern")
     if f["kv_sharing"]:
-        c["kv_sharing"] = keys.need("kv_sharing_target_layers")
+        c["kv_sharing"] = keys.need("kv_sharing")
     if moe is not None:
         plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
-        c["n_mtp"] = keys.need("num_nextn_predict_layers")
+        c["n_mtp"] = keys.need("num_mtp_layers")
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
@@ -214,7 +181,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
 
 def _moe_keys(
     spec: ModelSpec,
-    keys: _Keys,
+    keys: ConfigKeys,
     f: dict[str, Any],
     c: dict[str, str | None],
     moe_layers: tuple[bool, ...],
@@ -223,11 +190,10 @@ def _moe_keys(
     (of ``config`` and ``i``), checked against the plan's MoE layers."""
     moe, hf = spec.mlp.moe, keys.hf
     assert moe is not None
-    c["n_experts"] = keys.need("n_routed_experts")
+    c["n_experts"] = keys.need("num_experts")
     c["top_k"] = keys.need("num_experts_per_tok")
-    width = keys.find("moe_intermediate_size")
     # Mixtral keeps the experts' width in intermediate_size (no dense layers).
-    c["expert_width"] = f"config.{width or keys.need('intermediate_size')}"
+    c["expert_width"] = f"config.{keys.need('moe_intermediate_size')}"
     if f["shared"]:
         if moe.shared_expert_intermediate_size is not None:
             key = keys.need("shared_expert_intermediate_size")
@@ -245,7 +211,7 @@ def _moe_keys(
     # Every placement key the config carries is read (the config decides).
     terms = []
     for concept, rule, needed in (
-        ("first_k_dense_replace", "i >= config.{}", moe.first_k_dense),
+        ("first_k_dense", "i >= config.{}", moe.first_k_dense),
         (
             "decoder_sparse_step",
             "(i + 1) % config.{} == 0",
@@ -254,7 +220,7 @@ def _moe_keys(
         ("mlp_only_layers", "i not in config.{}", moe.dense_layers),
     ):
         key = keys.find(concept) if not needed else keys.need(concept)
-        if key is not None and hf[key] is not None:
+        if key is not None:
             terms.append(rule.format(key))
     terms = terms or ["True"]
     _check_layer_plan(spec, hf, " and ".join(terms), moe_layers)
@@ -314,7 +280,7 @@ def _ignore_unexpected(
 def config_class_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, Any]:
     """What the typed config class template needs (the reference's configuration
     file and the plugin's config module render the same class)."""
-    fields = _config_fields(dict(hf or _hf_config(spec)))
+    fields = _config_fields(dict(hf or build_plan(spec).config.hf))
     names = {field["name"] for field in fields}
     return {
         "spec": spec,

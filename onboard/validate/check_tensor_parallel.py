@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any
 
-from onboard.generate.config_fields import ALIASES
+from onboard.arch.config_keys import ALIASES
 from onboard.runtime.compare import (
     PROMPT_LOGPROB_ATOL,
     TOP_K,

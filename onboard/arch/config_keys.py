@@ -1,13 +1,15 @@
-"""Which Hugging Face config attribute the generated model reads for each concept.
+"""Which Hugging Face config attribute the generated files read for each concept.
 
-The generated model reads its sizes and per-layer plans from the config object the
-checkpoint ships (``vllm_config.model_config.hf_config``), so one generated file
-serves the full-size checkpoint and its tiny shrunk copy alike. The attribute
-names are not guessed per family: they are taken from the config that
+The generated vLLM model and the generated Hugging Face reference both read their
+sizes and per-layer plans from the config object the checkpoint ships (in vLLM
+``vllm_config.model_config.hf_config``), so one generated file serves the
+full-size checkpoint and its tiny shrunk copy alike. The attribute names are not
+guessed per family: they are taken from the config that
 :func:`onboard.spec.hf.hf_config_from_spec` writes for this very spec (the same
 names transformers' own config class serialises), and each one is checked to hold
 the spec's value, so a field that means something else under the same name is
-caught at generation time instead of at load time.
+caught at generation time instead of at load time. ``ArchPlan.config`` holds the
+one instance both generators use.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("qkv_bias", "attention_bias"),
     "o_bias": ("o_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
+    "partial_rotary_factor": ("partial_rotary_factor",),
     "intermediate_size": ("intermediate_size",),
     "hidden_act": ("hidden_act", "hidden_activation"),
     "mlp_bias": ("mlp_bias",),
     "sliding_window": ("sliding_window",),
     "layer_types": ("layer_types",),
+    "sliding_window_pattern": ("sliding_window_pattern",),
     "rope_parameters": ("rope_parameters",),
     "rope_interleave": ("rope_interleave",),
     # MLA
@@ -85,7 +89,7 @@ def _hf_config(spec: ModelSpec) -> dict[str, Any]:
     return dict(hf_config_from_spec(spec))
 
 
-class ConfigFields:
+class ConfigKeys:
     """Resolves concepts to the config attribute names of one spec's HF config."""
 
     def __init__(self, spec: ModelSpec, hf: Mapping[str, Any] | None = None):
@@ -139,7 +143,7 @@ class ConfigFields:
             raise GenerationError(
                 f"{self.spec.name}: the Hugging Face config written for this spec "
                 f"has no field for {concept} (looked for "
-                f"{', '.join(ALIASES[concept])}){detail}; the generated model reads "
+                f"{', '.join(ALIASES[concept])}){detail}; the generated files read "
                 "its dimensions from config.json, so the config writer "
                 "(onboard.spec.hf) and the generator must agree"
             )
