@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 from typing import Annotated
 
@@ -100,11 +101,19 @@ def spec_from_hf(
     name: Annotated[
         str | None, typer.Option(help="Spec name (default: from model_type).")
     ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            help="Prove the spec: the reference generated for it must give the "
+            "logits of transformers' own class on a tiny random model of the family."
+        ),
+    ] = True,
 ) -> None:
-    """Infer a spec from a Hugging Face config.json."""
+    """Infer a spec from a Hugging Face config.json, and prove it against
+    transformers' class for the family."""
     from onboard.fsutil import atomic_write_text, check_output_file, same_file
     from onboard.spec import dump_spec
-    from onboard.spec.hf import spec_from_hf_config_file
+    from onboard.spec.hf import read_hf_config, spec_from_hf_config
 
     source = config / "config.json" if config.is_dir() else config
     if same_file(output, source):
@@ -113,12 +122,37 @@ def spec_from_hf(
             "destroy the config (choose another file, e.g. spec.yaml)"
         )
     check_output_file(output)
-    spec = spec_from_hf_config_file(config, name=name)
+    data, where = read_hf_config(config)
+    spec = spec_from_hf_config(data, name=name, source=where)
+    header = _proof_header(spec, data, verify)
     try:
-        atomic_write_text(output, dump_spec(spec))
+        atomic_write_text(output, header + dump_spec(spec))
     except OSError as exc:  # e.g. a full disk: the user's to fix
         raise InputError(f"{output}: cannot write the spec: {exc}") from None
     out.print(f"wrote {output} ({spec.architecture})", markup=False)
+
+
+def _proof_header(spec, config: dict, verify: bool) -> str:
+    """The spec file's first lines: what was proven about it, and against what."""
+    from onboard.spec.hf import transformers_knows
+
+    if not verify:
+        why = "not proven (--no-verify)"
+    elif not transformers_knows(spec.model_type):
+        why = (
+            f"not proven: transformers has no class for model_type "
+            f"{spec.model_type!r}; onboard's generated reference is its reference"
+        )
+    else:
+        from onboard.reference.prove import prove_spec
+
+        family = spec.model_type
+        err.print(f"proving the spec against transformers' {family} ...", markup=False)
+        why = prove_spec(spec, config).header()
+    lines = textwrap.wrap(
+        f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
+    )
+    return "".join(f"# {line}\n" for line in lines)
 
 
 @checkpoint_app.command("tiny")

@@ -794,6 +794,12 @@ def _validated(data: dict, source: str) -> ModelSpec:
 
 def spec_from_hf_config_file(path: Path, name: str | None = None) -> ModelSpec:
     """Infer a spec from ``config.json`` or a directory that contains one."""
+    config, source = read_hf_config(path)
+    return spec_from_hf_config(config, name=name, source=source)
+
+
+def read_hf_config(path: Path) -> tuple[Any, str]:
+    """The parsed ``config.json`` (or a directory's), and its path for messages."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -811,7 +817,7 @@ def spec_from_hf_config_file(path: Path, name: str | None = None) -> ModelSpec:
         raise InputError(
             f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"
         ) from None
-    return spec_from_hf_config(config, name=name, source=str(path))
+    return config, str(path)
 
 
 # ---- writing a config --------------------------------------------------------------

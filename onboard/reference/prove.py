@@ -1,0 +1,234 @@
+"""Prove an inferred spec against transformers' own class for its family.
+
+A config.json does not state everything a model computes (norm placement, which
+keys the family's code ignores, fused tensors), so a spec read from one is checked
+by running it: transformers builds a tiny random model of the family from the
+config, shrunk by onboard's shrink rule (every layer kind kept: MoE and dense,
+sliding and full, KV sharing), and saves it; the reference onboard generates for
+the spec loads those very weights under the spec's tensor names and must give the
+same logits (float32, within :data:`RTOL` of the largest). A tensor the spec does
+not name, a tensor it names that transformers lacks, or a layer that computes
+something else fails the proof, with the first diverging layer and sublayer named.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
+from onboard.spec.module_tree import module_names
+from onboard.spec.shrink import tiny_config_overrides
+
+RTOL = 1e-4  # of the largest logit
+SEQ = 24  # tokens per prompt; more than a tiny sliding window (shrink keeps 16)
+_NORM_STD = 0.5  # randomised norm weights around their initial value
+_BIAS_STD = 0.1  # randomised biases (transformers starts them at zero)
+
+
+class ProofFailed(InputError):
+    """The generated reference does not compute what transformers computes."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What was proven, for the spec's header comment."""
+
+    model_class: str  # transformers' class, e.g. LlamaForCausalLM
+    transformers_version: str
+    num_layers: int  # decoder layers of the tiny model
+    max_rel_diff: float  # of the logits, relative to the largest
+    seconds: float
+    mtp_heads: int  # the spec's MTP heads, which transformers' classes lack
+
+    def header(self) -> str:
+        text = (
+            f"proven against transformers {self.transformers_version} "
+            f"{self.model_class}: on a tiny random model ({self.num_layers} layers, "
+            f"float32) the reference generated for this spec gives its logits within "
+            f"{self.max_rel_diff:.1e} of the largest ({self.seconds:.0f} s)"
+        )
+        if self.mtp_heads:
+            text += (
+                f"; its {self.mtp_heads} MTP head(s) are not part of the proof "
+                f"({self.model_class} has none)"
+            )
+        return text
+
+
+def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
+    """Prove ``spec`` (inferred from ``config``) against transformers' class for
+    ``config["model_type"]``; raises :class:`ProofFailed` naming what differs."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from onboard.reference import install_reference
+
+    start = time.perf_counter()
+    cls = CONFIG_MAPPING[spec.model_type]
+    with _quiet():
+        tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
+        tiny.update(tiny_config_overrides(spec))
+        torch.manual_seed(0)
+        want_model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+    _randomise(want_model)
+    model_class = type(want_model).__name__
+    with tempfile.TemporaryDirectory(prefix="onboard-proof-") as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        with _quiet():
+            want_model.eval().save_pretrained(ckpt)
+        install_reference(spec, ckpt)
+        with _quiet():
+            got_model, info = AutoModelForCausalLM.from_pretrained(
+                ckpt,
+                trust_remote_code=True,
+                dtype=torch.float32,
+                output_loading_info=True,
+            )
+    _check_tensor_names(spec, model_class, info, int(tiny.num_hidden_layers))
+    got_model.eval()
+    vocab = int(tiny.vocab_size)
+    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    names = module_names(spec)
+    layers = f"{names['base']}.{names['layers']}"
+    their_layers = f"{want_model.base_model_prefix}.layers"
+    with torch.no_grad(), _capture(want_model, their_layers, "self_attn") as want:
+        want_logits = want_model(ids).logits
+    with torch.no_grad(), _capture(got_model, layers, names["attn"]) as got:
+        got_logits = got_model(ids).logits
+    rel = _rel(got_logits, want_logits)
+    if rel >= RTOL:
+        raise ProofFailed(_divergence(spec, model_class, want, got, rel))
+    return Proof(
+        model_class=model_class,
+        transformers_version=transformers.__version__,
+        num_layers=len(want["layers"]),
+        max_rel_diff=rel,
+        seconds=time.perf_counter() - start,
+        mtp_heads=spec.mtp.num_heads if spec.mtp else 0,
+    )
+
+
+def _randomise(model) -> None:
+    """Norm weights start at one and biases at zero, where a misplaced norm or a
+    dropped bias computes the same: move them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            noise = torch.randn(tensor.shape, generator=gen)
+            if tensor.ndim == 1 and "norm" in name:
+                tensor.add_(noise * _NORM_STD)
+            elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+                tensor.copy_(noise * _BIAS_STD)
+
+
+def _check_tensor_names(
+    spec: ModelSpec, model_class: str, info: dict, num_layers: int
+) -> None:
+    unexpected = info["unexpected_keys"]
+    # transformers' classes have no MTP heads (DeepSeek-V3 drops them at load):
+    # the heads' tensors are the spec's own, proven by the MTP tests instead.
+    names = module_names(spec)
+    heads = tuple(
+        f"{names['base']}.{names['layers']}.{num_layers + i}."
+        for i in range(spec.mtp.num_heads if spec.mtp else 0)
+    )
+    missing = [k for k in info["missing_keys"] if not (heads and k.startswith(heads))]
+    if not missing and not unexpected:
+        return
+    lines = []
+    if unexpected:
+        shown = ", ".join(sorted(unexpected)[:6])
+        lines.append(f"transformers' {model_class} has tensors the spec does not "
+                     f"name: {shown}")  # fmt: skip
+    if missing:
+        shown = ", ".join(sorted(missing)[:6])
+        lines.append(f"the spec names tensors {model_class} does not have: {shown}")
+    raise ProofFailed(
+        f"{spec.name}: the spec's checkpoint layout does not fit the family's "
+        "tensors:\n" + "\n".join(f"  - {line}" for line in lines)
+    )
+
+
+@contextmanager
+def _capture(model, layers_path: str, attn_name: str) -> Iterator[dict[str, list]]:
+    """Record each decoder layer's output and its attention's output."""
+    out: dict[str, list] = {"layers": [], "attn": []}
+    handles = []
+    try:
+        stack = model.get_submodule(layers_path)
+    except AttributeError:  # another module tree: no per-layer localisation
+        stack = []
+    for layer in stack:
+        handles.append(layer.register_forward_hook(_recorder(out["layers"])))
+        attn = getattr(layer, attn_name, None)
+        if attn is not None:
+            handles.append(attn.register_forward_hook(_recorder(out["attn"])))
+    try:
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _recorder(into: list):
+    def hook(_module, _args, output) -> None:
+        into.append(output[0] if isinstance(output, tuple) else output)
+
+    return hook
+
+
+def _rel(got, want) -> float:
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def _divergence(spec, model_class: str, want: dict, got: dict, rel: float) -> str:
+    where = "the final norm or the output head"
+    for i, (w, g) in enumerate(zip(want["layers"], got["layers"], strict=False)):
+        if w.shape == g.shape and _rel(g, w) < RTOL:
+            continue
+        attn_ok = (
+            i < len(want["attn"])
+            and i < len(got["attn"])
+            and want["attn"][i].shape == got["attn"][i].shape
+            and _rel(got["attn"][i], want["attn"][i]) < RTOL
+        )
+        where = (
+            f"layer {i}, after attention (its MLP, norms or residual)"
+            if attn_ok
+            else f"layer {i}, attention"
+        )
+        break
+    return (
+        f"{spec.name}: the reference generated for the inferred spec differs from "
+        f"transformers' {model_class} (logits {rel:.1e} of the largest apart); "
+        f"first divergence: {where}. The family computes something its config "
+        "does not state, so the spec would be silently wrong (`--no-verify` "
+        "writes it unproven)"
+    )
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()  # a seconds-long proof needs no bars
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
