@@ -123,7 +123,8 @@ def spec_from_hf(
         )
     check_output_file(output)
     data, where = read_hf_config(config)
-    spec = spec_from_hf_config(data, name=name, source=where)
+    # A family onboard has not verified is read only to be proven.
+    spec = spec_from_hf_config(data, name=name, source=where, unverified=verify)
     header = _proof_header(spec, data, verify)
     try:
         atomic_write_text(output, header + dump_spec(spec))
@@ -134,7 +135,7 @@ def spec_from_hf(
 
 def _proof_header(spec, config: dict, verify: bool) -> str:
     """The spec file's first lines: what was proven about it, and against what."""
-    from onboard.spec.hf import transformers_knows
+    from onboard.spec.hf import FAMILIES, transformers_knows
 
     if not verify:
         why = "not proven (--no-verify)"
@@ -149,6 +150,11 @@ def _proof_header(spec, config: dict, verify: bool) -> str:
         family = spec.model_type
         err.print(f"proving the spec against transformers' {family} ...", markup=False)
         why = prove_spec(spec, config).header()
+        if spec.model_type not in FAMILIES:
+            why += (
+                f"; {spec.model_type} is not among the verified families, the "
+                "proof is what accepts it"
+            )
     lines = textwrap.wrap(
         f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
     )

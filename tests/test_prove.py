@@ -18,6 +18,7 @@ import pytest
 import transformers
 from test_spec_hf import FAMILIES, SMALL, transformers_config
 
+from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
 from onboard.spec.hf import spec_from_hf_config
 
@@ -48,7 +49,7 @@ def test_a_key_the_family_ignores_fails_the_proof():
     ).to_dict()
     spec = spec_from_hf_config(config)
     assert spec.attention.partial_rotary_factor == 0.5  # what the config says
-    with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
+    with pytest.raises(ProofFailed, match="first divergence: layer 0, attention "):
         prove_spec(spec, config)
 
 
@@ -96,7 +97,7 @@ def test_cli_writes_what_was_proven_or_nothing(tmp_path):
     out = tmp_path / "bad.yaml"
     r = _cli("spec", "from-hf", bad, "-o", out)
     assert r.returncode == 2
-    assert "first divergence: layer 0, attention" in r.stderr
+    assert "first divergence: layer 0, attention (or the norm before it)" in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
     r = _cli("spec", "from-hf", bad, "-o", out, "--no-verify")
@@ -104,3 +105,30 @@ def test_cli_writes_what_was_proven_or_nothing(tmp_path):
     assert out.read_text().startswith(
         "# Inferred by `onboard spec from-hf`; not proven (--no-verify).\n"
     )
+
+
+def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
+    # Ministral is Llama's block under another model_type: proven, so accepted.
+    config = transformers.MinistralConfig(**SMALL, head_dim=16).to_dict()
+    with pytest.raises(InputError, match="has not verified"):
+        spec_from_hf_config(config)  # the library refuses what it cannot prove
+    spec = spec_from_hf_config(config, unverified=True)
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    # Gemma scales the embedding by sqrt(hidden_size) (and its norms by 1 + w),
+    # which its config does not say.
+    config = transformers.GemmaConfig(**SMALL).to_dict()
+    spec = spec_from_hf_config(config, unverified=True)
+    with pytest.raises(ProofFailed, match=r"the embedding \(before layer 0\)"):
+        prove_spec(spec, config)
+
+    transformers.MinistralConfig(**SMALL, head_dim=16).save_pretrained(
+        tmp_path / "ministral"
+    )
+    out = tmp_path / "spec.yaml"
+    r = _cli("spec", "from-hf", tmp_path / "ministral", "-o", out)
+    assert r.returncode == 0, r.stderr
+    head = " ".join(out.read_text().split("spec_version")[0].split())
+    assert "proven against transformers" in head
+    assert "ministral is not among the verified families" in head
+    r = _cli("spec", "from-hf", tmp_path / "ministral", "-o", out, "--no-verify")
+    assert r.returncode == 2 and "has not verified" in r.stderr

@@ -74,11 +74,18 @@ def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
 
     start = time.perf_counter()
     cls = CONFIG_MAPPING[spec.model_type]
-    with _quiet():
-        tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
-        tiny.update(tiny_config_overrides(spec))
-        torch.manual_seed(0)
-        want_model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+    overrides = tiny_config_overrides(spec)
+    try:
+        with _quiet():
+            tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
+            tiny.update(overrides)
+            torch.manual_seed(0)
+            want_model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+    except Exception as exc:  # transformers' own code on a config it accepted
+        raise ProofFailed(
+            f"{spec.name}: transformers' {cls.__name__} cannot build the tiny model "
+            f"of the family to prove the spec against: {_one_line(exc)}"
+        ) from None
     _randomise(want_model)
     model_class = type(want_model).__name__
     with tempfile.TemporaryDirectory(prefix="onboard-proof-") as tmp:
@@ -100,10 +107,22 @@ def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
     names = module_names(spec)
     layers = f"{names['base']}.{names['layers']}"
     their_layers = f"{want_model.base_model_prefix}.layers"
-    with torch.no_grad(), _capture(want_model, their_layers, "self_attn") as want:
-        want_logits = want_model(ids).logits
-    with torch.no_grad(), _capture(got_model, layers, names["attn"]) as got:
-        got_logits = got_model(ids).logits
+    try:
+        with torch.no_grad(), _capture(want_model, their_layers, "self_attn") as want:
+            want_logits = want_model(ids).logits
+    except Exception as exc:
+        raise ProofFailed(
+            f"{spec.name}: transformers' {model_class} fails on the tiny model of the "
+            f"family: {_one_line(exc)}"
+        ) from None
+    try:
+        with torch.no_grad(), _capture(got_model, layers, names["attn"]) as got:
+            got_logits = got_model(ids).logits
+    except Exception as exc:  # the reference cannot run what the spec says
+        raise ProofFailed(
+            f"{spec.name}: the reference generated for the spec fails on the "
+            f"family's tiny model: {_one_line(exc)}"
+        ) from None
     rel = _rel(got_logits, want_logits)
     if rel >= RTOL:
         raise ProofFailed(_divergence(spec, model_class, want, got, rel))
@@ -163,13 +182,17 @@ def _check_tensor_names(
 @contextmanager
 def _capture(model, layers_path: str, attn_name: str) -> Iterator[dict[str, list]]:
     """Record each decoder layer's output and its attention's output."""
-    out: dict[str, list] = {"layers": [], "attn": []}
+    out: dict[str, list] = {"layers": [], "attn": [], "input": []}
     handles = []
     try:
         stack = model.get_submodule(layers_path)
     except AttributeError:  # another module tree: no per-layer localisation
         stack = []
-    for layer in stack:
+    for i, layer in enumerate(stack):
+        if i == 0:  # what the embedding gave the first layer
+            handles.append(
+                layer.register_forward_pre_hook(_input_recorder(out["input"]))
+            )
         handles.append(layer.register_forward_hook(_recorder(out["layers"])))
         attn = getattr(layer, attn_name, None)
         if attn is not None:
@@ -188,12 +211,27 @@ def _recorder(into: list):
     return hook
 
 
+def _input_recorder(into: list):
+    def hook(_module, args) -> None:
+        if args:
+            into.append(args[0])
+
+    return hook
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
 def _rel(got, want) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
 def _divergence(spec, model_class: str, want: dict, got: dict, rel: float) -> str:
     where = "the final norm or the output head"
+    first_in = list(zip(want["input"], got["input"], strict=False))[:1]
+    if any(w.shape != g.shape or _rel(g, w) >= RTOL for w, g in first_in):
+        return _diverged(spec, model_class, rel, "the embedding (before layer 0)")
     for i, (w, g) in enumerate(zip(want["layers"], got["layers"], strict=False)):
         if w.shape == g.shape and _rel(g, w) < RTOL:
             continue
@@ -206,9 +244,13 @@ def _divergence(spec, model_class: str, want: dict, got: dict, rel: float) -> st
         where = (
             f"layer {i}, after attention (its MLP, norms or residual)"
             if attn_ok
-            else f"layer {i}, attention"
+            else f"layer {i}, attention (or the norm before it)"
         )
         break
+    return _diverged(spec, model_class, rel, where)
+
+
+def _diverged(spec: ModelSpec, model_class: str, rel: float, where: str) -> str:
     return (
         f"{spec.name}: the reference generated for the inferred spec differs from "
         f"transformers' {model_class} (logits {rel:.1e} of the largest apart); "

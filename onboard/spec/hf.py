@@ -275,18 +275,30 @@ def _known(model_type: str) -> _Known:
     return _Known(cls, declared, attribute_map, frozenset(reads))
 
 
-def _family(model_type: str, source: str) -> tuple[_Known | None, Family | None]:
-    """(transformers' class, family facts); (None, None) for a new model type."""
+# What an unverified transformers family is read as, before its proof: the Llama
+# naming and nothing its config does not say.
+UNVERIFIED = Family("llama")
+
+
+def _family(
+    model_type: str, source: str, unverified: bool = False
+) -> tuple[_Known | None, Family | None]:
+    """(transformers' class, family facts); (None, None) for a new model type.
+    ``unverified``: a family not in :data:`FAMILIES` is read as :data:`UNVERIFIED`
+    (the caller proves the result, onboard.reference.prove) instead of refused."""
     if not transformers_knows(model_type):
         return None, None
     family = FAMILIES.get(model_type)
+    if family is None and unverified:
+        family = UNVERIFIED
     if family is None:
         raise InputError(
             f"{source}: model_type {model_type!r} is a transformers family onboard "
             "has not verified: its block structure (norm placement, MLP form, fused "
             "tensors) is not stated in config.json, so a spec inferred from it could "
             f"be silently wrong. Verified families: {', '.join(sorted(FAMILIES))}. "
-            "Write the spec by hand with a new model_type instead."
+            "`onboard spec from-hf` accepts another family when its proof against "
+            "transformers passes; or write the spec by hand with a new model_type."
         )
     return _known(model_type), family
 
@@ -671,9 +683,16 @@ def _normalised(known: _Known, config: dict, source: str) -> dict:
 
 
 def spec_from_hf_config(
-    config: dict, *, name: str | None = None, source: str = "config.json"
+    config: dict,
+    *,
+    name: str | None = None,
+    source: str = "config.json",
+    unverified: bool = False,
 ) -> ModelSpec:
-    """Infer a spec from a Hugging Face config dict; refuse what it cannot map."""
+    """Infer a spec from a Hugging Face config dict; refuse what it cannot map.
+
+    A transformers family outside :data:`FAMILIES` is refused, unless
+    ``unverified`` (for a caller that proves the spec before using it)."""
     if not isinstance(config, dict):
         raise InputError(f"{source}: a config must be a JSON object")
     non_finite = non_finite_keys(config)
@@ -686,7 +705,7 @@ def spec_from_hf_config(
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError(f"{source}: model_type: required, as a string")
-    known, family = _family(model_type, source)
+    known, family = _family(model_type, source, unverified)
     facts = family.facts if family else {}
     cfg = _normalised(known, config, source) if known else dict(config)
 
@@ -924,7 +943,9 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     the model type's config class cannot express the spec.
     """
     source = f"spec {spec.name!r} (model_type {spec.model_type})"
-    known, family = _family(spec.model_type, source)
+    # A family outside FAMILIES is written with the Llama naming; the round trip
+    # below and the proof or validation against transformers check the result.
+    known, family = _family(spec.model_type, source, unverified=True)
     concepts = _concepts(spec)
     if known is None:
         cfg = {
@@ -1007,7 +1028,7 @@ def _short(value: Any) -> str:
 def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
     """Refuse a spec whose config would read back as a different model."""
     try:
-        back = spec_from_hf_config(cfg, name=spec.name, source=source)
+        back = spec_from_hf_config(cfg, name=spec.name, source=source, unverified=True)
     except InputError as exc:
         raise InputError(
             f"{source}: cannot be written as a {spec.model_type} config.json:\n{exc}"
