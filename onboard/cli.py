@@ -147,8 +147,10 @@ def _proof_header(spec, config: dict, verify: bool) -> str:
     else:
         from onboard.reference.prove import prove_spec
 
-        family = spec.model_type
-        err.print(f"proving the spec against transformers' {family} ...", markup=False)
+        err.print(
+            f"proving the spec against transformers' {spec.model_type} ...",
+            markup=False,
+        )
         why = prove_spec(spec, config).header()
         if spec.model_type not in FAMILIES:
             why += (

@@ -10,19 +10,13 @@ which the spec reads; tensor names that do not fit fail on the tensors.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import transformers
-from test_spec_hf import FAMILIES, SMALL, transformers_config
+from test_spec_hf import FAMILIES, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
 from onboard.spec.hf import spec_from_hf_config
-
-ONBOARD = Path(sys.executable).with_name("onboard")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -71,12 +65,6 @@ def test_tensor_names_that_do_not_fit_fail_on_the_tensors():
     assert "self_attn.qn.weight" in message  # the spec names, transformers lacks
 
 
-def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(ONBOARD), *map(str, args)], capture_output=True, text=True, timeout=300
-    )
-
-
 def test_cli_writes_what_was_proven_or_nothing(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     transformers_config("qwen3_moe").save_pretrained(good)
@@ -86,21 +74,21 @@ def test_cli_writes_what_was_proven_or_nothing(tmp_path):
     ).save_pretrained(bad)
 
     out = tmp_path / "good.yaml"
-    r = _cli("spec", "from-hf", good, "-o", out)
+    r = run_cli("spec", "from-hf", good, "-o", out)
     assert r.returncode == 0, r.stderr
     head = out.read_text().split("spec_version")[0]
     assert head.startswith("# Inferred by `onboard spec from-hf`; proven against")
     assert f"transformers {transformers.__version__}" in head
     assert "Qwen3MoeForCausalLM" in head
-    assert _cli("spec", "check", out).returncode == 0
+    assert run_cli("spec", "check", out).returncode == 0
 
     out = tmp_path / "bad.yaml"
-    r = _cli("spec", "from-hf", bad, "-o", out)
+    r = run_cli("spec", "from-hf", bad, "-o", out)
     assert r.returncode == 2
     assert "first divergence: layer 0, attention (or the norm before it)" in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists()
-    r = _cli("spec", "from-hf", bad, "-o", out, "--no-verify")
+    r = run_cli("spec", "from-hf", bad, "-o", out, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert out.read_text().startswith(
         "# Inferred by `onboard spec from-hf`; not proven (--no-verify).\n"
@@ -125,10 +113,10 @@ def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
         tmp_path / "ministral"
     )
     out = tmp_path / "spec.yaml"
-    r = _cli("spec", "from-hf", tmp_path / "ministral", "-o", out)
+    r = run_cli("spec", "from-hf", tmp_path / "ministral", "-o", out)
     assert r.returncode == 0, r.stderr
     head = " ".join(out.read_text().split("spec_version")[0].split())
     assert "proven against transformers" in head
     assert "ministral is not among the verified families" in head
-    r = _cli("spec", "from-hf", tmp_path / "ministral", "-o", out, "--no-verify")
+    r = run_cli("spec", "from-hf", tmp_path / "ministral", "-o", out, "--no-verify")
     assert r.returncode == 2 and "has not verified" in r.stderr

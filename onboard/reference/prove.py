@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.spec.hf import quiet_transformers
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import module_names
 from onboard.spec.shrink import tiny_config_overrides
@@ -55,8 +56,9 @@ class Proof:
             f"{self.max_rel_diff:.1e} of the largest ({self.seconds:.0f} s)"
         )
         if self.mtp_heads:
+            heads = "head is" if self.mtp_heads == 1 else "heads are"
             text += (
-                f"; its {self.mtp_heads} MTP head(s) are not part of the proof "
+                f"; its {self.mtp_heads} MTP {heads} not part of the proof "
                 f"({self.model_class} has none)"
             )
         return text
@@ -262,15 +264,15 @@ def _diverged(spec: ModelSpec, model_class: str, rel: float, where: str) -> str:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
+    """transformers' warnings off (spec.hf), and its progress bars: a
+    seconds-long proof needs none."""
     from transformers.utils import logging
 
-    level = logging.get_verbosity()
     bars = logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()  # a seconds-long proof needs no bars
+    logging.disable_progress_bar()
     try:
-        yield
+        with quiet_transformers():
+            yield
     finally:
-        logging.set_verbosity(level)
         if bars:
             logging.enable_progress_bar()

@@ -211,7 +211,7 @@ _HF_CARRIED = (
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     # Config classes log rope-validation warnings; problems are reported by us.
     from transformers.utils import logging
 
@@ -268,7 +268,7 @@ def _known(model_type: str) -> _Known:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    with _quiet_transformers():
+    with quiet_transformers():
         declared = frozenset(cls().to_dict())
     attribute_map = dict(getattr(cls, "attribute_map", {}) or {})
     reads = declared | {attribute_map.get(k, k) for k in _modeling_reads(cls)}
@@ -672,7 +672,7 @@ def _default_architecture(model_type: str, known: _Known | None) -> str:
 def _normalised(known: _Known, config: dict, source: str) -> dict:
     """The config as transformers' class reads it (defaults filled, aliases mapped)."""
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return known.cls.from_dict(dict(config)).to_dict()
     except Exception as exc:  # the class's own validation, e.g. a wrong type
         detail = " ".join(str(exc).split())
