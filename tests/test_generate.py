@@ -696,11 +696,14 @@ def test_novel_launch_runs_and_shares_kv(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_compressed_tensors_fp8_checkpoint_loads_through_plugin(tmp_path):
     """quant_config reaches every layer: an FP8 (W8A8, per-channel) compressed-
     tensors checkpoint of a transformers-written Qwen3 loads through the generated
     model and gives vLLM's in-tree tokens on the same checkpoint. (vLLM's CPU
     build has no FP8 fused-MoE kernel, so MoE experts cannot be run this way here.)
+    In `make test-all`: `make test` runs an fp8-dynamic checkpoint through the
+    generated plugin in tests/test_quant_check_engine.py.
     """
     from hf_tiny import write_hf_checkpoint
 
