@@ -113,7 +113,7 @@ def spec_from_hf(
     transformers' class for the family."""
     from onboard.fsutil import atomic_write_text, check_output_file, same_file
     from onboard.spec import dump_spec
-    from onboard.spec.hf import read_hf_config, spec_from_hf_config
+    from onboard.spec.hf import read_hf_config
 
     source = config / "config.json" if config.is_dir() else config
     if same_file(output, source):
@@ -123,9 +123,7 @@ def spec_from_hf(
         )
     check_output_file(output)
     data, where = read_hf_config(config)
-    # A family onboard has not verified is read only to be proven.
-    spec = spec_from_hf_config(data, name=name, source=where, unverified=verify)
-    header = _proof_header(spec, data, verify)
+    header, spec = _proven(data, name, where, verify)
     try:
         atomic_write_text(output, header + dump_spec(spec))
     except OSError as exc:  # e.g. a full disk: the user's to fix
@@ -133,34 +131,43 @@ def spec_from_hf(
     out.print(f"wrote {output} ({spec.architecture})", markup=False)
 
 
-def _proof_header(spec, config: dict, verify: bool) -> str:
-    """The spec file's first lines: what was proven about it, and against what."""
-    from onboard.spec.hf import FAMILIES, transformers_knows
+def _proven(config: dict, name: str | None, source: str, verify: bool):
+    """(the spec file's header, the spec): the spec inferred from ``config`` and,
+    unless ``verify`` is off, proven against transformers' class for its family."""
+    from onboard.spec.hf import (
+        FAMILIES,
+        model_type_of,
+        spec_from_hf_config,
+        transformers_knows,
+    )
 
-    if not verify:
-        why = "not proven (--no-verify)"
-    elif not transformers_knows(spec.model_type):
+    model_type = model_type_of(config, source)
+    if not verify or not transformers_knows(model_type):
+        # A family onboard has not verified is read only to be proven.
+        spec = spec_from_hf_config(config, name=name, source=source)
         why = (
-            f"not proven: transformers has no class for model_type "
-            f"{spec.model_type!r}; onboard's generated reference is its reference"
+            "not proven (--no-verify)"
+            if not verify
+            else f"not proven: transformers has no class for model_type "
+            f"{model_type!r}; onboard's generated reference is its reference"
         )
     else:
-        from onboard.reference.prove import prove_spec
+        from onboard.reference.infer import infer_spec
 
         err.print(
-            f"proving the spec against transformers' {spec.model_type} ...",
-            markup=False,
+            f"proving the spec against transformers' {model_type} ...", markup=False
         )
-        why = prove_spec(spec, config).header()
-        if spec.model_type not in FAMILIES:
+        spec, proof = infer_spec(config, name=name, source=source)
+        why = proof.header()
+        if model_type not in FAMILIES:
             why += (
-                f"; {spec.model_type} is not among the verified families, the "
-                "proof is what accepts it"
+                f"; {model_type} is not among the verified families, the proof is "
+                "what accepts it"
             )
     lines = textwrap.wrap(
         f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
     )
-    return "".join(f"# {line}\n" for line in lines)
+    return "".join(f"# {line}\n" for line in lines), spec
 
 
 @checkpoint_app.command("tiny")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import transformers
-from test_spec_hf import FAMILIES, SMALL, run_cli, transformers_config
+from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
@@ -115,8 +115,72 @@ def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
     out = tmp_path / "spec.yaml"
     r = run_cli("spec", "from-hf", tmp_path / "ministral", "-o", out)
     assert r.returncode == 0, r.stderr
-    head = " ".join(out.read_text().split("spec_version")[0].split())
+    comment = out.read_text().split("spec_version")[0].splitlines()
+    head = " ".join(line.removeprefix("# ") for line in comment)
     assert "proven against transformers" in head
     assert "ministral is not among the verified families" in head
     r = run_cli("spec", "from-hf", tmp_path / "ministral", "-o", out, "--no-verify")
     assert r.returncode == 2 and "has not verified" in r.stderr
+
+
+# -- what the config does not state, found by the proof ------------------------------
+
+
+def test_an_unverified_family_has_its_fixed_routing_found_by_the_proof(tmp_path):
+    # GLM-4-MoE routes by sigmoid with a bias correction, and its config has no
+    # key for either: the tensors show the bias, only the proof shows sigmoid.
+    from onboard.pipeline.generate import generate_all
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import hf_config_from_spec, open_concepts
+
+    config = transformers.Glm4MoeConfig(
+        **SMALL, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1,
+        num_nextn_predict_layers=0, **MOE,
+    ).to_dict()  # fmt: skip
+    assert {"scoring_func", "topk_method"} <= set(open_concepts("glm4_moe"))
+    with pytest.raises(ProofFailed, match="does not fit the family's tensors"):
+        prove_spec(spec_from_hf_config(config, unverified=True), config)
+    spec, proof = infer_spec(config)
+    router = spec.mlp.moe.router
+    assert (router.scoring, router.bias_correction) == ("sigmoid", True)
+    assert proof.found["scoring_func"] == "sigmoid"
+    assert proof.found["topk_method"] == "noaux_tc"
+    assert "as the proof found it: " in proof.header()
+    # The spec keeps what was found: its config.json reads back to the same spec.
+    assert hf_config_from_spec(spec)["model_type"] == "glm4_moe"
+    generate_all(spec, tmp_path / "gen")
+    assert (tmp_path / "gen" / "plugin").is_dir()
+
+
+def test_a_hard_coded_rope_layout_is_found_by_the_proof():
+    # Helium interleaves its rotary pairs; its config does not say so.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.HeliumConfig(**SMALL, head_dim=16).to_dict()
+    assert spec_from_hf_config(config, unverified=True).rope.interleaved is False
+    spec, proof = infer_spec(config)
+    assert spec.rope.interleaved is True
+    assert proof.found["rope_interleave"] is True
+    assert proof.max_rel_diff < RTOL
+
+
+def test_a_part_the_spec_lacks_is_refused_on_the_tensors_it_changes():
+    # OLMo-2 normalises q and k over the whole projection, not per head: the
+    # search finds its post-norm blocks, then names the norms' shapes.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.Olmo2Config(**SMALL).to_dict()
+    with pytest.raises(ProofFailed) as failed:
+        infer_spec(config)
+    message = str(failed.value)
+    assert "shapes differ: model.layers.0.self_attn.k_norm.weight is [32]" in message
+    assert "has tensors the spec does not name" not in message  # placement found
+
+
+def test_a_verified_family_is_not_searched():
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import open_concepts
+
+    assert open_concepts("qwen3") == []
+    spec, proof = infer_spec(transformers_config("qwen3").to_dict())
+    assert spec.attention.qk_norm and proof.found == {}

@@ -27,12 +27,11 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from onboard.arch import DenseMLP, Layer, MoEMLP, build_plan
+from onboard.arch.tensors import TensorPlan, plan_tensors, tensor_param
 from onboard.checkpoint import safetensors_io
 from onboard.checkpoint.tokenizer import BOS_ID, EOS_ID, PAD_ID, write_tokenizer
 from onboard.errors import InputError
@@ -48,174 +47,6 @@ LOGIT_STD = 10.0
 # What a seconds-sized checkpoint may hold (bf16: 64 MB); see write_tiny_checkpoint.
 TINY_MAX_PARAMS = 32_000_000
 INDEX_FILE = "model.safetensors.index.json"
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """One checkpoint tensor: its name, shape and how it is initialised.
-
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
-    the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
-    tensor, e.g. MTP heads sharing the output head).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    init: str
-    layer: int | None  # decoder layer (MTP heads count on), None for global tensors
-
-
-def _param(
-    spec: ModelSpec, role: str, layer: int | None = None, expert: int | None = None
-) -> str:
-    return spec.tensor_path(role).format(layer=layer, expert=expert)
-
-
-def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
-    """Every tensor of a checkpoint of ``spec`` (no shrinking here)."""
-    h, v = spec.hidden_size, spec.vocab_size
-    plans: list[TensorPlan] = []
-
-    def add(
-        role: str,
-        shape: tuple[int, ...],
-        init: str = "normal",
-        layer: int | None = None,
-        expert: int | None = None,
-        suffix: str = "weight",
-    ) -> None:
-        name = f"{_param(spec, role, layer, expert)}.{suffix}"
-        plans.append(TensorPlan(name, shape, init, layer))
-
-    def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
-        add(role, (size,), init, layer)
-        if spec.norm.type == "layernorm":
-            add(role, (size,), "bias", layer, suffix="bias")
-
-    tied = spec.tie_word_embeddings
-    head_norm = "head_norm" if tied else "ones"  # see the module docstring
-    add("embed", (v, h))
-    arch = build_plan(spec)
-    for layer in arch.layers:
-        plans += _block(spec, layer)
-    norm("final_norm", h, None, head_norm)
-    if not spec.tie_word_embeddings:
-        add("lm_head", (v, h), "head")
-
-    if spec.mtp is not None:
-        head_role = "embed" if spec.tie_word_embeddings else "lm_head"
-        output_head = _param(spec, head_role)
-        for i in range(spec.mtp.num_heads):
-            layer = spec.num_hidden_layers + i
-            norm("mtp_enorm", h, layer)
-            norm("mtp_hnorm", h, layer)
-            add("mtp_eh_proj", (h, 2 * h), layer=layer)
-            assert arch.mtp is not None
-            plans += _block(spec, replace(arch.mtp.block, index=layer))
-            norm("mtp_head_norm", h, layer, head_norm)
-            # DeepSeek-V3 stores a copy of the shared output head per MTP layer.
-            add("mtp_head", (v, h), f"copy:{output_head}.weight", layer)
-    return plans
-
-
-def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
-    """The tensors of one decoder block (attention, MLP and their norms)."""
-    h = spec.hidden_size
-    att = block.mixer
-    layer = block.index
-    out: list[TensorPlan] = []
-
-    def add(
-        role: str,
-        shape: tuple[int, ...],
-        init: str = "normal",
-        expert: int | None = None,
-        suffix: str = "weight",
-    ) -> None:
-        out.append(
-            TensorPlan(
-                f"{_param(spec, role, layer, expert)}.{suffix}", shape, init, layer
-            )
-        )
-
-    def norm(role: str, size: int) -> None:
-        add(role, (size,), "ones")
-        if block.norms.kind == "layernorm":
-            add(role, (size,), "bias", suffix="bias")
-
-    def linear(
-        role: str, out_f: int, in_f: int, bias: bool = False, expert: int | None = None
-    ) -> None:
-        add(role, (out_f, in_f), expert=expert)
-        if bias:
-            add(role, (out_f,), "bias", expert=expert, suffix="bias")
-
-    attention_norm, mlp_norm = block.norms.roles
-    if block.norms.placement == "pre":
-        norm(attention_norm, h)
-    if att.mla is not None:
-        mla = att.mla
-        assert mla is not None
-        qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-        if mla.q_lora_rank is None:
-            linear("q_proj", att.num_heads * qk_head, h)
-        else:
-            linear("q_a_proj", mla.q_lora_rank, h)
-            add("q_a_norm", (mla.q_lora_rank,), "ones")
-            linear("q_b_proj", att.num_heads * qk_head, mla.q_lora_rank)
-        linear("kv_a_proj", mla.kv_lora_rank + mla.qk_rope_head_dim, h)
-        add("kv_a_norm", (mla.kv_lora_rank,), "ones")
-        linear(
-            "kv_b_proj",
-            att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim),
-            mla.kv_lora_rank,
-        )
-        linear("o_proj", h, att.num_heads * mla.v_head_dim, att.o_bias)
-    else:
-        hd, kv = att.head_dim, att.num_kv_heads
-        assert hd is not None and kv is not None
-        linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
-        linear("k_proj", kv * hd, h, att.qkv_bias)
-        linear("v_proj", kv * hd, h, att.qkv_bias)
-        linear("o_proj", h, att.num_heads * hd, att.o_bias)
-        if att.qk_norm:
-            add("q_norm", (hd,), "ones")
-            add("k_norm", (hd,), "ones")
-    # pre: the MLP's input norm; post: attention's output norm (same place).
-    norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
-
-    m = block.mlp
-    if isinstance(m, DenseMLP):
-        inter = m.intermediate_size
-        linear("gate_proj", inter, h)
-        linear("up_proj", inter, h)
-        linear("down_proj", h, inter)
-    else:
-        _moe_tensors(m, h, add, linear)
-    if block.norms.placement == "post":
-        norm(mlp_norm, h)
-    return out
-
-
-def _moe_tensors(
-    m: MoEMLP, h: int, add: Callable[..., None], linear: Callable[..., None]
-) -> None:
-    """The router's and the experts' tensors, made with _block's helpers."""
-    add("router", (m.num_experts, h))
-    if m.router.bias_correction:
-        add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
-    for e in range(m.num_experts):
-        linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
-    if m.num_shared_experts:
-        shared = m.shared_intermediate_size
-        linear("shared_gate_proj", shared, h)
-        linear("shared_up_proj", shared, h)
-        linear("shared_down_proj", h, shared)
-        if m.shared_expert_gate:
-            linear("shared_expert_gate", 1, h)
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -265,7 +96,7 @@ def _shards(spec: ModelSpec, plans: list[TensorPlan]) -> list[list[str]]:
     if total_layers < 2:
         return [[p.name for p in plans]]
     split = (total_layers + 1) // 2
-    embed = f"{_param(spec, 'embed')}.weight"
+    embed = f"{tensor_param(spec, 'embed')}.weight"
     first = [
         p.name
         for p in plans

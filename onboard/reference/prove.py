@@ -13,19 +13,23 @@ something else fails the proof, with the first diverging layer and sublayer name
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from onboard.arch.tensors import plan_tensors
 from onboard.errors import InputError
 from onboard.spec.hf import quiet_transformers
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import module_names
-from onboard.spec.shrink import tiny_config_overrides
+from onboard.spec.shrink import shrink_spec, tiny_config_overrides
 
 RTOL = 1e-4  # of the largest logit
 SEQ = 24  # tokens per prompt; more than a tiny sliding window (shrink keeps 16)
@@ -47,6 +51,8 @@ class Proof:
     max_rel_diff: float  # of the logits, relative to the largest
     seconds: float
     mtp_heads: int  # the spec's MTP heads, which transformers' classes lack
+    # What the config does not state and the proof chose (onboard.reference.infer).
+    found: dict[str, Any] = field(default_factory=dict)
 
     def header(self) -> str:
         text = (
@@ -55,6 +61,9 @@ class Proof:
             f"float32) the reference generated for this spec gives its logits within "
             f"{self.max_rel_diff:.1e} of the largest ({self.seconds:.0f} s)"
         )
+        if self.found:
+            shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in self.found.items())
+            text += f"; what the config does not state, as the proof found it: {shown}"
         if self.mtp_heads:
             heads = "head is" if self.mtp_heads == 1 else "heads are"
             text += (
@@ -67,12 +76,17 @@ class Proof:
 def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
     """Prove ``spec`` (inferred from ``config``) against transformers' class for
     ``config["model_type"]``; raises :class:`ProofFailed` naming what differs."""
+    with family_model(spec, config) as family:
+        return family.prove(spec)
+
+
+@contextmanager
+def family_model(spec: ModelSpec, config: dict[str, Any]) -> Iterator[FamilyModel]:
+    """transformers' tiny random model of ``config``'s family, shrunk as ``spec``
+    is, saved to a temporary directory and run once."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from onboard.reference import install_reference
 
     start = time.perf_counter()
     cls = CONFIG_MAPPING[spec.model_type]
@@ -82,60 +96,181 @@ def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
             tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
             tiny.update(overrides)
             torch.manual_seed(0)
-            want_model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
     except Exception as exc:  # transformers' own code on a config it accepted
         raise ProofFailed(
             f"{spec.name}: transformers' {cls.__name__} cannot build the tiny model "
             f"of the family to prove the spec against: {_one_line(exc)}"
         ) from None
-    _randomise(want_model)
-    model_class = type(want_model).__name__
-    with tempfile.TemporaryDirectory(prefix="onboard-proof-") as tmp:
-        ckpt = Path(tmp) / "ckpt"
-        with _quiet():
-            want_model.eval().save_pretrained(ckpt)
-        install_reference(spec, ckpt)
-        with _quiet():
-            got_model, info = AutoModelForCausalLM.from_pretrained(
-                ckpt,
-                trust_remote_code=True,
-                dtype=torch.float32,
-                output_loading_info=True,
-            )
-    _check_tensor_names(spec, model_class, info, int(tiny.num_hidden_layers))
-    got_model.eval()
-    vocab = int(tiny.vocab_size)
-    ids = torch.randint(0, vocab, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    names = module_names(spec)
-    layers = f"{names['base']}.{names['layers']}"
-    their_layers = f"{want_model.base_model_prefix}.layers"
+    _randomise(model)
+    model_class = type(model).__name__
+    ids = torch.randint(
+        0, int(tiny.vocab_size), (2, SEQ), generator=torch.Generator().manual_seed(1)
+    )
+    their_layers = f"{model.base_model_prefix}.layers"
     try:
-        with torch.no_grad(), _capture(want_model, their_layers, "self_attn") as want:
-            want_logits = want_model(ids).logits
+        with torch.no_grad(), _capture(model, their_layers, "self_attn") as want:
+            logits = model.eval()(ids).logits
     except Exception as exc:
         raise ProofFailed(
             f"{spec.name}: transformers' {model_class} fails on the tiny model of the "
             f"family: {_one_line(exc)}"
         ) from None
-    try:
-        with torch.no_grad(), _capture(got_model, layers, names["attn"]) as got:
-            got_logits = got_model(ids).logits
-    except Exception as exc:  # the reference cannot run what the spec says
-        raise ProofFailed(
-            f"{spec.name}: the reference generated for the spec fails on the "
-            f"family's tiny model: {_one_line(exc)}"
-        ) from None
-    rel = _rel(got_logits, want_logits)
-    if rel >= RTOL:
-        raise ProofFailed(_divergence(spec, model_class, want, got, rel))
-    return Proof(
-        model_class=model_class,
-        transformers_version=transformers.__version__,
-        num_layers=len(want["layers"]),
-        max_rel_diff=rel,
-        seconds=time.perf_counter() - start,
-        mtp_heads=spec.mtp.num_heads if spec.mtp else 0,
-    )
+    with tempfile.TemporaryDirectory(prefix="onboard-proof-") as tmp:
+        saved = Path(tmp) / "family"
+        with _quiet():
+            model.save_pretrained(saved)
+        yield FamilyModel(
+            model_class=model_class,
+            overrides=overrides,
+            num_layers=int(tiny.num_hidden_layers),
+            saved=saved,
+            ids=ids,
+            logits=logits,
+            want=want,
+            started=start,
+        )
+
+
+@dataclass
+class FamilyModel:
+    """A saved tiny model of a family and its float32 forward on fixed tokens."""
+
+    model_class: str
+    overrides: dict[str, Any]  # the shrunk config's keys (tiny_config_overrides)
+    num_layers: int
+    saved: Path  # save_pretrained's directory
+    ids: Any  # token ids (torch)
+    logits: Any  # transformers' logits on ids
+    want: dict[str, list]  # transformers' per-layer captures (_capture)
+    started: float  # perf_counter when the proof began
+    tries: int = 0
+
+    @cached_property
+    def tensors(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of what save_pretrained wrote (as a user's checkpoint)."""
+        from onboard.safetensors_header import read_header
+
+        return {
+            t.name: t.shape
+            for f in self.saved.glob("*.safetensors")
+            for t in read_header(f).tensors
+        }
+
+    def named(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of the tensors the spec names on the tiny model, its MTP
+        heads left out (transformers' classes have none)."""
+        # The tiny model keeps the vocabulary (tiny_config_overrides).
+        tiny = shrink_spec(spec).model_copy(update={"vocab_size": spec.vocab_size})
+        return {
+            p.name: tuple(p.shape)
+            for p in plan_tensors(tiny)
+            if p.layer is None or p.layer < self.num_layers
+        }
+
+    def misfits(self, spec: ModelSpec) -> int:
+        """How far the spec's tensors are from transformers': a tensor one names
+        and the other lacks counts two, a shape that differs one (a right name
+        with a wrong shape is nearer)."""
+        named = self.named(spec)
+        shapes = sum(
+            named[n] != self.tensors[n] for n in set(named) & set(self.tensors)
+        )
+        return 2 * len(set(named) ^ set(self.tensors)) + shapes
+
+    def misfit(self, spec: ModelSpec) -> list[str]:
+        """How the tensors the spec names differ from the saved ones, one line per
+        kind of difference; empty if they fit."""
+        named = self.named(spec)
+        lines = []
+        extra = sorted(set(self.tensors) - set(named))
+        if extra:
+            lines.append(
+                f"transformers' {self.model_class} has tensors the spec does not "
+                f"name: {_some(extra)}"
+            )
+        missing = sorted(set(named) - set(self.tensors))
+        if missing:
+            lines.append(
+                f"the spec names tensors {self.model_class} does not have: "
+                f"{_some(missing)}"
+            )
+        shapes = [
+            f"{n} is {list(self.tensors[n])}, the spec's {list(named[n])}"
+            for n in sorted(set(named) & set(self.tensors))
+            if named[n] != self.tensors[n]
+        ]
+        if shapes:
+            lines.append(f"shapes differ: {_some(shapes)}")
+        return lines
+
+    def prove(self, spec: ModelSpec) -> Proof:
+        """Load the saved weights into the reference generated for ``spec`` and
+        compare logits; raises :class:`ProofFailed` naming what differs."""
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        from onboard.reference import install_reference
+
+        if tiny_config_overrides(spec) != self.overrides:
+            raise AssertionError("the spec is not shrunk as the family model was")
+        misfit = self.misfit(spec)
+        if misfit:
+            raise ProofFailed(
+                f"{spec.name}: the spec's checkpoint layout does not fit the "
+                "family's tensors:\n" + "\n".join(f"  - {line}" for line in misfit)
+            )
+        # A directory per try: transformers imports remote code once per path.
+        self.tries += 1
+        ckpt = self.saved.with_name(f"try-{self.tries}")
+        ckpt.mkdir()
+        for path in self.saved.iterdir():
+            if path.suffix == ".safetensors" or path.name.endswith(".index.json"):
+                (ckpt / path.name).symlink_to(path)
+            else:
+                shutil.copy(path, ckpt / path.name)
+        install_reference(spec, ckpt)
+        names = module_names(spec)
+        try:
+            with _quiet():
+                got_model, info = AutoModelForCausalLM.from_pretrained(
+                    ckpt,
+                    trust_remote_code=True,
+                    dtype=torch.float32,
+                    output_loading_info=True,
+                )
+        except Exception as exc:  # the reference cannot load what the spec says
+            raise ProofFailed(
+                f"{spec.name}: the reference generated for the spec cannot load the "
+                f"family's tiny model: {_one_line(exc)}"
+            ) from None
+        # misfit() found the same tensors; the MTP heads are the spec's own.
+        heads = f"{names['base']}.{names['layers']}.{self.num_layers}"
+        if info["unexpected_keys"] or any(
+            not k.startswith(heads) for k in info["missing_keys"]
+        ):
+            raise AssertionError(f"the reference loads other tensors: {info}")
+        layers = f"{names['base']}.{names['layers']}"
+        try:
+            with torch.no_grad(), _capture(got_model, layers, names["attn"]) as got:
+                got_logits = got_model.eval()(self.ids).logits
+        except Exception as exc:  # the reference cannot run what the spec says
+            raise ProofFailed(
+                f"{spec.name}: the reference generated for the spec fails on the "
+                f"family's tiny model: {_one_line(exc)}"
+            ) from None
+        rel = _rel(got_logits, self.logits)
+        if rel >= RTOL:
+            raise ProofFailed(_divergence(spec, self.model_class, self.want, got, rel))
+        return Proof(
+            model_class=self.model_class,
+            transformers_version=transformers.__version__,
+            num_layers=len(self.want["layers"]),
+            max_rel_diff=rel,
+            seconds=time.perf_counter() - self.started,
+            mtp_heads=spec.mtp.num_heads if spec.mtp else 0,
+        )
 
 
 def _randomise(model) -> None:
@@ -151,34 +286,6 @@ def _randomise(model) -> None:
                 tensor.add_(noise * _NORM_STD)
             elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
                 tensor.copy_(noise * _BIAS_STD)
-
-
-def _check_tensor_names(
-    spec: ModelSpec, model_class: str, info: dict, num_layers: int
-) -> None:
-    unexpected = info["unexpected_keys"]
-    # transformers' classes have no MTP heads (DeepSeek-V3 drops them at load):
-    # the heads' tensors are the spec's own, proven by the MTP tests instead.
-    names = module_names(spec)
-    heads = tuple(
-        f"{names['base']}.{names['layers']}.{num_layers + i}."
-        for i in range(spec.mtp.num_heads if spec.mtp else 0)
-    )
-    missing = [k for k in info["missing_keys"] if not (heads and k.startswith(heads))]
-    if not missing and not unexpected:
-        return
-    lines = []
-    if unexpected:
-        shown = ", ".join(sorted(unexpected)[:6])
-        lines.append(f"transformers' {model_class} has tensors the spec does not "
-                     f"name: {shown}")  # fmt: skip
-    if missing:
-        shown = ", ".join(sorted(missing)[:6])
-        lines.append(f"the spec names tensors {model_class} does not have: {shown}")
-    raise ProofFailed(
-        f"{spec.name}: the spec's checkpoint layout does not fit the family's "
-        "tensors:\n" + "\n".join(f"  - {line}" for line in lines)
-    )
 
 
 @contextmanager
@@ -219,6 +326,11 @@ def _input_recorder(into: list):
             into.append(args[0])
 
     return hook
+
+
+def _some(items: list[str], n: int = 6) -> str:
+    more = f" (and {len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
 
 
 def _one_line(exc: BaseException) -> str:

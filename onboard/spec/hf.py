@@ -171,6 +171,25 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
+# Concepts a family's modeling code may fix instead of reading a key, with the
+# values a spec can give them (the first is what the reader assumes). For a family
+# outside FAMILIES whose config class has no key for one, the value is the spec's
+# own: `spec from-hf` tries each and keeps what its proof accepts
+# (onboard.reference.infer), and the writer's round trip takes the spec's value.
+OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
+    "qk_norm": (False, True),
+    "qkv_bias": (False, True),
+    "o_bias": (False, True),
+    "norm_placement": ("pre", "post"),
+    "rope_interleave": (False, True),
+    "shared_expert_gate": (False, True),
+    "topk_method": (None, "noaux_tc"),
+    "scoring_func": ("softmax", "sigmoid"),
+    "norm_topk_prob": (False, True),
+}
+# One key sets all four projections' biases where the family has it.
+_BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
+
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("full_attention", "sliding_attention")
 ROPE_FIELDS = {
@@ -301,6 +320,40 @@ def _family(
             "transformers passes; or write the spec by hand with a new model_type."
         )
     return _known(model_type), family
+
+
+def open_concepts(model_type: str) -> list[str]:
+    """The :data:`OPEN_CONCEPTS` that ``model_type``'s config class cannot state:
+    empty for a verified family (its facts fix them) and for a new model type (the
+    spec writes every key)."""
+    if model_type in FAMILIES or not transformers_knows(model_type):
+        return []
+    known = _known(model_type)
+    return [
+        concept
+        for concept in OPEN_CONCEPTS
+        if _key_for(concept, known) is None
+        and (concept not in _BIAS_CONCEPTS or not _key_for("attention_bias", known))
+    ]
+
+
+def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
+    """The spec's values of ``concepts``, as config values."""
+    att, moe = spec.attention, spec.mlp.moe
+    values: dict[str, Any] = {
+        "norm_placement": spec.norm.placement,
+        "rope_interleave": spec.rope.interleaved,
+    }
+    if att.type == "gqa":
+        values.update(qk_norm=att.qk_norm, qkv_bias=att.qkv_bias, o_bias=att.o_bias)
+    if moe is not None:
+        values.update(
+            shared_expert_gate=moe.shared_expert_gate,
+            topk_method="noaux_tc" if moe.router.bias_correction else None,
+            scoring_func=moe.router.scoring,
+            norm_topk_prob=moe.router.norm_topk_prob,
+        )
+    return {c: values[c] for c in concepts if c in values}
 
 
 # ---- reading a config ------------------------------------------------------------
@@ -688,11 +741,14 @@ def spec_from_hf_config(
     name: str | None = None,
     source: str = "config.json",
     unverified: bool = False,
+    facts: dict[str, Any] | None = None,
 ) -> ModelSpec:
     """Infer a spec from a Hugging Face config dict; refuse what it cannot map.
 
     A transformers family outside :data:`FAMILIES` is refused, unless
-    ``unverified`` (for a caller that proves the spec before using it)."""
+    ``unverified`` (for a caller that proves the spec before using it). ``facts``:
+    values of :data:`OPEN_CONCEPTS` the config does not state (a hypothesis the
+    caller proves)."""
     if not isinstance(config, dict):
         raise InputError(f"{source}: a config must be a JSON object")
     non_finite = non_finite_keys(config)
@@ -702,11 +758,9 @@ def spec_from_hf_config(
             f"{source}: {', '.join(non_finite[:5])}: NaN or infinite; no model "
             "config means that (a corrupt or hand-edited file?)"
         )
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise InputError(f"{source}: model_type: required, as a string")
+    model_type = model_type_of(config, source)
     known, family = _family(model_type, source, unverified)
-    facts = family.facts if family else {}
+    facts = {**(family.facts if family else {}), **(facts or {})}
     cfg = _normalised(known, config, source) if known else dict(config)
 
     try:
@@ -765,6 +819,14 @@ def spec_from_hf_config(
         "checkpoint": {"layout": family.layout if family else "llama"},
     }
     return _validated(data, source)
+
+
+def model_type_of(config: Any, source: str) -> str:
+    """``config``'s model_type; InputError when it has none."""
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(f"{source}: model_type: required, as a string")
+    return model_type
 
 
 def _contradictions(
@@ -946,6 +1008,7 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     # A family outside FAMILIES is written with the Llama naming; the round trip
     # below and the proof or validation against transformers check the result.
     known, family = _family(spec.model_type, source, unverified=True)
+    facts = spec_facts(spec, open_concepts(spec.model_type))
     concepts = _concepts(spec)
     if known is None:
         cfg = {
@@ -956,7 +1019,7 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     else:
         cfg = _write_known(spec, concepts, known, family)
     cfg["dtype"] = "bfloat16"
-    _check_round_trip(spec, cfg, source)
+    _check_round_trip(spec, cfg, source, facts)
     return cfg
 
 
@@ -1025,10 +1088,14 @@ def _short(value: Any) -> str:
     return printable(repr(value), 120)
 
 
-def _check_round_trip(spec: ModelSpec, cfg: dict, source: str) -> None:
+def _check_round_trip(
+    spec: ModelSpec, cfg: dict, source: str, facts: dict[str, Any]
+) -> None:
     """Refuse a spec whose config would read back as a different model."""
     try:
-        back = spec_from_hf_config(cfg, name=spec.name, source=source, unverified=True)
+        back = spec_from_hf_config(
+            cfg, name=spec.name, source=source, unverified=True, facts=facts
+        )
     except InputError as exc:
         raise InputError(
             f"{source}: cannot be written as a {spec.model_type} config.json:\n{exc}"

@@ -1,0 +1,153 @@
+"""Infer a spec from a config.json and prove it, finding by the proof what the
+config does not state.
+
+A family's modeling code may fix what its config has no key for: Qwen3 always has
+q/k norms, GLM-4-MoE always routes by sigmoid with a bias correction. For a family
+onboard has verified those facts are known (onboard.spec.hf.FAMILIES); for any
+other, each such concept (:data:`~onboard.spec.hf.OPEN_CONCEPTS`) is a question the
+tiny model of the family answers:
+
+- the ones a checkpoint shows in its tensor names (q/k norms, biases, norm
+  placement, a shared-expert gate, a router bias, the checkpoint layout) are chosen
+  so that the spec names exactly the tensors transformers saved;
+- the others (rope interleaving, sigmoid or softmax scores, top-k renormalisation)
+  are each tried, and the proof must accept exactly one combination.
+
+Nothing is accepted without the proof of onboard.reference.prove.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from typing import Any
+
+from onboard.errors import InputError
+from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_model
+from onboard.spec.hf import OPEN_CONCEPTS, open_concepts, spec_from_hf_config
+from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.model import ModelSpec
+
+# Concepts a checkpoint's tensor names show (the rest need the forward pass).
+VISIBLE = (
+    "qk_norm",
+    "qkv_bias",
+    "o_bias",
+    "norm_placement",
+    "shared_expert_gate",
+    "topk_method",
+)
+_MOE_ONLY = {"shared_expert_gate", "topk_method", "scoring_func", "norm_topk_prob"}
+_GQA_ONLY = {"qk_norm", "qkv_bias", "o_bias"}
+
+
+def infer_spec(
+    config: dict[str, Any], *, name: str | None = None, source: str = "config.json"
+) -> tuple[ModelSpec, Proof]:
+    """The spec of ``config``, proven against transformers' class for its family
+    (which must exist); raises :class:`ProofFailed` when no spec proves."""
+    base = spec_from_hf_config(config, name=name, source=source, unverified=True)
+    concepts = _questions(base, open_concepts(base.model_type))
+    with family_model(base, config) as family:
+        if not concepts:
+            return base, family.prove(base)
+        return _search(base, config, concepts, family, name, source)
+
+
+def _questions(spec: ModelSpec, concepts: list[str]) -> list[str]:
+    """The open concepts that change this spec's model."""
+    moe = spec.mlp.moe
+    out = []
+    for c in concepts:
+        if c in _MOE_ONLY and moe is None:
+            continue
+        if c == "shared_expert_gate" and moe is not None and not moe.num_shared_experts:
+            continue
+        if c in _GQA_ONLY and spec.attention.type != "gqa":
+            continue
+        out.append(c)
+    return out
+
+
+def _search(
+    base: ModelSpec,
+    config: dict,
+    concepts: list[str],
+    family: FamilyModel,
+    name: str | None,
+    source: str,
+) -> tuple[ModelSpec, Proof]:
+    def spec_with(facts: dict[str, Any], layout: str) -> ModelSpec | None:
+        try:
+            spec = spec_from_hf_config(
+                config, name=name, source=source, unverified=True, facts=facts
+            )
+        except InputError:  # a combination the spec rules refuse
+            return None
+        if spec.checkpoint.layout == layout:
+            return spec
+        data = spec.model_dump(mode="json")
+        data["checkpoint"]["layout"] = layout
+        return ModelSpec.model_validate(data)
+
+    visible = [c for c in concepts if c in VISIBLE]
+    facts = {c: OPEN_CONCEPTS[c][0] for c in concepts}
+    layout = base.checkpoint.layout
+    misfit = family.misfits(base)
+    # Each visible concept names its own tensors: move one at a time while the
+    # names fit better.
+    moves = [(c, v) for c in visible for v in OPEN_CONCEPTS[c]]
+    moves += [("layout", v) for v in LAYOUT_PRESETS if base.mlp.moe is not None]
+    while misfit:
+        trials = []
+        for concept, value in moves:
+            if concept == "layout":
+                if value == layout:
+                    continue
+                trial, trial_layout = facts, value
+            elif facts[concept] == value:
+                continue
+            else:
+                trial, trial_layout = {**facts, concept: value}, layout
+            spec = spec_with(trial, trial_layout)
+            if spec is not None:
+                trials.append((family.misfits(spec), trial, trial_layout))
+        better = [t for t in trials if t[0] < misfit]
+        if not better:
+            break
+        _, facts, layout = min(better, key=lambda t: t[0])
+        misfit = family.misfits(spec_with(facts, layout))
+
+    hidden = [c for c in concepts if c not in VISIBLE]
+    proven: list[tuple[dict, ModelSpec, Proof]] = []
+    first_failure: ProofFailed | None = None
+    for values in itertools.product(*(OPEN_CONCEPTS[c] for c in hidden)):
+        trial = {**facts, **dict(zip(hidden, values, strict=True))}
+        spec = spec_with(trial, layout)
+        if spec is None:
+            continue
+        try:
+            proven.append((trial, spec, family.prove(spec)))
+        except ProofFailed as exc:
+            first_failure = first_failure or exc
+        if misfit:
+            break  # the names do not fit: every try fails on them
+    if not proven:
+        if first_failure is None:  # no combination is a valid spec
+            spec_from_hf_config(config, name=name, source=source, unverified=True)
+        raise first_failure
+    distinct = {
+        json.dumps(s.model_dump(mode="json"), sort_keys=True) for _, s, _ in proven
+    }
+    if len(distinct) > 1:
+        differ = sorted(c for c in hidden if len({str(t[c]) for t, _, _ in proven}) > 1)
+        raise ProofFailed(
+            f"{base.name}: the tiny model of the family cannot tell apart "
+            f"{', '.join(differ)}: several values give transformers' logits, and "
+            "the config does not say which the family uses"
+        )
+    found, spec, proof = proven[0]
+    if layout != base.checkpoint.layout:
+        found = {**found, "checkpoint.layout": layout}
+    return spec, replace(proof, found=found)
