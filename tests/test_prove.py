@@ -184,3 +184,47 @@ def test_a_verified_family_is_not_searched():
     assert open_concepts("qwen3") == []
     spec, proof = infer_spec(transformers_config("qwen3").to_dict())
     assert spec.attention.qk_norm and proof.found == {}
+
+
+def test_tensor_names_no_layout_has_are_found_then_proven():
+    # HunYuan stores its per-head q/k norms as query_layernorm / key_layernorm:
+    # found by their shapes; the proof then refuses the family, which applies
+    # them after rope where the spec's q/k norm comes before.
+    from onboard.reference.infer import infer_spec, renamed
+    from onboard.reference.prove import family_model
+
+    config = transformers.HunYuanDenseV1Config(**SMALL, head_dim=16).to_dict()
+    spec = spec_from_hf_config(config, unverified=True, facts={"qk_norm": True})
+    with family_model(spec, config) as family:
+        assert family.misfit(spec)
+        found = renamed(spec, family)
+        assert found.checkpoint.tensor_names == {
+            "q_norm": "model.layers.{layer}.self_attn.query_layernorm",
+            "k_norm": "model.layers.{layer}.self_attn.key_layernorm",
+        }
+        assert family.misfit(found) == []
+    with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
+        infer_spec(config)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("seed_oss", dict(attention_bias=True, attention_out_bias=False)),
+        ("ernie4_5", dict(use_bias=False)),
+    ],
+)
+def test_families_whose_keys_are_mapped_prove(model_type, extra):
+    # Seed-OSS: q/k/v biases without an o_proj bias (attention_out_bias);
+    # ERNIE-4.5: interleaved rope, which its config does not state.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.AutoConfig.for_model(
+        model_type, **SMALL, head_dim=16, **extra
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert proof.max_rel_diff < RTOL
+    if model_type == "seed_oss":
+        assert (spec.attention.qkv_bias, spec.attention.o_bias) == (True, False)
+    else:
+        assert spec.rope.interleaved is True

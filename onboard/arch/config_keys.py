@@ -33,7 +33,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "head_dim": ("head_dim",),
     # Llama-style configs have one attention_bias for all four projections.
     "qkv_bias": ("qkv_bias", "attention_bias"),
-    "o_bias": ("o_bias", "attention_bias"),
+    "o_bias": ("o_bias", "attention_out_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
     "partial_rotary_factor": ("partial_rotary_factor",),
     "intermediate_size": ("intermediate_size",),

@@ -18,8 +18,10 @@ Nothing is accepted without the proof of onboard.reference.prove.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +30,7 @@ from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_mode
 from onboard.spec.hf import OPEN_CONCEPTS, open_concepts, spec_from_hf_config
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
+from onboard.spec.module_tree import used_roles
 
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
@@ -85,11 +88,11 @@ def _search(
             )
         except InputError:  # a combination the spec rules refuse
             return None
-        if spec.checkpoint.layout == layout:
-            return spec
-        data = spec.model_dump(mode="json")
-        data["checkpoint"]["layout"] = layout
-        return ModelSpec.model_validate(data)
+        if spec.checkpoint.layout != layout:
+            data = spec.model_dump(mode="json")
+            data["checkpoint"]["layout"] = layout
+            spec = ModelSpec.model_validate(data)
+        return renamed(spec, family)
 
     visible = [c for c in concepts if c in VISIBLE]
     facts = {c: OPEN_CONCEPTS[c][0] for c in concepts}
@@ -150,4 +153,59 @@ def _search(
     found, spec, proof = proven[0]
     if layout != base.checkpoint.layout:
         found = {**found, "checkpoint.layout": layout}
+    for role, path in spec.checkpoint.tensor_names.items():
+        found = {**found, f"checkpoint.tensor_names.{role}": path}
     return spec, replace(proof, found=found)
+
+
+def renamed(spec: ModelSpec, family: FamilyModel) -> ModelSpec:
+    """``spec`` with ``checkpoint.tensor_names`` for each role none of whose
+    tensors the family saved, where exactly one unnamed module of the family has
+    the same tensors (parameters, shapes, layers); the proof then checks them."""
+    named, saved = family.named(spec), family.tensors
+    extra = _modules({n: v for n, v in saved.items() if n not in named})
+    found: dict[str, str] = {}
+    for role in used_roles(spec):
+        template = spec.tensor_path(role)
+        if "{expert}" in template:
+            continue  # experts are found by the layout preset
+        role_tensors = {n: v for n, v in named.items() if _is_role(n, template)}
+        mine = _modules(role_tensors)
+        if len(mine) != 1 or any(n in saved for n in role_tensors):
+            continue
+        ((path, tensors),) = mine.items()
+        fits = [module for module, theirs in extra.items() if theirs == tensors]
+        if len(fits) > 1:  # the same shapes: the most similar name
+            fits = difflib.get_close_matches(path, fits, n=1, cutoff=0.0)
+        if len(fits) == 1 and fits[0] not in found.values():
+            found[role] = fits[0]
+    if not found:
+        return spec
+    data = spec.model_dump(mode="json")
+    data["checkpoint"]["tensor_names"] = {**spec.checkpoint.tensor_names, **found}
+    return ModelSpec.model_validate(data)
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def _modules(tensors: dict[str, tuple[int, ...]]) -> dict[str, frozenset]:
+    """Module path, with ``{layer}`` for the layer index -> its (parameter, layer,
+    shape) set."""
+    out: dict[str, set] = {}
+    for name, shape in tensors.items():
+        module, param = name.rsplit(".", 1)
+        layer = _LAYER.search(module)
+        index = layer.group(1) if layer else None
+        if layer:
+            module = (
+                module[: layer.start()] + ".layers.{layer}." + module[layer.end() :]
+            )
+        out.setdefault(module, set()).add((param, index, shape))
+    return {m: frozenset(v) for m, v in out.items()}
+
+
+def _is_role(name: str, template: str) -> bool:
+    module = name.rsplit(".", 1)[0]
+    pattern = re.escape(template).replace(r"\{layer\}", r"\d+")
+    return re.fullmatch(pattern, module) is not None

@@ -54,7 +54,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_norm": ("qk_norm", "use_qk_norm"),
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
-    "o_bias": ("o_bias",),  # o only (overrides attention_bias)
+    "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
@@ -104,12 +104,13 @@ IGNORED: frozenset[str] = frozenset(
         "return_dict", "output_hidden_states", "output_attentions", "id2label",
         "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
         "auto_map", "tokenizer_class", "bos_token_id", "eos_token_id",
-        "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        "pad_token_id", "sep_token_id", "decoder_start_token_id", "eod_token_id",
         # inference-time switches
         "use_cache", "output_router_logits",
         # training only
         "initializer_range", "attention_dropout", "hidden_dropout", "dropout",
-        "embd_pdrop", "resid_pdrop", "router_aux_loss_coef", "aux_loss_alpha",
+        "embd_pdrop", "resid_pdrop", "residual_dropout", "embedding_dropout",
+        "router_aux_loss_coef", "aux_loss_alpha",
         "seq_aux", "router_jitter_noise", "router_z_loss_coef", "pretraining_tp",
         "ep_size",
         # checkpoint storage, not architecture (checked by `spec check --checkpoint`)
@@ -120,6 +121,8 @@ IGNORED: frozenset[str] = frozenset(
 # Keys accepted only at the value that leaves the forward pass as the spec has it.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "mlp_bias": (False,),
+    "use_bias": (False,),  # ERNIE-4.5: biases on every projection
+    "clip_qkv": (None,),  # OLMo: clamps q, k and v when set
     "is_causal": (True,),
     "use_bidirectional_attention": (False, None),
 }
