@@ -195,6 +195,35 @@ def test_transformers_deepseek_without_topk_method(hf_written, tmp_path) -> None
     assert problem.spec_fields == ("mlp.moe.router.bias_correction",)
 
 
+@pytest.mark.parametrize("absent", ["removed", "null"])
+def test_an_absent_head_dim_means_the_width_over_the_heads(
+    hf_written, tmp_path, absent
+) -> None:
+    """Qwen2 and Qwen-MoE config classes have no head_dim, Mixtral's writes null:
+    transformers and vLLM then take hidden_size / num_attention_heads. (Qwen3's
+    class has a default, 128, which an absent key means instead.)"""
+    ckpt = tmp_path / "qwen3_moe"  # Qwen3MoeConfig declares no head_dim
+    shutil.copytree(hf_written["qwen3_moe"], ckpt)
+    spec = spec_from_hf_config_file(ckpt)
+    assert spec.head_dim * spec.attention.num_heads == spec.hidden_size
+
+    def drop(config: dict) -> None:
+        if absent == "removed":
+            config.pop("head_dim")
+        else:
+            config["head_dim"] = None
+
+    edit_config(ckpt, drop)
+    report = preflight(spec, ckpt)
+    assert report.ok and report.problems == [], report.lines()
+    # Where the width does not give the spec's head_dim, it is still required.
+    wide = spec.model_copy(
+        update={"attention": spec.attention.model_copy(update={"head_dim": 16})}
+    )
+    problem = one(preflight(wide, ckpt), "config")
+    assert problem.where == "head_dim" and "the spec needs 16" in problem.message
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from onboard.checkpoint.preflight_report import PreflightRun
@@ -170,6 +171,9 @@ def _compare_key(
     got = actual.get(key, _MISSING)
     if _same(want, got):
         return
+    derive = DERIVED.get(key)
+    if got in (_MISSING, None) and derive is not None and _same(want, derive(actual)):
+        return  # absent or null: transformers and vLLM both derive this value
     if isinstance(want, dict) and isinstance(got, dict):
         for sub in sorted(set(want) | set(got)):
             w, g = want.get(sub, _MISSING), got.get(sub, _MISSING)
@@ -192,6 +196,18 @@ def _compare_key(
                 )
                 return
     _config_problem(run, key, key, want, got, raw, known)
+
+
+def _head_dim(config: dict) -> Any:
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return _MISSING
+
+
+# Keys whose absence (or null) means a value derived from others, as both
+# transformers' modeling code and vLLM read them.
+DERIVED: dict[str, Callable[[dict], Any]] = {"head_dim": _head_dim}
 
 
 def _config_problem(

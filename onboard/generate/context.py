@@ -466,10 +466,8 @@ def _model_config_keys(
             f.need("num_key_value_heads", spec.num_kv_heads)
         # Families without head_dim in their config derive it from the width.
         cfg["head_dim"] = f.find("head_dim", spec.head_dim)
-        if cfg["head_dim"] is None and (
-            att.head_dim is not None
-            and spec.head_dim * att.num_heads != spec.hidden_size
-        ):
+        cfg["head_dim_derivable"] = spec.head_dim * att.num_heads == spec.hidden_size
+        if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", spec.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
     cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)

@@ -27,7 +27,12 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_model
-from onboard.spec.hf import OPEN_CONCEPTS, open_concepts, spec_from_hf_config
+from onboard.spec.hf import (
+    OPEN_CONCEPTS,
+    model_type_of,
+    open_concepts,
+    spec_from_hf_config,
+)
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
@@ -50,8 +55,15 @@ def infer_spec(
 ) -> tuple[ModelSpec, Proof]:
     """The spec of ``config``, proven against transformers' class for its family
     (which must exist); raises :class:`ProofFailed` when no spec proves."""
-    base = spec_from_hf_config(config, name=name, source=source, unverified=True)
-    concepts = _questions(base, open_concepts(base.model_type))
+    open_ = open_concepts(model_type_of(config, source))
+    base = spec_from_hf_config(
+        config,
+        name=name,
+        source=source,
+        unverified=True,
+        facts={c: OPEN_CONCEPTS[c][0] for c in open_},  # what _search starts from
+    )
+    concepts = _questions(base, open_)
     with family_model(base, config) as family:
         if not concepts:
             return base, family.prove(base)

@@ -108,7 +108,8 @@ IGNORED: frozenset[str] = frozenset(
         # inference-time switches
         "use_cache", "output_router_logits",
         # training only
-        "initializer_range", "attention_dropout", "hidden_dropout", "dropout",
+        "initializer_range", "embedding_initializer_range", "attention_dropout",
+        "hidden_dropout", "dropout",
         "embd_pdrop", "resid_pdrop", "residual_dropout", "embedding_dropout",
         "router_aux_loss_coef", "aux_loss_alpha",
         "seq_aux", "router_jitter_noise", "router_z_loss_coef", "pretraining_tp",

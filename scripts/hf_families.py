@@ -1,0 +1,226 @@
+"""Which transformers families `onboard spec from-hf` proves: the table of
+docs/hf-mapping.md.
+
+For every causal-LM model type of the installed transformers, its config class's
+defaults are shrunk to a few-second model (the sizes below, set where the class
+has the key) and inferred and proven as `spec from-hf` does
+(onboard.reference.infer); a proven spec is generated as well. With
+``--validate`` each proven family also runs `onboard validate --checks accuracy`
+on the CPU engine, on a tiny checkpoint transformers wrote (minutes per family).
+
+    .venv/bin/python scripts/hf_families.py                  # print the table
+    .venv/bin/python scripts/hf_families.py --write          # into the docs
+    .venv/bin/python scripts/hf_families.py --only glm4_moe,olmoe --validate
+
+The time column is the inference and proof in this process (transformers and
+torch already imported), on the machine that ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "hf-mapping.md"
+BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
+
+# The shrunk sizes, each set only where the family's config class has the key
+# (head_dim 32: vLLM's CPU attention takes multiples of 32).
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=4,
+    max_position_embeddings=256,
+    head_dim=32,
+    moe_intermediate_size=64,
+    n_routed_experts=16,  # DeepSeek: 8 groups of at least 2
+    num_experts=8,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+@dataclass
+class Row:
+    model_type: str
+    status: str  # proven and validated | proven | refused | not validated
+    detail: str
+    seconds: float | None = None
+
+
+def small_config(model_type: str) -> dict:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    declared = cls().to_dict()
+    small = {k: v for k, v in SMALL.items() if k in declared}
+    if declared.get("kv_lora_rank"):  # MLA: as many KV heads as heads, small ranks
+        small["num_key_value_heads"] = small.get("num_attention_heads")
+        small.pop("head_dim", None)
+        small.update(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32)
+        small.update(v_head_dim=32)
+        if declared.get("q_lora_rank"):
+            small["q_lora_rank"] = 64
+    return cls(**small).to_dict()
+
+
+def family_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING)
+
+
+def first_reason(message: str) -> str:
+    """The first problem of a refusal, on one line, for a table cell."""
+    where = re.search(r"first divergence: (.*?)\. The family", message)
+    if where:
+        return f"the proof fails; first divergence: {where.group(1)}"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if lines and lines[0].endswith(":") and len(lines) > 1:
+        lines[0] = f"{lines[0]} {lines[1]}"  # transformers' own validation
+    bullets = [line.removeprefix("- ") for line in lines if line.startswith("- ")]
+    if bullets:
+        text = bullets[0]
+    else:  # without the file or spec name in front
+        text = re.sub(r"^[\w./-]+: ", "", lines[0] if lines else message)
+    text = text.replace("|", "\\|")
+    return text if len(text) <= 150 else text[:147] + "..."
+
+
+def run_one(model_type: str, validate: bool, work: Path) -> Row:
+    from onboard.errors import InputError
+    from onboard.pipeline.generate import generate_all
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import OPEN_CONCEPTS
+
+    try:
+        config = small_config(model_type)
+    except Exception as exc:  # the class refuses its own defaults at these sizes
+        return Row(model_type, "refused", f"no small config: {first_reason(str(exc))}")
+    start = time.perf_counter()
+    try:
+        spec, proof = infer_spec(config, name=model_type.replace("_", "-"))
+    except InputError as exc:
+        return Row(model_type, "refused", first_reason(str(exc)))
+    except Exception as exc:  # transformers' own code on its defaults
+        return Row(
+            model_type, "refused", f"{type(exc).__name__}: {first_reason(str(exc))}"
+        )
+    seconds = time.perf_counter() - start
+    # What the proof found other than the Llama defaults.
+    found = ", ".join(
+        f"`{k}: {json.dumps(v)}`"
+        for k, v in proof.found.items()
+        if k not in OPEN_CONCEPTS or v != OPEN_CONCEPTS[k][0]
+    )
+    detail = found
+    generate_all(spec, work / model_type / "gen")
+    if not validate:
+        return Row(model_type, "proven", detail, seconds)
+    ok, why = validate_family(model_type, config, spec, work / model_type)
+    return Row(
+        model_type,
+        "proven and validated" if ok else "proven, not validated",
+        detail if ok else why,
+        seconds,
+    )
+
+
+def validate_family(
+    model_type: str, config: dict, spec, work: Path
+) -> tuple[bool, str]:
+    """`onboard validate --checks accuracy` on a checkpoint transformers wrote of
+    the small config itself (the spec's sizes)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from onboard.spec import dump_spec
+
+    tiny = CONFIG_MAPPING[model_type].from_dict(config)  # already small
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+    with torch.no_grad():  # decisive logits (std ~8), as tests/hf_tiny.py writes
+        head = model.get_output_embeddings().weight
+        head.normal_(0.0, 8.0 / tiny.hidden_size**0.5)
+    ckpt = work / "ckpt"
+    model.save_pretrained(ckpt)
+    (work / "spec.yaml").write_text(dump_spec(spec))
+    onboard = str(Path(sys.executable).with_name("onboard"))
+    proc = subprocess.run(
+        [onboard, "validate", str(ckpt), "--spec", str(work / "spec.yaml"),
+         "--checks", "accuracy", "--out", str(work / "validation")],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    path = work / "validation" / "validation.json"
+    if not path.is_file():
+        return False, first_reason(proc.stderr or proc.stdout)
+    result = json.loads(path.read_text())
+    check = next(c for c in result["checks"] if c["name"] == "accuracy")
+    return check["status"] == "passed", first_reason(check.get("details", ""))
+
+
+def table(rows: list[Row]) -> str:
+    import transformers
+
+    statuses = dict.fromkeys(r.status for r in rows)
+    counts = ", ".join(f"{sum(r.status == s for r in rows)} {s}" for s in statuses)
+    lines = [
+        f"transformers {transformers.__version__}: {len(rows)} causal-LM model "
+        f"types; {counts}.",
+        "",
+        "| model_type | status | proof (s) | found by the proof, or why refused |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        seconds = "" if r.seconds is None else f"{r.seconds:.1f}"
+        lines.append(f"| {r.model_type} | {r.status} | {seconds} | {r.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated model types")
+    parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--write", action="store_true", help=f"update {DOC.name}")
+    args = parser.parse_args()
+
+    from tqdm import tqdm
+    from transformers.utils import logging
+
+    from onboard.spec.hf import quiet_transformers
+
+    logging.disable_progress_bar()
+    types = args.only.split(",") if args.only else family_types()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, quiet_transformers():
+        for model_type in tqdm(types, desc="families", unit="family"):
+            rows.append(run_one(model_type, args.validate, Path(tmp)))
+    text = table(rows)
+    if args.write:
+        doc = DOC.read_text()
+        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+        DOC.write_text(doc[:start] + "\n" + text + doc[end:])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
