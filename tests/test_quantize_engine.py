@@ -65,7 +65,10 @@ def llama(tmp_path_factory) -> Path:
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_fp8_dynamic_dense_loads_and_generates(llama, tmp_path):
+    # In `make test-all` with the sweep below: `make test` runs an fp8-dynamic
+    # checkpoint in the engine through the plugin (tests/test_quant_check_engine.py).
     out = quantize_checkpoint(llama, "fp8-dynamic", tmp_path / "fp8")
     res, log = load(out)
     assert res["ok"], (res.get("error"), log[-3000:])
