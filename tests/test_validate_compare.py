@@ -286,3 +286,29 @@ def test_check_names():
     for bad in ("acuracy", "quant:fp9", "spec-decode:", "quant:"):
         with pytest.raises(InputError, match="unknown check"):
             parse_checks(bad)
+
+
+def test_the_engine_error_behind_a_dead_engine_is_found_in_its_log(tmp_path):
+    """A check whose engine dies under a request names the engine's own error
+    (lines as vLLM 0.32's CPU workers log them), not only EngineDeadError."""
+    from onboard.validate.harness import engine_error
+
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(MainProcess pid=8330) WARNING 12-03 16:49:18 [base.py:380] ValueError: "
+        "Tokenizer not available when `skip_tokenizer_init=True`\n"
+        "(Worker pid=8790) ERROR 12-03 16:49:18 [multiproc_executor.py:1063] "
+        "Traceback (most recent call last):\n"
+        "(Worker pid=8790) ERROR 12-03 16:49:18 [multiproc_executor.py:1063] "
+        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 "
+        "kv_cache_idx=0\n"
+        "(EngineCore pid=8456) ERROR 12-03 16:49:18 [core.py:1512] "
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue\n"
+    )
+    assert engine_error(log) == (
+        "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 "
+        "kv_cache_idx=0"
+    )
+    log.write_text("(EngineCore pid=1) INFO 12-03 16:49:18 [core.py:1] started\n")
+    assert engine_error(log) is None
+    assert engine_error(tmp_path / "absent.log") is None

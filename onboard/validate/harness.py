@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import importlib
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -266,13 +267,38 @@ def _run_check(ctx: RunContext, name: str) -> Check:
     try:
         return _runner(name)(ctx, name)
     except (EngineDied, TimeoutError, RuntimeError) as exc:
+        log = ctx.engine.log_path if ctx.engine else None
+        cause = engine_error(log) if log else None
+        metrics = {"error": f"{type(exc).__name__}: {exc}"}
+        if cause:
+            metrics["engine_error"] = cause
         return Check(
             name,
             "failed",
-            {"error": f"{type(exc).__name__}: {exc}"},
+            metrics,
             f"the check could not complete: {type(exc).__name__}: {exc}\n"
-            f"(engine log: {ctx.engine.log_path if ctx.engine else 'none'})",
+            + (f"The engine's own error: {cause}\n" if cause else "")
+            + f"(engine log: {log or 'none'})",
         )
+
+
+# An exception line of vLLM's worker or engine-core log: "(Worker pid=1) ERROR
+# 12-03 16:49:18 [multiproc_executor.py:1063] RuntimeError: Unsupported ...".
+_LOGGED_ERROR = re.compile(r"\bERROR\b.*?\] ((?:\w+\.)*\w*(?:Error|Exception): .+)$")
+
+
+def engine_error(log_path: Path) -> str | None:
+    """The first exception vLLM's processes logged (the root cause of an engine
+    that died under a request), if the log has one."""
+    try:
+        text = Path(log_path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        found = _LOGGED_ERROR.search(line)
+        if found and "EngineDeadError" not in found.group(1):
+            return found.group(1).strip()[:300]
+    return None
 
 
 def _preflight(spec: ModelSpec, model_dir: Path, log: Callable[[str], None]) -> None:
