@@ -93,12 +93,15 @@ def _search(
     name: str | None,
     source: str,
 ) -> tuple[ModelSpec, Proof]:
+    refused: list[InputError] = []
+
     def spec_with(facts: dict[str, Any], layout: str) -> ModelSpec | None:
         try:
             spec = spec_from_hf_config(
                 config, name=name, source=source, unverified=True, facts=facts
             )
-        except InputError:  # a combination the spec rules refuse
+        except InputError as exc:  # a combination the spec rules refuse
+            refused.append(exc)
             return None
         if spec.checkpoint.layout != layout:
             data = spec.model_dump(mode="json")
@@ -131,8 +134,7 @@ def _search(
         better = [t for t in trials if t[0] < misfit]
         if not better:
             break
-        _, facts, layout = min(better, key=lambda t: t[0])
-        misfit = family.misfits(spec_with(facts, layout))
+        misfit, facts, layout = min(better, key=lambda t: t[0])
 
     hidden = [c for c in concepts if c not in VISIBLE]
     proven: list[tuple[dict, ModelSpec, Proof]] = []
@@ -149,9 +151,7 @@ def _search(
         if misfit:
             break  # the names do not fit: every try fails on them
     if not proven:
-        if first_failure is None:  # no combination is a valid spec
-            spec_from_hf_config(config, name=name, source=source, unverified=True)
-        raise first_failure
+        raise first_failure or refused[-1]  # else no combination was a valid spec
     distinct = {
         json.dumps(s.model_dump(mode="json"), sort_keys=True) for _, s, _ in proven
     }
