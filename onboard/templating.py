@@ -46,9 +46,21 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "VllmConfig": ("vllm.config", "VllmConfig"),
     "get_ep_group": ("vllm.distributed", "get_ep_group"),
     "get_pp_group": ("vllm.distributed", "get_pp_group"),
+    "get_tensor_model_parallel_rank": (
+        "vllm.distributed",
+        "get_tensor_model_parallel_rank",
+    ),
     "get_tensor_model_parallel_world_size": (
         "vllm.distributed",
         "get_tensor_model_parallel_world_size",
+    ),
+    "tensor_model_parallel_all_gather": (
+        "vllm.distributed",
+        "tensor_model_parallel_all_gather",
+    ),
+    "split_tensor_along_last_dim": (
+        "vllm.distributed.utils",
+        "split_tensor_along_last_dim",
     ),
     "GeluAndMul": ("vllm.model_executor.layers.activation", "GeluAndMul"),
     "SiluAndMul": ("vllm.model_executor.layers.activation", "SiluAndMul"),

@@ -10,7 +10,10 @@ on the CPU engine, on a tiny checkpoint transformers wrote (minutes per family).
 
     .venv/bin/python scripts/hf_families.py                  # print the table
     .venv/bin/python scripts/hf_families.py --write          # into the docs
-    .venv/bin/python scripts/hf_families.py --only glm4_moe,olmoe --validate
+    .venv/bin/python scripts/hf_families.py --only glm4_moe,olmoe --validate --write
+
+With ``--only``, ``--write`` replaces those families' rows and keeps the others
+(validation, minutes per family, can be added a few families at a time).
 
 The time column is the inference and proof in this process (transformers and
 torch already imported), on the machine that ran it.
@@ -48,6 +51,8 @@ SMALL = dict(
     num_experts=8,
     num_local_experts=8,
     num_experts_per_tok=2,
+    moe_topk=2,  # HunYuan-MoE: top-1 routing cannot tell scoring functions apart
+    moe_k=2,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -68,10 +73,13 @@ def small_config(model_type: str) -> dict:
     cls = CONFIG_MAPPING[model_type]
     declared = cls().to_dict()
     small = {k: v for k, v in SMALL.items() if k in declared}
-    if declared.get("kv_lora_rank"):  # MLA: as many KV heads as heads, small ranks
+    if "n_shared_experts" in declared and declared["n_shared_experts"] is None:
+        small["n_shared_experts"] = 1  # dots1: the class's None does not build
+    if declared.get("kv_lora_rank"):  # MLA: as many KV heads as heads
         small["num_key_value_heads"] = small.get("num_attention_heads")
         small.pop("head_dim", None)
-        small.update(kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32)
+        # vLLM's CPU MLA kernel takes only a 576-wide latent (512 + 64 rope dims).
+        small.update(kv_lora_rank=512, qk_nope_head_dim=32, qk_rope_head_dim=64)
         small.update(v_head_dim=32)
         if declared.get("q_lora_rank"):
             small["q_lora_rank"] = 64
@@ -213,13 +221,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, quiet_transformers():
         for model_type in tqdm(types, desc="families", unit="family"):
             rows.append(run_one(model_type, args.validate, Path(tmp)))
-    text = table(rows)
     if args.write:
         doc = DOC.read_text()
         start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-        DOC.write_text(doc[:start] + "\n" + text + doc[end:])
-    print(text)
+        if args.only:  # the rows run now replace theirs; the others stay
+            rows = merged(rows, doc[start:end])
+        DOC.write_text(doc[:start] + "\n" + table(rows) + doc[end:])
+    print(table(rows))
     return 0
+
+
+def merged(rows: list[Row], old_table: str) -> list[Row]:
+    """The table's rows with ``rows`` in place of their families'."""
+    new = {r.model_type: r for r in rows}
+    out = []
+    for line in old_table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) != 4 or cells[0] in ("model_type", "---"):
+            continue
+        model_type, status, seconds, detail = cells
+        out.append(
+            new.pop(model_type, None)
+            or Row(model_type, status, detail, float(seconds) if seconds else None)
+        )
+    return sorted(out + list(new.values()), key=lambda r: r.model_type)
 
 
 if __name__ == "__main__":

@@ -42,21 +42,33 @@ def test_each_frequency_field_keeps_its_familys_arithmetic():
         "decoder_sparse_step": "(layer_idx + 1) % config.{name} == 0",
         "moe_layer_freq": "layer_idx % config.{name} == 0",
     }
-    # Two concepts, never aliases of each other.
-    assert ALIASES["decoder_sparse_step"] == ("decoder_sparse_step",)
+    # Two concepts, never aliases of each other (ERNIE-4.5's moe_layer_interval
+    # counts like Qwen's: its decoder layer tests (layer_idx + 1) % interval).
+    ernie = (MODELS / "ernie45_moe.py").read_text()
+    assert "(layer_idx + 1) % moe_layer_interval == 0" in ernie
+    assert ALIASES["decoder_sparse_step"] == (
+        "decoder_sparse_step",
+        "moe_layer_interval",
+    )
     assert ALIASES["moe_layer_freq"] == ("moe_layer_freq",)
     # Each field the config carries is read, at 1 too (the config decides).
     both = ConfigKeys(spec=None, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
-    assert both.moe_frequency_terms() == [
+    assert both.moe_layer_terms("layer_idx") == [
         "(layer_idx + 1) % config.decoder_sparse_step == 0",
         "layer_idx % config.moe_layer_freq == 0",
     ]
     assert both.need("decoder_sparse_step") == "decoder_sparse_step"
     qwen_step = ConfigKeys(spec=None, hf={"decoder_sparse_step": 2})
-    assert qwen_step.moe_frequency_terms() == [
-        "(layer_idx + 1) % config.decoder_sparse_step == 0"
+    assert qwen_step.moe_layer_terms("i") == [
+        "(i + 1) % config.decoder_sparse_step == 0"
     ]
     assert qwen_step.find("moe_layer_freq") is None
+    # A per-layer list decides alone where the config has one.
+    kinds = ConfigKeys(
+        spec=None,
+        hf={"mlp_layer_types": ["dense", "sparse"], "first_k_dense_replace": 1},
+    )
+    assert kinds.moe_layer_terms("i") == ['config.mlp_layer_types[i] == "sparse"']
 
 
 def _qwen2_moe_config(**changes) -> dict:

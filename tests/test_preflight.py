@@ -224,6 +224,37 @@ def test_an_absent_head_dim_means_the_width_over_the_heads(
     assert problem.where == "head_dim" and "the spec needs 16" in problem.message
 
 
+def test_a_q_k_norm_of_the_other_scope_names_the_scope(tmp_path) -> None:
+    """OLMoE's q/k norms span the whole projection: a spec that says per head is
+    told to change qk_norm_scope, not its head sizes."""
+    import transformers
+
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.OlmoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=256,
+    )  # fmt: skip
+    spec, _ = infer_spec(config.to_dict())
+    assert spec.attention.qk_norm_scope == "projection"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path / "olmoe")
+    assert preflight(spec, tmp_path / "olmoe").problems == []
+    per_head = spec.model_copy(
+        update={
+            "attention": spec.attention.model_copy(update={"qk_norm_scope": "head"})
+        }
+    )
+    report = preflight(per_head, tmp_path / "olmoe")
+    assert {p.where.split(" ")[0] for p in report.problems} == {
+        f"model.layers.{{layer}}.self_attn.{n}_norm.weight" for n in "qk"
+    }
+    for problem in report.problems:
+        assert problem.fix == "set attention.qk_norm_scope: projection in the spec"
+        assert "over all heads of the projection" in problem.message
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

@@ -17,6 +17,7 @@ from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
 from onboard.spec.hf import spec_from_hf_config
+from onboard.spec.model import ModelSpec
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -164,17 +165,31 @@ def test_a_hard_coded_rope_layout_is_found_by_the_proof():
     assert proof.max_rel_diff < RTOL
 
 
-def test_a_part_the_spec_lacks_is_refused_on_the_tensors_it_changes():
-    # OLMo-2 normalises q and k over the whole projection, not per head: the
-    # search finds its post-norm blocks, then names the norms' shapes.
+@pytest.mark.parametrize(
+    ("model_type", "placement"), [("olmo2", "post"), ("olmoe", "pre")]
+)
+def test_a_qk_norm_over_the_whole_projection_is_found_and_proven(model_type, placement):
+    # OLMo-2 and OLMoE normalise q and k over the whole projection (one weight per
+    # channel of all heads), which no config key says: the norms' shapes show it.
+    # OLMo-2's post_feedforward_layernorm is a post-norm block's, not a renamed
+    # input norm (the names of another role's preset are never renamed).
     from onboard.reference.infer import infer_spec
 
-    config = transformers.Olmo2Config(**SMALL).to_dict()
-    with pytest.raises(ProofFailed) as failed:
-        infer_spec(config)
-    message = str(failed.value)
-    assert "shapes differ: model.layers.0.self_attn.k_norm.weight is [32]" in message
-    assert "has tensors the spec does not name" not in message  # placement found
+    extra = dict(num_experts=4, num_experts_per_tok=2) if model_type == "olmoe" else {}
+    config = transformers.AutoConfig.for_model(
+        model_type, **SMALL, head_dim=16, **extra
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    att = spec.attention
+    assert (att.qk_norm, att.qk_norm_scope) == (True, "projection")
+    assert spec.norm.placement == placement
+    assert spec.checkpoint.tensor_names == {}
+    assert proof.max_rel_diff < RTOL
+    # Per head, the same norms misfit on their shapes and the proof is not run.
+    data = spec.model_dump(mode="json")
+    data["attention"]["qk_norm_scope"] = "head"
+    with pytest.raises(ProofFailed, match="shapes differ: .*k_norm.weight is \\[32\\]"):
+        prove_spec(ModelSpec.model_validate(data), config)
 
 
 def test_a_verified_family_is_not_searched():
@@ -187,9 +202,9 @@ def test_a_verified_family_is_not_searched():
 
 
 def test_tensor_names_no_layout_has_are_found_then_proven():
-    # HunYuan stores its per-head q/k norms as query_layernorm / key_layernorm:
-    # found by their shapes; the proof then refuses the family, which applies
-    # them after rope where the spec's q/k norm comes before.
+    # HunYuan stores its per-head q/k norms as query_layernorm / key_layernorm
+    # (found by their shapes) and applies them after rope (found by the proof:
+    # before rope, the logits differ).
     from onboard.reference.infer import infer_spec, renamed
     from onboard.reference.prove import family_model
 
@@ -203,8 +218,66 @@ def test_tensor_names_no_layout_has_are_found_then_proven():
             "k_norm": "model.layers.{layer}.self_attn.key_layernorm",
         }
         assert family.misfit(found) == []
-    with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
-        infer_spec(config)
+        with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
+            family.prove(found)
+    spec, proof = infer_spec(config)
+    assert spec.attention.qk_norm_after_rope is True
+    assert proof.found["qk_norm_after_rope"] is True
+    assert proof.max_rel_diff < RTOL
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        # SmolLM3: every second layer here (no_rope_layer_interval) has no rope.
+        ("smollm3", dict(no_rope_layer_interval=2, pad_token_id=0)),
+        # EXAONE-4: once a window is set, its full-attention layers have no rope.
+        ("exaone4", dict(sliding_window=8, sliding_window_pattern=2)),
+    ],
+)
+def test_layers_without_rope_are_read_and_proven(model_type, extra):
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.AutoConfig.for_model(
+        model_type, **SMALL, head_dim=16, **extra
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert spec.rope.nope_layers == [1, 3]
+    assert proof.max_rel_diff < RTOL
+    if model_type == "exaone4":
+        # Its config cannot say "rope everywhere" once a window is set.
+        data = spec.model_dump(mode="json")
+        data["rope"]["nope_layers"] = []
+        with pytest.raises(InputError, match="rope.nope_layers: the spec says"):
+            prove_spec(ModelSpec.model_validate(data), config)
+    else:
+        bad = dict(config, no_rope_layers=[1, 0, 2, 0])
+        with pytest.raises(InputError, match="no_rope_layers=.*1 \\(rope\\) or 0"):
+            spec_from_hf_config(bad, unverified=True)
+
+
+def test_per_layer_mlp_kinds_place_the_moe_layers():
+    # GLM-4-MoE-Lite says which layers are MoE only by mlp_layer_types.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.AutoConfig.for_model(
+        "glm4_moe_lite",
+        **SMALL | dict(num_key_value_heads=4),
+        **MOE,
+        n_routed_experts=8,
+        kv_lora_rank=32,
+        q_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=16,
+        mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert [spec.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert proof.max_rel_diff < RTOL
+    bad = dict(config, mlp_layer_types=["dense", "sparse", "sparse"])
+    with pytest.raises(InputError, match="mlp_layer_types=.*dense or sparse for each"):
+        spec_from_hf_config(bad, unverified=True)
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,33 @@ def test_kv_sharing_rules():
     assert any("kv_sharing[3]" in x and "itself shares" in x for x in lines)
 
 
+def test_qk_norm_forms_need_a_qk_norm_and_one_form():
+    lines = problems(
+        BASE.replace(
+            "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  qk_norm_scope: projection\n"
+        )
+    )
+    assert any("qk_norm_scope applies only with qk_norm: true" in x for x in lines)
+    lines = problems(
+        BASE.replace(
+            "  num_kv_heads: 2\n",
+            "  num_kv_heads: 2\n  qk_norm: true\n  qk_norm_scope: projection\n"
+            "  qk_norm_after_rope: true\n",
+        )
+    )
+    assert any("qk_norm_after_rope needs qk_norm_scope: head" in x for x in lines)
+
+
+def test_nope_layers_must_exist_and_agree_with_kv_sharing():
+    lines = problems(BASE + "rope:\n  nope_layers: [1, 9]\n")
+    assert any("nope_layers" in x and "[9] do not exist" in x for x in lines), lines
+    lines = problems(
+        BASE.replace("  num_kv_heads: 2\n", "  num_kv_heads: 2\n  kv_sharing: {1: 0}\n")
+        + "rope:\n  nope_layers: [1]\n"
+    )
+    assert any("both use rope or both not" in x for x in lines), lines
+
+
 def test_duplicate_keys_are_errors():
     lines = problems(BASE + "vocab_size: 1000\n")
     assert any("duplicate key" in x for x in lines)

@@ -44,6 +44,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sliding_window_pattern": ("sliding_window_pattern",),
     "rope_parameters": ("rope_parameters",),
     "rope_interleave": ("rope_interleave",),
+    "no_rope_layers": ("no_rope_layers",),
     # MLA
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),
@@ -51,23 +52,33 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
     # MoE
-    "num_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_topk"),
+    "num_experts": (
+        "n_routed_experts",
+        "num_experts",
+        "num_local_experts",
+        "moe_num_experts",
+    ),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
     # Mixtral keeps the expert width in intermediate_size (it has no dense layers).
     "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
-    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "n_shared_experts": (
+        "n_shared_experts",
+        "num_shared_experts",
+        "moe_num_shared_experts",
+    ),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
     "norm_topk_prob": ("norm_topk_prob",),
     "scoring_func": ("scoring_func",),
-    "first_k_dense": ("first_k_dense_replace",),
+    "first_k_dense": ("first_k_dense_replace", "moe_layer_start_index"),
     # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
-    "decoder_sparse_step": ("decoder_sparse_step",),
+    "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),
     "moe_layer_freq": ("moe_layer_freq",),
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),
+    "moe_layer_end_index": ("moe_layer_end_index",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing
@@ -81,6 +92,10 @@ MOE_FREQUENCY_RULES: dict[str, str] = {
     "decoder_sparse_step": "(layer_idx + 1) % config.{name} == 0",
     "moe_layer_freq": "layer_idx % config.{name} == 0",
 }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _hf_config(spec: ModelSpec) -> dict[str, Any]:
@@ -114,15 +129,39 @@ class ConfigKeys:
             return name
         return None
 
-    def moe_frequency_terms(self) -> list[str]:
-        """The MoE-placement terms (of ``config`` and ``layer_idx``) for the
-        frequency fields the config has."""
+    def moe_layer_terms(self, var: str) -> list[str]:
+        """The terms (of ``config`` and the layer index ``var``) whose conjunction
+        is true on MoE layers, from the placement fields the config has: a
+        per-layer ``mlp_layer_types`` list alone where there is one, else every
+        placement key, even at a value that places nothing (the config, not the
+        generator, decides). Empty when the config has none."""
+        name = self.find("mlp_layer_types", check=lambda v: isinstance(v, list))
+        if name is not None:
+            return [f'config.{name}[{var}] == "sparse"']
         terms = []
+        if (name := self.find("first_k_dense", check=_is_int)) is not None:
+            terms.append(f"{var} >= config.{name}")
+        if (name := self.find("moe_layer_end_index", check=_is_int)) is not None:
+            terms.append(f"{var} <= config.{name}")
         for concept, rule in MOE_FREQUENCY_RULES.items():
-            name = self.find(concept, check=lambda v: isinstance(v, int))
-            if name is not None:
-                terms.append(rule.format(name=name))
+            if (name := self.find(concept, check=_is_int)) is not None:
+                terms.append(rule.format(name=name).replace("layer_idx", var))
+        name = self.find("mlp_only_layers", check=lambda v: isinstance(v, list))
+        if name is not None:
+            terms.append(f"{var} not in config.{name}")
         return terms
+
+    def rope_layer_expr(self, var: str) -> str | None:
+        """An expression (of ``config`` and the layer index ``var``) true on the
+        layers that apply rope, where some do not: SmolLM3's ``no_rope_layers``
+        flags, else (EXAONE-4) the sliding layers of ``layer_types``."""
+        name = self.find("no_rope_layers", check=lambda v: isinstance(v, list))
+        if name is not None:
+            return f"config.{name}[{var}] == 1"
+        name = self.find("layer_types", check=lambda v: isinstance(v, list))
+        if name is not None:
+            return f'config.{name}[{var}] == "sliding_attention"'
+        return None
 
     def need(
         self,

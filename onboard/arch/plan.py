@@ -54,7 +54,10 @@ class Attention:
     head_dim: int | None  # None: MLA (per-part dims in ``mla``)
     window: int | None  # sliding window in tokens; None: full attention
     kv_source: int | None  # the earlier layer whose KV cache this one reads
+    rope: bool  # False: no rotary embedding in this layer (NoPE)
     qk_norm: bool
+    qk_norm_scope: Literal["head", "projection"]  # per head, or all heads at once
+    qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
@@ -218,8 +221,9 @@ class ArchPlan:
     @property
     def attention(self) -> Attention:
         """The attention every block shares, without the per-layer sliding
-        window and KV source (kind, heads, dims: one for the whole model)."""
-        return replace(self.layers[0].mixer, window=None, kv_source=None)
+        window, KV source and rope (kind, heads, dims: one for the whole
+        model)."""
+        return replace(self.layers[0].mixer, window=None, kv_source=None, rope=True)
 
     @property
     def dense(self) -> DenseMLP | None:
@@ -300,7 +304,10 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         head_dim=None if att.type == "mla" else spec.head_dim,
         window=att.sliding_window if sliding else None,
         kv_source=None if layer is None else att.kv_sharing.get(layer),
+        rope=layer is None or spec.uses_rope(layer),
         qk_norm=att.qk_norm,
+        qk_norm_scope=att.qk_norm_scope,
+        qk_norm_after_rope=att.qk_norm_after_rope,
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,

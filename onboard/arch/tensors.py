@@ -148,8 +148,9 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
         if att.qk_norm:
-            add("q_norm", (hd,), "ones")
-            add("k_norm", (hd,), "ones")
+            whole = att.qk_norm_scope == "projection"
+            add("q_norm", (att.num_heads * hd if whole else hd,), "ones")
+            add("k_norm", (kv * hd if whole else hd,), "ones")
     # pre: the MLP's input norm; post: attention's output norm (same place).
     norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
 

@@ -218,6 +218,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "q_norm": (hd,),
             "k_norm": (hd,),
         }
+        if att.qk_norm_scope == "projection":
+            table |= {"q_norm": (q,), "k_norm": (kv,)}
     elif mla is not None:
         m = "attention.mla."
         qk = (

@@ -208,6 +208,8 @@ def _shape_problem(
     ):
         _mla_latent(run, where, want, got, names)
         return
+    if role in ("q_norm", "k_norm") and _qk_norm_scope(run, role, got, where, names):
+        return
     exprs = dims(run.plan, role, param) if param in ("weight", "bias") else None
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
         expect = expected[names[0]]
@@ -243,6 +245,36 @@ def _shape_problem(
         tensors=names,
         spec_fields=dict.fromkeys(fields),
     )
+
+
+def _qk_norm_scope(
+    run: PreflightRun, role: str, got: tuple[int, ...], where: str, names: list[str]
+) -> bool:
+    """A q/k norm the shape of the other scope's (per head, or over all heads):
+    the spec's qk_norm_scope is wrong, not its head sizes."""
+    att = run.plan.attention
+    if att.kind != "gqa" or att.head_dim is None or att.num_kv_heads is None:
+        return False
+    heads = att.num_heads if role == "q_norm" else att.num_kv_heads
+    other, what = (
+        ("head", (att.head_dim,))
+        if att.qk_norm_scope == "projection"
+        else ("projection", (heads * att.head_dim,))
+    )
+    if got != what:
+        return False
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}: a {role} "
+        + ("per head" if other == "head" else "over all heads of the projection")
+        + f", where the spec's attention.qk_norm_scope is {att.qk_norm_scope}",
+        f"set attention.qk_norm_scope: {other} in the spec",
+        tensors=names,
+        spec_fields=["attention.qk_norm_scope"],
+    )
+    return True
 
 
 def _mla_latent(

@@ -252,12 +252,26 @@ def _check_expr(
         )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _qk_norm_form(att) -> str | None:
+    if not att.qk_norm:
+        return None
+    if att.qk_norm_scope == "projection":
+        return "projection"
+    return "after_rope" if att.qk_norm_after_rope else "head"
 
 
-def _is_list(value: Any) -> bool:
-    return isinstance(value, list)
+def _rope_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str:
+    """Expression (of ``config`` and ``layer_idx``) true on the layers that apply
+    rope, checked against the plan's NoPE layers."""
+    expr = f.rope_layer_expr("layer_idx")
+    if expr is None:
+        raise GenerationError(
+            f"{spec.name}: the Hugging Face config written for this spec does not "
+            "say which layers use rope (no no_rope_layers or layer_types)"
+        )
+    want = [layer.mixer.rope for layer in arch.layers]
+    _check_expr(expr, f.hf, want, "rope layer plan", spec)
+    return expr
 
 
 def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | None:
@@ -267,29 +281,15 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
     want = list(arch.moe_layers)
     if all(want):
         return None
-    hf = f.hf
-    if (
-        name := f.find("mlp_layer_types", check=lambda v: isinstance(v, list))
-    ) is not None:
-        expr = f'config.{name}[layer_idx] == "sparse"'
-    else:
-        # Every placement key the config carries is read, even at a value that
-        # places nothing: the config, not the generator, decides.
-        terms = []
-        if (name := f.find("first_k_dense", check=_is_int)) is not None:
-            terms.append(f"layer_idx >= config.{name}")
-        # Qwen's decoder_sparse_step counts from 1, DeepSeek's moe_layer_freq from 0.
-        terms += f.moe_frequency_terms()
-        if (name := f.find("mlp_only_layers", check=_is_list)) is not None:
-            terms.append(f"layer_idx not in config.{name}")
-        if not terms:
-            raise GenerationError(
-                f"{spec.name}: the Hugging Face config written for this spec does "
-                "not say which layers are MoE (no first_k_dense_replace, "
-                "decoder_sparse_step, mlp_only_layers or mlp_layer_types)"
-            )
-        expr = " and ".join(terms)
-    _check_expr(expr, hf, want, "MoE layer plan", spec)
+    terms = f.moe_layer_terms("layer_idx")
+    if not terms:
+        raise GenerationError(
+            f"{spec.name}: the Hugging Face config written for this spec does "
+            "not say which layers are MoE (no first_k_dense_replace, "
+            "decoder_sparse_step, mlp_only_layers or mlp_layer_types)"
+        )
+    expr = " and ".join(terms)
+    _check_expr(expr, f.hf, want, "MoE layer plan", spec)
     return expr
 
 
@@ -357,9 +357,13 @@ def build_context(
         moe_rule=layer_expr,
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
+        nope=not all(layer.mixer.rope for layer in arch.layers),
     )
-    plan.any = plan.moe or plan.sliding or plan.kv_sharing
-    layer_idx_needed = sliding == "mixed" or kv_sharing or bool(plan.moe and layer_expr)
+    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope
+    rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None
+    layer_idx_needed = (
+        sliding == "mixed" or kv_sharing or plan.nope or bool(plan.moe and layer_expr)
+    )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     norms = arch.layers[0].norms
     return {
@@ -369,7 +373,8 @@ def build_context(
         "module_name": spec.module_name,
         "cfg": cfg,
         "attn": att.type,
-        "qk_norm": att.qk_norm,
+        # Where q and k are normalised: None, "head", "projection", "after_rope".
+        "qk_norm": _qk_norm_form(att),
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial_rotary": att.partial_rotary_factor != 1.0,
@@ -382,6 +387,7 @@ def build_context(
             is_mla and yarn and rope.scaling and rope.scaling.mscale_all_dim
         ),
         "kv_target_expr": kv_target_expr,
+        "rope_expr": rope_expr,
         "layer_idx_needed": layer_idx_needed,
         # The model's layer factory reads the config.
         "plan_reads_config": layer_idx_needed or plan.sliding,
@@ -515,6 +521,13 @@ def _moe_context(
                 f"config.{cfg['moe_intermediate_size']} "
                 f"* config.{cfg['n_shared_experts']}"
             )
+        elif (
+            f.find("n_shared_experts") is None
+            and f.hf[cfg["moe_intermediate_size"]] == width
+        ):
+            # No count key: the family has one shared expert of the experts'
+            # width (HunYuan-MoE's shared_mlp).
+            shared_size_expr = f"config.{cfg['moe_intermediate_size']}"
         else:
             f.need("shared_expert_intermediate_size", width)
     router = moe.router
@@ -728,8 +741,15 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             "vLLM's MLA wrapper picks the kernels."
         )
     parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
-    if att.qk_norm:
-        parts.append("with per-head RMS norm on q and k")
+    form = _qk_norm_form(att)
+    if form is not None:
+        parts.append(
+            {
+                "head": "with per-head RMS norm on q and k",
+                "after_rope": "with per-head RMS norm on q and k after rope",
+                "projection": "with RMS norm on the whole q and k projections",
+            }[form]
+        )
     if att.qkv_bias or att.o_bias:
         parts.append(
             "with biases on "
@@ -759,6 +779,8 @@ def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
         parts.append("its sliding window (None: full attention)")
     if plan.kv_sharing:
         parts.append("the earlier layer whose KV cache it reads (None: its own)")
+    if plan.nope:
+        parts.append("whether its attention applies rope (False: NoPE)")
     if spec.mtp is None:
         return (
             "A decoder layer. Its plan comes from the caller (the model reads it "
@@ -778,6 +800,7 @@ def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
         for what, on in (
             ("full attention", plan.sliding),
             ("its own KV cache", plan.kv_sharing),
+            ("rope on q and k", plan.nope),
         )
         if on
     ]

@@ -74,6 +74,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mla": att.type == "mla",
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
+        "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
+        "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
@@ -81,6 +83,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
+        "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
         "layernorm": spec.norm.type == "layernorm",
         "post_norm": arch.layers[0].norms.placement == "post",
@@ -149,6 +152,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             c["window_pattern"] = keys.need("sliding_window_pattern")
     if f["kv_sharing"]:
         c["kv_sharing"] = keys.need("kv_sharing")
+    if f["nope"]:
+        plan["rope"] = _rope_rule(spec, keys, arch)
     if moe is not None:
         plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
@@ -179,6 +184,29 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
+    """The reference's per-layer rope rule (of ``config`` and ``i``), checked
+    against the plan's NoPE layers."""
+    expr = keys.rope_layer_expr("i")
+    want = [layer.mixer.rope for layer in arch.layers]
+    config = SimpleNamespace(**keys.hf)
+    got = (
+        None
+        if expr is None
+        else [
+            bool(eval(expr, {}, {"config": config, "i": i}))  # noqa: S307
+            for i in range(len(want))
+        ]
+    )
+    if got != want:
+        raise InputError(
+            f"{spec.name}: the config written for the spec does not say which "
+            f"layers use rope the way the spec does ({expr or 'no rule'} gives "
+            f"{got}, the spec {want})"
+        )
+    return expr
+
+
 def _moe_keys(
     spec: ModelSpec,
     keys: ConfigKeys,
@@ -198,6 +226,9 @@ def _moe_keys(
         if moe.shared_expert_intermediate_size is not None:
             key = keys.need("shared_expert_intermediate_size")
             c["shared_width"] = f"config.{key}"
+        elif keys.find("n_shared_experts") is None and moe.num_shared_experts == 1:
+            # No count key: one shared expert of the experts' width (HunYuan-MoE).
+            c["shared_width"] = c["expert_width"]
         else:
             key = keys.need("n_shared_experts")
             c["shared_width"] = f"config.{key} * {c['expert_width']}"
@@ -208,20 +239,7 @@ def _moe_keys(
         c["scaling"] = keys.need("routed_scaling_factor")
     c["norm_topk"] = keys.find("norm_topk_prob")
     c["scoring"] = keys.find("scoring_func")
-    # Every placement key the config carries is read (the config decides).
-    terms = []
-    for concept, rule, needed in (
-        ("first_k_dense", "i >= config.{}", moe.first_k_dense),
-        (
-            "decoder_sparse_step",
-            "(i + 1) % config.{} == 0",
-            moe.layer_frequency != 1,
-        ),
-        ("mlp_only_layers", "i not in config.{}", moe.dense_layers),
-    ):
-        key = keys.find(concept) if not needed else keys.need(concept)
-        if key is not None:
-            terms.append(rule.format(key))
+    terms = keys.moe_layer_terms("i")
     terms = terms or ["True"]
     _check_layer_plan(spec, hf, " and ".join(terms), moe_layers)
     return terms
@@ -493,7 +511,11 @@ def _moe_doc(f: dict[str, Any]) -> str:
 
 def _attention_doc(f: dict[str, Any]) -> str:
     doc = "Grouped-query attention"
-    if f["qk_norm"]:
+    if f["qk_norm_whole"]:
+        doc += ", q and k each RMS-normalised over the whole projection"
+    elif f["qk_norm_after_rope"]:
+        doc += ", q and k RMS-normalised per head after rope"
+    elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     doc += "."
     if f["kv_sharing"]:

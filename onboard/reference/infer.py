@@ -40,14 +40,22 @@ from onboard.spec.module_tree import used_roles
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
     "qk_norm",
+    "qk_norm_scope",  # the norms' shapes
     "qkv_bias",
     "o_bias",
     "norm_placement",
+    "n_shared_experts",
     "shared_expert_gate",
     "topk_method",
 )
-_MOE_ONLY = {"shared_expert_gate", "topk_method", "scoring_func", "norm_topk_prob"}
-_GQA_ONLY = {"qk_norm", "qkv_bias", "o_bias"}
+_MOE_ONLY = {
+    "n_shared_experts",
+    "shared_expert_gate",
+    "topk_method",
+    "scoring_func",
+    "norm_topk_prob",
+}
+_GQA_ONLY = {"qk_norm", "qk_norm_scope", "qk_norm_after_rope", "qkv_bias", "o_bias"}
 
 
 def infer_spec(
@@ -176,6 +184,10 @@ def renamed(spec: ModelSpec, family: FamilyModel) -> ModelSpec:
     the same tensors (parameters, shapes, layers); the proof then checks them."""
     named, saved = family.named(spec), family.tensors
     extra = _modules({n: v for n, v in saved.items() if n not in named})
+    # A module at another role's preset path is that role (OLMo-2's
+    # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
+    for path in {p for preset in LAYOUT_PRESETS.values() for p in preset.values()}:
+        extra.pop(path, None)
     found: dict[str, str] = {}
     for role in used_roles(spec):
         template = spec.tensor_path(role)

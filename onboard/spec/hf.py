@@ -52,6 +52,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "qk_norm": ("qk_norm", "use_qk_norm"),
+    "qk_norm_scope": ("qk_norm_scope",),  # head | projection
+    "qk_norm_after_rope": ("qk_norm_after_rope",),
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
@@ -60,6 +62,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
     "rope_interleave": ("rope_interleave",),
+    "no_rope_layers": ("no_rope_layers",),  # per layer: 1 rotates, 0 is NoPE
+    "no_rope_layer_interval": ("no_rope_layer_interval",),  # SmolLM3's default
     "sliding_window": ("sliding_window",),
     "use_sliding_window": ("use_sliding_window",),
     "layer_types": ("layer_types",),
@@ -75,16 +79,28 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
     # MLP and mixture of experts
     "intermediate_size": ("intermediate_size",),
-    "n_routed_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
-    "num_experts_per_tok": ("num_experts_per_tok",),
+    "n_routed_experts": (
+        "n_routed_experts",
+        "num_experts",
+        "num_local_experts",
+        "moe_num_experts",
+    ),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
     "moe_intermediate_size": ("moe_intermediate_size",),
-    "n_shared_experts": ("n_shared_experts", "num_shared_experts"),
+    "n_shared_experts": (
+        "n_shared_experts",
+        "num_shared_experts",
+        "moe_num_shared_experts",
+    ),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
     "shared_expert_gate": ("shared_expert_gate",),
-    "first_k_dense_replace": ("first_k_dense_replace",),
-    "decoder_sparse_step": ("decoder_sparse_step",),  # MoE when (i + 1) % N == 0
+    "first_k_dense_replace": ("first_k_dense_replace", "moe_layer_start_index"),
+    # MoE when (i + 1) % N == 0
+    "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),
     "moe_layer_freq": ("moe_layer_freq",),  # DeepSeek: MoE when i % N == 0
     "mlp_only_layers": ("mlp_only_layers",),
+    "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
+    "moe_layer_end_index": ("moe_layer_end_index",),  # ERNIE: dense after it
     "norm_topk_prob": ("norm_topk_prob",),
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
@@ -124,11 +140,17 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "mlp_bias": (False,),
     "use_bias": (False,),  # ERNIE-4.5: biases on every projection
     "clip_qkv": (None,),  # OLMo: clamps q, k and v when set
+    # ERNIE-4.5-MoE: the floor of the top-k weights' sum it divides by; released
+    # configs' 1e-12 is never reached by softmax weights.
+    "moe_norm_min": (1e-12,),
     "is_causal": (True,),
     "use_bidirectional_attention": (False, None),
 }
 
 REQUIRED = object()  # marker: a concept the config must state
+# A family fact with no key: full-attention layers use no rope once a sliding
+# window is set (EXAONE-4).
+NOPE_WHEN_SLIDING = "nope_when_sliding"
 
 
 @dataclass(frozen=True)
@@ -140,8 +162,6 @@ class Family:
     facts: dict[str, Any] = field(default_factory=dict)
     # Alias keys vLLM's in-tree model reads although transformers' class does not.
     vllm_keys: tuple[str, ...] = ()
-    # Full-attention layers use no rope once a sliding window is set.
-    nope_when_sliding: bool = False
 
 
 # The verified families. A model type transformers knows but that is not here is
@@ -169,9 +189,10 @@ FAMILIES: dict[str, Family] = {
         vllm_keys=("topk_method", "scoring_func"),
     ),
     # Post-norm blocks with per-head q/k norms. With a sliding window its
-    # full-attention layers skip rope (NoPE), which no spec says: refused.
+    # full-attention layers skip rope (NoPE).
     "exaone4": Family(
-        "llama", {"qk_norm": True, "norm_placement": "post"}, nope_when_sliding=True
+        "llama",
+        {"qk_norm": True, "norm_placement": "post", NOPE_WHEN_SLIDING: True},
     ),
 }
 
@@ -182,10 +203,13 @@ FAMILIES: dict[str, Family] = {
 # (onboard.reference.infer), and the writer's round trip takes the spec's value.
 OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm": (False, True),
+    "qk_norm_scope": ("head", "projection"),
+    "qk_norm_after_rope": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
     "norm_placement": ("pre", "post"),
     "rope_interleave": (False, True),
+    "n_shared_experts": (0, 1),  # HunYuan-MoE: one shared MLP, no count key
     "shared_expert_gate": (False, True),
     "topk_method": (None, "noaux_tc"),
     "scoring_func": ("softmax", "sigmoid"),
@@ -349,9 +373,16 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
         "rope_interleave": spec.rope.interleaved,
     }
     if att.type == "gqa":
-        values.update(qk_norm=att.qk_norm, qkv_bias=att.qkv_bias, o_bias=att.o_bias)
+        values.update(
+            qk_norm=att.qk_norm,
+            qk_norm_scope=att.qk_norm_scope,
+            qk_norm_after_rope=att.qk_norm_after_rope,
+            qkv_bias=att.qkv_bias,
+            o_bias=att.o_bias,
+        )
     if moe is not None:
         values.update(
+            n_shared_experts=moe.num_shared_experts,
             shared_expert_gate=moe.shared_expert_gate,
             topk_method="noaux_tc" if moe.router.bias_correction else None,
             scoring_func=moe.router.scoring,
@@ -448,6 +479,10 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
     qk_norm = bool(r.get("qk_norm", False))
+    qk_norm_form = {
+        "qk_norm_scope": r.get("qk_norm_scope", "head"),
+        "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
+    }
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
@@ -460,6 +495,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         )
     partial = partial if partial is not None else rope_partial
     windows = _read_windows(r, n_layers)
+    rope["nope_layers"] = _read_nope(r, n_layers, windows)
     sharing = _read_kv_sharing(r, n_layers)
     mla = {
         k: r.get(k)
@@ -481,6 +517,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             qk_norm=qk_norm,
+            **qk_norm_form,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             kv_sharing=sharing,
@@ -508,7 +545,10 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         and qk_head_dim != mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     ):
         r.bad(f"qk_head_dim={qk_head_dim}: must be qk_nope_head_dim + qk_rope_head_dim")
-    if qk_norm:
+    if qk_norm or qk_norm_form != {
+        "qk_norm_scope": "head",
+        "qk_norm_after_rope": False,
+    }:
         r.bad("qk_norm: not expressible for MLA attention")
     if qkv_bias or o_bias:
         r.bad("attention_bias: biased MLA projections are not expressible")
@@ -605,6 +645,51 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
     return out
 
 
+def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
+    """The layers without rope: SmolLM3's no_rope_layers (0 = NoPE; its class
+    fills the list from no_rope_layer_interval), or EXAONE-4's full-attention
+    layers when a window is set."""
+    flags = r.get("no_rope_layers")
+    interval = r.get("no_rope_layer_interval")
+    if flags is None and interval is not None:
+        if not _is_int(interval) or interval < 1:
+            r.bad(f"no_rope_layer_interval={interval!r}: must be an integer >= 1")
+            return []
+        flags = [int((i + 1) % interval != 0) for i in range(n_layers)]
+    if flags is not None:
+        if (
+            not isinstance(flags, list)
+            or len(flags) != n_layers
+            or any(f not in (0, 1) or isinstance(f, float) for f in flags)
+        ):
+            r.bad(
+                f"no_rope_layers={_short(flags)}: must list 1 (rope) or 0 (NoPE) "
+                f"for each of the {n_layers} layers"
+            )
+            return []
+        return [i for i, f in enumerate(flags) if f == 0]
+    if r.facts.get(NOPE_WHEN_SLIDING) and windows.get("sliding_window") is not None:
+        return [
+            i
+            for i, kind in enumerate(_layer_kinds(windows, n_layers))
+            if kind == "full_attention"
+        ]
+    return []
+
+
+def _layer_kinds(windows: dict[str, Any], n_layers: int) -> list[str]:
+    """Per layer full_attention / sliding_attention, as the spec reads windows."""
+    if windows.get("layer_types") is not None:
+        return list(windows["layer_types"])
+    pattern = windows.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 0:
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(n_layers)
+        ]
+    return ["sliding_attention"] * n_layers
+
+
 def _read_kv_sharing(r: _Reader, n_layers: int) -> dict[int, int]:
     targets = r.get("kv_sharing_target_layers")
     if targets is None:
@@ -632,6 +717,8 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "decoder_sparse_step",
         "moe_layer_freq",
         "mlp_only_layers",
+        "mlp_layer_types",
+        "moe_layer_end_index",
         "norm_topk_prob",
         "scoring_func",
         "topk_method",
@@ -661,6 +748,15 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
             for i in range(first_k, n_layers)
             if i % deepseek_freq and i not in dense_layers
         ]
+    last = r.get("moe_layer_end_index")
+    if last is not None:
+        if not _is_int(last):
+            r.bad(f"moe_layer_end_index={last!r}: must be a layer index")
+        else:
+            dense_layers += [
+                i for i in range(last + 1, n_layers) if i not in dense_layers
+            ]
+    dense_layers += _dense_by_kind(r, n_layers, first_k, step, dense_layers)
     if expert_size is None:
         # Mixtral: no expert-width key; the experts use intermediate_size.
         expert_size, dense_size = dense_size, None
@@ -683,6 +779,38 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "router": _read_router(r),
     }
     return {"intermediate_size": dense_size, "moe": moe}
+
+
+def _dense_by_kind(
+    r: _Reader, n_layers: int, first_k: int, step: int, dense: list[int]
+) -> list[int]:
+    """The layers ``mlp_layer_types`` makes dense beyond the other placement keys
+    (GLM-4-MoE-Lite has only this list); a layer it calls sparse must be MoE by
+    them too."""
+    kinds = r.get("mlp_layer_types")
+    if kinds is None:
+        return []
+    if (
+        not isinstance(kinds, list)
+        or len(kinds) != n_layers
+        or any(k not in ("dense", "sparse") for k in kinds)
+    ):
+        r.bad(
+            f"mlp_layer_types={_short(kinds)}: must list dense or sparse for each "
+            f"of the {n_layers} layers"
+        )
+        return []
+    more = []
+    for i, kind in enumerate(kinds):
+        moe = i >= first_k and (i + 1) % step == 0 and i not in dense
+        if kind == "dense" and moe:
+            more.append(i)
+        elif kind == "sparse" and not moe:
+            r.bad(
+                f"mlp_layer_types[{i}]='sparse', but the other MoE placement keys "
+                "make that layer dense"
+            )
+    return more
 
 
 def _read_router(r: _Reader) -> dict:
@@ -777,13 +905,6 @@ def spec_from_hf_config(
             as_class, class_reader = _read(declared, facts, fixed=True)
             problems += [p for p in class_reader.problems if p not in problems]
             problems += _contradictions(data, as_class, model_type, known)
-        if family is not None and family.nope_when_sliding:
-            if data["attention"].get("sliding_window") is not None:
-                problems.append(
-                    f"sliding_window={data['attention']['sliding_window']!r}: "
-                    f"{model_type}'s full-attention layers then use no rotary "
-                    "embedding (NoPE), which a spec cannot express"
-                )
     except (TypeError, ValueError, AttributeError) as exc:
         # Safety net for value types the checks above do not anticipate.
         raise InputError(
@@ -951,6 +1072,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
+        if att.qk_norm_scope != "head":
+            c["qk_norm_scope"] = att.qk_norm_scope
+        if att.qk_norm_after_rope:
+            c["qk_norm_after_rope"] = True
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             rope["partial_rotary_factor"] = att.partial_rotary_factor
@@ -965,6 +1090,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             ]
     c["rope_parameters"] = rope
     c["rope_interleave"] = spec.rope.interleaved
+    if spec.rope.nope_layers:
+        c["no_rope_layers"] = [
+            int(spec.uses_rope(i)) for i in range(spec.num_hidden_layers)
+        ]
     c["intermediate_size"] = spec.mlp.intermediate_size
     if moe is not None:
         r = moe.router
@@ -1045,6 +1174,22 @@ def _write_known(
         # Qwen-MoE has no first-k key: list those layers as MLP-only instead.
         dense = sorted(set(moe.dense_layers) | set(range(moe.first_k_dense)))
         concepts = {**concepts, "first_k_dense_replace": 0, "mlp_only_layers": dense}
+    if moe is not None and _key_for("mlp_layer_types", known):
+        n = spec.num_hidden_layers
+        concepts = {
+            **concepts,
+            "mlp_layer_types": [
+                "sparse" if spec.is_moe_layer(i) else "dense" for i in range(n)
+            ],
+        }
+    if _key_for("no_rope_layers", known):
+        # SmolLM3's class fills an absent list with its own NoPE layers.
+        concepts = {
+            **concepts,
+            "no_rope_layers": [
+                int(spec.uses_rope(i)) for i in range(spec.num_hidden_layers)
+            ],
+        }
     kinds = concepts.get("layer_types") or []
     full = kinds.count("full_attention")
     if spec.attention.sliding_window and kinds == ["full_attention"] * full + [

@@ -128,6 +128,11 @@ class Rope(_Section):
         description="Rotate interleaved pairs (GPT-J style, DeepSeek "
         "`rope_interleave`) instead of the two halves (NeoX style).",
     )
+    nope_layers: list[LayerIndex] = Field(
+        default_factory=list,
+        description="Layers whose attention uses no rotary embedding (NoPE; "
+        "SmolLM3's every fourth layer, EXAONE-4's full-attention layers).",
+    )
 
 
 class MLA(_Section):
@@ -158,6 +163,17 @@ class Attention(_Section):
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
     qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
+    qk_norm_scope: Literal["head", "projection"] = Field(
+        "head",
+        description="With qk_norm: `head` normalises each head (Qwen3); "
+        "`projection` normalises the whole q and the whole k projection, one "
+        "weight per channel of all heads (OLMo-2, OLMoE).",
+    )
+    qk_norm_after_rope: bool = Field(
+        False,
+        description="With qk_norm: normalise q and k after rope instead of "
+        "before (HunYuan).",
+    )
     qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(
@@ -409,6 +425,10 @@ class ModelSpec(_Section):
             "full_attention" if (i + 1) % p == 0 else "sliding_attention"
             for i in range(n)
         ]
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""
+        return layer not in self.rope.nope_layers
 
     def is_moe_layer(self, layer: int) -> bool:
         moe = self.mlp.moe

@@ -201,6 +201,15 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             + ("<name>",)
         )
         parts = spec.tensor_path(role).split(".")
+        if role == "router" and len(parts) == 5 + len(slots):
+            # The router's weight one module down (HunYuan's mlp.gate.wg): the
+            # reference nests it in a plain container of that name.
+            claim("router_box", parts[-2], role, shape)
+            parts[-2:] = [f"{parts[-2]}.{parts[-1]}"]
+            if not all(p.isidentifier() for p in parts[-1].split(".")):
+                raise bad(role, shape)
+            names[role] = parts[-1]
+            parts[-1] = parts[-1].split(".")[1]  # checked below as a plain name
         if len(parts) != 4 + len(slots) or parts[2] != "{layer}":
             raise bad(role, shape)
         claim("base", parts[0], role, shape)
@@ -211,6 +220,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
                     raise bad(role, shape)
             else:
                 claim(slot, part, role, shape)
+        if role == "router" and "router_box" in names:
+            continue
         claim(role, parts[-1], role, shape)
 
     _check_distinct(spec, names, roles)

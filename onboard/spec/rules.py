@@ -53,6 +53,7 @@ ROPE_SCALING_NEEDS = {
 
 
 def _rope_rules(spec: ModelSpec, report: Report) -> None:
+    _nope_rules(spec, report)
     scaling = spec.rope.scaling
     if scaling is None:
         return
@@ -63,9 +64,45 @@ def _rope_rules(spec: ModelSpec, report: Report) -> None:
             )
 
 
+def _nope_rules(spec: ModelSpec, report: Report) -> None:
+    nope = spec.rope.nope_layers
+    where = ("rope", "nope_layers")
+    if not nope:
+        return
+    if len(set(nope)) != len(nope) or nope != sorted(nope):
+        report(where, "list each layer once, in increasing order")
+    late = [i for i in nope if i >= spec.num_hidden_layers]
+    if late:
+        report(where, f"layers {late} do not exist ({spec.num_hidden_layers} layers)")
+    if spec.attention.type == "mla":
+        report(where, "MLA keeps its rope dims apart; NoPE layers are not expressible")
+    for layer, target in spec.attention.kv_sharing.items():
+        if spec.uses_rope(layer) != spec.uses_rope(target):
+            report(
+                ("attention", "kv_sharing", layer),
+                f"layer {layer} and its KV source {target} must both use rope or "
+                "both not (the shared keys carry the source's rotation)",
+            )
+
+
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
+    for field, default in (("qk_norm_scope", "head"), ("qk_norm_after_rope", False)):
+        if getattr(att, field) != default and not att.qk_norm:
+            report(a + (field,), f"{field} applies only with qk_norm: true")
+    if att.qk_norm_scope == "projection" and att.kv_sharing:
+        report(
+            a + ("qk_norm_scope",),
+            "a q/k norm over the whole projection is not generated for layers "
+            "that share another layer's KV cache",
+        )
+    if att.qk_norm_scope == "projection" and att.qk_norm_after_rope:
+        report(
+            a + ("qk_norm_after_rope",),
+            "a norm over the whole projection comes before rope (rope works per "
+            "head); qk_norm_after_rope needs qk_norm_scope: head",
+        )
     if att.type == "gqa":
         if att.mla is not None:
             report(a + ("mla",), "MLA dimensions given but attention.type is gqa")
@@ -107,6 +144,7 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             a + ("qk_norm" if att.qk_norm else "qkv_bias",),
             "qk_norm and qkv_bias do not apply to MLA attention",
         )
+
     if att.partial_rotary_factor != 1.0:
         report(
             a + ("partial_rotary_factor",),

@@ -172,8 +172,9 @@ def layer_kind(
     i: int,
     kept: set[int] | None = None,
     types: list[str] | None = None,
-) -> tuple[str, bool, bool, bool]:
-    """What a layer is: attention type, MoE, reads another layer's KV, listed dense.
+) -> tuple[str, bool, bool, bool, bool]:
+    """What a layer is: attention type, MoE, reads another layer's KV, listed
+    dense, rotates q and k.
 
     With ``kept``, a layer reads another layer's KV only if its target is kept too
     (a shared layer whose target is dropped becomes an ordinary layer). ``types``
@@ -186,6 +187,7 @@ def layer_kind(
         spec.is_moe_layer(i),
         target is not None and (kept is None or target in kept),
         moe is not None and i in moe.dense_layers,
+        spec.uses_rope(i),
     )
 
 
@@ -223,7 +225,7 @@ def select_layers(spec: ModelSpec) -> list[int]:
     want_pair_types = {types[layer] for layer in sharing}
     need = min(MIN_LAYERS, n)
 
-    def kind(i: int, a: int) -> tuple[str, bool, bool, bool]:
+    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool]:
         # In a selection head + [a, b], a layer's target (always earlier) is kept
         # when it is a head layer or at least a: that does not depend on b.
         target = sharing.get(i)
@@ -259,6 +261,9 @@ def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
     att = data["attention"]
     if att["layer_types"] is not None:
         att["layer_types"] = [spec.attention.layer_types[i] for i in keep]
+    data["rope"]["nope_layers"] = [
+        position[i] for i in spec.rope.nope_layers if i in position
+    ]
     att["kv_sharing"] = {
         position[layer]: position[target]
         for layer, target in spec.attention.kv_sharing.items()

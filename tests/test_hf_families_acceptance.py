@@ -1,0 +1,44 @@
+"""Acceptance: the path of scripts/hf_families.py, family by family.
+
+For each family its config class's defaults are shrunk, the spec is inferred and
+proven against transformers (`spec from-hf`), the vLLM model, plugin and reference
+are generated, and `onboard validate --checks accuracy` runs the generated model on
+the CPU engine against transformers, on a checkpoint transformers wrote itself
+(a few minutes per family: make test-all only). `make test` proves these families
+and more in tests/test_prove.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from hf_families import run_one  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
+
+# One of each part the proof finds or the config states: whole-projection and
+# after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
+# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias.
+FAMILIES = (
+    "olmoe",
+    "olmo2",
+    "hunyuan_v1_dense",
+    "smollm3",
+    "exaone4",
+    "glm4_moe",
+    "qwen2_moe",
+    "dots1",
+    "seed_oss",
+    "ernie4_5",
+)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_family_is_proven_and_validated_on_the_engine(model_type, tmp_path):
+    row = run_one(model_type, validate=True, work=tmp_path)
+    assert row.status == "proven and validated", row.detail
