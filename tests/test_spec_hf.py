@@ -515,9 +515,9 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
     [
         (None, "no such file"),
         ('{"model_type": "llama",\n  "vocab_size": }', ":2:17: invalid JSON"),
-        # An unverified family is read to be proven: olmo2's q/k norms over the
-        # whole projection and its post-norms are not the Llama tensors.
-        ('{"model_type": "olmo2"}', "does not fit the family's tensors"),
+        # An unverified family is read to be proven: Gemma scales its embedding
+        # by sqrt(hidden_size), which its config does not state.
+        ('{"model_type": "gemma"}', "first divergence: the embedding"),
         (
             json.dumps({**deepseek_v3_as_published(), "attn_logit_softcapping": 3.0}),
             "attn_logit_softcapping=3.0: not mapped",
