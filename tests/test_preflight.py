@@ -255,6 +255,24 @@ def test_a_q_k_norm_of_the_other_scope_names_the_scope(tmp_path) -> None:
         assert "over all heads of the projection" in problem.message
 
 
+def test_max_window_layers_means_nothing_with_the_window_off(tmp_path) -> None:
+    """A published Qwen2.5-7B config (dims shrunk): use_sliding_window false
+    beside max_window_layers 28 of 28 layers; here 2 of 4, not the class default."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        use_sliding_window=False, sliding_window=4096, max_window_layers=2,
+    )  # fmt: skip
+    ckpt = tmp_path / "qwen2"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    spec = spec_from_hf_config_file(ckpt)
+    assert spec.attention.sliding_window is None
+    report = preflight(spec, ckpt)
+    assert report.ok and report.problems == [], report.lines()
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

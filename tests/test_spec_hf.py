@@ -399,6 +399,15 @@ def test_config_contradicting_its_family_is_refused(model_type, override, named)
     assert named in message and "computes" in message
 
 
+def test_a_router_method_the_family_lacks_is_refused():
+    # transformers' DeepseekV2 router has greedy and group_limited_greedy only
+    # (noaux_tc leaves it without weights); vLLM would add a bias correction.
+    config = {**transformers_config("deepseek_v2").to_dict(), "topk_method": "noaux_tc"}
+    message = refusal(config)
+    assert "topk_method='noaux_tc'" in message
+    assert "implements only greedy, group_limited_greedy" in message
+
+
 def test_new_model_type_must_state_what_has_no_default():
     config = {
         "model_type": "acme_lm",

@@ -135,6 +135,10 @@ def _check_config_keys(run: PreflightRun) -> None:
                 "fix the config so transformers (and vLLM) can load it",
             )
     skip = hf.IGNORED | {"architectures", "model_type", "dtype"}
+    if spec.attention.sliding_window is None:
+        # Which layers slide means nothing with the window off (a published
+        # Qwen2.5 config keeps max_window_layers beside use_sliding_window: false).
+        skip |= WINDOW_ONLY
     compared: set[str] = set()
     for key, want in expected.items():
         if key in skip:
@@ -209,6 +213,9 @@ def _head_dim(config: dict) -> Any:
         return hidden // heads
     return _MISSING
 
+
+# Keys that only say which layers slide.
+WINDOW_ONLY = frozenset({"max_window_layers"})
 
 # Keys whose absence (or null) means a value derived from others, as both
 # transformers' modeling code and vLLM read them.

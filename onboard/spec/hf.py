@@ -151,6 +151,8 @@ REQUIRED = object()  # marker: a concept the config must state
 # A family fact with no key: full-attention layers use no rope once a sliding
 # window is set (EXAONE-4).
 NOPE_WHEN_SLIDING = "nope_when_sliding"
+# A family fact: the topk_method values its transformers router implements.
+TOPK_METHODS = "topk_methods"
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,15 @@ FAMILIES: dict[str, Family] = {
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
     "deepseek_v2": Family(
         "deepseek",
-        # Complex-number (interleaved) rope; the router never renormalises top-k.
-        {"rope_interleave": True, "scoring_func": "softmax", "norm_topk_prob": False},
+        # Complex-number (interleaved) rope; the router never renormalises top-k,
+        # and has no noaux_tc branch (transformers fails on it; vLLM would add a
+        # bias correction).
+        {
+            "rope_interleave": True,
+            "scoring_func": "softmax",
+            "norm_topk_prob": False,
+            TOPK_METHODS: ("greedy", "group_limited_greedy"),
+        },
         vllm_keys=("scoring_func",),
     ),
     "deepseek_v3": Family(
@@ -824,6 +833,11 @@ def _read_router(r: _Reader) -> dict:
     if method not in (None, "noaux_tc", "greedy", "group_limited_greedy"):
         r.bad(
             f"topk_method={method!r}: not one of noaux_tc, greedy, group_limited_greedy"
+        )
+    elif method is not None and method not in r.facts.get(TOPK_METHODS, (method,)):
+        r.bad(
+            f"topk_method={method!r}: this family's transformers router implements "
+            f"only {', '.join(r.facts[TOPK_METHODS])}"
         )
     if method == "greedy" and groups is not None:
         r.bad(
