@@ -273,6 +273,35 @@ def test_max_window_layers_means_nothing_with_the_window_off(tmp_path) -> None:
     assert report.ok and report.problems == [], report.lines()
 
 
+def test_a_post_norm_checkpoint_is_not_renamed_into_a_pre_norm_spec(tmp_path) -> None:
+    """OLMo-2's blocks normalise outputs: its post_feedforward_layernorm is not
+    the pre-norm spec's input norm under another name (that rename would load the
+    weights into the wrong place); the fix is the norm placement."""
+    import transformers
+
+    config = transformers.Olmo2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    ckpt = tmp_path / "olmo2"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    from onboard.reference.infer import infer_spec
+
+    spec, _ = infer_spec(config.to_dict())
+    assert spec.norm.placement == "post"
+    assert preflight(spec, ckpt).problems == []
+    pre = spec.model_copy(
+        update={"norm": spec.norm.model_copy(update={"placement": "pre"})}
+    )
+    report = preflight(pre, ckpt)
+    assert not report.by_kind("renamed-tensor"), report.lines()
+    problem = one(report, "unexpected-tensor")
+    assert "post_feedforward_layernorm" in problem.where
+    assert problem.fix.endswith("set norm.placement: post in the spec")
+    assert problem.spec_fields == ("norm.placement",)
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

@@ -129,6 +129,13 @@ def _renames(
         return out
 
     new, old = modules(extra), modules(miss)
+    # A module at a role's preset path is that role (OLMo-2's
+    # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
+    preset_role = {
+        path: role
+        for preset in LAYOUT_PRESETS.values()
+        for role, path in preset.items()
+    }
     scored = []
     for u, u_params in new.items():
         if u in canon:
@@ -137,6 +144,8 @@ def _renames(
             role = canon.get(m)
             shared = sorted(set(u_params) & set(m_params))
             if role is None or not shared or placeholders(u) != placeholders(m):
+                continue
+            if preset_role.get(u, role) != role:
                 continue
             spelled = u.rpartition(".")[2] in {
                 preset[role].rpartition(".")[2] for preset in LAYOUT_PRESETS.values()
@@ -284,6 +293,23 @@ def _missing_problem(
     )
 
 
+def _other_norm_placement(run: PreflightRun, pattern: str) -> str | None:
+    """The other norm.placement, where ``pattern`` is one of its norms' preset
+    paths (OLMo-2's post_feedforward_layernorm beside a pre-norm spec)."""
+    from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
+
+    module = split_name(pattern)[0]
+    mine = run.spec.norm.placement
+    for placement, roles in LAYER_NORM_ROLES.items():
+        if placement == mine:
+            continue
+        for role in set(roles) - set(LAYER_NORM_ROLES[mine]):
+            paths = {preset[role] for preset in LAYOUT_PRESETS.values()}
+            if module in paths:
+                return placement
+    return None
+
+
 def _unexpected_problem(
     run: PreflightRun,
     pattern: str,
@@ -363,6 +389,13 @@ def _unexpected_problem(
         )
         fix = f"set mlp.moe.num_experts: {top + 1} in the spec"
         fields = ["mlp.moe.num_experts"]
+    elif (placement := _other_norm_placement(run, pattern)) is not None:
+        message += f" (it is where a {placement}-norm block keeps a norm)"
+        fix = (
+            f"if the model normalises {'outputs' if placement == 'post' else 'inputs'}"
+            f", set norm.placement: {placement} in the spec"
+        )
+        fields = ["norm.placement"]
     elif role is not None:
         fix, fields = role_hint(run.plan, role, param, fix, missing=False)
     run.add(
