@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from onboard.errors import CheckFailed, InputError, printable_lines
+from onboard.errors import CheckFailed, InputError, printable, printable_lines
 
 app = typer.Typer(
     name="onboard",
@@ -142,6 +142,17 @@ def _proven(config: dict, name: str | None, source: str, verify: bool):
     )
 
     model_type = model_type_of(config, source)
+    remote = config.get("auto_map")
+    if verify and remote and not transformers_knows(model_type):
+        # Kimi-K2: its remote code interleaves rope, which no key says.
+        raise InputError(
+            f"{source}: model_type {model_type!r} is remote code "
+            f"(auto_map: {printable(json.dumps(remote), 160)}), which transformers "
+            "does not ship: from-hf cannot prove a spec against it, and the config "
+            "alone does not say what that code hard-codes (rope interleaving, norm "
+            "placement, fused tensors). Write the spec by hand, or pass --no-verify "
+            "to write the inferred spec unproven"
+        )
     if not verify or not transformers_knows(model_type):
         # A family onboard has not verified is read only to be proven.
         spec = spec_from_hf_config(config, name=name, source=source)

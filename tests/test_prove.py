@@ -96,6 +96,31 @@ def test_cli_writes_what_was_proven_or_nothing(tmp_path):
     )
 
 
+def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
+    # A Kimi-K2-style config: a model type transformers lacks, whose auto_map
+    # code interleaves rope without a key saying so. Read as a new model type it
+    # would rotate the halves: the proof cannot run, so from-hf refuses.
+    import json
+
+    config = transformers_config("deepseek_v3").to_dict()
+    config.update(
+        model_type="kimi_k2",
+        architectures=["DeepseekV3ForCausalLM"],
+        auto_map={"AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    )
+    config.pop("rope_interleave", None)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "kimi.yaml"
+    r = run_cli("spec", "from-hf", path, "-o", out)
+    assert r.returncode == 2 and not out.exists()
+    assert "'kimi_k2' is remote code (auto_map:" in r.stderr
+    assert "rope interleaving" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("spec", "from-hf", path, "-o", out, "--no-verify")
+    assert r.returncode == 0, r.stderr
+    assert "not proven (--no-verify)" in out.read_text()
+
+
 def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
     # Ministral is Llama's block under another model_type: proven, so accepted.
     config = transformers.MinistralConfig(**SMALL, head_dim=16).to_dict()
