@@ -135,9 +135,10 @@ def _check_config_keys(run: PreflightRun) -> None:
                 "fix the config so transformers (and vLLM) can load it",
             )
     skip = hf.IGNORED | {"architectures", "model_type", "dtype"}
-    if spec.attention.sliding_window is None:
-        # Which layers slide means nothing with the window off (a published
-        # Qwen2.5 config keeps max_window_layers beside use_sliding_window: false).
+    if "sliding_attention" not in spec.layer_attention_types():
+        # Which layers slide means nothing when none does (a published Qwen2.5
+        # config keeps max_window_layers beside use_sliding_window: false; dots1's
+        # layer_types are all full_attention beside a sliding_window).
         skip |= WINDOW_ONLY
     compared: set[str] = set()
     for key, want in expected.items():
