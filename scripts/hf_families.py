@@ -182,7 +182,9 @@ def validate_family(
         return False, first_reason(proc.stderr or proc.stdout)
     result = json.loads(path.read_text())
     check = next(c for c in result["checks"] if c["name"] == "accuracy")
-    return check["status"] == "passed", first_reason(check.get("details", ""))
+    engine = check.get("metrics", {}).get("engine_error")
+    why = f"the engine's own error: {engine}" if engine else check.get("details", "")
+    return check["status"] == "passed", first_reason(why)
 
 
 def table(rows: list[Row]) -> str:
