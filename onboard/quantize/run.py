@@ -417,9 +417,16 @@ def _run(pending: list[ShardPlan], workers: int, show: bool):
             except BaseException:
                 # Stop the other units now: kill the workers, keep the partial dir.
                 procs = list((getattr(pool, "_processes", None) or {}).values())
+                manager = getattr(pool, "_executor_manager_thread", None)
                 pool.shutdown(wait=False, cancel_futures=True)
                 for p in procs:
                     p.kill()
+                # Let the pool's manager thread see the dead workers and close its
+                # wake-up pipe now: left running, it races the interpreter's exit
+                # hook writing to that pipe (OSError: Bad file descriptor, a
+                # traceback after the error message; seen under load).
+                if manager is not None:
+                    manager.join(timeout=30)
                 raise
             _drain(q, bar, task)
 
