@@ -33,7 +33,7 @@ from onboard.spec.hf import (
     open_concepts,
     spec_from_hf_config,
 )
-from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.layouts import LAYOUT_PRESETS, preset_roles
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -184,10 +184,9 @@ def renamed(spec: ModelSpec, family: FamilyModel) -> ModelSpec:
     the same tensors (parameters, shapes, layers); the proof then checks them."""
     named, saved = family.named(spec), family.tensors
     extra = _modules({n: v for n, v in saved.items() if n not in named})
-    # A module at another role's preset path is that role (OLMo-2's
-    # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
-    for path in {p for preset in LAYOUT_PRESETS.values() for p in preset.values()}:
-        extra.pop(path, None)
+    # A module at a preset path is that role (OLMo-2's post_feedforward_layernorm
+    # is a post-norm block's, not a renamed input norm).
+    extra = {m: t for m, t in extra.items() if not preset_roles(m)}
     found: dict[str, str] = {}
     for role in used_roles(spec):
         template = spec.tensor_path(role)
