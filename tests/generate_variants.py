@@ -128,6 +128,43 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Granite-MoE-Shared: the four multipliers (un-fused residual), fused experts
+    # stored stacked (renamed to the fused MoE layer's own names), the router one
+    # module down and a fused shared expert beside the MoE block.
+    "var-granite": (
+        "VarGraniteForCausalLM",
+        """
+embedding_multiplier: 12.0
+residual_multiplier: 0.22
+logits_scaling: 16.0
+attention: {num_heads: 4, num_kv_heads: 2, softmax_scale: 0.015625}
+mlp:
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    shared_expert_intermediate_size: 96
+checkpoint: {layout: granite, fused_experts: true}
+""",
+    ),
+    # Fused experts under the Llama names, beside dense layers, with the shared
+    # expert inside the MoE block.
+    "var-fused-experts": (
+        "VarFusedExpertsForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    first_k_dense: 1
+checkpoint: {fused_experts: true}
+""",
+    ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).
     "var-renamed": (
         "VarRenamedForCausalLM",

@@ -62,6 +62,8 @@ class Attention:
     o_bias: bool
     partial_rotary_factor: float
     mla: MLADims | None
+    # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
+    softmax_scale: float | None = None
 
     @property
     def sliding(self) -> bool:
@@ -104,6 +106,9 @@ class MoEMLP:
     shared_expert_gate: bool
     router: Router
     activation: str
+    # Stored fused (checkpoint.fused_experts): the routed experts stacked in two
+    # 3-D tensors, the shared expert's gate and up in one.
+    fused: bool = False
 
     kind = "moe"
 
@@ -134,6 +139,8 @@ class Layer:
     mixer: Mixer
     mlp: MLP
     norms: Norms
+    # Factor on the attention and MLP outputs before each residual add.
+    residual_multiplier: float = 1.0
 
     @property
     def is_moe(self) -> bool:
@@ -179,6 +186,9 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+    # Factor on the token embeddings; the logits are divided by logits_scaling.
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @cached_property
     def config(self) -> ConfigKeys:
@@ -273,6 +283,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
             mixer=_attention(spec, types[i] == "sliding_attention", i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
+            residual_multiplier=spec.residual_multiplier,
         )
         for i in range(spec.num_hidden_layers)
     )
@@ -291,7 +302,14 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         checkpoint=MappingProxyType({r: spec.tensor_path(r) for r in roles}),
         canonical=MappingProxyType({r: CANONICAL[r] for r in roles}),
     )
-    return ArchPlan(spec=spec, layers=layers, mtp=mtp, tensors=tensors)
+    return ArchPlan(
+        spec=spec,
+        layers=layers,
+        mtp=mtp,
+        tensors=tensors,
+        embedding_multiplier=spec.embedding_multiplier,
+        logits_scaling=spec.logits_scaling,
+    )
 
 
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
@@ -311,6 +329,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        softmax_scale=att.softmax_scale,
         mla=None
         if mla is None
         else MLADims(
@@ -349,4 +368,5 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             routed_scaling_factor=r.routed_scaling_factor,
         ),
         activation=spec.activation,
+        fused=spec.checkpoint.fused_experts,
     )

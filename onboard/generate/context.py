@@ -19,6 +19,8 @@ from onboard.arch import ArchPlan, build_plan
 from onboard.arch.config_keys import ConfigKeys, GenerationError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
+    FUSED_EXPERT_ROLES,
+    FUSED_SHARED_ROLES,
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
     ROUTED_EXPERT_ROLES,
@@ -104,6 +106,8 @@ def _vllm_moe_paths(
         )
     }
     dense_block = _vllm_dense_block(spec) if has_dense else None
+    if spec.checkpoint.fused_experts:
+        return _vllm_fused_moe_paths(spec, dense_block)
     router = _layer_rel(spec.tensor_path("router")) or ""
     parts = router.split(".")
     if len(parts) != 2:
@@ -169,6 +173,43 @@ def _vllm_moe_paths(
     return paths
 
 
+def _vllm_fused_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[str, str]:
+    """Module paths for the MoE roles of fused experts, as vLLM's granitemoe.py
+    has them: the checkpoint's MoE block name where the stacked experts and the
+    router share one (``block_sparse_moe``), its router as ``gate``, the stacked
+    tensors as the fused MoE layer's ``experts.gate_up_proj`` / ``down_proj``
+    (which it splits into each expert's w1 / w3 and w2), and the shared expert
+    as the block's ``shared_experts`` (vLLM's fused MoE layer runs it)."""
+    rels = [
+        (_layer_rel(spec.tensor_path(role)) or "").split(".")
+        for role in ("router", *FUSED_EXPERT_ROLES)
+    ]
+    blocks = {parts[0] for parts in rels}
+    block = blocks.pop() if len(blocks) == 1 else "mlp"
+    if (
+        not block.isidentifier()
+        or block in LAYER_ATTRIBUTES
+        or (dense_block is not None and block != dense_block)
+        or any(len(parts) < 2 for parts in rels)
+    ):
+        block = "mlp"
+    base = f"model.layers.{{layer}}.{block}"
+    paths = {
+        "router": f"{base}.gate",
+        "experts_gate_up_proj": f"{base}.experts.gate_up_proj",
+        "experts_down_proj": f"{base}.experts.down_proj",
+        "shared_gate_up_proj": f"{base}.shared_experts.gate_up_proj",
+        "shared_down_proj": f"{base}.shared_experts.down_proj",
+        "shared_expert_gate": f"{base}.shared_expert_gate",
+    }
+    # Each expert's name in the fused MoE layer (quantization configs name them).
+    for role, leaf in zip(
+        ROUTED_EXPERT_ROLES, ("gate_proj", "up_proj", "down_proj"), strict=True
+    ):
+        paths[role] = f"{base}.experts.{{expert}}.{leaf}"
+    return paths
+
+
 def _vllm_dense_block(spec: ModelSpec) -> str:
     """Decoder attribute of the dense MLP: the checkpoint's when its three
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
@@ -215,8 +256,15 @@ def _renames(
     out = [
         _rename(role, spec.tensor_path(role), vllm_paths[role])
         for role in roles
-        if spec.tensor_path(role) != vllm_paths[role]
+        if spec.tensor_path(role) != vllm_paths[role] and role not in FUSED_EXPERT_ROLES
     ]
+    for role in FUSED_EXPERT_ROLES:
+        if role in roles:
+            # The fused MoE layer takes a stacked tensor by its own name, without
+            # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
+            rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
+            rename.pattern = rename.pattern.removesuffix("(?=\\.|$)") + r"\.weight$"
+            out.append(rename)
     # Renames run one after another: none may match a path another one produced
     # (e.g. two roles swapping names).
     for a in out:
@@ -402,8 +450,11 @@ def build_context(
         "norm": spec.norm.type,
         "norm_placement": norms.placement,
         # The decoder layer takes and returns the residual beside the hidden
-        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
-        "fused_residual": norms.kind == "rmsnorm" and norms.placement == "pre",
+        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only,
+        # and no multiplier on the sublayers' outputs: as vLLM's granite.py).
+        "fused_residual": norms.kind == "rmsnorm"
+        and norms.placement == "pre"
+        and cfg["residual_multiplier"] is None,
         "act_layer": act_layer,
         "moe_act": moe_act,
         "has_dense": has_dense,
@@ -487,6 +538,7 @@ def _model_config_keys(
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
+    cfg.update(f.multipliers())
     return cfg
 
 
@@ -617,9 +669,10 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
     if mlp.loads_dense:
         roles += ["gate_proj", "up_proj", "down_proj"]
     if mlp.loads_moe:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        fused = spec.checkpoint.fused_experts
+        roles += ["router", *(FUSED_EXPERT_ROLES if fused else ROUTED_EXPERT_ROLES)]
         if mlp.shared:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            roles += FUSED_SHARED_ROLES if fused else SHARED_EXPERT_ROLES
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
     if mtp:
@@ -643,7 +696,7 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
             rel(role)[-1]
             for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
         )
-        names["shared"] = rel("shared_gate_proj")[1]
+        names["shared"] = rel("shared_down_proj")[1]
         names["shared_gate"] = rel("shared_expert_gate")[1]
     return names
 
@@ -673,7 +726,8 @@ def _stacked_params(
     gate_up_blocks = []
     if mlp.loads_dense:
         gate_up_blocks.append(names["mlp"])
-    if mlp.loads_moe and mlp.shared:
+    if mlp.loads_moe and mlp.shared and not spec.checkpoint.fused_experts:
+        # (A fused shared expert's checkpoint tensor is its gate_up_proj already.)
         gate_up_blocks.append(names["shared"])
     for block in gate_up_blocks:
         stacked += [

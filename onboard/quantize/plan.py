@@ -28,7 +28,7 @@ from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
 from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
-from onboard.spec.layouts import LINEAR_ROLES, ROLES
+from onboard.spec.layouts import FUSED_EXPERT_ROLES, LINEAR_ROLES, ROLES
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
@@ -215,6 +215,11 @@ def make_plan(
             why = None
             if role is None:
                 why = "no role of the spec's layout"
+            elif role in FUSED_EXPERT_ROLES:
+                # Every expert of a layer in one 3-D tensor: copied unchanged
+                # (the compressed-tensors format quantizes per Linear module),
+                # and each expert listed in `ignore` (below).
+                why = "stacked experts (3-D), kept in 16 bits"
             elif role not in LINEAR_ROLES:
                 why = f"role {role}"
             elif not linear:
@@ -238,6 +243,8 @@ def make_plan(
                 ):
                     if role != "embed":
                         ignore.add(module)
+                if role in FUSED_EXPERT_ROLES and param == "weight" and t.shape:
+                    ignore.update(stacked_expert_modules(module, role, t.shape[0]))
                 continue
             _check_quantizable(t, shard, scheme, role)
             fused_key = None
@@ -284,6 +291,18 @@ def make_plan(
     )
 
 
+def stacked_expert_modules(module: str, role: str, experts: int) -> list[str]:
+    """The Linear names vLLM's fused MoE layer looks up in a quantization config
+    for the experts of a stacked tensor: it loads ``<block>.input_linear`` into
+    ``<block>.experts`` (vLLM's granitemoe.py, and onboard's generated models) and
+    asks for ``<block>.experts.<e>.gate_proj`` / ``up_proj`` / ``down_proj``; all
+    of them ignored, it builds the layer unquantized."""
+    block = module.rpartition(".")[0]
+    gate_up = role == "experts_gate_up_proj"
+    leaves = ("gate_proj", "up_proj") if gate_up else ("down_proj",)
+    return [f"{block}.experts.{e}.{leaf}" for e in range(experts) for leaf in leaves]
+
+
 def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str]:
     """vLLM's fp8-block rule for fused layers: every member but the last (and both
     of an expert's gate/up) a multiple of the block's rows. The checkpoint is still
@@ -292,6 +311,10 @@ def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str
     bad: dict[str, int] = {}
     for q in quantized.values():
         rows = q.src.shape[0]
+        if q.role == "shared_gate_up_proj" and (rows // 2) % bh:
+            # vLLM splits the fused tensor into gate and up at half its rows.
+            bad.setdefault(q.role, rows // 2)
+            continue
         for members in FUSED_SETS:
             if q.role in members and rows % bh:
                 last = members[-1] if not q.role.startswith("expert_") else None

@@ -101,6 +101,10 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "moe": moe is not None,
         "dense": arch.has_dense,
         "shared": moe is not None and moe.num_shared_experts > 0,
+        # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
+        "shared_on_layer": names.get("shared_parent") == "layer",
+        # checkpoint.fused_experts: stacked routed experts, a fused shared gate/up.
+        "fused": spec.checkpoint.fused_experts,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
         "grouped": grouped,
@@ -118,6 +122,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "heads": keys.need("num_attention_heads"),
         "rope": keys.need("rope_parameters"),
     }
+    c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
@@ -244,18 +249,25 @@ def _moe_keys(
 def _mlp_classes(
     names: dict[str, str], f: dict[str, Any]
 ) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """One gated-MLP class per distinct (gate, up, down) naming."""
+    """One gated-MLP class per distinct (gate, up, down) naming; a fused one
+    (gate_up, down) for the shared expert of fused experts. Stacked routed
+    experts have no class of their own (the MoE block holds their tensors)."""
     groups = []
     if f["dense"]:
         groups.append(("dense", "MLP", "", "dense layers"))
-    if f["moe"]:
+    if f["moe"] and not f["fused"]:
         groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
     if f["shared"]:
         groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
     classes: list[dict[str, Any]] = []
     role_class: dict[str, str] = {}
     for group, cls, role_prefix, what in groups:
-        triple = tuple(names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down"))
+        if group == "shared" and f["fused"]:
+            triple = (names["shared_gate_up_proj"], None, names["shared_down_proj"])
+        else:
+            triple = tuple(
+                names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down")
+            )
         same = next((m for m in classes if m["triple"] == triple), None)
         if same is None:
             same = {"cls": cls, "triple": triple, "uses": []}
@@ -268,7 +280,12 @@ def _mlp_classes(
             "gate": m["triple"][0],
             "up": m["triple"][1],
             "down": m["triple"][2],
-            "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
+            "doc": (
+                "Gated MLP, down(act(gate(x)) * up(x)), of the "
+                if m["triple"][1] is not None
+                else "Gated MLP whose gate and up projections are one (gate rows "
+                "first): down(act(gate) * up), of the "
+            )
             + _and(m["uses"])
             + ".",
         }
@@ -438,6 +455,8 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     parts.append(spec.norm.type)
     if f["tie"]:
         parts.append("tied embeddings")
+    if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
+        parts.append("scaled embeddings and residual branches (Granite)")
     if f["mtp"]:
         assert spec.mtp is not None
         n = spec.mtp.num_heads

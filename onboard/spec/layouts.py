@@ -50,6 +50,11 @@ _BASE: dict[str, str] = {
     "shared_up_proj": f"{_LAYER}.mlp.shared_experts.up_proj",
     "shared_down_proj": f"{_LAYER}.mlp.shared_experts.down_proj",
     "shared_expert_gate": f"{_LAYER}.mlp.shared_expert_gate",
+    # checkpoint.fused_experts: a layer's routed experts as two stacked tensors,
+    # and the shared expert's gate and up projections as one.
+    "experts_gate_up_proj": f"{_LAYER}.mlp.input_linear",
+    "experts_down_proj": f"{_LAYER}.mlp.output_linear",
+    "shared_gate_up_proj": f"{_LAYER}.mlp.shared_experts.gate_up_proj",
     # MTP heads (layer = num_hidden_layers + head index)
     "mtp_enorm": f"{_LAYER}.enorm",
     "mtp_hnorm": f"{_LAYER}.hnorm",
@@ -74,6 +79,24 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
+    },
+    # Granite-MoE (-Shared): Mixtral's block with the router one module down, the
+    # experts fused (checkpoint.fused_experts) and the shared expert beside the
+    # MoE block. Per expert, the names vLLM's fused MoE layer gives its experts.
+    "granite": {
+        **_BASE,
+        "router": f"{_LAYER}.block_sparse_moe.router.layer",
+        "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.gate_proj",
+        "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.up_proj",
+        "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.down_proj",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
+        "shared_gate_proj": f"{_LAYER}.shared_mlp.gate_proj",
+        "shared_up_proj": f"{_LAYER}.shared_mlp.up_proj",
+        "shared_gate_up_proj": f"{_LAYER}.shared_mlp.input_linear",
+        "shared_down_proj": f"{_LAYER}.shared_mlp.output_linear",
     },
 }
 
@@ -102,6 +125,10 @@ LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {
 # The MLP of one routed expert, and of the shared expert, by role.
 ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")
 SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+# The same with checkpoint.fused_experts: all routed experts of a layer in two
+# stacked 3-D tensors, the shared expert's gate and up in one.
+FUSED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
+FUSED_SHARED_ROLES = ("shared_gate_up_proj", "shared_down_proj")
 
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
@@ -119,6 +146,7 @@ LINEAR_ROLES: tuple[str, ...] = (
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
+    "shared_gate_up_proj",
 )
 
 # Placeholders each role's path must (and may only) contain.

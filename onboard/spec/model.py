@@ -24,6 +24,9 @@ SpecMethod = Literal[
 ]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention"]
+# Granite's whole-model multipliers (spec fields and config.json keys alike);
+# 1.0 leaves the model as it is.
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 # Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
 # in vLLM; counts and widths stop at a few times the largest released model, so a
@@ -179,6 +182,12 @@ class Attention(_Section):
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
     )
+    softmax_scale: float | None = Field(
+        None,
+        gt=0,
+        description="Factor on the q.k scores before the softmax (gqa); null means "
+        "1/sqrt(head_dim). Granite's `attention_multiplier`.",
+    )
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
     )
@@ -284,13 +293,22 @@ class MTP(_Section):
 class Checkpoint(_Section):
     """Tensor names of the checkpoint."""
 
-    layout: Literal["llama", "deepseek", "qwen", "mixtral"] = Field(
+    layout: Literal["llama", "deepseek", "qwen", "mixtral", "granite"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
         description="Per-role override of the preset's module path, e.g. "
         "`router: model.layers.{layer}.mlp.router`.",
+    )
+    fused_experts: bool = Field(
+        False,
+        description="The MoE experts are stored fused (Granite-MoE): a layer's "
+        "routed experts as two stacked tensors, `experts_gate_up_proj` [experts, 2 "
+        "x width, hidden] (each expert's gate rows, then its up rows) and "
+        "`experts_down_proj` [experts, hidden, width], instead of three tensors per "
+        "expert; a shared expert's gate and up projections as one "
+        "`shared_gate_up_proj` [2 x width, hidden] (gate rows first).",
     )
 
 
@@ -343,6 +361,23 @@ class ModelSpec(_Section):
     )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
+    )
+    embedding_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on the token embeddings before the first layer "
+        "(Granite's `embedding_multiplier`).",
+    )
+    residual_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on each attention and MLP output before its residual "
+        "add (Granite's `residual_multiplier`).",
+    )
+    logits_scaling: float = Field(
+        1.0,
+        gt=0,
+        description="The output logits are divided by it (Granite's `logits_scaling`).",
     )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
-from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
 from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, used_roles
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
@@ -32,6 +32,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _mlp_rules,
         _moe_rules,
         _mtp_rules,
+        _multiplier_rules,
         _checkpoint_rules,
         _speculator_rules,
         _name_rules,
@@ -149,6 +150,12 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(
             a + ("partial_rotary_factor",),
             "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0",
+        )
+    if att.softmax_scale is not None:
+        report(
+            a + ("softmax_scale",),
+            "MLA's softmax scale follows qk_head_dim (and yarn's mscale); "
+            "softmax_scale must stay null",
         )
     mla = att.mla
     if mla.qk_rope_head_dim % 2:
@@ -304,6 +311,20 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.norm.placement != "pre":
         # No family has both; an MTP block of post-norm layers is unverified.
         report(("mtp",), "MTP heads need norm.placement pre")
+    if spec.mtp is not None and _multiplied(spec):
+        # No family has both: what an MTP head would scale is unverified.
+        report(("mtp",), f"MTP heads need neutral multipliers ({_multiplied(spec)})")
+
+
+def _multiplied(spec: ModelSpec) -> str:
+    """The multipliers (Granite's) the spec sets away from their neutral value."""
+    return ", ".join(name for name in MULTIPLIERS if getattr(spec, name) != 1.0)
+
+
+def _multiplier_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.residual_multiplier != 1.0 and spec.norm.placement != "pre":
+        # No family has both; where a post-norm block would scale is unverified.
+        report(("residual_multiplier",), "needs norm.placement pre")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
@@ -314,6 +335,8 @@ MAX_TEMPLATE_CHARS = 200
 
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     names = spec.checkpoint.tensor_names
+    if spec.checkpoint.fused_experts and spec.mlp.moe is None:
+        report(("checkpoint", "fused_experts"), "applies only to a MoE model")
     bad_template = False
     for role, template in names.items():
         where: Path = ("checkpoint", "tensor_names", role)
