@@ -175,7 +175,9 @@ def validate_family(
     model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
     with torch.no_grad():  # decisive logits (std ~8), as tests/hf_tiny.py writes
         head = model.get_output_embeddings().weight
-        head.normal_(0.0, 8.0 / tiny.hidden_size**0.5)
+        # (Granite divides the logits by logits_scaling: the head makes up for it.)
+        std = 8.0 * getattr(tiny, "logits_scaling", 1.0)
+        head.normal_(0.0, std / tiny.hidden_size**0.5)
     ckpt = work / "ckpt"
     model.save_pretrained(ckpt)
     (work / "spec.yaml").write_text(dump_spec(spec))

@@ -308,24 +308,23 @@ def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str
     of an expert's gate/up) a multiple of the block's rows. The checkpoint is still
     what compressed-tensors and llm-compressor write; vLLM refuses to load it."""
     bh = scheme.block[0]
-    bad: dict[str, int] = {}
+    bad: dict[str, tuple[int, str]] = {}
     for q in quantized.values():
         rows = q.src.shape[0]
         if q.role == "shared_gate_up_proj" and (rows // 2) % bh:
-            # vLLM splits the fused tensor into gate and up at half its rows.
-            bad.setdefault(q.role, rows // 2)
+            # vLLM loads the fused tensor as gate and up, split at half its rows.
+            bad.setdefault(q.role, (rows // 2, "its gate and its up half"))
             continue
         for members in FUSED_SETS:
             if q.role in members and rows % bh:
                 last = members[-1] if not q.role.startswith("expert_") else None
                 if q.role != last:
-                    bad.setdefault(q.role, rows)
+                    bad.setdefault(q.role, (rows, " + ".join(members)))
     return [
         f"fp8-block: {role} has {rows} rows, not a multiple of {bh}: vLLM fuses "
-        f"{' + '.join(next(m for m in FUSED_SETS if role in m))} into one layer "
-        "and will refuse to load this checkpoint (the file itself is what "
-        "compressed-tensors and llm-compressor write)"
-        for role, rows in sorted(bad.items())
+        f"{what} into one layer and will refuse to load this checkpoint (the file "
+        "itself is what compressed-tensors and llm-compressor write)"
+        for role, (rows, what) in sorted(bad.items())
     ]
 
 

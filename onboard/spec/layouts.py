@@ -72,6 +72,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "shared_gate_proj": f"{_LAYER}.mlp.shared_expert.gate_proj",
         "shared_up_proj": f"{_LAYER}.mlp.shared_expert.up_proj",
         "shared_down_proj": f"{_LAYER}.mlp.shared_expert.down_proj",
+        "shared_gate_up_proj": f"{_LAYER}.mlp.shared_expert.gate_up_proj",
     },
     "mixtral": {
         **_BASE,
