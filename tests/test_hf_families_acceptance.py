@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 
 # One of each part the proof finds or the config states: whole-projection and
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
-# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias.
+# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
+# Granite's multipliers and its experts saved fused (with a fused shared expert).
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -35,6 +36,8 @@ FAMILIES = (
     "dots1",
     "seed_oss",
     "ernie4_5",
+    "granite",
+    "granitemoeshared",
 )
 
 
