@@ -76,9 +76,11 @@ def _configs() -> dict:
             **common, num_local_experts=4, num_experts_per_tok=2
         ),
         "granitemoeshared": tf.GraniteMoeSharedConfig(
-            **common, num_local_experts=4, num_experts_per_tok=2,
+            **common,
+            num_local_experts=4,
+            num_experts_per_tok=2,
             shared_intermediate_size=64,
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -261,8 +263,8 @@ def test_stacked_experts_stay_16_bit_and_are_ignored_per_expert(family_dirs, fam
     block = "model.layers.1.block_sparse_moe"
     for name in ("input_linear.weight", "output_linear.weight"):
         assert plan.kept[f"{block}.{name}"] == "stacked experts (3-D), kept in 16 bits"
-    experts = {f"{block}.experts.{e}.{p}" for e in range(4) for p in ("gate_proj",
-               "up_proj", "down_proj")}  # fmt: skip
+    projections = ("gate_proj", "up_proj", "down_proj")
+    experts = {f"{block}.experts.{e}.{p}" for e in range(4) for p in projections}
     assert experts <= set(plan.ignore)
     assert f"{block}.router.layer" in plan.ignore
     assert f"{block}.router.layer.weight" in plan.kept

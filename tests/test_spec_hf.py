@@ -13,7 +13,6 @@ from transformers import AutoConfig
 
 from onboard.errors import InputError
 from onboard.spec import load_spec
-from onboard.spec.model import ModelSpec
 from onboard.spec.hf import (
     ALIASES,
     IGNORED,
@@ -22,6 +21,7 @@ from onboard.spec.hf import (
     spec_from_hf_config,
     spec_from_hf_config_file,
 )
+from onboard.spec.model import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ONBOARD = ROOT / ".venv" / "bin" / "onboard"

@@ -907,6 +907,14 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         items.append("Dense gated MLP on every layer.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    read = [concept for concept, key in arch.config.multipliers().items() if key]
+    if read:
+        items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
+    if spec.checkpoint.fused_experts:
+        items.append(
+            "The checkpoint stores each layer's experts stacked (gate and up in one "
+            "tensor), as the fused MoE layer holds them."
+        )
     if spec.mtp is not None:
         items.append(
             f"{_heads(spec.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "

@@ -430,8 +430,9 @@ GENERATED_NAMES = frozenset(
         "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
-        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
-        "SpeculativeConfig", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedExpertMLP",
+        "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedLinear",
+        "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
     }
 )  # fmt: skip
