@@ -21,8 +21,9 @@ import torch
 
 from onboard.errors import InputError
 from onboard.quantize import inferred_spec, quantize_checkpoint
-from onboard.quantize.plan import make_plan
+from onboard.quantize.plan import STACKED_EXPERTS_KEPT, make_plan
 from onboard.quantize.schemes import SCHEMES
+from onboard.validate.check_quant import GUARDED
 
 # Weight-only and dynamic schemes: calibrated nvfp4 runs the reference model.
 UNCALIBRATED = [name for name, s in SCHEMES.items() if not s.calibrated]
@@ -262,7 +263,9 @@ def test_stacked_experts_stay_16_bit_and_are_ignored_per_expert(family_dirs, fam
     assert plan.layout.layout == "granite"
     block = "model.layers.1.block_sparse_moe"
     for name in ("input_linear.weight", "output_linear.weight"):
-        assert plan.kept[f"{block}.{name}"] == "stacked experts (3-D), kept in 16 bits"
+        assert plan.kept[f"{block}.{name}"] == STACKED_EXPERTS_KEPT
+    # The quant check requires them unchanged (tests/test_quant_check.py style).
+    assert GUARDED["stacked experts"] == (STACKED_EXPERTS_KEPT,)
     projections = ("gate_proj", "up_proj", "down_proj")
     experts = {f"{block}.experts.{e}.{p}" for e in range(4) for p in projections}
     assert experts <= set(plan.ignore)

@@ -43,6 +43,9 @@ KEPT_LINEAR_ROLES = (
     "mtp_head",
 )
 
+# Why experts stored fused (checkpoint.fused_experts) are copied unchanged.
+STACKED_EXPERTS_KEPT = "stacked experts (3-D), kept in 16 bits"
+
 # Projections vLLM loads as one fused layer; NVFP4 needs one global scale for each
 # such set (vLLM's qkv_proj, gate_up_proj / w13, and MLA's fused_qkv_a_proj).
 FUSED_SETS = (
@@ -219,7 +222,7 @@ def make_plan(
                 # Every expert of a layer in one 3-D tensor: copied unchanged
                 # (the compressed-tensors format quantizes per Linear module),
                 # and each expert listed in `ignore` (below).
-                why = "stacked experts (3-D), kept in 16 bits"
+                why = STACKED_EXPERTS_KEPT
             elif role not in LINEAR_ROLES:
                 why = f"role {role}"
             elif not linear:
