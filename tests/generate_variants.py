@@ -130,8 +130,9 @@ checkpoint:
     ),
     # Granite-MoE-Shared: the four multipliers (un-fused residual), fused experts
     # stored stacked (renamed to the fused MoE layer's own names), the router one
-    # module down and a fused shared expert beside the MoE block.
-    "var-granite": (
+    # module down and a fused shared expert beside the MoE block. (Its long name
+    # makes the plugin's MODEL_CLASS string longer than a line.)
+    "var-granite-moe-shared-fused": (
         "VarGraniteForCausalLM",
         """
 embedding_multiplier: 12.0
