@@ -169,15 +169,19 @@ def _vllm_moe_paths(
     return paths
 
 
+def _dense_roles(spec: ModelSpec) -> tuple[str, ...]:
+    """The dense MLP's checkpoint roles (gate and up apart, or fused)."""
+    if "gate_up_proj" in spec.checkpoint.fused:
+        return ("gate_up_proj", "down_proj")
+    return ("gate_proj", "up_proj", "down_proj")
+
+
 def _vllm_dense_block(spec: ModelSpec) -> str:
-    """Decoder attribute of the dense MLP: the checkpoint's when its three
+    """Decoder attribute of the dense MLP: the checkpoint's when its
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
     blocks = set()
-    for role, leaf in (
-        ("gate_proj", "gate_proj"),
-        ("up_proj", "up_proj"),
-        ("down_proj", "down_proj"),
-    ):
+    for role in _dense_roles(spec):
+        leaf = role
         rel = _layer_rel(spec.tensor_path(role)) or ""
         m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
         if m is None:
@@ -590,7 +594,7 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
         paths.update(_vllm_moe_paths(spec, mlp.has_dense, mlp.shared, mlp.shared_gate))
     if mlp.has_dense:
         block = _vllm_dense_block(spec)
-        for role in ("gate_proj", "up_proj", "down_proj"):
+        for role in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
             paths[role] = f"model.layers.{{layer}}.{block}.{role}"
     return paths
 
@@ -611,11 +615,14 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             else ["q_a_proj", "q_a_norm", "q_b_proj"]
         )
     else:
-        roles += ["q_proj", "k_proj", "v_proj"]
+        if "qkv_proj" in spec.checkpoint.fused:
+            roles += ["qkv_proj"]
+        else:
+            roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
     if mlp.loads_dense:
-        roles += ["gate_proj", "up_proj", "down_proj"]
+        roles += list(_dense_roles(spec))
     if mlp.loads_moe:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
         if mlp.shared:
@@ -635,7 +642,7 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
 
     names: dict[str, Any] = {}
     if mlp.has_dense:
-        names["mlp"] = rel("gate_proj")[0]
+        names["mlp"] = rel("down_proj")[0]
     if mlp.has_moe:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
@@ -654,14 +661,16 @@ def _stacked_params(
     """Checkpoint tensors stacked into one vLLM parameter, as (substring, new,
     shard) triples, and the packed-modules map."""
     att = spec.attention
+    fused = spec.checkpoint.fused  # already one tensor: loaded as it is
     stacked: list[tuple[str, str, str]] = []
     packed: dict[str, list[str]] = {}
     if att.type != "mla":
-        stacked += [
-            (".q_proj", ".qkv_proj", '"q"'),
-            (".k_proj", ".qkv_proj", '"k"'),
-            (".v_proj", ".qkv_proj", '"v"'),
-        ]
+        if "qkv_proj" not in fused:
+            stacked += [
+                (".q_proj", ".qkv_proj", '"q"'),
+                (".k_proj", ".qkv_proj", '"k"'),
+                (".v_proj", ".qkv_proj", '"v"'),
+            ]
         packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
     elif att.mla is not None and att.mla.q_lora_rank is not None:
         # vLLM computes q_a and kv_a in one GEMM.
@@ -671,7 +680,7 @@ def _stacked_params(
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     gate_up_blocks = []
-    if mlp.loads_dense:
+    if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
     if mlp.loads_moe and mlp.shared:
         gate_up_blocks.append(names["shared"])
@@ -680,7 +689,7 @@ def _stacked_params(
             (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
             (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
         ]
-    if gate_up_blocks:
+    if mlp.loads_dense or (mlp.loads_moe and mlp.shared):
         packed["gate_up_proj"] = ["gate_proj", "up_proj"]
     return stacked, packed
 

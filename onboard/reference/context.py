@@ -78,6 +78,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
+        "fused_qkv": "qkv_proj" in arch.fused,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
         "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
         "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
@@ -259,7 +260,11 @@ def _mlp_classes(
     classes: list[dict[str, Any]] = []
     role_class: dict[str, str] = {}
     for group, cls, role_prefix, what in groups:
-        triple = tuple(names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down"))
+        # (gate, up, down, gate_up): the dense MLP's gate and up may be one tensor.
+        triple = tuple(
+            names.get(f"{role_prefix}{p}_proj")
+            for p in ("gate", "up", "down", "gate_up")
+        )
         same = next((m for m in classes if m["triple"] == triple), None)
         if same is None:
             same = {"cls": cls, "triple": triple, "uses": []}
@@ -272,6 +277,7 @@ def _mlp_classes(
             "gate": m["triple"][0],
             "up": m["triple"][1],
             "down": m["triple"][2],
+            "gate_up": m["triple"][3],
             "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
             + _and(m["uses"])
             + ".",

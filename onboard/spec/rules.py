@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, used_roles
+from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, has_dense_mlp, used_roles
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
 Path = tuple[str | int, ...]
@@ -33,6 +33,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _moe_rules,
         _mtp_rules,
         _checkpoint_rules,
+        _fused_rules,
+        _norm_rules,
         _speculator_rules,
         _name_rules,
         _keep_unquantized_rules,
@@ -340,6 +342,29 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
                 ("checkpoint", "tensor_names", role),
                 f"{names[role]!r} is also the path of {', '.join(others)}",
             )
+
+
+def _fused_rules(spec: ModelSpec, report: Report) -> None:
+    fused = spec.checkpoint.fused
+    where: Path = ("checkpoint", "fused")
+    if len(set(fused)) != len(fused):
+        report(where, "list each fused projection once")
+    if "qkv_proj" in fused:
+        if spec.attention.type == "mla":
+            report(where, "qkv_proj: MLA attention has no q/k/v projections to fuse")
+        elif spec.attention.kv_sharing:
+            report(
+                where,
+                "qkv_proj: a layer that reads another layer's KV cache loads q "
+                "alone; a fused q/k/v tensor is not generated for it",
+            )
+    if "gate_up_proj" in fused and not has_dense_mlp(spec):
+        report(where, "gate_up_proj: the model has no dense MLP (experts stay apart)")
+
+
+def _norm_rules(spec: ModelSpec, report: Report) -> None:
+    if not spec.norm.bias and spec.norm.type != "layernorm":
+        report(("norm", "bias"), "applies only to norm.type layernorm")
 
 
 def _template_problem(role: str, template: str) -> str | None:
