@@ -404,6 +404,8 @@ def build_context(
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
+        # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
+        "norm_args": ", bias=False" if norms.kind == "layernorm" and not norms.bias else "",
         "norm_placement": norms.placement,
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
@@ -489,6 +491,7 @@ def _model_config_keys(
             "intermediate_size", spec.mlp.intermediate_size
         )
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
+    cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     return cfg

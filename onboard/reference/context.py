@@ -87,7 +87,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
         "layernorm": spec.norm.type == "layernorm",
+        "norm_bias": arch.layers[0].norms.has_bias,
         "post_norm": arch.layers[0].norms.placement == "post",
+        "parallel_norm": arch.layers[0].norms.placement == "parallel",
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
@@ -111,6 +113,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "rope": keys.need("rope_parameters"),
     }
     c["hidden_act"] = keys.find("hidden_act")
+    c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
@@ -135,8 +138,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
-        c["qkv_bias"] = keys.find("qkv_bias")
-    c["o_bias"] = keys.find("o_bias")
+        c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
+    # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
+    c["o_bias"] = keys.find("o_bias", att.o_bias)
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 

@@ -306,6 +306,9 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.norm.placement != "pre":
         # No family has both; an MTP block of post-norm layers is unverified.
         report(("mtp",), "MTP heads need norm.placement pre")
+    if spec.mtp is not None and spec.logit_scale != 1.0:
+        # No family has both; the MTP draft's logits would need the scale too.
+        report(("logit_scale",), "MTP heads need logit_scale 1")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
