@@ -128,6 +128,12 @@ def role_hint(
             "set norm.type: layernorm (and norm.bias: true) in the spec",
             ["norm.type", "norm.bias"],
         )
+    if role == "post_attention_norm" and missing and param == "weight":
+        return (
+            "set norm.placement: parallel in the spec if attention and the MLP "
+            "both read the layer's one input norm (Cohere)",
+            ["norm.placement"],
+        )
     if role in FUSED_ROLES and param != "bias":
         parts = " / ".join(FUSED_ROLES[role])
         if missing:

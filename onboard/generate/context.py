@@ -405,7 +405,9 @@ def build_context(
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
         # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
-        "norm_args": ", bias=False" if norms.kind == "layernorm" and not norms.bias else "",
+        "norm_args": ", bias=False"
+        if norms.kind == "layernorm" and not norms.bias
+        else "",
         "norm_placement": norms.placement,
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
