@@ -128,6 +128,27 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Parallel blocks with weight-only LayerNorms and scaled logits (Cohere),
+    # q/k/v and gate/up stored fused (Phi-3), interleaved partial rope (GLM),
+    # sliding layers whose full-attention layers use no rope (Cohere-2).
+    "var-parallel-fused": (
+        "VarParallelFusedForCausalLM",
+        """
+tie_word_embeddings: true
+logit_scale: 0.0625
+norm: {type: layernorm, eps: 1.0e-05, placement: parallel, bias: false}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  qkv_bias: true
+  partial_rotary_factor: 0.5
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope: {theta: 10000.0, interleaved: true, nope_layers: [1, 3]}
+mlp: {intermediate_size: 512}
+checkpoint: {layout: llama, fused: [qkv_proj, gate_up_proj]}
+""",
+    ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).
     "var-renamed": (
         "VarRenamedForCausalLM",

@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 
 # One of each part the proof finds or the config states: whole-projection and
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
-# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias.
+# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
+# fused q/k/v and gate/up tensors, parallel blocks with weight-only LayerNorms and
+# scaled logits, interleaved partial rope.
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -35,6 +37,9 @@ FAMILIES = (
     "dots1",
     "seed_oss",
     "ernie4_5",
+    "phi3",
+    "cohere2",
+    "glm",
 )
 
 
