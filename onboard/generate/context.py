@@ -865,6 +865,20 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         )
     else:
         items.append("Dense gated MLP on every layer.")
+    if layers[0].norms.placement == "parallel":
+        items.append(
+            "Parallel blocks: attention and the MLP read the same normalised input "
+            "and both add to the residual."
+        )
+    parts = {"qkv_proj": "q, k and v", "gate_up_proj": "gate and up"}
+    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused]
+    if fused:
+        items.append(
+            f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
+            "as it is."
+        )
+    if spec.logit_scale != 1.0:
+        items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
     if spec.mtp is not None:

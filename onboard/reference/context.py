@@ -449,7 +449,18 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             parts.append("dense layers")
     else:
         parts.append("dense MLP")
-    parts.append(spec.norm.type)
+    bare = f["layernorm"] and not f["norm_bias"]
+    parts.append("layernorm without bias" if bare else spec.norm.type)
+    if f["parallel_norm"]:
+        parts.append("parallel attention and MLP")
+    if spec.checkpoint.fused:
+        joined = " and ".join(
+            {"qkv_proj": "q/k/v", "gate_up_proj": "gate/up"}[r]
+            for r in spec.checkpoint.fused
+        )
+        parts.append(f"{joined} stored as one tensor each")
+    if spec.logit_scale != 1.0:
+        parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
     if f["mtp"]:
