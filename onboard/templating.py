@@ -68,6 +68,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "FusedMoEFactory": ("vllm.model_executor.layers.fused_moe", "FusedMoEFactory"),
     "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
+    "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
     "ColumnParallelLinear": (
         "vllm.model_executor.layers.linear",

@@ -128,9 +128,10 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
-    # Parallel blocks with weight-only LayerNorms and scaled logits (Cohere),
-    # q/k/v and gate/up stored fused (Phi-3), interleaved partial rope (GLM),
-    # sliding layers whose full-attention layers use no rope (Cohere-2).
+    # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
+    # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
+    # interleaved partial rope (GLM), sliding layers whose full-attention layers
+    # use no rope (Cohere-2).
     "var-parallel-fused": (
         "VarParallelFusedForCausalLM",
         """
@@ -140,6 +141,8 @@ norm: {type: layernorm, eps: 1.0e-05, placement: parallel, bias: false}
 attention:
   num_heads: 4
   num_kv_heads: 2
+  qk_norm: true
+  qk_norm_scope: head_weights
   qkv_bias: true
   partial_rotary_factor: 0.5
   sliding_window: 64

@@ -417,14 +417,23 @@ def test_parallel_blocks_with_scaled_logits_are_found_and_proven(model_type):
         prove_spec(ModelSpec.model_validate(data), config)
 
 
-def test_cohere_qk_norm_per_head_weights_is_refused_on_its_shapes():
-    # Command R+'s q/k norms are LayerNorms with a weight per head: not the spec's
-    # shared per-head RMS norm, so the proof refuses on the shapes.
+def test_q_k_norms_with_a_weight_per_head_are_found_and_proven():
+    # Command R+'s q/k norms (use_qk_norm) are LayerNorms over each head with a
+    # weight row per head ([heads, head_dim], randomised by the proof), found by
+    # their shapes; a shared per-head weight misfits on them.
     from onboard.reference.infer import infer_spec
 
     config = transformers.CohereConfig(**SMALL, use_qk_norm=True).to_dict()
+    spec, proof = infer_spec(config)
+    assert (spec.attention.qk_norm, spec.attention.qk_norm_scope) == (
+        True,
+        "head_weights",
+    )
+    assert proof.max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    data["attention"]["qk_norm_scope"] = "head"
     with pytest.raises(ProofFailed, match=r"q_norm.weight is \[4, 16\]"):
-        infer_spec(config)
+        prove_spec(ModelSpec.model_validate(data), config)
 
 
 def test_interleaved_partial_rope_and_a_fused_mlp_are_found_and_proven():

@@ -56,7 +56,8 @@ class Attention:
     kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
     qk_norm: bool
-    qk_norm_scope: Literal["head", "projection"]  # per head, or all heads at once
+    # per head, all heads at once, or per head with a weight per head
+    qk_norm_scope: Literal["head", "projection", "head_weights"]
     qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool

@@ -154,9 +154,13 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
         if att.qk_norm:
-            whole = att.qk_norm_scope == "projection"
-            add("q_norm", (att.num_heads * hd if whole else hd,), "ones")
-            add("k_norm", (kv * hd if whole else hd,), "ones")
+            shapes = {
+                "head": ((hd,), (hd,)),
+                "projection": ((att.num_heads * hd,), (kv * hd,)),
+                "head_weights": ((att.num_heads, hd), (kv, hd)),
+            }[att.qk_norm_scope]
+            add("q_norm", shapes[0], "ones")
+            add("k_norm", shapes[1], "ones")
     # pre: the MLP's input norm; post: attention's output norm (same place).
     if placement != "parallel":
         norm(mlp_norm if placement == "pre" else attention_norm, h)

@@ -257,6 +257,11 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         }
         if att.qk_norm_scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
+        elif att.qk_norm_scope == "head_weights":
+            table |= {
+                "q_norm": (("attention.num_heads", nh), hd),
+                "k_norm": ((kvh, att.num_kv_heads), hd),
+            }
     elif mla is not None:
         m = "attention.mla."
         qk = (

@@ -259,8 +259,8 @@ def _check_expr(
 def _qk_norm_form(att) -> str | None:
     if not att.qk_norm:
         return None
-    if att.qk_norm_scope == "projection":
-        return "projection"
+    if att.qk_norm_scope in ("projection", "head_weights"):
+        return att.qk_norm_scope
     return "after_rope" if att.qk_norm_after_rope else "head"
 
 
@@ -762,6 +762,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "head": "with per-head RMS norm on q and k",
                 "after_rope": "with per-head RMS norm on q and k after rope",
                 "projection": "with RMS norm on the whole q and k projections",
+                "head_weights": "with a norm on each head of q and k, its weight "
+                "of its own",
             }[form]
         )
     if att.qkv_bias or att.o_bias:

@@ -75,6 +75,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
+        "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
@@ -536,6 +537,9 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k each RMS-normalised over the whole projection"
     elif f["qk_norm_after_rope"]:
         doc += ", q and k RMS-normalised per head after rope"
+    elif f["qk_norm_heads"]:
+        kind = "layer-" if f["layernorm"] else "RMS-"
+        doc += f", q and k {kind}normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     doc += "."

@@ -54,7 +54,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "qk_norm": ("qk_norm", "use_qk_norm"),
-    "qk_norm_scope": ("qk_norm_scope",),  # head | projection
+    "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
     "qk_norm_after_rope": ("qk_norm_after_rope",),
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
@@ -217,7 +217,7 @@ FAMILIES: dict[str, Family] = {
 # (onboard.reference.infer), and the writer's round trip takes the spec's value.
 OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm": (False, True),
-    "qk_norm_scope": ("head", "projection"),
+    "qk_norm_scope": ("head", "projection", "head_weights"),
     "qk_norm_after_rope": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),

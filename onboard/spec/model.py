@@ -170,11 +170,13 @@ class Attention(_Section):
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
     qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
-    qk_norm_scope: Literal["head", "projection"] = Field(
+    qk_norm_scope: Literal["head", "projection", "head_weights"] = Field(
         "head",
         description="With qk_norm: `head` normalises each head (Qwen3); "
         "`projection` normalises the whole q and the whole k projection, one "
-        "weight per channel of all heads (OLMo-2, OLMoE).",
+        "weight per channel of all heads (OLMo-2, OLMoE); `head_weights` "
+        "normalises each head with a weight of its own ([heads, head_dim]), by "
+        "`norm.type` without bias (Cohere's use_qk_norm, as vLLM's commandr.py).",
     )
     qk_norm_after_rope: bool = Field(
         False,

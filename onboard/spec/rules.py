@@ -99,6 +99,18 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "a q/k norm over the whole projection is not generated for layers "
             "that share another layer's KV cache",
         )
+    if att.qk_norm_scope == "head_weights" and att.kv_sharing:
+        report(
+            a + ("qk_norm_scope",),
+            "q/k norms with a weight per head are not generated for layers that "
+            "share another layer's KV cache",
+        )
+    if att.qk_norm_scope == "head_weights" and att.qk_norm_after_rope:
+        report(
+            a + ("qk_norm_after_rope",),
+            "q/k norms with a weight per head come before rope (Cohere); "
+            "qk_norm_after_rope needs qk_norm_scope: head",
+        )
     if att.qk_norm_scope == "projection" and att.qk_norm_after_rope:
         report(
             a + ("qk_norm_after_rope",),
