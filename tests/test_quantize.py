@@ -627,9 +627,8 @@ def test_nvfp4_calibrates_a_model_type_transformers_does_not_know(tmp_path):
 def test_fused_projections_quantize_as_one_linear(tmp_path):
     # Phi-3 stores q/k/v and gate/up each as one tensor (checkpoint.fused), which
     # vLLM loads as one Linear: each is quantized as one, NVFP4's global scale
-    # taken over the whole tensor; without a spec the layout comes from the names
-    # (NVFP4's calibration needs the spec, which an unverified family's config
-    # alone does not give: NVFP4A16 there).
+    # taken over the whole tensor, with the spec and without (the layout from the
+    # names; calibration's spec inferred and proven from config.json).
     import transformers
 
     from onboard.reference.infer import infer_spec
@@ -644,11 +643,10 @@ def test_fused_projections_quantize_as_one_linear(tmp_path):
     transformers.Phi3ForCausalLM(config).save_pretrained(ckpt)
     spec, _ = infer_spec(config.to_dict())
     assert spec.checkpoint.fused == ["qkv_proj", "gate_up_proj"]
-    a16 = quantize_checkpoint(ckpt, "nvfp4a16", tmp_path / "a16", spec=spec)
-    bare = quantize_checkpoint(ckpt, "nvfp4a16", tmp_path / "bare")
-    for f in ("config.json", *(p.name for p in a16.glob("*.safetensors"))):
-        assert (bare / f).read_bytes() == (a16 / f).read_bytes(), f
-    out = quantize_checkpoint(ckpt, "nvfp4", tmp_path / "nvfp4", spec=spec)
+    out = quantize_checkpoint(ckpt, "nvfp4", tmp_path / "spec", spec=spec)
+    bare = quantize_checkpoint(ckpt, "nvfp4", tmp_path / "bare")
+    for f in ("config.json", *(p.name for p in out.glob("*.safetensors"))):
+        assert (bare / f).read_bytes() == (out / f).read_bytes(), f
 
     sch = SCHEMES["nvfp4"]
     src, dst = load_all(ckpt), load_all(out)
