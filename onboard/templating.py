@@ -58,6 +58,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.distributed",
         "tensor_model_parallel_all_gather",
     ),
+    "tensor_model_parallel_all_reduce": (
+        "vllm.distributed",
+        "tensor_model_parallel_all_reduce",
+    ),
     "split_tensor_along_last_dim": (
         "vllm.distributed.utils",
         "split_tensor_along_last_dim",

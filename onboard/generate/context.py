@@ -409,6 +409,9 @@ def build_context(
         if norms.kind == "layernorm" and not norms.bias
         else "",
         "norm_placement": norms.placement,
+        # The MLP takes reduce_results: a shared expert reduced with the routed
+        # ones, a parallel block's MLP reduced with attention.
+        "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
         "fused_residual": norms.kind == "rmsnorm" and norms.placement == "pre",

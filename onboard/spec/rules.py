@@ -380,6 +380,9 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
 def _norm_rules(spec: ModelSpec, report: Report) -> None:
     if not spec.norm.bias and spec.norm.type != "layernorm":
         report(("norm", "bias"), "applies only to norm.type layernorm")
+    if spec.norm.placement == "parallel" and spec.mlp.moe is not None:
+        # No family has both; the layer reduces one dense MLP with attention.
+        report(("norm", "placement"), "parallel blocks are generated for dense MLPs")
 
 
 def _template_problem(role: str, template: str) -> str | None:
