@@ -534,8 +534,7 @@ def _attention_doc(f: dict[str, Any]) -> str:
     elif f["qk_norm_after_rope"]:
         doc += ", q and k RMS-normalised per head after rope"
     elif f["qk_norm_heads"]:
-        kind = "layer-" if f["layernorm"] else "RMS-"
-        doc += f", q and k {kind}normalised per head, each head with its own weight"
+        doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     doc += "."

@@ -175,8 +175,9 @@ class Attention(_Section):
         description="With qk_norm: `head` normalises each head (Qwen3); "
         "`projection` normalises the whole q and the whole k projection, one "
         "weight per channel of all heads (OLMo-2, OLMoE); `head_weights` "
-        "normalises each head with a weight of its own ([heads, head_dim]), by "
-        "`norm.type` without bias (Cohere's use_qk_norm, as vLLM's commandr.py).",
+        "normalises each head with a weight of its own ([heads, head_dim]), a "
+        "LayerNorm without bias (Cohere's use_qk_norm, as vLLM's commandr.py; "
+        "needs norm.type layernorm).",
     )
     qk_norm_after_rope: bool = Field(
         False,

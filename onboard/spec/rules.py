@@ -105,6 +105,12 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "q/k norms with a weight per head are not generated for layers that "
             "share another layer's KV cache",
         )
+    if att.qk_norm_scope == "head_weights" and spec.norm.type != "layernorm":
+        report(
+            a + ("qk_norm_scope",),
+            "q/k norms with a weight per head are LayerNorms (Cohere); they need "
+            "norm.type layernorm",
+        )
     if att.qk_norm_scope == "head_weights" and att.qk_norm_after_rope:
         report(
             a + ("qk_norm_after_rope",),
