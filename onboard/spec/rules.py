@@ -450,7 +450,7 @@ GENERATED_NAMES = frozenset(
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
         "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
-        "GenerationMixin", "IntermediateTensors", "Iterable", "LayerNorm",
+        "GenerationMixin", "HeadNorm", "IntermediateTensors", "Iterable", "LayerNorm",
         "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
         "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
         "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
@@ -463,7 +463,8 @@ GENERATED_NAMES = frozenset(
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
-    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "MLP", "MTP", "MoE",
+    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "HeadNorm", "MLP",
+    "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
     "RotaryOnFlatHeads", "SharedHead",
 )  # fmt: skip
