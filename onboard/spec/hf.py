@@ -223,6 +223,9 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "topk_method": (None, "noaux_tc"),
     "scoring_func": ("softmax", "sigmoid"),
     "norm_topk_prob": (False, True),
+    # EXAONE-4 style: once a sliding window is set, the full-attention layers
+    # use no rope (no config key says so; EXAONE-MoE's code does it too).
+    NOPE_WHEN_SLIDING: (False, True),
 }
 # One key sets all four projections' biases where the family has it.
 _BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
@@ -369,8 +372,10 @@ def open_concepts(model_type: str) -> list[str]:
     return [
         concept
         for concept in OPEN_CONCEPTS
-        if _key_for(concept, known) is None
+        if (concept not in ALIASES or _key_for(concept, known) is None)
         and (concept not in _BIAS_CONCEPTS or not _key_for("attention_bias", known))
+        # A key saying which layers have no rope settles it (SmolLM3).
+        and (concept != NOPE_WHEN_SLIDING or not _key_for("no_rope_layers", known))
     ]
 
 
@@ -380,6 +385,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {
         "norm_placement": spec.norm.placement,
         "rope_interleave": spec.rope.interleaved,
+        NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
     if att.type == "gqa":
         values.update(
@@ -398,6 +404,18 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             norm_topk_prob=moe.router.norm_topk_prob,
         )
     return {c: values[c] for c in concepts if c in values}
+
+
+def _nope_when_sliding(spec: ModelSpec) -> bool:
+    """Whether the spec's NoPE layers are exactly its full-attention layers beside
+    sliding ones (what :data:`NOPE_WHEN_SLIDING` makes of a config)."""
+    kinds = spec.layer_attention_types()
+    full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+    return (
+        "sliding_attention" in kinds
+        and bool(full)
+        and sorted(spec.rope.nope_layers) == full
+    )
 
 
 # ---- reading a config ------------------------------------------------------------

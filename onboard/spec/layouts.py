@@ -10,6 +10,8 @@ preset, as DeepSeek-V3 checkpoints store them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 _LAYER = "model.layers.{layer}"
 
 # Roles shared by every preset (the Llama/DeepSeek naming).
@@ -43,6 +45,9 @@ _BASE: dict[str, str] = {
     "down_proj": f"{_LAYER}.mlp.down_proj",
     # MoE
     "router": f"{_LAYER}.mlp.gate",
+    # The module holding the router's e_score_correction_bias: the router itself
+    # unless the checkpoint keeps it elsewhere (EXAONE-MoE: the MoE block).
+    "router_bias": f"{_LAYER}.mlp.gate",
     "expert_gate_proj": f"{_LAYER}.mlp.experts.{{expert}}.gate_proj",
     "expert_up_proj": f"{_LAYER}.mlp.experts.{{expert}}.up_proj",
     "expert_down_proj": f"{_LAYER}.mlp.experts.{{expert}}.down_proj",
@@ -71,6 +76,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
     "mixtral": {
         **_BASE,
         "router": f"{_LAYER}.block_sparse_moe.gate",
+        "router_bias": f"{_LAYER}.block_sparse_moe.gate",
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
@@ -78,6 +84,24 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 }
 
 ROLES: tuple[str, ...] = tuple(_BASE)
+
+# Roles that are one parameter of their module, which may hold another role's
+# parameters too (the router's bias on the router's module, by default).
+PARAM_ROLES: dict[str, str] = {"router_bias": "e_score_correction_bias"}
+
+# Roles whose default path is another role's, wherever that one is (an override of
+# the router moves its bias with it).
+FOLLOWS: dict[str, str] = {"router_bias": "router"}
+
+
+def role_path(layout: str, tensor_names: Mapping[str, str], role: str) -> str:
+    """Module path of ``role`` in ``layout`` with the ``tensor_names`` overrides."""
+    if role in tensor_names:
+        return tensor_names[role]
+    if role in FOLLOWS:
+        return role_path(layout, tensor_names, FOLLOWS[role])
+    return LAYOUT_PRESETS[layout][role]
+
 
 # The norm roles of a decoder layer, by norm.placement.
 LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {
