@@ -184,23 +184,16 @@ def py_literal(value: Any) -> str:
     raise GenerationError(f"refusing to put {value!r} into generated code")
 
 
-def config_or(
-    key: str | None, value: bool | int | float | str, default: bool = False
-) -> str:
+def config_or(key: str | None, value: bool | int | float | str) -> str:
     """``config.<key>`` where the config carries the setting, else the literal:
     a generated model reads what the config says, and bakes in only what it
-    does not say. ``default``: the checkpoint's config may leave the key out
-    (``getattr(config, "<key>", <literal>)``)."""
-    if key is None or default:
+    does not say."""
+    if key is None:
         if not isinstance(value, (bool, int, float, str)):
             raise GenerationError(f"refusing to put {value!r} into generated code")
-        literal = py_str(value) if isinstance(value, str) else repr(value)
-        if key is None:
-            return literal
+        return py_str(value) if isinstance(value, str) else repr(value)
     if not _IDENT.fullmatch(key):
         raise GenerationError(f"refusing to read config.{key!r} in generated code")
-    if default:
-        return f'getattr(config, "{key}", {literal})'
     return f"config.{key}"
 
 

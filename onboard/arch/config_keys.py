@@ -111,9 +111,8 @@ def unset_keys(spec: ModelSpec) -> frozenset[str]:
 
     - the family's keys vLLM's in-tree model reads although transformers' class
       declares none (:attr:`onboard.spec.hf.Family.vllm_keys`: DeepSeek-V3's
-      ``scoring_func`` and ``topk_method``): transformers hard-codes their value,
-      and the generated model reads them with the spec's value as the default, or
-      not at all;
+      ``scoring_func`` and ``topk_method``): transformers' code hard-codes their
+      value, and so does the generated model, which does not read them;
     - ``n_group`` and ``topk_group`` of a router without expert groups: the
       generated model routes plainly or with one group of all experts, and reads
       neither (transformers' DeepSeek-V2 writes them as null).

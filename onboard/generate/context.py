@@ -561,9 +561,11 @@ def _moe_context(
         cfg["topk_group"] = f.need("topk_group", router.topk_groups)
     cfg["norm_topk_prob"] = f.find("norm_topk_prob", router.norm_topk_prob)
     cfg["scoring_func"] = f.find("scoring_func", router.scoring)
-    # A key transformers' class lacks (its code hard-codes the value): read with
-    # the spec's value as the default, as vLLM's own models read optional keys.
-    scoring_default = cfg["scoring_func"] in unset_keys(spec)
+    if cfg["scoring_func"] in unset_keys(spec):
+        # Written for vLLM's in-tree model only: transformers' class has no such
+        # key, its code hard-codes the value, and so does the generated model
+        # (a checkpoint as transformers saves it does not have the key).
+        cfg["scoring_func"] = None
     scaled = router.routed_scaling_factor != 1.0
     if scaled:
         cfg["routed_scaling_factor"] = f.need(
@@ -597,7 +599,6 @@ def _moe_context(
         ),
         "layer_expr": _moe_layer_expr(spec, arch, f),
         "scoring": router.scoring,
-        "scoring_default": scoring_default,
         "renormalize": router.norm_topk_prob,
         "bias_correction": router.bias_correction,
         # The module that holds the bias in the generated block, and whether the
