@@ -135,10 +135,12 @@ def _renames(
     param_role = {param: role for role, param in PARAM_ROLES.items()}
     # A module at a role's preset path is that role (OLMo-2's
     # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
+    # (The router's bias shares the router's module: that path is the router's.)
     preset_role = {
         path: role
         for preset in LAYOUT_PRESETS.values()
         for role, path in preset.items()
+        if role not in PARAM_ROLES
     }
     scored = []
     for u, u_params in new.items():
@@ -149,9 +151,10 @@ def _renames(
             shared = sorted(set(u_params) & set(m_params))
             if role is None or not shared or placeholders(u) != placeholders(m):
                 continue
+            owner = role
             if len(shared) == 1 and shared[0] in param_role:
                 role = param_role[shared[0]]
-            if preset_role.get(u, role) != role:
+            if preset_role.get(u, owner) != owner:
                 continue
             spelled = u.rpartition(".")[2] in {
                 preset[role].rpartition(".")[2] for preset in LAYOUT_PRESETS.values()
