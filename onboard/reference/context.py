@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names
+from onboard.spec.module_tree import module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -69,16 +69,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     keys = arch.config
     hf = keys.hf
     types = arch.attention_types
-    # Grouped top-k wherever the config onboard writes has groups, one group
-    # included (then the same choice as plain top-k), so the reference reads
-    # what it says. A model type transformers knows ships transformers' config,
-    # which may leave n_group unset.
-    grouped = moe is not None and (
-        moe.router.num_groups is not None
-        or (
-            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
-        )
-    )
     f = {
         "mla": att.type == "mla",
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
@@ -88,7 +78,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
-        "fused_qkv": "qkv_proj" in arch.fused,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
         "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
         "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
@@ -96,10 +85,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
-        "layernorm": spec.norm.type == "layernorm",
-        "norm_bias": arch.layers[0].norms.has_bias,
-        "post_norm": arch.layers[0].norms.placement == "post",
-        "parallel_norm": arch.layers[0].norms.placement == "parallel",
+        **_block_form(arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
@@ -107,7 +93,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared": moe is not None and moe.num_shared_experts > 0,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
-        "grouped": grouped,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
+        "grouped": _grouped(spec, keys),
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
@@ -192,11 +183,43 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
+        "bias_zeros": (
+            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+            if f["bias_at"]
+            else None
+        ),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+def _block_form(arch) -> dict[str, bool]:
+    """The decoder block's norms (kind, bias, placement) and whether the
+    checkpoint stores q/k/v fused."""
+    norms = arch.layers[0].norms
+    return {
+        "layernorm": norms.kind == "layernorm",
+        "norm_bias": norms.has_bias,
+        "post_norm": norms.placement == "post",
+        "parallel_norm": norms.placement == "parallel",
+        "fused_qkv": "qkv_proj" in arch.fused,
+    }
+
+
+def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
+    """Grouped top-k wherever the config onboard writes has groups, one group
+    included (then the same choice as plain top-k), so the reference reads what
+    it says. A model type transformers knows ships transformers' config, which
+    may leave n_group unset."""
+    moe = spec.mlp.moe
+    return moe is not None and (
+        moe.router.num_groups is not None
+        or (
+            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
+        )
+    )
 
 
 def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -227,12 +227,14 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "norm_placement": ("pre", "post", "parallel"),
     "norm_bias": (True, False),  # layernorm only
     "rope_interleave": (False, True),
-    NOPE_WHEN_SLIDING: (False, True),  # with sliding and full layers only
     "n_shared_experts": (0, 1),  # HunYuan-MoE: one shared MLP, no count key
     "shared_expert_gate": (False, True),
     "topk_method": (None, "noaux_tc"),
     "scoring_func": ("softmax", "sigmoid"),
     "norm_topk_prob": (False, True),
+    # EXAONE-4 style: once a sliding window is set, the full-attention layers
+    # use no rope (no config key says so; EXAONE-MoE's code does it too).
+    NOPE_WHEN_SLIDING: (False, True),
 }
 # One key sets the q/k/v biases where the family has it. The output projection's
 # bias stays open beside it: GLM's attention_bias leaves o_proj without one.
@@ -366,46 +368,36 @@ def open_concepts(model_type: str) -> list[str]:
     if model_type in FAMILIES or not transformers_knows(model_type):
         return []
     known = _known(model_type)
-    return [
-        concept
-        for concept in OPEN_CONCEPTS
-        if not any(_key_for(c, known) for c in _stated_by(concept))
-    ]
+    return _unstated(lambda concept: _key_for(concept, known) is not None)
 
 
 def unstated_concepts(keys: set[str]) -> list[str]:
     """The :data:`OPEN_CONCEPTS` that no key in ``keys`` states: for a family whose
     code ships beside its config (``auto_map``), what that code may hard-code."""
+    return _unstated(lambda concept: bool(keys.intersection(ALIASES[concept])))
+
+
+def _unstated(stated: Callable[[str], bool]) -> list[str]:
+    """The open concepts no key states (``stated``: whether a concept's key is
+    there)."""
     return [
         concept
         for concept in OPEN_CONCEPTS
-        if not any(keys.intersection(ALIASES[c]) for c in _stated_by(concept))
+        if (concept not in ALIASES or not stated(concept))
+        and (concept not in _BIAS_CONCEPTS or not stated(_BIAS_CONCEPTS[concept]))
+        # A key saying which layers have no rope settles it (SmolLM3).
+        and (concept != NOPE_WHEN_SLIDING or not any(map(stated, _NOPE_KEYS)))
     ]
-
-
-def _stated_by(concept: str) -> tuple[str, ...]:
-    """The concepts whose keys state an open ``concept``."""
-    if concept == NOPE_WHEN_SLIDING:
-        return _NOPE_KEYS
-    return (concept,) + (
-        (_BIAS_CONCEPTS[concept],) if concept in _BIAS_CONCEPTS else ()
-    )
 
 
 def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
     """The spec's values of ``concepts``, as config values."""
     att, moe = spec.attention, spec.mlp.moe
-    full = [
-        i
-        for i, kind in enumerate(spec.layer_attention_types())
-        if kind == "full_attention"
-    ]
-    nope = spec.rope.nope_layers
     values: dict[str, Any] = {
         "norm_placement": spec.norm.placement,
         "norm_bias": spec.norm.bias,
         "rope_interleave": spec.rope.interleaved,
-        NOPE_WHEN_SLIDING: bool(nope) and nope == full,
+        NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
     if att.type == "gqa":
         values.update(
@@ -424,6 +416,18 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             norm_topk_prob=moe.router.norm_topk_prob,
         )
     return {c: values[c] for c in concepts if c in values}
+
+
+def _nope_when_sliding(spec: ModelSpec) -> bool:
+    """Whether the spec's NoPE layers are exactly its full-attention layers beside
+    sliding ones (what :data:`NOPE_WHEN_SLIDING` makes of a config)."""
+    kinds = spec.layer_attention_types()
+    full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+    return (
+        "sliding_attention" in kinds
+        and bool(full)
+        and sorted(spec.rope.nope_layers) == full
+    )
 
 
 # ---- reading a config ------------------------------------------------------------
