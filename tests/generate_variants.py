@@ -128,10 +128,76 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
-    # Granite-MoE-Shared: the four multipliers (un-fused residual), fused experts
-    # stored stacked (renamed to the fused MoE layer's own names), the router one
-    # module down and a fused shared expert beside the MoE block. (Its long name
-    # makes the plugin's MODEL_CLASS string longer than a line.)
+    # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
+    # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
+    # interleaved partial rope (GLM), sliding layers whose full-attention layers
+    # use no rope (Cohere-2).
+    "var-parallel-fused": (
+        "VarParallelFusedForCausalLM",
+        """
+tie_word_embeddings: true
+logit_scale: 0.0625
+norm: {type: layernorm, eps: 1.0e-05, placement: parallel, bias: false}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  qk_norm: true
+  qk_norm_scope: head_weights
+  qkv_bias: true
+  partial_rotary_factor: 0.5
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope: {theta: 10000.0, interleaved: true, nope_layers: [1, 3]}
+mlp: {intermediate_size: 512}
+checkpoint: {layout: llama, fused: [qkv_proj, gate_up_proj]}
+""",
+    ),
+    # Sigmoid routing with a bias and no expert groups (one group on vLLM's CPU),
+    # the bias a parameter of the MoE block itself (MiniMax-M2's
+    # block_sparse_moe.e_score_correction_bias).
+    "var-bias-block": (
+        "VarBiasBlockForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    router: {scoring: sigmoid, norm_topk_prob: true, bias_correction: true}
+checkpoint:
+  layout: mixtral
+  tensor_names:
+    router_bias: model.layers.{layer}.block_sparse_moe
+""",
+    ),
+    # Softmax routing with a bias kept on a module of its own as [1, num_experts]
+    # (ERNIE-4.5-MoE's mlp.moe_statics), a dense first layer, an MoE MTP head.
+    "var-bias-2d": (
+        "VarBias2dForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    first_k_dense: 1
+    router: {scoring: softmax, norm_topk_prob: true, bias_correction: true}
+mtp: {num_heads: 1, mlp: moe}
+checkpoint:
+  layout: deepseek
+  tensor_names:
+    router_bias: model.layers.{layer}.mlp.moe_statics
+  router_bias_2d: true
+""",
+    ),
+    # Granite-MoE-Shared: the four multipliers (un-fused residual), experts stored
+    # stacked (renamed to the fused MoE layer's own names), the router one module
+    # down and a shared expert beside the MoE block, its gate and up in one tensor.
+    # (Its long name makes the plugin's MODEL_CLASS string longer than a line.)
     "var-granite-moe-shared-fused": (
         "VarGraniteForCausalLM",
         """
@@ -146,13 +212,13 @@ mlp:
     expert_intermediate_size: 64
     num_shared_experts: 1
     shared_expert_intermediate_size: 96
-checkpoint: {layout: granite, fused_experts: true}
+checkpoint: {layout: granite, fused: [shared_gate_up_proj, experts]}
 """,
     ),
-    # Fused experts under the Llama names, beside dense layers, with the shared
-    # expert inside the MoE block.
-    "var-fused-experts": (
-        "VarFusedExpertsForCausalLM",
+    # Stacked experts under the Llama names, beside dense layers, with the shared
+    # expert (split) inside the MoE block.
+    "var-stacked-experts": (
+        "VarStackedExpertsForCausalLM",
         """
 attention: {num_heads: 4, num_kv_heads: 2}
 mlp:
@@ -163,7 +229,7 @@ mlp:
     expert_intermediate_size: 64
     num_shared_experts: 1
     first_k_dense: 1
-checkpoint: {fused_experts: true}
+checkpoint: {fused: [experts]}
 """,
     ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).

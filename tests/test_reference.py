@@ -356,7 +356,8 @@ def test_granite_multipliers_fused_experts_and_shared_mlp(tmp_path):
     )
     model = GraniteMoeSharedForCausalLM(config)
     spec = check_against_transformers(tmp_path / "family", model)
-    assert spec.checkpoint.fused_experts and spec.mlp.moe.num_shared_experts == 1
+    assert spec.checkpoint.fused == ["shared_gate_up_proj", "experts"]
+    assert spec.mlp.moe.num_shared_experts == 1
     data = spec.model_dump(mode="json") | {
         "name": "novel-granite",
         "model_type": "novel_granite",

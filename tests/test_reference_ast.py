@@ -123,7 +123,7 @@ mlp:
     expert_intermediate_size: 32
     num_shared_experts: 1
     shared_expert_intermediate_size: 48
-checkpoint: {layout: granite, fused_experts: true}
+checkpoint: {layout: granite, fused: [shared_gate_up_proj, experts]}
 """,
     "fused-experts-with-dense-layers": """
 attention: {num_heads: 4, num_kv_heads: 2}
@@ -135,7 +135,7 @@ mlp:
     expert_intermediate_size: 32
     num_shared_experts: 1
     first_k_dense: 1
-checkpoint: {fused_experts: true}
+checkpoint: {fused: [experts]}
 """,
 }
 

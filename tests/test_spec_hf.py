@@ -223,9 +223,15 @@ def test_family_specific_facts():
     assert specs["granite"].checkpoint == specs["llama"].checkpoint
     for mt in ("granitemoe", "granitemoeshared"):
         moe = specs[mt]
-        assert moe.checkpoint.layout == "granite" and moe.checkpoint.fused_experts
+        assert moe.checkpoint.layout == "granite"
+        assert "experts" in moe.checkpoint.fused
         assert moe.mlp.moe.router.norm_topk_prob  # softmax of the top-k logits
         assert moe.mlp.moe.expert_intermediate_size == 96  # intermediate_size
+    assert specs["granitemoe"].checkpoint.fused == ["experts"]
+    assert specs["granitemoeshared"].checkpoint.fused == [
+        "shared_gate_up_proj",
+        "experts",
+    ]
     shared = specs["granitemoeshared"].mlp.moe
     assert shared.num_shared_experts == 1
     assert shared.shared_expert_intermediate_size == 48

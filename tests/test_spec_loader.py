@@ -168,10 +168,13 @@ def test_granite_multipliers_and_fused_experts_rules():
         "mtp: MTP heads need neutral multipliers (logits_scaling)" in x
         for x in problems(mtp)
     )
-    dense = BASE + "checkpoint: {fused_experts: true}\n"
+    dense = BASE + "checkpoint: {fused: [experts, shared_gate_up_proj]}\n"
+    lines = problems(dense)
     assert any(
-        "checkpoint.fused_experts: applies only to a MoE model" in x
-        for x in problems(dense)
+        "checkpoint.fused: experts: the model has no MoE layer" in x for x in lines
+    )
+    assert any(
+        "shared_gate_up_proj: the model has no shared expert" in x for x in lines
     )
     mla = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
     mla = mla.replace("  type: mla\n", "  type: mla\n  softmax_scale: 0.1\n")

@@ -235,7 +235,9 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
         layouts.append("granite")  # its shared expert sits beside an MoE block
     data["checkpoint"] = {"layout": draw(st.sampled_from(layouts))}
     if moe and draw(st.booleans()):
-        data["checkpoint"]["fused_experts"] = True
+        data["checkpoint"]["fused"] = ["experts"]
+        if moe.get("num_shared_experts") and draw(st.booleans()):
+            data["checkpoint"]["fused"].insert(0, "shared_gate_up_proj")
     data["quantization"] = draw(
         st.lists(st.sampled_from(["fp8-dynamic", "fp8-block", "nvfp4"]), unique=True)
     )
@@ -351,7 +353,7 @@ def family_shaped(draw) -> dict:
         moe.pop("shared_expert_intermediate_size", None)
         moe["router"] = {"scoring": "softmax", "norm_topk_prob": True}
         data["mlp"] = {"moe": moe}
-        data["checkpoint"] = {"layout": "granite", "fused_experts": True}
+        data["checkpoint"] = {"layout": "granite", "fused": ["experts"]}
     else:
         moe = mlp.get("moe") or draw(moe_section(data["num_hidden_layers"]))
         mlp["moe"] = moe

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from onboard.arch import build_plan
 from onboard.errors import InputError
-from onboard.spec.layouts import FUSED_EXPERT_ROLES, LAYOUT_PRESETS, LINEAR_ROLES, ROLES
+from onboard.spec.layouts import (
+    LAYOUT_PRESETS,
+    LINEAR_ROLES,
+    ROLES,
+    STACKED_EXPERT_ROLES,
+    role_path,
+)
 
 # Spellings of the decoder depth in config.json (transformers' attribute maps).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -48,7 +54,7 @@ class TensorLayout:
 
     def path(self, role: str) -> str:
         """Module path of a role."""
-        return self.tensor_names.get(role, LAYOUT_PRESETS[self.layout][role])
+        return role_path(self.layout, self.tensor_names, role)
 
     def role_patterns(self) -> list[tuple[str, re.Pattern]]:
         """Each role's module path as a regex with ``layer`` / ``expert`` groups."""
@@ -93,7 +99,7 @@ def detect_layout(
     modules = [
         name.rpartition(".")[0] for name in tensor_names if name.endswith(".weight")
     ]
-    projections = set(LINEAR_ROLES + FUSED_EXPERT_ROLES)
+    projections = set(LINEAR_ROLES + STACKED_EXPERT_ROLES)
     best, best_count = None, (0, 0)
     for name in LAYOUT_PRESETS:
         candidate = TensorLayout(name, layers, kv_sharing=kv_sharing, source=source)

@@ -28,7 +28,7 @@ from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
 from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
-from onboard.spec.layouts import FUSED_EXPERT_ROLES, LINEAR_ROLES, ROLES
+from onboard.spec.layouts import FUSED_ROLES, LINEAR_ROLES, ROLES, STACKED_EXPERT_ROLES
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
@@ -43,7 +43,7 @@ KEPT_LINEAR_ROLES = (
     "mtp_head",
 )
 
-# Why experts stored fused (checkpoint.fused_experts) are copied unchanged.
+# Why stacked experts (checkpoint.fused: experts) are copied unchanged.
 STACKED_EXPERTS_KEPT = "stacked experts (3-D), kept in 16 bits"
 
 # Projections vLLM loads as one fused layer; NVFP4 needs one global scale for each
@@ -218,7 +218,7 @@ def make_plan(
             why = None
             if role is None:
                 why = "no role of the spec's layout"
-            elif role in FUSED_EXPERT_ROLES:
+            elif role in STACKED_EXPERT_ROLES:
                 # Every expert of a layer in one 3-D tensor: copied unchanged
                 # (the compressed-tensors format quantizes per Linear module),
                 # and each expert listed in `ignore` (below).
@@ -246,7 +246,7 @@ def make_plan(
                 ):
                     if role != "embed":
                         ignore.add(module)
-                if role in FUSED_EXPERT_ROLES and param == "weight" and t.shape:
+                if role in STACKED_EXPERT_ROLES and param == "weight" and t.shape:
                     ignore.update(stacked_expert_modules(module, role, t.shape[0]))
                 continue
             _check_quantizable(t, shard, scheme, role)
@@ -267,7 +267,7 @@ def make_plan(
     for name, q in quantized.items():
         if q.fused_key is not None:
             fused.setdefault(q.fused_key, []).append(name)
-    warnings = _block_warnings(scheme, quantized) if scheme.block else []
+    warnings = _block_warnings(scheme, quantized, config) if scheme.block else []
     for shard in shards:
         for t in shard.tensors:
             if t.name in quantized:
@@ -306,29 +306,54 @@ def stacked_expert_modules(module: str, role: str, experts: int) -> list[str]:
     return [f"{block}.experts.{e}.{leaf}" for e in range(experts) for leaf in leaves]
 
 
-def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str]:
+def _block_warnings(
+    scheme: Scheme, quantized: dict[str, Quantized], config: dict
+) -> list[str]:
     """vLLM's fp8-block rule for fused layers: every member but the last (and both
     of an expert's gate/up) a multiple of the block's rows. The checkpoint is still
-    what compressed-tensors and llm-compressor write; vLLM refuses to load it."""
+    what compressed-tensors and llm-compressor write; vLLM refuses to load it. A
+    projection the checkpoint stores fused is split by vLLM the same way."""
     bh = scheme.block[0]
-    bad: dict[str, tuple[int, str]] = {}
+    bad: dict[str, int] = {}
     for q in quantized.values():
         rows = q.src.shape[0]
-        if q.role == "shared_gate_up_proj" and (rows // 2) % bh:
-            # vLLM loads the fused tensor as gate and up, split at half its rows.
-            bad.setdefault(q.role, (rows // 2, "its gate and its up half"))
-            continue
+        for part, part_rows in _fused_parts(q.role, rows, config):
+            if part_rows % bh:
+                bad.setdefault(part, part_rows)
         for members in FUSED_SETS:
             if q.role in members and rows % bh:
                 last = members[-1] if not q.role.startswith("expert_") else None
                 if q.role != last:
-                    bad.setdefault(q.role, (rows, " + ".join(members)))
+                    bad.setdefault(q.role, rows)
     return [
         f"fp8-block: {role} has {rows} rows, not a multiple of {bh}: vLLM fuses "
-        f"{what} into one layer and will refuse to load this checkpoint (the file "
-        "itself is what compressed-tensors and llm-compressor write)"
-        for role, (rows, what) in sorted(bad.items())
+        f"{' + '.join(next(m for m in FUSED_SETS if role in m))} into one layer "
+        "and will refuse to load this checkpoint (the file itself is what "
+        "compressed-tensors and llm-compressor write)"
+        for role, rows in sorted(bad.items())
     ]
+
+
+def _fused_parts(role: str, rows: int, config: dict) -> list[tuple[str, int]]:
+    """The members of a projection stored as one tensor (checkpoint.fused) whose
+    rows must be whole blocks: gate (gate_up_proj, shared_gate_up_proj), q and k
+    (qkv_proj, sized from config.json's heads and head_dim)."""
+    if role in ("gate_up_proj", "shared_gate_up_proj"):
+        return [(FUSED_ROLES[role][0], rows // 2)]
+    if role != "qkv_proj":
+        return []
+    heads, kv_heads = (
+        config.get(k) for k in ("num_attention_heads", "num_key_value_heads")
+    )
+    hidden, head_dim = config.get("hidden_size"), config.get("head_dim")
+    if not isinstance(heads, int) or heads < 1:
+        return []
+    if not isinstance(head_dim, int) and isinstance(hidden, int):
+        head_dim = hidden // heads
+    if not isinstance(head_dim, int):
+        return []
+    kv_heads = kv_heads if isinstance(kv_heads, int) else heads
+    return [("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim)]
 
 
 def _check_quantizable(

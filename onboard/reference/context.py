@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names
+from onboard.spec.module_tree import module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -69,21 +69,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     keys = arch.config
     hf = keys.hf
     types = arch.attention_types
-    # Grouped top-k wherever the config onboard writes has groups, one group
-    # included (then the same choice as plain top-k), so the reference reads
-    # what it says. A model type transformers knows ships transformers' config,
-    # which may leave n_group unset.
-    grouped = moe is not None and (
-        moe.router.num_groups is not None
-        or (
-            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
-        )
-    )
     f = {
         "mla": att.type == "mla",
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
+        "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
@@ -94,8 +85,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
-        "layernorm": spec.norm.type == "layernorm",
-        "post_norm": arch.layers[0].norms.placement == "post",
+        **_block_form(arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
@@ -103,11 +93,16 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared": moe is not None and moe.num_shared_experts > 0,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
         "shared_on_layer": names.get("shared_parent") == "layer",
-        # checkpoint.fused_experts: stacked routed experts, a fused shared gate/up.
-        "fused": spec.checkpoint.fused_experts,
+        # checkpoint.fused: experts, the routed experts stacked in two tensors.
+        "stacked": "experts" in spec.checkpoint.fused,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
-        "grouped": grouped,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
+        "grouped": _grouped(spec, keys),
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
@@ -124,6 +119,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
     c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
+    c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
@@ -148,8 +144,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
-        c["qkv_bias"] = keys.find("qkv_bias")
-    c["o_bias"] = keys.find("o_bias")
+        c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
+    # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
+    c["o_bias"] = keys.find("o_bias", att.o_bias)
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -191,11 +188,43 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
+        "bias_zeros": (
+            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+            if f["bias_at"]
+            else None
+        ),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+def _block_form(arch) -> dict[str, bool]:
+    """The decoder block's norms (kind, bias, placement) and whether the
+    checkpoint stores q/k/v fused."""
+    norms = arch.layers[0].norms
+    return {
+        "layernorm": norms.kind == "layernorm",
+        "norm_bias": norms.has_bias,
+        "post_norm": norms.placement == "post",
+        "parallel_norm": norms.placement == "parallel",
+        "fused_qkv": "qkv_proj" in arch.fused,
+    }
+
+
+def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
+    """Grouped top-k wherever the config onboard writes has groups, one group
+    included (then the same choice as plain top-k), so the reference reads what
+    it says. A model type transformers knows ships transformers' config, which
+    may leave n_group unset."""
+    moe = spec.mlp.moe
+    return moe is not None and (
+        moe.router.num_groups is not None
+        or (
+            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
+        )
+    )
 
 
 def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
@@ -249,25 +278,24 @@ def _moe_keys(
 def _mlp_classes(
     names: dict[str, str], f: dict[str, Any]
 ) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """One gated-MLP class per distinct (gate, up, down) naming; a fused one
-    (gate_up, down) for the shared expert of fused experts. Stacked routed
-    experts have no class of their own (the MoE block holds their tensors)."""
+    """One gated-MLP class per distinct (gate, up, down) naming. Stacked routed
+    experts (checkpoint.fused: experts) have no class of their own: the MoE block
+    holds their tensors."""
     groups = []
     if f["dense"]:
         groups.append(("dense", "MLP", "", "dense layers"))
-    if f["moe"] and not f["fused"]:
+    if f["moe"] and not f["stacked"]:
         groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
     if f["shared"]:
         groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
     classes: list[dict[str, Any]] = []
     role_class: dict[str, str] = {}
     for group, cls, role_prefix, what in groups:
-        if group == "shared" and f["fused"]:
-            triple = (names["shared_gate_up_proj"], None, names["shared_down_proj"])
-        else:
-            triple = tuple(
-                names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down")
-            )
+        # (gate, up, down, gate_up): the dense MLP's gate and up may be one tensor.
+        triple = tuple(
+            names.get(f"{role_prefix}{p}_proj")
+            for p in ("gate", "up", "down", "gate_up")
+        )
         same = next((m for m in classes if m["triple"] == triple), None)
         if same is None:
             same = {"cls": cls, "triple": triple, "uses": []}
@@ -280,12 +308,8 @@ def _mlp_classes(
             "gate": m["triple"][0],
             "up": m["triple"][1],
             "down": m["triple"][2],
-            "doc": (
-                "Gated MLP, down(act(gate(x)) * up(x)), of the "
-                if m["triple"][1] is not None
-                else "Gated MLP whose gate and up projections are one (gate rows "
-                "first): down(act(gate) * up), of the "
-            )
+            "gate_up": m["triple"][3],
+            "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
             + _and(m["uses"])
             + ".",
         }
@@ -452,7 +476,22 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             parts.append("dense layers")
     else:
         parts.append("dense MLP")
-    parts.append(spec.norm.type)
+    bare = f["layernorm"] and not f["norm_bias"]
+    parts.append("layernorm without bias" if bare else spec.norm.type)
+    if f["parallel_norm"]:
+        parts.append("parallel attention and MLP")
+    names = {
+        "qkv_proj": "q/k/v",
+        "gate_up_proj": "gate/up",
+        "shared_gate_up_proj": "the shared expert's gate/up",
+    }
+    fused = [names[r] for r in spec.checkpoint.fused if r in names]
+    if fused:
+        parts.append(f"{' and '.join(fused)} stored as one tensor each")
+    if "experts" in spec.checkpoint.fused:
+        parts.append("each layer's experts stacked in two tensors")
+    if spec.logit_scale != 1.0:
+        parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
     if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
@@ -530,6 +569,8 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k each RMS-normalised over the whole projection"
     elif f["qk_norm_after_rope"]:
         doc += ", q and k RMS-normalised per head after rope"
+    elif f["qk_norm_heads"]:
+        doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     doc += "."

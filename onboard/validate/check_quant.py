@@ -91,8 +91,8 @@ GUARDED = {
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
-    "routers": ("role router", "role shared_expert_gate"),
-    # checkpoint.fused_experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
+    "routers": ("role router", "role router_bias", "role shared_expert_gate"),
+    # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
 
@@ -400,7 +400,7 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
-    if spec.mlp.moe is not None and spec.checkpoint.fused_experts:
+    if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
         must.append("stacked experts")
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
