@@ -240,12 +240,13 @@ class _Cfg(SimpleNamespace):
 def _check_expr(
     expr: str, hf: dict, want: list[Any], what: str, spec: ModelSpec
 ) -> None:
+    """``expr`` must give ``want`` on each layer (None in ``want``: any value)."""
     cfg = _Cfg(**hf)
     got = [
         eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
         for i in range(len(want))
     ]
-    if got != want:
+    if any(w is not None and g != w for g, w in zip(got, want, strict=True)):
         raise GenerationError(
             f"{spec.name}: the Hugging Face config's {what} ({expr}) gives "
             f"{got} per layer, but the spec says {want}"
@@ -269,8 +270,7 @@ def _rope_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str:
             f"{spec.name}: the Hugging Face config written for this spec does not "
             "say which layers use rope (no no_rope_layers or layer_types)"
         )
-    want = [layer.mixer.rope for layer in arch.layers]
-    _check_expr(expr, f.hf, want, "rope layer plan", spec)
+    _check_expr(expr, f.hf, list(arch.rope_layers), "rope layer plan", spec)
     return expr
 
 
@@ -357,7 +357,7 @@ def build_context(
         moe_rule=layer_expr,
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
-        nope=not all(layer.mixer.rope for layer in arch.layers),
+        nope=arch.nope,
     )
     plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope
     rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None

@@ -12,7 +12,11 @@ runs it, so a spec that passes has a reference every later stage can write.
 from __future__ import annotations
 
 from onboard.errors import InputError
-from onboard.spec.layouts import LAYER_NORM_ROLES
+from onboard.spec.layouts import (
+    LAYER_NORM_ROLES,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
+)
 from onboard.spec.model import ModelSpec
 
 
@@ -51,6 +55,22 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "kv_b_proj",
         ),
         ("attn",),
+    ),
+    # The mixer module of a linear-attention layer, and its modules.
+    "linear_attn": (),
+    **dict.fromkeys(
+        (
+            "linear_in_proj_qkvz",
+            "linear_in_proj_ba",
+            "linear_in_proj_qkv",
+            "linear_in_proj_z",
+            "linear_in_proj_b",
+            "linear_in_proj_a",
+            "linear_conv1d",
+            "linear_norm",
+            "linear_out_proj",
+        ),
+        ("linear",),
     ),
     **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
@@ -122,6 +142,12 @@ def used_roles(spec: ModelSpec) -> list[str]:
         roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+    lin = spec.linear_attention
+    if lin is not None and any(
+        spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
+    ):
+        roles += [*LINEAR_ATTENTION_COMMON[:1], *LINEAR_ATTENTION_ROLES[lin.projections]]
+        roles += list(LINEAR_ATTENTION_COMMON[1:])
     moe = spec.mlp.moe
     if has_dense_mlp(spec):
         roles += ["gate_proj", "up_proj", "down_proj"]
@@ -214,6 +240,9 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             raise bad(role, shape)
         claim("base", parts[0], role, shape)
         claim("layers", parts[1], role, shape)
+        if role == "linear_attn":
+            # The mixer module is also the container of its modules.
+            claim("linear", parts[-1], role, shape)
         for slot, part in zip(slots, parts[3:-1], strict=True):
             if slot == "{expert}":
                 if part != "{expert}":
@@ -250,8 +279,10 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
             )
     # What hangs directly off a decoder layer: the dense MLP and the MoE block may
     # share a name (a layer has one or the other), nothing else may.
-    on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
-    on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    on_layer = [
+        names[r] for r in roles if _LAYER_SLOTS.get(r) == () and r != "linear_attn"
+    ]
+    on_layer += [names[c] for c in ("attn", "linear", "shared_head") if c in names]
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})
     twice = sorted({n for n in on_layer if on_layer.count(n) > 1})
     if twice:

@@ -28,6 +28,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _rope_rules,
         _attention_rules,
         _layer_type_rules,
+        _linear_attention_rules,
         _kv_sharing_rules,
         _mlp_rules,
         _moe_rules,
@@ -144,6 +145,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             a + ("qk_norm" if att.qk_norm else "qkv_bias",),
             "qk_norm and qkv_bias do not apply to MLA attention",
         )
+    if att.output_gate:
+        report(a + ("output_gate",), "output_gate does not apply to MLA attention")
 
     if att.partial_rotary_factor != 1.0:
         report(
@@ -180,6 +183,68 @@ def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
             )
     if att.sliding_window_pattern is not None and att.sliding_window is None:
         report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
+
+
+def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
+    lin, att = spec.linear_attention, spec.attention
+    types = att.layer_types or []
+    linear = [i for i, kind in enumerate(types) if kind == "linear_attention"]
+    where: Path = ("linear_attention",)
+    if lin is None:
+        if linear:
+            report(
+                ("attention", "layer_types"),
+                f"layers {linear} are linear_attention but the spec has no "
+                "linear_attention section",
+            )
+        return
+    if not linear:
+        report(
+            where,
+            "no layer is linear_attention: mark them in attention.layer_types (or "
+            "drop the section)",
+        )
+        return
+    if len(linear) == len(types):
+        report(
+            ("attention", "layer_types"),
+            "every layer is linear_attention; a model of linear-attention layers "
+            "only is not generated (keep at least one attention layer)",
+        )
+    if lin.num_value_heads % lin.num_key_heads:
+        report(
+            where + ("num_value_heads",),
+            f"num_value_heads ({lin.num_value_heads}) must be a multiple of "
+            f"num_key_heads ({lin.num_key_heads})",
+        )
+    if att.type == "mla":
+        report(where, "linear-attention layers beside MLA layers are not generated")
+    # vLLM's GDN layer reads these from the model's settings (rms_norm_eps for its
+    # gated norm, hidden_act for its convolution, whose CPU kernel applies SiLU or
+    # nothing); transformers' Qwen3-Next reads the same keys.
+    if spec.norm.type != "rmsnorm":
+        report(("norm", "type"), "linear-attention layers need rmsnorm")
+    if spec.activation != "silu":
+        report(
+            ("activation",),
+            "linear-attention layers need silu: their convolution uses the model's "
+            "activation, and vLLM's CPU kernel applies SiLU or none",
+        )
+    if spec.norm.placement != "pre":
+        report(("norm", "placement"), "linear-attention layers need placement pre")
+    for i in spec.rope.nope_layers:
+        if i in linear:
+            report(
+                ("rope", "nope_layers"),
+                f"layer {i} is linear_attention, which has no rope to leave out",
+            )
+    for layer, target in att.kv_sharing.items():
+        if layer in linear or target in linear:
+            report(
+                ("attention", "kv_sharing", layer),
+                "a linear-attention layer has a recurrent state, not a KV cache to "
+                "share",
+            )
 
 
 def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
