@@ -21,6 +21,8 @@ from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
 )
@@ -36,6 +38,8 @@ CANONICAL = LAYOUT_PRESETS["llama"]
 # A decoder layer's own modules besides its MLP, which an MLP may not be named.
 LAYER_ATTRIBUTES = (
     "self_attn",
+    "linear_attn",
+    "linear_attention",
     "input_layernorm",
     "post_attention_layernorm",
     "post_feedforward_layernorm",
@@ -358,11 +362,17 @@ def build_context(
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
         nope=arch.nope,
+        # Each layer's token mixer: linear attention or attention.
+        linear=arch.linear is not None,
     )
-    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope
+    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope or plan.linear
     rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None
     layer_idx_needed = (
-        sliding == "mixed" or kv_sharing or plan.nope or bool(plan.moe and layer_expr)
+        sliding == "mixed"
+        or kv_sharing
+        or plan.nope
+        or plan.linear
+        or bool(plan.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     norms = arch.layers[0].norms
@@ -377,6 +387,8 @@ def build_context(
         "qk_norm": _qk_norm_form(att),
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
+        "output_gate": att.type == "gqa" and att.output_gate,
+        "linear": _linear_context(spec, arch, f, cfg),
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
@@ -421,6 +433,33 @@ def build_context(
         "stacked": stacked,
         "packed": packed,
     }
+
+
+def _linear_context(
+    spec: ModelSpec, arch: ArchPlan, f: ConfigKeys, cfg: dict[str, Any]
+) -> SimpleNamespace | None:
+    """The linear-attention layers' decisions (None without them); adds their
+    config attribute names to ``cfg``."""
+    lin = arch.linear
+    if lin is None:
+        return None
+    for concept, value in (
+        ("linear_num_key_heads", lin.num_key_heads),
+        ("linear_num_value_heads", lin.num_value_heads),
+        ("linear_key_head_dim", lin.key_head_dim),
+        ("linear_value_head_dim", lin.value_head_dim),
+        ("linear_conv_kernel_dim", lin.conv_kernel_size),
+    ):
+        cfg[concept] = f.need(concept, value)
+    kinds = f.need("layer_types", list(arch.attention_types))
+    cfg["layer_types"] = kinds
+    expr = f'config.{kinds}[layer_idx] == "linear_attention"'
+    _check_expr(expr, f.hf, list(arch.linear_layers), "linear-attention layers", spec)
+    return SimpleNamespace(
+        # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
+        grouped=str(lin.projections == "grouped"),
+        layer_expr=expr,
+    )
 
 
 def _sliding(arch: ArchPlan) -> str:
@@ -614,6 +653,9 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
         roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+    lin = spec.linear_attention
+    if lin is not None and not mtp:
+        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
     if mlp.loads_dense:
         roles += ["gate_proj", "up_proj", "down_proj"]
     if mlp.loads_moe:
@@ -670,6 +712,20 @@ def _stacked_params(
             (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    lin = spec.linear_attention
+    if lin is not None and lin.projections == "split":
+        # Qwen3.5's split projections load into vLLM's two merged ones.
+        stacked += [
+            (".in_proj_qkv", ".in_proj_qkvz", "(0, 1, 2)"),
+            (".in_proj_z", ".in_proj_qkvz", "3"),
+            (".in_proj_b", ".in_proj_ba", "0"),
+            (".in_proj_a", ".in_proj_ba", "1"),
+        ]
+        packed["in_proj_qkvz"] = ["in_proj_qkv", "in_proj_z"]
+        packed["in_proj_ba"] = ["in_proj_b", "in_proj_a"]
+    elif lin is not None:
+        packed["in_proj_qkvz"] = ["in_proj_qkvz"]
+        packed["in_proj_ba"] = ["in_proj_ba"]
     gate_up_blocks = []
     if mlp.loads_dense:
         gate_up_blocks.append(names["mlp"])
@@ -757,6 +813,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on
             )
         )
+    if att.output_gate:
+        parts.append("the output gated by sigmoid(gate), which q_proj gives per head")
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     kinds = set(arch.attention_types)
@@ -781,6 +839,8 @@ def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
         parts.append("the earlier layer whose KV cache it reads (None: its own)")
     if plan.nope:
         parts.append("whether its attention applies rope (False: NoPE)")
+    if plan.linear:
+        parts.append("whether its token mixer is linear attention (else attention)")
     if spec.mtp is None:
         return (
             "A decoder layer. Its plan comes from the caller (the model reads it "
@@ -801,6 +861,7 @@ def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
             ("full attention", plan.sliding),
             ("its own KV cache", plan.kv_sharing),
             ("rope on q and k", plan.nope),
+            ("attention as its token mixer", plan.linear),
         )
         if on
     ]
@@ -844,6 +905,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     """Module docstring lines: what the spec is made of."""
     layers = arch.layers
     items = [_attn_doc(spec, arch)]
+    lin = arch.linear
+    if lin is not None:
+        n_linear = sum(arch.linear_layers)
+        items.append(
+            f"Gated DeltaNet linear attention on {n_linear} of {len(layers)} layers "
+            "in the spec (the config's layer_types), run by vLLM's own layer and "
+            "kernels: a short convolution and a recurrent state per sequence, "
+            "which vLLM's hybrid cache keeps beside the attention layers' KV cache."
+        )
     if spec.mlp.moe is not None:
         n_moe = sum(layer.is_moe for layer in layers)
         items.append(

@@ -43,7 +43,9 @@ def _check_layer_plan(
         )
     )
     # None in ``want``: a layer the rule does not concern (any value).
-    if got is None or any(w is not None and g != w for g, w in zip(got, want)):
+    if got is None or any(
+        w is not None and g != w for g, w in zip(got, want, strict=True)
+    ):
         rule = expr or "none in the config"
         raise InputError(
             f"{spec.name}: the reference's {what} rule ({rule}) gives "

@@ -27,6 +27,15 @@ TOP_K = 5
 # differences seen are ~1e-5. 1e-2 nats leaves room for deeper models while still
 # catching any real mistake (a wrong rope, norm or routing moves logprobs by >0.1).
 PROMPT_LOGPROB_ATOL = 1e-2
+# An engine that must run in a lower precision than the float32 reference (vLLM's
+# CPU Gated DeltaNet kernels take bfloat16 only) is held to a tolerance measured on
+# the same prompts: the reference's own prompt logprobs move by some amount when it
+# runs in that precision (rounding_gap); the engine may differ from the float32
+# reference by at most ROUNDING_FACTOR times that, and never less than the float32
+# tolerance. Measured on tiny hybrid models: the engine's gap is 1-2x the
+# reference's own; a wrong decay sign or a swapped projection moves logprobs by
+# whole nats.
+ROUNDING_FACTOR = 3.0
 # Below this median margin (nats) the greedy check proves little: flag it.
 FLAT_MARGIN = 0.1
 
@@ -152,6 +161,27 @@ def compare_prompt_logprobs(
         top1_agreement=agree / n if n else 1.0,
         per_position_max=per_position,
     )
+
+
+def rounding_gap(
+    low_precision: Sequence[np.ndarray], full: Sequence[np.ndarray], k: int = TOP_K
+) -> float:
+    """How far a lower precision moves the reference's own prompt logprobs: the
+    largest difference on the float32 run's top-k tokens over all positions."""
+    gap = 0.0
+    for low, ref in zip(low_precision, full, strict=True):
+        for row_low, row in zip(low, ref, strict=True):
+            best = np.argsort(row)[-k:]
+            gap = max(gap, float(np.abs(row_low[best] - row[best]).max()))
+    return gap
+
+
+def prompt_atol(gap: float | None) -> float:
+    """The prompt-logprob tolerance: the float32 one, or ROUNDING_FACTOR times the
+    reference's own rounding gap where the engine runs in a lower precision."""
+    if gap is None:
+        return PROMPT_LOGPROB_ATOL
+    return max(PROMPT_LOGPROB_ATOL, ROUNDING_FACTOR * gap)
 
 
 @dataclass

@@ -604,8 +604,8 @@ def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
     state_dtype = r.get("mamba_ssm_dtype", "float32")
     if not kinds or "linear_attention" not in kinds:
         return None
-    for concept, field in LINEAR_FIELDS.items():
-        if values[field] is None and field != "conv_kernel_size":
+    for concept, name in LINEAR_FIELDS.items():
+        if values[name] is None and name != "conv_kernel_size":
             r.bad(f"{concept}: required, as some layers are linear_attention")
     if values["conv_kernel_size"] is None:
         values.pop("conv_kernel_size")
@@ -704,7 +704,7 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         )
         if kinds is not None and kinds != expect:
             r.bad("layer_types disagrees with sliding_window_pattern")
-    elif kinds is not None and ("full_attention" in kinds or "linear_attention" in kinds):
+    elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
 

@@ -126,7 +126,12 @@ LINEAR_ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
         "linear_in_proj_a",
     ),
 }
-LINEAR_ATTENTION_COMMON = ("linear_attn", "linear_conv1d", "linear_norm", "linear_out_proj")
+LINEAR_ATTENTION_COMMON = (
+    "linear_attn",
+    "linear_conv1d",
+    "linear_norm",
+    "linear_out_proj",
+)
 # The parameters of the ``linear_attn`` module itself (no ``.weight``).
 LINEAR_ATTENTION_PARAMS = ("A_log", "dt_bias")
 

@@ -146,8 +146,7 @@ def used_roles(spec: ModelSpec) -> list[str]:
     if lin is not None and any(
         spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
     ):
-        roles += [*LINEAR_ATTENTION_COMMON[:1], *LINEAR_ATTENTION_ROLES[lin.projections]]
-        roles += list(LINEAR_ATTENTION_COMMON[1:])
+        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
     moe = spec.mlp.moe
     if has_dense_mlp(spec):
         roles += ["gate_proj", "up_proj", "down_proj"]
