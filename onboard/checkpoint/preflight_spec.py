@@ -274,38 +274,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    lin = plan.linear
-    if lin is not None:
-        la = "linear_attention."
-        vh = (f"{la}num_value_heads", lin.num_value_heads)
-        key_dim = (f"{la}num_key_heads × {la}key_head_dim", lin.key_dim)
-        value_dim = (f"{la}num_value_heads × {la}value_head_dim", lin.value_dim)
-        conv = (
-            f"2 × {la}num_key_heads × {la}key_head_dim + {value_dim[0]}",
-            lin.conv_dim,
-        )
-        table |= {
-            "linear_in_proj_qkvz": (
-                (
-                    f"2 × ({key_dim[0]} + {value_dim[0]})",
-                    2 * (lin.key_dim + lin.value_dim),
-                ),
-                h,
-            ),
-            "linear_in_proj_ba": ((f"2 × {vh[0]}", 2 * lin.num_value_heads), h),
-            "linear_in_proj_qkv": (conv, h),
-            "linear_in_proj_z": (value_dim, h),
-            "linear_in_proj_b": (vh, h),
-            "linear_in_proj_a": (vh, h),
-            "linear_conv1d": (
-                conv,
-                ("1", 1),
-                (f"{la}conv_kernel_size", lin.conv_kernel_size),
-            ),
-            "linear_attn": (vh,),  # A_log and dt_bias: one value per value head
-            "linear_norm": ((f"{la}value_head_dim", lin.value_head_dim),),
-            "linear_out_proj": (h, value_dim),
-        }
+    table |= _linear_dims(plan, h)
     if plan.dense is not None:
         inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
@@ -345,6 +314,35 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         # A_log and dt_bias one value per value head.
         return [dims[0]]
     return list(dims)
+
+
+def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
+    """The dimensions of a linear-attention layer's tensors (none without)."""
+    lin = plan.linear
+    if lin is None:
+        return {}
+    la = "linear_attention."
+    vh = (f"{la}num_value_heads", lin.num_value_heads)
+    key_dim = (f"{la}num_key_heads × {la}key_head_dim", lin.key_dim)
+    value_dim = (f"{la}num_value_heads × {la}value_head_dim", lin.value_dim)
+    conv = (f"2 × {key_dim[0]} + {value_dim[0]}", lin.conv_dim)
+    qkvz = (f"2 × ({key_dim[0]} + {value_dim[0]})", 2 * (lin.key_dim + lin.value_dim))
+    return {
+        "linear_in_proj_qkvz": (qkvz, h),
+        "linear_in_proj_ba": ((f"2 × {vh[0]}", 2 * lin.num_value_heads), h),
+        "linear_in_proj_qkv": (conv, h),
+        "linear_in_proj_z": (value_dim, h),
+        "linear_in_proj_b": (vh, h),
+        "linear_in_proj_a": (vh, h),
+        "linear_conv1d": (
+            conv,
+            ("1", 1),
+            (f"{la}conv_kernel_size", lin.conv_kernel_size),
+        ),
+        "linear_attn": (vh,),  # A_log and dt_bias: one value per value head
+        "linear_norm": ((f"{la}value_head_dim", lin.value_head_dim),),
+        "linear_out_proj": (h, value_dim),
+    }
 
 
 def is_field(text: str) -> bool:

@@ -176,15 +176,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_mtp_layers")
     if f["linear"]:
-        for short, concept in (
-            ("lin_k_heads", "linear_num_key_heads"),
-            ("lin_v_heads", "linear_num_value_heads"),
-            ("lin_k_dim", "linear_key_head_dim"),
-            ("lin_v_dim", "linear_value_head_dim"),
-            ("lin_conv", "linear_conv_kernel_dim"),
-        ):
-            c[short] = keys.need(concept)
-        plan["linear"] = _linear_rule(spec, keys, arch)
+        plan["linear"] = _linear_keys(spec, keys, arch, c)
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
@@ -220,9 +212,18 @@ def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     return expr
 
 
-def _linear_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
-    """The reference's rule for which layers are linear attention (of ``config``
-    and ``i``), checked against the plan's layers."""
+def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
+    """Adds the linear-attention config keys to ``c``; returns the rule for which
+    layers are linear attention (of ``config`` and ``i``), checked against the
+    plan's layers."""
+    for short, concept in (
+        ("lin_k_heads", "linear_num_key_heads"),
+        ("lin_v_heads", "linear_num_value_heads"),
+        ("lin_k_dim", "linear_key_head_dim"),
+        ("lin_v_dim", "linear_value_head_dim"),
+        ("lin_conv", "linear_conv_kernel_dim"),
+    ):
+        c[short] = keys.need(concept)
     expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
     _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
     return expr
