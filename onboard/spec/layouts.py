@@ -151,7 +151,18 @@ LINEAR_ROLES: tuple[str, ...] = (
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
+    # Gated DeltaNet's wide projections; its b/a projections (one row per value
+    # head, which set the decay and the update rate) stay in 16 bits.
+    "linear_in_proj_qkvz",
+    "linear_in_proj_qkv",
+    "linear_in_proj_z",
+    "linear_out_proj",
 )
+# Linear-attention Linear layers quantization keeps in 16 bits: the b/a
+# projections give each value head's decay and update rate (two numbers per head
+# and token, the most sensitive inputs of the recurrence), and vLLM's layer notes
+# that blockwise FP8 does not fit their few rows.
+LINEAR_ATTENTION_KEPT = ("linear_in_proj_ba", "linear_in_proj_b", "linear_in_proj_a")
 
 # Placeholders each role's path must (and may only) contain.
 GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})

@@ -90,8 +90,13 @@ GUARDED = {
     "lm_head": ("role lm_head",),
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_output_norm",
-              "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
+              "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
+              "role linear_norm"),
     "routers": ("role router", "role shared_expert_gate"),
+    # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
+    "linear attention": ("role linear_conv1d", "role linear_attn",
+                         "role linear_in_proj_ba", "role linear_in_proj_b",
+                         "role linear_in_proj_a"),
 }  # fmt: skip
 
 
@@ -398,6 +403,8 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
+    if spec.linear_attention is not None:
+        must.append("linear attention")
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
