@@ -554,6 +554,8 @@ class TPDims:
     shared_expert_intermediate_size: int | None
     num_experts: int | None
     vocab_size: int
+    # Linear-attention heads (key, value); None without such layers.
+    linear_heads: tuple[int, int] | None = None
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> TPDims:
@@ -571,6 +573,14 @@ class TPDims:
             ),
             num_experts=moe.num_experts if moe else None,
             vocab_size=spec.vocab_size,
+            linear_heads=(
+                None
+                if spec.linear_attention is None
+                else (
+                    spec.linear_attention.num_key_heads,
+                    spec.linear_attention.num_value_heads,
+                )
+            ),
         )
 
 
@@ -609,6 +619,15 @@ def tensor_parallel_rules(dims: TPDims, tp: int, report: Report) -> None:
     ):
         if size is not None and size % tp:
             report(path, f"the {what} {size} does not split over {tp} ranks")
+    for field, heads in zip(
+        ("num_key_heads", "num_value_heads"), dims.linear_heads or (), strict=False
+    ):
+        if heads % tp:
+            report(
+                ("linear_attention", field),
+                f"{heads} linear-attention heads do not split over {tp} ranks "
+                "(vLLM's Gated DeltaNet layer divides them evenly)",
+            )
     if dims.num_experts is not None and dims.num_experts < tp:
         report(
             ("mlp", "moe", "num_experts"),
