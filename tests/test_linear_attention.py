@@ -433,3 +433,116 @@ def test_tiny_init_makes_the_decay_matter(tiny_hybrid):
     assert values
     flat = np.concatenate(values)
     assert flat.min() >= 0 and flat.max() <= np.log(16) + 1e-2
+
+
+# ---- the generated vLLM model on the CPU engine (one engine start) -------------------
+
+
+@pytest.fixture(scope="module")
+def engine_run(tmp_path_factory):
+    """The tiny hybrid checkpoint through the generated plugin on vLLM's CPU
+    engine (bfloat16, float32 states): greedy outputs and prompt logprobs of the
+    validation prompts, and the engine's cache report."""
+    from onboard.generate import write_model_code
+    from onboard.runtime.engine import (
+        Engine,
+        EngineOptions,
+        engine_state_options,
+        read_plugin,
+    )
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+
+    work = tmp_path_factory.mktemp("engine")
+    ckpt = work / "ckpt"
+    write_tiny_checkpoint(hybrid(), ckpt, seed=0)
+    spec = load_spec(ckpt / "spec.yaml")
+    write_model_code(spec, work / "gen")
+    prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
+    options = EngineOptions(
+        model_dir=ckpt,
+        plugin=read_plugin(work / "gen" / "plugin"),
+        **engine_state_options(spec),
+    )
+    engine = Engine(options, work / "engine", work / "engine.log")
+    engine.start()
+    try:
+        info = engine.wait_ready()
+        reply = engine.generate(
+            prompts,
+            temperature=0.0,
+            max_tokens=16,
+            logprobs=5,
+            prompt_logprobs=5,
+            ignore_eos=True,
+        )
+    finally:
+        engine.close()
+    return spec, ckpt, work, prompts, info, reply["outputs"]
+
+
+def _reference_outputs(spec, ckpt: Path, work: Path, prompts, max_tokens: int):
+    from onboard.runtime.reference import load_reference, run_prompts_in, run_reference
+
+    ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
+    outs = [run_reference(ref.model, p, max_tokens) for p in prompts]
+    low = run_prompts_in(ref.model, prompts, "bfloat16")
+    return outs, low
+
+
+@pytest.mark.engine
+def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
+    engine_run, tmp_path
+):
+    """The generated model (vLLM's Gated DeltaNet layer, gated attention) on the
+    CPU engine against the float32 reference, by the accuracy check's rule with
+    the bfloat16 tolerance; the same engine outputs against the reference of the
+    checkpoint with every A_log sign-flipped fail it."""
+    from onboard.runtime.compare import (
+        GreedyOutput,
+        judge_accuracy,
+        prompt_atol,
+        rounding_gap,
+    )
+
+    spec, ckpt, work, prompts, info, outputs = engine_run
+    assert info["model_class"].startswith("onboard_plugin_hybrid_ref.")
+
+    def verdict(checkpoint: Path, label: str):
+        shutil.rmtree(work / "ref", ignore_errors=True)
+        ref, low = _reference_outputs(spec, checkpoint, work, prompts, 16)
+        gap = rounding_gap(low, [lp for lp, _ in ref])
+        return judge_accuracy(
+            [o["prompt_logprobs"] for o in outputs],
+            [lp for lp, _ in ref],
+            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
+            [g for _, g in ref],
+            atol=prompt_atol(gap),
+        ), gap
+
+    good, gap = verdict(ckpt, "good")
+    assert good.passed, good.details
+    assert good.metrics["prompt_logprob_max_abs_diff"] <= prompt_atol(gap)
+
+    def flip(tensors):
+        for name in [n for n in tensors if n.endswith(".A_log")]:
+            tensors[name] = -tensors[name]
+
+    flipped, _ = verdict(_edited(ckpt, tmp_path / "flipped", flip), "flipped")
+    assert not flipped.passed
+    assert flipped.metrics["prompt_logprob_max_abs_diff"] > 10 * prompt_atol(gap)
+
+
+@pytest.mark.engine
+def test_engine_state_accounting_equals_the_spec(engine_run):
+    """vLLM's own cache report: each linear-attention layer's state (shapes,
+    bytes per sequence) and the attention layer's KV bytes per token equal the
+    plan's arithmetic at the engine's dtypes."""
+    from onboard.validate.check_kv_cache import compare
+
+    spec, *_, info, _ = engine_run
+    plan = kv_report(spec, "bfloat16", model_dtype="bfloat16", state_dtype="float32")
+    check = compare(info["kv_cache"], plan)
+    assert check.status == "passed", check.details
+    assert check.metrics["state_bytes_per_sequence"] == plan.state_bytes_per_sequence
+    assert check.metrics["state_bytes_per_sequence"] > 0

@@ -199,7 +199,8 @@ def _moe_tensors(
     """The router's and the experts' tensors, made with _block's helpers."""
     add("router", (m.num_experts, h))
     if m.router.bias_correction:
-        add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
+        shape = (1, m.num_experts) if m.router.bias_2d else (m.num_experts,)
+        add("router_bias", shape, "router_bias", suffix="e_score_correction_bias")
     for e in range(m.num_experts):
         linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
         linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)

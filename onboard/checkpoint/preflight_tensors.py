@@ -215,6 +215,10 @@ def _shape_problem(
         return
     if role == "q_proj" and param == "weight" and _output_gate(run, want, got, where):
         return
+    if param == "e_score_correction_bias" and _router_bias_rows(
+        run, want, got, where, names
+    ):
+        return
     exprs = (
         dims(run.plan, role, param)
         if param in ("weight", "bias", "A_log", "dt_bias")
@@ -276,6 +280,33 @@ def _output_gate(
         f"shape {list(got)}, the spec gives {list(want)}: {said}",
         f"set attention.output_gate: {str(not gate).lower()} in the spec",
         spec_fields=["attention.output_gate"],
+    )
+    return True
+
+
+def _router_bias_rows(
+    run: PreflightRun,
+    want: tuple[int, ...],
+    got: tuple[int, ...],
+    where: str,
+    names: list[str],
+) -> bool:
+    """The router's bias stored with (or without) a leading dimension of one,
+    where the spec says otherwise: checkpoint.router_bias_2d is wrong."""
+    if tuple(d for d in got if d != 1) != tuple(d for d in want if d != 1):
+        return False
+    two_d = len(got) == 2
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}: the router's bias "
+        + ("as one row [1, num_experts]" if two_d else "as [num_experts]")
+        + ", where the spec's checkpoint.router_bias_2d is "
+        + ("false" if two_d else "true"),
+        f"set checkpoint.router_bias_2d: {str(two_d).lower()} in the spec",
+        tensors=names,
+        spec_fields=["checkpoint.router_bias_2d"],
     )
     return True
 

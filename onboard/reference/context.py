@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names
+from onboard.spec.module_tree import module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -54,20 +54,23 @@ def _check_layer_plan(
         )
 
 
-def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    att, moe = spec.attention, spec.mlp.moe
-    names = module_names(spec)
+def _class_names(spec: ModelSpec) -> dict[str, str]:
     prefix = class_prefix(spec.architecture)
     base_model = f"{prefix}Model"
     if base_model == spec.architecture:
         base_model = f"{prefix}BaseModel"
-    cls = {
+    return {
         "config": f"{prefix}Config",
         "pretrained": f"{prefix}PreTrainedModel",
         "model": base_model,
         "causal_lm": spec.architecture,
     }
 
+
+def reference_context(spec: ModelSpec) -> dict[str, Any]:
+    att, moe = spec.attention, spec.mlp.moe
+    names = module_names(spec)
+    cls = _class_names(spec)
     arch = build_plan(spec)
     keys = arch.config
     hf = keys.hf
@@ -106,6 +109,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared": moe is not None and moe.num_shared_experts > 0,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
         "grouped": grouped,
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
@@ -196,6 +204,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
+        "bias_zeros": (
+            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+            if f["bias_at"]
+            else None
+        ),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),

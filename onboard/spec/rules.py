@@ -379,6 +379,14 @@ MAX_TEMPLATE_CHARS = 200
 
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     names = spec.checkpoint.tensor_names
+    moe = spec.mlp.moe
+    if spec.checkpoint.router_bias_2d and (
+        moe is None or not moe.router.bias_correction
+    ):
+        report(
+            ("checkpoint", "router_bias_2d"),
+            "the model has no router bias (mlp.moe.router.bias_correction: false)",
+        )
     bad_template = False
     for role, template in names.items():
         where: Path = ("checkpoint", "tensor_names", role)
@@ -399,7 +407,14 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     # Two roles on one path would be one tensor with two meanings.
     roles = used_roles(spec)
     for role in names:
-        others = [r for r in roles if r != role and spec.tensor_path(r) == names[role]]
+        others = [
+            r
+            for r in roles
+            if r != role
+            and spec.tensor_path(r) == names[role]
+            # The router's bias is a parameter of the router's module by default.
+            and {r, role} != {"router", "router_bias"}
+        ]
         if role in roles and others:
             report(
                 ("checkpoint", "tensor_names", role),

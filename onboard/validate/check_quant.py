@@ -92,7 +92,7 @@ GUARDED = {
               "role attention_output_norm", "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
               "role linear_norm"),
-    "routers": ("role router", "role shared_expert_gate"),
+    "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
