@@ -33,7 +33,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
-from onboard.targets.cpu_kernels import CPU_MLA_LATENT
+from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
 # A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
 SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
@@ -87,6 +87,7 @@ def check_tensors(run: PreflightRun) -> None:
     missing = _check_mtp(run, _check_layer_count(run, missing))
     report_names(run, missing, unexpected, quant, expected)
     _note_cpu_mla(run)
+    _note_cpu_gdn(run)
 
 
 def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
@@ -402,6 +403,30 @@ def _note_cpu_mla(run: PreflightRun) -> None:
         spec_fields=[
             "attention.mla.kv_lora_rank",
             "attention.mla.qk_rope_head_dim",
+        ],
+    )
+
+
+def _note_cpu_gdn(run: PreflightRun) -> None:
+    lin = run.plan.linear
+    if lin is None:
+        return
+    problems = cpu_gdn_problems(
+        lin.key_head_dim, lin.value_head_dim, lin.conv_kernel_size
+    )
+    if not problems:
+        return
+    run.add(
+        "warning" if "cpu" in run.spec.targets else "note",
+        "cpu-gdn",
+        "linear_attention",
+        "vLLM's CPU Gated DeltaNet kernels cannot run this: " + "; ".join(problems),
+        "validate on a GPU target, or keep equal key and value head dims of 64 or "
+        "128 and conv_kernel_size 4 for CPU runs",
+        spec_fields=[
+            "linear_attention.key_head_dim",
+            "linear_attention.value_head_dim",
+            "linear_attention.conv_kernel_size",
         ],
     )
 

@@ -174,6 +174,7 @@ def compare(engine_kv: dict[str, Any], plan: KVReport, name: str = "kv-cache"):
             )
     for index in sorted(owned):
         problems.append(f"the engine has a KV cache for layer {index}, the spec not")
+    state_page = max((s["page_size_bytes"] for s in states.values()), default=None)
     state_rows = _compare_states(states, plan, problems)
     for index, target in sorted(shared.items()):
         problems.append(f"the engine says layer {index} reads layer {target}'s cache")
@@ -221,9 +222,7 @@ def compare(engine_kv: dict[str, Any], plan: KVReport, name: str = "kv-cache"):
             "state_dtype": plan.state_dtype,
             "per_state_layer_formula": plan.state_formula,
             "state_layers": state_rows,
-            "state_page_bytes": max(
-                (s["page_size_bytes"] for s in states.values()), default=None
-            ),
+            "state_page_bytes": state_page,
             # Prefix caching of a hybrid model: vLLM's mamba cache mode.
             "enable_prefix_caching": engine_kv.get("enable_prefix_caching"),
             "mamba_cache_mode": engine_kv.get("mamba_cache_mode"),

@@ -25,6 +25,7 @@ from typing import Any
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.runtime.compare import (
+    ROUNDING_QUANTILE,
     TOP_K,
     GreedyOutput,
     judge_accuracy,
@@ -141,6 +142,7 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
         [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
         [greedy for _, greedy in ctx.reference_outputs],
         atol=prompt_atol(ctx.rounding_gap),
+        quantile=None if ctx.rounding_gap is None else ROUNDING_QUANTILE,
     )
     model_class = ctx.engine.info["model_class"]
     problems = []
@@ -152,6 +154,8 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
     metrics = {
         **verdict.metrics,
         "engine_dtype": ctx.options.dtype if ctx.options else "float32",
+        # What the engine's precision alone does to the reference (None: float32).
+        "reference_rounding_gap": ctx.rounding_gap,
         "model_code": ctx.model_code,
         "generated_class_instantiated": ctx.plugin is not None and not problems,
         "prompts": ctx.prompt_note,
@@ -520,8 +524,8 @@ def _run_reference(ctx: RunContext, work_dir: Path, log: Callable[[str], None]) 
         low = run_prompts_in(ctx.reference.model, ctx.prompts, dtype)
         ctx.rounding_gap = rounding_gap(low, [lp for lp, _ in ctx.reference_outputs])
         log(
-            f"reference in {dtype}: its prompt logprobs move by up to "
-            f"{ctx.rounding_gap:.3g} nats"
+            f"reference in {dtype}: its prompt logprobs move by "
+            f"{ctx.rounding_gap:.3g} nats at the {ROUNDING_QUANTILE:.0%} quantile"
         )
     ctx.timings["reference_s"] = time.perf_counter() - t0
     # Free the reference's memory before the engine serves requests.
