@@ -79,8 +79,9 @@ THRESHOLDS: dict[str, Threshold] = {
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
 P_TOP_K = 20
-# The quantized engine runs in float32 like the main engine, so that the comparison
-# measures the quantization alone, except where vLLM's CPU kernel takes 16-bit
+# The quantized engine runs in the main engine's dtype (float32, or bfloat16 where
+# its layers need it), so that the comparison measures the quantization alone,
+# except where vLLM's CPU kernel takes 16-bit
 # activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
 # half", measured); there it runs in bfloat16, and the KL includes bf16 rounding.
 ENGINE_DTYPE = {"fp8-block": "bfloat16"}
@@ -206,7 +207,9 @@ def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
 
 def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dict]:
     """Per prompt, [positions, vocab] logprobs of the quantized model, and how."""
-    dtype = ENGINE_DTYPE.get(scheme, "float32")
+    # The main engine's dtype (bfloat16 where its kernels need it, e.g. Gated
+    # DeltaNet's), unless the scheme's CPU kernel needs another.
+    dtype = ENGINE_DTYPE.get(scheme, ctx.options.dtype)
     options = ctx.engine_options(
         model_dir=qdir,
         extra={**ctx.options.extra, "dtype": dtype, "max_logprobs": -1},
