@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # the router's bias on the MoE block (with NoPE full-attention layers the proof
 # finds) and on a module of its own as [1, num_experts] beside softmax scores, and
 # MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
-# topk_method, V2's null n_group).
+# topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
+# with weight-only LayerNorms and scaled logits, interleaved partial rope.
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -43,6 +44,9 @@ FAMILIES = (
     "ernie4_5_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "phi3",
+    "cohere2",
+    "glm",
 )
 
 
