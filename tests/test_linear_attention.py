@@ -548,3 +548,62 @@ def test_engine_state_accounting_equals_the_spec(engine_run):
     assert check.status == "passed", check.details
     assert check.metrics["state_bytes_per_sequence"] == plan.state_bytes_per_sequence
     assert check.metrics["state_bytes_per_sequence"] > 0
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_prefix_caching_reuses_states_and_changes_nothing(tmp_path):
+    """vLLM 0.32 caches a hybrid model's prefixes in `align` mode: a prompt of
+    more than two hybrid blocks, repeated, hits its cached blocks, and every
+    greedy output equals the engine's without prefix caching and the
+    reference's (two engine starts)."""
+    from onboard.generate import write_model_code
+    from onboard.runtime.engine import (
+        Engine,
+        EngineOptions,
+        engine_state_options,
+        read_plugin,
+    )
+    from onboard.runtime.reference import load_reference, run_reference
+
+    spec_text = HYBRID.replace("PROJECTIONS", "grouped").replace(
+        "max_position_embeddings: 256", "max_position_embeddings: 2048"
+    )
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(parse_spec_text(spec_text), ckpt, seed=0)
+    spec = load_spec(ckpt / "spec.yaml")
+    write_model_code(spec, tmp_path / "gen")
+    rng = np.random.default_rng(0)
+    base = rng.integers(3, 500, 900).tolist()
+    prompts = [base, base, base + rng.integers(3, 500, 20).tolist()]
+    ref = load_reference(ckpt, spec, tmp_path / "gen" / "hf", tmp_path / "ref")
+    want = [run_reference(ref.model, p, 8)[1].token_ids for p in prompts]
+    got = {}
+    for cached in (False, True):
+        options = EngineOptions(
+            model_dir=ckpt,
+            plugin=read_plugin(tmp_path / "gen" / "plugin"),
+            max_model_len=1024,
+            extra={"enable_prefix_caching": cached},
+            **engine_state_options(spec),
+        )
+        engine = Engine(options, tmp_path / f"e{cached}", tmp_path / f"e{cached}.log")
+        engine.start()
+        try:
+            info = engine.wait_ready()
+            # One at a time: each later request finds the earlier ones' blocks.
+            got[cached] = [
+                engine.generate([p], temperature=0.0, max_tokens=8, ignore_eos=True)[
+                    "outputs"
+                ][0]["token_ids"]
+                for p in prompts
+            ]
+            hits = engine.metrics().get("vllm:prefix_cache_hits", 0)
+        finally:
+            engine.close()
+        mode = info["kv_cache"]["mamba_cache_mode"]
+        assert mode == ("align" if cached else "none")
+        block = info["kv_cache"]["block_size"]
+        # Measured: 768 tokens, two 384-token blocks, over the two repeats.
+        assert (hits >= 2 * block) if cached else hits == 0
+    assert got[True] == got[False] == want

@@ -83,6 +83,18 @@ def _whole(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
+def _prefix_caching(engine_kv: dict[str, Any]) -> str:
+    """How the engine caches prefixes of a model with linear-attention layers."""
+    if not engine_kv.get("enable_prefix_caching"):
+        return "Prefix caching is off: every prompt recomputes its states."
+    return (
+        f"Prefix caching on, mamba_cache_mode {engine_kv.get('mamba_cache_mode')}: "
+        "the states are kept at block boundaries "
+        f"({engine_kv.get('block_size')} tokens), so a cached prefix is reused in "
+        "whole blocks."
+    )
+
+
 def _compare_states(
     states: dict[int, dict[str, Any]], plan: KVReport, problems: list[str]
 ) -> list[dict[str, Any]]:
@@ -246,7 +258,7 @@ def compare(engine_kv: dict[str, Any], plan: KVReport, name: str = "kv-cache"):
             f" Linear-attention state: engine {metrics['state_bytes_per_sequence']:,} "
             f"B per sequence over {len(plan.states)} layer(s); spec arithmetic "
             f"({plan.state_formula} per layer): "
-            f"{plan.state_bytes_per_sequence:,}."
+            f"{plan.state_bytes_per_sequence:,}. " + _prefix_caching(engine_kv)
         )
     if problems:
         details = summary + "\nDisagreements:\n" + "\n".join(f"  {p}" for p in problems)
