@@ -548,6 +548,13 @@ def test_engine_state_accounting_equals_the_spec(engine_run):
     assert check.status == "passed", check.details
     assert check.metrics["state_bytes_per_sequence"] == plan.state_bytes_per_sequence
     assert check.metrics["state_bytes_per_sequence"] > 0
+    # The hybrid block the plan predicts (the cpu target's 128-token kernel
+    # block, raised until a page holds a state), the padded state page, and the
+    # blocks of the engine's 1 GiB (VLLM_CPU_KVCACHE_SPACE=1).
+    block = plan.hybrid_block_size(128)
+    assert info["kv_cache"]["block_size"] == block
+    assert check.metrics["state_page_bytes"] == plan.state_page_bytes(block)
+    assert info["kv_cache"]["num_blocks"] == 2**30 // plan.bytes_per_block(block)
 
 
 @pytest.mark.engine
