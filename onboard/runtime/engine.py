@@ -159,6 +159,13 @@ class EngineOptions:
             kwargs["attention_config"] = {"backend": "CPU_MLA"}
         if self.mamba_ssm_cache_dtype is not None:
             kwargs["mamba_ssm_cache_dtype"] = self.mamba_ssm_cache_dtype
+            if self.extra.get("speculative_config"):
+                # Prefix caching puts a hybrid model's states in vLLM's "align"
+                # mode, whose state copy for draft tokens is a Triton kernel that
+                # the CPU build cannot launch ('function' object is not
+                # subscriptable, vllm/v1/worker/mamba_utils.py run_fused_precopy);
+                # without it speculation keeps one state per draft position.
+                kwargs["enable_prefix_caching"] = False
         return {**kwargs, **self.extra}
 
 
