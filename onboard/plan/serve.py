@@ -100,6 +100,13 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
             f"MTP heads ({_gib(plan.weights.mtp.bytes)}) are not loaded: add "
             '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
             f"{spec.mtp.num_heads}}}' to serve them as drafts (more weights and KV)"
+            + (
+                "; on the cpu target with linear-attention layers also "
+                "--no-enable-prefix-caching (vLLM 0.32's CPU build cannot run the "
+                "prefix-caching state copy for draft tokens)"
+                if plan.kv.states and not target.is_gpu
+                else ""
+            )
         )
     if not vllm_knows(spec.architecture):
         plan.notes.append(
