@@ -89,6 +89,19 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.model_executor.layers.logits_processor",
         "LogitsProcessor",
     ),
+    "QwenGatedDeltaNetAttention": (
+        "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+        "QwenGatedDeltaNetAttention",
+    ),
+    **{
+        name: ("vllm.model_executor.layers.mamba.mamba_utils", name)
+        for name in (
+            "MambaStateCopyFunc",
+            "MambaStateCopyFuncCalculator",
+            "MambaStateDtypeCalculator",
+            "MambaStateShapeCalculator",
+        )
+    },
     "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
     "MultiHeadLatentAttentionWrapper": (
         "vllm.model_executor.layers.mla",
@@ -111,6 +124,8 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         name: ("vllm.model_executor.models.interfaces", name)
         for name in (
             "EagleModelMixin",
+            "HasInnerState",
+            "IsHybrid",
             "MixtureOfExperts",
             "SupportsEagle3",
             "SupportsLoRA",

@@ -54,6 +54,12 @@ SMALL = dict(
     num_experts_per_tok=2,
     moe_topk=2,  # HunYuan-MoE: top-1 routing cannot tell scoring functions apart
     moe_k=2,
+    # Linear attention (Qwen3-Next, Qwen3.5): vLLM's CPU Gated DeltaNet prefill
+    # kernel takes equal key and value head dims of 64 or 128.
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
     shared_intermediate_size=64,  # Granite-MoE-Shared: its default 0 has none
     # Granite's multipliers (its classes default them to 1): granite-3.0-8b's,
     # the softmax scale 1/head_dim as there, so that each one shows.

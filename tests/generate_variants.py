@@ -128,6 +128,34 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Gated DeltaNet layers with Qwen3.5's split projections and a renamed gated
+    # norm beside a sliding and a full attention layer, a dense MLP, bfloat16
+    # states, a dense MTP head.
+    "var-hybrid-split": (
+        "VarHybridSplitForCausalLM",
+        """
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  output_gate: true
+  layer_types: [linear_attention, sliding_attention, linear_attention,
+                full_attention]
+  sliding_window: 64
+linear_attention:
+  num_key_heads: 2
+  num_value_heads: 4
+  key_head_dim: 64
+  value_head_dim: 64
+  projections: split
+  state_dtype: bfloat16
+mlp: {intermediate_size: 512}
+mtp: {num_heads: 1, mlp: dense}
+checkpoint:
+  tensor_names:
+    linear_norm: model.layers.{layer}.linear_attn.out_norm
+""",
+    ),
     # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
     # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
     # interleaved partial rope (GLM), sliding layers whose full-attention layers

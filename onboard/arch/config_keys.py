@@ -88,6 +88,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),
     "moe_layer_end_index": ("moe_layer_end_index",),
+    # gated attention and linear attention (Qwen3-Next's names)
+    "attn_output_gate": ("attn_output_gate",),
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing

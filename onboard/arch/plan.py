@@ -6,10 +6,11 @@ with its router) and its norms; the MTP heads' block; and the map between the
 spec's checkpoint tensor names and the canonical (Llama / DeepSeek) names. The
 objects are frozen: a consumer reads them, it never adjusts them.
 
-A token mixer is one of the ``Mixer`` kinds. Today that is softmax attention
-(``Attention``, GQA or MLA); mixers that are not softmax attention (linear or delta
-attention, sparse MLA with an indexer) are further kinds of the same union, each
-layer carrying its own.
+A token mixer is one of the ``Mixer`` kinds: softmax attention (``Attention``, GQA
+or MLA), which caches keys and values per token, or a linear-attention mixer
+(``GatedDeltaNet``), which keeps a fixed-size recurrent state per sequence. Each
+layer carries its own; further kinds (Kimi delta attention, sparse MLA with an
+indexer) join the same union.
 """
 
 from __future__ import annotations
@@ -63,16 +64,88 @@ class Attention:
     o_bias: bool
     partial_rotary_factor: float
     mla: MLADims | None
+    output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
+
+    linear = False  # caches K/V per token, not a recurrent state
 
     @property
     def sliding(self) -> bool:
         return self.window is not None
 
 
+@dataclass(frozen=True)
+class LinearStateShapes:
+    """The recurrent state one sequence keeps in one linear-attention layer, in
+    vLLM's layout: the convolution's last inputs and the per-head state."""
+
+    conv: tuple[int, int]  # (channels, kernel - 1 + speculative tokens)
+    recurrent: tuple[int, ...]
+
+    def bytes(self, conv_dtype_bytes: int, state_dtype_bytes: int) -> int:
+        conv = self.conv[0] * self.conv[1] * conv_dtype_bytes
+        recurrent = 1
+        for n in self.recurrent:
+            recurrent *= n
+        return conv + recurrent * state_dtype_bytes
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet (Qwen3-Next's linear attention): a short causal convolution
+    over q, k and v, then the gated delta rule over one recurrent state per value
+    head. It caches no K/V: each sequence keeps the convolution's last inputs and
+    the states, whatever its length."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_size: int
+    projections: Literal["grouped", "split"]  # checkpoint layout of the projections
+    state_dtype: Literal["float32", "bfloat16"]
+
+    kind = "gated_deltanet"
+    linear = True  # a recurrent state per sequence, no KV cache
+    # What softmax attention has per layer and this mixer has not.
+    window = None
+    kv_source = None
+    rope = False
+
+    @property
+    def sliding(self) -> bool:
+        return False
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
+        """Per sequence and tensor-parallel rank, as vLLM allocates it
+        (MambaStateShapeCalculator.gated_delta_net_state_shape): speculative
+        decoding widens the convolution state by the draft tokens."""
+        return LinearStateShapes(
+            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
+            recurrent=(
+                self.num_value_heads // tp,
+                self.value_head_dim,
+                self.key_head_dim,
+            ),
+        )
+
+
 # The token mixers a layer can have (more kinds join this union).
-Mixer = Attention
+Mixer = Attention | GatedDeltaNet
 
 
 @dataclass(frozen=True)
@@ -231,10 +304,41 @@ class ArchPlan:
 
     @property
     def attention_types(self) -> tuple[str, ...]:
-        """Per layer, as configs spell it: full_attention / sliding_attention."""
+        """Per layer, as configs spell it: full_attention / sliding_attention /
+        linear_attention."""
         return tuple(
-            "sliding_attention" if layer.mixer.sliding else "full_attention"
+            "linear_attention"
+            if layer.mixer.linear
+            else "sliding_attention"
+            if layer.mixer.sliding
+            else "full_attention"
             for layer in self.layers
+        )
+
+    @property
+    def rope_layers(self) -> tuple[bool | None, ...]:
+        """Per decoder layer: whether its attention rotates q and k (None: a
+        linear-attention layer, which has no positions to encode)."""
+        return tuple(
+            None if layer.mixer.linear else layer.mixer.rope for layer in self.layers
+        )
+
+    @property
+    def nope(self) -> bool:
+        """Some attention layer uses no rotary embedding."""
+        return False in self.rope_layers
+
+    @property
+    def linear_layers(self) -> tuple[bool, ...]:
+        """Per decoder layer: whether its mixer is linear attention."""
+        return tuple(layer.mixer.linear for layer in self.layers)
+
+    @property
+    def linear(self) -> GatedDeltaNet | None:
+        """The linear-attention mixer of the layers that have one (None: every
+        layer is softmax attention)."""
+        return next(
+            (b.mixer for b in self.layers if isinstance(b.mixer, GatedDeltaNet)), None
         )
 
     @property
@@ -249,10 +353,11 @@ class ArchPlan:
 
     @property
     def attention(self) -> Attention:
-        """The attention every block shares, without the per-layer sliding
-        window, KV source and rope (kind, heads, dims: one for the whole
-        model)."""
-        return replace(self.layers[0].mixer, window=None, kv_source=None, rope=True)
+        """The attention every attention block shares, without the per-layer
+        sliding window, KV source and rope (kind, heads, dims: one for the whole
+        model; linear-attention layers have their own mixer, ``linear``)."""
+        first = next(b.mixer for b in self._blocks if isinstance(b.mixer, Attention))
+        return replace(first, window=None, kv_source=None, rope=True)
 
     @property
     def dense(self) -> DenseMLP | None:
@@ -296,10 +401,18 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         assert chosen is not None, "spec rules guarantee the MLP a layer needs"
         return chosen
 
+    linear = _linear_attention(spec)
+
+    def mixer(i: int) -> Mixer:
+        if types[i] == "linear_attention":
+            assert linear is not None, "spec rules guarantee the section"
+            return linear
+        return _attention(spec, types[i] == "sliding_attention", i)
+
     layers = tuple(
         Layer(
             index=i,
-            mixer=_attention(spec, types[i] == "sliding_attention", i),
+            mixer=mixer(i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
             residual_multiplier=spec.residual_multiplier,
@@ -348,6 +461,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        output_gate=att.output_gate,
         softmax_scale=att.softmax_scale,
         mla=None
         if mla is None
@@ -358,6 +472,21 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         ),
+    )
+
+
+def _linear_attention(spec: ModelSpec) -> GatedDeltaNet | None:
+    lin = spec.linear_attention
+    if lin is None:
+        return None
+    return GatedDeltaNet(
+        num_key_heads=lin.num_key_heads,
+        num_value_heads=lin.num_value_heads,
+        key_head_dim=lin.key_head_dim,
+        value_head_dim=lin.value_head_dim,
+        conv_kernel_size=lin.conv_kernel_size,
+        projections=lin.projections,
+        state_dtype=lin.state_dtype,
     )
 
 

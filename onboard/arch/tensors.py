@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from onboard.arch.plan import DenseMLP, Layer, MoEMLP, build_plan
+from onboard.arch.plan import DenseMLP, GatedDeltaNet, Layer, MoEMLP, build_plan
 from onboard.spec.model import ModelSpec
 
 
@@ -18,7 +18,8 @@ from onboard.spec.model import ModelSpec
 class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
+    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``, ``a_log``
+    (a linear-attention layer's log decay rates), ``conv`` (its convolution),
     ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
     the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
     tensor, e.g. MTP heads sharing the output head).
@@ -125,7 +126,9 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     attention_norm, mlp_norm = roles[0], roles[-1]  # parallel: the one norm
     if placement in ("pre", "parallel"):
         norm(attention_norm, h)
-    if att.mla is not None:
+    if isinstance(att, GatedDeltaNet):
+        _linear_attention_tensors(att, h, add, linear)
+    elif att.mla is not None:
         mla = att.mla
         assert mla is not None
         qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
@@ -146,10 +149,12 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     else:
         hd, kv = att.head_dim, att.num_kv_heads
         assert hd is not None and kv is not None
+        # With an output gate, each head's query is followed by its gate.
+        q_rows = att.num_heads * hd * (2 if att.output_gate else 1)
         if "qkv_proj" in fused:
-            linear("qkv_proj", (att.num_heads + 2 * kv) * hd, h, att.qkv_bias)
+            linear("qkv_proj", q_rows + 2 * kv * hd, h, att.qkv_bias)
         else:
-            linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
+            linear("q_proj", q_rows, h, att.qkv_bias)
             linear("k_proj", kv * hd, h, att.qkv_bias)
             linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
@@ -179,6 +184,27 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     if placement == "post":
         norm(mlp_norm, h)
     return out
+
+
+def _linear_attention_tensors(
+    m: GatedDeltaNet, h: int, add: Callable[..., None], linear: Callable[..., None]
+) -> None:
+    """A Gated DeltaNet layer's tensors, made with _block's helpers: A_log and
+    dt_bias, one value per value head, are parameters of the mixer module."""
+    heads = m.num_value_heads
+    if m.projections == "grouped":
+        linear("linear_in_proj_qkvz", 2 * m.key_dim + 2 * m.value_dim, h)
+        linear("linear_in_proj_ba", 2 * heads, h)
+    else:
+        linear("linear_in_proj_qkv", m.conv_dim, h)
+        linear("linear_in_proj_z", m.value_dim, h)
+        linear("linear_in_proj_b", heads, h)
+        linear("linear_in_proj_a", heads, h)
+    add("linear_conv1d", (m.conv_dim, 1, m.conv_kernel_size), "conv")
+    add("linear_attn", (heads,), "a_log", suffix="A_log")
+    add("linear_attn", (heads,), "ones", suffix="dt_bias")
+    add("linear_norm", (m.value_head_dim,), "ones")
+    linear("linear_out_proj", h, m.value_dim)
 
 
 def _moe_tensors(

@@ -10,7 +10,10 @@ Initialisation (see docs/vllm-cpu-notes.md: decisive logits without saturated ro
 linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
-spread, so the correction changes some choices); the output heads (``lm_head``,
+spread, so the correction changes some choices); a linear-attention layer's
+convolution ~ N(0, 0.3^2) (a few taps, about PyTorch's default), ``dt_bias`` 1 and
+``A_log`` = log(U(1, 16)) per value head, so every state forgets within a few
+tokens and a flipped sign changes the logits; the output heads (``lm_head``,
 MTP ``shared_head.head``) ~ N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a
 standard deviation of about LOGIT_STD and the top-1/top-2 margin is usually above 1.
 
@@ -44,6 +47,8 @@ from onboard.spec.shrink import check_shrinkable, shrink_spec
 WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 ROUTER_BIAS_STD = 0.05
+# A depthwise convolution of a few taps, about PyTorch's default initialisation.
+CONV_STD = 0.3
 LOGIT_STD = 10.0
 # What a seconds-sized checkpoint may hold (bf16: 64 MB); see write_tiny_checkpoint.
 TINY_MAX_PARAMS = 32_000_000
@@ -72,8 +77,14 @@ def init_tensor(
         return np.full(plan.shape, scale, dtype=np.float32)
     if plan.init.startswith("copy:"):
         return done[plan.init.removeprefix("copy:")]
+    if plan.init == "a_log":
+        # Decay rates A in [1, 16] (transformers draws [0.01, 16]): each state
+        # forgets within a few tokens, so a wrong sign or a dropped exp shows.
+        rates = _rng(seed, plan.name).uniform(1.0, 16.0, plan.shape)
+        return np.log(rates).astype(np.float32)
     std = {
         "normal": WEIGHT_STD,
+        "conv": CONV_STD,
         "bias": BIAS_STD,
         "router_bias": ROUTER_BIAS_STD,
         "head": logit_std / math.sqrt(hidden_size),

@@ -21,6 +21,8 @@ from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
@@ -38,6 +40,8 @@ CANONICAL = LAYOUT_PRESETS["llama"]
 # A decoder layer's own modules besides its MLP, which an MLP may not be named.
 LAYER_ATTRIBUTES = (
     "self_attn",
+    "linear_attn",
+    "linear_attention",
     "input_layernorm",
     "post_attention_layernorm",
     "post_feedforward_layernorm",
@@ -333,12 +337,13 @@ class _Cfg(SimpleNamespace):
 def _check_expr(
     expr: str, hf: dict, want: list[Any], what: str, spec: ModelSpec
 ) -> None:
+    """``expr`` must give ``want`` on each layer (None in ``want``: any value)."""
     cfg = _Cfg(**hf)
     got = [
         eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
         for i in range(len(want))
     ]
-    if got != want:
+    if any(w is not None and g != w for g, w in zip(got, want, strict=True)):
         raise GenerationError(
             f"{spec.name}: the Hugging Face config's {what} ({expr}) gives "
             f"{got} per layer, but the spec says {want}"
@@ -362,8 +367,7 @@ def _rope_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str:
             f"{spec.name}: the Hugging Face config written for this spec does not "
             "say which layers use rope (no no_rope_layers or layer_types)"
         )
-    want = [layer.mixer.rope for layer in arch.layers]
-    _check_expr(expr, f.hf, want, "rope layer plan", spec)
+    _check_expr(expr, f.hf, list(arch.rope_layers), "rope layer plan", spec)
     return expr
 
 
@@ -450,12 +454,18 @@ def build_context(
         moe_rule=layer_expr,
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
-        nope=not all(layer.mixer.rope for layer in arch.layers),
+        nope=arch.nope,
+        # Each layer's token mixer: linear attention or attention.
+        linear=arch.linear is not None,
     )
-    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope
+    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope or plan.linear
     rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None
     layer_idx_needed = (
-        sliding == "mixed" or kv_sharing or plan.nope or bool(plan.moe and layer_expr)
+        sliding == "mixed"
+        or kv_sharing
+        or plan.nope
+        or plan.linear
+        or bool(plan.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     norms = arch.layers[0].norms
@@ -470,6 +480,8 @@ def build_context(
         "qk_norm": _qk_norm_form(att),
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
+        "output_gate": att.type == "gqa" and att.output_gate,
+        "linear": _linear_context(spec, arch, f, cfg),
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
@@ -524,6 +536,33 @@ def build_context(
         "stacked": stacked,
         "packed": packed,
     }
+
+
+def _linear_context(
+    spec: ModelSpec, arch: ArchPlan, f: ConfigKeys, cfg: dict[str, Any]
+) -> SimpleNamespace | None:
+    """The linear-attention layers' decisions (None without them); adds their
+    config attribute names to ``cfg``."""
+    lin = arch.linear
+    if lin is None:
+        return None
+    for concept, value in (
+        ("linear_num_key_heads", lin.num_key_heads),
+        ("linear_num_value_heads", lin.num_value_heads),
+        ("linear_key_head_dim", lin.key_head_dim),
+        ("linear_value_head_dim", lin.value_head_dim),
+        ("linear_conv_kernel_dim", lin.conv_kernel_size),
+    ):
+        cfg[concept] = f.need(concept, value)
+    kinds = f.need("layer_types", list(arch.attention_types))
+    cfg["layer_types"] = kinds
+    expr = f'config.{kinds}[layer_idx] == "linear_attention"'
+    _check_expr(expr, f.hf, list(arch.linear_layers), "linear-attention layers", spec)
+    return SimpleNamespace(
+        # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
+        grouped=str(lin.projections == "grouped"),
+        layer_expr=expr,
+    )
 
 
 def _sliding(arch: ArchPlan) -> str:
@@ -735,6 +774,9 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+    lin = spec.linear_attention
+    if lin is not None and not mtp:
+        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
@@ -802,6 +844,20 @@ def _stacked_params(
             (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    lin = spec.linear_attention
+    if lin is not None and lin.projections == "split":
+        # Qwen3.5's split projections load into vLLM's two merged ones.
+        stacked += [
+            (".in_proj_qkv", ".in_proj_qkvz", "(0, 1, 2)"),
+            (".in_proj_z", ".in_proj_qkvz", "3"),
+            (".in_proj_b", ".in_proj_ba", "0"),
+            (".in_proj_a", ".in_proj_ba", "1"),
+        ]
+        packed["in_proj_qkvz"] = ["in_proj_qkv", "in_proj_z"]
+        packed["in_proj_ba"] = ["in_proj_b", "in_proj_a"]
+    elif lin is not None:
+        packed["in_proj_qkvz"] = ["in_proj_qkvz"]
+        packed["in_proj_ba"] = ["in_proj_ba"]
     gate_up_blocks = []
     if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
@@ -892,6 +948,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on
             )
         )
+    if att.output_gate:
+        parts.append("the output gated by sigmoid(gate), which q_proj gives per head")
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     kinds = set(arch.attention_types)
@@ -916,6 +974,8 @@ def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
         parts.append("the earlier layer whose KV cache it reads (None: its own)")
     if plan.nope:
         parts.append("whether its attention applies rope (False: NoPE)")
+    if plan.linear:
+        parts.append("whether its token mixer is linear attention (else attention)")
     if spec.mtp is None:
         return (
             "A decoder layer. Its plan comes from the caller (the model reads it "
@@ -936,6 +996,7 @@ def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
             ("full attention", plan.sliding),
             ("its own KV cache", plan.kv_sharing),
             ("rope on q and k", plan.nope),
+            ("attention as its token mixer", plan.linear),
         )
         if on
     ]
@@ -979,6 +1040,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     """Module docstring lines: what the spec is made of."""
     layers = arch.layers
     items = [_attn_doc(spec, arch)]
+    lin = arch.linear
+    if lin is not None:
+        n_linear = sum(arch.linear_layers)
+        items.append(
+            f"Gated DeltaNet linear attention on {n_linear} of {len(layers)} layers "
+            "in the spec (the config's layer_types), run by vLLM's own layer and "
+            "kernels: a short convolution and a recurrent state per sequence, "
+            "which vLLM's hybrid cache keeps beside the attention layers' KV cache."
+        )
     if spec.mlp.moe is not None:
         n_moe = sum(layer.is_moe for layer in layers)
         items.append(

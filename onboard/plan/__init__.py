@@ -86,7 +86,9 @@ def make_plan(
         output_len = min(DEFAULT_OUTPUT_LEN, context // 2)
 
     weights = weight_report(spec, scheme, dtype)
-    kv = kv_report(spec, dtype if kv_cache_dtype == "auto" else kv_cache_dtype)
+    kv = kv_report(
+        spec, dtype if kv_cache_dtype == "auto" else kv_cache_dtype, model_dtype=dtype
+    )
     memory = _device_memory_bytes(profile, host_memory_bytes)
     usable = int(memory * profile.memory_utilization)
     reserve, items = reserve_bytes(
@@ -294,6 +296,10 @@ def _cpu_kv_cache(plan: ServingPlan) -> None:
     assert plan.target.kv_block_size is not None
     kind = "mla" if arch.attention.kind == "mla" else "attention"
     plan.kv_block_size = plan.target.kv_block_size[kind]
+    if kv.states:
+        # A hybrid model's attention page must hold a whole state: vLLM raises
+        # the block size to the smallest multiple that does.
+        plan.kv_block_size = kv.hybrid_block_size(plan.kv_block_size)
     plan.num_blocks = space // kv.bytes_per_block(plan.kv_block_size)
     # The chosen rank's KV budget on cpu is the space, not the leftover memory.
     chosen = plan.chosen

@@ -73,17 +73,20 @@ class Layout:
 
     def kv_bytes_per_token(self, arch: ArchPlan, kv: KVReport) -> float:
         """One rank's KV bytes per token (uncapped by windows)."""
-        return self.kv_bytes_per_request(arch, kv, 1)
+        heads_split = self.tp / self.kv_replicas(arch)
+        return kv.bytes_per_token / heads_split / self.dcp / self.pp
 
     def kv_bytes_per_request(self, arch: ArchPlan, kv: KVReport, context: int) -> float:
-        """One rank's share of one request's KV cache.
+        """One rank's share of one request's cache.
 
-        The layer bytes are split over TP like the KV heads (MLA: not at all;
+        The KV bytes are split over TP like the KV heads (MLA: not at all;
         GQA: over min(tp, kv_heads) ranks), over DCP ranks, and over pipeline
-        stages (each holds its layers)."""
-        total = kv.bytes_per_request(context)
+        stages (each holds its layers). Linear-attention states split over TP
+        (vLLM shards their heads) and pipeline stages, and every DCP rank holds
+        them whole."""
         heads_split = self.tp / self.kv_replicas(arch)
-        return total / heads_split / self.dcp / self.pp
+        kv_part = kv.kv_bytes_per_request(context) / heads_split / self.dcp / self.pp
+        return kv_part + kv.state_bytes_per_sequence / self.tp / self.pp
 
     def requests_per_rank(self, concurrency: int) -> int:
         """DP replicas each serve their own requests (ceil)."""

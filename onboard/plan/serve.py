@@ -63,6 +63,10 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
         argv += ["--dtype", plan.dtype]
     if plan.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if plan.kv.state_dtype is not None:
+        # The linear-attention layers' recurrent state: the spec's dtype (vLLM's
+        # default follows the model's dtype).
+        argv += ["--mamba-ssm-cache-dtype", plan.kv.state_dtype]
     mla = plan.arch.attention.kind == "mla"
     if not target.is_gpu and mla and plan.dtype != "bfloat16":
         # The AMX MLA backend, preferred on AMX CPUs, only takes bf16.
@@ -96,6 +100,13 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
             f"MTP heads ({_gib(plan.weights.mtp.bytes)}) are not loaded: add "
             '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
             f"{spec.mtp.num_heads}}}' to serve them as drafts (more weights and KV)"
+            + (
+                "; on the cpu target with linear-attention layers also "
+                "--no-enable-prefix-caching (vLLM 0.32's CPU build cannot run the "
+                "prefix-caching state copy for draft tokens)"
+                if plan.kv.states and not target.is_gpu
+                else ""
+            )
         )
     if not vllm_knows(spec.architecture):
         plan.notes.append(

@@ -42,7 +42,10 @@ def _check_layer_plan(
             for i in range(len(want))
         )
     )
-    if got != tuple(want):
+    # None in ``want``: a layer the rule does not concern (any value).
+    if got is None or any(
+        w is not None and g != w for g, w in zip(got, want, strict=True)
+    ):
         rule = expr or "none in the config"
         raise InputError(
             f"{spec.name}: the reference's {what} rule ({rule}) gives "
@@ -51,20 +54,23 @@ def _check_layer_plan(
         )
 
 
-def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    att, moe = spec.attention, spec.mlp.moe
-    names = module_names(spec)
+def _class_names(spec: ModelSpec) -> dict[str, str]:
     prefix = class_prefix(spec.architecture)
     base_model = f"{prefix}Model"
     if base_model == spec.architecture:
         base_model = f"{prefix}BaseModel"
-    cls = {
+    return {
         "config": f"{prefix}Config",
         "pretrained": f"{prefix}PreTrainedModel",
         "model": base_model,
         "causal_lm": spec.architecture,
     }
 
+
+def reference_context(spec: ModelSpec) -> dict[str, Any]:
+    att, moe = spec.attention, spec.mlp.moe
+    names = module_names(spec)
+    cls = _class_names(spec)
     arch = build_plan(spec)
     keys = arch.config
     hf = keys.hf
@@ -83,7 +89,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
-        "nope": not all(layer.mixer.rope for layer in arch.layers),
+        "nope": arch.nope,
         "kv_sharing": bool(att.kv_sharing),
         **_block_form(arch),
         "act": spec.activation,
@@ -108,6 +114,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
+        "output_gate": att.type == "gqa" and att.output_gate,
+        # Gated DeltaNet layers, and how the checkpoint stores their projections.
+        "linear": arch.linear is not None,
+        "linear_grouped": arch.linear is not None
+        and arch.linear.projections == "grouped",
     }
 
     c: dict[str, str | None] = {
@@ -169,6 +180,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_mtp_layers")
+    if f["linear"]:
+        plan["linear"] = _linear_keys(spec, keys, arch, c)
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
@@ -231,9 +244,25 @@ def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     """The reference's per-layer rope rule (of ``config`` and ``i``), checked
     against the plan's NoPE layers."""
     expr = keys.rope_layer_expr("i")
-    want = [layer.mixer.rope for layer in arch.layers]
-    _check_layer_plan(spec, keys.hf, expr, want, "rope layer")
+    _check_layer_plan(spec, keys.hf, expr, arch.rope_layers, "rope layer")
     assert expr is not None  # the check refuses a missing rule
+    return expr
+
+
+def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
+    """Adds the linear-attention config keys to ``c``; returns the rule for which
+    layers are linear attention (of ``config`` and ``i``), checked against the
+    plan's layers."""
+    for short, concept in (
+        ("lin_k_heads", "linear_num_key_heads"),
+        ("lin_v_heads", "linear_num_value_heads"),
+        ("lin_k_dim", "linear_key_head_dim"),
+        ("lin_v_dim", "linear_value_head_dim"),
+        ("lin_conv", "linear_conv_kernel_dim"),
+    ):
+        c[short] = keys.need(concept)
+    expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
+    _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
     return expr
 
 
@@ -449,12 +478,15 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
                 ("qk-norm", f["qk_norm"]),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
+                ("an output gate", f["output_gate"]),
             )
             if on
         ]
         parts.append(
             f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
         )
+    if f["linear"]:
+        parts.append("Gated DeltaNet linear-attention layers")
     if f["sliding"]:
         parts.append("sliding-window layers")
     if f["kv_sharing"]:
@@ -573,6 +605,11 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
+    if f["output_gate"]:
+        doc += (
+            ", the output gated per channel by sigmoid(gate), which q_proj gives "
+            "beside each head's query"
+        )
     doc += "."
     if f["kv_sharing"]:
         doc += (

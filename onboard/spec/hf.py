@@ -81,6 +81,16 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sliding_window_pattern": ("sliding_window_pattern",),
     "max_window_layers": ("max_window_layers",),
     "kv_sharing_target_layers": ("kv_sharing_target_layers",),
+    # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
+    "attn_output_gate": ("attn_output_gate",),
+    # linear attention (Gated DeltaNet, Qwen3-Next's names)
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    "linear_projections": ("linear_projections",),  # grouped | split
+    "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
     # multi-head latent attention
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),
@@ -194,6 +204,17 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("llama", {"qk_norm": True}),
     "qwen2_moe": Family("qwen", {"shared_expert_gate": True}),
     "qwen3_moe": Family("qwen", {"qk_norm": True}),
+    # Gated DeltaNet and gated attention layers (layer_types), a gated shared
+    # expert on every MoE block; the gate and the shared expert are hard-coded.
+    "qwen3_next": Family(
+        "qwen",
+        {
+            "qk_norm": True,
+            "attn_output_gate": True,
+            "n_shared_experts": 1,
+            "shared_expert_gate": True,
+        },
+    ),
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
     "deepseek_v2": Family(
         "deepseek",
@@ -267,7 +288,15 @@ _BIAS_CONCEPTS = {"qkv_bias": "attention_bias"}
 _NOPE_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
-LAYER_KINDS = ("full_attention", "sliding_attention")
+LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+# The linear-attention concepts: the spec field each one fills.
+LINEAR_FIELDS = {
+    "linear_num_key_heads": "num_key_heads",
+    "linear_num_value_heads": "num_value_heads",
+    "linear_key_head_dim": "key_head_dim",
+    "linear_value_head_dim": "value_head_dim",
+    "linear_conv_kernel_dim": "conv_kernel_size",
+}
 ROPE_FIELDS = {
     "linear": ("factor",),
     "yarn": (
@@ -299,6 +328,7 @@ _HF_CARRIED = (
     "norm",
     "attention",
     "rope",
+    "linear_attention",
     "mlp",
     "mtp",
 )
@@ -539,6 +569,9 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
     )
     spec["attention"], spec["rope"] = _read_attention(r, n_layers)
+    spec["linear_attention"] = _read_linear_attention(
+        r, spec["attention"].get("layer_types")
+    )
     spec["mlp"] = _read_mlp(r, n_layers)
     n_mtp = r.get("num_nextn_predict_layers", 0) or 0
     mtp_mlp = r.get("mtp_mlp", "moe" if spec["mlp"].get("moe") else "dense")
@@ -578,6 +611,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         "qk_norm_scope": r.get("qk_norm_scope", "head"),
         "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
     }
+    output_gate = bool(r.get("attn_output_gate", False))
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
@@ -615,6 +649,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             **qk_norm_form,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
+            output_gate=output_gate,
             kv_sharing=sharing,
             softmax_scale=softmax_scale,
             **windows,
@@ -648,6 +683,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("qk_norm: not expressible for MLA attention")
     if qkv_bias or o_bias:
         r.bad("attention_bias: biased MLA projections are not expressible")
+    if output_gate:
+        r.bad("attn_output_gate: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
     if softmax_scale is not None:
@@ -657,6 +694,27 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     if sharing:
         r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
     return att, rope
+
+
+def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
+    """The linear_attention section where some layer is linear_attention (a
+    family's class defaults for it mean nothing otherwise)."""
+    values = {field: r.get(concept) for concept, field in LINEAR_FIELDS.items()}
+    projections = r.get("linear_projections", "grouped")
+    state_dtype = r.get("mamba_ssm_dtype", "float32")
+    if not kinds or "linear_attention" not in kinds:
+        return None
+    for concept, name in LINEAR_FIELDS.items():
+        if values[name] is None and name != "conv_kernel_size":
+            r.bad(f"{concept}: required, as some layers are linear_attention")
+    if values["conv_kernel_size"] is None:
+        values.pop("conv_kernel_size")
+    return {
+        "type": "gated_deltanet",
+        **values,
+        "projections": projections,
+        "state_dtype": state_dtype,
+    }
 
 
 def _read_rope(r: _Reader) -> tuple[dict, float | None]:
@@ -734,12 +792,20 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         if not isinstance(kinds, list) or any(k not in LAYER_KINDS for k in kinds):
             r.bad(
                 f"layer_types: only {' / '.join(LAYER_KINDS)} layers are "
-                f"expressible, got {kinds!r}"
+                f"expressible, got {_short(kinds)}"
             )
             return {"sliding_window": window}
         if len(kinds) != n_layers:
             r.bad(f"layer_types: {len(kinds)} entries for {n_layers} layers")
     if window is None:
+        if kinds is not None and "linear_attention" in kinds:
+            # The other layers attend fully (no window to slide).
+            return {
+                "sliding_window": None,
+                "layer_types": [
+                    k if k == "linear_attention" else "full_attention" for k in kinds
+                ],
+            }
         return {"sliding_window": None}  # every layer attends fully
     if kinds is None and max_window_layers not in (None, 0, n_layers):
         # Families disagree on what max_window_layers means without layer_types.
@@ -757,7 +823,7 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         )
         if kinds is not None and kinds != expect:
             r.bad("layer_types disagrees with sliding_window_pattern")
-    elif kinds is not None and "full_attention" in kinds:
+    elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
 
@@ -1219,6 +1285,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_scope"] = att.qk_norm_scope
         if att.qk_norm_after_rope:
             c["qk_norm_after_rope"] = True
+        if att.output_gate:
+            c["attn_output_gate"] = True
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             rope["partial_rotary_factor"] = att.partial_rotary_factor
@@ -1235,6 +1303,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             ]
     c["rope_parameters"] = rope
     c["rope_interleave"] = spec.rope.interleaved
+    lin = spec.linear_attention
+    if lin is not None:
+        for concept, name in LINEAR_FIELDS.items():
+            c[concept] = getattr(lin, name)
+        if lin.projections != "grouped":
+            c["linear_projections"] = lin.projections
+        c["mamba_ssm_dtype"] = lin.state_dtype
     if spec.rope.nope_layers:
         c["no_rope_layers"] = [
             int(spec.uses_rope(i)) for i in range(spec.num_hidden_layers)
@@ -1322,6 +1397,14 @@ def _write_known(
             **concepts,
             "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
         }
+    if (
+        spec.mlp.moe is not None
+        and not spec.mlp.moe.num_shared_experts
+        and _key_for("shared_expert_intermediate_size", known)
+    ):
+        # No shared expert: width 0 (Qwen2-MoE, Qwen3-Next; their classes take an
+        # int, and vLLM's qwen2_moe.py / qwen3_next.py build none at 0).
+        concepts = {**concepts, "shared_expert_intermediate_size": 0}
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}

@@ -41,6 +41,18 @@ _BASE: dict[str, str] = {
     "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
     "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
     "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
+    # linear attention (Gated DeltaNet): the mixer module itself holds A_log and
+    # dt_bias; grouped projections (Qwen3-Next) or split ones (Qwen3.5)
+    "linear_attn": f"{_LAYER}.linear_attn",
+    "linear_in_proj_qkvz": f"{_LAYER}.linear_attn.in_proj_qkvz",
+    "linear_in_proj_ba": f"{_LAYER}.linear_attn.in_proj_ba",
+    "linear_in_proj_qkv": f"{_LAYER}.linear_attn.in_proj_qkv",
+    "linear_in_proj_z": f"{_LAYER}.linear_attn.in_proj_z",
+    "linear_in_proj_b": f"{_LAYER}.linear_attn.in_proj_b",
+    "linear_in_proj_a": f"{_LAYER}.linear_attn.in_proj_a",
+    "linear_conv1d": f"{_LAYER}.linear_attn.conv1d",
+    "linear_norm": f"{_LAYER}.linear_attn.norm",
+    "linear_out_proj": f"{_LAYER}.linear_attn.out_proj",
     # dense MLP
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
@@ -173,6 +185,26 @@ SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 # two stacked 3-D tensors (each expert's gate rows, then its up rows; down).
 STACKED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
 
+# The Gated DeltaNet roles of a linear-attention layer, by projection layout;
+# ``linear_attn`` holds the parameters A_log and dt_bias.
+LINEAR_ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
+    "grouped": ("linear_in_proj_qkvz", "linear_in_proj_ba"),
+    "split": (
+        "linear_in_proj_qkv",
+        "linear_in_proj_z",
+        "linear_in_proj_b",
+        "linear_in_proj_a",
+    ),
+}
+LINEAR_ATTENTION_COMMON = (
+    "linear_attn",
+    "linear_conv1d",
+    "linear_norm",
+    "linear_out_proj",
+)
+# The parameters of the ``linear_attn`` module itself (no ``.weight``).
+LINEAR_ATTENTION_PARAMS = ("A_log", "dt_bias")
+
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
 LINEAR_ROLES: tuple[str, ...] = (
@@ -192,7 +224,18 @@ LINEAR_ROLES: tuple[str, ...] = (
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
     "shared_gate_up_proj",
+    # Gated DeltaNet's wide projections; its b/a projections (one row per value
+    # head, which set the decay and the update rate) stay in 16 bits.
+    "linear_in_proj_qkvz",
+    "linear_in_proj_qkv",
+    "linear_in_proj_z",
+    "linear_out_proj",
 )
+# Linear-attention Linear layers quantization keeps in 16 bits: the b/a
+# projections give each value head's decay and update rate (two numbers per head
+# and token, the most sensitive inputs of the recurrence), and vLLM's layer notes
+# that blockwise FP8 does not fit their few rows.
+LINEAR_ATTENTION_KEPT = ("linear_in_proj_ba", "linear_in_proj_b", "linear_in_proj_a")
 
 # Placeholders each role's path must (and may only) contain.
 GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})

@@ -23,7 +23,7 @@ SpecMethod = Literal[
     "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"
 ]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
-LayerAttention = Literal["full_attention", "sliding_attention"]
+LayerAttention = Literal["full_attention", "sliding_attention", "linear_attention"]
 # Granite's whole-model multipliers (spec fields and config.json keys alike);
 # 1.0 leaves the model as it is.
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
@@ -187,6 +187,12 @@ class Attention(_Section):
         description="With qk_norm: normalise q and k after rope instead of "
         "before (HunYuan).",
     )
+    output_gate: bool = Field(
+        False,
+        description="Gated attention (Qwen3-Next): q_proj also projects, per head, a "
+        "gate beside the query (each head's query then its gate); the attention "
+        "output is multiplied by sigmoid(gate) before o_proj.",
+    )
     qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(
@@ -209,8 +215,9 @@ class Attention(_Section):
     )
     layer_types: list[LayerAttention] | None = Field(
         None,
-        description="Explicit per-layer kind, `full_attention` or `sliding_attention` "
-        "(one entry per layer).",
+        description="Explicit per-layer kind, `full_attention`, `sliding_attention` "
+        "or `linear_attention` (one entry per layer; a linear-attention layer's "
+        "token mixer is the `linear_attention` section's instead of attention).",
     )
     kv_sharing: dict[LayerIndex, LayerIndex] = Field(
         default_factory=dict,
@@ -219,6 +226,46 @@ class Attention(_Section):
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."
+    )
+
+
+class LinearAttention(_Section):
+    """The linear-attention token mixer of the layers `attention.layer_types` marks
+    `linear_attention`: a recurrent state per sequence instead of a KV cache."""
+
+    type: Literal["gated_deltanet"] = Field(
+        "gated_deltanet",
+        description="`gated_deltanet`: Gated DeltaNet as Qwen3-Next has it. q, k and "
+        "v pass a causal depthwise convolution with SiLU; q and k are "
+        "L2-normalised; per value head and token the state S (key x value) decays "
+        "by exp(g), g = -exp(A_log) * softplus(a + dt_bias), and takes the delta "
+        "rule update S += k (beta (v - S^T k))^T with beta = sigmoid(b); the output "
+        "S^T q / sqrt(key_head_dim) is RMS-normalised per head, multiplied by "
+        "SiLU(z) and projected by out_proj.",
+    )
+    num_key_heads: HeadCount = Field(description="Query/key heads.")
+    num_value_heads: HeadCount = Field(
+        description="Value heads (a multiple of num_key_heads: each key head serves "
+        "num_value_heads / num_key_heads of them); one recurrent state each."
+    )
+    key_head_dim: HeadDim = Field(description="Per-head query/key dims.")
+    value_head_dim: HeadDim = Field(description="Per-head value dims.")
+    conv_kernel_size: Annotated[int, Field(ge=2, le=64)] = Field(
+        4, description="Width of the short causal convolution over q, k and v."
+    )
+    projections: Literal["grouped", "split"] = Field(
+        "grouped",
+        description="How the checkpoint stores the input projections: `grouped` "
+        "(Qwen3-Next) as in_proj_qkvz and in_proj_ba, rows interleaved per key "
+        "head (q, k, then that head's v and z; its b, then its a); `split` "
+        "(Qwen3.5) as in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b and "
+        "in_proj_a.",
+    )
+    state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype of the recurrent state in the serving engine's cache "
+        "(vLLM `mamba_ssm_cache_dtype`); the convolution state has the model's "
+        "dtype.",
     )
 
 
@@ -403,6 +450,11 @@ class ModelSpec(_Section):
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
+    linear_attention: LinearAttention | None = Field(
+        None,
+        description="The token mixer of `linear_attention` layers; required when "
+        "attention.layer_types has one.",
+    )
     mlp: MLP = Field(description="Feed-forward layers.")
     mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
     checkpoint: Checkpoint = Field(
@@ -481,6 +533,11 @@ class ModelSpec(_Section):
             "full_attention" if (i + 1) % p == 0 else "sliding_attention"
             for i in range(n)
         ]
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` mixes tokens by linear attention."""
+        types = self.attention.layer_types
+        return types is not None and types[layer] == "linear_attention"
 
     def uses_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 from onboard.errors import InputError
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
@@ -57,6 +59,22 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "kv_b_proj",
         ),
         ("attn",),
+    ),
+    # The mixer module of a linear-attention layer, and its modules.
+    "linear_attn": (),
+    **dict.fromkeys(
+        (
+            "linear_in_proj_qkvz",
+            "linear_in_proj_ba",
+            "linear_in_proj_qkv",
+            "linear_in_proj_z",
+            "linear_in_proj_b",
+            "linear_in_proj_a",
+            "linear_conv1d",
+            "linear_norm",
+            "linear_out_proj",
+        ),
+        ("linear",),
     ),
     **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
@@ -137,6 +155,11 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+    lin = spec.linear_attention
+    if lin is not None and any(
+        spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
+    ):
+        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
     moe = spec.mlp.moe
     fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
@@ -246,6 +269,9 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             raise bad(role, shape)
         claim("base", parts[0], role, shape)
         claim("layers", parts[1], role, shape)
+        if role == "linear_attn":
+            # The mixer module is also the container of its modules.
+            claim("linear", parts[-1], role, shape)
         for slot, part in zip(slots, parts[3:-1], strict=True):
             if slot == "{expert}":
                 if part != "{expert}":
@@ -340,8 +366,10 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
             )
     # What hangs directly off a decoder layer: the dense MLP and the MoE block may
     # share a name (a layer has one or the other), nothing else may.
-    on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
-    on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    on_layer = [
+        names[r] for r in roles if _LAYER_SLOTS.get(r) == () and r != "linear_attn"
+    ]
+    on_layer += [names[c] for c in ("attn", "linear", "shared_head") if c in names]
     if names.get("shared_parent") == "layer":
         on_layer.append(names["shared"])
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})

@@ -28,6 +28,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _rope_rules,
         _attention_rules,
         _layer_type_rules,
+        _linear_attention_rules,
         _kv_sharing_rules,
         _mlp_rules,
         _moe_rules,
@@ -91,6 +92,7 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
+    _output_gate_rules(spec, report)
     for field, default in (("qk_norm_scope", "head"), ("qk_norm_after_rope", False)):
         if getattr(att, field) != default and not att.qk_norm:
             report(a + (field,), f"{field} applies only with qk_norm: true")
@@ -165,6 +167,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             a + ("qk_norm" if att.qk_norm else "qkv_bias",),
             "qk_norm and qkv_bias do not apply to MLA attention",
         )
+    if att.output_gate:
+        report(a + ("output_gate",), "output_gate does not apply to MLA attention")
 
     if att.partial_rotary_factor != 1.0:
         report(
@@ -182,6 +186,20 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
     if mla.q_lora_rank is not None and mla.q_lora_rank >= spec.hidden_size * 4:
         report(a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large")
+
+
+def _output_gate_rules(spec: ModelSpec, report: Report) -> None:
+    """Gated attention as Qwen3-Next has it, and nothing no family has."""
+    att = spec.attention
+    where: Path = ("attention", "output_gate")
+    if not att.output_gate or att.type == "mla":
+        return
+    if att.qk_norm and att.qk_norm_scope != "head":
+        report(where, "with an output gate the q/k norm must be per head")
+    if att.kv_sharing:
+        report(where, "an output gate is not generated for KV-sharing layers")
+    if "qkv_proj" in spec.checkpoint.fused:
+        report(where, "an output gate is not generated for a fused qkv_proj")
 
 
 def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
@@ -207,6 +225,74 @@ def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
             )
     if att.sliding_window_pattern is not None and att.sliding_window is None:
         report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
+
+
+def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
+    lin, att = spec.linear_attention, spec.attention
+    types = att.layer_types or []
+    linear = [i for i, kind in enumerate(types) if kind == "linear_attention"]
+    where: Path = ("linear_attention",)
+    if lin is None:
+        if linear:
+            report(
+                ("attention", "layer_types"),
+                f"layers {linear} are linear_attention but the spec has no "
+                "linear_attention section",
+            )
+        return
+    if not linear:
+        report(
+            where,
+            "no layer is linear_attention: mark them in attention.layer_types (or "
+            "drop the section)",
+        )
+        return
+    if len(linear) == len(types):
+        report(
+            ("attention", "layer_types"),
+            "every layer is linear_attention; a model of linear-attention layers "
+            "only is not generated (keep at least one attention layer)",
+        )
+    if lin.num_value_heads % lin.num_key_heads:
+        report(
+            where + ("num_value_heads",),
+            f"num_value_heads ({lin.num_value_heads}) must be a multiple of "
+            f"num_key_heads ({lin.num_key_heads})",
+        )
+    if att.type == "mla":
+        report(where, "linear-attention layers beside MLA layers are not generated")
+    # vLLM's GDN layer reads these from the model's settings (rms_norm_eps for its
+    # gated norm, hidden_act for its convolution, whose CPU kernel applies SiLU or
+    # nothing); transformers' Qwen3-Next reads the same keys.
+    if spec.norm.type != "rmsnorm":
+        report(("norm", "type"), "linear-attention layers need rmsnorm")
+    if spec.activation != "silu":
+        report(
+            ("activation",),
+            "linear-attention layers need silu: their convolution uses the model's "
+            "activation, and vLLM's CPU kernel applies SiLU or none",
+        )
+    if spec.norm.placement != "pre":
+        report(("norm", "placement"), "linear-attention layers need placement pre")
+    if spec.residual_multiplier != 1.0:
+        # No family has both; the generated blocks scale only attention layers.
+        report(
+            ("residual_multiplier",),
+            "linear-attention layers with a residual_multiplier are not generated",
+        )
+    for i in spec.rope.nope_layers:
+        if i in linear:
+            report(
+                ("rope", "nope_layers"),
+                f"layer {i} is linear_attention, which has no rope to leave out",
+            )
+    for layer, target in att.kv_sharing.items():
+        if layer in linear or target in linear:
+            report(
+                ("attention", "kv_sharing", layer),
+                "a linear-attention layer has a recurrent state, not a KV cache to "
+                "share",
+            )
 
 
 def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
@@ -501,6 +587,11 @@ GENERATED_NAMES = frozenset(
         "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedLinear",
         "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+        # linear attention (Gated DeltaNet)
+        "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",
+        "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
+        "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
+        "QwenGatedDeltaNetAttention",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
@@ -581,6 +672,8 @@ class TPDims:
     shared_expert_intermediate_size: int | None
     num_experts: int | None
     vocab_size: int
+    # Linear-attention heads (key, value); None without such layers.
+    linear_heads: tuple[int, int] | None = None
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> TPDims:
@@ -598,6 +691,14 @@ class TPDims:
             ),
             num_experts=moe.num_experts if moe else None,
             vocab_size=spec.vocab_size,
+            linear_heads=(
+                None
+                if spec.linear_attention is None
+                else (
+                    spec.linear_attention.num_key_heads,
+                    spec.linear_attention.num_value_heads,
+                )
+            ),
         )
 
 
@@ -636,6 +737,15 @@ def tensor_parallel_rules(dims: TPDims, tp: int, report: Report) -> None:
     ):
         if size is not None and size % tp:
             report(path, f"the {what} {size} does not split over {tp} ranks")
+    for field, heads in zip(
+        ("num_key_heads", "num_value_heads"), dims.linear_heads or (), strict=False
+    ):
+        if heads % tp:
+            report(
+                ("linear_attention", field),
+                f"{heads} linear-attention heads do not split over {tp} ranks "
+                "(vLLM's Gated DeltaNet layer divides them evenly)",
+            )
     if dims.num_experts is not None and dims.num_experts < tp:
         report(
             ("mlp", "moe", "num_experts"),
