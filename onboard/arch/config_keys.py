@@ -87,6 +87,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "linear_key_head_dim": ("linear_key_head_dim",),
     "linear_value_head_dim": ("linear_value_head_dim",),
     "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    # Kimi delta attention (Kimi Linear's names): its heads are key and value heads
+    "linear_num_heads": ("linear_num_heads",),
+    "linear_head_dim": ("linear_head_dim",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing

@@ -14,7 +14,7 @@ import textwrap
 from types import SimpleNamespace
 from typing import Any
 
-from onboard.arch import build_plan
+from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
@@ -111,9 +111,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         "output_gate": att.type == "gqa" and att.output_gate,
-        # Gated DeltaNet layers, and how the checkpoint stores their projections.
+        # Linear-attention layers: Gated DeltaNet (and how the checkpoint stores
+        # its projections) or Kimi delta attention.
         "linear": arch.linear is not None,
-        "linear_grouped": arch.linear is not None
+        "gdn": isinstance(arch.linear, GatedDeltaNet),
+        "kda": isinstance(arch.linear, KimiDeltaAttention),
+        "linear_grouped": isinstance(arch.linear, GatedDeltaNet)
         and arch.linear.projections == "grouped",
     }
 
@@ -248,13 +251,21 @@ def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
     """Adds the linear-attention config keys to ``c``; returns the rule for which
     layers are linear attention (of ``config`` and ``i``), checked against the
     plan's layers."""
-    for short, concept in (
-        ("lin_k_heads", "linear_num_key_heads"),
-        ("lin_v_heads", "linear_num_value_heads"),
-        ("lin_k_dim", "linear_key_head_dim"),
-        ("lin_v_dim", "linear_value_head_dim"),
-        ("lin_conv", "linear_conv_kernel_dim"),
-    ):
+    if isinstance(arch.linear, KimiDeltaAttention):
+        concepts = (
+            ("lin_heads", "linear_num_heads"),
+            ("lin_dim", "linear_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    else:
+        concepts = (
+            ("lin_k_heads", "linear_num_key_heads"),
+            ("lin_v_heads", "linear_num_value_heads"),
+            ("lin_k_dim", "linear_key_head_dim"),
+            ("lin_v_dim", "linear_value_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    for short, concept in concepts:
         c[short] = keys.need(concept)
     expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
     _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
@@ -478,8 +489,10 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         parts.append(
             f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
         )
-    if f["linear"]:
+    if f["gdn"]:
         parts.append("Gated DeltaNet linear-attention layers")
+    if f["kda"]:
+        parts.append("Kimi delta attention linear-attention layers")
     if f["sliding"]:
         parts.append("sliding-window layers")
     if f["kv_sharing"]:

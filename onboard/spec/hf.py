@@ -85,6 +85,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "linear_value_head_dim": ("linear_value_head_dim",),
     "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
     "linear_projections": ("linear_projections",),  # grouped | split
+    # gated_deltanet | kimi_delta (a family's code fixes it: Kimi Linear's)
+    "linear_attention_type": ("linear_attention_type",),
+    # Kimi delta attention (Kimi Linear's names): one kind of head
+    "linear_num_heads": ("linear_num_heads",),
+    "linear_head_dim": ("linear_head_dim",),
     "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
     # multi-head latent attention
     "q_lora_rank": ("q_lora_rank",),
@@ -629,17 +634,27 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
         r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
+    if "layer_types" in windows:
+        # Linear-attention layers between the MLA layers (Kimi Linear).
+        att["layer_types"] = windows["layer_types"]
     return att, rope
 
 
 def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
     """The linear_attention section where some layer is linear_attention (a
     family's class defaults for it mean nothing otherwise)."""
+    kind = r.get("linear_attention_type", "gated_deltanet")
+    if kind == "kimi_delta":
+        return _read_kimi_delta(r, kinds)
     values = {field: r.get(concept) for concept, field in LINEAR_FIELDS.items()}
     projections = r.get("linear_projections", "grouped")
     state_dtype = r.get("mamba_ssm_dtype", "float32")
     if not kinds or "linear_attention" not in kinds:
         return None
+    if kind != "gated_deltanet":
+        r.bad(
+            f"linear_attention_type: gated_deltanet or kimi_delta, got {_short(kind)}"
+        )
     for concept, name in LINEAR_FIELDS.items():
         if values[name] is None and name != "conv_kernel_size":
             r.bad(f"{concept}: required, as some layers are linear_attention")
@@ -651,6 +666,29 @@ def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
         "projections": projections,
         "state_dtype": state_dtype,
     }
+
+
+def _read_kimi_delta(r: _Reader, kinds: list[str] | None) -> dict | None:
+    """Kimi delta attention's section: its heads are key and value heads."""
+    heads, dim = r.get("linear_num_heads"), r.get("linear_head_dim")
+    conv = r.get("linear_conv_kernel_dim")
+    state_dtype = r.get("mamba_ssm_dtype", "float32")
+    if not kinds or "linear_attention" not in kinds:
+        return None
+    for concept, value in (("linear_num_heads", heads), ("linear_head_dim", dim)):
+        if value is None:
+            r.bad(f"{concept}: required, as some layers are linear_attention")
+    out = {
+        "type": "kimi_delta",
+        "num_key_heads": heads,
+        "num_value_heads": heads,
+        "key_head_dim": dim,
+        "value_head_dim": dim,
+        "state_dtype": state_dtype,
+    }
+    if conv is not None:
+        out["conv_kernel_size"] = conv
+    return out
 
 
 def _read_rope(r: _Reader) -> tuple[dict, float | None]:
@@ -1193,6 +1231,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         )
+        if att.layer_types is not None:
+            c["layer_types"] = spec.layer_attention_types()
     else:
         c.update(
             num_key_value_heads=spec.num_kv_heads,
@@ -1222,7 +1262,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     c["rope_parameters"] = rope
     c["rope_interleave"] = spec.rope.interleaved
     lin = spec.linear_attention
-    if lin is not None:
+    if lin is not None and lin.type == "kimi_delta":
+        c["linear_attention_type"] = lin.type
+        c["linear_num_heads"] = lin.num_key_heads
+        c["linear_head_dim"] = lin.key_head_dim
+        c["linear_conv_kernel_dim"] = lin.conv_kernel_size
+        c["mamba_ssm_dtype"] = lin.state_dtype
+    elif lin is not None:
         for concept, name in LINEAR_FIELDS.items():
             c[concept] = getattr(lin, name)
         if lin.projections != "grouped":
