@@ -65,6 +65,8 @@ class Attention:
     partial_rotary_factor: float
     mla: MLADims | None
     output_gate: bool  # q_proj also gives a sigmoid gate on the output
+    # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
+    softmax_scale: float | None = None
 
     linear = False  # caches K/V per token, not a recurrent state
 
@@ -225,6 +227,10 @@ class MoEMLP:
     shared_expert_gate: bool
     router: Router
     activation: str
+    # checkpoint.fused: the routed experts stacked in two 3-D tensors (`experts`),
+    # the shared expert's gate and up in one (`shared_gate_up_proj`).
+    stacked: bool = False
+    shared_fused: bool = False
 
     kind = "moe"
 
@@ -263,6 +269,8 @@ class Layer:
     mixer: Mixer
     mlp: MLP
     norms: Norms
+    # Factor on the attention and MLP outputs before each residual add.
+    residual_multiplier: float = 1.0
 
     @property
     def is_moe(self) -> bool:
@@ -308,6 +316,9 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+    # Factor on the token embeddings; the logits are divided by logits_scaling.
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @cached_property
     def config(self) -> ConfigKeys:
@@ -319,7 +330,8 @@ class ArchPlan:
     @property
     def fused(self) -> frozenset[str]:
         """The projections the checkpoint stores as one tensor (``qkv_proj``,
-        ``gate_up_proj``; checkpoint.fused)."""
+        ``gate_up_proj``, ``shared_gate_up_proj``, and ``experts`` stacked;
+        checkpoint.fused)."""
         return frozenset(self.spec.checkpoint.fused)
 
     @property
@@ -448,7 +460,13 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         return _attention(spec, types[i] == "sliding_attention", i)
 
     layers = tuple(
-        Layer(index=i, mixer=mixer(i), mlp=mlp(spec.is_moe_layer(i)), norms=norms)
+        Layer(
+            index=i,
+            mixer=mixer(i),
+            mlp=mlp(spec.is_moe_layer(i)),
+            norms=norms,
+            residual_multiplier=spec.residual_multiplier,
+        )
         for i in range(spec.num_hidden_layers)
     )
     mtp = None
@@ -466,7 +484,14 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         checkpoint=MappingProxyType({r: spec.tensor_path(r) for r in roles}),
         canonical=MappingProxyType({r: CANONICAL[r] for r in roles}),
     )
-    return ArchPlan(spec=spec, layers=layers, mtp=mtp, tensors=tensors)
+    return ArchPlan(
+        spec=spec,
+        layers=layers,
+        mtp=mtp,
+        tensors=tensors,
+        embedding_multiplier=spec.embedding_multiplier,
+        logits_scaling=spec.logits_scaling,
+    )
 
 
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
@@ -487,6 +512,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
         output_gate=att.output_gate,
+        softmax_scale=att.softmax_scale,
         mla=None
         if mla is None
         else MLADims(
@@ -548,4 +574,6 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             routed_scaling_factor=r.routed_scaling_factor,
         ),
         activation=spec.activation,
+        stacked="experts" in spec.checkpoint.fused,
+        shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,
     )

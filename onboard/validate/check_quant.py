@@ -98,6 +98,8 @@ GUARDED = {
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
                          "role linear_in_proj_a"),
+    # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
+    "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
 
 
@@ -408,6 +410,8 @@ def untouched_tensors(
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
     if spec.linear_attention is not None:
         must.append("linear attention")
+    if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
+        must.append("stacked experts")
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
