@@ -343,3 +343,51 @@ def test_config_round_trip():
     back = spec_from_hf_config(config)
     assert back.linear_attention == spec.linear_attention
     assert back.attention.layer_types == spec.attention.layer_types
+
+
+# ---- preflight and quantization --------------------------------------------------
+
+
+def test_preflight_knows_kimi_linears_tensors(tmp_path):
+    """A checkpoint transformers' Kimi Linear saved has every KDA tensor at the
+    shape preflight expects (no shape or name error); A_log stored as the rates
+    -exp(A_log) (every value negative) is the decay's conversion mistake."""
+    from safetensors.torch import load_file, save_file
+
+    from onboard.checkpoint.preflight import preflight
+
+    spec = kda_spec()
+    as_kda_checkpoint(kimi_linear(), spec, tmp_path)
+    errors = [p for p in preflight(spec, tmp_path).problems if p.severity == "error"]
+    assert not errors, errors
+    kinds = {p.kind for p in preflight(spec, tmp_path).problems}
+    assert "cpu-kda" in kinds
+    shard = next(tmp_path.glob("*.safetensors"))
+    tensors = load_file(shard)
+    for name in [n for n in tensors if n.endswith(".A_log")]:
+        tensors[name] = -tensors[name].exp()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    problems = preflight(spec, tmp_path).problems
+    assert any(p.kind == "linear-decay" and p.severity == "error" for p in problems)
+
+
+def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
+    """NVFP4 quantizes the q/k/v/o projections of KDA layers; the convolutions,
+    A_log, dt_bias, the gated norm, the low-rank gates and beta stay 16-bit (and
+    the gates' modules go to the ignore list)."""
+    from onboard.quantize.plan import make_plan
+    from onboard.quantize.schemes import get_scheme
+
+    spec = kda_spec()
+    as_kda_checkpoint(kimi_linear(), spec, tmp_path)
+    plan = make_plan(tmp_path, spec, get_scheme("nvfp4"))
+    attn = "model.layers.0.self_attn"
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert f"{attn}.{p}.weight" in plan.quantized
+    for name in ("q_conv1d", "k_conv1d", "v_conv1d", "o_norm", "f_a_proj", "f_b_proj",
+                 "b_proj", "g_a_proj", "g_b_proj"):  # fmt: skip
+        assert f"{attn}.{name}.weight" in plan.kept
+    assert {f"{attn}.A_log", f"{attn}.dt_bias"} <= set(plan.kept)
+    assert {f"{attn}.f_b_proj", f"{attn}.b_proj", f"{attn}.g_a_proj"} <= set(
+        plan.ignore
+    )
