@@ -402,6 +402,13 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
             "generated for Kimi delta attention layers yet (the Hugging Face "
             "reference computes them)"
         )
+    mla = spec.attention.mla
+    if mla is not None and mla.latent_norm_eps not in (None, spec.norm.eps):
+        raise GenerationError(
+            f"{spec.name}: attention.mla.latent_norm_eps: vLLM's MLA layers "
+            "normalise the latent with norm.eps; a model with another latent eps is "
+            "not generated"
+        )
     if spec.attention.type == "mla" and arch.nope:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "

@@ -54,6 +54,11 @@ def _check_layer_plan(
         )
 
 
+def _uses_rope(arch) -> bool:
+    """Some attention layer or an MTP head rotates q and k."""
+    return arch.mtp is not None or True in arch.rope_layers
+
+
 def _class_names(spec: ModelSpec) -> dict[str, str]:
     prefix = class_prefix(spec.architecture)
     base_model = f"{prefix}Model"
@@ -90,6 +95,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
+        "rope": _uses_rope(arch),
         "kv_sharing": bool(att.kv_sharing),
         **_block_form(arch),
         "act": spec.activation,
@@ -129,7 +135,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "vocab": keys.need("vocab_size"),
         "layers": keys.need("num_hidden_layers"),
         "heads": keys.need("num_attention_heads"),
-        "rope": keys.need("rope_parameters"),
+        # Rope's parameters, where some layer (or an MTP head) rotates q and k.
+        "rope": keys.need("rope_parameters") if _uses_rope(arch) else None,
     }
     c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
@@ -137,6 +144,13 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
+    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
+    if latent_eps is None:
+        c["latent_eps"] = c["eps"]
+    else:
+        # A config key where the config has one, else the family's fixed value.
+        key = keys.find("mla_norm_eps")
+        c["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
     if f["mla"]:
         for short, concept in (
             ("qk_nope", "qk_nope_head_dim"),

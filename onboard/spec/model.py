@@ -157,6 +157,14 @@ class MLA(_Section):
     )
     qk_rope_head_dim: HeadDim = Field(description="Per-head query/key dims with rope.")
     v_head_dim: HeadDim = Field(description="Per-head value dims.")
+    latent_norm_eps: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Epsilon of the latent norms (q_a, kv_a); null means norm.eps. "
+        "transformers' Kimi Linear fixes it at 1e-6 whatever rms_norm_eps says "
+        "(vLLM's layers read rms_norm_eps).",
+    )
 
 
 class Attention(_Section):
