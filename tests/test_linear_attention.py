@@ -4,7 +4,8 @@ Three kinds of parity: the generated Hugging Face reference against transformers
 Qwen3-Next on the same weights (float32); the reference's chunked form of the
 gated delta rule against its recurrent form (the definition); and the generated
 vLLM model on the CPU engine against the reference (one engine start, with the
-kv-cache check's state accounting read from the same run). Besides: the plan's
+kv-cache check's state accounting read from the same run; an engine start of its
+own, so the engine tests are in the acceptance tier). Besides: the plan's
 state shapes are vLLM's own, tiny checkpoints keep a layer of each kind, and
 preflight catches the decay's two known conversion mistakes.
 """
@@ -436,6 +437,8 @@ def test_tiny_init_makes_the_decay_matter(tiny_hybrid):
 
 
 # ---- the generated vLLM model on the CPU engine (one engine start) -------------------
+# The engine start is this module's own (no shared engine fixture serves a hybrid
+# model), so these tests are in the acceptance tier (`make test-all`).
 
 
 @pytest.fixture(scope="module")
@@ -491,6 +494,7 @@ def _reference_outputs(spec, ckpt: Path, work: Path, prompts, max_tokens: int):
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
     engine_run, tmp_path
 ):
@@ -536,6 +540,7 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
 
 
 @pytest.mark.engine
+@pytest.mark.acceptance
 def test_engine_state_accounting_equals_the_spec(engine_run):
     """vLLM's own cache report: each linear-attention layer's state (shapes,
     bytes per sequence) and the attention layer's KV bytes per token equal the

@@ -220,6 +220,17 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("llama", {"qk_norm": True}),
     "qwen2_moe": Family("qwen", {"shared_expert_gate": True}),
     "qwen3_moe": Family("qwen", {"qk_norm": True}),
+    # Gated DeltaNet and gated attention layers (layer_types), a gated shared
+    # expert on every MoE block; the gate and the shared expert are hard-coded.
+    "qwen3_next": Family(
+        "qwen",
+        {
+            "qk_norm": True,
+            "attn_output_gate": True,
+            "n_shared_experts": 1,
+            "shared_expert_gate": True,
+        },
+    ),
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
     "deepseek_v2": Family(
         "deepseek",
@@ -1481,6 +1492,14 @@ def _write_known(
             **concepts,
             "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
         }
+    if (
+        spec.mlp.moe is not None
+        and not spec.mlp.moe.num_shared_experts
+        and _key_for("shared_expert_intermediate_size", known)
+    ):
+        # No shared expert: width 0 (Qwen2-MoE, Qwen3-Next; their classes take an
+        # int, and vLLM's qwen2_moe.py / qwen3_next.py build none at 0).
+        concepts = {**concepts, "shared_expert_intermediate_size": 0}
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}

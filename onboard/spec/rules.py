@@ -613,6 +613,11 @@ GENERATED_NAMES = frozenset(
         "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedLinear",
         "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+        # linear attention (Gated DeltaNet)
+        "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",
+        "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
+        "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
+        "QwenGatedDeltaNetAttention",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
