@@ -499,6 +499,16 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "linear_conv_kernel_dim": ("linear_attention.conv_kernel_size",),
     "linear_projections": ("linear_attention.projections",),
     "mamba_ssm_dtype": ("linear_attention.state_dtype",),
+    "linear_attention_type": ("linear_attention.type",),
+    "linear_num_heads": (
+        "linear_attention.num_key_heads",
+        "linear_attention.num_value_heads",
+    ),
+    "linear_head_dim": (
+        "linear_attention.key_head_dim",
+        "linear_attention.value_head_dim",
+    ),
+    "mla_norm_eps": ("attention.mla.latent_norm_eps",),
     "num_nextn_predict_layers": ("mtp.num_heads",),
     "mtp_mlp": ("mtp.mlp",),
 }

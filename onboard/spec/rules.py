@@ -618,6 +618,8 @@ GENERATED_NAMES = frozenset(
         "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
         "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
         "QwenGatedDeltaNetAttention",
+        # linear attention (Kimi delta attention, the reference's classes)
+        "KimiDeltaAttention", "KimiGatedRMSNorm",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
