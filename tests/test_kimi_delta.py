@@ -2,9 +2,12 @@
 
 The generated Hugging Face reference against transformers' Kimi Linear on the same
 weights (float32): KDA layers beside MLA layers without rope, MoE with sigmoid
-routing, bias correction and a shared expert; the reference's chunked form of the
-Kimi delta rule against its recurrent form (the definition); the plan's state
-shapes against vLLM's own calculator; tiny checkpoints and spec rules.
+routing, bias correction and a shared expert, at Kimi's rms_norm_eps 1e-5 with
+the MLA latent normalised at 1e-6 as transformers does (attention.mla.
+latent_norm_eps); the reference's chunked form of the Kimi delta rule against its
+recurrent form (the definition) and transformers' torch forms; its gated norm
+against vLLM's own (native path); the plan's state shapes against vLLM's own
+calculator; preflight, quantization, spec rules and the config round trip.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ vocab_size: 256
 hidden_size: 64
 num_hidden_layers: 4
 max_position_embeddings: 256
-norm: {eps: 1.0e-6}
+norm: {eps: 1.0e-5}
 attention:
   type: mla
   num_heads: 4
@@ -49,6 +52,7 @@ attention:
     qk_nope_head_dim: 32
     qk_rope_head_dim: 16
     v_head_dim: 32
+    latent_norm_eps: 1.0e-6
   layer_types: [linear_attention, full_attention, linear_attention, full_attention]
 rope: {nope_layers: [1, 3]}
 linear_attention:
@@ -120,9 +124,9 @@ def kimi_linear(seed: int = 0):
         linear_head_dim=32,
         linear_num_heads=2,
         max_position_embeddings=256,
-        # transformers' Kimi Linear normalises the MLA latent with eps 1e-6 whatever
-        # rms_norm_eps says (vLLM's Kimi MLA reads rms_norm_eps): equal here.
-        rms_norm_eps=1e-6,
+        # Kimi Linear's own; transformers normalises the MLA latent with eps 1e-6
+        # whatever it says (the spec's attention.mla.latent_norm_eps).
+        rms_norm_eps=1e-5,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
@@ -391,3 +395,27 @@ def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
     assert {f"{attn}.f_b_proj", f"{attn}.b_proj", f"{attn}.g_a_proj"} <= set(
         plan.ignore
     )
+
+
+def test_gated_norm_is_vllms(tmp_path):
+    """The reference's gated norm computes what vLLM's KDA layer's o_norm
+    (FusedRMSNormGated, sigmoid gate) computes in its native torch path, at the
+    eps vLLM builds it with (its default 1e-5, whatever rms_norm_eps says)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.third_party.flash_linear_attention.ops.kda import FusedRMSNormGated
+
+    module = _reference_module(tmp_path / "kref")
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 7, 2, 32, generator=gen)
+    gate = torch.randn(3, 7, 2, 32, generator=gen)
+    weight = torch.randn(32, generator=gen)
+    ours = module.KimiGatedRMSNorm(32, 1e-5)
+    with set_current_vllm_config(VllmConfig()):  # a CustomOp reads it
+        theirs = FusedRMSNormGated(32, activation="sigmoid")
+    assert theirs.eps == 1e-5
+    with torch.no_grad():
+        ours.weight.copy_(weight)
+        theirs.weight.copy_(weight)
+        want = theirs.forward_native(x, gate)
+        got = ours(x, gate)
+    assert (got - want).abs().max().item() < 1e-6
