@@ -52,6 +52,7 @@ SMALL = dict(
     num_experts=8,
     num_local_experts=8,
     num_experts_per_tok=2,
+    num_experts_per_token=2,  # Kimi Linear's name (all 8 would hide the routing)
     moe_topk=2,  # HunYuan-MoE: top-1 routing cannot tell scoring functions apart
     moe_k=2,
     # Linear attention (Qwen3-Next, Qwen3.5): vLLM's CPU Gated DeltaNet prefill

@@ -567,7 +567,20 @@ def _vllm_model_source(architecture: str) -> str:
     return (Path(models.__file__).parent / f"{module}.py").read_text()
 
 
-def test_vllm_reads_every_family_config(family, tmp_path):
+@pytest.fixture
+def vllm_config_classes_undone():
+    """vLLM registers its own config class for some model types (Kimi Linear's)
+    with transformers' AutoConfig when it reads such a config: undo it, so that
+    later tests build transformers' own class."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    saved = dict(CONFIG_MAPPING._extra_content)
+    yield
+    CONFIG_MAPPING._extra_content.clear()
+    CONFIG_MAPPING._extra_content.update(saved)
+
+
+def test_vllm_reads_every_family_config(family, tmp_path, vllm_config_classes_undone):
     from vllm.config import ModelConfig
 
     model_type, path = family
