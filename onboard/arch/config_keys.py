@@ -27,7 +27,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings",),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "logit_scale": ("logit_scale",),
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -64,7 +64,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_local_experts",
         "moe_num_experts",
     ),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
+    "num_experts_per_tok": (
+        "num_experts_per_tok",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",  # Kimi Linear
+    ),
     # Mixtral keeps the expert width in intermediate_size (it has no dense layers).
     "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
     "n_shared_experts": (
@@ -79,7 +84,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
-    "norm_topk_prob": ("norm_topk_prob",),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
     "scoring_func": ("scoring_func",),
     "first_k_dense": ("first_k_dense_replace", "moe_layer_start_index"),
     # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
@@ -95,6 +100,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "linear_key_head_dim": ("linear_key_head_dim",),
     "linear_value_head_dim": ("linear_value_head_dim",),
     "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    # Kimi delta attention (Kimi Linear's names): its heads are key and value heads
+    "linear_num_heads": ("linear_num_heads",),
+    # the MLA latent norms' eps where it is not rms_norm_eps
+    "mla_norm_eps": ("mla_norm_eps",),
+    "linear_head_dim": ("linear_head_dim",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing

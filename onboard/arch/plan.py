@@ -8,8 +8,8 @@ objects are frozen: a consumer reads them, it never adjusts them.
 
 A token mixer is one of the ``Mixer`` kinds: softmax attention (``Attention``, GQA
 or MLA), which caches keys and values per token, or a linear-attention mixer
-(``GatedDeltaNet``), which keeps a fixed-size recurrent state per sequence. Each
-layer carries its own; further kinds (Kimi delta attention, sparse MLA with an
+(``GatedDeltaNet``, ``KimiDeltaAttention``), which keeps a fixed-size recurrent
+state per sequence. Each layer carries its own; further kinds (sparse MLA with an
 indexer) join the same union.
 """
 
@@ -144,8 +144,53 @@ class GatedDeltaNet:
         )
 
 
+@dataclass(frozen=True)
+class KimiDeltaAttention:
+    """Kimi delta attention (Kimi Linear's linear attention): Gated DeltaNet's
+    delta rule with one decay per key channel instead of per head, from a low-rank
+    forget gate; q, k and v have a short causal convolution each, and the output
+    passes a gated norm with a low-rank sigmoid gate. One recurrent state per head,
+    no K/V cache."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel_size: int
+    state_dtype: Literal["float32", "bfloat16"]
+
+    kind = "kimi_delta"
+    linear = True  # a recurrent state per sequence, no KV cache
+    # What softmax attention has per layer and this mixer has not.
+    window = None
+    kv_source = None
+    rope = False
+
+    @property
+    def sliding(self) -> bool:
+        return False
+
+    @property
+    def projection_dim(self) -> int:
+        """Rows of each of the q, k and v projections (and their convolutions)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the three convolutions together: q, k and v."""
+        return 3 * self.projection_dim
+
+    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
+        """Per sequence and tensor-parallel rank, as vLLM allocates it
+        (MambaStateShapeCalculator.kda_state_shape): one convolution state for
+        q, k and v together, and a [head_dim, head_dim] state per head."""
+        return LinearStateShapes(
+            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
+            recurrent=(self.num_heads // tp, self.head_dim, self.head_dim),
+        )
+
+
 # The token mixers a layer can have (more kinds join this union).
-Mixer = Attention | GatedDeltaNet
+LinearMixer = GatedDeltaNet | KimiDeltaAttention
+Mixer = Attention | LinearMixer
 
 
 @dataclass(frozen=True)
@@ -334,11 +379,16 @@ class ArchPlan:
         return tuple(layer.mixer.linear for layer in self.layers)
 
     @property
-    def linear(self) -> GatedDeltaNet | None:
+    def linear(self) -> LinearMixer | None:
         """The linear-attention mixer of the layers that have one (None: every
         layer is softmax attention)."""
         return next(
-            (b.mixer for b in self.layers if isinstance(b.mixer, GatedDeltaNet)), None
+            (
+                b.mixer
+                for b in self.layers
+                if isinstance(b.mixer, (GatedDeltaNet, KimiDeltaAttention))
+            ),
+            None,
         )
 
     @property
@@ -475,10 +525,17 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
     )
 
 
-def _linear_attention(spec: ModelSpec) -> GatedDeltaNet | None:
+def _linear_attention(spec: ModelSpec) -> LinearMixer | None:
     lin = spec.linear_attention
     if lin is None:
         return None
+    if lin.type == "kimi_delta":
+        return KimiDeltaAttention(
+            num_heads=lin.num_key_heads,
+            head_dim=lin.key_head_dim,
+            conv_kernel_size=lin.conv_kernel_size,
+            state_dtype=lin.state_dtype,
+        )
     return GatedDeltaNet(
         num_key_heads=lin.num_key_heads,
         num_value_heads=lin.num_value_heads,

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from onboard.arch.plan import DenseMLP, GatedDeltaNet, Layer, MoEMLP, build_plan
+from onboard.arch.plan import (
+    DenseMLP,
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    Layer,
+    MoEMLP,
+    build_plan,
+)
 from onboard.spec.model import ModelSpec
 
 
@@ -128,6 +135,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         norm(attention_norm, h)
     if isinstance(att, GatedDeltaNet):
         _linear_attention_tensors(att, h, add, linear)
+    elif isinstance(att, KimiDeltaAttention):
+        _kimi_delta_tensors(att, h, add, linear)
     elif att.mla is not None:
         mla = att.mla
         assert mla is not None
@@ -205,6 +214,28 @@ def _linear_attention_tensors(
     add("linear_attn", (heads,), "ones", suffix="dt_bias")
     add("linear_norm", (m.value_head_dim,), "ones")
     linear("linear_out_proj", h, m.value_dim)
+
+
+def _kimi_delta_tensors(
+    m: KimiDeltaAttention, h: int, add: Callable[..., None], linear: Callable[..., None]
+) -> None:
+    """A Kimi delta attention layer's tensors, made with _block's helpers: A_log
+    (one per head, stored [1, 1, heads, 1] as Kimi Linear does) and dt_bias (one
+    per key channel) are parameters of the mixer module."""
+    dim, rank = m.projection_dim, m.head_dim
+    for p in ("q", "k", "v"):
+        linear(f"kda_{p}_proj", dim, h)
+    for p in ("q", "k", "v"):
+        add(f"kda_{p}_conv1d", (dim, 1, m.conv_kernel_size), "conv")
+    add("kda_attn", (1, 1, m.num_heads, 1), "a_log", suffix="A_log")
+    add("kda_attn", (dim,), "ones", suffix="dt_bias")
+    linear("kda_f_a_proj", rank, h)
+    linear("kda_f_b_proj", dim, rank)
+    linear("kda_b_proj", m.num_heads, h)
+    linear("kda_g_a_proj", rank, h)
+    linear("kda_g_b_proj", dim, rank)
+    add("kda_o_norm", (m.head_dim,), "ones")
+    linear("kda_o_proj", h, dim)
 
 
 def _moe_tensors(

@@ -8,7 +8,7 @@ import re
 from collections import defaultdict
 from functools import cache
 
-from onboard.arch import ArchPlan
+from onboard.arch import ArchPlan, KimiDeltaAttention
 from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
@@ -367,6 +367,10 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
     dims = table.get(role or "")
     if dims is None:
         return None
+    if role == "kda_attn":
+        # Kimi Linear's A_log [1, 1, heads, 1], dt_bias one value per channel.
+        one = ("1", 1)
+        return [one, one, dims[0], one] if param == "A_log" else [dims[1]]
     if param in ("bias", "A_log", "dt_bias"):
         # A linear's bias has its output size, a norm's its size; the mixer's
         # A_log and dt_bias one value per value head.
@@ -380,6 +384,29 @@ def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
     if lin is None:
         return {}
     la = "linear_attention."
+    if isinstance(lin, KimiDeltaAttention):
+        heads = (f"{la}num_key_heads", lin.num_heads)
+        dim = (f"{la}num_key_heads × {la}key_head_dim", lin.projection_dim)
+        rank = (f"{la}key_head_dim", lin.head_dim)
+        conv = (dim, ("1", 1), (f"{la}conv_kernel_size", lin.conv_kernel_size))
+        return {
+            "kda_q_proj": (dim, h),
+            "kda_k_proj": (dim, h),
+            "kda_v_proj": (dim, h),
+            "kda_q_conv1d": conv,
+            "kda_k_conv1d": conv,
+            "kda_v_conv1d": conv,
+            "kda_f_a_proj": (rank, h),
+            "kda_f_b_proj": (dim, rank),
+            "kda_b_proj": (heads, h),
+            "kda_g_a_proj": (rank, h),
+            "kda_g_b_proj": (dim, rank),
+            "kda_o_norm": (rank,),
+            "kda_o_proj": (h, dim),
+            # A_log: one value per head, stored [1, 1, heads, 1]; dt_bias: one per
+            # key channel (see _param_dims).
+            "kda_attn": (heads, dim),
+        }
     vh = (f"{la}num_value_heads", lin.num_value_heads)
     key_dim = (f"{la}num_key_heads × {la}key_head_dim", lin.key_dim)
     value_dim = (f"{la}num_value_heads × {la}value_head_dim", lin.value_dim)
@@ -472,6 +499,16 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "linear_conv_kernel_dim": ("linear_attention.conv_kernel_size",),
     "linear_projections": ("linear_attention.projections",),
     "mamba_ssm_dtype": ("linear_attention.state_dtype",),
+    "linear_attention_type": ("linear_attention.type",),
+    "linear_num_heads": (
+        "linear_attention.num_key_heads",
+        "linear_attention.num_value_heads",
+    ),
+    "linear_head_dim": (
+        "linear_attention.key_head_dim",
+        "linear_attention.value_head_dim",
+    ),
+    "mla_norm_eps": ("attention.mla.latent_norm_eps",),
     "num_nextn_predict_layers": ("mtp.num_heads",),
     "mtp_mlp": ("mtp.mlp",),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from onboard.arch import KimiDeltaAttention
 from onboard.checkpoint.preflight_ct import FLOATS, CTConfig
 from onboard.checkpoint.preflight_linear import check_linear_attention
 from onboard.checkpoint.preflight_names import report_names
@@ -412,6 +413,18 @@ def _note_cpu_mla(run: PreflightRun) -> None:
 def _note_cpu_gdn(run: PreflightRun) -> None:
     lin = run.plan.linear
     if lin is None:
+        return
+    if isinstance(lin, KimiDeltaAttention):
+        run.add(
+            "warning" if "cpu" in run.spec.targets else "note",
+            "cpu-kda",
+            "linear_attention",
+            "vLLM's Kimi delta attention layer runs Triton kernels only (its chunked "
+            "and recurrent KDA ops and the convolution): the CPU engine cannot run "
+            "these layers",
+            "validate on a GPU target; the Hugging Face reference runs on the CPU",
+            spec_fields=["linear_attention.type"],
+        )
         return
     problems = cpu_gdn_problems(
         lin.key_head_dim, lin.value_head_dim, lin.conv_kernel_size

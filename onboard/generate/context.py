@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from onboard.arch import ArchPlan, build_plan
+from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
@@ -393,6 +393,29 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 # ---- the context ---------------------------------------------------------------------
 
 
+def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
+    """What the Hugging Face reference computes and the vLLM model file does not
+    print yet: Kimi delta attention layers, MLA layers without rope."""
+    if isinstance(arch.linear, KimiDeltaAttention):
+        raise GenerationError(
+            f"{spec.name}: linear_attention.type kimi_delta: the vLLM model is not "
+            "generated for Kimi delta attention layers yet (the Hugging Face "
+            "reference computes them)"
+        )
+    mla = spec.attention.mla
+    if mla is not None and mla.latent_norm_eps not in (None, spec.norm.eps):
+        raise GenerationError(
+            f"{spec.name}: attention.mla.latent_norm_eps: vLLM's MLA layers "
+            "normalise the latent with norm.eps; a model with another latent eps is "
+            "not generated"
+        )
+    if spec.attention.type == "mla" and arch.nope:
+        raise GenerationError(
+            f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
+            "layers without rope yet (the Hugging Face reference computes them)"
+        )
+
+
 def build_context(
     spec: ModelSpec, hf: dict | None = None, *, mtp: bool = False
 ) -> dict[str, Any]:
@@ -408,6 +431,7 @@ def build_context(
     which checkpoint tensors the file's own ``load_weights`` maps.
     """
     arch = build_plan(spec)
+    _refuse_ungenerated(spec, arch)
     f = arch.config if hf is None else ConfigKeys(spec, hf)
     att = spec.attention
     is_mla = att.type == "mla"

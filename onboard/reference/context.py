@@ -14,7 +14,7 @@ import textwrap
 from types import SimpleNamespace
 from typing import Any
 
-from onboard.arch import build_plan
+from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
@@ -54,6 +54,11 @@ def _check_layer_plan(
         )
 
 
+def _uses_rope(arch) -> bool:
+    """Some attention layer or an MTP head rotates q and k."""
+    return arch.mtp is not None or True in arch.rope_layers
+
+
 def _class_names(spec: ModelSpec) -> dict[str, str]:
     prefix = class_prefix(spec.architecture)
     base_model = f"{prefix}Model"
@@ -90,6 +95,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
+        "rope": _uses_rope(arch),
         "kv_sharing": bool(att.kv_sharing),
         **_block_form(arch),
         "act": spec.activation,
@@ -115,9 +121,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         "output_gate": att.type == "gqa" and att.output_gate,
-        # Gated DeltaNet layers, and how the checkpoint stores their projections.
+        # Linear-attention layers: Gated DeltaNet (and how the checkpoint stores
+        # its projections) or Kimi delta attention.
         "linear": arch.linear is not None,
-        "linear_grouped": arch.linear is not None
+        "gdn": isinstance(arch.linear, GatedDeltaNet),
+        "kda": isinstance(arch.linear, KimiDeltaAttention),
+        "linear_grouped": isinstance(arch.linear, GatedDeltaNet)
         and arch.linear.projections == "grouped",
     }
 
@@ -126,7 +135,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "vocab": keys.need("vocab_size"),
         "layers": keys.need("num_hidden_layers"),
         "heads": keys.need("num_attention_heads"),
-        "rope": keys.need("rope_parameters"),
+        # Rope's parameters, where some layer (or an MTP head) rotates q and k.
+        "rope": keys.need("rope_parameters") if _uses_rope(arch) else None,
     }
     c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
@@ -134,6 +144,13 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
+    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
+    if latent_eps is None:
+        c["latent_eps"] = c["eps"]
+    else:
+        # A config key where the config has one, else the family's fixed value.
+        key = keys.find("mla_norm_eps")
+        c["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
     if f["mla"]:
         for short, concept in (
             ("qk_nope", "qk_nope_head_dim"),
@@ -253,13 +270,21 @@ def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
     """Adds the linear-attention config keys to ``c``; returns the rule for which
     layers are linear attention (of ``config`` and ``i``), checked against the
     plan's layers."""
-    for short, concept in (
-        ("lin_k_heads", "linear_num_key_heads"),
-        ("lin_v_heads", "linear_num_value_heads"),
-        ("lin_k_dim", "linear_key_head_dim"),
-        ("lin_v_dim", "linear_value_head_dim"),
-        ("lin_conv", "linear_conv_kernel_dim"),
-    ):
+    if isinstance(arch.linear, KimiDeltaAttention):
+        concepts = (
+            ("lin_heads", "linear_num_heads"),
+            ("lin_dim", "linear_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    else:
+        concepts = (
+            ("lin_k_heads", "linear_num_key_heads"),
+            ("lin_v_heads", "linear_num_value_heads"),
+            ("lin_k_dim", "linear_key_head_dim"),
+            ("lin_v_dim", "linear_value_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    for short, concept in concepts:
         c[short] = keys.need(concept)
     expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
     _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
@@ -485,8 +510,10 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         parts.append(
             f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
         )
-    if f["linear"]:
+    if f["gdn"]:
         parts.append("Gated DeltaNet linear-attention layers")
+    if f["kda"]:
+        parts.append("Kimi delta attention linear-attention layers")
     if f["sliding"]:
         parts.append("sliding-window layers")
     if f["kv_sharing"]:

@@ -43,7 +43,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings",),
+    # Kimi Linear's config maps max_position_embeddings to model_max_length.
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
     "hidden_act": ("hidden_act", "hidden_activation"),
@@ -90,6 +91,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "linear_value_head_dim": ("linear_value_head_dim",),
     "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
     "linear_projections": ("linear_projections",),  # grouped | split
+    # gated_deltanet | kimi_delta (a family's code fixes it: Kimi Linear's)
+    "linear_attention_type": ("linear_attention_type",),
+    # Kimi delta attention (Kimi Linear's names): one kind of head
+    "linear_num_heads": ("linear_num_heads",),
+    # the MLA latent norms' eps where it is not rms_norm_eps
+    "mla_norm_eps": ("mla_norm_eps",),
+    "linear_head_dim": ("linear_head_dim",),
     "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
     # multi-head latent attention
     "q_lora_rank": ("q_lora_rank",),
@@ -106,7 +114,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_local_experts",
         "moe_num_experts",
     ),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
+    "num_experts_per_tok": (
+        "num_experts_per_tok",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",  # Kimi Linear
+    ),
     "moe_intermediate_size": ("moe_intermediate_size",),
     "n_shared_experts": (
         "n_shared_experts",
@@ -125,10 +138,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
     "moe_layer_end_index": ("moe_layer_end_index",),  # ERNIE: dense after it
-    "norm_topk_prob": ("norm_topk_prob",),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
-    "n_group": ("n_group",),
+    "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
     # multi-token prediction
@@ -176,6 +189,9 @@ REQUIRED = object()  # marker: a concept the config must state
 # window is set (EXAONE-4, Cohere-2). Open (found by the proof) for a family
 # whose config class has no per-layer rope key.
 NOPE_WHEN_SLIDING = "nope_when_sliding"
+# A family fact with no key: no attention layer uses rope (Kimi Linear's MLA
+# layers between its linear-attention layers).
+NOPE_ATTENTION = "nope_attention"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
 
@@ -255,6 +271,33 @@ FAMILIES: dict[str, Family] = {
         "granite",
         {"norm_topk_prob": True},
         checkpoint={"fused": ["shared_gate_up_proj", "experts"]},
+    ),
+    # Kimi delta attention layers between MLA layers without rope; DeepSeek-V3's
+    # MoE (sigmoid scores, bias correction, a shared expert). transformers saves
+    # every layer's MLP under block_sparse_moe, the experts as w1/w2/w3.
+    "kimi_linear": Family(
+        "mixtral",
+        {
+            "linear_attention_type": "kimi_delta",
+            NOPE_ATTENTION: True,
+            # KimiLinearRMSNorm(kv_lora_rank): its default eps, not rms_norm_eps.
+            "mla_norm_eps": 1e-6,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+        },
+        checkpoint={
+            "tensor_names": {
+                role: f"model.layers.{{layer}}.block_sparse_moe.{path}"
+                for role, path in (
+                    ("gate_proj", "gate_proj"),
+                    ("up_proj", "up_proj"),
+                    ("down_proj", "down_proj"),
+                    ("shared_gate_proj", "shared_experts.gate_proj"),
+                    ("shared_up_proj", "shared_experts.up_proj"),
+                    ("shared_down_proj", "shared_experts.down_proj"),
+                )
+            }
+        },
     ),
 }
 
@@ -658,6 +701,9 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             att["partial_rotary_factor"] = partial
         return att, rope
     # MLA: the GQA knobs must be absent or at their neutral values.
+    latent_eps = r.get("mla_norm_eps")
+    if latent_eps is not None:
+        mla["latent_norm_eps"] = latent_eps
     att.update(type="mla", mla=mla)
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if mla[key] is None:
@@ -693,17 +739,27 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
         r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
+    if "layer_types" in windows:
+        # Linear-attention layers between the MLA layers (Kimi Linear).
+        att["layer_types"] = windows["layer_types"]
     return att, rope
 
 
 def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
     """The linear_attention section where some layer is linear_attention (a
     family's class defaults for it mean nothing otherwise)."""
+    kind = r.get("linear_attention_type", "gated_deltanet")
+    if kind == "kimi_delta":
+        return _read_kimi_delta(r, kinds)
     values = {field: r.get(concept) for concept, field in LINEAR_FIELDS.items()}
     projections = r.get("linear_projections", "grouped")
     state_dtype = r.get("mamba_ssm_dtype", "float32")
     if not kinds or "linear_attention" not in kinds:
         return None
+    if kind != "gated_deltanet":
+        r.bad(
+            f"linear_attention_type: gated_deltanet or kimi_delta, got {_short(kind)}"
+        )
     for concept, name in LINEAR_FIELDS.items():
         if values[name] is None and name != "conv_kernel_size":
             r.bad(f"{concept}: required, as some layers are linear_attention")
@@ -715,6 +771,29 @@ def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
         "projections": projections,
         "state_dtype": state_dtype,
     }
+
+
+def _read_kimi_delta(r: _Reader, kinds: list[str] | None) -> dict | None:
+    """Kimi delta attention's section: its heads are key and value heads."""
+    heads, dim = r.get("linear_num_heads"), r.get("linear_head_dim")
+    conv = r.get("linear_conv_kernel_dim")
+    state_dtype = r.get("mamba_ssm_dtype", "float32")
+    if not kinds or "linear_attention" not in kinds:
+        return None
+    for concept, value in (("linear_num_heads", heads), ("linear_head_dim", dim)):
+        if value is None:
+            r.bad(f"{concept}: required, as some layers are linear_attention")
+    out = {
+        "type": "kimi_delta",
+        "num_key_heads": heads,
+        "num_value_heads": heads,
+        "key_head_dim": dim,
+        "value_head_dim": dim,
+        "state_dtype": state_dtype,
+    }
+    if conv is not None:
+        out["conv_kernel_size"] = conv
+    return out
 
 
 def _read_rope(r: _Reader) -> tuple[dict, float | None]:
@@ -851,6 +930,12 @@ def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
             )
             return []
         return [i for i, f in enumerate(flags) if f == 0]
+    if r.facts.get(NOPE_ATTENTION):
+        return [
+            i
+            for i, kind in enumerate(_layer_kinds(windows, n_layers))
+            if kind != "linear_attention"
+        ]
     if r.facts.get(NOPE_WHEN_SLIDING) and windows.get("sliding_window") is not None:
         return [
             i
@@ -1273,6 +1358,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         )
+        if mla.latent_norm_eps is not None:
+            c["mla_norm_eps"] = mla.latent_norm_eps
+        if att.layer_types is not None:
+            c["layer_types"] = spec.layer_attention_types()
     else:
         c.update(
             num_key_value_heads=spec.num_kv_heads,
@@ -1304,7 +1393,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     c["rope_parameters"] = rope
     c["rope_interleave"] = spec.rope.interleaved
     lin = spec.linear_attention
-    if lin is not None:
+    if lin is not None and lin.type == "kimi_delta":
+        c["linear_attention_type"] = lin.type
+        c["linear_num_heads"] = lin.num_key_heads
+        c["linear_head_dim"] = lin.key_head_dim
+        c["linear_conv_kernel_dim"] = lin.conv_kernel_size
+        c["mamba_ssm_dtype"] = lin.state_dtype
+    elif lin is not None:
         for concept, name in LINEAR_FIELDS.items():
             c[concept] = getattr(lin, name)
         if lin.projections != "grouped":

@@ -53,6 +53,23 @@ _BASE: dict[str, str] = {
     "linear_conv1d": f"{_LAYER}.linear_attn.conv1d",
     "linear_norm": f"{_LAYER}.linear_attn.norm",
     "linear_out_proj": f"{_LAYER}.linear_attn.out_proj",
+    # linear attention (Kimi delta attention): Kimi Linear keeps the mixer at
+    # self_attn, which holds A_log and dt_bias; q, k and v have a convolution
+    # each, the forget gate (f_a, f_b) and the output gate (g_a, g_b) are low rank.
+    "kda_attn": f"{_LAYER}.self_attn",
+    "kda_q_proj": f"{_LAYER}.self_attn.q_proj",
+    "kda_k_proj": f"{_LAYER}.self_attn.k_proj",
+    "kda_v_proj": f"{_LAYER}.self_attn.v_proj",
+    "kda_q_conv1d": f"{_LAYER}.self_attn.q_conv1d",
+    "kda_k_conv1d": f"{_LAYER}.self_attn.k_conv1d",
+    "kda_v_conv1d": f"{_LAYER}.self_attn.v_conv1d",
+    "kda_f_a_proj": f"{_LAYER}.self_attn.f_a_proj",
+    "kda_f_b_proj": f"{_LAYER}.self_attn.f_b_proj",
+    "kda_b_proj": f"{_LAYER}.self_attn.b_proj",
+    "kda_g_a_proj": f"{_LAYER}.self_attn.g_a_proj",
+    "kda_g_b_proj": f"{_LAYER}.self_attn.g_b_proj",
+    "kda_o_norm": f"{_LAYER}.self_attn.o_norm",
+    "kda_o_proj": f"{_LAYER}.self_attn.o_proj",
     # dense MLP
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
@@ -202,8 +219,38 @@ LINEAR_ATTENTION_COMMON = (
     "linear_norm",
     "linear_out_proj",
 )
-# The parameters of the ``linear_attn`` module itself (no ``.weight``).
+# The Kimi delta attention roles of a linear-attention layer; ``kda_attn`` holds
+# the parameters A_log and dt_bias.
+KIMI_DELTA_ROLES = (
+    "kda_attn",
+    "kda_q_proj",
+    "kda_k_proj",
+    "kda_v_proj",
+    "kda_q_conv1d",
+    "kda_k_conv1d",
+    "kda_v_conv1d",
+    "kda_f_a_proj",
+    "kda_f_b_proj",
+    "kda_b_proj",
+    "kda_g_a_proj",
+    "kda_g_b_proj",
+    "kda_o_norm",
+    "kda_o_proj",
+)
+# The parameters of the ``linear_attn`` (``kda_attn``) module itself (no
+# ``.weight``).
 LINEAR_ATTENTION_PARAMS = ("A_log", "dt_bias")
+# The mixer module role of each linear-attention type.
+LINEAR_MIXER_ROLE = {"gated_deltanet": "linear_attn", "kimi_delta": "kda_attn"}
+
+
+def linear_attention_roles(kind: str, projections: str) -> tuple[str, ...]:
+    """The roles of a linear-attention layer of type ``kind`` (its projection
+    layout, for Gated DeltaNet)."""
+    if kind == "kimi_delta":
+        return KIMI_DELTA_ROLES
+    return (*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[projections])
+
 
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
@@ -230,12 +277,30 @@ LINEAR_ROLES: tuple[str, ...] = (
     "linear_in_proj_qkv",
     "linear_in_proj_z",
     "linear_out_proj",
+    # Kimi delta attention's wide projections; its low-rank gates and beta
+    # projection stay in 16 bits.
+    "kda_q_proj",
+    "kda_k_proj",
+    "kda_v_proj",
+    "kda_o_proj",
 )
 # Linear-attention Linear layers quantization keeps in 16 bits: the b/a
 # projections give each value head's decay and update rate (two numbers per head
 # and token, the most sensitive inputs of the recurrence), and vLLM's layer notes
 # that blockwise FP8 does not fit their few rows.
-LINEAR_ATTENTION_KEPT = ("linear_in_proj_ba", "linear_in_proj_b", "linear_in_proj_a")
+# Kimi delta attention's forget gate (f_a, f_b: the per-channel decay), beta
+# projection and output gate (g_a, g_b) are the same kind of few-row, per-token
+# rates.
+LINEAR_ATTENTION_KEPT = (
+    "linear_in_proj_ba",
+    "linear_in_proj_b",
+    "linear_in_proj_a",
+    "kda_f_a_proj",
+    "kda_f_b_proj",
+    "kda_b_proj",
+    "kda_g_a_proj",
+    "kda_g_b_proj",
+)
 
 # Placeholders each role's path must (and may only) contain.
 GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})

@@ -157,6 +157,14 @@ class MLA(_Section):
     )
     qk_rope_head_dim: HeadDim = Field(description="Per-head query/key dims with rope.")
     v_head_dim: HeadDim = Field(description="Per-head value dims.")
+    latent_norm_eps: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Epsilon of the latent norms (q_a, kv_a); null means norm.eps. "
+        "transformers' Kimi Linear fixes it at 1e-6 whatever rms_norm_eps says "
+        "(vLLM's layers read rms_norm_eps).",
+    )
 
 
 class Attention(_Section):
@@ -233,7 +241,7 @@ class LinearAttention(_Section):
     """The linear-attention token mixer of the layers `attention.layer_types` marks
     `linear_attention`: a recurrent state per sequence instead of a KV cache."""
 
-    type: Literal["gated_deltanet"] = Field(
+    type: Literal["gated_deltanet", "kimi_delta"] = Field(
         "gated_deltanet",
         description="`gated_deltanet`: Gated DeltaNet as Qwen3-Next has it. q, k and "
         "v pass a causal depthwise convolution with SiLU; q and k are "
@@ -241,7 +249,15 @@ class LinearAttention(_Section):
         "by exp(g), g = -exp(A_log) * softplus(a + dt_bias), and takes the delta "
         "rule update S += k (beta (v - S^T k))^T with beta = sigmoid(b); the output "
         "S^T q / sqrt(key_head_dim) is RMS-normalised per head, multiplied by "
-        "SiLU(z) and projected by out_proj.",
+        "SiLU(z) and projected by out_proj. `kimi_delta`: Kimi delta attention as "
+        "Kimi Linear has it: the same delta rule with one decay per key channel "
+        "instead of per head, g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias) "
+        "(a low-rank forget gate, rank head_dim); q, k and v have their own "
+        "convolutions (q_conv1d, k_conv1d, v_conv1d); beta = sigmoid(b_proj(x)); the "
+        "output is RMS-normalised per head, multiplied by sigmoid(g_b(g_a(x))) (a "
+        "low-rank output gate) and projected by o_proj. Its heads are both key and "
+        "value heads (num_key_heads = num_value_heads, key_head_dim = "
+        "value_head_dim).",
     )
     num_key_heads: HeadCount = Field(description="Query/key heads.")
     num_value_heads: HeadCount = Field(
@@ -255,7 +271,8 @@ class LinearAttention(_Section):
     )
     projections: Literal["grouped", "split"] = Field(
         "grouped",
-        description="How the checkpoint stores the input projections: `grouped` "
+        description="(gated_deltanet) How the checkpoint stores the input "
+        "projections: `grouped` "
         "(Qwen3-Next) as in_proj_qkvz and in_proj_ba, rows interleaved per key "
         "head (q, k, then that head's v and z; its b, then its a); `split` "
         "(Qwen3.5) as in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b and "

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from onboard.errors import InputError
 from onboard.spec.layouts import (
+    KIMI_DELTA_ROLES,
     LAYER_NORM_ROLES,
-    LINEAR_ATTENTION_COMMON,
-    LINEAR_ATTENTION_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
+    linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec
 
@@ -73,9 +73,11 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "linear_conv1d",
             "linear_norm",
             "linear_out_proj",
+            *KIMI_DELTA_ROLES[1:],
         ),
         ("linear",),
     ),
+    "kda_attn": (),
     **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
@@ -159,7 +161,7 @@ def used_roles(spec: ModelSpec) -> list[str]:
     if lin is not None and any(
         spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
     ):
-        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
+        roles += linear_attention_roles(lin.type, lin.projections)
     moe = spec.mlp.moe
     fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
@@ -269,7 +271,7 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             raise bad(role, shape)
         claim("base", parts[0], role, shape)
         claim("layers", parts[1], role, shape)
-        if role == "linear_attn":
+        if role in ("linear_attn", "kda_attn"):
             # The mixer module is also the container of its modules.
             claim("linear", parts[-1], role, shape)
         for slot, part in zip(slots, parts[3:-1], strict=True):
@@ -367,9 +369,13 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     # What hangs directly off a decoder layer: the dense MLP and the MoE block may
     # share a name (a layer has one or the other), nothing else may.
     on_layer = [
-        names[r] for r in roles if _LAYER_SLOTS.get(r) == () and r != "linear_attn"
+        names[r]
+        for r in roles
+        if _LAYER_SLOTS.get(r) == () and r not in ("linear_attn", "kda_attn")
     ]
-    on_layer += [names[c] for c in ("attn", "linear", "shared_head") if c in names]
+    on_layer += [names[c] for c in ("shared_head",) if c in names]
+    # Attention and linear attention may share a name too (Kimi Linear's self_attn).
+    on_layer += sorted({names[c] for c in ("attn", "linear") if c in names})
     if names.get("shared_parent") == "layer":
         on_layer.append(names["shared"])
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})

@@ -78,8 +78,6 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
     late = [i for i in nope if i >= spec.num_hidden_layers]
     if late:
         report(where, f"layers {late} do not exist ({spec.num_hidden_layers} layers)")
-    if spec.attention.type == "mla":
-        report(where, "MLA keeps its rope dims apart; NoPE layers are not expressible")
     for layer, target in spec.attention.kv_sharing.items():
         if spec.uses_rope(layer) != spec.uses_rope(target):
             report(
@@ -157,11 +155,13 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         "num_kv_heads",
         "head_dim",
         "sliding_window",
-        "layer_types",
         "sliding_window_pattern",
     ):
         if getattr(att, field) is not None:
             report(a + (field,), f"{field} does not apply to MLA attention")
+    if att.layer_types is not None and "sliding_attention" in att.layer_types:
+        # MLA layers attend fully; linear-attention layers may sit between them.
+        report(a + ("layer_types",), "MLA attention has no sliding_attention layers")
     if att.qk_norm or att.qkv_bias:
         report(
             a + ("qk_norm" if att.qk_norm else "qkv_bias",),
@@ -253,14 +253,16 @@ def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
             "every layer is linear_attention; a model of linear-attention layers "
             "only is not generated (keep at least one attention layer)",
         )
-    if lin.num_value_heads % lin.num_key_heads:
+    if lin.type == "kimi_delta":
+        _kimi_delta_rules(spec, report)
+    elif lin.num_value_heads % lin.num_key_heads:
         report(
             where + ("num_value_heads",),
             f"num_value_heads ({lin.num_value_heads}) must be a multiple of "
             f"num_key_heads ({lin.num_key_heads})",
         )
-    if att.type == "mla":
-        report(where, "linear-attention layers beside MLA layers are not generated")
+    if att.type == "mla" and lin.type == "gated_deltanet":
+        report(where, "Gated DeltaNet layers beside MLA layers are not generated")
     # vLLM's GDN layer reads these from the model's settings (rms_norm_eps for its
     # gated norm, hidden_act for its convolution, whose CPU kernel applies SiLU or
     # nothing); transformers' Qwen3-Next reads the same keys.
@@ -293,6 +295,30 @@ def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
                 "a linear-attention layer has a recurrent state, not a KV cache to "
                 "share",
             )
+
+
+def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
+    """Kimi delta attention's heads are key and value heads at once."""
+    lin = spec.linear_attention
+    assert lin is not None
+    where: Path = ("linear_attention",)
+    if lin.num_value_heads != lin.num_key_heads:
+        report(
+            where + ("num_value_heads",),
+            f"kimi_delta has one kind of head: num_value_heads ({lin.num_value_heads})"
+            f" must equal num_key_heads ({lin.num_key_heads})",
+        )
+    if lin.value_head_dim != lin.key_head_dim:
+        report(
+            where + ("value_head_dim",),
+            f"kimi_delta has one head dim: value_head_dim ({lin.value_head_dim}) must "
+            f"equal key_head_dim ({lin.key_head_dim})",
+        )
+    if lin.projections != "grouped":
+        report(
+            where + ("projections",),
+            "projections applies to gated_deltanet; kimi_delta stores q, k and v apart",
+        )
 
 
 def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
@@ -592,6 +618,8 @@ GENERATED_NAMES = frozenset(
         "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
         "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
         "QwenGatedDeltaNetAttention",
+        # linear attention (Kimi delta attention, the reference's classes)
+        "KimiDeltaAttention", "KimiGatedRMSNorm",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.

@@ -92,12 +92,18 @@ GUARDED = {
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
-              "role linear_norm"),
+              "role linear_norm", "role kda_o_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
                          "role linear_in_proj_a"),
+    # Kimi delta attention's convolutions, A_log / dt_bias, gates and beta.
+    "kimi delta attention": ("role kda_q_conv1d", "role kda_k_conv1d",
+                             "role kda_v_conv1d", "role kda_attn",
+                             "role kda_f_a_proj", "role kda_f_b_proj",
+                             "role kda_b_proj", "role kda_g_a_proj",
+                             "role kda_g_b_proj"),
     # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
@@ -409,7 +415,8 @@ def untouched_tensors(
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
     if spec.linear_attention is not None:
-        must.append("linear attention")
+        kda = spec.linear_attention.type == "kimi_delta"
+        must.append("kimi delta attention" if kda else "linear attention")
     if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
         must.append("stacked experts")
     problems += [
