@@ -311,6 +311,19 @@ def test_config_round_trip_and_rules():
         "full_attention, full_attention, full_attention, full_attention",
     )
     assert ("linear_attention",) in _rules(orphan)
+    scaled = HYBRID.replace("PROJECTIONS", "grouped") + "residual_multiplier: 0.5\n"
+    assert ("residual_multiplier",) in _rules(scaled)
+
+
+def test_from_hf_refuses_qwen3_next_by_its_norms():
+    """Qwen3-Next's config reads as this spec but for its norms, which scale by
+    1 + weight: `spec from-hf` refuses it, naming them (the parity test above
+    shifts the norms by one)."""
+    from onboard.errors import InputError
+
+    config = qwen3_next().config.to_dict()
+    with pytest.raises(InputError, match=r"norm: .*1 \+ weight"):
+        spec_from_hf_config(config)
 
 
 def _rules(text: str) -> dict:
