@@ -16,6 +16,7 @@ from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
+from onboard.spec import hf
 from onboard.spec.hf import spec_from_hf_config
 from onboard.spec.model import ModelSpec
 
@@ -121,7 +122,7 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     assert "not proven (--no-verify)" in out.read_text()
 
 
-def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
+def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path, monkeypatch):
     # Ministral is Llama's block under another model_type: proven, so accepted.
     config = transformers.MinistralConfig(**SMALL, head_dim=16).to_dict()
     with pytest.raises(InputError, match="has not verified"):
@@ -129,9 +130,11 @@ def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path):
     spec = spec_from_hf_config(config, unverified=True)
     assert prove_spec(spec, config).max_rel_diff < RTOL
     # Gemma scales the embedding by sqrt(hidden_size) (and its norms by 1 + w),
-    # which its config does not say.
+    # which its config does not say: without the family's facts, the proof fails.
+    monkeypatch.delitem(hf.FAMILIES, "gemma")
     config = transformers.GemmaConfig(**SMALL).to_dict()
     spec = spec_from_hf_config(config, unverified=True)
+    assert not spec.scale_embedding
     with pytest.raises(ProofFailed, match=r"the embedding \(before layer 0\)"):
         prove_spec(spec, config)
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from onboard.arch.config_keys import ConfigKeys
-from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
+from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -55,12 +55,16 @@ class Attention:
     window: int | None  # sliding window in tokens; None: full attention
     kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
+    rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
+    rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
     qk_norm: bool
     qk_norm_scope: Literal["head", "projection"]  # per head, or all heads at once
     qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
+    query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
+    logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
 
     @property
@@ -114,16 +118,22 @@ MLP = DenseMLP | MoEMLP
 @dataclass(frozen=True)
 class Norms:
     """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
-    ``post`` their outputs (before each residual add)."""
+    ``post`` their outputs (before each residual add), ``sandwich`` both."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post"]
+    placement: Literal["pre", "post", "sandwich"]
+    unit_offset: bool  # RMSNorm by (1 + weight), in float32 (Gemma)
 
     @property
-    def roles(self) -> tuple[str, str]:
-        """Its checkpoint roles: (the one around attention, the one around the MLP)."""
+    def roles(self) -> tuple[str, ...]:
+        """Its checkpoint roles, in the order the layer runs them."""
         return LAYER_NORM_ROLES[self.placement]
+
+    def at(self, site: str) -> str | None:
+        """The role normalising ``site`` (``attention_input``,
+        ``attention_output``, ``mlp_input``, ``mlp_output``), or None."""
+        return next((r for r in self.roles if NORM_SITES[r] == site), None)
 
 
 @dataclass(frozen=True)
@@ -222,8 +232,16 @@ class ArchPlan:
     def attention(self) -> Attention:
         """The attention every block shares, without the per-layer sliding
         window, KV source and rope (kind, heads, dims: one for the whole
-        model)."""
-        return replace(self.layers[0].mixer, window=None, kv_source=None, rope=True)
+        model; the full-attention layers' rope)."""
+        theta, scaling = self.spec.rope.theta, self.spec.rope.scaling
+        return replace(
+            self.layers[0].mixer,
+            window=None,
+            kv_source=None,
+            rope=True,
+            rope_theta=theta,
+            rope_scaling=scaling.type if scaling else None,
+        )
 
     @property
     def dense(self) -> DenseMLP | None:
@@ -258,7 +276,9 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement)
+    norms = Norms(
+        spec.norm.type, spec.norm.eps, spec.norm.placement, spec.norm.unit_offset
+    )
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 
@@ -297,6 +317,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
     att = spec.attention
     mla = att.mla
+    theta, scaling = spec.layer_rope(spec.num_hidden_layers if layer is None else layer)
     return Attention(
         kind=att.type,
         num_heads=att.num_heads,
@@ -305,12 +326,16 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         window=att.sliding_window if sliding else None,
         kv_source=None if layer is None else att.kv_sharing.get(layer),
         rope=layer is None or spec.uses_rope(layer),
+        rope_theta=theta,
+        rope_scaling=scaling.type if scaling else None,
         qk_norm=att.qk_norm,
         qk_norm_scope=att.qk_norm_scope,
         qk_norm_after_rope=att.qk_norm_after_rope,
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        query_pre_attn_scalar=att.query_pre_attn_scalar,
+        logit_softcap=att.logit_softcap,
         mla=None
         if mla is None
         else MLADims(

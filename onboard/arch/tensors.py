@@ -18,10 +18,11 @@ from onboard.spec.model import ModelSpec
 class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
-    the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
-    tensor, e.g. MTP heads sharing the output head).
+    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
+    that scales by 1 + weight), ``bias``, ``router_bias``, ``head`` (scaled output
+    head), ``head_norm`` (a norm carrying the head's scale, tied embeddings; with
+    ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same values as
+    another tensor, e.g. MTP heads sharing the output head).
     """
 
     name: str
@@ -54,7 +55,7 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
         plans.append(TensorPlan(name, shape, init, layer))
 
     def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
-        add(role, (size,), init, layer)
+        add(role, (size,), _norm_init(spec, init), layer)
         if spec.norm.type == "layernorm":
             add(role, (size,), "bias", layer, suffix="bias")
 
@@ -107,8 +108,10 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
             )
         )
 
-    def norm(role: str, size: int) -> None:
-        add(role, (size,), "ones")
+    def norm(role: str | None, size: int) -> None:
+        if role is None:
+            return
+        add(role, (size,), _norm_init(spec, "ones"))
         if block.norms.kind == "layernorm":
             add(role, (size,), "bias", suffix="bias")
 
@@ -119,9 +122,8 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    attention_norm, mlp_norm = block.norms.roles
-    if block.norms.placement == "pre":
-        norm(attention_norm, h)
+    norms = block.norms
+    norm(norms.at("attention_input"), h)
     if att.mla is not None:
         mla = att.mla
         assert mla is not None
@@ -130,10 +132,10 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
             linear("q_proj", att.num_heads * qk_head, h)
         else:
             linear("q_a_proj", mla.q_lora_rank, h)
-            add("q_a_norm", (mla.q_lora_rank,), "ones")
+            add("q_a_norm", (mla.q_lora_rank,), _norm_init(spec, "ones"))
             linear("q_b_proj", att.num_heads * qk_head, mla.q_lora_rank)
         linear("kv_a_proj", mla.kv_lora_rank + mla.qk_rope_head_dim, h)
-        add("kv_a_norm", (mla.kv_lora_rank,), "ones")
+        add("kv_a_norm", (mla.kv_lora_rank,), _norm_init(spec, "ones"))
         linear(
             "kv_b_proj",
             att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim),
@@ -149,10 +151,11 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
         if att.qk_norm:
             whole = att.qk_norm_scope == "projection"
-            add("q_norm", (att.num_heads * hd if whole else hd,), "ones")
-            add("k_norm", (kv * hd if whole else hd,), "ones")
-    # pre: the MLP's input norm; post: attention's output norm (same place).
-    norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
+            qk_init = _norm_init(spec, "ones")
+            add("q_norm", (att.num_heads * hd if whole else hd,), qk_init)
+            add("k_norm", (kv * hd if whole else hd,), qk_init)
+    norm(norms.at("attention_output"), h)
+    norm(norms.at("mlp_input"), h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
@@ -162,9 +165,15 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         linear("down_proj", h, inter)
     else:
         _moe_tensors(m, h, add, linear)
-    if block.norms.placement == "post":
-        norm(mlp_norm, h)
+    norm(norms.at("mlp_output"), h)
     return out
+
+
+def _norm_init(spec: ModelSpec, init: str) -> str:
+    """A norm weight's init: a 1 + weight norm (Gemma) holds the scale less one."""
+    if not spec.norm.unit_offset:
+        return init
+    return {"ones": "zeros", "head_norm": "head_norm+1"}[init]
 
 
 def _moe_tensors(

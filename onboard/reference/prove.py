@@ -96,7 +96,11 @@ def family_model(spec: ModelSpec, config: dict[str, Any]) -> Iterator[FamilyMode
             tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
             tiny.update(overrides)
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+            # Eager attention is transformers' reference math: SDPA drops what it
+            # cannot express (Gemma-2's attention soft-capping).
+            model = AutoModelForCausalLM.from_config(
+                tiny, dtype=torch.float32, attn_implementation="eager"
+            )
     except Exception as exc:  # transformers' own code on a config it accepted
         raise ProofFailed(
             f"{spec.name}: transformers' {cls.__name__} cannot build the tiny model "

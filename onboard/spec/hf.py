@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
 # ---- the alias table -----------------------------------------------------------
@@ -44,9 +44,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings",),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "hidden_act": ("hidden_act", "hidden_activation"),
+    "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
+    "final_logit_softcapping": ("final_logit_softcapping",),
     "rms_norm_eps": ("rms_norm_eps",),
     "layer_norm_eps": ("layer_norm_eps",),
     "norm_placement": ("norm_placement",),
+    "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -58,6 +61,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
+    "attn_logit_softcapping": ("attn_logit_softcapping",),
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
@@ -164,7 +169,11 @@ class Family:
     facts: dict[str, Any] = field(default_factory=dict)
     # Alias keys vLLM's in-tree model reads although transformers' class does not.
     vllm_keys: tuple[str, ...] = ()
+    # Roles the family stores at another path than its layout preset's.
+    tensor_names: dict[str, str] = field(default_factory=dict)
 
+
+_GEMMA = {"scale_embedding": True, "norm_unit_offset": True}
 
 # The verified families. A model type transformers knows but that is not here is
 # refused: its block structure (norm placement, MLP form, fused tensors) is not in
@@ -203,6 +212,29 @@ FAMILIES: dict[str, Family] = {
         "llama",
         {"qk_norm": True, "norm_placement": "post", NOPE_WHEN_SLIDING: True},
     ),
+    # Gemma: the embeddings scaled by sqrt(hidden_size), every RMSNorm by
+    # (1 + weight); Gemma-2/3 add the output norms (sandwich blocks), Gemma-3
+    # per-head q/k norms. Gemma-3's attention never reads attn_logit_softcapping.
+    "gemma": Family("llama", dict(_GEMMA)),
+    "gemma2": Family("llama", {**_GEMMA, "norm_placement": "sandwich"}),
+    "gemma3_text": Family(
+        "llama",
+        {
+            **_GEMMA,
+            "norm_placement": "sandwich",
+            "qk_norm": True,
+            "attn_logit_softcapping": None,
+        },
+    ),
+    # Gemma-2's block without the output norms: its MLP's input norm keeps
+    # Gemma-2's name.
+    "vaultgemma": Family(
+        "llama",
+        dict(_GEMMA),
+        tensor_names={
+            "post_attention_norm": "model.layers.{layer}.pre_feedforward_layernorm"
+        },
+    ),
 }
 
 # Concepts a family's modeling code may fix instead of reading a key, with the
@@ -216,7 +248,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm_after_rope": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
-    "norm_placement": ("pre", "post"),
+    "norm_placement": ("pre", "post", "sandwich"),
     "rope_interleave": (False, True),
     "n_shared_experts": (0, 1),  # HunYuan-MoE: one shared MLP, no count key
     "shared_expert_gate": (False, True),
@@ -285,6 +317,8 @@ class _Known:
     declared: frozenset[str]  # keys the class writes
     attribute_map: dict[str, str]  # alias -> declared key
     reads: frozenset[str]  # declared keys and those its modeling code reads
+    # rope_parameters keyed by layer type (Gemma-3, OLMo-3), not one for all layers
+    rope_by_kind: bool = False
 
 
 _CONFIG_READ = re.compile(
@@ -325,10 +359,26 @@ def _known(model_type: str) -> _Known:
 
     cls = CONFIG_MAPPING[model_type]
     with quiet_transformers():
-        declared = frozenset(cls().to_dict())
+        defaults = cls().to_dict()
+    declared = frozenset(defaults)
     attribute_map = dict(getattr(cls, "attribute_map", {}) or {})
     reads = declared | {attribute_map.get(k, k) for k in _modeling_reads(cls)}
-    return _Known(cls, declared, attribute_map, frozenset(reads))
+    return _Known(
+        cls,
+        declared,
+        attribute_map,
+        frozenset(reads),
+        rope_by_kind=_by_kind(defaults.get("rope_parameters")),
+    )
+
+
+def _by_kind(params: Any) -> bool:
+    """Whether ``rope_parameters`` holds one dict per layer type."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and all(isinstance(v, dict) for v in params.values())
+    )
 
 
 # What an unverified transformers family is read as, before its proof: the Llama
@@ -418,18 +468,20 @@ class _Reader:
         self.used.update(keys)
         if self.fixed and concept in self.facts:
             return self.facts[concept]
-        values = [self.cfg[k] for k in keys]
+        # An alias set to null is unset (vLLM's Gemma reads hidden_activation
+        # so, beside hidden_act).
+        values = [self.cfg[k] for k in keys if self.cfg[k] is not None]
         if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
             self.problems.append(f"{shown}: aliases of one concept disagree")
-        if values and values[0] is not None:
+        if values:
             return values[0]
-        if not values and concept in self.facts:
+        if not keys and concept in self.facts:
             return self.facts[concept]
         if default is REQUIRED:
             self.problems.append(f"{concept}: required, but the config does not set it")
             return None
-        return None if values else default
+        return None if keys else default
 
     def count(self, concept: str, default: int, minimum: int) -> int:
         """An integer concept; a wrong type or a too small value is a problem."""
@@ -464,6 +516,8 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
     spec["activation"] = act
+    spec["scale_embedding"] = bool(r.get("scale_embedding", False))
+    spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
@@ -471,6 +525,7 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
         "type": "rmsnorm" if rms is not None else "layernorm",
         "eps": rms if rms is not None else ln,
         "placement": r.get("norm_placement", "pre"),
+        "unit_offset": bool(r.get("norm_unit_offset", False)),
     }
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
@@ -496,6 +551,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
     partial = r.get("partial_rotary_factor")
+    scalar = r.get("query_pre_attn_scalar")
+    softcap = r.get("attn_logit_softcapping")
     rope, rope_partial = _read_rope(r)
     if partial is not None and rope_partial is not None and partial != rope_partial:
         r.bad(
@@ -504,6 +561,10 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         )
     partial = partial if partial is not None else rope_partial
     windows = _read_windows(r, n_layers)
+    if windows.get("sliding_window") is None or "sliding_attention" not in (
+        _layer_kinds(windows, n_layers)
+    ):
+        rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
     sharing = _read_kv_sharing(r, n_layers)
     mla = {
@@ -529,6 +590,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             **qk_norm_form,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
+            query_pre_attn_scalar=scalar,
+            logit_softcap=softcap,
             kv_sharing=sharing,
             **windows,
         )
@@ -563,6 +626,12 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_bias: biased MLA projections are not expressible")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
+    for key, value in (
+        ("query_pre_attn_scalar", scalar),
+        ("attn_logit_softcapping", softcap),
+    ):
+        if value is not None:
+            r.bad(f"{key}={value!r}: not expressible for MLA attention")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
@@ -574,43 +643,89 @@ def _read_rope(r: _Reader) -> tuple[dict, float | None]:
     params = r.get("rope_parameters") or {}
     legacy = r.get("rope_scaling") or {}
     theta_legacy = r.get("rope_theta")
+    interleaved = bool(r.get("rope_interleave", False))
     if not isinstance(params, dict) or not isinstance(legacy, dict):
         r.bad("rope_parameters / rope_scaling: must be a mapping")
         return {}, None
-    if params and all(isinstance(v, dict) for v in params.values()):
-        r.bad("rope_parameters: per-layer-type rope parameters are not expressible")
+    if _by_kind(params):
+        return _read_rope_by_kind(r, params, legacy or theta_legacy, interleaved)
+    rope, partial = _rope_entry(
+        r, {**legacy, **params}, theta_legacy, "rope_parameters"
+    )
+    return {**rope, "interleaved": interleaved}, partial
+
+
+def _read_rope_by_kind(
+    r: _Reader, params: dict, legacy: Any, interleaved: bool
+) -> tuple[dict, float | None]:
+    """Gemma-3 / OLMo-3: ``rope_parameters`` per layer type. The full-attention
+    layers' is the spec's rope, the sliding layers' its ``sliding`` where it
+    differs."""
+    other = sorted(set(params) - set(LAYER_KINDS))
+    if other:
+        r.bad(
+            f"rope_parameters: per-layer-type rope parameters for {other} are not "
+            f"expressible (only {' / '.join(LAYER_KINDS)})"
+        )
         return {}, None
-    merged = {**legacy, **params}
+    if legacy:
+        r.bad("rope_parameters per layer type beside rope_theta / rope_scaling")
+    if "full_attention" not in params:
+        r.bad("rope_parameters.full_attention: required beside sliding_attention")
+        return {}, None
+    full, partial = _rope_entry(
+        r, dict(params["full_attention"]), None, "rope_parameters.full_attention"
+    )
+    rope = {**full, "interleaved": interleaved}
+    if "sliding_attention" in params:
+        sliding, sliding_partial = _rope_entry(
+            r,
+            dict(params["sliding_attention"]),
+            None,
+            "rope_parameters.sliding_attention",
+        )
+        if sliding_partial != partial:
+            r.bad(
+                "rope_parameters: partial_rotary_factor differs between the layer "
+                f"types ({partial!r}, {sliding_partial!r})"
+            )
+        if sliding != full:
+            rope["sliding"] = sliding
+    return rope, partial
+
+
+def _rope_entry(
+    r: _Reader, merged: dict, theta_legacy: Any, where: str
+) -> tuple[dict, float | None]:
+    """One rope's theta and scaling (``where`` names it in messages), and its
+    partial rotary factor."""
     theta = merged.pop("rope_theta", None)
     if theta is not None and theta_legacy is not None and theta != theta_legacy:
-        r.bad(f"rope_theta={theta_legacy!r} disagrees with rope_parameters.rope_theta")
+        r.bad(f"rope_theta={theta_legacy!r} disagrees with {where}.rope_theta")
     theta = theta if theta is not None else theta_legacy
     kind, legacy_kind = merged.pop("rope_type", None), merged.pop("type", None)
     if kind and legacy_kind and kind != legacy_kind:
-        r.bad(f"rope_parameters: rope_type={kind!r} but type={legacy_kind!r}")
+        r.bad(f"{where}: rope_type={kind!r} but type={legacy_kind!r}")
     kind = kind or legacy_kind or "default"
     partial = merged.pop("partial_rotary_factor", None)
     if merged.get("truncate", True) is True:
         merged.pop("truncate", None)  # yarn's default; anything else is refused below
-    rope: dict[str, Any] = {
-        "theta": theta if theta is not None else 10000.0,
-        "interleaved": bool(r.get("rope_interleave", False)),
-    }
+    rope: dict[str, Any] = {"theta": theta if theta is not None else 10000.0}
     if kind not in ("default", *ROPE_FIELDS):
         r.bad(
-            f"rope_parameters.rope_type={kind!r}: not expressible (default, "
+            f"{where}.rope_type={kind!r}: not expressible (default, "
             f"{', '.join(ROPE_FIELDS)})"
         )
         return rope, partial
     if kind != "default":
         if "factor" not in merged:
-            r.bad(f"rope_parameters.factor: required for rope_type {kind}")
+            r.bad(f"{where}.factor: required for rope_type {kind}")
         rope["scaling"] = {
             "type": kind,
             **{k: merged.pop(k) for k in ROPE_FIELDS[kind] if k in merged},
         }
     for key in merged:
-        r.bad(f"rope_parameters.{key}: not expressible for rope_type {kind}")
+        r.bad(f"{where}.{key}: not expressible for rope_type {kind}")
     return rope, partial
 
 
@@ -913,12 +1028,28 @@ def spec_from_hf_config(
         # What every reader sees: all keys, the family's facts only where absent.
         data, reader = _read(cfg, facts, fixed=False)
         problems = list(reader.problems)
+        if known is not None and not known.rope_by_kind:
+            if _by_kind(cfg.get("rope_parameters")):
+                problems.append(
+                    f"rope_parameters: per layer type, but transformers' "
+                    f"{known.cls.__name__} has one rope for every layer"
+                )
         if known is not None:
             # What transformers' class computes: the keys it reads, facts enforced.
             declared = {k: v for k, v in cfg.items() if k in known.reads}
             as_class, class_reader = _read(declared, facts, fixed=True)
             problems += [p for p in class_reader.problems if p not in problems]
-            problems += _contradictions(data, as_class, model_type, known)
+            contradictions = _contradictions(data, as_class, model_type, known)
+            unread = sorted(
+                k for k in reader.used - known.reads if cfg.get(k) is not None
+            )
+            if contradictions and unread:
+                # Name the keys behind them that the class never reads.
+                contradictions.append(
+                    f"{', '.join(unread)}: transformers' {known.cls.__name__} does "
+                    "not read it, so its model ignores what it says"
+                )
+            problems += contradictions
     except (TypeError, ValueError, AttributeError) as exc:
         # Safety net for value types the checks above do not anticipate.
         raise InputError(
@@ -950,12 +1081,15 @@ def spec_from_hf_config(
             f"{source}: cannot map this config to a spec without changing the model:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
+    checkpoint: dict[str, Any] = {"layout": family.layout if family else "llama"}
+    if family is not None and family.tensor_names:
+        checkpoint["tensor_names"] = dict(family.tensor_names)
     data = {
         "name": name or model_type.replace("_", "-"),
         "architecture": architectures[0],
         "model_type": model_type,
         **data,
-        "checkpoint": {"layout": family.layout if family else "llama"},
+        "checkpoint": checkpoint,
     }
     return _validated(data, source)
 
@@ -973,8 +1107,12 @@ def _contradictions(
 ) -> list[str]:
     """Fields where the config's keys say one thing and the class does another."""
     out = []
-    for path, ours in _flatten(data).items():
-        theirs = _flatten(as_class).get(path)
+    ours_all, theirs_all = (
+        _flatten(_kinds_listed(data)),
+        _flatten(_kinds_listed(as_class)),
+    )
+    for path, ours in ours_all.items():
+        theirs = theirs_all.get(path)
         if ours != theirs:
             out.append(
                 f"{path}: the config says {ours!r}, but transformers' "
@@ -982,6 +1120,21 @@ def _contradictions(
                 "read either; fix the config)"
             )
     return out
+
+
+def _kinds_listed(data: dict) -> dict:
+    """``data`` with its sliding layers as a per-layer list, however the config
+    placed them (Gemma-3's class derives layer_types from a sliding_window_pattern
+    key it does not declare)."""
+    att = data.get("attention")
+    n = data.get("num_hidden_layers")
+    if not isinstance(att, dict) or att.get("sliding_window") is None:
+        return data
+    if not isinstance(n, int) or "sliding_window_pattern" not in att:
+        return data
+    att = {k: v for k, v in att.items() if k != "sliding_window_pattern"}
+    att["layer_types"] = _layer_kinds(data["attention"], n)
+    return {**data, "attention": att}
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -1056,17 +1209,19 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
         "num_attention_heads": att.num_heads,
     }
+    # Gemma's parts, written only where the spec has them.
+    if spec.scale_embedding:
+        c["scale_embedding"] = True
+    if spec.final_logit_softcap is not None:
+        c["final_logit_softcapping"] = spec.final_logit_softcap
+    if spec.norm.unit_offset:
+        c["norm_unit_offset"] = True
     if spec.norm.placement != "pre":
         c["norm_placement"] = spec.norm.placement
-    rope: dict[str, Any] = {
-        "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
-        "rope_theta": spec.rope.theta,
-    }
-    if spec.rope.scaling:
-        rope.update(spec.rope.scaling.model_dump(exclude={"type"}, exclude_none=True))
-        if rope["rope_type"] in ("yarn", "llama3"):
-            # transformers fills it in and vLLM's get_rope needs it: be explicit.
-            rope.setdefault("original_max_position_embeddings", _original_max(spec))
+    rope = _rope_params(spec, spec.rope.theta, spec.rope.scaling)
+    sliding_rope = spec.rope.sliding and _rope_params(
+        spec, spec.rope.sliding.theta, spec.rope.sliding.scaling
+    )
     if att.type == "mla":
         mla = att.mla
         c.update(
@@ -1090,9 +1245,14 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_scope"] = att.qk_norm_scope
         if att.qk_norm_after_rope:
             c["qk_norm_after_rope"] = True
+        if att.query_pre_attn_scalar is not None:
+            c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
+        if att.logit_softcap is not None:
+            c["attn_logit_softcapping"] = att.logit_softcap
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
-            rope["partial_rotary_factor"] = att.partial_rotary_factor
+            for params in (rope, sliding_rope or {}):
+                params["partial_rotary_factor"] = att.partial_rotary_factor
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()
@@ -1102,7 +1262,12 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["kv_sharing_target_layers"] = [
                 att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
             ]
-    c["rope_parameters"] = rope
+    # Per layer type where the sliding layers rotate otherwise (Gemma-3's keys).
+    c["rope_parameters"] = (
+        {"sliding_attention": sliding_rope, "full_attention": rope}
+        if sliding_rope
+        else rope
+    )
     c["rope_interleave"] = spec.rope.interleaved
     if spec.rope.nope_layers:
         c["no_rope_layers"] = [
@@ -1143,6 +1308,24 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     return c
 
 
+def _rope_params(
+    spec: ModelSpec, theta: float, scaling: RopeScaling | None
+) -> dict[str, Any]:
+    """One rope as config.json's ``rope_parameters`` states it."""
+    rope: dict[str, Any] = {
+        "rope_type": scaling.type if scaling else "default",
+        "rope_theta": theta,
+    }
+    if scaling:
+        rope.update(scaling.model_dump(exclude={"type"}, exclude_none=True))
+        if rope["rope_type"] in ("yarn", "llama3"):
+            # transformers fills it in and vLLM's get_rope needs it: be explicit.
+            rope.setdefault(
+                "original_max_position_embeddings", _original_max(spec, scaling)
+            )
+    return rope
+
+
 def hf_config_from_spec(spec: ModelSpec) -> dict:
     """The config.json content for a spec.
 
@@ -1178,6 +1361,23 @@ def _write_known(
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+    # The class's defaults are Gemma's: state what the spec has instead.
+    defaults: dict[str, Any] = {
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+    }
+    if spec.attention.type == "gqa":
+        defaults["query_pre_attn_scalar"] = spec.head_dim
+    concepts = {**defaults, **concepts}
+    if known.rope_by_kind and not _by_kind(concepts["rope_parameters"]):
+        rope = concepts["rope_parameters"]
+        concepts = {
+            **concepts,
+            "rope_parameters": {
+                "sliding_attention": dict(rope),
+                "full_attention": rope,
+            },
+        }
     moe = spec.mlp.moe
     if (
         moe is not None
@@ -1278,9 +1478,10 @@ def _check_round_trip(
         )
 
 
-def _original_max(spec: ModelSpec) -> int:
-    """yarn / llama3 pre-extension length; unset means max_position_embeddings."""
-    scaling = spec.rope.scaling
+def _original_max(spec: ModelSpec, scaling: RopeScaling | None = None) -> int:
+    """yarn / llama3 pre-extension length of ``scaling`` (default: the spec's);
+    unset means max_position_embeddings."""
+    scaling = scaling or spec.rope.scaling
     if scaling is not None and scaling.original_max_position_embeddings is not None:
         return scaling.original_max_position_embeddings
     return spec.max_position_embeddings
@@ -1295,13 +1496,25 @@ def hf_fields(spec: ModelSpec) -> dict:
     shared experts' total width, and the dense width only where a layer is dense.
     """
     data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
-    if data["rope"]["scaling"] and data["rope"]["scaling"]["type"] != "linear":
-        data["rope"]["scaling"]["original_max_position_embeddings"] = _original_max(
-            spec
-        )
+    rope = data["rope"]
+    for part, scaling in (
+        (rope, spec.rope.scaling),
+        (rope["sliding"], spec.rope.sliding and spec.rope.sliding.scaling),
+    ):
+        if scaling is not None and scaling.type != "linear":
+            part["scaling"]["original_max_position_embeddings"] = _original_max(
+                spec, scaling
+            )
+    if rope["sliding"] is not None and (
+        rope["sliding"] == {"theta": rope["theta"], "scaling": rope["scaling"]}
+        or "sliding_attention" not in spec.layer_attention_types()
+    ):
+        rope["sliding"] = None  # every layer rotates alike
     att = data["attention"]
     if spec.attention.type == "gqa":
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+        if att["query_pre_attn_scalar"] is None:
+            att["query_pre_attn_scalar"] = spec.head_dim
     att["layer_types"] = spec.layer_attention_types()
     att.pop("sliding_window_pattern")
     moe = data["mlp"]["moe"]

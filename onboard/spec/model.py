@@ -79,12 +79,19 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post"] = Field(
+    placement: Literal["pre", "post", "sandwich"] = Field(
         "pre",
         description="Where a decoder layer normalises: `pre` normalises the input "
         "of attention and of the MLP (Llama); `post` normalises their outputs, "
         "before each residual add, and the layer input is not normalised "
-        "(OLMo-2, EXAONE-4).",
+        "(OLMo-2, EXAONE-4); `sandwich` normalises both the inputs and the "
+        "outputs (Gemma-2/3).",
+    )
+    unit_offset: bool = Field(
+        False,
+        description="RMSNorm scales by (1 + weight) instead of weight, the product "
+        "taken in float32 before the cast back (Gemma). Every RMSNorm of the "
+        "model, q/k norms included.",
     )
 
 
@@ -116,6 +123,15 @@ class RopeScaling(_Section):
     )
 
 
+class SlidingRope(_Section):
+    """The rotary embedding of the sliding-attention layers."""
+
+    theta: float = Field(gt=0, description="Rotary base frequency.")
+    scaling: RopeScaling | None = Field(
+        None, description="Context-extension scaling; null for plain rope."
+    )
+
+
 class Rope(_Section):
     """Rotary position embedding."""
 
@@ -132,6 +148,13 @@ class Rope(_Section):
         default_factory=list,
         description="Layers whose attention uses no rotary embedding (NoPE; "
         "SmolLM3's every fourth layer, EXAONE-4's full-attention layers).",
+    )
+    sliding: SlidingRope | None = Field(
+        None,
+        description="Theta and scaling of the sliding-attention layers where they "
+        "differ from the full-attention layers' (Gemma-3's local base frequency); "
+        "`theta` and `scaling` above are then the full-attention layers'. Null: "
+        "every layer rotates alike.",
     )
 
 
@@ -178,6 +201,17 @@ class Attention(_Section):
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
+    )
+    query_pre_attn_scalar: PositiveInt | Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
+        "head_dim**-0.5 (Gemma-2/3); null: head_dim.",
+    )
+    logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the attention scores before the softmax: "
+        "cap * tanh(scores / cap) (Gemma-2); null: none.",
     )
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
@@ -344,6 +378,17 @@ class ModelSpec(_Section):
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
+    scale_embedding: bool = Field(
+        False,
+        description="Multiply the token embeddings by sqrt(hidden_size), the "
+        "factor rounded to the embedding's dtype (Gemma's normalizer).",
+    )
+    final_logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the output logits: cap * tanh(logits / cap) "
+        "(Gemma-2/3); null: none.",
+    )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
@@ -425,6 +470,18 @@ class ModelSpec(_Section):
             "full_attention" if (i + 1) % p == 0 else "sliding_attention"
             for i in range(n)
         ]
+
+    def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """Theta and scaling of decoder layer ``layer``'s rotary embedding (MTP
+        blocks, which attend fully, have the full-attention layers')."""
+        sliding = self.rope.sliding
+        if (
+            sliding is not None
+            and layer < self.num_hidden_layers
+            and self.layer_attention_types()[layer] == "sliding_attention"
+        ):
+            return sliding.theta, sliding.scaling
+        return self.rope.theta, self.rope.scaling
 
     def uses_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""

@@ -35,6 +35,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "post_attention_norm": (),
     "attention_output_norm": (),
     "mlp_output_norm": (),
+    "mlp_input_norm": (),
     **dict.fromkeys(
         (
             "q_proj",
@@ -76,7 +77,7 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name",
+        "e_score_correction_bias", "config", "lm_head_name", "softcap",
     }
 )  # fmt: skip
 
