@@ -90,7 +90,7 @@ FAMILIES = {
         head_dim=16,
         sliding_window=8,
         query_pre_attn_scalar=8,
-        attn_logit_softcapping=2.0,
+        attn_logit_softcapping=0.25,
         final_logit_softcapping=3.0,
     ),
     # Gemma-3: q/k norms and a rope per layer type (the full layers' scaled).
@@ -232,7 +232,7 @@ def test_family_specific_facts():
     assert specs["gemma"].attention.query_pre_attn_scalar is None
     gemma2 = specs["gemma2"]
     assert gemma2.norm.placement == "sandwich"
-    assert gemma2.attention.logit_softcap == 2.0 and gemma2.final_logit_softcap == 3.0
+    assert gemma2.attention.logit_softcap == 0.25 and gemma2.final_logit_softcap == 3.0
     assert gemma2.attention.query_pre_attn_scalar == 8
     assert gemma2.layer_attention_types() == ["sliding_attention", "full_attention"] * 2
     gemma3 = specs["gemma3_text"]

@@ -287,6 +287,8 @@ _HF_CARRIED = (
     "max_position_embeddings",
     "tie_word_embeddings",
     "activation",
+    "scale_embedding",
+    "final_logit_softcap",
     "norm",
     "attention",
     "rope",
@@ -1493,7 +1495,9 @@ def hf_fields(spec: ModelSpec) -> dict:
     Resolved: default kv heads and head_dim, sliding patterns as per-layer kinds, the
     yarn / llama3 pre-extension length (unset: max_position_embeddings),
     the MoE layer placement as a per-layer list, one expert group as no groups, the
-    shared experts' total width, and the dense width only where a layer is dense.
+    shared experts' total width, the dense width only where a layer is dense, an
+    unset query_pre_attn_scalar as the head_dim, and a sliding layers' rope equal
+    to the full layers' (or with no sliding layer) as none.
     """
     data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
     rope = data["rope"]

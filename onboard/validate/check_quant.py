@@ -89,7 +89,8 @@ GUARDED = {
     "embeddings": ("role embed",),
     "lm_head": ("role lm_head",),
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
-              "role attention_output_norm", "role mlp_output_norm",
+              "role attention_output_norm", "role mlp_input_norm",
+              "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
     "routers": ("role router", "role shared_expert_gate"),
 }  # fmt: skip
