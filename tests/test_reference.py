@@ -583,6 +583,28 @@ def test_feature_variants_load_their_tiny_checkpoints(tmp_path, name):
     assert (rest.logits - full[:, 12:]).abs().max() / full.abs().max() < RTOL
 
 
+@pytest.mark.parametrize("name", ["var-sandwich", "var-sandwich-glm"])
+def test_sandwich_variants_load_their_tiny_checkpoints(tmp_path, name):
+    """Gemma-3's parts (1 + weight norms start at zero, embeddings scaled, a rope
+    per layer kind) and sandwich norms under GLM-4's names: every tensor of
+    onboard's tiny checkpoint loads, and cached decoding, past the window, equals
+    full recompute."""
+    from generate_variants import variant
+
+    spec = variant(name)
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+    install_reference(spec, ckpt)
+    ref = load_reference(ckpt)
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :30], use_cache=True)
+        rest = ref(ids[:, 30:], past_key_values=first.past_key_values, use_cache=True)
+    assert torch.isfinite(full).all()
+    assert (rest.logits - full[:, 30:]).abs().max() / full.abs().max() < RTOL
+
+
 def _shard_of(ckpt: Path, name: str) -> Path:
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())
     return ckpt / index["weight_map"][name]

@@ -86,12 +86,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "kv_sharing": bool(att.kv_sharing),
         "layernorm": spec.norm.type == "layernorm",
         "post_norm": arch.layers[0].norms.placement == "post",
-        "sandwich": arch.layers[0].norms.placement == "sandwich",
-        "unit_offset": arch.layers[0].norms.unit_offset,
-        "scale_embedding": spec.scale_embedding,
-        "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
-        "softcap": att.type == "gqa" and att.logit_softcap is not None,
-        "final_softcap": spec.final_logit_softcap is not None,
+        **_gemma_flags(spec, arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
@@ -141,12 +136,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
         c["qkv_bias"] = keys.find("qkv_bias")
     c["o_bias"] = keys.find("o_bias")
-    if f["scalar"]:
-        c["scalar"] = keys.need("query_pre_attn_scalar")
-    if f["softcap"]:
-        c["softcap"] = keys.need("attn_logit_softcapping")
-    if f["final_softcap"]:
-        c["final_softcap"] = keys.need("final_logit_softcapping")
+    c.update(_gemma_keys(keys, f))
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -193,6 +183,30 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
+    """Gemma's parts the reference has: sandwich and 1 + weight norms, scaled
+    embeddings, its softmax scale and soft-caps."""
+    att, norms = spec.attention, arch.layers[0].norms
+    return {
+        "sandwich": norms.placement == "sandwich",
+        "unit_offset": norms.unit_offset,
+        "scale_embedding": spec.scale_embedding,
+        "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
+        "softcap": att.type == "gqa" and att.logit_softcap is not None,
+        "final_softcap": spec.final_logit_softcap is not None,
+    }
+
+
+def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
+    """The config keys of Gemma's softmax scale and soft-caps, where used."""
+    concepts = {
+        "scalar": "query_pre_attn_scalar",
+        "softcap": "attn_logit_softcapping",
+        "final_softcap": "final_logit_softcapping",
+    }
+    return {flag: keys.need(concept) for flag, concept in concepts.items() if f[flag]}
 
 
 def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:

@@ -449,7 +449,7 @@ GENERATED_NAMES = frozenset(
         "ACT2FN", "ARCHITECTURE", "Any", "Attention", "AutoConfig", "AutoWeightsLoader",
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
-        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
+        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul", "GemmaRMSNorm",
         "GenerationMixin", "IntermediateTensors", "Iterable", "LayerNorm",
         "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
         "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
