@@ -108,9 +108,17 @@ def spec_from_hf(
             "logits of transformers' own class on a tiny random model of the family."
         ),
     ] = True,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            help="For a model type transformers does not ship, prove against the "
+            "family's own code that the config's auto_map names, from the config's "
+            "directory (this runs that code)."
+        ),
+    ] = False,
 ) -> None:
     """Infer a spec from a Hugging Face config.json, and prove it against
-    transformers' class for the family."""
+    transformers' class for the family (or the family's own code)."""
     from onboard.fsutil import atomic_write_text, check_output_file, same_file
     from onboard.spec import dump_spec
     from onboard.spec.hf import read_hf_config
@@ -123,7 +131,7 @@ def spec_from_hf(
         )
     check_output_file(output)
     data, where = read_hf_config(config)
-    header, spec = _proven(data, name, where, verify)
+    header, spec = _proven(data, name, where, verify, trust_remote_code)
     try:
         atomic_write_text(output, header + dump_spec(spec))
     except OSError as exc:  # e.g. a full disk: the user's to fix
@@ -131,30 +139,20 @@ def spec_from_hf(
     out.print(f"wrote {output} ({spec.architecture})", markup=False)
 
 
-def _proven(config: dict, name: str | None, source: str, verify: bool):
+def _proven(
+    config: dict, name: str | None, source: str, verify: bool, trust_remote_code: bool
+):
     """(the spec file's header, the spec): the spec inferred from ``config`` and,
-    unless ``verify`` is off, proven against transformers' class for its family."""
-    from onboard.spec.hf import (
-        FAMILIES,
-        model_type_of,
-        spec_from_hf_config,
-        transformers_knows,
-    )
+    unless ``verify`` is off, proven against transformers' class for its family,
+    or the family's own code (``auto_map``) beside the config."""
+    from onboard.spec.hf import model_type_of, spec_from_hf_config, transformers_knows
 
     model_type = model_type_of(config, source)
-    remote = config.get("auto_map")
-    if verify and remote and not transformers_knows(model_type):
-        # Kimi-K2: its remote code interleaves rope, which no key says.
-        raise InputError(
-            f"{source}: model_type {model_type!r} is remote code "
-            f"(auto_map: {printable(json.dumps(remote), 160)}), which transformers "
-            "does not ship: from-hf cannot prove a spec against it, and the config "
-            "alone does not say what that code hard-codes (rope interleaving, norm "
-            "placement, fused tensors). Write the spec by hand, or pass --no-verify "
-            "to write the inferred spec unproven"
-        )
-    if not verify or not transformers_knows(model_type):
-        # A family onboard has not verified is read only to be proven.
+    remote = None
+    if verify and config.get("auto_map") and not transformers_knows(model_type):
+        directory = Path(source).parent
+        remote = _remote_code(config, model_type, directory, source, trust_remote_code)
+    if not verify or (remote is None and not transformers_knows(model_type)):
         spec = spec_from_hf_config(config, name=name, source=source)
         why = (
             "not proven (--no-verify)"
@@ -165,20 +163,45 @@ def _proven(config: dict, name: str | None, source: str, verify: bool):
     else:
         from onboard.reference.infer import infer_spec
 
-        err.print(
-            f"proving the spec against transformers' {model_type} ...", markup=False
-        )
-        spec, proof = infer_spec(config, name=name, source=source)
+        against = remote.description if remote else f"transformers' {model_type}"
+        err.print(f"proving the spec against {against} ...", markup=False)
+        spec, proof = infer_spec(config, name=name, source=source, remote=remote)
         why = proof.header()
-        if model_type not in FAMILIES:
-            why += (
-                f"; {model_type} is not among the verified families, the proof is "
-                "what accepts it"
-            )
     lines = textwrap.wrap(
         f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
     )
     return "".join(f"# {line}\n" for line in lines), spec
+
+
+def _remote_code(
+    config: dict, model_type: str, directory: Path, source: str, trusted: bool
+):
+    """The family's own code that ``config``'s auto_map names, loaded from
+    ``directory`` to prove against; InputError naming what is missing or the flag
+    that loading it needs."""
+    from onboard.reference.remote import load_remote_code, missing_remote_code
+
+    remote = printable(json.dumps(config["auto_map"]), 160)
+    what = (
+        f"{source}: model_type {model_type!r} is remote code (auto_map: {remote}), "
+        "which transformers does not ship, and the config alone does not say what "
+        "that code hard-codes (rope interleaving, norm placement, fused tensors)"
+    )
+    missing = missing_remote_code(config, directory)
+    if missing:
+        raise InputError(
+            f"{what}. Its code is not beside the config ({'; '.join(missing)}), so "
+            "from-hf cannot prove a spec against it: put the model's code files "
+            "there, write the spec by hand, or pass --no-verify to write the "
+            "inferred spec unproven"
+        )
+    if not trusted:
+        raise InputError(
+            f"{what}. Its code is in {directory}: pass --trust-remote-code to prove "
+            "the spec against it (this runs that code), or --no-verify to write "
+            "the inferred spec unproven"
+        )
+    return load_remote_code(config, directory, source)
 
 
 @checkpoint_app.command("tiny")

@@ -117,23 +117,89 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     assert r.returncode == 2 and not out.exists()
     assert "'kimi_k2' is remote code (auto_map:" in r.stderr
     assert "rope interleaving" in r.stderr and "Traceback" not in r.stderr
+    assert "modeling_deepseek.py (auto_map.AutoModelForCausalLM) is not in" in r.stderr
+    assert "auto_map.AutoConfig is not set" in r.stderr
     r = run_cli("spec", "from-hf", path, "-o", out, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert "not proven (--no-verify)" in out.read_text()
 
 
-def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path, monkeypatch):
+REMOTE_CONFIG = """
+from transformers.models.helium.configuration_helium import HeliumConfig
+
+
+class HelConfig(HeliumConfig):
+    model_type = "hel_remote"
+"""
+REMOTE_MODELING = """
+from transformers.models.helium.modeling_helium import HeliumForCausalLM
+
+from .configuration_hel import HelConfig
+
+
+class HelForCausalLM(HeliumForCausalLM):
+    config_class = HelConfig
+"""
+
+
+def test_remote_code_beside_the_config_is_proven_against(tmp_path):
+    # A model type transformers lacks, with its code in the checkpoint directory
+    # (auto_map). The code interleaves rope (it is Helium's), which its config
+    # does not say: read alone the spec would rotate halves; proven against the
+    # code, the spec interleaves.
+    import json
+
+    from onboard.spec import load_spec
+
+    config = transformers.HeliumConfig(**SMALL, head_dim=16).to_dict()
+    config.update(
+        model_type="hel_remote",
+        architectures=["HelForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_hel.HelConfig",
+            "AutoModelForCausalLM": "modeling_hel.HelForCausalLM",
+        },
+    )
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(config))
+    (ckpt / "configuration_hel.py").write_text(REMOTE_CONFIG)
+    (ckpt / "modeling_hel.py").write_text(REMOTE_MODELING)
+    out = tmp_path / "spec.yaml"
+
+    r = run_cli("spec", "from-hf", ckpt, "-o", out)  # runs no code unasked
+    assert r.returncode == 2 and not out.exists()
+    assert f"Its code is in {ckpt}: pass --trust-remote-code" in r.stderr
+
+    r = run_cli("spec", "from-hf", ckpt, "-o", out, "--trust-remote-code")
+    assert r.returncode == 0, r.stderr
+    head = " ".join(
+        line.removeprefix("# ")
+        for line in out.read_text().split("spec_version")[0].splitlines()
+    )
+    assert f"HelForCausalLM, the family's own code in {ckpt} (auto_map)" in head
+    assert "rope_interleave true" in head
+    assert load_spec(out).rope.interleaved is True
+
+    out.unlink()
+    r = run_cli("spec", "from-hf", ckpt, "-o", out, "--no-verify")
+    assert r.returncode == 0, r.stderr
+    assert load_spec(out).rope.interleaved is False  # what the config alone says
+
+
+def test_a_family_without_known_facts_is_accepted_by_its_proof_only(
+    tmp_path, monkeypatch
+):
     # Ministral is Llama's block under another model_type: proven, so accepted.
+    # No list of families decides: the reading is a hypothesis, the proof decides.
     config = transformers.MinistralConfig(**SMALL, head_dim=16).to_dict()
-    with pytest.raises(InputError, match="has not verified"):
-        spec_from_hf_config(config)  # the library refuses what it cannot prove
-    spec = spec_from_hf_config(config, unverified=True)
+    spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
     # Gemma scales the embedding by sqrt(hidden_size) (and its norms by 1 + w),
     # which its config does not say: without the family's facts, the proof fails.
     monkeypatch.delitem(hf.FAMILIES, "gemma")
     config = transformers.GemmaConfig(**SMALL).to_dict()
-    spec = spec_from_hf_config(config, unverified=True)
+    spec = spec_from_hf_config(config)
     assert not spec.scale_embedding
     with pytest.raises(ProofFailed, match=r"the embedding \(before layer 0\)"):
         prove_spec(spec, config)
@@ -147,9 +213,14 @@ def test_an_unverified_family_is_accepted_by_its_proof_only(tmp_path, monkeypatc
     comment = out.read_text().split("spec_version")[0].splitlines()
     head = " ".join(line.removeprefix("# ") for line in comment)
     assert "proven against transformers" in head
-    assert "ministral is not among the verified families" in head
+    assert "MinistralForCausalLM" in head
+    # --no-verify reads any family and says that nothing was proven.
+    out.unlink()
     r = run_cli("spec", "from-hf", tmp_path / "ministral", "-o", out, "--no-verify")
-    assert r.returncode == 2 and "has not verified" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().startswith(
+        "# Inferred by `onboard spec from-hf`; not proven (--no-verify).\n"
+    )
 
 
 # -- what the config does not state, found by the proof ------------------------------
@@ -168,7 +239,7 @@ def test_an_unverified_family_has_its_fixed_routing_found_by_the_proof(tmp_path)
     ).to_dict()  # fmt: skip
     assert {"scoring_func", "topk_method"} <= set(open_concepts("glm4_moe"))
     with pytest.raises(ProofFailed, match="does not fit the family's tensors"):
-        prove_spec(spec_from_hf_config(config, unverified=True), config)
+        prove_spec(spec_from_hf_config(config), config)
     spec, proof = infer_spec(config)
     router = spec.mlp.moe.router
     assert (router.scoring, router.bias_correction) == ("sigmoid", True)
@@ -186,7 +257,7 @@ def test_a_hard_coded_rope_layout_is_found_by_the_proof():
     from onboard.reference.infer import infer_spec
 
     config = transformers.HeliumConfig(**SMALL, head_dim=16).to_dict()
-    assert spec_from_hf_config(config, unverified=True).rope.interleaved is False
+    assert spec_from_hf_config(config).rope.interleaved is False
     spec, proof = infer_spec(config)
     assert spec.rope.interleaved is True
     assert proof.found["rope_interleave"] is True
@@ -237,7 +308,7 @@ def test_tensor_names_no_layout_has_are_found_then_proven():
     from onboard.reference.prove import family_model
 
     config = transformers.HunYuanDenseV1Config(**SMALL, head_dim=16).to_dict()
-    spec = spec_from_hf_config(config, unverified=True, facts={"qk_norm": True})
+    spec = spec_from_hf_config(config, facts={"qk_norm": True})
     with family_model(spec, config) as family:
         assert family.misfit(spec)
         found = renamed(spec, family)
@@ -281,7 +352,7 @@ def test_layers_without_rope_are_read_and_proven(model_type, extra):
     else:
         bad = dict(config, no_rope_layers=[1, 0, 2, 0])
         with pytest.raises(InputError, match="no_rope_layers=.*1 \\(rope\\) or 0"):
-            spec_from_hf_config(bad, unverified=True)
+            spec_from_hf_config(bad)
 
 
 def test_per_layer_mlp_kinds_place_the_moe_layers():
@@ -305,7 +376,7 @@ def test_per_layer_mlp_kinds_place_the_moe_layers():
     assert proof.max_rel_diff < RTOL
     bad = dict(config, mlp_layer_types=["dense", "sparse", "sparse"])
     with pytest.raises(InputError, match="mlp_layer_types=.*dense or sparse for each"):
-        spec_from_hf_config(bad, unverified=True)
+        spec_from_hf_config(bad)
 
 
 @pytest.mark.parametrize(

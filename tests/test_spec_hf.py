@@ -428,9 +428,17 @@ def test_unmapped_fields_are_all_named():
     assert "router_aux_loss_coef" not in message
 
 
-def test_unverified_transformers_family_is_refused():
-    message = refusal(AutoConfig.for_model("olmo2", **SMALL).to_dict())
-    assert "'olmo2'" in message and "not verified" in message
+def test_a_family_without_known_facts_is_read_but_only_the_proof_accepts_it():
+    # OLMo-2's config does not say its blocks are post-norm: read as Llama's
+    # naming the spec is pre-norm, which its proof refuses (infer finds "post",
+    # tests/test_prove.py). No list of families refuses it before the proof.
+    from onboard.reference.prove import ProofFailed, prove_spec
+
+    config = AutoConfig.for_model("olmo2", **SMALL).to_dict()
+    spec = spec_from_hf_config(config)
+    assert spec.norm.placement == "pre"
+    with pytest.raises(ProofFailed):
+        prove_spec(spec, config)
 
 
 @pytest.mark.parametrize(

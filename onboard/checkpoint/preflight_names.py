@@ -119,7 +119,7 @@ def _renames(
     the role's name in some layout preset (``w1`` for expert_gate_proj), the
     shapes fit, the same indices, then name similarity (difflib).
     """
-    from onboard.spec.layouts import LAYOUT_PRESETS
+    from onboard.spec.layouts import LAYOUT_PRESETS, preset_roles
 
     def modules(groups: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
         out: dict[str, dict[str, list[str]]] = defaultdict(dict)
@@ -129,13 +129,6 @@ def _renames(
         return out
 
     new, old = modules(extra), modules(miss)
-    # A module at a role's preset path is that role (OLMo-2's
-    # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
-    preset_role = {
-        path: role
-        for preset in LAYOUT_PRESETS.values()
-        for role, path in preset.items()
-    }
     scored = []
     for u, u_params in new.items():
         if u in canon:
@@ -145,7 +138,10 @@ def _renames(
             shared = sorted(set(u_params) & set(m_params))
             if role is None or not shared or placeholders(u) != placeholders(m):
                 continue
-            if preset_role.get(u, role) != role:
+            # A module at a preset path is that role (OLMo-2's
+            # post_feedforward_layernorm is a post-norm block's, not a renamed
+            # input norm).
+            if preset_roles(u) and role not in preset_roles(u):
                 continue
             spelled = u.rpartition(".")[2] in {
                 preset[role].rpartition(".")[2] for preset in LAYOUT_PRESETS.values()
@@ -296,17 +292,13 @@ def _missing_problem(
 def _other_norm_placement(run: PreflightRun, pattern: str) -> str | None:
     """The other norm.placement, where ``pattern`` is one of its norms' preset
     paths (OLMo-2's post_feedforward_layernorm beside a pre-norm spec)."""
-    from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
+    from onboard.spec.layouts import LAYER_NORM_ROLES, preset_roles
 
-    module = split_name(pattern)[0]
+    at = preset_roles(split_name(pattern)[0])
     mine = run.spec.norm.placement
     for placement, roles in LAYER_NORM_ROLES.items():
-        if placement == mine:
-            continue
-        for role in set(roles) - set(LAYER_NORM_ROLES[mine]):
-            paths = {preset[role] for preset in LAYOUT_PRESETS.values()}
-            if module in paths:
-                return placement
+        if placement != mine and at & (set(roles) - set(LAYER_NORM_ROLES[mine])):
+            return placement
     return None
 
 

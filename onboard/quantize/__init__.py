@@ -49,15 +49,18 @@ def _preflight(spec: ModelSpec, model_dir: Path) -> None:
 
 
 def inferred_spec(model_dir: Path) -> ModelSpec:
-    """The spec `onboard spec from-hf` infers (what calibration's reference needs)."""
-    try:
-        from onboard.spec.hf import spec_from_hf_config_file
-    except ImportError:
-        raise InputError(
-            f"{model_dir}: no spec.yaml; pass --spec (inference from config.json "
-            "is not available in this build)"
-        ) from None
-    return spec_from_hf_config_file(Path(model_dir) / "config.json")
+    """The spec `onboard spec from-hf` infers and proves (what calibration's
+    reference needs), or, for a model type transformers does not know, reads."""
+    from onboard.spec.hf import model_type_of, read_hf_config, transformers_knows
+
+    config, source = read_hf_config(Path(model_dir))
+    if not transformers_knows(model_type_of(config, source)):
+        from onboard.spec.hf import spec_from_hf_config
+
+        return spec_from_hf_config(config, source=source)
+    from onboard.reference.infer import infer_spec
+
+    return infer_spec(config, source=source)[0]
 
 
 def quantize_checkpoint(

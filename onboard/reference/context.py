@@ -27,18 +27,27 @@ BASE_KEYS = frozenset(
 )
 
 
-def _check_layer_plan(spec: ModelSpec, hf: dict, expr: str, want) -> None:
-    """The reference's per-layer MoE rule, run on the config it will read, must
-    give the plan's layers (the vLLM model's rule is checked the same way)."""
+def _check_layer_plan(
+    spec: ModelSpec, hf: dict, expr: str | None, want, what: str = "MoE layer"
+) -> None:
+    """A reference's per-layer rule (MoE layers, rope layers), run on the config
+    it will read, must give the plan's layers (the vLLM model's rules are checked
+    the same way)."""
     config = SimpleNamespace(**hf)
-    got = tuple(
-        bool(eval(expr, {}, {"config": config, "i": i}))  # noqa: S307
-        for i in range(len(want))
+    got = (
+        None
+        if expr is None
+        else tuple(
+            bool(eval(expr, {}, {"config": config, "i": i}))  # noqa: S307
+            for i in range(len(want))
+        )
     )
     if got != tuple(want):
+        rule = expr or "none in the config"
         raise InputError(
-            f"{spec.name}: the reference's MoE layer rule ({expr}) gives {list(got)} "
-            f"on its config, but the spec's layers are {list(want)}"
+            f"{spec.name}: the reference's {what} rule ({rule}) gives "
+            f"{got and list(got)} on its config, but the spec's layers are "
+            f"{list(want)}"
         )
 
 
@@ -253,21 +262,8 @@ def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     against the plan's NoPE layers."""
     expr = keys.rope_layer_expr("i")
     want = [layer.mixer.rope for layer in arch.layers]
-    config = SimpleNamespace(**keys.hf)
-    got = (
-        None
-        if expr is None
-        else [
-            bool(eval(expr, {}, {"config": config, "i": i}))  # noqa: S307
-            for i in range(len(want))
-        ]
-    )
-    if got != want:
-        raise InputError(
-            f"{spec.name}: the config written for the spec does not say which "
-            f"layers use rope the way the spec does ({expr or 'no rule'} gives "
-            f"{got}, the spec {want})"
-        )
+    _check_layer_plan(spec, keys.hf, expr, want, "rope layer")
+    assert expr is not None  # the check refuses a missing rule
     return expr
 
 

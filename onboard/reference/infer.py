@@ -27,13 +27,16 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_model
+from onboard.reference.remote import RemoteCode
 from onboard.spec.hf import (
     OPEN_CONCEPTS,
     model_type_of,
     open_concepts,
+    quiet_transformers,
     spec_from_hf_config,
+    unstated_concepts,
 )
-from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.layouts import LAYOUT_PRESETS, preset_roles
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -59,23 +62,40 @@ _GQA_ONLY = {"qk_norm", "qk_norm_scope", "qk_norm_after_rope", "qkv_bias", "o_bi
 
 
 def infer_spec(
-    config: dict[str, Any], *, name: str | None = None, source: str = "config.json"
+    config: dict[str, Any],
+    *,
+    name: str | None = None,
+    source: str = "config.json",
+    remote: RemoteCode | None = None,
 ) -> tuple[ModelSpec, Proof]:
     """The spec of ``config``, proven against transformers' class for its family
-    (which must exist); raises :class:`ProofFailed` when no spec proves."""
-    open_ = open_concepts(model_type_of(config, source))
+    (which must exist), or against the family's ``remote`` code; raises
+    :class:`ProofFailed` when no spec proves."""
+    if remote is None:
+        open_ = open_concepts(model_type_of(config, source))
+    else:  # what the config does not state, its code may fix
+        open_ = unstated_concepts(set(config) | _declared(remote))
     base = spec_from_hf_config(
         config,
         name=name,
         source=source,
-        unverified=True,
         facts={c: OPEN_CONCEPTS[c][0] for c in open_},  # what _search starts from
     )
     concepts = _questions(base, open_)
-    with family_model(base, config) as family:
+    with family_model(base, config, remote) as family:
         if not concepts:
             return base, family.prove(base)
         return _search(base, config, concepts, family, name, source)
+
+
+def _declared(remote: RemoteCode) -> set[str]:
+    """The keys the remote config class writes by default (none if it cannot be
+    built without arguments)."""
+    try:
+        with quiet_transformers():
+            return set(remote.config_class().to_dict())
+    except Exception:  # its own validation: the config's keys are what it has
+        return set()
 
 
 def _questions(spec: ModelSpec, concepts: list[str]) -> list[str]:
@@ -105,9 +125,7 @@ def _search(
 
     def spec_with(facts: dict[str, Any], layout: str) -> ModelSpec | None:
         try:
-            spec = spec_from_hf_config(
-                config, name=name, source=source, unverified=True, facts=facts
-            )
+            spec = spec_from_hf_config(config, name=name, source=source, facts=facts)
         except InputError as exc:  # a combination the spec rules refuse
             refused.append(exc)
             return None
@@ -184,10 +202,9 @@ def renamed(spec: ModelSpec, family: FamilyModel) -> ModelSpec:
     the same tensors (parameters, shapes, layers); the proof then checks them."""
     named, saved = family.named(spec), family.tensors
     extra = _modules({n: v for n, v in saved.items() if n not in named})
-    # A module at another role's preset path is that role (OLMo-2's
-    # post_feedforward_layernorm is a post-norm block's, not a renamed input norm).
-    for path in {p for preset in LAYOUT_PRESETS.values() for p in preset.values()}:
-        extra.pop(path, None)
+    # A module at a preset path is that role (OLMo-2's post_feedforward_layernorm
+    # is a post-norm block's, not a renamed input norm).
+    extra = {m: t for m, t in extra.items() if not preset_roles(m)}
     found: dict[str, str] = {}
     for role in used_roles(spec):
         template = spec.tensor_path(role)

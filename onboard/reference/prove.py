@@ -26,6 +26,7 @@ from typing import Any
 
 from onboard.arch.tensors import plan_tensors
 from onboard.errors import InputError
+from onboard.reference.remote import RemoteCode
 from onboard.spec.hf import quiet_transformers
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import module_names
@@ -53,12 +54,19 @@ class Proof:
     mtp_heads: int  # the spec's MTP heads, which transformers' classes lack
     # What the config does not state and the proof chose (onboard.reference.infer).
     found: dict[str, Any] = field(default_factory=dict)
+    remote: str | None = None  # the directory of the family's own code, if proven so
 
     def header(self) -> str:
+        against = f"transformers {self.transformers_version} {self.model_class}"
+        if self.remote:
+            against = (
+                f"{self.model_class}, the family's own code in {self.remote} "
+                f"(auto_map), run by transformers {self.transformers_version}"
+            )
         text = (
-            f"proven against transformers {self.transformers_version} "
-            f"{self.model_class}: on a tiny random model ({self.num_layers} layers, "
-            f"float32) the reference generated for this spec gives its logits within "
+            f"proven against {against}: on a tiny random model "
+            f"({self.num_layers} layers, float32) the reference generated for this "
+            f"spec gives its logits within "
             f"{self.max_rel_diff:.1e} of the largest ({self.seconds:.0f} s)"
         )
         if self.found:
@@ -73,34 +81,43 @@ class Proof:
         return text
 
 
-def prove_spec(spec: ModelSpec, config: dict[str, Any]) -> Proof:
+def prove_spec(
+    spec: ModelSpec, config: dict[str, Any], remote: RemoteCode | None = None
+) -> Proof:
     """Prove ``spec`` (inferred from ``config``) against transformers' class for
-    ``config["model_type"]``; raises :class:`ProofFailed` naming what differs."""
-    with family_model(spec, config) as family:
+    ``config["model_type"]`` (or the family's ``remote`` code); raises
+    :class:`ProofFailed` naming what differs."""
+    with family_model(spec, config, remote) as family:
         return family.prove(spec)
 
 
 @contextmanager
-def family_model(spec: ModelSpec, config: dict[str, Any]) -> Iterator[FamilyModel]:
-    """transformers' tiny random model of ``config``'s family, shrunk as ``spec``
-    is, saved to a temporary directory and run once."""
+def family_model(
+    spec: ModelSpec, config: dict[str, Any], remote: RemoteCode | None = None
+) -> Iterator[FamilyModel]:
+    """The tiny random model of ``config``'s family (transformers' class, or the
+    ``remote`` code shipped with the config), shrunk as ``spec`` is, saved to a
+    temporary directory and run once."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     start = time.perf_counter()
-    cls = CONFIG_MAPPING[spec.model_type]
+    cls = remote.config_class if remote else CONFIG_MAPPING[spec.model_type]
     overrides = tiny_config_overrides(spec)
     try:
         with _quiet():
             tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
             tiny.update(overrides)
             torch.manual_seed(0)
-            # Eager attention is transformers' reference math: SDPA drops what it
-            # cannot express (Gemma-2's attention soft-capping).
-            model = AutoModelForCausalLM.from_config(
-                tiny, dtype=torch.float32, attn_implementation="eager"
-            )
+            if remote:
+                model = remote.model_class(tiny).to(torch.float32)
+            else:
+                # Eager attention is transformers' reference math: SDPA drops
+                # what it cannot express (Gemma-2's attention soft-capping).
+                model = AutoModelForCausalLM.from_config(
+                    tiny, dtype=torch.float32, attn_implementation="eager"
+                )
     except Exception as exc:  # transformers' own code on a config it accepted
         raise ProofFailed(
             f"{spec.name}: transformers' {cls.__name__} cannot build the tiny model "
@@ -126,6 +143,7 @@ def family_model(spec: ModelSpec, config: dict[str, Any]) -> Iterator[FamilyMode
             model.save_pretrained(saved)
         yield FamilyModel(
             model_class=model_class,
+            remote=str(remote.directory) if remote else None,
             overrides=overrides,
             num_layers=int(tiny.num_hidden_layers),
             saved=saved,
@@ -148,6 +166,7 @@ class FamilyModel:
     logits: Any  # transformers' logits on ids
     want: dict[str, list]  # transformers' per-layer captures (_capture)
     started: float  # perf_counter when the proof began
+    remote: str | None = None  # the directory of the family's own code
     tries: int = 0
 
     @cached_property
@@ -274,6 +293,7 @@ class FamilyModel:
             max_rel_diff=rel,
             seconds=time.perf_counter() - self.started,
             mtp_heads=spec.mtp.num_heads if spec.mtp else 0,
+            remote=self.remote,
         )
 
 

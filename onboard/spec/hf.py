@@ -6,7 +6,9 @@ transformers does not know (``novel_launch``). For a model type transformers kno
 the writer uses the key names that transformers' own config class declares, so the
 config loads there and in vLLM's in-tree model. What a family's config does not say
 but its modeling code hard-codes (Qwen3 always has qk-norm, DeepSeek-V3 always routes
-by sigmoid with a bias correction) lives in one small table, :data:`FAMILIES`.
+by sigmoid with a bias correction) is known for a few families (:data:`FAMILIES`)
+and found by the proof for any other (onboard.reference.infer): the table holds
+facts, it does not limit which families are read.
 
 Reading is strict: every key is mapped, listed in :data:`IGNORED` (does not change
 the forward pass), or refused with an :class:`~onboard.errors.InputError` that names
@@ -175,9 +177,10 @@ class Family:
 
 _GEMMA = {"scale_embedding": True, "norm_unit_offset": True}
 
-# The verified families. A model type transformers knows but that is not here is
-# refused: its block structure (norm placement, MLP form, fused tensors) is not in
-# config.json, so a spec read from it could be silently wrong.
+# Families whose hard-coded facts are known. Another model type transformers knows
+# is read with the Llama naming and the open concepts' defaults (or the caller's
+# ``facts``): its block structure is not in config.json, so `spec from-hf` finds
+# it by the proof (onboard.reference.infer), which also proves these.
 FAMILIES: dict[str, Family] = {
     "llama": Family("llama"),
     "mistral": Family("llama"),
@@ -383,32 +386,18 @@ def _by_kind(params: Any) -> bool:
     )
 
 
-# What an unverified transformers family is read as, before its proof: the Llama
+# What a family without known facts is read as, before its proof: the Llama
 # naming and nothing its config does not say.
 UNVERIFIED = Family("llama")
 
 
-def _family(
-    model_type: str, source: str, unverified: bool = False
-) -> tuple[_Known | None, Family | None]:
-    """(transformers' class, family facts); (None, None) for a new model type.
-    ``unverified``: a family not in :data:`FAMILIES` is read as :data:`UNVERIFIED`
-    (the caller proves the result, onboard.reference.prove) instead of refused."""
+def _family(model_type: str) -> tuple[_Known | None, Family | None]:
+    """(transformers' class, family facts); (None, None) for a new model type. A
+    family not in :data:`FAMILIES` is read as :data:`UNVERIFIED`: what its code
+    hard-codes is for its proof to find (onboard.reference.infer)."""
     if not transformers_knows(model_type):
         return None, None
-    family = FAMILIES.get(model_type)
-    if family is None and unverified:
-        family = UNVERIFIED
-    if family is None:
-        raise InputError(
-            f"{source}: model_type {model_type!r} is a transformers family onboard "
-            "has not verified: its block structure (norm placement, MLP form, fused "
-            "tensors) is not stated in config.json, so a spec inferred from it could "
-            f"be silently wrong. Verified families: {', '.join(sorted(FAMILIES))}. "
-            "`onboard spec from-hf` accepts another family when its proof against "
-            "transformers passes; or write the spec by hand with a new model_type."
-        )
-    return _known(model_type), family
+    return _known(model_type), FAMILIES.get(model_type, UNVERIFIED)
 
 
 def open_concepts(model_type: str) -> list[str]:
@@ -423,6 +412,17 @@ def open_concepts(model_type: str) -> list[str]:
         for concept in OPEN_CONCEPTS
         if _key_for(concept, known) is None
         and (concept not in _BIAS_CONCEPTS or not _key_for("attention_bias", known))
+    ]
+
+
+def unstated_concepts(keys: set[str]) -> list[str]:
+    """The :data:`OPEN_CONCEPTS` that no key in ``keys`` states: for a family whose
+    code ships beside its config (``auto_map``), what that code may hard-code."""
+    return [
+        concept
+        for concept in OPEN_CONCEPTS
+        if not keys.intersection(ALIASES[concept])
+        and (concept not in _BIAS_CONCEPTS or "attention_bias" not in keys)
     ]
 
 
@@ -1003,15 +1003,16 @@ def spec_from_hf_config(
     *,
     name: str | None = None,
     source: str = "config.json",
-    unverified: bool = False,
     facts: dict[str, Any] | None = None,
 ) -> ModelSpec:
-    """Infer a spec from a Hugging Face config dict; refuse what it cannot map.
+    """Read a spec from a Hugging Face config dict; refuse what it cannot map.
 
-    A transformers family outside :data:`FAMILIES` is refused, unless
-    ``unverified`` (for a caller that proves the spec before using it). ``facts``:
-    values of :data:`OPEN_CONCEPTS` the config does not state (a hypothesis the
-    caller proves)."""
+    This is the reading, not the proof: what a family's code hard-codes beyond its
+    config is known for the families of :data:`FAMILIES`, and otherwise taken
+    from ``facts`` (values of :data:`OPEN_CONCEPTS`, a hypothesis) or the
+    concepts' defaults. ``onboard.reference.infer.infer_spec`` (what
+    `onboard spec from-hf` runs) finds those values and proves the spec against
+    the family's own class."""
     if not isinstance(config, dict):
         raise InputError(f"{source}: a config must be a JSON object")
     non_finite = non_finite_keys(config)
@@ -1022,7 +1023,7 @@ def spec_from_hf_config(
             "config means that (a corrupt or hand-edited file?)"
         )
     model_type = model_type_of(config, source)
-    known, family = _family(model_type, source, unverified)
+    known, family = _family(model_type)
     facts = {**(family.facts if family else {}), **(facts or {})}
     cfg = _normalised(known, config, source) if known else dict(config)
 
@@ -1339,7 +1340,7 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     source = f"spec {spec.name!r} (model_type {spec.model_type})"
     # A family outside FAMILIES is written with the Llama naming; the round trip
     # below and the proof or validation against transformers check the result.
-    known, family = _family(spec.model_type, source, unverified=True)
+    known, family = _family(spec.model_type)
     facts = spec_facts(spec, open_concepts(spec.model_type))
     concepts = _concepts(spec)
     if known is None:
@@ -1458,9 +1459,7 @@ def _check_round_trip(
 ) -> None:
     """Refuse a spec whose config would read back as a different model."""
     try:
-        back = spec_from_hf_config(
-            cfg, name=spec.name, source=source, unverified=True, facts=facts
-        )
+        back = spec_from_hf_config(cfg, name=spec.name, source=source, facts=facts)
     except InputError as exc:
         raise InputError(
             f"{source}: cannot be written as a {spec.model_type} config.json:\n{exc}"

@@ -82,6 +82,20 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
+# Path -> every role some preset stores there (post_attention_layernorm is both
+# the pre-norm block's MLP input norm and the post-norm block's attention norm).
+_PRESET_ROLES: dict[str, frozenset[str]] = {}
+for _preset in LAYOUT_PRESETS.values():
+    for _role, _path in _preset.items():
+        _PRESET_ROLES[_path] = _PRESET_ROLES.get(_path, frozenset()) | {_role}
+
+
+def preset_roles(path: str) -> frozenset[str]:
+    """The roles some layout preset names ``path`` for (empty: no preset does).
+    A module at such a path is one of those roles, never another role renamed."""
+    return _PRESET_ROLES.get(path, frozenset())
+
+
 # The norm roles of a decoder layer, by norm.placement, in the order the layer
 # runs them.
 LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
