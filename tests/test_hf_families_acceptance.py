@@ -23,8 +23,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 
 # One of each part the proof finds or the config states: whole-projection and
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
-# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias.
+# gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
+# Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
+# softmax scale, and a rope per layer kind.
 FAMILIES = (
+    "gemma2",
+    "gemma3_text",
     "olmoe",
     "olmo2",
     "hunyuan_v1_dense",
