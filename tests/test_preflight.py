@@ -329,6 +329,36 @@ def test_a_gemma2_checkpoint_passes_and_names_its_sandwich_norms(tmp_path) -> No
     assert any(f.endswith("set norm.placement: sandwich in the spec") for f in fixes)
 
 
+def test_the_rope_of_a_layer_kind_the_model_lacks_is_not_compared(tmp_path) -> None:
+    """Mellum / OLMo-3 configs key rope_parameters by layer type even when every
+    layer attends fully: the sliding layers' entry is never read, and the spec
+    (which has no rope.sliding then) writes it as the full layers'."""
+    import transformers
+
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.Olmo3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        layer_types=["full_attention"] * 2, pad_token_id=0, eos_token_id=2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        },
+    )  # fmt: skip
+    ckpt = tmp_path / "olmo3"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    spec, _ = infer_spec(config.to_dict())
+    assert spec.rope.sliding is None and spec.rope.theta == 5e5
+    assert preflight(spec, ckpt).problems == []
+    # The full layers' entry is compared.
+    other = spec.model_copy(
+        update={"rope": spec.rope.model_copy(update={"theta": 1e6})}
+    )
+    problem = one(preflight(other, ckpt), "config")
+    assert problem.where == "rope_parameters.full_attention"
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

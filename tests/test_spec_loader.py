@@ -157,6 +157,27 @@ def test_nope_layers_must_exist_and_agree_with_kv_sharing():
     assert any("both use rope or both not" in x for x in lines), lines
 
 
+def test_gemma_parts_are_refused_where_nothing_generates_them():
+    lines = problems(
+        BASE.replace("  num_kv_heads: 2\n", "  num_kv_heads: 2\n  sliding_window: 64\n")
+        + "norm: {type: layernorm, placement: sandwich, unit_offset: true}\n"
+        "rope:\n  scaling: {type: linear, factor: 2.0}\n"
+        "  sliding: {theta: 10000.0, scaling: {type: yarn, factor: 4.0}}\n"
+        "scale_embedding: true\nmtp: {num_heads: 1, mlp: dense}\n"
+    )
+    for expected in (
+        "norm.placement: sandwich norms are generated for rmsnorm only",
+        "norm.unit_offset: applies to rmsnorm only",
+        "rope.sliding.scaling.type: yarn differs from rope.scaling.type (linear)",
+        "mtp: MTP heads are not generated with scale_embedding",
+        "mtp: MTP heads are not generated with rope.sliding",
+    ):
+        assert any(expected in x for x in lines), (expected, lines)
+    # A rope for the sliding layers needs some layer that slides.
+    lines = problems(BASE + "rope:\n  sliding: {theta: 10000.0}\n")
+    assert any("rope.sliding: no layer slides" in x for x in lines), lines
+
+
 def test_duplicate_keys_are_errors():
     lines = problems(BASE + "vocab_size: 1000\n")
     assert any("duplicate key" in x for x in lines)

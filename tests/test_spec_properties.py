@@ -257,7 +257,8 @@ def gemma_parts(draw, data: dict, is_mla: bool) -> None:
     if draw(st.booleans()):
         data["final_logit_softcap"] = draw(floats)
     norm = data["norm"]
-    norm["placement"] = draw(st.sampled_from(["pre", "post", "sandwich"]))
+    placements = ["pre", "post"] + (["sandwich"] if norm["type"] == "rmsnorm" else [])
+    norm["placement"] = draw(st.sampled_from(placements))
     if norm["type"] == "rmsnorm" and not is_mla:
         norm["unit_offset"] = draw(st.booleans())
     if is_mla:

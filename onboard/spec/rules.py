@@ -330,6 +330,10 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
 def _norm_rules(spec: ModelSpec, report: Report) -> None:
     if spec.norm.unit_offset and spec.norm.type != "rmsnorm":
         report(("norm", "unit_offset"), "applies to rmsnorm only")
+    if spec.norm.placement == "sandwich" and spec.norm.type != "rmsnorm":
+        # The generated layer adds the residual in vLLM's RMSNorm (no family has
+        # sandwich LayerNorms).
+        report(("norm", "placement"), "sandwich norms are generated for rmsnorm only")
     if spec.norm.unit_offset and spec.attention.type == "mla":
         # No family has both: MLA's latent norms would be (1 + weight) norms too.
         report(("norm", "unit_offset"), "is not generated for MLA attention")
