@@ -75,7 +75,9 @@ def _configs() -> dict:
             **common,
         ),
         # Sandwich norms scaling by 1 + weight, scaled embeddings, soft-caps,
-        # query_pre_attn_scalar; a sliding and a full layer.
+        # query_pre_attn_scalar; a sliding and a full layer. Tied, as Gemma-2
+        # ships: vLLM's in-tree Gemma2ForCausalLM has no lm_head ("no module or
+        # parameter named 'lm_head'" on an untied checkpoint).
         "gemma2": Gemma2Config(
             hidden_size=128,
             intermediate_size=256,
@@ -85,7 +87,7 @@ def _configs() -> dict:
             head_dim=32,
             sliding_window=16,
             query_pre_attn_scalar=64,
-            **common,
+            **{**common, "tie_word_embeddings": True},
         ),
         # Gemma-3: q/k norms, and the sliding layer rotating with its own theta
         # (the full layer's scaled).
