@@ -58,6 +58,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.distributed",
         "tensor_model_parallel_all_gather",
     ),
+    "tensor_model_parallel_all_reduce": (
+        "vllm.distributed",
+        "tensor_model_parallel_all_reduce",
+    ),
     "split_tensor_along_last_dim": (
         "vllm.distributed.utils",
         "split_tensor_along_last_dim",
@@ -69,6 +73,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
     "GemmaRMSNorm": ("vllm.model_executor.layers.layernorm", "GemmaRMSNorm"),
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
+    "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
     "ColumnParallelLinear": (
         "vllm.model_executor.layers.linear",

@@ -128,6 +128,72 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
+    # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
+    # interleaved partial rope (GLM), sliding layers whose full-attention layers
+    # use no rope (Cohere-2).
+    "var-parallel-fused": (
+        "VarParallelFusedForCausalLM",
+        """
+tie_word_embeddings: true
+logit_scale: 0.0625
+norm: {type: layernorm, eps: 1.0e-05, placement: parallel, bias: false}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  qk_norm: true
+  qk_norm_scope: head_weights
+  qkv_bias: true
+  partial_rotary_factor: 0.5
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope: {theta: 10000.0, interleaved: true, nope_layers: [1, 3]}
+mlp: {intermediate_size: 512}
+checkpoint: {layout: llama, fused: [qkv_proj, gate_up_proj]}
+""",
+    ),
+    # Sigmoid routing with a bias and no expert groups (one group on vLLM's CPU),
+    # the bias a parameter of the MoE block itself (MiniMax-M2's
+    # block_sparse_moe.e_score_correction_bias).
+    "var-bias-block": (
+        "VarBiasBlockForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    router: {scoring: sigmoid, norm_topk_prob: true, bias_correction: true}
+checkpoint:
+  layout: mixtral
+  tensor_names:
+    router_bias: model.layers.{layer}.block_sparse_moe
+""",
+    ),
+    # Softmax routing with a bias kept on a module of its own as [1, num_experts]
+    # (ERNIE-4.5-MoE's mlp.moe_statics), a dense first layer, an MoE MTP head.
+    "var-bias-2d": (
+        "VarBias2dForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    first_k_dense: 1
+    router: {scoring: softmax, norm_topk_prob: true, bias_correction: true}
+mtp: {num_heads: 1, mlp: moe}
+checkpoint:
+  layout: deepseek
+  tensor_names:
+    router_bias: model.layers.{layer}.mlp.moe_statics
+  router_bias_2d: true
+""",
+    ),
     # Gemma-3's parts: sandwich norms scaling by 1 + weight, scaled embeddings,
     # q/k norms, its softmax scale, both soft-caps, and the sliding layers with
     # their own rope (the full layers' scaled).

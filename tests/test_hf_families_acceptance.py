@@ -24,6 +24,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # One of each part the proof finds or the config states: whole-projection and
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
 # gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
+# the router's bias on the MoE block (with NoPE full-attention layers the proof
+# finds) and on a module of its own as [1, num_experts] beside softmax scores, and
+# MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
+# topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
+# with weight-only LayerNorms and scaled logits, interleaved partial rope;
 # Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
 # softmax scale, and a rope per layer kind.
 FAMILIES = (
@@ -39,6 +44,13 @@ FAMILIES = (
     "dots1",
     "seed_oss",
     "ernie4_5",
+    "exaone_moe",
+    "ernie4_5_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "phi3",
+    "cohere2",
+    "glm",
 )
 
 

@@ -58,7 +58,8 @@ class Attention:
     rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
     rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
     qk_norm: bool
-    qk_norm_scope: Literal["head", "projection"]  # per head, or all heads at once
+    # per head, all heads at once, or per head with a weight per head
+    qk_norm_scope: Literal["head", "projection", "head_weights"]
     qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool
@@ -81,6 +82,8 @@ class Router:
     scoring: Literal["softmax", "sigmoid"]
     norm_topk_prob: bool
     bias_correction: bool
+    # The checkpoint stores the bias as [1, num_experts] (else [num_experts]).
+    bias_2d: bool
     num_groups: int | None
     topk_groups: int | None
     routed_scaling_factor: float
@@ -118,22 +121,31 @@ MLP = DenseMLP | MoEMLP
 @dataclass(frozen=True)
 class Norms:
     """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
-    ``post`` their outputs (before each residual add), ``sandwich`` both."""
+    ``post`` their outputs (before each residual add), ``parallel`` the layer
+    input once, for attention and the MLP side by side, ``sandwich`` both inputs
+    and outputs."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post", "sandwich"]
-    unit_offset: bool  # RMSNorm by (1 + weight), in float32 (Gemma)
+    placement: Literal["pre", "post", "parallel", "sandwich"]
+    bias: bool = True  # layernorm: a bias beside the weight
+    unit_offset: bool = False  # RMSNorm by (1 + weight), in float32 (Gemma)
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles, in the order the layer runs them."""
+        """Its checkpoint roles, in the order the layer runs them (``parallel``
+        has the one both attention and the MLP read)."""
         return LAYER_NORM_ROLES[self.placement]
 
     def at(self, site: str) -> str | None:
         """The role normalising ``site`` (``attention_input``,
         ``attention_output``, ``mlp_input``, ``mlp_output``), or None."""
         return next((r for r in self.roles if NORM_SITES[r] == site), None)
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether each norm has a bias tensor."""
+        return self.kind == "layernorm" and self.bias
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,12 @@ class ArchPlan:
         each concept: both generated files read their settings under these keys.
         Built on first use (writing the config may load transformers' class)."""
         return ConfigKeys(self.spec)
+
+    @property
+    def fused(self) -> frozenset[str]:
+        """The projections the checkpoint stores as one tensor (``qkv_proj``,
+        ``gate_up_proj``; checkpoint.fused)."""
+        return frozenset(self.spec.checkpoint.fused)
 
     @property
     def has_moe(self) -> bool:
@@ -276,9 +294,8 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(
-        spec.norm.type, spec.norm.eps, spec.norm.placement, spec.norm.unit_offset
-    )
+    norm = spec.norm
+    norms = Norms(norm.type, norm.eps, norm.placement, norm.bias, norm.unit_offset)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 
@@ -369,6 +386,7 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             scoring=r.scoring,
             norm_topk_prob=r.norm_topk_prob,
             bias_correction=r.bias_correction,
+            bias_2d=r.bias_correction and spec.checkpoint.router_bias_2d,
             num_groups=r.num_groups,
             topk_groups=r.topk_groups,
             routed_scaling_factor=r.routed_scaling_factor,

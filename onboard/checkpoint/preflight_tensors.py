@@ -210,6 +210,10 @@ def _shape_problem(
         return
     if role in ("q_norm", "k_norm") and _qk_norm_scope(run, role, got, where, names):
         return
+    if param == "e_score_correction_bias" and _router_bias_rows(
+        run, want, got, where, names
+    ):
+        return
     exprs = dims(run.plan, role, param) if param in ("weight", "bias") else None
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
         expect = expected[names[0]]
@@ -247,6 +251,33 @@ def _shape_problem(
     )
 
 
+def _router_bias_rows(
+    run: PreflightRun,
+    want: tuple[int, ...],
+    got: tuple[int, ...],
+    where: str,
+    names: list[str],
+) -> bool:
+    """The router's bias stored with (or without) a leading dimension of one,
+    where the spec says otherwise: checkpoint.router_bias_2d is wrong."""
+    if tuple(d for d in got if d != 1) != tuple(d for d in want if d != 1):
+        return False
+    two_d = len(got) == 2
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}: the router's bias "
+        + ("as one row [1, num_experts]" if two_d else "as [num_experts]")
+        + ", where the spec's checkpoint.router_bias_2d is "
+        + ("false" if two_d else "true"),
+        f"set checkpoint.router_bias_2d: {str(two_d).lower()} in the spec",
+        tensors=names,
+        spec_fields=["checkpoint.router_bias_2d"],
+    )
+    return True
+
+
 def _qk_norm_scope(
     run: PreflightRun, role: str, got: tuple[int, ...], where: str, names: list[str]
 ) -> bool:
@@ -256,19 +287,21 @@ def _qk_norm_scope(
     if att.kind != "gqa" or att.head_dim is None or att.num_kv_heads is None:
         return False
     heads = att.num_heads if role == "q_norm" else att.num_kv_heads
-    other, what = (
-        ("head", (att.head_dim,))
-        if att.qk_norm_scope == "projection"
-        else ("projection", (heads * att.head_dim,))
+    shapes = {
+        "head": ((att.head_dim,), "per head"),
+        "projection": ((heads * att.head_dim,), "over all heads of the projection"),
+        "head_weights": ((heads, att.head_dim), "with a weight per head"),
+    }
+    other = next(
+        (s for s, (shape, _) in shapes.items() if shape == got), att.qk_norm_scope
     )
-    if got != what:
+    if other == att.qk_norm_scope:
         return False
     run.add(
         "error",
         "shape",
         where,
-        f"shape {list(got)}: a {role} "
-        + ("per head" if other == "head" else "over all heads of the projection")
+        f"shape {list(got)}: a {role} {shapes[other][1]}"
         + f", where the spec's attention.qk_norm_scope is {att.qk_norm_scope}",
         f"set attention.qk_norm_scope: {other} in the spec",
         tensors=names,

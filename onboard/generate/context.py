@@ -16,11 +16,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
-from onboard.arch.config_keys import ConfigKeys, GenerationError
+from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
+    PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
 )
@@ -169,15 +170,19 @@ def _vllm_moe_paths(
     return paths
 
 
+def _dense_roles(spec: ModelSpec) -> tuple[str, ...]:
+    """The dense MLP's checkpoint roles (gate and up apart, or fused)."""
+    if "gate_up_proj" in spec.checkpoint.fused:
+        return ("gate_up_proj", "down_proj")
+    return ("gate_proj", "up_proj", "down_proj")
+
+
 def _vllm_dense_block(spec: ModelSpec) -> str:
-    """Decoder attribute of the dense MLP: the checkpoint's when its three
+    """Decoder attribute of the dense MLP: the checkpoint's when its
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
     blocks = set()
-    for role, leaf in (
-        ("gate_proj", "gate_proj"),
-        ("up_proj", "up_proj"),
-        ("down_proj", "down_proj"),
-    ):
+    for role in _dense_roles(spec):
+        leaf = role
         rel = _layer_rel(spec.tensor_path(role)) or ""
         m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
         if m is None:
@@ -187,6 +192,23 @@ def _vllm_dense_block(spec: ModelSpec) -> str:
     if block in LAYER_ATTRIBUTES:
         return "mlp"
     return block
+
+
+# Roles whose rename is of one parameter, not of a whole module: the router's bias
+# may sit on a module that holds other roles' modules too (the MoE block).
+RENAMED_PARAM = {role: f".{param}" for role, param in PARAM_ROLES.items()}
+
+
+def _router_bias_at(spec: ModelSpec) -> str:
+    """Where the generated MoE block keeps the router's bias, as vLLM's own files
+    do: on the router (DeepSeek-V3, and ERNIE-4.5-MoE's ``moe_statics``, renamed
+    to it), or on the MoE block (EXAONE-MoE, MiniMax-M2: a parameter of the block
+    in the checkpoint)."""
+    path = spec.tensor_path("router_bias")
+    if path == spec.tensor_path("router"):
+        return "router"
+    rel = _layer_rel(path)
+    return "moe" if rel is not None and "." not in rel else "gate"
 
 
 def _rename(role: str, source: str, target: str) -> Rename:
@@ -213,14 +235,20 @@ def _renames(
     spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
 ) -> list[Rename]:
     out = [
-        _rename(role, spec.tensor_path(role), vllm_paths[role])
+        _rename(
+            role,
+            spec.tensor_path(role) + RENAMED_PARAM.get(role, ""),
+            vllm_paths[role] + RENAMED_PARAM.get(role, ""),
+        )
         for role in roles
         if spec.tensor_path(role) != vllm_paths[role]
     ]
     # Renames run one after another: none may match a path another one produced
     # (e.g. two roles swapping names).
     for a in out:
-        produced = vllm_paths[a.role].format(layer=0, expert=0)
+        produced = (vllm_paths[a.role] + RENAMED_PARAM.get(a.role, "")).format(
+            layer=0, expert=0
+        )
         for b in out:
             if b is not a and re.search(b.pattern, produced):
                 raise GenerationError(
@@ -255,8 +283,8 @@ def _check_expr(
 def _qk_norm_form(att) -> str | None:
     if not att.qk_norm:
         return None
-    if att.qk_norm_scope == "projection":
-        return "projection"
+    if att.qk_norm_scope in ("projection", "head_weights"):
+        return att.qk_norm_scope
     return "after_rope" if att.qk_norm_after_rope else "head"
 
 
@@ -405,8 +433,15 @@ def build_context(
         # The norm class of the layers and the final norm, and of the q/k norms.
         "norm_class": _norm_class(norms),
         "rms_class": "GemmaRMSNorm" if norms.unit_offset else "RMSNorm",
+        # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
+        "norm_args": ", bias=False"
+        if norms.kind == "layernorm" and not norms.bias
+        else "",
         "norm_placement": norms.placement,
         "norm_names": norm_names,
+        # The MLP takes reduce_results: a shared expert reduced with the routed
+        # ones, a parallel block's MLP reduced with attention.
+        "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (the norms of
         # attention's and the MLP's inputs: pre-norm and sandwich blocks).
@@ -561,6 +596,7 @@ def _model_config_keys(
             "intermediate_size", spec.mlp.intermediate_size
         )
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
+    cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     return cfg
@@ -613,6 +649,11 @@ def _moe_context(
         cfg["topk_group"] = f.need("topk_group", router.topk_groups)
     cfg["norm_topk_prob"] = f.find("norm_topk_prob", router.norm_topk_prob)
     cfg["scoring_func"] = f.find("scoring_func", router.scoring)
+    if cfg["scoring_func"] in unset_keys(spec):
+        # Written for vLLM's in-tree model only: transformers' class has no such
+        # key, its code hard-codes the value, and so does the generated model
+        # (a checkpoint as transformers saves it does not have the key).
+        cfg["scoring_func"] = None
     scaled = router.routed_scaling_factor != 1.0
     if scaled:
         cfg["routed_scaling_factor"] = f.need(
@@ -648,6 +689,10 @@ def _moe_context(
         "scoring": router.scoring,
         "renormalize": router.norm_topk_prob,
         "bias_correction": router.bias_correction,
+        # The module that holds the bias in the generated block, and whether the
+        # checkpoint stores it as [1, num_experts].
+        "bias_on_block": router.bias_correction and _router_bias_at(spec) == "moe",
+        "bias_2d": router.bias_correction and spec.checkpoint.router_bias_2d,
         "grouped": grouped,
         "scaled": scaled,
         "shared": mlp.shared,
@@ -664,9 +709,13 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
     paths = dict(CANONICAL)
     if mlp.has_moe:
         paths.update(_vllm_moe_paths(spec, mlp.has_dense, mlp.shared, mlp.shared_gate))
+        paths["router_bias"] = paths["router"]
+        if _router_bias_at(spec) == "moe":
+            block = (_layer_rel(paths["router"]) or "").split(".")[0]
+            paths["router_bias"] = f"model.layers.{{layer}}.{block}"
     if mlp.has_dense:
         block = _vllm_dense_block(spec)
-        for role in ("gate_proj", "up_proj", "down_proj"):
+        for role in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
             paths[role] = f"model.layers.{{layer}}.{block}.{role}"
     return paths
 
@@ -687,13 +736,21 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             else ["q_a_proj", "q_a_norm", "q_b_proj"]
         )
     else:
-        roles += ["q_proj", "k_proj", "v_proj"]
+        if "qkv_proj" in spec.checkpoint.fused:
+            roles += ["qkv_proj"]
+        else:
+            roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
     if mlp.loads_dense:
-        roles += ["gate_proj", "up_proj", "down_proj"]
+        roles += list(_dense_roles(spec))
     if mlp.loads_moe:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        moe = spec.mlp.moe
+        if moe is not None and moe.router.bias_correction:
+            # On the router's module it moves with the router's rename.
+            if _router_bias_at(spec) != "router":
+                roles.append("router_bias")
         if mlp.shared:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
         if mlp.shared_gate:
@@ -711,7 +768,7 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
 
     names: dict[str, Any] = {}
     if mlp.has_dense:
-        names["mlp"] = rel("gate_proj")[0]
+        names["mlp"] = rel("down_proj")[0]
     if mlp.has_moe:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
@@ -730,14 +787,16 @@ def _stacked_params(
     """Checkpoint tensors stacked into one vLLM parameter, as (substring, new,
     shard) triples, and the packed-modules map."""
     att = spec.attention
+    fused = spec.checkpoint.fused  # already one tensor: loaded as it is
     stacked: list[tuple[str, str, str]] = []
     packed: dict[str, list[str]] = {}
     if att.type != "mla":
-        stacked += [
-            (".q_proj", ".qkv_proj", '"q"'),
-            (".k_proj", ".qkv_proj", '"k"'),
-            (".v_proj", ".qkv_proj", '"v"'),
-        ]
+        if "qkv_proj" not in fused:
+            stacked += [
+                (".q_proj", ".qkv_proj", '"q"'),
+                (".k_proj", ".qkv_proj", '"k"'),
+                (".v_proj", ".qkv_proj", '"v"'),
+            ]
         packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
     elif att.mla is not None and att.mla.q_lora_rank is not None:
         # vLLM computes q_a and kv_a in one GEMM.
@@ -747,7 +806,7 @@ def _stacked_params(
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     gate_up_blocks = []
-    if mlp.loads_dense:
+    if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
     if mlp.loads_moe and mlp.shared:
         gate_up_blocks.append(names["shared"])
@@ -756,7 +815,7 @@ def _stacked_params(
             (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
             (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
         ]
-    if gate_up_blocks:
+    if mlp.loads_dense or (mlp.loads_moe and mlp.shared):
         packed["gate_up_proj"] = ["gate_proj", "up_proj"]
     return stacked, packed
 
@@ -824,6 +883,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "head": "with per-head RMS norm on q and k",
                 "after_rope": "with per-head RMS norm on q and k after rope",
                 "projection": "with RMS norm on the whole q and k projections",
+                "head_weights": "with a norm on each head of q and k, its weight "
+                "of its own",
             }[form]
         )
     if att.qkv_bias or att.o_bias:
@@ -933,6 +994,20 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         )
     else:
         items.append("Dense gated MLP on every layer.")
+    if layers[0].norms.placement == "parallel":
+        items.append(
+            "Parallel blocks: attention and the MLP read the same normalised input "
+            "and both add to the residual."
+        )
+    parts = {"qkv_proj": "q, k and v", "gate_up_proj": "gate and up"}
+    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused]
+    if fused:
+        items.append(
+            f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
+            "as it is."
+        )
+    if spec.logit_scale != 1.0:
+        items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
     gemma = [

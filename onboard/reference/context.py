@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names
+from onboard.spec.module_tree import module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -69,21 +69,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     keys = arch.config
     hf = keys.hf
     types = arch.attention_types
-    # Grouped top-k wherever the config onboard writes has groups, one group
-    # included (then the same choice as plain top-k), so the reference reads
-    # what it says. A model type transformers knows ships transformers' config,
-    # which may leave n_group unset.
-    grouped = moe is not None and (
-        moe.router.num_groups is not None
-        or (
-            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
-        )
-    )
     f = {
         "mla": att.type == "mla",
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
+        "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
@@ -93,8 +84,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
-        "layernorm": spec.norm.type == "layernorm",
-        "post_norm": arch.layers[0].norms.placement == "post",
+        **_block_form(arch),
         **_gemma_flags(spec, arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
@@ -103,7 +93,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared": moe is not None and moe.num_shared_experts > 0,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
-        "grouped": grouped,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
+        "grouped": _grouped(spec, keys),
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
@@ -119,6 +114,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "rope": keys.need("rope_parameters"),
     }
     c["hidden_act"] = keys.find("hidden_act")
+    c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
@@ -143,8 +139,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
-        c["qkv_bias"] = keys.find("qkv_bias")
-    c["o_bias"] = keys.find("o_bias")
+        c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
+    # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
+    c["o_bias"] = keys.find("o_bias", att.o_bias)
     c.update(_gemma_keys(keys, f))
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
@@ -187,6 +184,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
+        "bias_zeros": (
+            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+            if f["bias_at"]
+            else None
+        ),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
@@ -257,6 +259,33 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
     }
 
 
+def _block_form(arch) -> dict[str, bool]:
+    """The decoder block's norms (kind, bias, placement) and whether the
+    checkpoint stores q/k/v fused."""
+    norms = arch.layers[0].norms
+    return {
+        "layernorm": norms.kind == "layernorm",
+        "norm_bias": norms.has_bias,
+        "post_norm": norms.placement == "post",
+        "parallel_norm": norms.placement == "parallel",
+        "fused_qkv": "qkv_proj" in arch.fused,
+    }
+
+
+def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
+    """Grouped top-k wherever the config onboard writes has groups, one group
+    included (then the same choice as plain top-k), so the reference reads what
+    it says. A model type transformers knows ships transformers' config, which
+    may leave n_group unset."""
+    moe = spec.mlp.moe
+    return moe is not None and (
+        moe.router.num_groups is not None
+        or (
+            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
+        )
+    )
+
+
 def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     """The reference's per-layer rope rule (of ``config`` and ``i``), checked
     against the plan's NoPE layers."""
@@ -319,7 +348,11 @@ def _mlp_classes(
     classes: list[dict[str, Any]] = []
     role_class: dict[str, str] = {}
     for group, cls, role_prefix, what in groups:
-        triple = tuple(names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down"))
+        # (gate, up, down, gate_up): the dense MLP's gate and up may be one tensor.
+        triple = tuple(
+            names.get(f"{role_prefix}{p}_proj")
+            for p in ("gate", "up", "down", "gate_up")
+        )
         same = next((m for m in classes if m["triple"] == triple), None)
         if same is None:
             same = {"cls": cls, "triple": triple, "uses": []}
@@ -332,6 +365,7 @@ def _mlp_classes(
             "gate": m["triple"][0],
             "up": m["triple"][1],
             "down": m["triple"][2],
+            "gate_up": m["triple"][3],
             "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
             + _and(m["uses"])
             + ".",
@@ -499,7 +533,18 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             parts.append("dense layers")
     else:
         parts.append("dense MLP")
-    parts.append(spec.norm.type)
+    bare = f["layernorm"] and not f["norm_bias"]
+    parts.append("layernorm without bias" if bare else spec.norm.type)
+    if f["parallel_norm"]:
+        parts.append("parallel attention and MLP")
+    if spec.checkpoint.fused:
+        joined = " and ".join(
+            {"qkv_proj": "q/k/v", "gate_up_proj": "gate/up"}[r]
+            for r in spec.checkpoint.fused
+        )
+        parts.append(f"{joined} stored as one tensor each")
+    if spec.logit_scale != 1.0:
+        parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
     if f["mtp"]:
@@ -575,6 +620,8 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k each RMS-normalised over the whole projection"
     elif f["qk_norm_after_rope"]:
         doc += ", q and k RMS-normalised per head after rope"
+    elif f["qk_norm_heads"]:
+        doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     doc += "."

@@ -36,6 +36,7 @@ RTOL = 1e-4  # of the largest logit
 SEQ = 24  # tokens per prompt; more than a tiny sliding window (shrink keeps 16)
 _NORM_STD = 0.5  # randomised norm weights around their initial value
 _BIAS_STD = 0.1  # randomised biases (transformers starts them at zero)
+_WEIGHT_STD = 0.02  # weights left at zero (transformers' usual initializer_range)
 
 
 class ProofFailed(InputError):
@@ -299,17 +300,25 @@ class FamilyModel:
 
 def _randomise(model) -> None:
     """Norm weights start at one and biases at zero, where a misplaced norm or a
-    dropped bias computes the same: move them."""
+    dropped bias computes the same: move them. A weight the family's init leaves
+    at zero (ERNIE-4.5-MoE's router) scores every expert alike, where softmax
+    and sigmoid routing pick and weigh the same: draw it."""
     import torch
 
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             noise = torch.randn(tensor.shape, generator=gen)
-            if tensor.ndim == 1 and "norm" in name:
+            module = name.rsplit(".", 2)[-2]
+            # A norm's weight, and one with a row per head (Cohere's q/k norms).
+            if (tensor.ndim == 1 and "norm" in name) or (
+                tensor.ndim == 2 and "norm" in module
+            ):
                 tensor.add_(noise * _NORM_STD)
             elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
                 tensor.copy_(noise * _BIAS_STD)
+            elif tensor.ndim >= 2 and tensor.is_floating_point() and not tensor.any():
+                tensor.copy_(noise * _WEIGHT_STD)
 
 
 @contextmanager

@@ -10,6 +10,8 @@ preset, as DeepSeek-V3 checkpoints store them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 _LAYER = "model.layers.{layer}"
 
 # Roles shared by every preset (the Llama/DeepSeek naming).
@@ -31,6 +33,8 @@ _BASE: dict[str, str] = {
     "k_proj": f"{_LAYER}.self_attn.k_proj",
     "v_proj": f"{_LAYER}.self_attn.v_proj",
     "o_proj": f"{_LAYER}.self_attn.o_proj",
+    # checkpoint.fused: q, k and v stored as one tensor (Phi-3)
+    "qkv_proj": f"{_LAYER}.self_attn.qkv_proj",
     "q_norm": f"{_LAYER}.self_attn.q_norm",
     "k_norm": f"{_LAYER}.self_attn.k_norm",
     # MLA attention
@@ -44,8 +48,13 @@ _BASE: dict[str, str] = {
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
     "down_proj": f"{_LAYER}.mlp.down_proj",
+    # checkpoint.fused: gate and up stored as one tensor (Phi-3, GLM)
+    "gate_up_proj": f"{_LAYER}.mlp.gate_up_proj",
     # MoE
     "router": f"{_LAYER}.mlp.gate",
+    # The module holding the router's e_score_correction_bias: the router itself
+    # unless the checkpoint keeps it elsewhere (EXAONE-MoE: the MoE block).
+    "router_bias": f"{_LAYER}.mlp.gate",
     "expert_gate_proj": f"{_LAYER}.mlp.experts.{{expert}}.gate_proj",
     "expert_up_proj": f"{_LAYER}.mlp.experts.{{expert}}.up_proj",
     "expert_down_proj": f"{_LAYER}.mlp.experts.{{expert}}.down_proj",
@@ -74,6 +83,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
     "mixtral": {
         **_BASE,
         "router": f"{_LAYER}.block_sparse_moe.gate",
+        "router_bias": f"{_LAYER}.block_sparse_moe.gate",
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
@@ -82,12 +92,32 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
-# Path -> every role some preset stores there (post_attention_layernorm is both
-# the pre-norm block's MLP input norm and the post-norm block's attention norm).
+# Roles that are one parameter of their module, which may hold another role's
+# parameters too (the router's bias on the router's module, by default).
+PARAM_ROLES: dict[str, str] = {"router_bias": "e_score_correction_bias"}
+
+# Roles whose default path is another role's, wherever that one is (an override of
+# the router moves its bias with it).
+FOLLOWS: dict[str, str] = {"router_bias": "router"}
+
+
+def role_path(layout: str, tensor_names: Mapping[str, str], role: str) -> str:
+    """Module path of ``role`` in ``layout`` with the ``tensor_names`` overrides."""
+    if role in tensor_names:
+        return tensor_names[role]
+    if role in FOLLOWS:
+        return role_path(layout, tensor_names, FOLLOWS[role])
+    return LAYOUT_PRESETS[layout][role]
+
+
+# Path -> every module role some preset stores there (post_attention_layernorm is
+# both the pre-norm block's MLP input norm and the post-norm block's attention
+# norm); a parameter role shares its module with another role and is left out.
 _PRESET_ROLES: dict[str, frozenset[str]] = {}
 for _preset in LAYOUT_PRESETS.values():
     for _role, _path in _preset.items():
-        _PRESET_ROLES[_path] = _PRESET_ROLES.get(_path, frozenset()) | {_role}
+        if _role not in PARAM_ROLES:
+            _PRESET_ROLES[_path] = _PRESET_ROLES.get(_path, frozenset()) | {_role}
 
 
 def preset_roles(path: str) -> frozenset[str]:
@@ -101,6 +131,8 @@ def preset_roles(path: str) -> frozenset[str]:
 LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
     "pre": ("input_norm", "post_attention_norm"),
     "post": ("attention_output_norm", "mlp_output_norm"),
+    # One norm on the layer input, read by attention and the MLP (Cohere).
+    "parallel": ("input_norm",),
     "sandwich": (
         "input_norm",
         "attention_output_norm",
@@ -109,13 +141,20 @@ LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
     ),
 }
 # What each of those roles normalises: the input or the output of attention or
-# of the MLP.
+# of the MLP (a parallel block's input norm feeds both).
 NORM_SITES: dict[str, str] = {
     "input_norm": "attention_input",
     "post_attention_norm": "mlp_input",
     "attention_output_norm": "attention_output",
     "mlp_input_norm": "mlp_input",
     "mlp_output_norm": "mlp_output",
+}
+
+# checkpoint.fused: the role a checkpoint stores in one tensor, and the roles it
+# stands for (stacked along the output dim in this order).
+FUSED_ROLES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
 }
 
 # The MLP of one routed expert, and of the shared expert, by role.
@@ -129,12 +168,14 @@ LINEAR_ROLES: tuple[str, ...] = (
     "k_proj",
     "v_proj",
     "o_proj",
+    "qkv_proj",
     "q_a_proj",
     "q_b_proj",
     "kv_a_proj",
     "kv_b_proj",
     "gate_proj",
     "up_proj",
+    "gate_up_proj",
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,

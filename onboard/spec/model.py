@@ -79,13 +79,20 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post", "sandwich"] = Field(
+    placement: Literal["pre", "post", "parallel", "sandwich"] = Field(
         "pre",
         description="Where a decoder layer normalises: `pre` normalises the input "
         "of attention and of the MLP (Llama); `post` normalises their outputs, "
         "before each residual add, and the layer input is not normalised "
-        "(OLMo-2, EXAONE-4); `sandwich` normalises both the inputs and the "
+        "(OLMo-2, EXAONE-4); `parallel` normalises the layer input once, and "
+        "attention and the MLP both read it, their outputs added to the residual "
+        "together (Cohere); `sandwich` normalises both the inputs and the "
         "outputs (Gemma-2/3).",
+    )
+    bias: bool = Field(
+        True,
+        description="layernorm: a bias beside the weight; `false` for a "
+        "weight-only LayerNorm (Cohere). An rmsnorm has none.",
     )
     unit_offset: bool = Field(
         False,
@@ -186,11 +193,14 @@ class Attention(_Section):
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
     qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
-    qk_norm_scope: Literal["head", "projection"] = Field(
+    qk_norm_scope: Literal["head", "projection", "head_weights"] = Field(
         "head",
         description="With qk_norm: `head` normalises each head (Qwen3); "
         "`projection` normalises the whole q and the whole k projection, one "
-        "weight per channel of all heads (OLMo-2, OLMoE).",
+        "weight per channel of all heads (OLMo-2, OLMoE); `head_weights` "
+        "normalises each head with a weight of its own ([heads, head_dim]), a "
+        "LayerNorm without bias (Cohere's use_qk_norm, as vLLM's commandr.py; "
+        "needs norm.type layernorm).",
     )
     qk_norm_after_rope: bool = Field(
         False,
@@ -316,15 +326,26 @@ class MTP(_Section):
 
 
 class Checkpoint(_Section):
-    """Tensor names of the checkpoint."""
+    """Tensor names (and stored shapes) of the checkpoint."""
 
     layout: Literal["llama", "deepseek", "qwen", "mixtral"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
+    )
+    fused: list[Literal["qkv_proj", "gate_up_proj"]] = Field(
+        default_factory=list,
+        description="Projections the checkpoint stores as one tensor: `qkv_proj` "
+        "(q, k and v stacked in that order, Phi-3), `gate_up_proj` (the dense "
+        "MLP's gate then up, Phi-3, GLM).",
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
         description="Per-role override of the preset's module path, e.g. "
         "`router: model.layers.{layer}.mlp.router`.",
+    )
+    router_bias_2d: bool = Field(
+        False,
+        description="The router's e_score_correction_bias is stored as "
+        "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
     )
 
 
@@ -374,6 +395,9 @@ class ModelSpec(_Section):
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
     tie_word_embeddings: bool = Field(
         False, description="lm_head shares the embedding."
+    )
+    logit_scale: float = Field(
+        1.0, gt=0, description="Multiplier on the output logits (Cohere)."
     )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
@@ -508,8 +532,6 @@ class ModelSpec(_Section):
 
     def tensor_path(self, role: str) -> str:
         """Module path of a role in this spec's checkpoint layout."""
-        from onboard.spec.layouts import LAYOUT_PRESETS
+        from onboard.spec.layouts import role_path
 
-        return self.checkpoint.tensor_names.get(
-            role, LAYOUT_PRESETS[self.checkpoint.layout][role]
-        )
+        return role_path(self.checkpoint.layout, self.checkpoint.tensor_names, role)

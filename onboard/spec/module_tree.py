@@ -42,6 +42,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "k_proj",
             "v_proj",
             "o_proj",
+            "qkv_proj",
             "q_norm",
             "k_norm",
             "q_a_proj",
@@ -53,7 +54,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ),
         ("attn",),
     ),
-    **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), ("mlp",)),
+    **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
     **dict.fromkeys(
@@ -120,14 +121,22 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_a_proj", "q_a_norm", "q_b_proj"]
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj", "o_proj"]
     else:
-        roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if "qkv_proj" in spec.checkpoint.fused:
+            roles += ["qkv_proj", "o_proj"]
+        else:
+            roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
     moe = spec.mlp.moe
     if has_dense_mlp(spec):
-        roles += ["gate_proj", "up_proj", "down_proj"]
+        if "gate_up_proj" in spec.checkpoint.fused:
+            roles += ["gate_up_proj", "down_proj"]
+        else:
+            roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        if moe.router.bias_correction:
+            roles.append("router_bias")
         if moe.num_shared_experts:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
             if moe.shared_expert_gate:
@@ -225,6 +234,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             continue
         claim(role, parts[-1], role, shape)
 
+    if "router_bias" in roles:
+        _router_bias_names(spec, names)
     _check_distinct(spec, names, roles)
     for key, value in names.items():
         if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
@@ -235,6 +246,51 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
                 "rename it",
             )
     return names
+
+
+def router_bias_at(spec: ModelSpec) -> str:
+    """Where the reference keeps the router's bias: on the router (``router``),
+    on the MoE block itself (``moe``: EXAONE-MoE, MiniMax-M2), or on a
+    parameter-only module of the block (``module``, named by
+    ``module_names(spec)["router_bias"]``: ERNIE-4.5-MoE's ``moe_statics``)."""
+    path = spec.tensor_path("router_bias")
+    if path == spec.tensor_path("router"):
+        return "router"
+    parts = path.split(".")
+    return "moe" if len(parts) == 4 else "module"
+
+
+def _router_bias_names(spec: ModelSpec, names: dict[str, str]) -> None:
+    """Checks the router bias's path against the module tree; names its own
+    module where it has one."""
+    at = router_bias_at(spec)
+    if at == "router":
+        return
+    path = spec.tensor_path("router_bias")
+    block = f"{names['base']}.{names['layers']}.{{layer}}.{names['moe']}"
+    leaf = path.removeprefix(block + ".")
+    taken = {
+        names[k]
+        for k in ("router", "router_box", "experts", "shared", "shared_expert_gate")
+        if k in names
+    }
+    if path != block and (
+        at != "module"
+        or path == leaf
+        or not leaf.isidentifier()
+        or leaf in taken
+        or leaf in RESERVED
+        or leaf in NN_MODULE_ATTRIBUTES
+    ):
+        raise TensorTreeError(
+            "router_bias",
+            "the generated Hugging Face reference needs the router's bias on the "
+            f"router ({spec.tensor_path('router')!r}), on the MoE block ({block!r}) "
+            f"or on a module of its own in the block ({block + '.<name>'!r}), got "
+            f"{path!r}",
+        )
+    if at == "module":
+        names["router_bias"] = leaf
 
 
 def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) -> None:

@@ -92,7 +92,7 @@ GUARDED = {
               "role attention_output_norm", "role mlp_input_norm",
               "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
-    "routers": ("role router", "role shared_expert_gate"),
+    "routers": ("role router", "role router_bias", "role shared_expert_gate"),
 }  # fmt: skip
 
 
