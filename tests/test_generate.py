@@ -608,6 +608,8 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("gemma3_text", marks=_SWEEP),  # a rope per layer kind
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
+        pytest.param("granite", marks=_SWEEP),  # multipliers, un-fused residual
+        pytest.param("granitemoeshared", marks=_SWEEP),  # experts saved stacked
     ],
 )
 def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_path):

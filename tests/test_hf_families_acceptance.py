@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
 # with weight-only LayerNorms and scaled logits, interleaved partial rope;
 # Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
-# softmax scale, and a rope per layer kind.
+# softmax scale, and a rope per layer kind; Granite's multipliers and its experts
+# saved stacked (with a fused shared expert).
 FAMILIES = (
     "gemma2",
     "gemma3_text",
@@ -51,6 +52,8 @@ FAMILIES = (
     "phi3",
     "cohere2",
     "glm",
+    "granite",
+    "granitemoeshared",
 )
 
 

@@ -413,6 +413,41 @@ MLA = dict(
 )
 
 
+def test_granite_multipliers_fused_experts_and_shared_mlp(tmp_path):
+    # Granite-MoE-Shared: embeddings, residual branches and logits scaled, its own
+    # softmax scale, each layer's experts stacked in two tensors and a fused
+    # shared expert beside the MoE block. Once as its transformers family, once
+    # as a new model type (the canonical keys, written where not neutral).
+    from transformers import GraniteMoeSharedConfig, GraniteMoeSharedForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteMoeSharedConfig(
+        **SMALL,
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=48,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logits_scaling=16.0,
+        attention_multiplier=0.0625,
+    )
+    model = GraniteMoeSharedForCausalLM(config)
+    spec = check_against_transformers(tmp_path / "family", model)
+    assert spec.checkpoint.fused == ["shared_gate_up_proj", "experts"]
+    assert spec.mlp.moe.num_shared_experts == 1
+    data = spec.model_dump(mode="json") | {
+        "name": "novel-granite",
+        "model_type": "novel_granite",
+        "architecture": "NovelGraniteForCausalLM",
+    }
+    novel = ModelSpec.model_validate(data)
+    written = hf_config_from_spec(novel)
+    assert written["attention_multiplier"] == 0.0625
+    assert written["shared_expert_intermediate_size"] == 48
+    check_against_transformers(tmp_path / "novel", model, spec=novel)
+
+
 def test_deepseek_v3_mla_yarn_grouped_sigmoid_router(tmp_path):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -561,6 +596,8 @@ def test_mla_reference_with_mtp_caches_and_generates(tmp_path):
         "layernorm-partial-biases",
         "mixtral-layout-with-dense-layers",
         "qwen-layout-gated-shared-expert",
+        "granite-multipliers-fused-experts",
+        "fused-experts-with-dense-layers",
     ],
 )
 def test_feature_variants_load_their_tiny_checkpoints(tmp_path, name):

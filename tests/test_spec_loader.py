@@ -178,6 +178,63 @@ def test_gemma_parts_are_refused_where_nothing_generates_them():
     assert any("rope.sliding: no layer slides" in x for x in lines), lines
 
 
+def test_gemma_and_granite_scales_of_one_thing_are_not_combined():
+    # Each pair sets the same factor; no family has both, so the order is unproven.
+    lines = problems(
+        BASE.replace(
+            "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  softmax_scale: 0.1\n"
+        ).replace(
+            "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  query_pre_attn_scalar: 64\n"
+        )
+        + "scale_embedding: true\nembedding_multiplier: 12.0\n"
+        "final_logit_softcap: 30.0\nlogits_scaling: 8.0\n"
+    )
+    for expected in (
+        "scale_embedding: is not generated beside an embedding_multiplier",
+        "final_logit_softcap: is not generated beside a logits_scaling",
+        "attention.query_pre_attn_scalar: and attention.softmax_scale both set",
+    ):
+        assert any(expected in x for x in lines), (expected, lines)
+    # Either half alone is a valid spec.
+    parse_spec_text(BASE + "scale_embedding: true\nlogits_scaling: 8.0\n")
+    parse_spec_text(BASE + "embedding_multiplier: 12.0\nfinal_logit_softcap: 30.0\n")
+
+
+def test_granite_multipliers_and_fused_experts_rules():
+    # Each combination no family has (so nothing proves) is refused at its field.
+    post = BASE + "residual_multiplier: 0.5\nnorm: {placement: post}\n"
+    assert any(
+        "residual_multiplier: needs norm.placement pre" in x for x in problems(post)
+    )
+    mtp = BASE + "logits_scaling: 8.0\nmtp: {num_heads: 1, mlp: dense}\n"
+    assert any(
+        "mtp: MTP heads need neutral multipliers (logits_scaling)" in x
+        for x in problems(mtp)
+    )
+    dense = BASE + "checkpoint: {fused: [experts, shared_gate_up_proj]}\n"
+    lines = problems(dense)
+    assert any(
+        "checkpoint.fused: experts: the model has no MoE layer" in x for x in lines
+    )
+    assert any(
+        "shared_gate_up_proj: the model has no shared expert" in x for x in lines
+    )
+    mla = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    mla = mla.replace("  type: mla\n", "  type: mla\n  softmax_scale: 0.1\n")
+    assert any(
+        "attention.softmax_scale: MLA's softmax scale follows qk_head_dim" in x
+        for x in problems(mla)
+    )
+    for bad in ("0", "-1.0", ".inf"):
+        assert any(
+            "embedding_multiplier" in x
+            for x in problems(BASE + f"embedding_multiplier: {bad}\n")
+        )
+    # Neutral values are the defaults: the spec stays as it was.
+    spec = parse_spec_text(BASE + "embedding_multiplier: 1.0\n")
+    assert spec == parse_spec_text(BASE)
+
+
 def test_duplicate_keys_are_errors():
     lines = problems(BASE + "vocab_size: 1000\n")
     assert any("duplicate key" in x for x in lines)

@@ -67,6 +67,8 @@ class Attention:
     query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
     logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
+    # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
+    softmax_scale: float | None = None
 
     @property
     def sliding(self) -> bool:
@@ -111,6 +113,10 @@ class MoEMLP:
     shared_expert_gate: bool
     router: Router
     activation: str
+    # checkpoint.fused: the routed experts stacked in two 3-D tensors (`experts`),
+    # the shared expert's gate and up in one (`shared_gate_up_proj`).
+    stacked: bool = False
+    shared_fused: bool = False
 
     kind = "moe"
 
@@ -156,6 +162,8 @@ class Layer:
     mixer: Mixer
     mlp: MLP
     norms: Norms
+    # Factor on the attention and MLP outputs before each residual add.
+    residual_multiplier: float = 1.0
 
     @property
     def is_moe(self) -> bool:
@@ -201,6 +209,9 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+    # Factor on the token embeddings; the logits are divided by logits_scaling.
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @cached_property
     def config(self) -> ConfigKeys:
@@ -212,7 +223,8 @@ class ArchPlan:
     @property
     def fused(self) -> frozenset[str]:
         """The projections the checkpoint stores as one tensor (``qkv_proj``,
-        ``gate_up_proj``; checkpoint.fused)."""
+        ``gate_up_proj``, ``shared_gate_up_proj``, and ``experts`` stacked;
+        checkpoint.fused)."""
         return frozenset(self.spec.checkpoint.fused)
 
     @property
@@ -310,6 +322,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
             mixer=_attention(spec, types[i] == "sliding_attention", i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
+            residual_multiplier=spec.residual_multiplier,
         )
         for i in range(spec.num_hidden_layers)
     )
@@ -328,7 +341,14 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         checkpoint=MappingProxyType({r: spec.tensor_path(r) for r in roles}),
         canonical=MappingProxyType({r: CANONICAL[r] for r in roles}),
     )
-    return ArchPlan(spec=spec, layers=layers, mtp=mtp, tensors=tensors)
+    return ArchPlan(
+        spec=spec,
+        layers=layers,
+        mtp=mtp,
+        tensors=tensors,
+        embedding_multiplier=spec.embedding_multiplier,
+        logits_scaling=spec.logits_scaling,
+    )
 
 
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
@@ -353,6 +373,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         partial_rotary_factor=att.partial_rotary_factor,
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         logit_softcap=att.logit_softcap,
+        softmax_scale=att.softmax_scale,
         mla=None
         if mla is None
         else MLADims(
@@ -392,4 +413,6 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             routed_scaling_factor=r.routed_scaling_factor,
         ),
         activation=spec.activation,
+        stacked="experts" in spec.checkpoint.fused,
+        shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,
     )

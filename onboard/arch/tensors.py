@@ -195,14 +195,23 @@ def _moe_tensors(
     if m.router.bias_correction:
         shape = (1, m.num_experts) if m.router.bias_2d else (m.num_experts,)
         add("router_bias", shape, "router_bias", suffix="e_score_correction_bias")
-    for e in range(m.num_experts):
-        linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
+    width = m.expert_intermediate_size
+    if m.stacked:
+        # All experts of the layer stacked; each expert's gate rows, then its up rows.
+        add("experts_gate_up_proj", (m.num_experts, 2 * width, h))
+        add("experts_down_proj", (m.num_experts, h, width))
+    else:
+        for e in range(m.num_experts):
+            linear("expert_gate_proj", width, h, expert=e)
+            linear("expert_up_proj", width, h, expert=e)
+            linear("expert_down_proj", h, width, expert=e)
     if m.num_shared_experts:
         shared = m.shared_intermediate_size
-        linear("shared_gate_proj", shared, h)
-        linear("shared_up_proj", shared, h)
+        if m.shared_fused:
+            linear("shared_gate_up_proj", 2 * shared, h)
+        else:
+            linear("shared_gate_proj", shared, h)
+            linear("shared_up_proj", shared, h)
         linear("shared_down_proj", h, shared)
         if m.shared_expert_gate:
             linear("shared_expert_gate", 1, h)

@@ -13,6 +13,7 @@ from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
     ROLES,
+    STACKED_EXPERT_ROLES,
     required_placeholders,
 )
 
@@ -174,7 +175,12 @@ def role_hint(
             "kv_a_proj_with_mqa / kv_b_proj, GQA ones k_proj / v_proj)",
             ["attention.type"],
         )
-    if role in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"):
+    if role in (
+        "shared_gate_proj",
+        "shared_up_proj",
+        "shared_gate_up_proj",
+        "shared_down_proj",
+    ):
         n = moe.num_shared_experts if moe else 0
         return (
             f"check mlp.moe.num_shared_experts (the spec says {n}) and the layout's "
@@ -191,7 +197,14 @@ def role_hint(
         "mlp.moe.layer_frequency",
         "mlp.moe.dense_layers",
     ]
-    if role in ("router", *EXPERT_ROLES, "gate_proj", "up_proj", "down_proj"):
+    if role in (
+        "router",
+        *EXPERT_ROLES,
+        *STACKED_EXPERT_ROLES,
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ):
         return (
             "the checkpoint's dense and MoE layers differ from the spec's: check "
             + ", ".join(placement)
@@ -316,6 +329,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "expert_gate_proj": (ei, h),
             "expert_up_proj": (ei, h),
             "expert_down_proj": (h, ei),
+            "experts_gate_up_proj": (ne, (f"2 × {ei[0]}", 2 * ei[1]), h),
+            "experts_down_proj": (ne, h, ei),
             "shared_expert_gate": (("1", 1), h),
         }
         if moe.num_shared_experts:
@@ -328,6 +343,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             table |= {
                 "shared_gate_proj": (si, h),
                 "shared_up_proj": (si, h),
+                "shared_gate_up_proj": ((f"2 × {si[0]}", 2 * si[1]), h),
                 "shared_down_proj": (h, si),
             }
     dims = table.get(role or "")
@@ -364,6 +380,10 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),
     "partial_rotary_factor": ("attention.partial_rotary_factor",),
+    "attention_multiplier": ("attention.softmax_scale",),
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),
     "rope_parameters": ("rope",),
     "rope_interleave": ("rope.interleaved",),
     "sliding_window": ("attention.sliding_window",),

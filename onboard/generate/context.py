@@ -24,6 +24,7 @@ from onboard.spec.layouts import (
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
+    STACKED_EXPERT_ROLES,
 )
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
@@ -95,6 +96,21 @@ def _vllm_moe_paths(
     they fit vLLM's structure (``block_sparse_moe``, Mixtral's ``w1/w2/w3``, Qwen's
     ``shared_expert``), as vLLM's hand-written models do: then neither weights nor
     quantization configs need renaming. Roles that do not fit are renamed."""
+    dense_block = _vllm_dense_block(spec) if has_dense else None
+    if "experts" in spec.checkpoint.fused:
+        return _vllm_stacked_moe_paths(spec, dense_block)
+    paths = _vllm_split_moe_paths(spec, dense_block, has_shared, has_shared_gate)
+    # A shared expert's gate and up stored as one tensor load whole into its
+    # gate_up_proj (vLLM's merged linear splits a tensor fused on disk).
+    shared = paths["shared_gate_proj"].rsplit(".", 1)[0]
+    paths["shared_gate_up_proj"] = f"{shared}.gate_up_proj"
+    return paths
+
+
+def _vllm_split_moe_paths(
+    spec: ModelSpec, dense_block: str | None, has_shared: bool, has_shared_gate: bool
+) -> dict[str, str]:
+    """_vllm_moe_paths for experts stored one tensor per projection and expert."""
     paths = {
         role: CANONICAL[role]
         for role in (
@@ -104,7 +120,6 @@ def _vllm_moe_paths(
             "shared_expert_gate",
         )
     }
-    dense_block = _vllm_dense_block(spec) if has_dense else None
     router = _layer_rel(spec.tensor_path("router")) or ""
     parts = router.split(".")
     if len(parts) != 2:
@@ -167,6 +182,48 @@ def _vllm_moe_paths(
         m = re.fullmatch(rf"{re.escape(block)}\.(\w+)", rel)
         if m is not None and m.group(1) not in taken:
             paths["shared_expert_gate"] = f"{base}.{m.group(1)}"
+    return paths
+
+
+def _vllm_stacked_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[str, str]:
+    """Module paths for the MoE roles of stacked experts, as vLLM's granitemoe.py
+    has them: the checkpoint's MoE block name where the stacked experts and the
+    router share one (``block_sparse_moe``), its router as ``gate``, the stacked
+    tensors as the fused MoE layer's ``experts.gate_up_proj`` / ``down_proj``
+    (which it splits into each expert's w1 / w3 and w2), and the shared expert
+    as the block's ``shared_experts`` (vLLM's fused MoE layer runs it)."""
+    rels = [
+        (_layer_rel(spec.tensor_path(role)) or "").split(".")
+        for role in ("router", *STACKED_EXPERT_ROLES)
+    ]
+    blocks = {parts[0] for parts in rels}
+    block = blocks.pop() if len(blocks) == 1 else "mlp"
+    if (
+        not block.isidentifier()
+        or block in LAYER_ATTRIBUTES
+        or (dense_block is not None and block != dense_block)
+        or any(len(parts) < 2 for parts in rels)
+    ):
+        block = "mlp"
+    base = f"model.layers.{{layer}}.{block}"
+    paths = {
+        "router": f"{base}.gate",
+        "experts_gate_up_proj": f"{base}.experts.gate_up_proj",
+        "experts_down_proj": f"{base}.experts.down_proj",
+        "shared_expert_gate": f"{base}.shared_expert_gate",
+    }
+    for role, leaf in (
+        ("shared_gate_proj", "gate_proj"),
+        ("shared_up_proj", "up_proj"),
+        ("shared_gate_up_proj", "gate_up_proj"),
+        ("shared_down_proj", "down_proj"),
+    ):
+        paths[role] = f"{base}.shared_experts.{leaf}"
+    # Each expert's name in the fused MoE layer (quantization configs name them).
+    for role, leaf in zip(
+        ROUTED_EXPERT_ROLES, ("gate_proj", "up_proj", "down_proj"), strict=True
+    ):
+        paths[role] = f"{base}.experts.{{expert}}.{leaf}"
     return paths
 
 
@@ -242,7 +299,15 @@ def _renames(
         )
         for role in roles
         if spec.tensor_path(role) != vllm_paths[role]
+        and role not in STACKED_EXPERT_ROLES
     ]
+    for role in STACKED_EXPERT_ROLES:
+        if role in roles:
+            # The fused MoE layer takes a stacked tensor by its own name, without
+            # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
+            rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
+            rename.pattern = rename.pattern.removesuffix("(?=\\.|$)") + r"\.weight$"
+            out.append(rename)
     # Renames run one after another: none may match a path another one produced
     # (e.g. two roles swapping names).
     for a in out:
@@ -444,9 +509,11 @@ def build_context(
         "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (the norms of
-        # attention's and the MLP's inputs: pre-norm and sandwich blocks).
+        # attention's and the MLP's inputs: pre-norm and sandwich blocks; no
+        # multiplier on the sublayers' outputs, as vLLM's granite.py).
         "fused_residual": norms.kind == "rmsnorm"
-        and norms.placement in ("pre", "sandwich"),
+        and norms.placement in ("pre", "sandwich")
+        and cfg["residual_multiplier"] is None,
         "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
@@ -599,6 +666,7 @@ def _model_config_keys(
     cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
+    cfg.update(f.multipliers())
     return cfg
 
 
@@ -745,14 +813,18 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        stacked = "experts" in spec.checkpoint.fused
+        roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
         moe = spec.mlp.moe
         if moe is not None and moe.router.bias_correction:
             # On the router's module it moves with the router's rename.
             if _router_bias_at(spec) != "router":
                 roles.append("router_bias")
         if mlp.shared:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            if "shared_gate_up_proj" in spec.checkpoint.fused:
+                roles += ["shared_gate_up_proj", "shared_down_proj"]
+            else:
+                roles += list(SHARED_EXPERT_ROLES)
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
     if mtp:
@@ -776,7 +848,7 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
             rel(role)[-1]
             for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
         )
-        names["shared"] = rel("shared_gate_proj")[1]
+        names["shared"] = rel("shared_down_proj")[1]
         names["shared_gate"] = rel("shared_expert_gate")[1]
     return names
 
@@ -808,7 +880,8 @@ def _stacked_params(
     gate_up_blocks = []
     if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
-    if mlp.loads_moe and mlp.shared:
+    if mlp.loads_moe and mlp.shared and "shared_gate_up_proj" not in fused:
+        # (A fused shared expert's checkpoint tensor is its gate_up_proj already.)
         gate_up_blocks.append(names["shared"])
     for block in gate_up_blocks:
         stacked += [
@@ -999,8 +1072,12 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             "Parallel blocks: attention and the MLP read the same normalised input "
             "and both add to the residual."
         )
-    parts = {"qkv_proj": "q, k and v", "gate_up_proj": "gate and up"}
-    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused]
+    parts = {
+        "qkv_proj": "q, k and v",
+        "gate_up_proj": "gate and up",
+        "shared_gate_up_proj": "the shared expert's gate and up",
+    }
+    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused if r in parts]
     if fused:
         items.append(
             f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
@@ -1025,6 +1102,14 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     ]
     if gemma:
         items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
+    read = [concept for concept, key in arch.config.multipliers().items() if key]
+    if read:
+        items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
+    if "experts" in spec.checkpoint.fused:  # stacked
+        items.append(
+            "The checkpoint stores each layer's experts stacked (gate and up in one "
+            "tensor), as the fused MoE layer holds them."
+        )
     if spec.mtp is not None:
         items.append(
             f"{_heads(spec.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "

@@ -91,6 +91,10 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "moe": moe is not None,
         "dense": arch.has_dense,
         "shared": moe is not None and moe.num_shared_experts > 0,
+        # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
+        "shared_on_layer": names.get("shared_parent") == "layer",
+        # checkpoint.fused: experts, the routed experts stacked in two tensors.
+        "stacked": "experts" in spec.checkpoint.fused,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
         # Where the bias sits (module_tree.router_bias_at) and its stored shape.
@@ -113,6 +117,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "heads": keys.need("num_attention_heads"),
         "rope": keys.need("rope_parameters"),
     }
+    c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
     c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
@@ -337,11 +342,13 @@ def _moe_keys(
 def _mlp_classes(
     names: dict[str, str], f: dict[str, Any]
 ) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """One gated-MLP class per distinct (gate, up, down) naming."""
+    """One gated-MLP class per distinct (gate, up, down) naming. Stacked routed
+    experts (checkpoint.fused: experts) have no class of their own: the MoE block
+    holds their tensors."""
     groups = []
     if f["dense"]:
         groups.append(("dense", "MLP", "", "dense layers"))
-    if f["moe"]:
+    if f["moe"] and not f["stacked"]:
         groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
     if f["shared"]:
         groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
@@ -537,16 +544,22 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     parts.append("layernorm without bias" if bare else spec.norm.type)
     if f["parallel_norm"]:
         parts.append("parallel attention and MLP")
-    if spec.checkpoint.fused:
-        joined = " and ".join(
-            {"qkv_proj": "q/k/v", "gate_up_proj": "gate/up"}[r]
-            for r in spec.checkpoint.fused
-        )
-        parts.append(f"{joined} stored as one tensor each")
+    names = {
+        "qkv_proj": "q/k/v",
+        "gate_up_proj": "gate/up",
+        "shared_gate_up_proj": "the shared expert's gate/up",
+    }
+    fused = [names[r] for r in spec.checkpoint.fused if r in names]
+    if fused:
+        parts.append(f"{' and '.join(fused)} stored as one tensor each")
+    if "experts" in spec.checkpoint.fused:
+        parts.append("each layer's experts stacked in two tensors")
     if spec.logit_scale != 1.0:
         parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
+    if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
+        parts.append("scaled embeddings and residual branches (Granite)")
     if f["mtp"]:
         assert spec.mtp is not None
         n = spec.mtp.num_heads

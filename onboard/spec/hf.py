@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
-from onboard.spec.model import ModelSpec, RopeScaling
+from onboard.spec.model import MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
 # ---- the alias table -----------------------------------------------------------
@@ -54,6 +54,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "norm_placement": ("norm_placement",),
     "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
     "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
+    # Granite's multipliers (HyperCLOVAX's keys too)
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),  # the logits are divided by it
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -67,6 +71,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "partial_rotary_factor": ("partial_rotary_factor",),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
     "attn_logit_softcapping": ("attn_logit_softcapping",),
+    "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
@@ -103,7 +108,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_shared_experts",
         "moe_num_shared_experts",
     ),
-    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "shared_expert_intermediate_size": (
+        "shared_expert_intermediate_size",
+        "shared_intermediate_size",  # Granite-MoE-Shared (0: none)
+    ),
     "shared_expert_gate": ("shared_expert_gate",),
     "first_k_dense_replace": ("first_k_dense_replace", "moe_layer_start_index"),
     # MoE when (i + 1) % N == 0
@@ -176,8 +184,8 @@ class Family:
     facts: dict[str, Any] = field(default_factory=dict)
     # Alias keys vLLM's in-tree model reads although transformers' class does not.
     vllm_keys: tuple[str, ...] = ()
-    # Roles the family stores at another path than its layout preset's.
-    tensor_names: dict[str, str] = field(default_factory=dict)
+    # How its checkpoints store tensors, beyond the layout (spec `checkpoint`).
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
 
 _GEMMA = {"scale_embedding": True, "norm_unit_offset": True}
@@ -239,9 +247,25 @@ FAMILIES: dict[str, Family] = {
     "vaultgemma": Family(
         "llama",
         dict(_GEMMA),
-        tensor_names={
-            "post_attention_norm": "model.layers.{layer}.pre_feedforward_layernorm"
+        checkpoint={
+            "tensor_names": {
+                "post_attention_norm": "model.layers.{layer}.pre_feedforward_layernorm"
+            }
         },
+    ),
+    # Llama blocks with four multipliers, all config keys.
+    "granite": Family("llama"),
+    # Mixtral's MoE with the router one module down, the experts saved fused; the
+    # router takes the softmax of the top-k logits (renormalised top-k).
+    "granitemoe": Family(
+        "granite", {"norm_topk_prob": True}, checkpoint={"fused": ["experts"]}
+    ),
+    # ... and a shared expert beside the MoE block (shared_intermediate_size),
+    # its gate and up in one tensor.
+    "granitemoeshared": Family(
+        "granite",
+        {"norm_topk_prob": True},
+        checkpoint={"fused": ["shared_gate_up_proj", "experts"]},
     ),
 }
 
@@ -305,6 +329,7 @@ _HF_CARRIED = (
     "activation",
     "scale_embedding",
     "final_logit_softcap",
+    *MULTIPLIERS,
     "norm",
     "attention",
     "rope",
@@ -555,6 +580,8 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     spec["activation"] = act
     spec["scale_embedding"] = bool(r.get("scale_embedding", False))
     spec["final_logit_softcap"] = r.get("final_logit_softcapping")
+    for concept in MULTIPLIERS:
+        spec[concept] = _factor(r, concept, 1.0)
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
@@ -576,10 +603,33 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     return spec, r
 
 
+def _factor(r: _Reader, concept: str, default: float | None) -> Any:
+    """A multiplier: a positive number (checked by the spec), or the default."""
+    value = r.get(concept, default)
+    if isinstance(value, bool) or not isinstance(value, int | float | type(None)):
+        keys = "/".join(ALIASES[concept])
+        r.bad(f"{keys}={value!r}: must be a number")
+        return default
+    return value
+
+
+def _softmax_scale(r: _Reader, head_dim: Any) -> float | None:
+    """attention_multiplier; None where it is the default 1/sqrt(head_dim)."""
+    scale = _factor(r, "attention_multiplier", None)
+    heads, hidden = r.get("num_attention_heads"), r.get("hidden_size")
+    if not (_is_int(head_dim) and head_dim > 0):
+        ok = _is_int(heads) and _is_int(hidden) and heads > 0
+        head_dim = hidden // heads if ok else None
+    if scale is not None and head_dim and scale == head_dim**-0.5:
+        return None
+    return scale
+
+
 def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     att: dict[str, Any] = {"num_heads": r.get("num_attention_heads", REQUIRED)}
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
+    softmax_scale = _softmax_scale(r, head_dim)
     qk_norm = bool(r.get("qk_norm", False))
     qk_norm_form = {
         "qk_norm_scope": r.get("qk_norm_scope", "head"),
@@ -631,6 +681,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             query_pre_attn_scalar=scalar,
             logit_softcap=softcap,
             kv_sharing=sharing,
+            softmax_scale=softmax_scale,
             **windows,
         )
         if partial is not None:
@@ -670,6 +721,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     ):
         if value is not None:
             r.bad(f"{key}={value!r}: not expressible for MLA attention")
+    if softmax_scale is not None:
+        r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
@@ -1139,17 +1192,26 @@ def spec_from_hf_config(
             f"{source}: cannot map this config to a spec without changing the model:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
-    checkpoint: dict[str, Any] = {"layout": family.layout if family else "llama"}
-    if family is not None and family.tensor_names:
-        checkpoint["tensor_names"] = dict(family.tensor_names)
     data = {
         "name": name or model_type.replace("_", "-"),
         "architecture": architectures[0],
         "model_type": model_type,
         **data,
-        "checkpoint": checkpoint,
+        "checkpoint": _family_checkpoint(family, data),
     }
     return _validated(data, source)
+
+
+def _family_checkpoint(family: Family | None, data: dict) -> dict:
+    """The checkpoint section a family implies: its layout preset and how it
+    stores tensors (a shared expert's fused gate and up where it has one)."""
+    if family is None:
+        return {"layout": "llama"}
+    out: dict[str, Any] = {"layout": family.layout, **family.checkpoint}
+    moe = (data.get("mlp") or {}).get("moe") or {}
+    if not moe.get("num_shared_experts") and "fused" in out:
+        out["fused"] = [f for f in out["fused"] if f != "shared_gate_up_proj"]
+    return out
 
 
 def model_type_of(config: Any, source: str) -> str:
@@ -1280,6 +1342,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         c["norm_bias"] = False
     if spec.logit_scale != 1.0:
         c["logit_scale"] = spec.logit_scale
+    # Granite's multipliers, written where they are not neutral.
+    for concept in MULTIPLIERS:
+        if getattr(spec, concept) != 1.0:
+            c[concept] = getattr(spec, concept)
     rope = _rope_params(spec, spec.rope.theta, spec.rope.scaling)
     sliding_rope = spec.rope.sliding and _rope_params(
         spec, spec.rope.sliding.theta, spec.rope.sliding.scaling
@@ -1315,6 +1381,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             for params in (rope, sliding_rope or {}):
                 params["partial_rotary_factor"] = att.partial_rotary_factor
+        if att.softmax_scale is not None:
+            c["attention_multiplier"] = att.softmax_scale
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()
@@ -1420,6 +1488,22 @@ def _write_known(
 ) -> dict:
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
+    if "attention_multiplier" not in concepts and _key_for(
+        "attention_multiplier", known
+    ):
+        # Granite's class defaults it to 1.0: state the default scale.
+        concepts = {**concepts, "attention_multiplier": spec.head_dim**-0.5}
+    if (
+        spec.mlp.moe is not None
+        and spec.mlp.moe.num_shared_experts
+        and concepts.get("shared_expert_intermediate_size") is None
+    ):
+        # A class without a shared-expert count takes the total width (Granite's
+        # shared_intermediate_size).
+        concepts = {
+            **concepts,
+            "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
+        }
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
@@ -1576,6 +1660,7 @@ def hf_fields(spec: ModelSpec) -> dict:
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
         if att["query_pre_attn_scalar"] is None:
             att["query_pre_attn_scalar"] = spec.head_dim
+        att["softmax_scale"] = att["softmax_scale"] or spec.head_dim**-0.5
     att["layer_types"] = spec.layer_attention_types()
     att.pop("sliding_window_pattern")
     moe = data["mlp"]["moe"]

@@ -62,6 +62,11 @@ _BASE: dict[str, str] = {
     "shared_up_proj": f"{_LAYER}.mlp.shared_experts.up_proj",
     "shared_down_proj": f"{_LAYER}.mlp.shared_experts.down_proj",
     "shared_expert_gate": f"{_LAYER}.mlp.shared_expert_gate",
+    # checkpoint.fused: the shared expert's gate and up projections as one
+    # tensor; a layer's routed experts as two stacked tensors (`experts`).
+    "shared_gate_up_proj": f"{_LAYER}.mlp.shared_experts.gate_up_proj",
+    "experts_gate_up_proj": f"{_LAYER}.mlp.input_linear",
+    "experts_down_proj": f"{_LAYER}.mlp.output_linear",
     # MTP heads (layer = num_hidden_layers + head index)
     "mtp_enorm": f"{_LAYER}.enorm",
     "mtp_hnorm": f"{_LAYER}.hnorm",
@@ -79,6 +84,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "shared_gate_proj": f"{_LAYER}.mlp.shared_expert.gate_proj",
         "shared_up_proj": f"{_LAYER}.mlp.shared_expert.up_proj",
         "shared_down_proj": f"{_LAYER}.mlp.shared_expert.down_proj",
+        "shared_gate_up_proj": f"{_LAYER}.mlp.shared_expert.gate_up_proj",
     },
     "mixtral": {
         **_BASE,
@@ -87,6 +93,24 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
+    },
+    # Granite-MoE (-Shared): Mixtral's block with the router one module down, the
+    # experts stacked (checkpoint.fused: experts) and the shared expert beside the
+    # MoE block. Per expert, the names vLLM's fused MoE layer gives its experts.
+    "granite": {
+        **_BASE,
+        "router": f"{_LAYER}.block_sparse_moe.router.layer",
+        "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.gate_proj",
+        "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.up_proj",
+        "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.down_proj",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
+        "shared_gate_proj": f"{_LAYER}.shared_mlp.gate_proj",
+        "shared_up_proj": f"{_LAYER}.shared_mlp.up_proj",
+        "shared_gate_up_proj": f"{_LAYER}.shared_mlp.input_linear",
+        "shared_down_proj": f"{_LAYER}.shared_mlp.output_linear",
     },
 }
 
@@ -155,11 +179,18 @@ NORM_SITES: dict[str, str] = {
 FUSED_ROLES: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
+    "shared_gate_up_proj": ("shared_gate_proj", "shared_up_proj"),
 }
+# What checkpoint.fused may list, in the order the spec lists them: the fused
+# roles, and `experts` (STACKED_EXPERT_ROLES).
+FUSED_FORMS = (*FUSED_ROLES, "experts")
 
 # The MLP of one routed expert, and of the shared expert, by role.
 ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")
 SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+# The same with `experts` in checkpoint.fused: all routed experts of a layer in
+# two stacked 3-D tensors (each expert's gate rows, then its up rows; down).
+STACKED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
 
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
@@ -179,6 +210,7 @@ LINEAR_ROLES: tuple[str, ...] = (
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
+    "shared_gate_up_proj",
 )
 
 # Placeholders each role's path must (and may only) contain.

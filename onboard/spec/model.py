@@ -24,6 +24,9 @@ SpecMethod = Literal[
 ]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention"]
+# Granite's whole-model multipliers (spec fields and config.json keys alike);
+# 1.0 leaves the model as it is.
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 # Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
 # in vLLM; counts and widths stop at a few times the largest released model, so a
@@ -215,13 +218,19 @@ class Attention(_Section):
     query_pre_attn_scalar: PositiveInt | Annotated[float, Field(gt=0)] | None = Field(
         None,
         description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
-        "head_dim**-0.5 (Gemma-2/3); null: head_dim.",
+        "head_dim**-0.5 (Gemma-2/3); null: head_dim. Not beside softmax_scale.",
     )
     logit_softcap: float | None = Field(
         None,
         gt=0,
         description="Soft-cap of the attention scores before the softmax: "
         "cap * tanh(scores / cap) (Gemma-2); null: none.",
+    )
+    softmax_scale: float | None = Field(
+        None,
+        gt=0,
+        description="Factor on the q.k scores before the softmax (gqa); null means "
+        "1/sqrt(head_dim). Granite's `attention_multiplier`.",
     )
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
@@ -328,14 +337,20 @@ class MTP(_Section):
 class Checkpoint(_Section):
     """Tensor names (and stored shapes) of the checkpoint."""
 
-    layout: Literal["llama", "deepseek", "qwen", "mixtral"] = Field(
+    layout: Literal["llama", "deepseek", "qwen", "mixtral", "granite"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
     )
-    fused: list[Literal["qkv_proj", "gate_up_proj"]] = Field(
+    fused: list[
+        Literal["qkv_proj", "gate_up_proj", "shared_gate_up_proj", "experts"]
+    ] = Field(
         default_factory=list,
         description="Projections the checkpoint stores as one tensor: `qkv_proj` "
         "(q, k and v stacked in that order, Phi-3), `gate_up_proj` (the dense "
-        "MLP's gate then up, Phi-3, GLM).",
+        "MLP's gate then up, Phi-3, GLM), `shared_gate_up_proj` (the shared "
+        "expert's gate then up, Granite-MoE-Shared), `experts` (a layer's routed "
+        "experts stacked in two tensors, `experts_gate_up_proj` [experts, 2 x "
+        "width, hidden] with each expert's gate rows then its up rows, and "
+        "`experts_down_proj` [experts, hidden, width]: Granite-MoE).",
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
@@ -405,13 +420,31 @@ class ModelSpec(_Section):
     scale_embedding: bool = Field(
         False,
         description="Multiply the token embeddings by sqrt(hidden_size), the "
-        "factor rounded to the embedding's dtype (Gemma's normalizer).",
+        "factor rounded to the embedding's dtype (Gemma's normalizer); not "
+        "beside an embedding_multiplier.",
     )
     final_logit_softcap: float | None = Field(
         None,
         gt=0,
         description="Soft-cap of the output logits: cap * tanh(logits / cap) "
-        "(Gemma-2/3); null: none.",
+        "(Gemma-2/3); null: none. Not beside a logit_scale or logits_scaling.",
+    )
+    embedding_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on the token embeddings before the first layer "
+        "(Granite's `embedding_multiplier`).",
+    )
+    residual_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on each attention and MLP output before its residual "
+        "add (Granite's `residual_multiplier`).",
+    )
+    logits_scaling: float = Field(
+        1.0,
+        gt=0,
+        description="The output logits are divided by it (Granite's `logits_scaling`).",
     )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")

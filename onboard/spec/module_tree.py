@@ -12,7 +12,12 @@ runs it, so a spec that passes has a reference every later stage can write.
 from __future__ import annotations
 
 from onboard.errors import InputError
-from onboard.spec.layouts import LAYER_NORM_ROLES
+from onboard.spec.layouts import (
+    LAYER_NORM_ROLES,
+    ROUTED_EXPERT_ROLES,
+    SHARED_EXPERT_ROLES,
+    STACKED_EXPERT_ROLES,
+)
 from onboard.spec.model import ModelSpec
 
 
@@ -61,9 +66,14 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
         ("moe", "experts", "{expert}"),
     ),
+    # `experts` in checkpoint.fused: the stacked tensors sit on the MoE block.
+    **dict.fromkeys(STACKED_EXPERT_ROLES, ("moe",)),
+    # The shared expert sits in the MoE block, or beside it on the layer
+    # (Granite-MoE-Shared's shared_mlp: module_names reads it from the path).
     **dict.fromkeys(
         ("shared_gate_proj", "shared_up_proj", "shared_down_proj"), ("moe", "shared")
     ),
+    "shared_gate_up_proj": ("moe", "shared"),
     "mtp_enorm": (),
     "mtp_hnorm": (),
     "mtp_eh_proj": (),
@@ -79,6 +89,7 @@ RESERVED = frozenset(
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
         "e_score_correction_bias", "config", "lm_head_name", "softcap",
+        "residual_multiplier", "act_fn",
     }
 )  # fmt: skip
 
@@ -128,17 +139,22 @@ def used_roles(spec: ModelSpec) -> list[str]:
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
     moe = spec.mlp.moe
+    fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
         if "gate_up_proj" in spec.checkpoint.fused:
             roles += ["gate_up_proj", "down_proj"]
         else:
             roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        stacked = "experts" in fused
+        roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
         if moe.router.bias_correction:
             roles.append("router_bias")
         if moe.num_shared_experts:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            if "shared_gate_up_proj" in fused:
+                roles += ["shared_gate_up_proj", "shared_down_proj"]
+            else:
+                roles += SHARED_EXPERT_ROLES
             if moe.shared_expert_gate:
                 roles.append("shared_expert_gate")
     if spec.mtp is not None:
@@ -157,7 +173,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     Keys: every used role (its leaf name), plus the containers ``base`` (the
     ``PreTrainedModel`` base prefix, e.g. ``model``), ``layers``, ``attn``,
-    ``mlp``, ``moe``, ``experts``, ``shared`` and ``shared_head`` where used.
+    ``mlp``, ``moe``, ``experts``, ``shared`` and ``shared_head`` where used, and
+    ``shared_parent``: ``moe`` or ``layer``, where the shared expert sits.
     """
     names: dict[str, str] = {}
     roles = used_roles(spec)
@@ -211,6 +228,12 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             + ("<name>",)
         )
         parts = spec.tensor_path(role).split(".")
+        if slots == ("moe", "shared") and len(parts) == 5:
+            # The shared expert beside the MoE block, on the layer.
+            slots = ("shared",)
+        if slots and slots[-1] == "shared":
+            parent = "moe" if len(slots) == 2 else "layer"
+            claim("shared_parent", parent, role, shape)
         if role == "router" and len(parts) == 5 + len(slots):
             # The router's weight one module down (HunYuan's mlp.gate.wg): the
             # reference nests it in a plain container of that name.
@@ -234,10 +257,19 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             continue
         claim(role, parts[-1], role, shape)
 
+    if names.get("shared_parent") == "layer" and has_dense_mlp(spec):
+        role = next(r for r in roles if _LAYER_SLOTS.get(r, ())[-1:] == ("shared",))
+        raise TensorTreeError(
+            role,
+            f"{spec.tensor_path(role)!r} puts the shared expert beside the MoE block; "
+            "the Hugging Face reference does so only when every layer is MoE",
+        )
     if "router_bias" in roles:
         _router_bias_names(spec, names)
     _check_distinct(spec, names, roles)
     for key, value in names.items():
+        if key == "shared_parent":
+            continue  # a place, not a module name
         if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
             raise TensorTreeError(
                 key if key in roles else None,
@@ -300,6 +332,8 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
         slots = _LAYER_SLOTS.get(role)
         if slots is None:
             continue
+        if slots == ("moe", "shared") and names.get("shared_parent") == "layer":
+            slots = ("shared",)
         key = slots + (names[role],)
         if seen.setdefault(key, role) != role:
             raise TensorTreeError(
@@ -309,6 +343,8 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     # share a name (a layer has one or the other), nothing else may.
     on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
     on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    if names.get("shared_parent") == "layer":
+        on_layer.append(names["shared"])
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})
     twice = sorted({n for n in on_layer if on_layer.count(n) > 1})
     if twice:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
-from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
 from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, has_dense_mlp, used_roles
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
@@ -33,6 +33,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _moe_rules,
         _gemma_rules,
         _mtp_rules,
+        _multiplier_rules,
         _checkpoint_rules,
         _fused_rules,
         _norm_rules,
@@ -199,6 +200,12 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             a + ("partial_rotary_factor",),
             "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0",
         )
+    if att.softmax_scale is not None:
+        report(
+            a + ("softmax_scale",),
+            "MLA's softmax scale follows qk_head_dim (and yarn's mscale); "
+            "softmax_scale must stay null",
+        )
     mla = att.mla
     if mla.qk_rope_head_dim % 2:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
@@ -360,6 +367,19 @@ def _gemma_rules(spec: ModelSpec, report: Report) -> None:
     if spec.final_logit_softcap is not None and spec.logit_scale != 1.0:
         # No family has both (vLLM would soft-cap, then scale).
         report(("final_logit_softcap",), "is not generated beside a logit_scale")
+    # Granite's multipliers beside Gemma's scales: no family has both, and each
+    # pair sets the same thing (the embeddings' factor, the logits, the softmax
+    # scale), so which comes first would be a guess.
+    if spec.final_logit_softcap is not None and spec.logits_scaling != 1.0:
+        report(("final_logit_softcap",), "is not generated beside a logits_scaling")
+    if spec.scale_embedding and spec.embedding_multiplier != 1.0:
+        report(("scale_embedding",), "is not generated beside an embedding_multiplier")
+    att = spec.attention
+    if att.query_pre_attn_scalar is not None and att.softmax_scale is not None:
+        report(
+            ("attention", "query_pre_attn_scalar"),
+            "and attention.softmax_scale both set the softmax scale: set one",
+        )
 
 
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
@@ -383,6 +403,20 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.logit_scale != 1.0:
         # No family has both; the MTP draft's logits would need the scale too.
         report(("logit_scale",), "MTP heads need logit_scale 1")
+    if spec.mtp is not None and _multiplied(spec):
+        # No family has both: what an MTP head would scale is unverified.
+        report(("mtp",), f"MTP heads need neutral multipliers ({_multiplied(spec)})")
+
+
+def _multiplied(spec: ModelSpec) -> str:
+    """The multipliers (Granite's) the spec sets away from their neutral value."""
+    return ", ".join(name for name in MULTIPLIERS if getattr(spec, name) != 1.0)
+
+
+def _multiplier_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.residual_multiplier != 1.0 and spec.norm.placement != "pre":
+        # No family has both; where a post-norm block would scale is unverified.
+        report(("residual_multiplier",), "needs norm.placement pre")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
@@ -452,6 +486,11 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
             )
     if "gate_up_proj" in fused and not has_dense_mlp(spec):
         report(where, "gate_up_proj: the model has no dense MLP (experts stay apart)")
+    moe = spec.mlp.moe
+    if "experts" in fused and moe is None:
+        report(where, "experts: the model has no MoE layer")
+    if "shared_gate_up_proj" in fused and not (moe and moe.num_shared_experts):
+        report(where, "shared_gate_up_proj: the model has no shared expert")
 
 
 def _norm_rules(spec: ModelSpec, report: Report) -> None:
@@ -527,8 +566,9 @@ GENERATED_NAMES = frozenset(
         "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
-        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
-        "SpeculativeConfig", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedExpertMLP",
+        "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedLinear",
+        "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
     }
 )  # fmt: skip

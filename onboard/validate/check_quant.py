@@ -93,6 +93,8 @@ GUARDED = {
               "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
+    # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
+    "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
 
 
@@ -399,6 +401,8 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
+    if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
+        must.append("stacked experts")
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
