@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
 # with weight-only LayerNorms and scaled logits, interleaved partial rope;
 # Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
-# softmax scale, and a rope per layer kind; Granite's multipliers and its experts
-# saved stacked (with a fused shared expert).
+# softmax scale, and a rope per layer kind; GLM-4's sandwich norms under its own
+# names; Granite's multipliers and its experts saved stacked (with a fused
+# shared expert).
 FAMILIES = (
     "gemma2",
     "gemma3_text",
@@ -52,6 +53,7 @@ FAMILIES = (
     "phi3",
     "cohere2",
     "glm",
+    "glm4",
     "granite",
     "granitemoeshared",
 )

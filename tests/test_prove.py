@@ -681,6 +681,23 @@ def test_a_gemma_fact_cannot_be_dropped(field, value):
         prove_spec(ModelSpec.model_validate(data), config)
 
 
+def test_glm4_sandwich_norms_are_proven_by_role():
+    # GLM-4's post_attention_layernorm is its MLP's input norm (Gemma-2's is
+    # attention's output norm): the two swapped name every tensor, and the proof
+    # fails on the forward pass.
+    config = transformers_config("glm4").to_dict()
+    spec = spec_from_hf_config(config)
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    names = data["checkpoint"]["tensor_names"]
+    names["attention_output_norm"], names["mlp_input_norm"] = (
+        names["mlp_input_norm"],
+        names["attention_output_norm"],
+    )
+    with pytest.raises(ProofFailed, match="first divergence: layer 0"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
 def test_gemma3_reads_a_rope_per_layer_kind():
     # Hub-style Gemma-3 keys: the legacy rope_theta / rope_local_base_freq /
     # rope_scaling and a sliding_window_pattern, which its class turns into

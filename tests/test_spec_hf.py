@@ -117,6 +117,10 @@ FAMILIES = {
             },
         },
     ),
+    # GLM-4: sandwich norms under its own names, gate and up in one tensor,
+    # interleaved partial rope (its class's default 0.5). Its default pad token
+    # is beyond a tiny vocabulary.
+    "glm4": dict(head_dim=32, pad_token_id=None),
     # VaultGemma: Gemma-2's block without the output norms.
     "vaultgemma": dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16),
     "granite": dict(attention_bias=True, **GRANITE),
@@ -257,6 +261,15 @@ def test_family_specific_facts():
     assert gemma3.attention.logit_softcap is None
     assert (gemma3.rope.theta, gemma3.rope.scaling.type) == (1e6, "linear")
     assert gemma3.rope.sliding.theta == 10000.0 and gemma3.rope.sliding.scaling is None
+    glm4 = specs["glm4"]
+    assert glm4.norm.placement == "sandwich" and glm4.rope.interleaved
+    assert glm4.attention.partial_rotary_factor == 0.5
+    assert (glm4.attention.qkv_bias, glm4.attention.o_bias) == (True, False)
+    assert glm4.checkpoint.fused == ["gate_up_proj"]
+    assert [
+        glm4.tensor_path(role).rsplit(".", 1)[1]
+        for role in ("attention_output_norm", "mlp_input_norm", "mlp_output_norm")
+    ] == ["post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"]
     vault = specs["vaultgemma"]
     assert vault.norm.placement == "pre"
     assert vault.tensor_path("post_attention_norm").endswith(

@@ -253,6 +253,24 @@ FAMILIES: dict[str, Family] = {
             }
         },
     ),
+    # GLM's block (interleaved partial rope, gate and up in one tensor, biases on
+    # q/k/v but not o_proj) with sandwich norms under GLM-4's names: its MLP's
+    # input norm is Llama's post_attention_layernorm.
+    "glm4": Family(
+        "llama",
+        {"norm_placement": "sandwich", "rope_interleave": True, "o_bias": False},
+        checkpoint={
+            "fused": ["gate_up_proj"],
+            "tensor_names": {
+                role: "model.layers.{layer}." + name
+                for role, name in (
+                    ("attention_output_norm", "post_self_attn_layernorm"),
+                    ("mlp_input_norm", "post_attention_layernorm"),
+                    ("mlp_output_norm", "post_mlp_layernorm"),
+                )
+            },
+        },
+    ),
     # Llama blocks with four multipliers, all config keys.
     "granite": Family("llama"),
     # Mixtral's MoE with the router one module down, the experts saved fused; the
