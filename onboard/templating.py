@@ -71,6 +71,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "Attention": ("vllm.model_executor.layers.attention", "Attention"),
     "FusedMoEFactory": ("vllm.model_executor.layers.fused_moe", "FusedMoEFactory"),
     "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
+    "GemmaRMSNorm": ("vllm.model_executor.layers.layernorm", "GemmaRMSNorm"),
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
     "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),

@@ -222,6 +222,54 @@ checkpoint:
   router_bias_2d: true
 """,
     ),
+    # Gemma-3's parts: sandwich norms scaling by 1 + weight, scaled embeddings,
+    # q/k norms, its softmax scale, both soft-caps, and the sliding layers with
+    # their own rope (the full layers' scaled).
+    "var-sandwich": (
+        "VarSandwichForCausalLM",
+        """
+tie_word_embeddings: true
+activation: gelu_pytorch_tanh
+scale_embedding: true
+final_logit_softcap: 30.0
+norm: {eps: 1.0e-06, placement: sandwich, unit_offset: true}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  qk_norm: true
+  query_pre_attn_scalar: 256
+  logit_softcap: 50.0
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope:
+  theta: 1000000.0
+  scaling: {type: linear, factor: 8.0}
+  sliding: {theta: 10000.0}
+mlp: {intermediate_size: 512}
+""",
+    ),
+    # Sandwich norms under GLM-4's names (its pre-MLP norm is Llama's
+    # post_attention_layernorm), with MoE layers after a dense one.
+    "var-sandwich-glm": (
+        "VarSandwichGlmForCausalLM",
+        """
+norm: {placement: sandwich}
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+checkpoint:
+  tensor_names:
+    attention_output_norm: model.layers.{layer}.post_self_attn_layernorm
+    mlp_input_norm: model.layers.{layer}.post_attention_layernorm
+    mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
+""",
+    ),
     # Granite-MoE-Shared: the four multipliers (un-fused residual), experts stored
     # stacked (renamed to the fused MoE layer's own names), the router one module
     # down and a shared expert beside the MoE block, its gate and up in one tensor.

@@ -37,6 +37,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "o_bias": ("o_bias", "attention_out_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
     "partial_rotary_factor": ("partial_rotary_factor",),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "attn_logit_softcapping": ("attn_logit_softcapping",),
+    "final_logit_softcapping": ("final_logit_softcapping",),
     # Granite's multipliers (the logits are divided by logits_scaling).
     "attention_multiplier": ("attention_multiplier",),
     "embedding_multiplier": ("embedding_multiplier",),

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from onboard.arch.config_keys import ConfigKeys
-from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
+from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -56,6 +56,8 @@ class Attention:
     window: int | None  # sliding window in tokens; None: full attention
     kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
+    rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
+    rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
     qk_norm: bool
     # per head, all heads at once, or per head with a weight per head
     qk_norm_scope: Literal["head", "projection", "head_weights"]
@@ -63,6 +65,8 @@ class Attention:
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
+    query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
+    logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
     output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
@@ -242,18 +246,25 @@ MLP = DenseMLP | MoEMLP
 class Norms:
     """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
     ``post`` their outputs (before each residual add), ``parallel`` the layer
-    input once, for attention and the MLP side by side."""
+    input once, for attention and the MLP side by side, ``sandwich`` both inputs
+    and outputs."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post", "parallel"]
+    placement: Literal["pre", "post", "parallel", "sandwich"]
     bias: bool = True  # layernorm: a bias beside the weight
+    unit_offset: bool = False  # RMSNorm by (1 + weight), in float32 (Gemma)
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles: (the one around attention, the one around the
-        MLP); ``parallel`` has the one both read."""
+        """Its checkpoint roles, in the order the layer runs them (``parallel``
+        has the one both attention and the MLP read)."""
         return LAYER_NORM_ROLES[self.placement]
+
+    def at(self, site: str) -> str | None:
+        """The role normalising ``site`` (``attention_input``,
+        ``attention_output``, ``mlp_input``, ``mlp_output``), or None."""
+        return next((r for r in self.roles if NORM_SITES[r] == site), None)
 
     @property
     def has_bias(self) -> bool:
@@ -405,9 +416,18 @@ class ArchPlan:
     def attention(self) -> Attention:
         """The attention every attention block shares, without the per-layer
         sliding window, KV source and rope (kind, heads, dims: one for the whole
-        model; linear-attention layers have their own mixer, ``linear``)."""
+        model; the full-attention layers' rope; linear-attention layers have their
+        own mixer, ``linear``)."""
         first = next(b.mixer for b in self._blocks if isinstance(b.mixer, Attention))
-        return replace(first, window=None, kv_source=None, rope=True)
+        theta, scaling = self.spec.rope.theta, self.spec.rope.scaling
+        return replace(
+            first,
+            window=None,
+            kv_source=None,
+            rope=True,
+            rope_theta=theta,
+            rope_scaling=scaling.type if scaling else None,
+        )
 
     @property
     def dense(self) -> DenseMLP | None:
@@ -442,7 +462,8 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement, spec.norm.bias)
+    norm = spec.norm
+    norms = Norms(norm.type, norm.eps, norm.placement, norm.bias, norm.unit_offset)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 
@@ -497,6 +518,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
     att = spec.attention
     mla = att.mla
+    theta, scaling = spec.layer_rope(spec.num_hidden_layers if layer is None else layer)
     return Attention(
         kind=att.type,
         num_heads=att.num_heads,
@@ -505,6 +527,8 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         window=att.sliding_window if sliding else None,
         kv_source=None if layer is None else att.kv_sharing.get(layer),
         rope=layer is None or spec.uses_rope(layer),
+        rope_theta=theta,
+        rope_scaling=scaling.type if scaling else None,
         qk_norm=att.qk_norm,
         qk_norm_scope=att.qk_norm_scope,
         qk_norm_after_rope=att.qk_norm_after_rope,
@@ -512,6 +536,8 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
         output_gate=att.output_gate,
+        query_pre_attn_scalar=att.query_pre_attn_scalar,
+        logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
         mla=None
         if mla is None

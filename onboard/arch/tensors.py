@@ -25,11 +25,12 @@ from onboard.spec.model import ModelSpec
 class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``, ``a_log``
-    (a linear-attention layer's log decay rates), ``conv`` (its convolution),
-    ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
-    the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
-    tensor, e.g. MTP heads sharing the output head).
+    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
+    that scales by 1 + weight), ``bias``, ``a_log`` (a linear-attention layer's log
+    decay rates), ``conv`` (its convolution), ``router_bias``, ``head`` (scaled
+    output head), ``head_norm`` (a norm carrying the head's scale, tied embeddings;
+    with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same values as
+    another tensor, e.g. MTP heads sharing the output head).
     """
 
     name: str
@@ -63,7 +64,7 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
         plans.append(TensorPlan(name, shape, init, layer))
 
     def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
-        add(role, (size,), init, layer)
+        add(role, (size,), _norm_init(spec, init), layer)
         if spec.norm.type == "layernorm" and spec.norm.bias:
             add(role, (size,), "bias", layer, suffix="bias")
 
@@ -116,8 +117,10 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             )
         )
 
-    def norm(role: str, size: int) -> None:
-        add(role, (size,), "ones")
+    def norm(role: str | None, size: int) -> None:
+        if role is None:
+            return
+        add(role, (size,), _norm_init(spec, "ones"))
         if block.norms.has_bias:
             add(role, (size,), "bias", suffix="bias")
 
@@ -128,11 +131,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    placement = block.norms.placement
-    roles = block.norms.roles
-    attention_norm, mlp_norm = roles[0], roles[-1]  # parallel: the one norm
-    if placement in ("pre", "parallel"):
-        norm(attention_norm, h)
+    norms = block.norms
+    norm(norms.at("attention_input"), h)  # parallel: the one both read
     if isinstance(att, GatedDeltaNet):
         _linear_attention_tensors(att, h, add, linear)
     elif isinstance(att, KimiDeltaAttention):
@@ -145,10 +145,10 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             linear("q_proj", att.num_heads * qk_head, h)
         else:
             linear("q_a_proj", mla.q_lora_rank, h)
-            add("q_a_norm", (mla.q_lora_rank,), "ones")
+            add("q_a_norm", (mla.q_lora_rank,), _norm_init(spec, "ones"))
             linear("q_b_proj", att.num_heads * qk_head, mla.q_lora_rank)
         linear("kv_a_proj", mla.kv_lora_rank + mla.qk_rope_head_dim, h)
-        add("kv_a_norm", (mla.kv_lora_rank,), "ones")
+        add("kv_a_norm", (mla.kv_lora_rank,), _norm_init(spec, "ones"))
         linear(
             "kv_b_proj",
             att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim),
@@ -173,11 +173,11 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
                 "projection": ((att.num_heads * hd,), (kv * hd,)),
                 "head_weights": ((att.num_heads, hd), (kv, hd)),
             }[att.qk_norm_scope]
-            add("q_norm", shapes[0], "ones")
-            add("k_norm", shapes[1], "ones")
-    # pre: the MLP's input norm; post: attention's output norm (same place).
-    if placement != "parallel":
-        norm(mlp_norm if placement == "pre" else attention_norm, h)
+            qk_init = _norm_init(spec, "ones")
+            add("q_norm", shapes[0], qk_init)
+            add("k_norm", shapes[1], qk_init)
+    norm(norms.at("attention_output"), h)
+    norm(norms.at("mlp_input"), h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
@@ -190,8 +190,7 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         linear("down_proj", h, inter)
     else:
         _moe_tensors(m, h, add, linear)
-    if placement == "post":
-        norm(mlp_norm, h)
+    norm(norms.at("mlp_output"), h)
     return out
 
 
@@ -236,6 +235,13 @@ def _kimi_delta_tensors(
     linear("kda_g_b_proj", dim, rank)
     add("kda_o_norm", (m.head_dim,), "ones")
     linear("kda_o_proj", h, dim)
+
+
+def _norm_init(spec: ModelSpec, init: str) -> str:
+    """A norm weight's init: a 1 + weight norm (Gemma) holds the scale less one."""
+    if not spec.norm.unit_offset:
+        return init
+    return {"ones": "zeros", "head_norm": "head_norm+1"}[init]
 
 
 def _moe_tensors(

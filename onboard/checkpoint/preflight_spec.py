@@ -249,6 +249,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         "input_norm",
         "post_attention_norm",
         "attention_output_norm",
+        "mlp_input_norm",
         "mlp_output_norm",
         "final_norm",
         "mtp_enorm",

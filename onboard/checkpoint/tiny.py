@@ -72,9 +72,14 @@ def init_tensor(
     logit_std = LOGIT_STD * logits_scaling  # before the division by logits_scaling
     if plan.init == "ones":
         return np.ones(plan.shape, dtype=np.float32)
-    if plan.init == "head_norm":  # tied embeddings: the scale sits before the head
+    if plan.init == "zeros":  # a norm that scales by 1 + weight
+        return np.zeros(plan.shape, dtype=np.float32)
+    if plan.init in ("head_norm", "head_norm+1"):
+        # Tied embeddings: the scale sits before the head (less the 1 a 1 + weight
+        # norm adds).
         scale = logit_std / (WEIGHT_STD * math.sqrt(hidden_size))
-        return np.full(plan.shape, scale, dtype=np.float32)
+        offset = 1.0 if plan.init == "head_norm+1" else 0.0
+        return np.full(plan.shape, scale - offset, dtype=np.float32)
     if plan.init.startswith("copy:"):
         return done[plan.init.removeprefix("copy:")]
     if plan.init == "a_log":

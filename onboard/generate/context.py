@@ -459,6 +459,7 @@ def build_context(
         cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
 
     vllm_paths = _vllm_paths(spec, mlp)
+    norm_names = _layer_norm_names(spec, arch, vllm_paths, mlp)
     renames = _renames(spec, _loaded_roles(spec, mlp, mtp=mtp), vllm_paths)
     names = _module_names(vllm_paths, mlp)
     stacked, packed = _stacked_params(spec, mlp, names)
@@ -493,6 +494,7 @@ def build_context(
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     norms = arch.layers[0].norms
+    rope_by_kind = _rope_by_kind(spec, arch, f)
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -523,26 +525,33 @@ def build_context(
         "plan": plan,
         "layer_doc": _layer_doc(spec, plan) if plan.any else "",
         "summary": _summary(spec, arch),
-        "rope_comment": _rope_comment(spec),
+        "rope_comment": _rope_comment(spec, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
+        # The norm class of the layers and the final norm, and of the q/k norms.
+        "norm_class": _norm_class(norms),
+        "rms_class": "GemmaRMSNorm" if norms.unit_offset else "RMSNorm",
         # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
         "norm_args": ", bias=False"
         if norms.kind == "layernorm" and not norms.bias
         else "",
         "norm_placement": norms.placement,
+        "norm_names": norm_names,
         # The MLP takes reduce_results: a shared expert reduced with the routed
         # ones, a parallel block's MLP reduced with attention.
         "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
-        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only,
-        # and no multiplier on the sublayers' outputs: as vLLM's granite.py).
+        # states, so vLLM's RMSNorm adds it in the same kernel (the norms of
+        # attention's and the MLP's inputs: pre-norm and sandwich blocks; no
+        # multiplier on the sublayers' outputs, as vLLM's granite.py).
         "fused_residual": norms.kind == "rmsnorm"
-        and norms.placement == "pre"
+        and norms.placement in ("pre", "sandwich")
         and cfg["residual_multiplier"] is None,
+        "scale_embedding": spec.scale_embedding,
+        "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
         "moe_act": moe_act,
         "has_dense": has_dense,
@@ -587,6 +596,65 @@ def _linear_context(
         grouped=str(lin.projections == "grouped"),
         layer_expr=expr,
     )
+
+
+def _norm_class(norms) -> str:
+    if norms.kind == "layernorm":
+        return "LayerNorm"
+    return "GemmaRMSNorm" if norms.unit_offset else "RMSNorm"
+
+
+def _layer_norm_names(
+    spec: ModelSpec, arch: ArchPlan, vllm_paths: dict[str, str], mlp: SimpleNamespace
+) -> SimpleNamespace:
+    """The decoder layer's attribute for each norm site of a sandwich block: the
+    checkpoint's own names where all four are plain attributes of the layer (no
+    renames, as vLLM's glm4.py keeps GLM-4's post_self_attn_layernorm), else
+    vLLM's Gemma-2 names. Updates ``vllm_paths`` to match."""
+    norms = arch.layers[0].norms
+    if norms.placement != "sandwich":
+        return SimpleNamespace()
+    sites = ("attention_input", "attention_output", "mlp_input", "mlp_output")
+    roles = [norms.at(site) for site in sites]
+    leaves = [_layer_rel(spec.tensor_path(r)) or "" for r in roles]
+    taken = {"self_attn", _vllm_dense_block(spec) if mlp.has_dense else "mlp"}
+    if mlp.has_moe:
+        taken.add((_layer_rel(vllm_paths["router"]) or "").split(".")[0])
+    own = (
+        all(leaf.isidentifier() for leaf in leaves)
+        and len(set(leaves)) == len(leaves)
+        and not set(leaves) & taken
+    )
+    if not own:
+        leaves = [(_layer_rel(CANONICAL[r]) or "") for r in roles]
+    for role, leaf in zip(roles, leaves, strict=True):
+        vllm_paths[role] = f"model.layers.{{layer}}.{leaf}"
+    return SimpleNamespace(**dict(zip(sites, leaves, strict=True)))
+
+
+def _rope_by_kind(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> bool:
+    """Whether the config keys rope_parameters by layer type (Gemma-3, OLMo-3);
+    each layer then reads its kind's, checked here against the plan's rope."""
+    params = f.hf[f.need("rope_parameters")]
+    if not (
+        isinstance(params, dict)
+        and params
+        and all(isinstance(v, dict) for v in params.values())
+    ):
+        return False
+    for layer in arch.layers:
+        kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
+        rope = params.get(kind) or {}
+        scaling = rope.get("rope_type", "default")
+        if (rope.get("rope_theta"), None if scaling == "default" else scaling) != (
+            layer.mixer.rope_theta,
+            layer.mixer.rope_scaling,
+        ):
+            raise GenerationError(
+                f"{spec.name}: the Hugging Face config's rope_parameters.{kind} "
+                f"is not the rope of layer {layer.index} in the spec"
+            )
+    return True
 
 
 def _sliding(arch: ArchPlan) -> str:
@@ -642,6 +710,13 @@ def _model_config_keys(
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", spec.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
+    # Gemma's softmax scale and soft-caps, where the spec has them.
+    for concept, value in (
+        ("query_pre_attn_scalar", att.query_pre_attn_scalar),
+        ("attn_logit_softcapping", att.logit_softcap),
+        ("final_logit_softcapping", spec.final_logit_softcap),
+    ):
+        cfg[concept] = None if value is None else f.need(concept, value)
     cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
     if att.kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
@@ -976,6 +1051,12 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
         parts.append("the output gated by sigmoid(gate), which q_proj gives per head")
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
+    if att.query_pre_attn_scalar is not None:
+        parts.append("softmax scale query_pre_attn_scalar**-0.5")
+    if att.logit_softcap is not None:
+        parts.append("soft-capped scores")
+    if spec.rope.sliding is not None:
+        parts.append("the sliding layers with their own rope")
     kinds = set(arch.attention_types)
     if "sliding_attention" in kinds:
         parts.append(
@@ -1100,6 +1181,21 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    gemma = [
+        what
+        for what, on in (
+            (
+                "sandwich norms (on the inputs and outputs of attention and MLP)",
+                spec.norm.placement == "sandwich",
+            ),
+            ("RMS norms scaled by 1 + weight", spec.norm.unit_offset),
+            ("embeddings scaled by sqrt(hidden_size)", spec.scale_embedding),
+            ("soft-capped logits", spec.final_logit_softcap is not None),
+        )
+        if on
+    ]
+    if gemma:
+        items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
     read = [concept for concept, key in arch.config.multipliers().items() if key]
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
@@ -1128,13 +1224,20 @@ def _listed(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _rope_comment(spec: ModelSpec) -> str:
+def _rope_comment(spec: ModelSpec, by_kind: bool = False) -> str:
     parts = ["theta"]
-    if spec.rope.scaling is not None:
-        parts.append(f"the {spec.rope.scaling.type} scaling")
+    scalings = {s.type for s in (spec.rope.scaling, _sliding_scaling(spec)) if s}
+    if scalings:
+        parts.append(f"the {'/'.join(sorted(scalings))} scaling")
     if spec.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
+    if by_kind:
+        return f"rope_parameters holds, per layer type, {_listed(parts)}."
     return f"rope_parameters holds {_listed(parts)}."
+
+
+def _sliding_scaling(spec: ModelSpec):
+    return spec.rope.sliding.scaling if spec.rope.sliding else None
 
 
 def _mtp_doc(spec: ModelSpec) -> str:

@@ -90,14 +90,14 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
-        "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
-        "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
+        **_rope_flags(arch, hf, keys),
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
         "rope": _uses_rope(arch),
         "kv_sharing": bool(att.kv_sharing),
         **_block_form(arch),
+        **_gemma_flags(spec, arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "moe": moe is not None,
@@ -175,6 +175,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
     # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
     c["o_bias"] = keys.find("o_bias", att.o_bias)
+    c.update(_gemma_keys(keys, f))
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -227,6 +228,69 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
+    }
+
+
+def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
+    """Gemma's parts the reference has: sandwich and 1 + weight norms, scaled
+    embeddings, its softmax scale and soft-caps."""
+    att, norms = spec.attention, arch.layers[0].norms
+    return {
+        "sandwich": norms.placement == "sandwich",
+        "unit_offset": norms.unit_offset,
+        "scale_embedding": spec.scale_embedding,
+        "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
+        "softcap": att.type == "gqa" and att.logit_softcap is not None,
+        "final_softcap": spec.final_logit_softcap is not None,
+    }
+
+
+def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
+    """The config keys of Gemma's softmax scale and soft-caps, where used."""
+    concepts = {
+        "scalar": "query_pre_attn_scalar",
+        "softcap": "attn_logit_softcapping",
+        "final_softcap": "final_logit_softcapping",
+    }
+    return {flag: keys.need(concept) for flag, concept in concepts.items() if f[flag]}
+
+
+def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
+    """How the reference computes rope: one scaling kind at most, and, where the
+    config keys rope_parameters by layer type (Gemma-3, OLMo-3), one rope per
+    kind, each layer taking its own kind's (checked against the plan)."""
+    params = hf[keys.need("rope_parameters")]
+    by_kind = isinstance(params, dict) and all(
+        isinstance(v, dict) for v in params.values()
+    )
+    kinds = list(params.values()) if by_kind else [params]
+    types = {p.get("rope_type", "default") for p in kinds} - {"default"}
+    assert len(types) <= 1, "spec rules allow one rope scaling kind"
+    scaling = types.pop() if types else None
+    if by_kind:
+        for layer in arch.layers:
+            kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
+            rope = params[kind]
+            if (
+                rope["rope_theta"],
+                scaling if rope["rope_type"] != "default" else None,
+            ) != (
+                layer.mixer.rope_theta,
+                layer.mixer.rope_scaling,
+            ):
+                raise InputError(
+                    f"{arch.spec.name}: the config's rope_parameters.{kind} is not "
+                    f"layer {layer.index}'s rope in the spec"
+                )
+    return {
+        "scaling": scaling,
+        "yarn": scaling == "yarn",
+        "rope_by_kind": by_kind,
+        # Some layer kind rotates without the scaling the other has.
+        "plain_kind": by_kind
+        and scaling is not None
+        and len(kinds)
+        > len([p for p in kinds if p.get("rope_type", "default") != "default"]),
     }
 
 

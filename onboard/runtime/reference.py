@@ -62,6 +62,9 @@ def load_reference(
             dtype=torch.float32,
             trust_remote_code=remote,
             output_loading_info=True,
+            # transformers' reference math: SDPA drops what it cannot express
+            # (Gemma-2's attention soft-capping).
+            **({} if remote else {"attn_implementation": "eager"}),
         )
     except Exception as exc:  # any loading failure: report it, do not crash
         raise ReferenceUnavailable(

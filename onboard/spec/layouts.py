@@ -25,6 +25,9 @@ _BASE: dict[str, str] = {
     # and EXAONE-4 store the first where Llama keeps its pre-MLP norm.
     "attention_output_norm": f"{_LAYER}.post_attention_layernorm",
     "mlp_output_norm": f"{_LAYER}.post_feedforward_layernorm",
+    # norm.placement sandwich: the MLP's input norm beside the two output norms
+    # (Gemma-2/3; GLM-4 names the four otherwise, by checkpoint.tensor_names).
+    "mlp_input_norm": f"{_LAYER}.pre_feedforward_layernorm",
     # GQA / MHA attention
     "q_proj": f"{_LAYER}.self_attn.q_proj",
     "k_proj": f"{_LAYER}.self_attn.k_proj",
@@ -176,12 +179,28 @@ def preset_roles(path: str) -> frozenset[str]:
     return _PRESET_ROLES.get(path, frozenset())
 
 
-# The norm roles of a decoder layer, by norm.placement.
+# The norm roles of a decoder layer, by norm.placement, in the order the layer
+# runs them.
 LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
     "pre": ("input_norm", "post_attention_norm"),
     "post": ("attention_output_norm", "mlp_output_norm"),
     # One norm on the layer input, read by attention and the MLP (Cohere).
     "parallel": ("input_norm",),
+    "sandwich": (
+        "input_norm",
+        "attention_output_norm",
+        "mlp_input_norm",
+        "mlp_output_norm",
+    ),
+}
+# What each of those roles normalises: the input or the output of attention or
+# of the MLP (a parallel block's input norm feeds both).
+NORM_SITES: dict[str, str] = {
+    "input_norm": "attention_input",
+    "post_attention_norm": "mlp_input",
+    "attention_output_norm": "attention_output",
+    "mlp_input_norm": "mlp_input",
+    "mlp_output_norm": "mlp_output",
 }
 
 # checkpoint.fused: the role a checkpoint stores in one tensor, and the roles it

@@ -82,19 +82,26 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post", "parallel"] = Field(
+    placement: Literal["pre", "post", "parallel", "sandwich"] = Field(
         "pre",
         description="Where a decoder layer normalises: `pre` normalises the input "
         "of attention and of the MLP (Llama); `post` normalises their outputs, "
         "before each residual add, and the layer input is not normalised "
         "(OLMo-2, EXAONE-4); `parallel` normalises the layer input once, and "
         "attention and the MLP both read it, their outputs added to the residual "
-        "together (Cohere).",
+        "together (Cohere); `sandwich` normalises both the inputs and the "
+        "outputs (Gemma-2/3).",
     )
     bias: bool = Field(
         True,
         description="layernorm: a bias beside the weight; `false` for a "
         "weight-only LayerNorm (Cohere). An rmsnorm has none.",
+    )
+    unit_offset: bool = Field(
+        False,
+        description="RMSNorm scales by (1 + weight) instead of weight, the product "
+        "taken in float32 before the cast back (Gemma). Every RMSNorm of the "
+        "model, q/k norms included.",
     )
 
 
@@ -126,6 +133,15 @@ class RopeScaling(_Section):
     )
 
 
+class SlidingRope(_Section):
+    """The rotary embedding of the sliding-attention layers."""
+
+    theta: float = Field(gt=0, description="Rotary base frequency.")
+    scaling: RopeScaling | None = Field(
+        None, description="Context-extension scaling; null for plain rope."
+    )
+
+
 class Rope(_Section):
     """Rotary position embedding."""
 
@@ -142,6 +158,13 @@ class Rope(_Section):
         default_factory=list,
         description="Layers whose attention uses no rotary embedding (NoPE; "
         "SmolLM3's every fourth layer, EXAONE-4's full-attention layers).",
+    )
+    sliding: SlidingRope | None = Field(
+        None,
+        description="Theta and scaling of the sliding-attention layers where they "
+        "differ from the full-attention layers' (Gemma-3's local base frequency); "
+        "`theta` and `scaling` above are then the full-attention layers'. Null: "
+        "every layer rotates alike.",
     )
 
 
@@ -205,6 +228,17 @@ class Attention(_Section):
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
+    )
+    query_pre_attn_scalar: PositiveInt | Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
+        "head_dim**-0.5 (Gemma-2/3); null: head_dim. Not beside softmax_scale.",
+    )
+    logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the attention scores before the softmax: "
+        "cap * tanh(scores / cap) (Gemma-2); null: none.",
     )
     softmax_scale: float | None = Field(
         None,
@@ -447,6 +481,18 @@ class ModelSpec(_Section):
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
+    scale_embedding: bool = Field(
+        False,
+        description="Multiply the token embeddings by sqrt(hidden_size), the "
+        "factor rounded to the embedding's dtype (Gemma's normalizer); not "
+        "beside an embedding_multiplier.",
+    )
+    final_logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the output logits: cap * tanh(logits / cap) "
+        "(Gemma-2/3); null: none. Not beside a logit_scale or logits_scaling.",
+    )
     embedding_multiplier: float = Field(
         1.0,
         gt=0,
@@ -555,6 +601,18 @@ class ModelSpec(_Section):
         """Whether decoder layer ``layer`` mixes tokens by linear attention."""
         types = self.attention.layer_types
         return types is not None and types[layer] == "linear_attention"
+
+    def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """Theta and scaling of decoder layer ``layer``'s rotary embedding (MTP
+        blocks, which attend fully, have the full-attention layers')."""
+        sliding = self.rope.sliding
+        if (
+            sliding is not None
+            and layer < self.num_hidden_layers
+            and self.layer_attention_types()[layer] == "sliding_attention"
+        ):
+            return sliding.theta, sliding.scaling
+        return self.rope.theta, self.rope.scaling
 
     def uses_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""

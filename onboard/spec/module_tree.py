@@ -42,6 +42,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "post_attention_norm": (),
     "attention_output_norm": (),
     "mlp_output_norm": (),
+    "mlp_input_norm": (),
     **dict.fromkeys(
         (
             "q_proj",
@@ -107,8 +108,8 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name", "residual_multiplier",
-        "act_fn",
+        "e_score_correction_bias", "config", "lm_head_name", "softcap",
+        "residual_multiplier", "act_fn",
     }
 )  # fmt: skip
 

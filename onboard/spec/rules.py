@@ -32,6 +32,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _kv_sharing_rules,
         _mlp_rules,
         _moe_rules,
+        _gemma_rules,
         _mtp_rules,
         _multiplier_rules,
         _checkpoint_rules,
@@ -58,14 +59,40 @@ ROPE_SCALING_NEEDS = {
 
 def _rope_rules(spec: ModelSpec, report: Report) -> None:
     _nope_rules(spec, report)
-    scaling = spec.rope.scaling
-    if scaling is None:
+    _sliding_rope_rules(spec, report)
+    for where, scaling in (
+        (("rope", "scaling"), spec.rope.scaling),
+        (
+            ("rope", "sliding", "scaling"),
+            spec.rope.sliding and spec.rope.sliding.scaling,
+        ),
+    ):
+        if scaling is None:
+            continue
+        for field in ROPE_SCALING_NEEDS[scaling.type]:
+            if getattr(scaling, field) is None:
+                report(where + (field,), f"{scaling.type} rope scaling needs {field}")
+
+
+def _sliding_rope_rules(spec: ModelSpec, report: Report) -> None:
+    sliding = spec.rope.sliding
+    if sliding is None:
         return
-    for field in ROPE_SCALING_NEEDS[scaling.type]:
-        if getattr(scaling, field) is None:
-            report(
-                ("rope", "scaling", field), f"{scaling.type} rope scaling needs {field}"
-            )
+    where = ("rope", "sliding")
+    if "sliding_attention" not in spec.layer_attention_types():
+        report(where, "no layer slides (set attention.sliding_window and its layers)")
+    full = spec.rope.scaling
+    if (
+        sliding.scaling is not None
+        and full is not None
+        and sliding.scaling.type != full.type
+    ):
+        # The generated reference computes one scaling kind (and plain rope).
+        report(
+            where + ("scaling", "type"),
+            f"{sliding.scaling.type} differs from rope.scaling.type ({full.type}); "
+            "the sliding and full layers may differ in one scaling kind at most",
+        )
 
 
 def _nope_rules(spec: ModelSpec, report: Report) -> None:
@@ -156,6 +183,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         "head_dim",
         "sliding_window",
         "sliding_window_pattern",
+        "query_pre_attn_scalar",
+        "logit_softcap",
     ):
         if getattr(att, field) is not None:
             report(a + (field,), f"{field} does not apply to MLA attention")
@@ -437,13 +466,53 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
             )
 
 
+def _gemma_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.norm.unit_offset and spec.norm.type != "rmsnorm":
+        report(("norm", "unit_offset"), "applies to rmsnorm only")
+    if spec.norm.placement == "sandwich" and spec.norm.type != "rmsnorm":
+        # The generated layer adds the residual in vLLM's RMSNorm (no family has
+        # sandwich LayerNorms).
+        report(("norm", "placement"), "sandwich norms are generated for rmsnorm only")
+    if spec.norm.unit_offset and spec.attention.type == "mla":
+        # No family has both: MLA's latent norms would be (1 + weight) norms too.
+        report(("norm", "unit_offset"), "is not generated for MLA attention")
+    if spec.final_logit_softcap is not None and spec.logit_scale != 1.0:
+        # No family has both (vLLM would soft-cap, then scale).
+        report(("final_logit_softcap",), "is not generated beside a logit_scale")
+    # Granite's multipliers beside Gemma's scales: no family has both, and each
+    # pair sets the same thing (the embeddings' factor, the logits, the softmax
+    # scale), so which comes first would be a guess.
+    if spec.final_logit_softcap is not None and spec.logits_scaling != 1.0:
+        report(("final_logit_softcap",), "is not generated beside a logits_scaling")
+    if spec.scale_embedding and spec.embedding_multiplier != 1.0:
+        report(("scale_embedding",), "is not generated beside an embedding_multiplier")
+    att = spec.attention
+    if att.query_pre_attn_scalar is not None and att.softmax_scale is not None:
+        report(
+            ("attention", "query_pre_attn_scalar"),
+            "and attention.softmax_scale both set the softmax scale: set one",
+        )
+
+
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
         report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
-    if spec.mtp is not None and spec.norm.placement != "pre":
+    if spec.mtp is None:
+        return
+    if spec.norm.placement != "pre":
         # No family has both; an MTP block of post-norm layers is unverified.
         report(("mtp",), "MTP heads need norm.placement pre")
-    if spec.mtp is not None and spec.logit_scale != 1.0:
+    # No family has MTP heads beside Gemma's parts: a head's embedding, norms and
+    # logits would need them too, unverified.
+    for path, on in (
+        (("norm", "unit_offset"), spec.norm.unit_offset),
+        (("scale_embedding",), spec.scale_embedding),
+        (("final_logit_softcap",), spec.final_logit_softcap is not None),
+        (("rope", "sliding"), spec.rope.sliding is not None),
+    ):
+        if on:
+            report(("mtp",), f"MTP heads are not generated with {'.'.join(path)}")
+    if spec.logit_scale != 1.0:
         # No family has both; the MTP draft's logits would need the scale too.
         report(("logit_scale",), "MTP heads need logit_scale 1")
     if spec.mtp is not None and _multiplied(spec):
@@ -602,7 +671,7 @@ GENERATED_NAMES = frozenset(
         "ACT2FN", "ARCHITECTURE", "Any", "Attention", "AutoConfig", "AutoWeightsLoader",
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
-        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
+        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul", "GemmaRMSNorm",
         "GenerationMixin", "HeadNorm", "IntermediateTensors", "Iterable", "LayerNorm",
         "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
         "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
