@@ -643,6 +643,8 @@ def _rope_by_kind(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> bool:
     ):
         return False
     for layer in arch.layers:
+        if layer.mixer.linear:  # a linear-attention layer has no rope
+            continue
         kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
         rope = params.get(kind) or {}
         scaling = rope.get("rope_type", "default")

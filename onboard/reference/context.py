@@ -259,6 +259,13 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
     """How the reference computes rope: one scaling kind at most, and, where the
     config keys rope_parameters by layer type (Gemma-3, OLMo-3), one rope per
     kind, each layer taking its own kind's (checked against the plan)."""
+    if not _uses_rope(arch):  # (Kimi Linear: no layer rotates q and k)
+        return {
+            "scaling": None,
+            "yarn": False,
+            "rope_by_kind": False,
+            "plain_kind": False,
+        }
     params = hf[keys.need("rope_parameters")]
     by_kind = isinstance(params, dict) and all(
         isinstance(v, dict) for v in params.values()
@@ -269,6 +276,8 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
     scaling = types.pop() if types else None
     if by_kind:
         for layer in arch.layers:
+            if layer.mixer.linear:  # a linear-attention layer has no rope
+                continue
             kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
             rope = params[kind]
             if (
