@@ -206,6 +206,37 @@ def test_unreachable_address(ckpt, tmp_path, address):
     assert not out.exists() and not list(tmp_path.glob(".*"))
 
 
+@needs_ray
+def test_open_port_that_is_not_ray(ckpt, tmp_path):
+    """A port that accepts connections but is no Ray head: ray.init would retry for
+    minutes; the join is cut at JOIN_TIMEOUT_S (shortened here), exit 2."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code = (
+            "import sys\n"
+            "from onboard.quantize import cluster\n"
+            "cluster.JOIN_TIMEOUT_S = 5\n"
+            "from onboard.cli import main\n"
+            f"sys.argv = ['onboard', 'quantize', {str(ckpt)!r}, '--scheme', "
+            f"'fp8-dynamic', '--out', {str(tmp_path / 'out')!r}, "
+            f"'--ray', '127.0.0.1:{port}']\n"
+            "main()\n"
+        )
+        started = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+    assert r.returncode == 2, r.stderr
+    assert "no Ray cluster answered there in 5 s" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "out").exists()
+
+
 def test_ray_missing_names_the_extra(ckpt, tmp_path):
     """Without Ray importable: exit 2, naming the install command."""
     code = (

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from onboard.errors import InputError
 
 INSTALL_HINT = "pip install 'onboard[ray]'"
 CONNECT_TIMEOUT_S = 10.0  # to reach the address at all
+JOIN_TIMEOUT_S = 60.0  # for Ray to join the cluster there (ray.init)
 PROBE_TIMEOUT_S = 120.0  # for every node to answer the storage check
 TASK_RETRIES = 5  # runs of a unit whose node or worker process was lost
 GCS_PORT, CLIENT_PORT = 6379, 10001  # `ray start --head` defaults
@@ -107,6 +111,8 @@ def connect(address: str | None, log: Callable[[str], None]) -> Cluster:
     """Connect to the cluster at ``address``: ``auto`` (``RAY_ADDRESS``, else the
     cluster this machine is a node of), ``HOST:PORT``, ``ray://HOST:PORT``, or
     ``local`` (start a one-node Ray here). Exit 2 with a message where it cannot."""
+    # Ray's C++ client logs a warning line per retry on stderr; the error says it.
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     ray = import_ray()
     address = (address or "auto").strip()
     if address == "auto" and os.environ.get("RAY_ADDRESS"):
@@ -115,10 +121,18 @@ def connect(address: str | None, log: Callable[[str], None]) -> Cluster:
         _check_reachable(address)
     options = {"logging_level": logging.WARNING, "log_to_driver": False}
     try:
-        if address == "local":
-            ray.init(include_dashboard=False, **options)
-        else:
-            ray.init(address=address, **options)
+        with _time_limit(JOIN_TIMEOUT_S):
+            if address == "local":
+                ray.init(include_dashboard=False, **options)
+            else:
+                ray.init(address=address, **options)
+    except _TimeLimit:
+        raise InputError(
+            f"--ray {address}: no Ray cluster answered there in "
+            f"{JOIN_TIMEOUT_S:g} s (the port is open: is it the head's GCS port, "
+            f"{GCS_PORT} by default, or Ray Client's, {CLIENT_PORT}?); nothing was "
+            "written"
+        ) from None
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise InputError(
@@ -132,6 +146,32 @@ def connect(address: str | None, log: Callable[[str], None]) -> Cluster:
         raise InputError(f"--ray {address}: the cluster has no node with a CPU")
     log(f"ray: {len(nodes)} nodes, {cpus} CPUs ({address})")
     return Cluster(address=address, nodes=len(nodes), cpus=cpus)
+
+
+class _TimeLimit(BaseException):
+    """(A BaseException: Ray's connection loop retries on any Exception.)"""
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the block after ``seconds`` (main thread only: a signal).
+
+    A port that accepts connections but is not Ray's keeps ray.init retrying for
+    many minutes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _TimeLimit
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _alive_nodes(ray) -> list[dict]:
@@ -291,7 +331,7 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
     total = sum(t.nbytes for t in job["tasks"])
     columns = (
         TextColumn("quantize {task.fields[scheme]} on {task.fields[nodes]} nodes"),
-        BarColumn(),
+        BarColumn(bar_width=16),
         TextColumn("{task.fields[shards]} shards"),
         DownloadColumn(),
         TransferSpeedColumn(),
@@ -351,7 +391,7 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
     done = sum(by_node.values())
     ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
     log(
-        f"ray: {done / 1e9:.2f} GB in {seconds:.1f} s ({done / 1e9 / seconds:.2f} "
+        f"ray: {done / 1e9:.3f} GB in {seconds:.1f} s ({done / 1e9 / seconds:.3f} "
         f"GB/s) on {len(by_node)} nodes: "
         + ", ".join(
             f"{node[:8]} ({ips.get(node, '?')}) {n / max(done, 1):.0%}"
