@@ -274,6 +274,11 @@ class _OptionalValueCommand(typer.core.TyperCommand):
                     out.append("auto")
         return super().parse_args(ctx, out)
 
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        # As _Command below: `MODEL_DIR`, not typer's `{MODEL_DIR}`.
+        pieces = super().collect_usage_pieces(ctx)
+        return [p.removeprefix("{").removesuffix("}") for p in pieces]
+
 
 def _looks_like_ray_address(arg: str) -> bool:
     import re
@@ -313,7 +318,7 @@ def quantize(
         str | None,
         typer.Option(
             "--ray",
-            metavar="[ADDRESS]",
+            metavar="ADDRESS",
             help="Run the tasks on a Ray cluster's nodes: `--ray` alone joins "
             "RAY_ADDRESS or the cluster this machine is a node of; ADDRESS is "
             "HOST:PORT, ray://HOST:PORT or `local`. MODEL_DIR and --out must be on "
