@@ -56,8 +56,12 @@ def make_plan(
     output_len: int | None = None,
     model: str | None = None,
     host_memory_bytes: int | None = None,
+    nodes: int | None = None,
 ) -> ServingPlan:
-    """Plan serving ``spec`` on ``target`` (see the module docstring)."""
+    """Plan serving ``spec`` on ``target`` (see the module docstring).
+
+    ``nodes``: use exactly that many nodes' devices (the first layout of that
+    size that fits), served through a Ray cluster (serve.py)."""
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
     if scheme not in SCHEMES:
@@ -99,6 +103,17 @@ def make_plan(
         DTYPE_BYTES[dtype],
     )
     max_devices = MAX_GPU_DEVICES if profile.is_gpu else profile.devices_per_node
+    only = None
+    if nodes is not None:
+        if nodes < 1:
+            raise InputError(f"--nodes must be at least 1, got {nodes}")
+        if not profile.is_gpu and nodes > 1:
+            raise InputError(
+                f"--nodes {nodes}: the {profile.name} target serves from one node "
+                "(vLLM's CPU build has no multi-node executor)"
+            )
+        only = nodes * profile.devices_per_node
+        max_devices = max(max_devices, only)
 
     def memory_of(layout: Layout) -> DeviceMemory:
         return device_memory(
@@ -115,7 +130,7 @@ def make_plan(
     candidates: list[DeviceMemory] = []
     chosen = None
     dcp = Decision(False, "no layout fits")
-    for layout in candidate_layouts(arch, profile.scale_up_devices, max_devices):
+    for layout in candidate_layouts(arch, profile.scale_up_devices, max_devices, only):
         mem = memory_of(layout)
         candidates.append(mem)
         if not mem.weights_fit:
@@ -164,6 +179,7 @@ def make_plan(
         chosen=chosen,
         dcp=dcp,
         pd=pd,
+        nodes_requested=nodes,
     )
     if chosen is not None:
         if not profile.is_gpu:

@@ -93,14 +93,17 @@ class Layout:
         return math.ceil(concurrency / self.dp)
 
 
-def candidate_layouts(arch: ArchPlan, devices_per_domain: int, max_devices: int):
-    """Layouts by device count (1, 2, 4, ... up to max_devices), each count in
-    preference order: TP (+EP for MoE), then DP attention with EP (MoE), then
-    across scale-up domains TP x DP with EP (MoE) or TP x PP (dense)."""
+def candidate_layouts(
+    arch: ArchPlan, devices_per_domain: int, max_devices: int, only: int | None = None
+):
+    """Layouts by device count (1, 2, 4, ... up to max_devices; ``only``: that
+    count alone), each count in preference order: TP (+EP for MoE), then DP
+    attention with EP (MoE), then across scale-up domains TP x DP with EP (MoE) or
+    TP x PP (dense)."""
     moe = arch.has_moe
     tp_max = min(devices_per_domain, MAX_TP)
-    n = 1
-    while n <= max_devices:
+    n = 1 if only is None else only
+    while n <= (max_devices if only is None else only):
         out: list[Layout] = []
         if n <= tp_max:
             out.append(Layout(tp=n, ep=moe and n > 1))

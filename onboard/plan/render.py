@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from onboard.plan.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
@@ -274,6 +275,10 @@ def _parallelism(plan: ServingPlan) -> list[str]:
 def _serve(plan: ServingPlan) -> list[str]:
     """7. The serve command (one per role with prefill/decode disaggregation)."""
     out = [f"7. Serve ({plan.target.vllm.install})", "   backends: " + _backends(plan)]
+    for where, argv in plan.ray_commands:
+        out += [f"# {where}", shlex.join(argv)]
+    if plan.ray_commands:
+        out.append("# then on the head node")
     if plan.pd_commands:
         for role, argv in plan.pd_commands:
             out += [f"# {role}", shell(plan.env, argv)]
