@@ -164,11 +164,21 @@ def docwrap(text: str, indent: int) -> str:
         if i:
             lines.append("")
         lines += textwrap.wrap(" ".join(para.split()), width=width) or [""]
+    if len(lines) == 1 and len(lines[0]) > width - 3:
+        # One line holds the opening quotes as well as the closing ones.
+        lines = textwrap.wrap(lines[0], width=width - 3)
     pad = " " * indent
     out = ("\n").join(
         pad + line if line and n else line for n, line in enumerate(lines)
     )
     return out + (f"\n{pad}" if len(lines) > 1 else "")
+
+
+def commentwrap(text: str, indent: int) -> str:
+    """Wrap a ``#`` comment's text to fit line length 88 at ``indent`` spaces (the
+    template writes the first line's ``# ``)."""
+    lines = textwrap.wrap(" ".join(text.split()), width=88 - indent - 2)
+    return f"\n{' ' * indent}# ".join(lines)
 
 
 class GenerationError(InputError):
@@ -229,6 +239,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["docwrap"] = docwrap
+    env.filters["commentwrap"] = commentwrap
     env.filters["py_str"] = py_str
     env.filters["config_or"] = config_or
     env.filters["py_literal"] = py_literal
