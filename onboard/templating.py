@@ -126,6 +126,11 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
             "spec_decode_needs_target_embed",
         )
     },
+    "sharded_weight_loader": (
+        "vllm.model_executor.model_loader.weight_utils",
+        "sharded_weight_loader",
+    ),
+    "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
 }
 

@@ -62,6 +62,8 @@ class Attention:
     o_bias: bool
     partial_rotary_factor: float
     mla: MLADims | None
+    # A learned logit per query head joins each softmax (attention sinks).
+    sinks: bool = False
 
     @property
     def sliding(self) -> bool:
@@ -311,6 +313,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        sinks=att.sinks,
         mla=None
         if mla is None
         else MLADims(

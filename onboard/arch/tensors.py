@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from onboard.arch.plan import DenseMLP, Layer, MoEMLP, build_plan
+from onboard.spec.layouts import PARAM_ROLES
 from onboard.spec.model import ModelSpec
 
 
@@ -19,7 +20,7 @@ class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
     ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
+    ``router_bias``, ``sinks``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
     the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
     tensor, e.g. MTP heads sharing the output head).
     """
@@ -151,6 +152,8 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
             whole = att.qk_norm_scope == "projection"
             add("q_norm", (att.num_heads * hd if whole else hd,), "ones")
             add("k_norm", (kv * hd if whole else hd,), "ones")
+        if att.sinks:
+            add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
     # pre: the MLP's input norm; post: attention's output norm (same place).
     norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
 

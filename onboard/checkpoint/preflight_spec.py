@@ -108,6 +108,8 @@ def role_hint(
     want = "false" if missing else "true"
     if role in ("q_norm", "k_norm"):
         return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
+    if role == "sinks":
+        return f"set attention.sinks: {want} in the spec", ["attention.sinks"]
     if param == "bias" and role in ("q_proj", "k_proj", "v_proj"):
         return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
     if param == "bias" and role == "o_proj":
@@ -217,6 +219,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "o_proj": (h, q),
             "q_norm": (hd,),
             "k_norm": (hd,),
+            "sinks": (("attention.num_heads", nh),),
         }
         if att.qk_norm_scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
@@ -313,6 +316,7 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),
     "qk_norm": ("attention.qk_norm",),
+    "attention_sinks": ("attention.sinks",),
     "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),

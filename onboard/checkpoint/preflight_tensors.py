@@ -32,6 +32,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
+from onboard.spec.layouts import PARAM_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT
 
 # A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
@@ -210,7 +211,11 @@ def _shape_problem(
         return
     if role in ("q_norm", "k_norm") and _qk_norm_scope(run, role, got, where, names):
         return
-    exprs = dims(run.plan, role, param) if param in ("weight", "bias") else None
+    exprs = (
+        dims(run.plan, role, param)
+        if param in ("weight", "bias") or PARAM_ROLES.get(role or "") == param
+        else None
+    )
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
         expect = expected[names[0]]
         if expect.weight_shape is not None and param != "weight":

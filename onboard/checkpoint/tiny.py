@@ -10,7 +10,8 @@ Initialisation (see docs/vllm-cpu-notes.md: decisive logits without saturated ro
 linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
-spread, so the correction changes some choices); the output heads (``lm_head``,
+spread, so the correction changes some choices); attention sinks ~ N(0, 1); the
+output heads (``lm_head``,
 MTP ``shared_head.head``) ~ N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a
 standard deviation of about LOGIT_STD and the top-1/top-2 margin is usually above 1.
 
@@ -43,6 +44,9 @@ from onboard.spec.shrink import check_shrinkable, shrink_spec
 WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 ROUTER_BIAS_STD = 0.05
+# Attention scores of 0.02-std weights are near zero: a sink of this size takes a
+# visible share of each softmax, so a sink that is lost or misapplied shows.
+SINK_STD = 1.0
 LOGIT_STD = 10.0
 # What a seconds-sized checkpoint may hold (bf16: 64 MB); see write_tiny_checkpoint.
 TINY_MAX_PARAMS = 32_000_000
@@ -70,6 +74,7 @@ def init_tensor(
         "normal": WEIGHT_STD,
         "bias": BIAS_STD,
         "router_bias": ROUTER_BIAS_STD,
+        "sinks": SINK_STD,
         "head": LOGIT_STD / math.sqrt(hidden_size),
     }[plan.init]
     return _rng(seed, plan.name).standard_normal(plan.shape, dtype=np.float32) * std

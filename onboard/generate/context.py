@@ -21,6 +21,7 @@ from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
+    PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
 )
@@ -190,7 +191,10 @@ def _vllm_dense_block(spec: ModelSpec) -> str:
 
 
 def _rename(role: str, source: str, target: str) -> Rename:
-    """Regex rename of one role's module path (with its parameter suffixes)."""
+    """Regex rename of one role's module path (with its parameter suffixes); a
+    role that is one parameter of its module renames that parameter alone."""
+    if role in PARAM_ROLES:
+        source, target = (f"{p}.{PARAM_ROLES[role]}" for p in (source, target))
     pattern = ""
     for piece in re.split(r"(\{layer\}|\{expert\})", source):
         if piece == "{layer}":
@@ -375,6 +379,7 @@ def build_context(
         "attn": att.type,
         # Where q and k are normalised: None, "head", "projection", "after_rope".
         "qk_norm": _qk_norm_form(att),
+        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial_rotary": att.partial_rotary_factor != 1.0,
@@ -614,6 +619,8 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
         roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+        if att.sinks:
+            roles.append("sinks")
     if mlp.loads_dense:
         roles += ["gate_proj", "up_proj", "down_proj"]
     if mlp.loads_moe:
@@ -750,6 +757,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "projection": "with RMS norm on the whole q and k projections",
             }[form]
         )
+    if att.sinks:
+        parts.append("with a learned sink logit per head in each softmax")
     if att.qkv_bias or att.o_bias:
         parts.append(
             "with biases on "

@@ -85,11 +85,15 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
+        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
         "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
         "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
+        # yarn's correction range left unrounded (truncate: false, gpt-oss)
+        "yarn_fractional": spec.rope.scaling is not None
+        and spec.rope.scaling.truncate is False,
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": not all(layer.mixer.rope for layer in arch.layers),
@@ -406,6 +410,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             name
             for name, on in (
                 ("qk-norm", f["qk_norm"]),
+                ("attention sinks", f["sinks"]),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
             )
@@ -513,6 +518,8 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k RMS-normalised per head after rope"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
+    if f["sinks"]:
+        doc += ", a learned sink logit per head in each softmax"
     doc += "."
     if f["kv_sharing"]:
         doc += (

@@ -44,6 +44,7 @@ from onboard.spec.module_tree import used_roles
 VISIBLE = (
     "qk_norm",
     "qk_norm_scope",  # the norms' shapes
+    "attention_sinks",
     "qkv_bias",
     "o_bias",
     "norm_placement",
@@ -58,7 +59,14 @@ _MOE_ONLY = {
     "scoring_func",
     "norm_topk_prob",
 }
-_GQA_ONLY = {"qk_norm", "qk_norm_scope", "qk_norm_after_rope", "qkv_bias", "o_bias"}
+_GQA_ONLY = {
+    "qk_norm",
+    "qk_norm_scope",
+    "qk_norm_after_rope",
+    "attention_sinks",
+    "qkv_bias",
+    "o_bias",
+}
 
 
 def infer_spec(

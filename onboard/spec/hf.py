@@ -56,6 +56,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_norm": ("qk_norm", "use_qk_norm"),
     "qk_norm_scope": ("qk_norm_scope",),  # head | projection
     "qk_norm_after_rope": ("qk_norm_after_rope",),
+    "attention_sinks": ("attention_sinks",),  # a learned sink logit per head
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
@@ -217,6 +218,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm": (False, True),
     "qk_norm_scope": ("head", "projection"),
     "qk_norm_after_rope": (False, True),
+    "attention_sinks": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
     "norm_placement": ("pre", "post"),
@@ -236,7 +238,7 @@ ROPE_FIELDS = {
     "linear": ("factor",),
     "yarn": (
         "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-        "mscale", "mscale_all_dim",
+        "mscale", "mscale_all_dim", "truncate",
     ),
     "llama3": (
         "factor", "original_max_position_embeddings", "low_freq_factor",
@@ -386,6 +388,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             qk_norm=att.qk_norm,
             qk_norm_scope=att.qk_norm_scope,
             qk_norm_after_rope=att.qk_norm_after_rope,
+            attention_sinks=att.sinks,
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
@@ -488,6 +491,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
     qk_norm = bool(r.get("qk_norm", False))
+    sinks = bool(r.get("attention_sinks", False))
     qk_norm_form = {
         "qk_norm_scope": r.get("qk_norm_scope", "head"),
         "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
@@ -527,6 +531,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             head_dim=head_dim,
             qk_norm=qk_norm,
             **qk_norm_form,
+            sinks=sinks,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             kv_sharing=sharing,
@@ -561,6 +566,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("qk_norm: not expressible for MLA attention")
     if qkv_bias or o_bias:
         r.bad("attention_bias: biased MLA projections are not expressible")
+    if sinks:
+        r.bad("attention_sinks: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
@@ -591,7 +598,7 @@ def _read_rope(r: _Reader) -> tuple[dict, float | None]:
     kind = kind or legacy_kind or "default"
     partial = merged.pop("partial_rotary_factor", None)
     if merged.get("truncate", True) is True:
-        merged.pop("truncate", None)  # yarn's default; anything else is refused below
+        merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
     rope: dict[str, Any] = {
         "theta": theta if theta is not None else 10000.0,
         "interleaved": bool(r.get("rope_interleave", False)),
@@ -1065,6 +1072,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     }
     if spec.rope.scaling:
         rope.update(spec.rope.scaling.model_dump(exclude={"type"}, exclude_none=True))
+        if rope.get("truncate") is True:
+            del rope["truncate"]  # yarn's default: written only when false
         if rope["rope_type"] in ("yarn", "llama3"):
             # transformers fills it in and vLLM's get_rope needs it: be explicit.
             rope.setdefault("original_max_position_embeddings", _original_max(spec))
@@ -1091,6 +1100,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_scope"] = att.qk_norm_scope
         if att.qk_norm_after_rope:
             c["qk_norm_after_rope"] = True
+        if att.sinks:
+            c["attention_sinks"] = True
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             rope["partial_rotary_factor"] = att.partial_rotary_factor
@@ -1294,10 +1305,11 @@ def hf_fields(spec: ModelSpec) -> dict:
     shared experts' total width, and the dense width only where a layer is dense.
     """
     data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
-    if data["rope"]["scaling"] and data["rope"]["scaling"]["type"] != "linear":
-        data["rope"]["scaling"]["original_max_position_embeddings"] = _original_max(
-            spec
-        )
+    scaling = data["rope"]["scaling"]
+    if scaling and scaling["type"] != "linear":
+        scaling["original_max_position_embeddings"] = _original_max(spec)
+    if scaling and scaling["truncate"] is True:
+        scaling["truncate"] = None  # yarn's default
     att = data["attention"]
     if spec.attention.type == "gqa":
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)

@@ -30,6 +30,8 @@ _BASE: dict[str, str] = {
     "o_proj": f"{_LAYER}.self_attn.o_proj",
     "q_norm": f"{_LAYER}.self_attn.q_norm",
     "k_norm": f"{_LAYER}.self_attn.k_norm",
+    # attention.sinks: a parameter of the attention module itself (PARAM_ROLES)
+    "sinks": f"{_LAYER}.self_attn",
     # MLA attention
     "q_a_proj": f"{_LAYER}.self_attn.q_a_proj",
     "q_a_norm": f"{_LAYER}.self_attn.q_a_layernorm",
@@ -92,6 +94,10 @@ def preset_roles(path: str) -> frozenset[str]:
     A module at such a path is one of those roles, never another role renamed."""
     return _PRESET_ROLES.get(path, frozenset())
 
+
+# Roles that are one parameter of their module, by parameter name: the tensor is
+# the module path and this name (the attention's sinks sit on the attention module).
+PARAM_ROLES: dict[str, str] = {"sinks": "sinks"}
 
 # The norm roles of a decoder layer, by norm.placement.
 LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {

@@ -114,6 +114,11 @@ class RopeScaling(_Section):
     high_freq_factor: float | None = Field(
         None, description="llama3: high-frequency factor."
     )
+    truncate: bool | None = Field(
+        None,
+        description="yarn: round the correction range out to whole dims (null: "
+        "true, the default); false keeps it fractional (gpt-oss).",
+    )
 
 
 class Rope(_Section):
@@ -173,6 +178,12 @@ class Attention(_Section):
         False,
         description="With qk_norm: normalise q and k after rope instead of "
         "before (HunYuan).",
+    )
+    sinks: bool = Field(
+        False,
+        description="A learned logit per query head (its `sinks` tensor) joins the "
+        "softmax of every query as one more key with no value: an attention sink "
+        "that takes probability mass from the real keys (gpt-oss).",
     )
     qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
     o_bias: bool = Field(False, description="Bias on the output projection.")

@@ -76,7 +76,7 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name",
+        "e_score_correction_bias", "config", "lm_head_name", "sinks",
     }
 )  # fmt: skip
 
@@ -122,6 +122,8 @@ def used_roles(spec: ModelSpec) -> list[str]:
         roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+        if att.sinks:
+            roles.append("sinks")
     moe = spec.mlp.moe
     if has_dense_mlp(spec):
         roles += ["gate_proj", "up_proj", "down_proj"]
@@ -224,6 +226,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             continue
         claim(role, parts[-1], role, shape)
 
+    if "sinks" in roles:
+        _check_sinks_path(spec, names)
     _check_distinct(spec, names, roles)
     for key, value in names.items():
         if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
@@ -234,6 +238,18 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
                 "rename it",
             )
     return names
+
+
+def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
+    """The sinks are a parameter of the attention module: their path is the path
+    of the module that holds q_proj."""
+    attention = f"{names['base']}.{names['layers']}.{{layer}}.{names['attn']}"
+    if spec.tensor_path("sinks") != attention:
+        raise TensorTreeError(
+            "sinks",
+            "the attention sinks are a parameter of the attention module "
+            f"({attention!r}, where q_proj is), got {spec.tensor_path('sinks')!r}",
+        )
 
 
 def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) -> None:

@@ -62,6 +62,8 @@ def _rope_rules(spec: ModelSpec, report: Report) -> None:
             report(
                 ("rope", "scaling", field), f"{scaling.type} rope scaling needs {field}"
             )
+    if scaling.truncate is not None and scaling.type != "yarn":
+        report(("rope", "scaling", "truncate"), "truncate applies to yarn scaling only")
 
 
 def _nope_rules(spec: ModelSpec, report: Report) -> None:
@@ -103,6 +105,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "a norm over the whole projection comes before rope (rope works per "
             "head); qk_norm_after_rope needs qk_norm_scope: head",
         )
+    if att.sinks and att.type == "mla":
+        report(a + ("sinks",), "attention sinks are not expressible for MLA")
     if att.type == "gqa":
         if att.mla is not None:
             report(a + ("mla",), "MLA dimensions given but attention.type is gqa")

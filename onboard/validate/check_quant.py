@@ -27,8 +27,9 @@ tokens hold all of its mass; ``p_top_k_mass`` says how much they held. Where the
 reference ran, ``kl_divergence_vs_reference`` is the full-vocabulary KL with the
 float32 transformers reference as P (no truncation), as a cross-check.
 
-The check also asserts that embeddings, the output head, every norm and the MoE
-routers (weights and bias) are byte-for-byte the 16-bit checkpoint's.
+The check also asserts that embeddings, the output head, every norm, the MoE
+routers (weights and bias) and the attention sinks are byte-for-byte the 16-bit
+checkpoint's.
 
 Pass: ``kl_divergence <= THRESHOLDS[scheme].kl_divergence`` and ``top1_agreement >=
 THRESHOLDS[scheme].top1_agreement`` and nothing that must stay 16-bit changed.
@@ -92,6 +93,7 @@ GUARDED = {
               "role attention_output_norm", "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
     "routers": ("role router", "role shared_expert_gate"),
+    "sinks": ("role sinks",),
 }  # fmt: skip
 
 
@@ -398,6 +400,7 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
+    must += ["sinks"] if spec.attention.sinks else []
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
