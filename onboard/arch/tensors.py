@@ -20,9 +20,9 @@ class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
     ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``sinks``, ``head`` (scaled output head), ``head_norm`` (a norm carrying
-    the head's scale, tied embeddings) or ``copy:<name>`` (same values as another
-    tensor, e.g. MTP heads sharing the output head).
+    ``router_bias``, ``sinks``, ``head`` (scaled output head), ``head_norm`` (a
+    norm carrying the head's scale, tied embeddings) or ``copy:<name>`` (same
+    values as another tensor, e.g. MTP heads sharing the output head).
     """
 
     name: str
