@@ -34,6 +34,9 @@ METADATA: dict[str, str] = {
     "mtp_mlp": "structural: which MLP tensors the MTP blocks have",
     "tie_word_embeddings": "structural: whether lm_head.weight exists (transformers "
     "ties by it; the generated vLLM model ties exactly when the spec does)",
+    "attention_sinks": "structural: whether the attention's sinks tensor exists",
+    "moe_router_bias": "structural: whether the router's bias tensor exists",
+    "moe_expert_bias": "structural: whether the experts' bias tensors exist",
 }
 
 # Keys one kind of file may leave unread, and why.
@@ -47,6 +50,11 @@ NOT_READ_BY = {
     "hf": {
         "max_position_embeddings": "sizes vLLM's rope cache; the reference "
         "computes the rope angles of each position it is given",
+    },
+    # Every MLP is the experts' clamped SwiGLU (gpt-oss, whose transformers class
+    # does not read hidden_act either).
+    "clamped_swiglu_only": {
+        "hidden_act": "no MLP applies it: the experts use the clamped SwiGLU",
     },
 }
 
@@ -109,6 +117,10 @@ def _unread(name: str) -> dict[str, list[str]]:
     hf = {p: t for p, t in files.items() if p.startswith("hf/") and p.endswith(".py")}
     if spec.attention.type == "mla":
         written -= set(NOT_READ_BY["mla"])
+    moe = spec.mlp.moe
+    dense = any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers))
+    if moe is not None and moe.swiglu_limit is not None and not dense:
+        written -= set(NOT_READ_BY["clamped_swiglu_only"])
     unread = {"vllm": sorted(written - set().union(*map(_reads, vllm.values())))}
     if hf:
         hf_written = written - set(NOT_READ_BY["hf"])

@@ -82,6 +82,8 @@ class Router:
     num_groups: int | None
     topk_groups: int | None
     routed_scaling_factor: float
+    # A bias on the router's logits, before the top-k (gpt-oss).
+    bias: bool = False
 
     @property
     def grouped(self) -> bool:
@@ -106,6 +108,13 @@ class MoEMLP:
     shared_expert_gate: bool
     router: Router
     activation: str
+    # Biases on the experts' projections (gpt-oss).
+    expert_bias: bool = False
+    # (alpha, limit) of the clamped SwiGLU the experts use instead of the
+    # activation (gpt-oss); None: act(gate) * up.
+    clamped_swiglu: tuple[float, float] | None = None
+    # The experts stored as one module of stacked parameters (gpt-oss).
+    stacked: bool = False
 
     kind = "moe"
 
@@ -350,6 +359,12 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             num_groups=r.num_groups,
             topk_groups=r.topk_groups,
             routed_scaling_factor=r.routed_scaling_factor,
+            bias=r.bias,
         ),
         activation=spec.activation,
+        expert_bias=moe.expert_bias,
+        clamped_swiglu=None
+        if moe.swiglu_alpha is None or moe.swiglu_limit is None
+        else (moe.swiglu_alpha, moe.swiglu_limit),
+        stacked=spec.checkpoint.stacked_experts,
     )

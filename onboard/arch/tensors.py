@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from onboard.arch.plan import DenseMLP, Layer, MoEMLP, build_plan
-from onboard.spec.layouts import PARAM_ROLES
+from onboard.spec.layouts import PARAM_ROLES, STACKED_EXPERT_PARAMS
 from onboard.spec.model import ModelSpec
 
 
@@ -174,13 +174,16 @@ def _moe_tensors(
     m: MoEMLP, h: int, add: Callable[..., None], linear: Callable[..., None]
 ) -> None:
     """The router's and the experts' tensors, made with _block's helpers."""
-    add("router", (m.num_experts, h))
+    linear("router", m.num_experts, h, m.router.bias)
     if m.router.bias_correction:
         add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
-    for e in range(m.num_experts):
-        linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
-        linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
+    if m.stacked:
+        _stacked_expert_tensors(m, h, add)
+    else:
+        for e in range(m.num_experts):
+            linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
+            linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
+            linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
     if m.num_shared_experts:
         shared = m.shared_intermediate_size
         linear("shared_gate_proj", shared, h)
@@ -188,3 +191,17 @@ def _moe_tensors(
         linear("shared_down_proj", h, shared)
         if m.shared_expert_gate:
             linear("shared_expert_gate", 1, h)
+
+
+def _stacked_expert_tensors(m: MoEMLP, h: int, add: Callable[..., None]) -> None:
+    """gpt-oss's experts: one module whose parameters stack every expert, input
+    dim first (gate_up [experts, hidden, 2 x width], its gate and up columns
+    interleaved; down [experts, width, hidden])."""
+    e, w = m.num_experts, m.expert_intermediate_size
+    p = STACKED_EXPERT_PARAMS
+    add("stacked_experts", (e, h, 2 * w), suffix=p["gate_up"])
+    if m.expert_bias:
+        add("stacked_experts", (e, 2 * w), "bias", suffix=p["gate_up_bias"])
+    add("stacked_experts", (e, w, h), suffix=p["down"])
+    if m.expert_bias:
+        add("stacked_experts", (e, h), "bias", suffix=p["down_bias"])

@@ -107,6 +107,8 @@ def _vllm_moe_paths(
     dense_block = _vllm_dense_block(spec) if has_dense else None
     router = _layer_rel(spec.tensor_path("router")) or ""
     parts = router.split(".")
+    if spec.checkpoint.stacked_experts:
+        return _vllm_stacked_moe_paths(parts, dense_block)
     if len(parts) != 2:
         return paths
     block, gate = parts
@@ -168,6 +170,25 @@ def _vllm_moe_paths(
         if m is not None and m.group(1) not in taken:
             paths["shared_expert_gate"] = f"{base}.{m.group(1)}"
     return paths
+
+
+def _vllm_stacked_moe_paths(
+    router: list[str], dense_block: str | None
+) -> dict[str, str]:
+    """Module paths of stacked experts' roles, as vLLM's gpt_oss.py has them: the
+    checkpoint's MoE block and router names where they fit (gpt-oss's
+    ``mlp.router``), the stacked experts as that block's fused MoE layer,
+    ``experts``."""
+    block, gate = "mlp", "gate"
+    if (
+        len(router) == 2
+        and router[0] not in LAYER_ATTRIBUTES
+        and (dense_block is None or router[0] == dense_block)
+        and router[1] != "experts"
+    ):
+        block, gate = router
+    base = f"model.layers.{{layer}}.{block}"
+    return {"router": f"{base}.{gate}", "stacked_experts": f"{base}.experts"}
 
 
 def _vllm_dense_block(spec: ModelSpec) -> str:
@@ -326,6 +347,7 @@ def build_context(
         has_dense=has_dense,
         shared=bool(has_moe and spec.mlp.moe and spec.mlp.moe.num_shared_experts),
         shared_gate=bool(has_moe and spec.mlp.moe and spec.mlp.moe.shared_expert_gate),
+        stacked=spec.checkpoint.stacked_experts,
     )
     # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
@@ -565,7 +587,13 @@ def _moe_context(
         new_type = not transformers_knows(spec.model_type)
         cfg["n_group"] = f.find("n_group", 1) if new_type else None
         cfg["topk_group"] = f.find("topk_group", 1) if new_type else None
+    if moe.swiglu_limit is not None:
+        cfg["swiglu_alpha"] = f.need("swiglu_alpha", moe.swiglu_alpha)
+        cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
     return {
+        "stacked": spec.checkpoint.stacked_experts,
+        "router_bias": router.bias,
+        "expert_bias": moe.expert_bias,
         "one_group": one_group,
         "one_group_comment": textwrap.wrap(
             "All experts in one group (the same routing): vLLM's grouped "
@@ -623,7 +651,9 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles.append("sinks")
     if mlp.loads_dense:
         roles += ["gate_proj", "up_proj", "down_proj"]
-    if mlp.loads_moe:
+    if mlp.loads_moe and spec.checkpoint.stacked_experts:
+        roles += ["router", "stacked_experts"]
+    elif mlp.loads_moe:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
         if mlp.shared:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
@@ -643,7 +673,10 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
     names: dict[str, Any] = {}
     if mlp.has_dense:
         names["mlp"] = rel("gate_proj")[0]
-    if mlp.has_moe:
+    if mlp.has_moe and mlp.stacked:
+        names["mlp"] = rel("router")[0]
+        names["router"] = rel("router")[1]
+    elif mlp.has_moe:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
         names["ckpt_names"] = tuple(
@@ -829,7 +862,7 @@ def _moe_doc(spec: ModelSpec) -> str:
     if moe is None:
         return ""
     r = moe.router
-    parts = [f"{r.scoring} scores"]
+    parts = [f"{r.scoring} scores" + (" of the biased router logits" if r.bias else "")]
     if r.bias_correction:
         parts.append("experts chosen by score + e_score_correction_bias")
     if r.num_groups is not None:
@@ -843,10 +876,17 @@ def _moe_doc(spec: ModelSpec) -> str:
         shared = " and the shared expert" + (
             " (sigmoid-gated)" if moe.shared_expert_gate else ""
         )
-    return (
+    doc = (
         f"Routed experts{shared} with their router, run by vLLM's fused MoE "
         f"layer. Routing: {', '.join(parts)}."
     )
+    if moe.swiglu_limit is not None:
+        experts = " The experts (with biases)" if moe.expert_bias else " The experts"
+        doc += experts + (
+            " apply the clamped SwiGLU (swigluoai) to gate and up columns stored "
+            "interleaved."
+        )
+    return doc
 
 
 def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:

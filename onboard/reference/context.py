@@ -108,6 +108,10 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
         "grouped": grouped,
+        "router_bias": moe is not None and moe.router.bias,
+        "stacked": spec.checkpoint.stacked_experts,
+        "expert_bias": moe is not None and moe.expert_bias,
+        "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
@@ -185,6 +189,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "summary": _summary(spec, f),
         "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),
+        "stacked_doc": _stacked_doc(f),
         "attention_doc": _attention_doc(f),
         "mlp_classes": mlp_classes,
         "dense_cls": role_class.get("dense", "MLP"),
@@ -239,6 +244,9 @@ def _moe_keys(
         c["scaling"] = keys.need("routed_scaling_factor")
     c["norm_topk"] = keys.find("norm_topk_prob")
     c["scoring"] = keys.find("scoring_func")
+    if f["clamped_swiglu"]:
+        c["swiglu_alpha"] = keys.need("swiglu_alpha", moe.swiglu_alpha)
+        c["swiglu_limit"] = keys.need("swiglu_limit", moe.swiglu_limit)
     terms = keys.moe_layer_terms("i")
     terms = terms or ["True"]
     _check_layer_plan(spec, hf, " and ".join(terms), moe_layers)
@@ -252,7 +260,7 @@ def _mlp_classes(
     groups = []
     if f["dense"]:
         groups.append(("dense", "MLP", "", "dense layers"))
-    if f["moe"]:
+    if f["moe"] and not f["stacked"]:  # stacked experts have a class of their own
         groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
     if f["shared"]:
         groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
@@ -455,7 +463,8 @@ def _router_doc(f: dict[str, Any]) -> str:
     if not f["moe"]:
         return ""
     doc = "Scores the experts for each token and keeps the top k.\n\n"
-    doc += f"Scores are the {f['scoring']} of the router logits."
+    doc += f"Scores are the {f['scoring']} of the router logits"
+    doc += " (the linear layer has a bias)." if f["router_bias"] else "."
     if f["bias_correction"]:
         doc += (
             " A per-expert bias (e_score_correction_bias) is added to them to choose"
@@ -503,11 +512,29 @@ def _and(items: list[str]) -> str:
 
 def _moe_doc(f: dict[str, Any]) -> str:
     doc = "Routed experts"
+    if f["stacked"]:
+        doc += " (stacked in one module)"
     if f["shared_gate"]:
         doc += " plus shared experts behind a sigmoid gate"
     elif f["shared"]:
         doc += " plus always-on shared experts"
     return doc + "."
+
+
+def _stacked_doc(f: dict[str, Any]) -> str:
+    if not f["stacked"]:
+        return ""
+    doc = (
+        "Every routed expert of a layer, stacked, input dim first (gpt-oss): "
+        "gate_up_proj [experts, hidden, 2 x width] with each expert's gate and up "
+        "columns interleaved, down_proj [experts, width, hidden]"
+    )
+    if f["expert_bias"]:
+        doc += ", and their biases"
+    return doc + (
+        ". The clamped SwiGLU: gate clamped above at the limit, up to [-limit, "
+        "limit], then (up + 1) * gate * sigmoid(alpha * gate)."
+    )
 
 
 def _attention_doc(f: dict[str, Any]) -> str:

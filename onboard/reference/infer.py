@@ -51,8 +51,10 @@ VISIBLE = (
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",
+    "moe_router_bias",
 )
 _MOE_ONLY = {
+    "moe_router_bias",
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",

@@ -110,6 +110,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "n_group": ("n_group",),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
+    "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
+    "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
+    "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
+    "swiglu_limit": ("swiglu_limit",),
     # multi-token prediction
     "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     "mtp_mlp": ("mtp_mlp",),
@@ -156,6 +160,8 @@ REQUIRED = object()  # marker: a concept the config must state
 NOPE_WHEN_SLIDING = "nope_when_sliding"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
+# A family fact of its checkpoints: the experts stacked in one module (gpt-oss).
+STACKED_EXPERTS = "stacked_experts"
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,20 @@ FAMILIES: dict[str, Family] = {
         {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
         vllm_keys=("topk_method", "scoring_func"),
     ),
+    # Attention sinks, a biased router whose softmax spans the top-k logits
+    # (softmax, then top-k renormalised), and experts with biases stacked in one
+    # module.
+    "gpt_oss": Family(
+        "gpt_oss",
+        {
+            "attention_sinks": True,
+            "moe_router_bias": True,
+            "moe_expert_bias": True,
+            "scoring_func": "softmax",
+            "norm_topk_prob": True,
+            STACKED_EXPERTS: True,
+        },
+    ),
     # Post-norm blocks with per-head q/k norms. With a sliding window its
     # full-attention layers skip rope (NoPE).
     "exaone4": Family(
@@ -228,6 +248,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "topk_method": (None, "noaux_tc"),
     "scoring_func": ("softmax", "sigmoid"),
     "norm_topk_prob": (False, True),
+    "moe_router_bias": (False, True),
 }
 # One key sets all four projections' biases where the family has it.
 _BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
@@ -399,6 +420,8 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             topk_method="noaux_tc" if moe.router.bias_correction else None,
             scoring_func=moe.router.scoring,
             norm_topk_prob=moe.router.norm_topk_prob,
+            moe_router_bias=moe.router.bias,
+            moe_expert_bias=moe.expert_bias,
         )
     return {c: values[c] for c in concepts if c in values}
 
@@ -741,6 +764,10 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "n_group",
         "topk_group",
         "routed_scaling_factor",
+        "moe_router_bias",
+        "moe_expert_bias",
+        "swiglu_alpha",
+        "swiglu_limit",
     )
     if not experts:
         for key in moe_keys:  # a dense model: MoE keys (class defaults) mean nothing
@@ -792,6 +819,9 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "first_k_dense": first_k,
         "layer_frequency": step,
         "dense_layers": dense_layers,
+        "expert_bias": bool(r.get("moe_expert_bias", False)),
+        "swiglu_alpha": r.get("swiglu_alpha"),
+        "swiglu_limit": r.get("swiglu_limit"),
         "router": _read_router(r),
     }
     return {"intermediate_size": dense_size, "moe": moe}
@@ -861,6 +891,7 @@ def _read_router(r: _Reader) -> dict:
         "num_groups": groups,
         "topk_groups": topk_groups,
         "routed_scaling_factor": r.get("routed_scaling_factor", 1.0),
+        "bias": bool(r.get("moe_router_bias", False)),
     }
 
 
@@ -958,12 +989,15 @@ def spec_from_hf_config(
             f"{source}: cannot map this config to a spec without changing the model:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
+    checkpoint: dict[str, Any] = {"layout": family.layout if family else "llama"}
+    if facts.get(STACKED_EXPERTS) and data["mlp"].get("moe"):
+        checkpoint["stacked_experts"] = True
     data = {
         "name": name or model_type.replace("_", "-"),
         "architecture": architectures[0],
         "model_type": model_type,
         **data,
-        "checkpoint": {"layout": family.layout if family else "llama"},
+        "checkpoint": checkpoint,
     }
     return _validated(data, source)
 
@@ -1149,6 +1183,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             topk_group=r.topk_groups or 1,
             routed_scaling_factor=r.routed_scaling_factor,
         )
+        # Written only where set, so configs of specs without them are unchanged.
+        if r.bias:
+            c["moe_router_bias"] = True
+        if moe.expert_bias:
+            c["moe_expert_bias"] = True
+        if moe.swiglu_limit is not None:
+            c.update(swiglu_alpha=moe.swiglu_alpha, swiglu_limit=moe.swiglu_limit)
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp

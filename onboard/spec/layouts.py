@@ -52,6 +52,9 @@ _BASE: dict[str, str] = {
     "shared_up_proj": f"{_LAYER}.mlp.shared_experts.up_proj",
     "shared_down_proj": f"{_LAYER}.mlp.shared_experts.down_proj",
     "shared_expert_gate": f"{_LAYER}.mlp.shared_expert_gate",
+    # checkpoint.stacked_experts: every routed expert of a layer in one module
+    # (STACKED_EXPERT_PARAMS)
+    "stacked_experts": f"{_LAYER}.mlp.experts",
     # MTP heads (layer = num_hidden_layers + head index)
     "mtp_enorm": f"{_LAYER}.enorm",
     "mtp_hnorm": f"{_LAYER}.hnorm",
@@ -77,6 +80,8 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
     },
+    # gpt-oss: the router is mlp.router; its experts are stacked in mlp.experts.
+    "gpt_oss": {**_BASE, "router": f"{_LAYER}.mlp.router"},
 }
 
 ROLES: tuple[str, ...] = tuple(_BASE)
@@ -103,6 +108,16 @@ PARAM_ROLES: dict[str, str] = {"sinks": "sinks"}
 LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {
     "pre": ("input_norm", "post_attention_norm"),
     "post": ("attention_output_norm", "mlp_output_norm"),
+}
+
+# The parameters of a stacked_experts module (gpt-oss), by what they hold: every
+# expert's gate/up projection (input dim first, gate and up columns interleaved),
+# its down projection, and their biases (mlp.moe.expert_bias).
+STACKED_EXPERT_PARAMS = {
+    "gate_up": "gate_up_proj",
+    "gate_up_bias": "gate_up_proj_bias",
+    "down": "down_proj",
+    "down_bias": "down_proj_bias",
 }
 
 # The MLP of one routed expert, and of the shared expert, by role.

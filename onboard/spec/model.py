@@ -237,6 +237,12 @@ class Router(_Section):
     routed_scaling_factor: float = Field(
         1.0, gt=0, description="Multiplier on the routed experts' output."
     )
+    bias: bool = Field(
+        False,
+        description="The router's linear layer has a bias, added to the logits "
+        "before the top-k: it changes which experts are chosen and their weights "
+        "(gpt-oss; unlike bias_correction, which steers the choice only).",
+    )
 
 
 class MoE(_Section):
@@ -267,6 +273,22 @@ class MoE(_Section):
     dense_layers: list[LayerIndex] = Field(
         default_factory=list, description="Further layers that stay dense."
     )
+    expert_bias: bool = Field(
+        False,
+        description="Bias on each routed expert's gate/up and down projections "
+        "(gpt-oss; stored with checkpoint.stacked_experts).",
+    )
+    swiglu_alpha: float | None = Field(
+        None,
+        gt=0,
+        description="With swiglu_limit: the routed experts use the clamped SwiGLU "
+        "of gpt-oss instead of the spec's activation: gate clamped above at the "
+        "limit, up clamped to [-limit, limit], then (up + 1) * gate * "
+        "sigmoid(alpha * gate). Null: act(gate) * up.",
+    )
+    swiglu_limit: float | None = Field(
+        None, gt=0, description="The clamp of the clamped SwiGLU (see swiglu_alpha)."
+    )
     router: Router = Field(default_factory=Router, description="Routing function.")
 
 
@@ -295,13 +317,23 @@ class MTP(_Section):
 class Checkpoint(_Section):
     """Tensor names of the checkpoint."""
 
-    layout: Literal["llama", "deepseek", "qwen", "mixtral"] = Field(
+    layout: Literal["llama", "deepseek", "qwen", "mixtral", "gpt_oss"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
         description="Per-role override of the preset's module path, e.g. "
         "`router: model.layers.{layer}.mlp.router`.",
+    )
+    stacked_experts: bool = Field(
+        False,
+        description="A layer's routed experts are one module (role "
+        "`stacked_experts`) of stacked parameters, as gpt-oss stores them: "
+        "`gate_up_proj` [experts, hidden, 2 x width] with each expert's gate and "
+        "up columns interleaved (gate, up, gate, up, ...), `down_proj` [experts, "
+        "width, hidden], and with mlp.moe.expert_bias `gate_up_proj_bias` "
+        "[experts, 2 x width] and `down_proj_bias` [experts, hidden]; instead of "
+        "three Linear modules per expert.",
     )
 
 

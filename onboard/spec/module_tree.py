@@ -55,6 +55,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
+    "stacked_experts": ("moe",),
     **dict.fromkeys(
         ("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
         ("moe", "experts", "{expert}"),
@@ -128,7 +129,11 @@ def used_roles(spec: ModelSpec) -> list[str]:
     if has_dense_mlp(spec):
         roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        roles.append("router")
+        if spec.checkpoint.stacked_experts:
+            roles.append("stacked_experts")
+        else:
+            roles += ["expert_gate_proj", "expert_up_proj", "expert_down_proj"]
         if moe.num_shared_experts:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
             if moe.shared_expert_gate:

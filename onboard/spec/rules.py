@@ -273,6 +273,7 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
         report(
             m + ("shared_expert_intermediate_size",), "needs num_shared_experts >= 1"
         )
+    _stacked_expert_rules(spec, report)
     r = moe.router
     rp = m + ("router",)
     if (r.num_groups is None) != (r.topk_groups is None):
@@ -302,6 +303,56 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
             )
 
 
+# vLLM's swigluoai activation (its gpt_oss.py, and the CPU MoE kernel) fixes these.
+SWIGLU_OAI = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
+    """gpt-oss's experts: the clamped SwiGLU, biases and stacked, interleaved
+    storage, which vLLM's swigluoai kernel takes together."""
+    moe = spec.mlp.moe
+    assert moe is not None
+    m: Path = ("mlp", "moe")
+    stacked = spec.checkpoint.stacked_experts
+    clamped = moe.swiglu_limit is not None
+    if (moe.swiglu_alpha is None) != (moe.swiglu_limit is None):
+        missing = "swiglu_alpha" if moe.swiglu_alpha is None else "swiglu_limit"
+        report(m + (missing,), "the clamped SwiGLU needs swiglu_alpha and swiglu_limit")
+    for field, value in SWIGLU_OAI.items():
+        got = getattr(moe, field)
+        if got is not None and got != value:
+            report(
+                m + (field,),
+                f"vLLM's swigluoai kernel fixes {field} at {value}, got {got}",
+            )
+    if clamped and not stacked:
+        report(
+            m + ("swiglu_limit",),
+            "the clamped SwiGLU needs checkpoint.stacked_experts: vLLM's swigluoai "
+            "kernel reads each expert's gate and up interleaved, as gpt-oss stores "
+            "them",
+        )
+    if moe.expert_bias and not stacked:
+        report(
+            m + ("expert_bias",),
+            "expert biases are generated for stacked experts only "
+            "(checkpoint.stacked_experts, gpt-oss)",
+        )
+    if not stacked:
+        return
+    c: Path = ("checkpoint", "stacked_experts")
+    if not clamped:
+        report(
+            c,
+            "stacked experts interleave gate and up, which vLLM reads for the "
+            "clamped SwiGLU only (set mlp.moe.swiglu_alpha and swiglu_limit)",
+        )
+    if moe.num_shared_experts:
+        report(c, "stacked experts with shared experts are not generated")
+    if spec.mtp is not None:
+        report(c, "stacked experts in MTP heads are not generated")
+
+
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
         report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
@@ -317,6 +368,8 @@ MAX_TEMPLATE_CHARS = 200
 
 
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.checkpoint.stacked_experts and spec.mlp.moe is None:
+        report(("checkpoint", "stacked_experts"), "the model has no mlp.moe section")
     names = spec.checkpoint.tensor_names
     bad_template = False
     for role, template in names.items():
