@@ -128,6 +128,44 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # gpt-oss's parts on a new model type: attention sinks, alternating sliding and
+    # full layers, yarn with an unrounded correction range, a dense first layer,
+    # then a biased router and stacked experts with biases and the clamped SwiGLU,
+    # the experts under a name of their own (renamed to vLLM's `experts`).
+    "var-sinks-stacked": (
+        "VarSinksStackedForCausalLM",
+        """
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  sinks: true
+  qkv_bias: true
+  o_bias: true
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope:
+  theta: 150000.0
+  scaling: {type: yarn, factor: 32.0, original_max_position_embeddings: 1024,
+            beta_fast: 32.0, beta_slow: 1.0, truncate: false}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+    expert_bias: true
+    swiglu_alpha: 1.702
+    swiglu_limit: 7.0
+    router: {scoring: softmax, norm_topk_prob: true, bias: true}
+checkpoint:
+  layout: gpt_oss
+  stacked_experts: true
+  tensor_names:
+    stacked_experts: model.layers.{layer}.mlp.moe_experts
+""",
+    ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).
     "var-renamed": (
         "VarRenamedForCausalLM",

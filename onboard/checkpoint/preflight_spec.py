@@ -9,7 +9,12 @@ from collections import defaultdict
 from functools import cache
 
 from onboard.arch import ArchPlan
-from onboard.spec.layouts import EXPERT_ROLES, ROLES, required_placeholders
+from onboard.spec.layouts import (
+    EXPERT_ROLES,
+    ROLES,
+    STACKED_EXPERT_PARAMS,
+    required_placeholders,
+)
 
 PLACEHOLDERS = ("{layer}", "{expert}")
 
@@ -110,6 +115,23 @@ def role_hint(
         return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
     if role == "sinks":
         return f"set attention.sinks: {want} in the spec", ["attention.sinks"]
+    if role == "router" and param == "bias":
+        return (
+            f"set mlp.moe.router.bias: {want} in the spec",
+            ["mlp.moe.router.bias"],
+        )
+    if role == "stacked_experts":
+        if param.endswith("_bias"):
+            return (
+                f"set mlp.moe.expert_bias: {want} in the spec",
+                ["mlp.moe.expert_bias"],
+            )
+        return (
+            "check checkpoint.stacked_experts (the spec says "
+            f"{str(plan.spec.checkpoint.stacked_experts).lower()}): gpt-oss stores "
+            "each layer's experts as one module of stacked tensors",
+            ["checkpoint.stacked_experts"],
+        )
     if param == "bias" and role in ("q_proj", "k_proj", "v_proj"):
         return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
     if param == "bias" and role == "o_proj":
@@ -286,12 +308,28 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
                 "shared_up_proj": (si, h),
                 "shared_down_proj": (h, si),
             }
+    if moe is not None and role == "stacked_experts":
+        return _stacked_dims(h, ne, ei, param)
     dims = table.get(role or "")
     if dims is None:
         return None
     if param == "bias":  # a linear's bias has its output size; a norm's its size
         return [dims[0]]
     return list(dims)
+
+
+def _stacked_dims(
+    h: tuple[str, int], ne: tuple[str, int], ei: tuple[str, int], param: str
+) -> list[tuple[str, int]] | None:
+    """The dims of a stacked_experts module's parameters (gpt-oss)."""
+    both = (f"2 × {ei[0]}", 2 * ei[1])
+    p = STACKED_EXPERT_PARAMS
+    return {
+        p["gate_up"]: [ne, h, both],
+        p["gate_up_bias"]: [ne, both],
+        p["down"]: [ne, ei, h],
+        p["down_bias"]: [ne, h],
+    }.get(param)
 
 
 def is_field(text: str) -> bool:
@@ -352,6 +390,10 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "n_group": ("mlp.moe.router.num_groups",),
     "topk_group": ("mlp.moe.router.topk_groups",),
     "routed_scaling_factor": ("mlp.moe.router.routed_scaling_factor",),
+    "moe_router_bias": ("mlp.moe.router.bias",),
+    "moe_expert_bias": ("mlp.moe.expert_bias",),
+    "swiglu_alpha": ("mlp.moe.swiglu_alpha",),
+    "swiglu_limit": ("mlp.moe.swiglu_limit",),
     "num_nextn_predict_layers": ("mtp.num_heads",),
     "mtp_mlp": ("mtp.mlp",),
 }

@@ -213,7 +213,9 @@ def _shape_problem(
         return
     exprs = (
         dims(run.plan, role, param)
-        if param in ("weight", "bias") or PARAM_ROLES.get(role or "") == param
+        if param in ("weight", "bias")
+        or PARAM_ROLES.get(role or "") == param
+        or role == "stacked_experts"
         else None
     )
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):

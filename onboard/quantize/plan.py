@@ -215,6 +215,11 @@ def make_plan(
             why = None
             if role is None:
                 why = "no role of the spec's layout"
+            elif role == "stacked_experts":
+                # Every expert of a layer in one 3-D tensor: copied unchanged
+                # (the compressed-tensors format quantizes per Linear module),
+                # and each expert listed in `ignore` (below).
+                why = "stacked experts (3-D), kept in 16 bits"
             elif role not in LINEAR_ROLES:
                 why = f"role {role}"
             elif not linear:
@@ -238,6 +243,8 @@ def make_plan(
                 ):
                     if role != "embed":
                         ignore.add(module)
+                if role == "stacked_experts" and param == "gate_up_proj":
+                    ignore.update(stacked_expert_modules(module, t.shape[0]))
                 continue
             _check_quantizable(t, shard, scheme, role)
             fused_key = None
@@ -282,6 +289,15 @@ def make_plan(
         layout,
         warnings,
     )
+
+
+def stacked_expert_modules(module: str, experts: int) -> list[str]:
+    """The Linear names vLLM's fused MoE layer looks up in a quantization config
+    for stacked experts (``<block>.experts``, gpt-oss): ``<block>.experts.<e>.
+    gate_proj`` / ``up_proj`` / ``down_proj``; all of them ignored, it builds the
+    layer unquantized."""
+    leaves = ("gate_proj", "up_proj", "down_proj")
+    return [f"{module}.{e}.{leaf}" for e in range(experts) for leaf in leaves]
 
 
 def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str]:

@@ -52,9 +52,11 @@ VISIBLE = (
     "shared_expert_gate",
     "topk_method",
     "moe_router_bias",
+    "moe_expert_bias",
 )
 _MOE_ONLY = {
     "moe_router_bias",
+    "moe_expert_bias",
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",

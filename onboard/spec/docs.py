@@ -61,8 +61,9 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - GQA: `num_heads` divisible by `num_kv_heads`; without `head_dim`, `hidden_size`
   divisible by `num_heads`; `head_dim x partial_rotary_factor` an even integer.
 - MLA: the `mla` section is present; GQA-only fields (`num_kv_heads`, `head_dim`,
-  sliding windows, `qk_norm`, `qkv_bias`, partial rotary) are absent;
+  sliding windows, `qk_norm`, `qkv_bias`, partial rotary, `sinks`) are absent;
   `qk_rope_head_dim` even.
+- Rope: `truncate` only with yarn scaling.
 - Sliding windows: `layer_types` has one entry per layer; `layer_types` and
   `sliding_window_pattern` are exclusive; sliding layers need `sliding_window`.
 - KV sharing: the layer exists; its target is an earlier layer that owns its cache
@@ -72,6 +73,11 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
   needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
   keeping at least top-k experts); shared-expert options need a shared expert.
+- gpt-oss's experts: `swiglu_alpha` and `swiglu_limit` together, at 1.702 and 7.0
+  (vLLM's swigluoai kernel fixes them); the clamped SwiGLU and `expert_bias` need
+  `checkpoint.stacked_experts` (swigluoai reads gate and up interleaved, as the
+  stacked tensors hold them), which needs the clamped SwiGLU, and no shared
+  experts or MTP heads (not generated).
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
@@ -210,7 +216,10 @@ def _layouts_table() -> str:
         "",
         "Module path of each role per preset (`checkpoint.layout`); a tensor is the",
         "path plus `.weight` / `.bias` / `.e_score_correction_bias`. Override single",
-        "roles with `checkpoint.tensor_names`. MTP head `i` uses layer",
+        "roles with `checkpoint.tensor_names`. `sinks` is the attention module, which",
+        "holds the `.sinks` parameter (`attention.sinks`); `stacked_experts` is the",
+        "module of stacked experts (`checkpoint.stacked_experts`), whose tensors are",
+        "`.gate_up_proj`, `.down_proj` and their `_bias`. MTP head `i` uses layer",
         "`num_hidden_layers + i`, with a full decoder block under the same layer",
         "prefix.",
         "",

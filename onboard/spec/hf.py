@@ -249,6 +249,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "scoring_func": ("softmax", "sigmoid"),
     "norm_topk_prob": (False, True),
     "moe_router_bias": (False, True),
+    "moe_expert_bias": (False, True),
 }
 # One key sets all four projections' biases where the family has it.
 _BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
@@ -990,7 +991,10 @@ def spec_from_hf_config(
             + "\n".join(f"  - {p}" for p in problems)
         )
     checkpoint: dict[str, Any] = {"layout": family.layout if family else "llama"}
-    if facts.get(STACKED_EXPERTS) and data["mlp"].get("moe"):
+    moe = data["mlp"].get("moe")
+    # Where the family does not say, experts with the clamped SwiGLU are stacked:
+    # the one storage vLLM's swigluoai kernel reads (spec rules).
+    if moe and facts.get(STACKED_EXPERTS, moe.get("swiglu_limit") is not None):
         checkpoint["stacked_experts"] = True
     data = {
         "name": name or model_type.replace("_", "-"),
