@@ -404,7 +404,8 @@ def untouched_tensors(
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
-    modules = {n.rsplit(".", 1)[0] for n in plan.kept}
+    # Modules whose weight is kept (a quantized projection keeps its bias).
+    modules = {n.rsplit(".", 1)[0] for n in plan.kept if n.endswith(".weight")}
     leaked = [
         n for n in located if n.rsplit(".", 1)[0] in modules and n.endswith("_scale")
     ]
