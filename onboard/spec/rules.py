@@ -465,7 +465,7 @@ GENERATED_NAMES = frozenset(
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
         "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
-        "SpeculativeConfig", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "SpeculativeConfig", "StackedExperts", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
     }
 )  # fmt: skip
