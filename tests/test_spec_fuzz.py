@@ -107,8 +107,9 @@ def hostile_spec_text(draw) -> str:
             if field == "num_hidden_layers":
                 for key in ("layer_types", "kv_sharing"):
                     att.pop(key, None)
-                if "moe" in data["mlp"] and data["mlp"]["moe"]:
-                    data["mlp"]["moe"]["dense_layers"] = []
+                moe = data["mlp"].get("moe") if isinstance(data["mlp"], dict) else None
+                if isinstance(moe, dict):  # a hostile value may have replaced it
+                    moe["dense_layers"] = []
     text = to_yaml(data)
     damage = draw(st.sampled_from(["none"] * 6 + [
         "cut", "bomb", "recursion", "tag", "duplicate", "deep", "tab",

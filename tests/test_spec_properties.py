@@ -74,6 +74,8 @@ def rope(draw, mla: bool) -> dict:
     for key in optional:
         if draw(st.booleans()):
             scaling[key] = draw(floats)
+    if kind == "yarn" and draw(st.booleans()):
+        scaling["truncate"] = draw(st.booleans())
     if kind != "linear" and draw(st.booleans()):
         scaling["original_max_position_embeddings"] = draw(st.integers(1, 8192))
     out["scaling"] = scaling
@@ -94,7 +96,7 @@ def gqa_attention(draw, n_layers: int) -> tuple[dict, int]:
         head_dim = draw(st.sampled_from([8, 16, 32]))
         hidden = heads * head_dim
     att["partial_rotary_factor"] = draw(st.sampled_from([1.0, 0.5, 0.25]))
-    for flag in ("qk_norm", "qkv_bias", "o_bias"):
+    for flag in ("qk_norm", "sinks", "qkv_bias", "o_bias"):
         att[flag] = draw(st.booleans())
     window = draw(st.sampled_from(["none", "all", "pattern", "explicit"]))
     kinds = ["full_attention"] * n_layers
@@ -172,7 +174,11 @@ def moe_section(draw, n_layers: int) -> dict:
         "norm_topk_prob": draw(st.booleans()),
         "bias_correction": draw(st.booleans()),
         "routed_scaling_factor": draw(floats),
+        "bias": draw(st.booleans()),
     }
+    if not shared and draw(st.booleans()):  # gpt-oss's experts (stacked)
+        moe["expert_bias"] = draw(st.booleans())
+        moe["swiglu_alpha"], moe["swiglu_limit"] = 1.702, 7.0
     groups = draw(st.sampled_from(_divisors(experts)))
     if groups > 1 and draw(st.booleans()):
         per_group = experts // groups
@@ -211,7 +217,8 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
     moe = draw(st.one_of(st.none(), moe_section(n_layers)))
     mlp: dict = {"moe": moe} if moe else {}
     mtp = None
-    if draw(st.booleans()):
+    stacked = bool(moe and "swiglu_limit" in moe)  # no MTP heads with them
+    if not stacked and draw(st.booleans()):
         mtp = {
             "num_heads": draw(st.integers(1, 3)),
             "mlp": draw(st.sampled_from(["moe", "dense"])) if moe else "dense",
@@ -226,7 +233,10 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
         mlp["intermediate_size"] = draw(st.integers(1, 4096))
     data["mlp"] = mlp
     data["checkpoint"] = {
-        "layout": draw(st.sampled_from(["llama", "deepseek", "qwen", "mixtral"]))
+        "layout": draw(
+            st.sampled_from(["llama", "deepseek", "qwen", "mixtral", "gpt_oss"])
+        ),
+        "stacked_experts": stacked,
     }
     data["quantization"] = draw(
         st.lists(st.sampled_from(["fp8-dynamic", "fp8-block", "nvfp4"]), unique=True)
@@ -349,6 +359,13 @@ def family_shaped(draw) -> dict:
                 data["attention"], data["hidden_size"] = draw(mla_attention())
             heads = draw(st.integers(0, 2))
             data["mtp"] = {"num_heads": heads} if heads else None
+    # gpt-oss's parts are its family's (tests/test_spec_hf.py), not these.
+    data["attention"].pop("sinks", None)
+    data["checkpoint"]["stacked_experts"] = False
+    if mlp.get("moe"):
+        for key in ("expert_bias", "swiglu_alpha", "swiglu_limit"):
+            mlp["moe"].pop(key, None)
+        mlp["moe"]["router"]["bias"] = False
     return data
 
 

@@ -465,8 +465,9 @@ GENERATED_NAMES = frozenset(
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
         "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
-        "SpeculativeConfig", "StackedExperts", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
-        "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+        "SpeculativeConfig", "StackedExperts", "SupportsEagle3", "SupportsLoRA",
+        "SupportsPP", "SupportsQuant", "VllmConfig", "VocabParallelEmbedding",
+        "WeightsMapper",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
