@@ -128,6 +128,48 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Sigmoid routing with a bias and no expert groups (one group on vLLM's CPU),
+    # the bias a parameter of the MoE block itself (MiniMax-M2's
+    # block_sparse_moe.e_score_correction_bias).
+    "var-bias-block": (
+        "VarBiasBlockForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    router: {scoring: sigmoid, norm_topk_prob: true, bias_correction: true}
+checkpoint:
+  layout: mixtral
+  tensor_names:
+    router_bias: model.layers.{layer}.block_sparse_moe
+""",
+    ),
+    # Softmax routing with a bias kept on a module of its own as [1, num_experts]
+    # (ERNIE-4.5-MoE's mlp.moe_statics), a dense first layer, an MoE MTP head.
+    "var-bias-2d": (
+        "VarBias2dForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    first_k_dense: 1
+    router: {scoring: softmax, norm_topk_prob: true, bias_correction: true}
+mtp: {num_heads: 1, mlp: moe}
+checkpoint:
+  layout: deepseek
+  tensor_names:
+    router_bias: model.layers.{layer}.mlp.moe_statics
+  router_bias_2d: true
+""",
+    ),
     # gpt-oss's parts on a new model type: attention sinks, alternating sliding and
     # full layers, yarn with an unrounded correction range, a dense first layer,
     # then a biased router and stacked experts with biases and the clamped SwiGLU,

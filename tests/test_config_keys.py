@@ -17,7 +17,7 @@ import pytest
 from generate_variants import BUNDLED, bundled
 
 from onboard.generate import generate_files
-from onboard.spec.hf import IGNORED, hf_config_from_spec
+from onboard.spec.hf import FAMILIES, IGNORED, hf_config_from_spec
 
 # Keys that do not change what the generated code computes, and why.
 METADATA: dict[str, str] = {
@@ -110,6 +110,11 @@ def _unread(name: str) -> dict[str, list[str]]:
     config = hf_config_from_spec(spec)
     written = {key for key, value in config.items() if value is not None}
     written -= set(METADATA)
+    # Written for vLLM's in-tree model only (DeepSeek-V3's scoring_func):
+    # transformers' class has no such key and its code hard-codes the value, as
+    # the generated model does.
+    family = FAMILIES.get(spec.model_type)
+    written -= set(family.vllm_keys if family else ())
     files = generate_files(spec)
     vllm = {
         p: t for p, t in files.items() if p.startswith("plugin/") and p.endswith(".py")

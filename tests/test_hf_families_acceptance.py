@@ -24,7 +24,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # One of each part the proof finds or the config states: whole-projection and
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
 # gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
-# attention sinks with stacked, biased experts.
+# the router's bias on the MoE block (with NoPE full-attention layers the proof
+# finds) and on a module of its own as [1, num_experts] beside softmax scores,
+# MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
+# topk_method, V2's null n_group), and attention sinks with stacked, biased
+# experts.
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -36,6 +40,10 @@ FAMILIES = (
     "dots1",
     "seed_oss",
     "ernie4_5",
+    "exaone_moe",
+    "ernie4_5_moe",
+    "deepseek_v2",
+    "deepseek_v3",
     "gpt_oss",
 )
 

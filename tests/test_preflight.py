@@ -217,17 +217,69 @@ def test_sinks_and_stacked_experts_shapes_name_their_spec_fields(
 
 
 def test_transformers_deepseek_without_topk_method(hf_written, tmp_path) -> None:
-    """docs/vllm-cpu-notes.md: transformers 5 writes no topk_method; vLLM then builds no
-    e_score_correction_bias and fails to load with a KeyError."""
+    """docs/vllm-cpu-notes.md: transformers 5 writes no topk_method. The generated
+    model serves the checkpoint as transformers does (a note says what vLLM's
+    in-tree model needs); the in-tree model builds no e_score_correction_bias and
+    fails to load with a KeyError."""
     ckpt = tmp_path / "ds"
     shutil.copytree(hf_written["deepseek_v3"], ckpt)
     edit_config(ckpt, lambda c: c.pop("topk_method"))
     spec = spec_from_hf_config_file(hf_written["deepseek_v3"])
     report = preflight(spec, ckpt)
+    assert report.ok, report.lines()
+    note = one(report, "config")
+    assert note.severity == "note" and note.where == "topk_method"
+    assert "in-tree" in note.message and '"topk_method": "noaux_tc"' in note.fix
+    report = preflight(spec, ckpt, in_tree=True)
     problem = one(report, "config")
+    assert problem.severity == "error"
     assert problem.where == "topk_method" and problem.config_keys == ("topk_method",)
     assert '"topk_method": "noaux_tc"' in problem.fix and "KeyError" in problem.message
     assert problem.spec_fields == ("mlp.moe.router.bias_correction",)
+
+
+def _deepseek_as_transformers_writes_it(model_type: str, out: Path) -> Path:
+    """A tiny DeepSeek checkpoint exactly as save_pretrained writes it (DeepSeek-V2:
+    greedy routing, n_group and topk_group null; neither family writes
+    scoring_func, V3 no topk_method), with the config class's defaults."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=2,
+        first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_a_transformers_written_deepseek_checkpoint_passes(model_type, tmp_path):
+    """The rule: a checkpoint exactly as transformers saves it passes preflight
+    whenever transformers computes the spec's model from it. The keys only vLLM's
+    in-tree model reads are notes for the generated model, errors for the in-tree
+    one (which reads getattr(config, "n_group", 1) as None, routes by softmax
+    without scoring_func, and builds no bias without topk_method)."""
+    ckpt = _deepseek_as_transformers_writes_it(model_type, tmp_path / model_type)
+    config = json.loads((ckpt / "config.json").read_text())
+    unset = {"scoring_func"} | (
+        {"n_group", "topk_group"} if model_type == "deepseek_v2" else {"topk_method"}
+    )
+    assert not {k for k in unset if config.get(k) is not None}
+    spec = spec_from_hf_config_file(ckpt)
+    report = preflight(spec, ckpt)
+    assert report.ok, report.lines()
+    notes = {p.where for p in report.by_kind("config")}
+    assert notes == unset and all(
+        p.severity == "note" for p in report.by_kind("config")
+    )
+    in_tree = preflight(spec, ckpt, in_tree=True)
+    assert {p.where for p in in_tree.errors} == unset, in_tree.lines()
 
 
 @pytest.mark.parametrize("absent", ["removed", "null"])
@@ -360,6 +412,45 @@ def test_missing_router_bias(broken) -> None:
     assert "bias_correction: false" in problem.fix
     assert problem.spec_fields == ("mlp.moe.router.bias_correction",)
     assert errors_of(report) == {"missing-tensor"}
+
+
+@pytest.mark.parametrize(
+    ("variant_name", "module", "shape"),
+    [
+        ("var-bias-block", "model.layers.{layer}.block_sparse_moe", [8]),
+        ("var-bias-2d", "model.layers.{layer}.mlp.moe_statics", [1, 8]),
+    ],
+)
+def test_a_router_bias_at_its_own_module(variant_name, module, shape, tmp_path):
+    """The tiny writer stores the bias where (and as) the spec says; a spec that
+    puts it on the router gets the override, shape storage included, checked."""
+    from generate_variants import variant
+
+    ckpt = write_tiny_checkpoint(variant(variant_name), tmp_path / "ckpt")
+    spec = spec_of(ckpt)
+    layer = 1  # MoE in both variants
+    name = f"{module.format(layer=layer)}.e_score_correction_bias"
+    with safe_open(str(ckpt / _shard_of(ckpt, name)), "pt") as f:
+        assert f.get_slice(name).get_shape() == shape
+    assert preflight(spec, ckpt).ok
+    data = spec.model_dump(mode="json")
+    data["checkpoint"].update(tensor_names={}, router_bias_2d=False)
+    problem = one(preflight(ModelSpec.model_validate(data), ckpt), "renamed-tensor")
+    assert f"role 'router_bias' as '{module}'" in problem.message
+    assert "checked: with the override" in problem.message
+    assert f"router_bias: '{module}'" in problem.fix
+    assert ("router_bias_2d: true" in problem.fix) == (len(shape) == 2)
+    data = spec.model_dump(mode="json")
+    data["checkpoint"]["router_bias_2d"] = len(shape) == 1
+    problem = one(preflight(ModelSpec.model_validate(data), ckpt), "shape")
+    assert problem.spec_fields == ("checkpoint.router_bias_2d",)
+    assert problem.fix == (
+        f"set checkpoint.router_bias_2d: {str(len(shape) == 2).lower()} in the spec"
+    )
+
+
+def _shard_of(ckpt: Path, name: str) -> str:
+    return json.loads((ckpt / INDEX_FILE).read_text())["weight_map"][name]
 
 
 def test_kv_sharing_layers_may_omit_their_own_kv(broken) -> None:
@@ -507,15 +598,32 @@ def test_wrong_layout_every_role_mapped(hf_written) -> None:
 
 
 def test_config_without_topk_method_and_null_n_group(broken) -> None:
+    # The spec routes in 4 groups: a null n_group breaks the generated model too;
+    # a missing topk_method only vLLM's in-tree model (transformers' DeepSeek-V3
+    # and the generated model always add the bias).
     ckpt = broken()
     edit_config(ckpt, lambda c: (c.pop("topk_method"), c.update(n_group=None)))
     report = preflight(spec_of(ckpt), ckpt)
     problems = {p.where: p for p in report.by_kind("config")}
     assert set(problems) == {"topk_method", "n_group"}
-    assert '"topk_method": "noaux_tc"' in problems["topk_method"].fix
-    assert "e_score_correction_bias" in problems["topk_method"].message
+    assert [p.where for p in report.errors] == ["n_group"]
     assert "null breaks vLLM's grouped routing" in problems["n_group"].message
     assert '"n_group": 4' in problems["n_group"].fix
+    assert problems["topk_method"].severity == "note"
+    report = preflight(spec_of(ckpt), ckpt, in_tree=True)
+    problems = {p.where: p for p in report.errors}
+    assert set(problems) == {"topk_method", "n_group"}
+    assert '"topk_method": "noaux_tc"' in problems["topk_method"].fix
+    assert "e_score_correction_bias" in problems["topk_method"].message
+
+
+def test_a_wrong_topk_method_is_still_an_error(broken) -> None:
+    # A hand-written config that says something else than transformers computes.
+    ckpt = broken()
+    edit_config(ckpt, lambda c: c.update(topk_method="greedy"))
+    problem = one(preflight(spec_of(ckpt), ckpt), "config")
+    assert problem.severity == "error" and problem.where == "topk_method"
+    assert '"topk_method": "noaux_tc"' in problem.fix
 
 
 def test_config_field_differences_are_named(broken) -> None:
@@ -703,7 +811,7 @@ def test_cli_console_script(broken) -> None:
     exit 0 on a good checkpoint. The check itself takes milliseconds; the process
     spends its time importing transformers (hf_config_from_spec)."""
     ckpt = broken()
-    edit_config(ckpt, lambda c: c.pop("topk_method"))
+    edit_config(ckpt, lambda c: c.update(topk_method="greedy"))
     start = time.perf_counter()
     bad = _cli("spec", "check", str(ckpt / "spec.yaml"), "--checkpoint", str(ckpt))
     wall = time.perf_counter() - start
@@ -740,7 +848,7 @@ BREAKS: dict[str, Callable[[Path], None]] = {
     "rename": lambda c: edit_shards(
         c, lambda t: {k.replace(".mlp.gate.", ".mlp.router."): v for k, v in t.items()}
     ),
-    "topk": lambda c: edit_config(c, lambda cfg: cfg.pop("topk_method")),
+    "topk": lambda c: edit_config(c, lambda cfg: cfg.update(topk_method="greedy")),
     "header": lambda c: (c / "model-00001-of-00002.safetensors").write_bytes(
         b"\x00" * 9
     ),

@@ -447,3 +447,59 @@ def test_families_whose_keys_are_mapped_prove(model_type, extra):
         assert (spec.attention.qkv_bias, spec.attention.o_bias) == (True, False)
     else:
         assert spec.rope.interleaved is True
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "module", "routing"),
+    [
+        # Sigmoid with a bias on the MoE block; its full-attention layer (3, the
+        # fourth of the sliding pattern) has no rope, which no key says.
+        (
+            "exaone_moe",
+            dict(num_experts=8, num_shared_experts=1, head_dim=16, **MOE),
+            "model.layers.{layer}.mlp",
+            ("sigmoid", False),
+        ),
+        # Sigmoid with a bias on the block, no expert groups, Mixtral names.
+        (
+            "minimax_m2",
+            dict(num_local_experts=8, head_dim=16, num_experts_per_tok=2),
+            "model.layers.{layer}.block_sparse_moe",
+            ("sigmoid", False),
+        ),
+        # Softmax whose top-k is chosen on score + bias, the bias stored as
+        # [1, num_experts] on a module of its own; its router starts at zero
+        # (the proof draws it, or softmax and sigmoid would weigh alike).
+        (
+            "ernie4_5_moe",
+            dict(moe_num_experts=8, moe_k=2, moe_intermediate_size=32, head_dim=16),
+            "model.layers.{layer}.mlp.moe_statics",
+            ("softmax", True),
+        ),
+    ],
+)
+def test_a_router_bias_at_its_own_module_is_found_and_proven(
+    model_type, extra, module, routing
+):
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import hf_config_from_spec
+
+    config = transformers.AutoConfig.for_model(model_type, **SMALL, **extra).to_dict()
+    spec, proof = infer_spec(config)
+    router = spec.mlp.moe.router
+    assert router.bias_correction and router.norm_topk_prob
+    assert router.scoring == routing[0]
+    assert spec.checkpoint.tensor_names["router_bias"] == module
+    assert spec.checkpoint.router_bias_2d is routing[1]
+    assert proof.found["checkpoint.tensor_names.router_bias"] == module
+    assert proof.max_rel_diff < RTOL
+    if model_type == "exaone_moe":
+        assert spec.rope.nope_layers == [3]
+        assert proof.found["nope_when_sliding"] is True
+    # What was found survives the spec's own config.json.
+    assert hf_config_from_spec(spec)["model_type"] == model_type
+    # Without the override the bias is a tensor the spec does not name.
+    data = spec.model_dump(mode="json")
+    data["checkpoint"].update(tensor_names={}, router_bias_2d=False)
+    with pytest.raises(ProofFailed, match="e_score_correction_bias"):
+        prove_spec(ModelSpec.model_validate(data), config)

@@ -105,6 +105,30 @@ def test_a_changed_norm_or_router_is_reported(dsv3, tmp_path):
     assert all("differs from the 16-bit checkpoint" in p for p in problems)
 
 
+def test_a_router_bias_at_its_own_module_counts_among_the_routers(tmp_path):
+    # ERNIE-4.5-MoE style: mlp.moe_statics.e_score_correction_bias, [1, E].
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from generate_variants import variant
+
+    spec = variant("var-bias-2d")
+    bf16 = write_tiny_checkpoint(spec, tmp_path / "bf16", seed=0)
+    fp8 = quantize_checkpoint(bf16, "fp8-dynamic", tmp_path / "fp8")
+    tiny = load_spec(bf16 / "spec.yaml")
+    counts, problems = untouched_tensors(tiny, bf16, fp8, "fp8-dynamic")
+    assert problems == []
+    biases = [
+        n
+        for n in json.loads((fp8 / "model.safetensors.index.json").read_text())[
+            "weight_map"
+        ]
+        if n.endswith("moe_statics.e_score_correction_bias")
+    ]
+    # Every MoE layer's gate weight and bias (the MTP head's included).
+    assert biases and counts["routers"] == 2 * len(biases)
+
+
 @pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4a16"])
 def test_dequantized_copy_is_within_one_step(dsv3, tmp_path, scheme):
     bf16, fp8 = dsv3

@@ -237,3 +237,85 @@ def test_a_config_without_layer_count_is_refused(family_dirs, tmp_path):
     with pytest.raises(InputError, match="num_hidden_layers"):
         quantize_checkpoint(src, "fp8-dynamic", tmp_path / "out")
     assert not list(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
+
+
+# The router's bias kept on a module of its own (transformers' save_pretrained
+# writes these names): (config, the bias's module, the facts from-hf finds).
+BIAS_FAMILIES = {
+    "exaone_moe": (
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        "model.layers.{layer}.mlp",
+        {"qk_norm": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    ),
+    "minimax_m2": (
+        dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16),
+        "model.layers.{layer}.block_sparse_moe",
+        {
+            "qk_norm": True,
+            "qk_norm_scope": "projection",
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "norm_topk_prob": True,
+        },
+    ),
+    "ernie4_5_moe": (
+        dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32),
+        "model.layers.{layer}.mlp.moe_statics",
+        {"topk_method": "noaux_tc", "rope_interleave": True, "norm_topk_prob": True},
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(BIAS_FAMILIES))
+def test_a_router_bias_at_its_own_module_stays_16_bit(family, tmp_path):
+    """With the layout read from names (no spec) or from the spec's router_bias
+    role, the bias is kept byte for byte, never quantized nor ignored as a
+    Linear module."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from onboard.spec.hf import spec_from_hf_config
+    from onboard.spec.model import ModelSpec
+
+    extra, module, facts = BIAS_FAMILIES[family]
+    common = _configs()["llama"].to_dict()
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    config = AutoConfig.for_model(
+        family, **{k: common[k] for k in keep}, intermediate_size=128,
+        num_key_value_heads=2, max_position_embeddings=256, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():  # away from its initial zeros, so a change would show
+        for name, tensor in model.state_dict().items():
+            if name.endswith("e_score_correction_bias"):
+                tensor.normal_(0.0, 0.05)
+    model.save_pretrained(tmp_path / family)
+    biases = sorted(n for n in _tensor_names(tmp_path / family) if "e_score" in n)
+    layers = {n.split(".")[2] for n in biases}
+    assert biases == sorted(
+        f"{module.format(layer=i)}.e_score_correction_bias" for i in layers
+    )
+    data = spec_from_hf_config(config.to_dict(), facts=facts).model_dump(mode="json")
+    data["checkpoint"]["tensor_names"] = {"router_bias": module}
+    data["checkpoint"]["router_bias_2d"] = family == "ernie4_5_moe"
+    if family == "minimax_m2":
+        data["checkpoint"]["layout"] = "mixtral"
+    spec = ModelSpec.model_validate(data)
+    for scheme in SCHEMES.values():
+        for used in (None, spec):
+            plan = make_plan(tmp_path / family, used, scheme)
+            assert not set(biases) & set(plan.quantized), (family, scheme.name)
+            why = "no role of the spec's layout" if used is None else "role router_bias"
+            assert {plan.kept[b] for b in biases} == {why}
+            assert not {b.rpartition(".")[0] for b in biases} & set(plan.ignore)
+    out = quantize_checkpoint(tmp_path / family, "fp8-dynamic", tmp_path / "q")
+    from safetensors.torch import load_file
+
+    def tensors(d: Path) -> dict[str, torch.Tensor]:
+        return {k: v for p in d.glob("*.safetensors") for k, v in load_file(p).items()}
+
+    before, after = tensors(tmp_path / family), tensors(out)
+    for bias in biases:
+        assert after[bias].dtype == before[bias].dtype  # ERNIE's is float32
+        assert torch.equal(after[bias], before[bias]) and before[bias].any()
+    assert before[biases[0]].shape == ((1, 4) if family == "ernie4_5_moe" else (4,))

@@ -176,11 +176,13 @@ def moe_section(draw, n_layers: int) -> dict:
         "routed_scaling_factor": draw(floats),
         "bias": draw(st.booleans()),
     }
-    if not shared and draw(st.booleans()):  # gpt-oss's experts (stacked)
+    stacked = not shared and draw(st.booleans())
+    if stacked:  # gpt-oss's experts (stacked), routed by plain top-k
         moe["expert_bias"] = draw(st.booleans())
         moe["swiglu_alpha"], moe["swiglu_limit"] = 1.702, 7.0
+        router["bias_correction"] = False
     groups = draw(st.sampled_from(_divisors(experts)))
-    if groups > 1 and draw(st.booleans()):
+    if not stacked and groups > 1 and draw(st.booleans()):
         per_group = experts // groups
         need = -(-moe["num_experts_per_tok"] // per_group)  # keep top-k reachable
         router["num_groups"] = groups

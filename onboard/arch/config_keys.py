@@ -106,6 +106,31 @@ def _hf_config(spec: ModelSpec) -> dict[str, Any]:
     return dict(hf_config_from_spec(spec))
 
 
+def unset_keys(spec: ModelSpec) -> frozenset[str]:
+    """Keys of the spec's config.json that a checkpoint of a family transformers
+    knows may leave out (or null) when the generated vLLM model serves it, because
+    transformers' class computes the same model without them:
+
+    - the family's keys vLLM's in-tree model reads although transformers' class
+      declares none (:attr:`onboard.spec.hf.Family.vllm_keys`: DeepSeek-V3's
+      ``scoring_func`` and ``topk_method``): transformers' code hard-codes their
+      value, and so does the generated model, which does not read them;
+    - ``n_group`` and ``topk_group`` of a router without expert groups: the
+      generated model routes plainly or with one group of all experts, and reads
+      neither (transformers' DeepSeek-V2 writes them as null).
+    """
+    from onboard.spec.hf import FAMILIES, transformers_knows
+
+    family = FAMILIES.get(spec.model_type)
+    if family is None or not transformers_knows(spec.model_type):
+        return frozenset()
+    keys = set(family.vllm_keys)
+    moe = spec.mlp.moe
+    if moe is not None and moe.router.num_groups is None:
+        keys |= {"n_group", "topk_group"}
+    return frozenset(keys)
+
+
 class ConfigKeys:
     """Resolves concepts to the config attribute names of one spec's HF config."""
 

@@ -79,6 +79,8 @@ class Router:
     scoring: Literal["softmax", "sigmoid"]
     norm_topk_prob: bool
     bias_correction: bool
+    # The checkpoint stores the bias as [1, num_experts] (else [num_experts]).
+    bias_2d: bool
     num_groups: int | None
     topk_groups: int | None
     routed_scaling_factor: float
@@ -356,6 +358,7 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             scoring=r.scoring,
             norm_topk_prob=r.norm_topk_prob,
             bias_correction=r.bias_correction,
+            bias_2d=r.bias_correction and spec.checkpoint.router_bias_2d,
             num_groups=r.num_groups,
             topk_groups=r.topk_groups,
             routed_scaling_factor=r.routed_scaling_factor,

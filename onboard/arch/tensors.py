@@ -176,7 +176,8 @@ def _moe_tensors(
     """The router's and the experts' tensors, made with _block's helpers."""
     linear("router", m.num_experts, h, m.router.bias)
     if m.router.bias_correction:
-        add("router", (m.num_experts,), "router_bias", suffix="e_score_correction_bias")
+        shape = (1, m.num_experts) if m.router.bias_2d else (m.num_experts,)
+        add("router_bias", shape, "router_bias", suffix="e_score_correction_bias")
     if m.stacked:
         _stacked_expert_tensors(m, h, add)
     else:

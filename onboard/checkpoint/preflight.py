@@ -94,7 +94,11 @@ __all__ = [
 
 
 def preflight(
-    spec: ModelSpec, checkpoint_dir: Path, *, config_keys: bool = True
+    spec: ModelSpec,
+    checkpoint_dir: Path,
+    *,
+    config_keys: bool = True,
+    in_tree: bool = False,
 ) -> PreflightReport:
     """Compare a checkpoint's headers and config.json with the spec (no weights read).
 
@@ -102,12 +106,15 @@ def preflight(
     itself is a :class:`Problem` in the report. ``config_keys=False`` leaves out
     the comparison of config.json's keys as transformers' config classes read them
     (their import costs seconds; `quantize` copies those keys unchanged): files,
-    config values, architecture and tensors are still checked.
+    config values, architecture and tensors are still checked. ``in_tree``: the
+    checkpoint is served by vLLM's in-tree model of the family rather than the
+    generated one, so the keys only vLLM's own model reads must be set (see
+    :func:`onboard.arch.config_keys.unset_keys`).
     """
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise InputError(f"{root}: not a checkpoint directory")
-    run = PreflightRun(spec, root)
+    run = PreflightRun(spec, root, in_tree=in_tree)
     t0 = time.perf_counter()
     # Computing the spec's config.json needs transformers' config classes, whose
     # import (it pulls in torch) costs seconds once per process: timed apart.

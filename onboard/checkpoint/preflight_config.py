@@ -100,6 +100,9 @@ def check_config(run: PreflightRun, keys: bool = True) -> None:
             config_keys=["architectures"],
         )
     if keys:
+        from onboard.arch.config_keys import unset_keys
+
+        run.unset_ok = frozenset() if run.in_tree else unset_keys(spec)
         _check_config_keys(run)
 
 
@@ -179,6 +182,9 @@ def _compare_key(
     derive = DERIVED.get(key)
     if got in (_MISSING, None) and derive is not None and _same(want, derive(actual)):
         return  # absent or null: transformers and vLLM both derive this value
+    if got in (_MISSING, None) and key in run.unset_ok:
+        _unset_for_generated(run, key, want, got, known)
+        return
     if got is _MISSING and want is None:
         # Absent means null to the code that reads it with getattr (OLMoE's
         # attention reads sliding_window so); a null spec field is never read by
@@ -206,6 +212,27 @@ def _compare_key(
                 )
                 return
     _config_problem(run, key, key, want, got, raw, known)
+
+
+def _unset_for_generated(
+    run: PreflightRun, key: str, want: Any, got: Any, known: Any
+) -> None:
+    """A key transformers' class for the family does without, left out (or null)
+    by the checkpoint: the generated model serves it as transformers computes
+    it; vLLM's in-tree model of the family would read the key."""
+    said = f"has no {key}" if got is _MISSING else f"has {key}: null"
+    cls = f"transformers' {known.__name__}" if known is not None else "transformers"
+    run.add(
+        "note",
+        "config",
+        key,
+        f"config.json {said}, as {cls} writes it; the generated model serves "
+        "the checkpoint as the spec says without it, but vLLM's in-tree model of "
+        f"the family reads the key (the spec's value: {_short(want)})",
+        f'to serve the checkpoint with vLLM\'s in-tree model, set "{key}": '
+        f"{json.dumps(want)} in config.json",
+        config_keys=[key],
+    )
 
 
 def _head_dim(config: dict) -> Any:

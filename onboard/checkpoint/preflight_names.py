@@ -31,6 +31,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import TensorPlan, plan_tensors
+from onboard.spec.layouts import PARAM_ROLES
 from onboard.spec.model import ModelSpec
 
 # Tensors vLLM's loader drops by name (old exports carry them).
@@ -129,6 +130,9 @@ def _renames(
         return out
 
     new, old = modules(extra), modules(miss)
+    # A role that is one parameter of its module (the router's bias) is told by
+    # that parameter, not by the module it shares.
+    param_role = {param: role for role, param in PARAM_ROLES.items()}
     scored = []
     for u, u_params in new.items():
         if u in canon:
@@ -138,10 +142,13 @@ def _renames(
             shared = sorted(set(u_params) & set(m_params))
             if role is None or not shared or placeholders(u) != placeholders(m):
                 continue
+            owner = role
+            if len(shared) == 1 and shared[0] in param_role:
+                role = param_role[shared[0]]
             # A module at a preset path is that role (OLMo-2's
             # post_feedforward_layernorm is a post-norm block's, not a renamed
-            # input norm).
-            if preset_roles(u) and role not in preset_roles(u):
+            # input norm; the router's bias shares the router's module).
+            if preset_roles(u) and owner not in preset_roles(u):
                 continue
             spelled = u.rpartition(".")[2] in {
                 preset[role].rpartition(".")[2] for preset in LAYOUT_PRESETS.values()
@@ -150,7 +157,7 @@ def _renames(
             if not spelled and ratio < 0.6:
                 continue
             shapes = all(
-                run.found[u_params[p][0]].shape == expected[m_params[p][0]].shape
+                _fits(run.found[u_params[p][0]].shape, expected[m_params[p][0]].shape)
                 for p in shared
             )
             indices = {abstract(n)[1] for n in u_params[shared[0]]} == {
@@ -201,30 +208,46 @@ def _layout_hint(run: PreflightRun) -> None:
             return
 
 
+def _fits(got: tuple[int, ...], want: tuple[int, ...] | None) -> bool:
+    """The same shape, or the router bias's other storage ([n] and [1, n])."""
+    return got == want or (
+        want is not None and [d for d in got if d != 1] == [d for d in want if d != 1]
+    )
+
+
 def _override_fix(run: PreflightRun, role: str, module: str) -> tuple[str, bool]:
-    """The tensor_names override, checked by planning the spec with it."""
+    """The tensor_names override, checked by planning the spec with it (for the
+    router's bias, with its storage as [1, num_experts] flipped if that fits)."""
     spec = run.spec
     data = spec.model_dump(mode="json")
     data["checkpoint"]["tensor_names"] = {
         **spec.checkpoint.tensor_names,
         role: module,
     }
-    override = f"checkpoint: {{tensor_names: {{{role}: '{module}'}}}}"
-    try:
-        before = {p.name for p in plan_tensors(spec)}
-        planned = [
-            p
-            for p in plan_tensors(ModelSpec.model_validate(data))
-            if p.name not in before
-        ]
-    except Exception:  # the override is not a valid spec: rename instead
-        planned = []
-    fits = bool(planned) and all(_stored_as(run, p) for p in planned)
-    if fits:
-        return f"add to the spec: {override}", True
+    override = f"tensor_names: {{{role}: '{module}'}}"
+    tries = [(data, override)]
+    if role == "router_bias":
+        flipped = not spec.checkpoint.router_bias_2d
+        other = {
+            **data,
+            "checkpoint": {**data["checkpoint"], "router_bias_2d": flipped},
+        }
+        tries.append((other, f"{override}, router_bias_2d: {str(flipped).lower()}"))
+    before = {p.name for p in plan_tensors(spec)}
+    for candidate, text in tries:
+        try:
+            planned = [
+                p
+                for p in plan_tensors(ModelSpec.model_validate(candidate))
+                if p.name not in before
+            ]
+        except Exception:  # the override is not a valid spec: rename instead
+            planned = []
+        if planned and all(_stored_as(run, p) for p in planned):
+            return f"add to the spec: checkpoint: {{{text}}}", True
     return (
         "rename these tensors in the checkpoint to the spec's names (the "
-        f"override {override} would not fit every layer)",
+        f"override checkpoint: {{{override}}} would not fit every layer)",
         False,
     )
 

@@ -142,8 +142,13 @@ class PreflightRun:
     """One preflight: the spec and its plan, what was read from the checkpoint,
     the report."""
 
-    def __init__(self, spec: ModelSpec, root: Path):
+    def __init__(self, spec: ModelSpec, root: Path, *, in_tree: bool = False):
         self.spec = spec
+        # Served by vLLM's in-tree model of the family rather than the generated
+        # one (which reads some keys a checkpoint may leave out).
+        self.in_tree = in_tree
+        # config.json keys the checkpoint may leave out for the generated model.
+        self.unset_ok: frozenset[str] = frozenset()
         self.plan = build_plan(spec)
         self.root = root
         self.report = PreflightReport(root)

@@ -32,7 +32,6 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
-from onboard.spec.layouts import PARAM_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT
 
 # A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
@@ -211,11 +210,13 @@ def _shape_problem(
         return
     if role in ("q_norm", "k_norm") and _qk_norm_scope(run, role, got, where, names):
         return
+    if param == "e_score_correction_bias" and _router_bias_rows(
+        run, want, got, where, names
+    ):
+        return
     exprs = (
         dims(run.plan, role, param)
-        if param in ("weight", "bias")
-        or PARAM_ROLES.get(role or "") == param
-        or role == "stacked_experts"
+        if param in ("weight", "bias") or role in ("sinks", "stacked_experts")
         else None
     )
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
@@ -252,6 +253,33 @@ def _shape_problem(
         tensors=names,
         spec_fields=dict.fromkeys(fields),
     )
+
+
+def _router_bias_rows(
+    run: PreflightRun,
+    want: tuple[int, ...],
+    got: tuple[int, ...],
+    where: str,
+    names: list[str],
+) -> bool:
+    """The router's bias stored with (or without) a leading dimension of one,
+    where the spec says otherwise: checkpoint.router_bias_2d is wrong."""
+    if tuple(d for d in got if d != 1) != tuple(d for d in want if d != 1):
+        return False
+    two_d = len(got) == 2
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}: the router's bias "
+        + ("as one row [1, num_experts]" if two_d else "as [num_experts]")
+        + ", where the spec's checkpoint.router_bias_2d is "
+        + ("false" if two_d else "true"),
+        f"set checkpoint.router_bias_2d: {str(two_d).lower()} in the spec",
+        tensors=names,
+        spec_fields=["checkpoint.router_bias_2d"],
+    )
+    return True
 
 
 def _qk_norm_scope(

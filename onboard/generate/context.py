@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import ArchPlan, build_plan
-from onboard.arch.config_keys import ConfigKeys, GenerationError
+from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
@@ -211,11 +211,25 @@ def _vllm_dense_block(spec: ModelSpec) -> str:
     return block
 
 
+# Roles whose rename is of one parameter, not of a whole module: the router's bias
+# may sit on a module that holds other roles' modules too (the MoE block).
+RENAMED_PARAM = {role: f".{param}" for role, param in PARAM_ROLES.items()}
+
+
+def _router_bias_at(spec: ModelSpec) -> str:
+    """Where the generated MoE block keeps the router's bias, as vLLM's own files
+    do: on the router (DeepSeek-V3, and ERNIE-4.5-MoE's ``moe_statics``, renamed
+    to it), or on the MoE block (EXAONE-MoE, MiniMax-M2: a parameter of the block
+    in the checkpoint)."""
+    path = spec.tensor_path("router_bias")
+    if path == spec.tensor_path("router"):
+        return "router"
+    rel = _layer_rel(path)
+    return "moe" if rel is not None and "." not in rel else "gate"
+
+
 def _rename(role: str, source: str, target: str) -> Rename:
-    """Regex rename of one role's module path (with its parameter suffixes); a
-    role that is one parameter of its module renames that parameter alone."""
-    if role in PARAM_ROLES:
-        source, target = (f"{p}.{PARAM_ROLES[role]}" for p in (source, target))
+    """Regex rename of one role's module path (with its parameter suffixes)."""
     pattern = ""
     for piece in re.split(r"(\{layer\}|\{expert\})", source):
         if piece == "{layer}":
@@ -238,14 +252,20 @@ def _renames(
     spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
 ) -> list[Rename]:
     out = [
-        _rename(role, spec.tensor_path(role), vllm_paths[role])
+        _rename(
+            role,
+            spec.tensor_path(role) + RENAMED_PARAM.get(role, ""),
+            vllm_paths[role] + RENAMED_PARAM.get(role, ""),
+        )
         for role in roles
         if spec.tensor_path(role) != vllm_paths[role]
     ]
     # Renames run one after another: none may match a path another one produced
     # (e.g. two roles swapping names).
     for a in out:
-        produced = vllm_paths[a.role].format(layer=0, expert=0)
+        produced = (vllm_paths[a.role] + RENAMED_PARAM.get(a.role, "")).format(
+            layer=0, expert=0
+        )
         for b in out:
             if b is not a and re.search(b.pattern, produced):
                 raise GenerationError(
@@ -564,6 +584,11 @@ def _moe_context(
         cfg["topk_group"] = f.need("topk_group", router.topk_groups)
     cfg["norm_topk_prob"] = f.find("norm_topk_prob", router.norm_topk_prob)
     cfg["scoring_func"] = f.find("scoring_func", router.scoring)
+    if cfg["scoring_func"] in unset_keys(spec):
+        # Written for vLLM's in-tree model only: transformers' class has no such
+        # key, its code hard-codes the value, and so does the generated model
+        # (a checkpoint as transformers saves it does not have the key).
+        cfg["scoring_func"] = None
     scaled = router.routed_scaling_factor != 1.0
     if scaled:
         cfg["routed_scaling_factor"] = f.need(
@@ -592,7 +617,7 @@ def _moe_context(
         cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
     return {
         "stacked": spec.checkpoint.stacked_experts,
-        "router_bias": router.bias,
+        "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
         "one_group": one_group,
         "one_group_comment": textwrap.wrap(
@@ -605,6 +630,10 @@ def _moe_context(
         "scoring": router.scoring,
         "renormalize": router.norm_topk_prob,
         "bias_correction": router.bias_correction,
+        # The module that holds the bias in the generated block, and whether the
+        # checkpoint stores it as [1, num_experts].
+        "bias_on_block": router.bias_correction and _router_bias_at(spec) == "moe",
+        "bias_2d": router.bias_correction and spec.checkpoint.router_bias_2d,
         "grouped": grouped,
         "scaled": scaled,
         "shared": mlp.shared,
@@ -621,6 +650,10 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
     paths = dict(CANONICAL)
     if mlp.has_moe:
         paths.update(_vllm_moe_paths(spec, mlp.has_dense, mlp.shared, mlp.shared_gate))
+        paths["router_bias"] = paths["router"]
+        if _router_bias_at(spec) == "moe":
+            block = (_layer_rel(paths["router"]) or "").split(".")[0]
+            paths["router_bias"] = f"model.layers.{{layer}}.{block}"
     if mlp.has_dense:
         block = _vllm_dense_block(spec)
         for role in ("gate_proj", "up_proj", "down_proj"):
@@ -655,6 +688,11 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
         roles += ["router", "stacked_experts"]
     elif mlp.loads_moe:
         roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+        moe = spec.mlp.moe
+        if moe is not None and moe.router.bias_correction:
+            # On the router's module it moves with the router's rename.
+            if _router_bias_at(spec) != "router":
+                roles.append("router_bias")
         if mlp.shared:
             roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
         if mlp.shared_gate:

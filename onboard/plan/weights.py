@@ -50,6 +50,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "up_proj": ("dense MLP", SHARD_TP),
     "down_proj": ("dense MLP", SHARD_TP),
     "router": ("routers", SHARD_REPLICATED),
+    "router_bias": ("routers", SHARD_REPLICATED),
     "shared_expert_gate": ("routers", SHARD_REPLICATED),
     "expert_gate_proj": ("routed experts", SHARD_EXPERTS),
     "expert_up_proj": ("routed experts", SHARD_EXPERTS),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from onboard.arch import build_plan
 from onboard.errors import InputError
-from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES
+from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES, role_path
 
 # Spellings of the decoder depth in config.json (transformers' attribute maps).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -48,7 +48,7 @@ class TensorLayout:
 
     def path(self, role: str) -> str:
         """Module path of a role."""
-        return self.tensor_names.get(role, LAYOUT_PRESETS[self.layout][role])
+        return role_path(self.layout, self.tensor_names, role)
 
     def role_patterns(self) -> list[tuple[str, re.Pattern]]:
         """Each role's module path as a regex with ``layer`` / ``expert`` groups."""

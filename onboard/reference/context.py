@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names
+from onboard.spec.module_tree import module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -107,8 +107,13 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "shared": moe is not None and moe.num_shared_experts > 0,
         "shared_gate": moe is not None and moe.shared_expert_gate,
         "bias_correction": moe is not None and moe.router.bias_correction,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
         "grouped": grouped,
-        "router_bias": moe is not None and moe.router.bias,
+        "router_linear_bias": moe is not None and moe.router.bias,
         "stacked": spec.checkpoint.stacked_experts,
         "expert_bias": moe is not None and moe.expert_bias,
         "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
@@ -195,6 +200,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
+        "bias_zeros": (
+            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+            if f["bias_at"]
+            else None
+        ),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
@@ -464,7 +474,7 @@ def _router_doc(f: dict[str, Any]) -> str:
         return ""
     doc = "Scores the experts for each token and keeps the top k.\n\n"
     doc += f"Scores are the {f['scoring']} of the router logits"
-    doc += " (the linear layer has a bias)." if f["router_bias"] else "."
+    doc += " (the linear layer has a bias)." if f["router_linear_bias"] else "."
     if f["bias_correction"]:
         doc += (
             " A per-expert bias (e_score_correction_bias) is added to them to choose"

@@ -29,6 +29,7 @@ from onboard.errors import InputError
 from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_model
 from onboard.reference.remote import RemoteCode
 from onboard.spec.hf import (
+    NOPE_WHEN_SLIDING,
     OPEN_CONCEPTS,
     model_type_of,
     open_concepts,
@@ -36,7 +37,7 @@ from onboard.spec.hf import (
     spec_from_hf_config,
     unstated_concepts,
 )
-from onboard.spec.layouts import LAYOUT_PRESETS, preset_roles
+from onboard.spec.layouts import LAYOUT_PRESETS, PARAM_ROLES, preset_roles
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
 
@@ -113,8 +114,11 @@ def _declared(remote: RemoteCode) -> set[str]:
 def _questions(spec: ModelSpec, concepts: list[str]) -> list[str]:
     """The open concepts that change this spec's model."""
     moe = spec.mlp.moe
+    kinds = set(spec.layer_attention_types())
     out = []
     for c in concepts:
+        if c == NOPE_WHEN_SLIDING and kinds != {"sliding_attention", "full_attention"}:
+            continue
         if c in _MOE_ONLY and moe is None:
             continue
         if c == "shared_expert_gate" and moe is not None and not moe.num_shared_experts:
@@ -205,38 +209,61 @@ def _search(
         found = {**found, "checkpoint.layout": layout}
     for role, path in spec.checkpoint.tensor_names.items():
         found = {**found, f"checkpoint.tensor_names.{role}": path}
+    if spec.checkpoint.router_bias_2d:
+        found = {**found, "checkpoint.router_bias_2d": True}
     return spec, replace(proof, found=found)
 
 
 def renamed(spec: ModelSpec, family: FamilyModel) -> ModelSpec:
     """``spec`` with ``checkpoint.tensor_names`` for each role none of whose
     tensors the family saved, where exactly one unnamed module of the family has
-    the same tensors (parameters, shapes, layers); the proof then checks them."""
+    the same tensors (parameters, shapes, layers); the proof then checks them.
+    The router's bias may be stored with a leading dimension of one (ERNIE-4.5-
+    MoE's ``moe_statics``): then ``checkpoint.router_bias_2d`` is set too."""
     named, saved = family.named(spec), family.tensors
     extra = _modules({n: v for n, v in saved.items() if n not in named})
     # A module at a preset path is that role (OLMo-2's post_feedforward_layernorm
     # is a post-norm block's, not a renamed input norm).
     extra = {m: t for m, t in extra.items() if not preset_roles(m)}
     found: dict[str, str] = {}
+    two_d = spec.checkpoint.router_bias_2d
     for role in used_roles(spec):
         template = spec.tensor_path(role)
         if "{expert}" in template:
             continue  # experts are found by the layout preset
-        role_tensors = {n: v for n, v in named.items() if _is_role(n, template)}
+        role_tensors = {n: v for n, v in named.items() if _is_role(n, template, role)}
         mine = _modules(role_tensors)
-        if len(mine) != 1 or any(n in saved for n in role_tensors):
+        if len(mine) != 1:
             continue
         ((path, tensors),) = mine.items()
-        fits = [module for module, theirs in extra.items() if theirs == tensors]
-        if len(fits) > 1:  # the same shapes: the most similar name
-            fits = difflib.get_close_matches(path, fits, n=1, cutoff=0.0)
-        if len(fits) == 1 and fits[0] not in found.values():
-            found[role] = fits[0]
-    if not found:
+        if any(n in saved for n in role_tensors):
+            if role == "router_bias" and all(
+                saved.get(n) == _other_rows(v) for n, v in role_tensors.items()
+            ):
+                two_d = not two_d  # the right name, stored in the other shape
+            continue
+        shapes = [tensors]
+        if role == "router_bias":
+            shapes.append(frozenset((p, i, _other_rows(v)) for p, i, v in tensors))
+        for i, want in enumerate(shapes):
+            fits = [module for module, theirs in extra.items() if theirs == want]
+            if len(fits) > 1:  # the same shapes: the most similar name
+                fits = difflib.get_close_matches(path, fits, n=1, cutoff=0.0)
+            if len(fits) == 1 and fits[0] not in found.values():
+                found[role] = fits[0]
+                two_d = two_d != bool(i)
+                break
+    if not found and two_d == spec.checkpoint.router_bias_2d:
         return spec
     data = spec.model_dump(mode="json")
     data["checkpoint"]["tensor_names"] = {**spec.checkpoint.tensor_names, **found}
+    data["checkpoint"]["router_bias_2d"] = two_d
     return ModelSpec.model_validate(data)
+
+
+def _other_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """[n] as [1, n] and [1, n] as [n]: the two ways the router's bias is stored."""
+    return tuple(shape[1:]) if len(shape) == 2 and shape[0] == 1 else (1, *shape)
 
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -258,7 +285,13 @@ def _modules(tensors: dict[str, tuple[int, ...]]) -> dict[str, frozenset]:
     return {m: frozenset(v) for m, v in out.items()}
 
 
-def _is_role(name: str, template: str) -> bool:
-    module = name.rsplit(".", 1)[0]
+def _is_role(name: str, template: str, role: str) -> bool:
+    """Whether tensor ``name`` is ``role``'s (its module at ``template``; a role
+    that is one parameter of its module, by that parameter)."""
+    module, param = name.rsplit(".", 1)
     pattern = re.escape(template).replace(r"\{layer\}", r"\d+")
-    return re.fullmatch(pattern, module) is not None
+    if re.fullmatch(pattern, module) is None:
+        return False
+    if role in PARAM_ROLES:
+        return param == PARAM_ROLES[role]
+    return param not in PARAM_ROLES.values()

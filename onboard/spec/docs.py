@@ -77,7 +77,7 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   (vLLM's swigluoai kernel fixes them); the clamped SwiGLU and `expert_bias` need
   `checkpoint.stacked_experts` (swigluoai reads gate and up interleaved, as the
   stacked tensors hold them), which needs the clamped SwiGLU, and no shared
-  experts or MTP heads (not generated).
+  experts, MTP heads, bias correction or expert groups (not generated).
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
@@ -216,10 +216,15 @@ def _layouts_table() -> str:
         "",
         "Module path of each role per preset (`checkpoint.layout`); a tensor is the",
         "path plus `.weight` / `.bias` / `.e_score_correction_bias`. Override single",
-        "roles with `checkpoint.tensor_names`. `sinks` is the attention module, which",
-        "holds the `.sinks` parameter (`attention.sinks`); `stacked_experts` is the",
-        "module of stacked experts (`checkpoint.stacked_experts`), whose tensors are",
-        "`.gate_up_proj`, `.down_proj` and their `_bias`. MTP head `i` uses layer",
+        "roles with `checkpoint.tensor_names`. `router_bias` is the module holding",
+        "`.e_score_correction_bias`: the router's (wherever `router` is) unless",
+        "overridden, e.g. to the MoE block itself (`model.layers.{layer}.mlp`,",
+        "EXAONE-MoE) or a module of its own (`model.layers.{layer}.mlp.moe_statics`,",
+        "ERNIE-4.5-MoE, with `checkpoint.router_bias_2d` for its [1, num_experts]).",
+        "`sinks` is the attention module, which holds the `.sinks` parameter",
+        "(`attention.sinks`); `stacked_experts` is the module of stacked experts",
+        "(`checkpoint.stacked_experts`), whose tensors are `.gate_up_proj`,",
+        "`.down_proj` and their `_bias`. MTP head `i` uses layer",
         "`num_hidden_layers + i`, with a full decoder block under the same layer",
         "prefix.",
         "",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -250,6 +250,9 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "norm_topk_prob": (False, True),
     "moe_router_bias": (False, True),
     "moe_expert_bias": (False, True),
+    # EXAONE-4 style: once a sliding window is set, the full-attention layers
+    # use no rope (no config key says so; EXAONE-MoE's code does it too).
+    NOPE_WHEN_SLIDING: (False, True),
 }
 # One key sets all four projections' biases where the family has it.
 _BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
@@ -379,22 +382,25 @@ def open_concepts(model_type: str) -> list[str]:
     if model_type in FAMILIES or not transformers_knows(model_type):
         return []
     known = _known(model_type)
-    return [
-        concept
-        for concept in OPEN_CONCEPTS
-        if _key_for(concept, known) is None
-        and (concept not in _BIAS_CONCEPTS or not _key_for("attention_bias", known))
-    ]
+    return _unstated(lambda concept: _key_for(concept, known) is not None)
 
 
 def unstated_concepts(keys: set[str]) -> list[str]:
     """The :data:`OPEN_CONCEPTS` that no key in ``keys`` states: for a family whose
     code ships beside its config (``auto_map``), what that code may hard-code."""
+    return _unstated(lambda concept: bool(keys.intersection(ALIASES[concept])))
+
+
+def _unstated(stated: Callable[[str], bool]) -> list[str]:
+    """The open concepts no key states (``stated``: whether a concept's key is
+    there)."""
     return [
         concept
         for concept in OPEN_CONCEPTS
-        if not keys.intersection(ALIASES[concept])
-        and (concept not in _BIAS_CONCEPTS or "attention_bias" not in keys)
+        if (concept not in ALIASES or not stated(concept))
+        and (concept not in _BIAS_CONCEPTS or not stated("attention_bias"))
+        # A key saying which layers have no rope settles it (SmolLM3).
+        and (concept != NOPE_WHEN_SLIDING or not stated("no_rope_layers"))
     ]
 
 
@@ -404,6 +410,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {
         "norm_placement": spec.norm.placement,
         "rope_interleave": spec.rope.interleaved,
+        NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
     if att.type == "gqa":
         values.update(
@@ -425,6 +432,18 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             moe_expert_bias=moe.expert_bias,
         )
     return {c: values[c] for c in concepts if c in values}
+
+
+def _nope_when_sliding(spec: ModelSpec) -> bool:
+    """Whether the spec's NoPE layers are exactly its full-attention layers beside
+    sliding ones (what :data:`NOPE_WHEN_SLIDING` makes of a config)."""
+    kinds = spec.layer_attention_types()
+    full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+    return (
+        "sliding_attention" in kinds
+        and bool(full)
+        and sorted(spec.rope.nope_layers) == full
+    )
 
 
 # ---- reading a config ------------------------------------------------------------

@@ -10,6 +10,8 @@ preset, as DeepSeek-V3 checkpoints store them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 _LAYER = "model.layers.{layer}"
 
 # Roles shared by every preset (the Llama/DeepSeek naming).
@@ -45,6 +47,9 @@ _BASE: dict[str, str] = {
     "down_proj": f"{_LAYER}.mlp.down_proj",
     # MoE
     "router": f"{_LAYER}.mlp.gate",
+    # The module holding the router's e_score_correction_bias: the router itself
+    # unless the checkpoint keeps it elsewhere (EXAONE-MoE: the MoE block).
+    "router_bias": f"{_LAYER}.mlp.gate",
     "expert_gate_proj": f"{_LAYER}.mlp.experts.{{expert}}.gate_proj",
     "expert_up_proj": f"{_LAYER}.mlp.experts.{{expert}}.up_proj",
     "expert_down_proj": f"{_LAYER}.mlp.experts.{{expert}}.down_proj",
@@ -76,6 +81,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
     "mixtral": {
         **_BASE,
         "router": f"{_LAYER}.block_sparse_moe.gate",
+        "router_bias": f"{_LAYER}.block_sparse_moe.gate",
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
@@ -86,12 +92,36 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
-# Path -> every role some preset stores there (post_attention_layernorm is both
-# the pre-norm block's MLP input norm and the post-norm block's attention norm).
+# Roles that are one parameter of their module, which may hold another role's
+# parameters too (the router's bias on the router's module, by default; the
+# attention's sinks on the attention module).
+PARAM_ROLES: dict[str, str] = {
+    "router_bias": "e_score_correction_bias",
+    "sinks": "sinks",
+}
+
+# Roles whose default path is another role's, wherever that one is (an override of
+# the router moves its bias with it).
+FOLLOWS: dict[str, str] = {"router_bias": "router"}
+
+
+def role_path(layout: str, tensor_names: Mapping[str, str], role: str) -> str:
+    """Module path of ``role`` in ``layout`` with the ``tensor_names`` overrides."""
+    if role in tensor_names:
+        return tensor_names[role]
+    if role in FOLLOWS:
+        return role_path(layout, tensor_names, FOLLOWS[role])
+    return LAYOUT_PRESETS[layout][role]
+
+
+# Path -> every module role some preset stores there (post_attention_layernorm is
+# both the pre-norm block's MLP input norm and the post-norm block's attention
+# norm); a parameter role shares its module with another role and is left out.
 _PRESET_ROLES: dict[str, frozenset[str]] = {}
 for _preset in LAYOUT_PRESETS.values():
     for _role, _path in _preset.items():
-        _PRESET_ROLES[_path] = _PRESET_ROLES.get(_path, frozenset()) | {_role}
+        if _role not in PARAM_ROLES:
+            _PRESET_ROLES[_path] = _PRESET_ROLES.get(_path, frozenset()) | {_role}
 
 
 def preset_roles(path: str) -> frozenset[str]:
@@ -99,10 +129,6 @@ def preset_roles(path: str) -> frozenset[str]:
     A module at such a path is one of those roles, never another role renamed."""
     return _PRESET_ROLES.get(path, frozenset())
 
-
-# Roles that are one parameter of their module, by parameter name: the tensor is
-# the module path and this name (the attention's sinks sit on the attention module).
-PARAM_ROLES: dict[str, str] = {"sinks": "sinks"}
 
 # The norm roles of a decoder layer, by norm.placement.
 LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {

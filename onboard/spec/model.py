@@ -315,7 +315,7 @@ class MTP(_Section):
 
 
 class Checkpoint(_Section):
-    """Tensor names of the checkpoint."""
+    """Tensor names (and stored shapes) of the checkpoint."""
 
     layout: Literal["llama", "deepseek", "qwen", "mixtral", "gpt_oss"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
@@ -324,6 +324,11 @@ class Checkpoint(_Section):
         default_factory=dict,
         description="Per-role override of the preset's module path, e.g. "
         "`router: model.layers.{layer}.mlp.router`.",
+    )
+    router_bias_2d: bool = Field(
+        False,
+        description="The router's e_score_correction_bias is stored as "
+        "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
     )
     stacked_experts: bool = Field(
         False,
@@ -494,8 +499,6 @@ class ModelSpec(_Section):
 
     def tensor_path(self, role: str) -> str:
         """Module path of a role in this spec's checkpoint layout."""
-        from onboard.spec.layouts import LAYOUT_PRESETS
+        from onboard.spec.layouts import role_path
 
-        return self.checkpoint.tensor_names.get(
-            role, LAYOUT_PRESETS[self.checkpoint.layout][role]
-        )
+        return role_path(self.checkpoint.layout, self.checkpoint.tensor_names, role)

@@ -130,6 +130,8 @@ def used_roles(spec: ModelSpec) -> list[str]:
         roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
         roles.append("router")
+        if moe.router.bias_correction:
+            roles.append("router_bias")
         if spec.checkpoint.stacked_experts:
             roles.append("stacked_experts")
         else:
@@ -233,6 +235,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     if "sinks" in roles:
         _check_sinks_path(spec, names)
+    if "router_bias" in roles:
+        _router_bias_names(spec, names)
     _check_distinct(spec, names, roles)
     for key, value in names.items():
         if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
@@ -255,6 +259,51 @@ def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
             "the attention sinks are a parameter of the attention module "
             f"({attention!r}, where q_proj is), got {spec.tensor_path('sinks')!r}",
         )
+
+
+def router_bias_at(spec: ModelSpec) -> str:
+    """Where the reference keeps the router's bias: on the router (``router``),
+    on the MoE block itself (``moe``: EXAONE-MoE, MiniMax-M2), or on a
+    parameter-only module of the block (``module``, named by
+    ``module_names(spec)["router_bias"]``: ERNIE-4.5-MoE's ``moe_statics``)."""
+    path = spec.tensor_path("router_bias")
+    if path == spec.tensor_path("router"):
+        return "router"
+    parts = path.split(".")
+    return "moe" if len(parts) == 4 else "module"
+
+
+def _router_bias_names(spec: ModelSpec, names: dict[str, str]) -> None:
+    """Checks the router bias's path against the module tree; names its own
+    module where it has one."""
+    at = router_bias_at(spec)
+    if at == "router":
+        return
+    path = spec.tensor_path("router_bias")
+    block = f"{names['base']}.{names['layers']}.{{layer}}.{names['moe']}"
+    leaf = path.removeprefix(block + ".")
+    taken = {
+        names[k]
+        for k in ("router", "router_box", "experts", "shared", "shared_expert_gate")
+        if k in names
+    }
+    if path != block and (
+        at != "module"
+        or path == leaf
+        or not leaf.isidentifier()
+        or leaf in taken
+        or leaf in RESERVED
+        or leaf in NN_MODULE_ATTRIBUTES
+    ):
+        raise TensorTreeError(
+            "router_bias",
+            "the generated Hugging Face reference needs the router's bias on the "
+            f"router ({spec.tensor_path('router')!r}), on the MoE block ({block!r}) "
+            f"or on a module of its own in the block ({block + '.<name>'!r}), got "
+            f"{path!r}",
+        )
+    if at == "module":
+        names["router_bias"] = leaf
 
 
 def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) -> None:

@@ -349,6 +349,12 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
         )
     if moe.num_shared_experts:
         report(c, "stacked experts with shared experts are not generated")
+    if moe.router.bias_correction or moe.router.num_groups is not None:
+        report(
+            c,
+            "stacked experts are generated with plain top-k routing (no "
+            "bias_correction, no expert groups), as gpt-oss routes",
+        )
     if spec.mtp is not None:
         report(c, "stacked experts in MTP heads are not generated")
 
@@ -371,6 +377,14 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     if spec.checkpoint.stacked_experts and spec.mlp.moe is None:
         report(("checkpoint", "stacked_experts"), "the model has no mlp.moe section")
     names = spec.checkpoint.tensor_names
+    moe = spec.mlp.moe
+    if spec.checkpoint.router_bias_2d and (
+        moe is None or not moe.router.bias_correction
+    ):
+        report(
+            ("checkpoint", "router_bias_2d"),
+            "the model has no router bias (mlp.moe.router.bias_correction: false)",
+        )
     bad_template = False
     for role, template in names.items():
         where: Path = ("checkpoint", "tensor_names", role)
@@ -391,7 +405,14 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
     # Two roles on one path would be one tensor with two meanings.
     roles = used_roles(spec)
     for role in names:
-        others = [r for r in roles if r != role and spec.tensor_path(r) == names[role]]
+        others = [
+            r
+            for r in roles
+            if r != role
+            and spec.tensor_path(r) == names[role]
+            # The router's bias is a parameter of the router's module by default.
+            and {r, role} != {"router", "router_bias"}
+        ]
         if role in roles and others:
             report(
                 ("checkpoint", "tensor_names", role),

@@ -92,7 +92,7 @@ GUARDED = {
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_output_norm",
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
-    "routers": ("role router", "role shared_expert_gate"),
+    "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     "sinks": ("role sinks",),
 }  # fmt: skip
 

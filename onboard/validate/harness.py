@@ -301,11 +301,13 @@ def engine_error(log_path: Path) -> str | None:
     return None
 
 
-def _preflight(spec: ModelSpec, model_dir: Path, log: Callable[[str], None]) -> None:
+def _preflight(
+    spec: ModelSpec, model_dir: Path, log: Callable[[str], None], in_tree: bool
+) -> None:
     """Compare the checkpoint's headers with the spec before any engine starts."""
     from onboard.checkpoint.preflight import preflight
 
-    report = preflight(spec, model_dir)
+    report = preflight(spec, model_dir, in_tree=in_tree)
     if not report.ok:
         raise InputError(
             f"{model_dir}: the checkpoint does not match the spec (preflight, no "
@@ -385,7 +387,7 @@ def validate(
     model_dir = Path(model_dir).resolve()
     config = check_inputs(spec, model_dir)
     if preflight:
-        _preflight(spec, model_dir, log)
+        _preflight(spec, model_dir, log, vllm_in_tree)
     if generated is not None and not (Path(generated) / "plugin").is_dir():
         raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
     out_dir = Path(out_dir)

@@ -167,7 +167,7 @@ class DeepseekV3MoE(nn.Module):
             use_grouped_topk=True,
             num_expert_group=config.n_group,
             topk_group=config.topk_group,
-            scoring_func=config.scoring_func,
+            scoring_func="sigmoid",
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,
             quant_config=quant_config,
