@@ -69,16 +69,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     keys = arch.config
     hf = keys.hf
     types = arch.attention_types
-    # Grouped top-k wherever the config onboard writes has groups, one group
-    # included (then the same choice as plain top-k), so the reference reads
-    # what it says. A model type transformers knows ships transformers' config,
-    # which may leave n_group unset.
-    grouped = moe is not None and (
-        moe.router.num_groups is not None
-        or (
-            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
-        )
-    )
     f = {
         "mla": att.type == "mla",
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
@@ -102,26 +92,10 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "post_norm": arch.layers[0].norms.placement == "post",
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
-        "moe": moe is not None,
         "dense": arch.has_dense,
-        "shared": moe is not None and moe.num_shared_experts > 0,
-        "shared_gate": moe is not None and moe.shared_expert_gate,
-        "bias_correction": moe is not None and moe.router.bias_correction,
-        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
-        "bias_at": router_bias_at(spec)
-        if moe is not None and moe.router.bias_correction
-        else None,
-        "bias_2d": spec.checkpoint.router_bias_2d,
-        "grouped": grouped,
-        "router_linear_bias": moe is not None and moe.router.bias,
-        "stacked": spec.checkpoint.stacked_experts,
-        "expert_bias": moe is not None and moe.expert_bias,
-        "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
-        "scoring": moe.router.scoring if moe else None,
-        "norm_topk": moe is not None and moe.router.norm_topk_prob,
-        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
+        **_moe_flags(spec, keys),
     }
 
     c: dict[str, str | None] = {
@@ -209,6 +183,40 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
+    }
+
+
+def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
+    """The MoE block's features (all off without one)."""
+    moe = spec.mlp.moe
+    # Grouped top-k wherever the config onboard writes has groups, one group
+    # included (then the same choice as plain top-k), so the reference reads
+    # what it says. A model type transformers knows ships transformers' config,
+    # which may leave n_group unset.
+    grouped = moe is not None and (
+        moe.router.num_groups is not None
+        or (
+            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
+        )
+    )
+    return {
+        "moe": moe is not None,
+        "shared": moe is not None and moe.num_shared_experts > 0,
+        "shared_gate": moe is not None and moe.shared_expert_gate,
+        "bias_correction": moe is not None and moe.router.bias_correction,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
+        "grouped": grouped,
+        "router_linear_bias": moe is not None and moe.router.bias,
+        "stacked": spec.checkpoint.stacked_experts,
+        "expert_bias": moe is not None and moe.expert_bias,
+        "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
+        "scoring": moe.router.scoring if moe else None,
+        "norm_topk": moe is not None and moe.router.norm_topk_prob,
+        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
     }
 
 
