@@ -58,6 +58,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.distributed",
         "tensor_model_parallel_all_gather",
     ),
+    "tensor_model_parallel_all_reduce": (
+        "vllm.distributed",
+        "tensor_model_parallel_all_reduce",
+    ),
     "split_tensor_along_last_dim": (
         "vllm.distributed.utils",
         "split_tensor_along_last_dim",
@@ -68,6 +72,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "FusedMoEFactory": ("vllm.model_executor.layers.fused_moe", "FusedMoEFactory"),
     "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
+    "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
     "ColumnParallelLinear": (
         "vllm.model_executor.layers.linear",
@@ -130,7 +135,6 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.model_executor.model_loader.weight_utils",
         "sharded_weight_loader",
     ),
-    "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
 }
 

@@ -128,6 +128,30 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
+    # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
+    # interleaved partial rope (GLM), sliding layers whose full-attention layers
+    # use no rope (Cohere-2).
+    "var-parallel-fused": (
+        "VarParallelFusedForCausalLM",
+        """
+tie_word_embeddings: true
+logit_scale: 0.0625
+norm: {type: layernorm, eps: 1.0e-05, placement: parallel, bias: false}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  qk_norm: true
+  qk_norm_scope: head_weights
+  qkv_bias: true
+  partial_rotary_factor: 0.5
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope: {theta: 10000.0, interleaved: true, nope_layers: [1, 3]}
+mlp: {intermediate_size: 512}
+checkpoint: {layout: llama, fused: [qkv_proj, gate_up_proj]}
+""",
+    ),
     # Sigmoid routing with a bias and no expert groups (one group on vLLM's CPU),
     # the bias a parameter of the MoE block itself (MiniMax-M2's
     # block_sparse_moe.e_score_correction_bias).

@@ -5,7 +5,7 @@ For each family a config written by transformers' own config class goes through
 in transformers' own model class with no missing or unexpected keys, and in vLLM
 (CPU, its in-tree model class, float32) and generate.
 
-All eight vLLM loads run in ONE subprocess (this file run as a script), so vLLM's
+All the vLLM loads run in ONE subprocess (this file run as a script), so vLLM's
 import cost is paid once; the engine runs in-process there
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so one model is freed before the next.
 """
@@ -80,6 +80,12 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "original_max_position_embeddings": 1024, "beta_fast": 32.0,
             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
         })),
+    # Families `spec from-hf` proves (not verified): fused q/k/v and gate/up
+    # tensors; a parallel block with weight-only LayerNorms and scaled logits.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        _SMALL, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(
+        _SMALL, logit_scale=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 
 # vLLM's in-tree module for each family (not the Transformers modeling backend).
@@ -93,6 +99,8 @@ VLLM_MODULES = {
     "exaone4": "vllm.model_executor.models.exaone4",
     "deepseek_v2": "vllm.model_executor.models.deepseek_v2",
     "deepseek_v3": "vllm.model_executor.models.deepseek_v2",
+    "phi3": "vllm.model_executor.models.phi3",
+    "cohere": "vllm.model_executor.models.commandr",
 }
 
 
@@ -102,6 +110,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     import transformers
 
     from onboard.checkpoint import write_tiny_checkpoint
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import FAMILIES as VERIFIED
     from onboard.spec.hf import spec_from_hf_config_file
 
     root = tmp_path_factory.mktemp("families")
@@ -109,7 +119,11 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     for family, (cls_name, arch, kwargs) in FAMILIES.items():
         config = getattr(transformers, cls_name)(architectures=[arch], **kwargs)
         config.save_pretrained(root / f"{family}-config")
-        spec = spec_from_hf_config_file(root / f"{family}-config" / "config.json")
+        path = root / f"{family}-config" / "config.json"
+        if family in VERIFIED:
+            spec = spec_from_hf_config_file(path)
+        else:  # what `spec from-hf` writes: inferred and proven
+            spec, _ = infer_spec(json.loads(path.read_text()))
         assert spec.model_type == family and spec.architecture == arch
         out[family] = write_tiny_checkpoint(spec, root / family, seed=0)
     return out

@@ -34,6 +34,8 @@ ALLOWED_PREFIXES = (
 ALLOWED_EXACT = {
     "vllm": {"ModelRegistry"},
     "transformers": {"AutoConfig", "PreTrainedConfig"},
+    # A parameter's own weight loader (Cohere's per-head q/k norm rows).
+    "vllm.model_executor.utils": {"set_weight_attrs"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
 }

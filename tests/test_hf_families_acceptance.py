@@ -27,8 +27,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # the router's bias on the MoE block (with NoPE full-attention layers the proof
 # finds) and on a module of its own as [1, num_experts] beside softmax scores,
 # MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
-# topk_method, V2's null n_group), and attention sinks with stacked, biased
-# experts.
+# topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
+# with weight-only LayerNorms and scaled logits, interleaved partial rope; attention
+# sinks with stacked, biased experts.
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -44,6 +45,9 @@ FAMILIES = (
     "ernie4_5_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "phi3",
+    "cohere2",
+    "glm",
     "gpt_oss",
 )
 

@@ -449,6 +449,133 @@ def test_families_whose_keys_are_mapped_prove(model_type, extra):
         assert spec.rope.interleaved is True
 
 
+# -- fused checkpoint tensors, parallel blocks, scaled logits ------------------------
+
+
+def test_fused_projections_are_found_and_proven(tmp_path):
+    # Phi-3 stores q/k/v and gate/up each as one tensor; its config says nothing
+    # of it (the tensors do). Its top-level original_max_position_embeddings only
+    # matters to a longrope scaling, which is refused by name. Partial rotary and
+    # a sliding window come from its config.
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import hf_config_from_spec, hf_fields
+
+    config = transformers.Phi3Config(
+        **SMALL,
+        pad_token_id=0,
+        eos_token_id=2,
+        sliding_window=8,
+        original_max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5},
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert spec.checkpoint.fused == ["qkv_proj", "gate_up_proj"]
+    assert proof.found["checkpoint.fused"] == ["qkv_proj", "gate_up_proj"]
+    assert spec.attention.partial_rotary_factor == 0.5
+    assert spec.attention.sliding_window == 8
+    assert proof.max_rel_diff < RTOL
+    # Its config.json (written for the generated files) reads back to it.
+    back = spec_from_hf_config(hf_config_from_spec(spec))
+    assert hf_fields(back) == hf_fields(spec)
+    # The same spec with the projections apart misfits on the tensors.
+    apart = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(
+        update={"fused": []})})  # fmt: skip
+    with pytest.raises(ProofFailed, match=r"self_attn\.qkv_proj\.weight"):
+        prove_spec(apart, config)
+    longrope = dict(
+        config,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0] * 4,
+            "long_factor": [2.0] * 4,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 128,
+        },
+    )
+    with pytest.raises(InputError, match="'longrope': Phi-3's long-context rope"):
+        spec_from_hf_config(longrope)
+
+
+@pytest.mark.parametrize("model_type", ["cohere", "cohere2"])
+def test_parallel_blocks_with_scaled_logits_are_found_and_proven(model_type):
+    # Cohere: one weight-only LayerNorm per layer that attention and the MLP both
+    # read (the tensors show it), interleaved rope (the proof shows it), logits
+    # multiplied by logit_scale, tied embeddings. Cohere-2 slides on three layers
+    # of four and its full-attention layers use no rope (the proof shows it).
+    from onboard.reference.infer import infer_spec
+    from onboard.spec.hf import hf_config_from_spec
+
+    extra = dict(sliding_window=8) if model_type == "cohere2" else {}
+    config = transformers.AutoConfig.for_model(
+        model_type, **SMALL, logit_scale=0.25, **extra
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert (spec.norm.type, spec.norm.placement, spec.norm.bias) == (
+        "layernorm",
+        "parallel",
+        False,
+    )
+    assert spec.rope.interleaved and spec.tie_word_embeddings
+    assert spec.logit_scale == 0.25
+    assert proof.found["norm_placement"] == "parallel"
+    assert proof.max_rel_diff < RTOL
+    if model_type == "cohere2":
+        assert spec.attention.sliding_window == 8
+        assert spec.rope.nope_layers == [3]
+        assert proof.found["nope_when_sliding"] is True
+    # The generated files read the scale from the config written for the spec.
+    assert hf_config_from_spec(spec)["logit_scale"] == 0.25
+    # A pre-norm block names a norm the family lacks; rope on the halves differs
+    # in the first layer's attention.
+    data = spec.model_dump(mode="json")
+    data["norm"]["placement"] = "pre"
+    with pytest.raises(ProofFailed, match="post_attention_layernorm"):
+        prove_spec(ModelSpec.model_validate(data), config)
+    data = spec.model_dump(mode="json")
+    data["rope"]["interleaved"] = False
+    with pytest.raises(ProofFailed, match="layer 0, attention"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_q_k_norms_with_a_weight_per_head_are_found_and_proven():
+    # Command R+'s q/k norms (use_qk_norm) are LayerNorms over each head with a
+    # weight row per head ([heads, head_dim], randomised by the proof), found by
+    # their shapes; a shared per-head weight misfits on them.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.CohereConfig(**SMALL, use_qk_norm=True).to_dict()
+    spec, proof = infer_spec(config)
+    assert (spec.attention.qk_norm, spec.attention.qk_norm_scope) == (
+        True,
+        "head_weights",
+    )
+    assert proof.max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    data["attention"]["qk_norm_scope"] = "head"
+    with pytest.raises(ProofFailed, match=r"q_norm.weight is \[4, 16\]"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_interleaved_partial_rope_and_a_fused_mlp_are_found_and_proven():
+    # GLM: gate/up in one tensor, rope on half of each head with interleaved
+    # pairs, and biases on q/k/v but not on o_proj though its attention_bias
+    # says true.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.GlmConfig(**SMALL, head_dim=16, pad_token_id=0).to_dict()
+    spec, proof = infer_spec(config)
+    att = spec.attention
+    assert spec.checkpoint.fused == ["gate_up_proj"]
+    assert att.partial_rotary_factor == 0.5 and spec.rope.interleaved
+    assert (att.qkv_bias, att.o_bias) == (True, False)
+    assert proof.max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    data["rope"]["interleaved"] = False  # the halves of the rotary dims instead
+    with pytest.raises(ProofFailed, match="layer 0, attention"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
 @pytest.mark.parametrize(
     ("model_type", "extra", "module", "routing"),
     [

@@ -622,3 +622,46 @@ def test_nvfp4_calibrates_a_model_type_transformers_does_not_know(tmp_path):
             assert tensors[f"{module}.weight"].dtype == torch.bfloat16
         q = f"model.layers.{layer}.self_attn.q_proj.weight_packed"
         assert tensors[q].dtype == torch.uint8
+
+
+def test_fused_projections_quantize_as_one_linear(tmp_path):
+    # Phi-3 stores q/k/v and gate/up each as one tensor (checkpoint.fused), which
+    # vLLM loads as one Linear: each is quantized as one, NVFP4's global scale
+    # taken over the whole tensor, with the spec and without (the layout from the
+    # names; calibration's spec inferred and proven from config.json).
+    import transformers
+
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.Phi3Config(
+        vocab_size=256, hidden_size=128, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ckpt = tmp_path / "phi3"
+    transformers.Phi3ForCausalLM(config).save_pretrained(ckpt)
+    spec, _ = infer_spec(config.to_dict())
+    assert spec.checkpoint.fused == ["qkv_proj", "gate_up_proj"]
+    out = quantize_checkpoint(ckpt, "nvfp4", tmp_path / "spec", spec=spec)
+    bare = quantize_checkpoint(ckpt, "nvfp4", tmp_path / "bare")
+    for f in ("config.json", *(p.name for p in out.glob("*.safetensors"))):
+        assert (bare / f).read_bytes() == (out / f).read_bytes(), f
+
+    sch = SCHEMES["nvfp4"]
+    src, dst = load_all(ckpt), load_all(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    for m in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        name = f"model.layers.1.{m}"
+        assert name not in qc["ignore"]
+        w = src[f"{name}.weight"]
+        assert tuple(dst[f"{name}.weight_packed"].shape) == (
+            w.shape[0],
+            w.shape[1] // 2,
+        )
+        want = kernels.global_scale([kernels.absmax(kernels.observe(w, sch))])
+        assert torch.equal(dst[f"{name}.weight_global_scale"], want), m
+        assert dst[f"{name}.input_global_scale"].item() > 0, m
+        dq = kernels.dequantize(dst, sch, name).float()
+        assert ((dq - w.float()).norm() / w.float().norm()).item() < 0.2, m
+    assert not any(".q_proj" in k or ".gate_proj" in k for k in dst)

@@ -28,6 +28,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
     "max_position_embeddings": ("max_position_embeddings",),
+    "logit_scale": ("logit_scale",),
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),

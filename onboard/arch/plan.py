@@ -56,7 +56,8 @@ class Attention:
     kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
     qk_norm: bool
-    qk_norm_scope: Literal["head", "projection"]  # per head, or all heads at once
+    # per head, all heads at once, or per head with a weight per head
+    qk_norm_scope: Literal["head", "projection", "head_weights"]
     qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool
@@ -127,16 +128,24 @@ MLP = DenseMLP | MoEMLP
 @dataclass(frozen=True)
 class Norms:
     """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
-    ``post`` their outputs (before each residual add)."""
+    ``post`` their outputs (before each residual add), ``parallel`` the layer
+    input once, for attention and the MLP side by side."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post"]
+    placement: Literal["pre", "post", "parallel"]
+    bias: bool = True  # layernorm: a bias beside the weight
 
     @property
-    def roles(self) -> tuple[str, str]:
-        """Its checkpoint roles: (the one around attention, the one around the MLP)."""
+    def roles(self) -> tuple[str, ...]:
+        """Its checkpoint roles: (the one around attention, the one around the
+        MLP); ``parallel`` has the one both read."""
         return LAYER_NORM_ROLES[self.placement]
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether each norm has a bias tensor."""
+        return self.kind == "layernorm" and self.bias
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,12 @@ class ArchPlan:
         each concept: both generated files read their settings under these keys.
         Built on first use (writing the config may load transformers' class)."""
         return ConfigKeys(self.spec)
+
+    @property
+    def fused(self) -> frozenset[str]:
+        """The projections the checkpoint stores as one tensor (``qkv_proj``,
+        ``gate_up_proj``; checkpoint.fused)."""
+        return frozenset(self.spec.checkpoint.fused)
 
     @property
     def has_moe(self) -> bool:
@@ -271,7 +286,7 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement)
+    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement, spec.norm.bias)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 

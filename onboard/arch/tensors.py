@@ -42,6 +42,7 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
     """Every tensor of a checkpoint of ``spec`` (no shrinking here)."""
     h, v = spec.hidden_size, spec.vocab_size
     plans: list[TensorPlan] = []
+    arch = build_plan(spec)
 
     def add(
         role: str,
@@ -56,15 +57,14 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
 
     def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
         add(role, (size,), init, layer)
-        if spec.norm.type == "layernorm":
+        if spec.norm.type == "layernorm" and spec.norm.bias:
             add(role, (size,), "bias", layer, suffix="bias")
 
     tied = spec.tie_word_embeddings
     head_norm = "head_norm" if tied else "ones"  # see the module docstring
     add("embed", (v, h))
-    arch = build_plan(spec)
     for layer in arch.layers:
-        plans += _block(spec, layer)
+        plans += _block(spec, layer, arch.fused)
     norm("final_norm", h, None, head_norm)
     if not spec.tie_word_embeddings:
         add("lm_head", (v, h), "head")
@@ -78,15 +78,16 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
             norm("mtp_hnorm", h, layer)
             add("mtp_eh_proj", (h, 2 * h), layer=layer)
             assert arch.mtp is not None
-            plans += _block(spec, replace(arch.mtp.block, index=layer))
+            plans += _block(spec, replace(arch.mtp.block, index=layer), arch.fused)
             norm("mtp_head_norm", h, layer, head_norm)
             # DeepSeek-V3 stores a copy of the shared output head per MTP layer.
             add("mtp_head", (v, h), f"copy:{output_head}.weight", layer)
     return plans
 
 
-def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
-    """The tensors of one decoder block (attention, MLP and their norms)."""
+def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorPlan]:
+    """The tensors of one decoder block (attention, MLP and their norms);
+    ``fused``: the projections the checkpoint stores as one tensor."""
     h = spec.hidden_size
     att = block.mixer
     layer = block.index
@@ -110,7 +111,7 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
 
     def norm(role: str, size: int) -> None:
         add(role, (size,), "ones")
-        if block.norms.kind == "layernorm":
+        if block.norms.has_bias:
             add(role, (size,), "bias", suffix="bias")
 
     def linear(
@@ -120,8 +121,10 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    attention_norm, mlp_norm = block.norms.roles
-    if block.norms.placement == "pre":
+    placement = block.norms.placement
+    roles = block.norms.roles
+    attention_norm, mlp_norm = roles[0], roles[-1]  # parallel: the one norm
+    if placement in ("pre", "parallel"):
         norm(attention_norm, h)
     if att.mla is not None:
         mla = att.mla
@@ -144,28 +147,39 @@ def _block(spec: ModelSpec, block: Layer) -> list[TensorPlan]:
     else:
         hd, kv = att.head_dim, att.num_kv_heads
         assert hd is not None and kv is not None
-        linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
-        linear("k_proj", kv * hd, h, att.qkv_bias)
-        linear("v_proj", kv * hd, h, att.qkv_bias)
+        if "qkv_proj" in fused:
+            linear("qkv_proj", (att.num_heads + 2 * kv) * hd, h, att.qkv_bias)
+        else:
+            linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
+            linear("k_proj", kv * hd, h, att.qkv_bias)
+            linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
         if att.qk_norm:
-            whole = att.qk_norm_scope == "projection"
-            add("q_norm", (att.num_heads * hd if whole else hd,), "ones")
-            add("k_norm", (kv * hd if whole else hd,), "ones")
+            shapes = {
+                "head": ((hd,), (hd,)),
+                "projection": ((att.num_heads * hd,), (kv * hd,)),
+                "head_weights": ((att.num_heads, hd), (kv, hd)),
+            }[att.qk_norm_scope]
+            add("q_norm", shapes[0], "ones")
+            add("k_norm", shapes[1], "ones")
         if att.sinks:
             add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
     # pre: the MLP's input norm; post: attention's output norm (same place).
-    norm(mlp_norm if block.norms.placement == "pre" else attention_norm, h)
+    if placement != "parallel":
+        norm(mlp_norm if placement == "pre" else attention_norm, h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
         inter = m.intermediate_size
-        linear("gate_proj", inter, h)
-        linear("up_proj", inter, h)
+        if "gate_up_proj" in fused:
+            linear("gate_up_proj", 2 * inter, h)
+        else:
+            linear("gate_proj", inter, h)
+            linear("up_proj", inter, h)
         linear("down_proj", h, inter)
     else:
         _moe_tensors(m, h, add, linear)
-    if block.norms.placement == "post":
+    if placement == "post":
         norm(mlp_norm, h)
     return out
 

@@ -11,6 +11,7 @@ from functools import cache
 from onboard.arch import ArchPlan
 from onboard.spec.layouts import (
     EXPERT_ROLES,
+    FUSED_ROLES,
     ROLES,
     STACKED_EXPERT_PARAMS,
     required_placeholders,
@@ -132,13 +133,40 @@ def role_hint(
             "each layer's experts as one module of stacked tensors",
             ["checkpoint.stacked_experts"],
         )
-    if param == "bias" and role in ("q_proj", "k_proj", "v_proj"):
+    if param == "bias" and role in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
         return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
     if param == "bias" and role == "o_proj":
         return f"set attention.o_bias: {want} in the spec", ["attention.o_bias"]
     if param == "bias" and role.endswith("norm"):
-        kind = "rmsnorm" if missing else "layernorm"
-        return f"set norm.type: {kind} in the spec", ["norm.type"]
+        if missing:
+            return (
+                "set norm.type: rmsnorm in the spec, or norm.bias: false for a "
+                "LayerNorm without bias",
+                ["norm.type", "norm.bias"],
+            )
+        return (
+            "set norm.type: layernorm (and norm.bias: true) in the spec",
+            ["norm.type", "norm.bias"],
+        )
+    if role == "post_attention_norm" and missing and param == "weight":
+        return (
+            "set norm.placement: parallel in the spec if attention and the MLP "
+            "both read the layer's one input norm (Cohere)",
+            ["norm.placement"],
+        )
+    if role in FUSED_ROLES and param != "bias":
+        parts = " / ".join(FUSED_ROLES[role])
+        if missing:
+            return (
+                f"remove {role} from checkpoint.fused in the spec if the checkpoint "
+                f"stores {parts} apart",
+                ["checkpoint.fused"],
+            )
+        return (
+            f"add {role} to checkpoint.fused in the spec: the checkpoint stores "
+            f"{parts} as one tensor",
+            ["checkpoint.fused"],
+        )
     if param == "e_score_correction_bias":
         return (
             "set mlp.moe.router.bias_correction: true in the spec and "
@@ -234,10 +262,15 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         )
         q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
         kv = (f"{kvh} × {hd[0]}", att.num_kv_heads * hd[1])
+        qkv = (
+            f"(attention.num_heads + 2 × {kvh}) × {hd[0]}",
+            (nh + 2 * att.num_kv_heads) * hd[1],
+        )
         table |= {
             "q_proj": (q, h),
             "k_proj": (kv, h),
             "v_proj": (kv, h),
+            "qkv_proj": (qkv, h),
             "o_proj": (h, q),
             "q_norm": (hd,),
             "k_norm": (hd,),
@@ -245,6 +278,11 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         }
         if att.qk_norm_scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
+        elif att.qk_norm_scope == "head_weights":
+            table |= {
+                "q_norm": (("attention.num_heads", nh), hd),
+                "k_norm": ((kvh, att.num_kv_heads), hd),
+            }
     elif mla is not None:
         m = "attention.mla."
         qk = (
@@ -282,6 +320,10 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         table |= {
             "gate_proj": (inter, h),
             "up_proj": (inter, h),
+            "gate_up_proj": (
+                ("2 × mlp.intermediate_size", 2 * plan.dense.intermediate_size),
+                h,
+            ),
             "down_proj": (h, inter),
         }
     if moe is not None:

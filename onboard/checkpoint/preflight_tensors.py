@@ -291,19 +291,21 @@ def _qk_norm_scope(
     if att.kind != "gqa" or att.head_dim is None or att.num_kv_heads is None:
         return False
     heads = att.num_heads if role == "q_norm" else att.num_kv_heads
-    other, what = (
-        ("head", (att.head_dim,))
-        if att.qk_norm_scope == "projection"
-        else ("projection", (heads * att.head_dim,))
+    shapes = {
+        "head": ((att.head_dim,), "per head"),
+        "projection": ((heads * att.head_dim,), "over all heads of the projection"),
+        "head_weights": ((heads, att.head_dim), "with a weight per head"),
+    }
+    other = next(
+        (s for s, (shape, _) in shapes.items() if shape == got), att.qk_norm_scope
     )
-    if got != what:
+    if other == att.qk_norm_scope:
         return False
     run.add(
         "error",
         "shape",
         where,
-        f"shape {list(got)}: a {role} "
-        + ("per head" if other == "head" else "over all heads of the projection")
+        f"shape {list(got)}: a {role} {shapes[other][1]}"
         + f", where the spec's attention.qk_norm_scope is {att.qk_norm_scope}",
         f"set attention.qk_norm_scope: {other} in the spec",
         tensors=names,

@@ -191,15 +191,19 @@ def _vllm_stacked_moe_paths(
     return {"router": f"{base}.{gate}", "stacked_experts": f"{base}.experts"}
 
 
+def _dense_roles(spec: ModelSpec) -> tuple[str, ...]:
+    """The dense MLP's checkpoint roles (gate and up apart, or fused)."""
+    if "gate_up_proj" in spec.checkpoint.fused:
+        return ("gate_up_proj", "down_proj")
+    return ("gate_proj", "up_proj", "down_proj")
+
+
 def _vllm_dense_block(spec: ModelSpec) -> str:
-    """Decoder attribute of the dense MLP: the checkpoint's when its three
+    """Decoder attribute of the dense MLP: the checkpoint's when its
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
     blocks = set()
-    for role, leaf in (
-        ("gate_proj", "gate_proj"),
-        ("up_proj", "up_proj"),
-        ("down_proj", "down_proj"),
-    ):
+    for role in _dense_roles(spec):
+        leaf = role
         rel = _layer_rel(spec.tensor_path(role)) or ""
         m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
         if m is None:
@@ -300,8 +304,8 @@ def _check_expr(
 def _qk_norm_form(att) -> str | None:
     if not att.qk_norm:
         return None
-    if att.qk_norm_scope == "projection":
-        return "projection"
+    if att.qk_norm_scope in ("projection", "head_weights"):
+        return att.qk_norm_scope
     return "after_rope" if att.qk_norm_after_rope else "head"
 
 
@@ -447,7 +451,14 @@ def build_context(
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
+        # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
+        "norm_args": ", bias=False"
+        if norms.kind == "layernorm" and not norms.bias
+        else "",
         "norm_placement": norms.placement,
+        # The MLP takes reduce_results: a shared expert reduced with the routed
+        # ones, a parallel block's MLP reduced with attention.
+        "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
         # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
         "fused_residual": norms.kind == "rmsnorm" and norms.placement == "pre",
@@ -532,6 +543,7 @@ def _model_config_keys(
             "intermediate_size", spec.mlp.intermediate_size
         )
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
+    cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     return cfg
@@ -656,7 +668,7 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
             paths["router_bias"] = f"model.layers.{{layer}}.{block}"
     if mlp.has_dense:
         block = _vllm_dense_block(spec)
-        for role in ("gate_proj", "up_proj", "down_proj"):
+        for role in ("gate_proj", "up_proj", "gate_up_proj", "down_proj"):
             paths[role] = f"model.layers.{{layer}}.{block}.{role}"
     return paths
 
@@ -677,13 +689,16 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             else ["q_a_proj", "q_a_norm", "q_b_proj"]
         )
     else:
-        roles += ["q_proj", "k_proj", "v_proj"]
+        if "qkv_proj" in spec.checkpoint.fused:
+            roles += ["qkv_proj"]
+        else:
+            roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
         if att.sinks:
             roles.append("sinks")
     if mlp.loads_dense:
-        roles += ["gate_proj", "up_proj", "down_proj"]
+        roles += list(_dense_roles(spec))
     if mlp.loads_moe and spec.checkpoint.stacked_experts:
         roles += ["router", "stacked_experts"]
     elif mlp.loads_moe:
@@ -710,7 +725,7 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
 
     names: dict[str, Any] = {}
     if mlp.has_dense:
-        names["mlp"] = rel("gate_proj")[0]
+        names["mlp"] = rel("down_proj")[0]
     if mlp.has_moe and mlp.stacked:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
@@ -732,14 +747,16 @@ def _stacked_params(
     """Checkpoint tensors stacked into one vLLM parameter, as (substring, new,
     shard) triples, and the packed-modules map."""
     att = spec.attention
+    fused = spec.checkpoint.fused  # already one tensor: loaded as it is
     stacked: list[tuple[str, str, str]] = []
     packed: dict[str, list[str]] = {}
     if att.type != "mla":
-        stacked += [
-            (".q_proj", ".qkv_proj", '"q"'),
-            (".k_proj", ".qkv_proj", '"k"'),
-            (".v_proj", ".qkv_proj", '"v"'),
-        ]
+        if "qkv_proj" not in fused:
+            stacked += [
+                (".q_proj", ".qkv_proj", '"q"'),
+                (".k_proj", ".qkv_proj", '"k"'),
+                (".v_proj", ".qkv_proj", '"v"'),
+            ]
         packed["qkv_proj"] = ["q_proj", "k_proj", "v_proj"]
     elif att.mla is not None and att.mla.q_lora_rank is not None:
         # vLLM computes q_a and kv_a in one GEMM.
@@ -749,7 +766,7 @@ def _stacked_params(
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     gate_up_blocks = []
-    if mlp.loads_dense:
+    if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
     if mlp.loads_moe and mlp.shared:
         gate_up_blocks.append(names["shared"])
@@ -758,7 +775,7 @@ def _stacked_params(
             (f".{block}.gate_proj", f".{block}.gate_up_proj", "0"),
             (f".{block}.up_proj", f".{block}.gate_up_proj", "1"),
         ]
-    if gate_up_blocks:
+    if mlp.loads_dense or (mlp.loads_moe and mlp.shared):
         packed["gate_up_proj"] = ["gate_proj", "up_proj"]
     return stacked, packed
 
@@ -826,6 +843,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "head": "with per-head RMS norm on q and k",
                 "after_rope": "with per-head RMS norm on q and k after rope",
                 "projection": "with RMS norm on the whole q and k projections",
+                "head_weights": "with a norm on each head of q and k, its weight "
+                "of its own",
             }[form]
         )
     if att.sinks:
@@ -938,6 +957,20 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         )
     else:
         items.append("Dense gated MLP on every layer.")
+    if layers[0].norms.placement == "parallel":
+        items.append(
+            "Parallel blocks: attention and the MLP read the same normalised input "
+            "and both add to the residual."
+        )
+    parts = {"qkv_proj": "q, k and v", "gate_up_proj": "gate and up"}
+    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused]
+    if fused:
+        items.append(
+            f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
+            "as it is."
+        )
+    if spec.logit_scale != 1.0:
+        items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
     if spec.mtp is not None:

@@ -48,6 +48,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "kv_a_proj": ("attention, replicated (MLA q_a/kv_a)", SHARD_REPLICATED),
     "gate_proj": ("dense MLP", SHARD_TP),
     "up_proj": ("dense MLP", SHARD_TP),
+    "gate_up_proj": ("dense MLP", SHARD_TP),
     "down_proj": ("dense MLP", SHARD_TP),
     "router": ("routers", SHARD_REPLICATED),
     "router_bias": ("routers", SHARD_REPLICATED),
@@ -195,15 +196,21 @@ def weight_report(
             nbytes = quantized_bytes(scheme, rows, cols)
         else:
             nbytes = numel * unq_bytes
-        if layer is not None and layer >= decoder:
-            target = mtp
-        else:
-            name, shard = GROUPS.get(role, NORMS)
-            target = groups.setdefault(name, WeightGroup(name, shard))
-        target.tensors += 1
-        target.params += numel
-        target.bytes += nbytes
-        target.quantized_params += numel if quantized else 0
+        parts = [(role, numel, nbytes)]
+        if role == "qkv_proj":
+            parts = _qkv_parts(
+                arch, t.shape, numel, nbytes, scheme if quantized else None
+            )
+        for part_role, part_numel, part_bytes in parts:
+            if layer is not None and layer >= decoder:
+                target = mtp
+            else:
+                name, shard = GROUPS.get(part_role, NORMS)
+                target = groups.setdefault(name, WeightGroup(name, shard))
+            target.tensors += part_role == parts[0][0]
+            target.params += part_numel
+            target.bytes += part_bytes
+            target.quantized_params += part_numel if quantized else 0
     return WeightReport(
         scheme=scheme,
         dtype=dtype,
@@ -212,6 +219,29 @@ def weight_report(
         num_layers=decoder,
         mtp=mtp,
     )
+
+
+def _qkv_parts(
+    arch: ArchPlan,
+    shape: tuple[int, ...],
+    numel: int,
+    nbytes: int,
+    scheme: str | None,
+) -> list[tuple[str, int, int]]:
+    """A fused q/k/v tensor (checkpoint.fused) as vLLM shards it: its q rows over
+    the TP ranks, its k/v rows over the KV heads. (role, params, bytes) of each
+    part; the parts add up to the tensor."""
+    att = arch.attention
+    assert att.head_dim is not None
+    q_rows = att.num_heads * att.head_dim
+    cols = numel // shape[0]
+    q_bytes = (
+        quantized_bytes(scheme, q_rows, cols)
+        if scheme is not None and len(shape) == 2
+        else nbytes * q_rows // shape[0]
+    )
+    q_numel = q_rows * (cols if len(shape) == 2 else 1)
+    return [("q_proj", q_numel, q_bytes), ("k_proj", numel - q_numel, nbytes - q_bytes)]
 
 
 class _Marks:

@@ -264,7 +264,7 @@ def make_plan(
     for name, q in quantized.items():
         if q.fused_key is not None:
             fused.setdefault(q.fused_key, []).append(name)
-    warnings = _block_warnings(scheme, quantized) if scheme.block else []
+    warnings = _block_warnings(scheme, quantized, config) if scheme.block else []
     for shard in shards:
         for t in shard.tensors:
             if t.name in quantized:
@@ -300,14 +300,20 @@ def stacked_expert_modules(module: str, experts: int) -> list[str]:
     return [f"{module}.{e}.{leaf}" for e in range(experts) for leaf in leaves]
 
 
-def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str]:
+def _block_warnings(
+    scheme: Scheme, quantized: dict[str, Quantized], config: dict
+) -> list[str]:
     """vLLM's fp8-block rule for fused layers: every member but the last (and both
     of an expert's gate/up) a multiple of the block's rows. The checkpoint is still
-    what compressed-tensors and llm-compressor write; vLLM refuses to load it."""
+    what compressed-tensors and llm-compressor write; vLLM refuses to load it. A
+    projection the checkpoint stores fused is split by vLLM the same way."""
     bh = scheme.block[0]
     bad: dict[str, int] = {}
     for q in quantized.values():
         rows = q.src.shape[0]
+        for part, part_rows in _fused_parts(q.role, rows, config):
+            if part_rows % bh:
+                bad.setdefault(part, part_rows)
         for members in FUSED_SETS:
             if q.role in members and rows % bh:
                 last = members[-1] if not q.role.startswith("expert_") else None
@@ -320,6 +326,28 @@ def _block_warnings(scheme: Scheme, quantized: dict[str, Quantized]) -> list[str
         "compressed-tensors and llm-compressor write)"
         for role, rows in sorted(bad.items())
     ]
+
+
+def _fused_parts(role: str, rows: int, config: dict) -> list[tuple[str, int]]:
+    """The members of a projection stored as one tensor (checkpoint.fused) whose
+    rows must be whole blocks: gate (gate_up_proj), q and k (qkv_proj, sized from
+    config.json's heads and head_dim)."""
+    if role == "gate_up_proj":
+        return [("gate_proj", rows // 2)]
+    if role != "qkv_proj":
+        return []
+    heads, kv_heads = (
+        config.get(k) for k in ("num_attention_heads", "num_key_value_heads")
+    )
+    hidden, head_dim = config.get("hidden_size"), config.get("head_dim")
+    if not isinstance(heads, int) or heads < 1:
+        return []
+    if not isinstance(head_dim, int) and isinstance(hidden, int):
+        head_dim = hidden // heads
+    if not isinstance(head_dim, int):
+        return []
+    kv_heads = kv_heads if isinstance(kv_heads, int) else heads
+    return [("q_proj", heads * head_dim), ("k_proj", kv_heads * head_dim)]
 
 
 def _check_quantizable(

@@ -74,6 +74,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
+        "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
         "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
@@ -88,8 +89,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "nope": not all(layer.mixer.rope for layer in arch.layers),
         "kv_sharing": bool(att.kv_sharing),
-        "layernorm": spec.norm.type == "layernorm",
-        "post_norm": arch.layers[0].norms.placement == "post",
+        **_block_form(arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
@@ -106,6 +106,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "rope": keys.need("rope_parameters"),
     }
     c["hidden_act"] = keys.find("hidden_act")
+    c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
@@ -130,8 +131,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             partial = keys.find("partial_rotary_factor")
             factor = f"config.{partial}" if partial else repr(att.partial_rotary_factor)
             c["rotary_dim"] = f"int(({c['head_dim']}) * {factor})"
-        c["qkv_bias"] = keys.find("qkv_bias")
-    c["o_bias"] = keys.find("o_bias")
+        c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
+    # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
+    c["o_bias"] = keys.find("o_bias", att.o_bias)
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -186,19 +188,36 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
-    """The MoE block's features (all off without one)."""
+def _block_form(arch) -> dict[str, bool]:
+    """The decoder block's norms (kind, bias, placement) and whether the
+    checkpoint stores q/k/v fused."""
+    norms = arch.layers[0].norms
+    return {
+        "layernorm": norms.kind == "layernorm",
+        "norm_bias": norms.has_bias,
+        "post_norm": norms.placement == "post",
+        "parallel_norm": norms.placement == "parallel",
+        "fused_qkv": "qkv_proj" in arch.fused,
+    }
+
+
+def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
+    """Grouped top-k wherever the config onboard writes has groups, one group
+    included (then the same choice as plain top-k), so the reference reads what
+    it says. A model type transformers knows ships transformers' config, which
+    may leave n_group unset."""
     moe = spec.mlp.moe
-    # Grouped top-k wherever the config onboard writes has groups, one group
-    # included (then the same choice as plain top-k), so the reference reads
-    # what it says. A model type transformers knows ships transformers' config,
-    # which may leave n_group unset.
-    grouped = moe is not None and (
+    return moe is not None and (
         moe.router.num_groups is not None
         or (
             not transformers_knows(spec.model_type) and keys.find("n_group") is not None
         )
     )
+
+
+def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
+    """The MoE block's features (all off without one)."""
+    moe = spec.mlp.moe
     return {
         "moe": moe is not None,
         "shared": moe is not None and moe.num_shared_experts > 0,
@@ -209,7 +228,7 @@ def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
         if moe is not None and moe.router.bias_correction
         else None,
         "bias_2d": spec.checkpoint.router_bias_2d,
-        "grouped": grouped,
+        "grouped": _grouped(spec, keys),
         "router_linear_bias": moe is not None and moe.router.bias,
         "stacked": spec.checkpoint.stacked_experts,
         "expert_bias": moe is not None and moe.expert_bias,
@@ -285,7 +304,11 @@ def _mlp_classes(
     classes: list[dict[str, Any]] = []
     role_class: dict[str, str] = {}
     for group, cls, role_prefix, what in groups:
-        triple = tuple(names[f"{role_prefix}{p}_proj"] for p in ("gate", "up", "down"))
+        # (gate, up, down, gate_up): the dense MLP's gate and up may be one tensor.
+        triple = tuple(
+            names.get(f"{role_prefix}{p}_proj")
+            for p in ("gate", "up", "down", "gate_up")
+        )
         same = next((m for m in classes if m["triple"] == triple), None)
         if same is None:
             same = {"cls": cls, "triple": triple, "uses": []}
@@ -298,6 +321,7 @@ def _mlp_classes(
             "gate": m["triple"][0],
             "up": m["triple"][1],
             "down": m["triple"][2],
+            "gate_up": m["triple"][3],
             "doc": "Gated MLP, down(act(gate(x)) * up(x)), of the "
             + _and(m["uses"])
             + ".",
@@ -466,7 +490,18 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             parts.append("dense layers")
     else:
         parts.append("dense MLP")
-    parts.append(spec.norm.type)
+    bare = f["layernorm"] and not f["norm_bias"]
+    parts.append("layernorm without bias" if bare else spec.norm.type)
+    if f["parallel_norm"]:
+        parts.append("parallel attention and MLP")
+    if spec.checkpoint.fused:
+        joined = " and ".join(
+            {"qkv_proj": "q/k/v", "gate_up_proj": "gate/up"}[r]
+            for r in spec.checkpoint.fused
+        )
+        parts.append(f"{joined} stored as one tensor each")
+    if spec.logit_scale != 1.0:
+        parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
     if f["mtp"]:
@@ -561,6 +596,8 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k each RMS-normalised over the whole projection"
     elif f["qk_norm_after_rope"]:
         doc += ", q and k RMS-normalised per head after rope"
+    elif f["qk_norm_heads"]:
+        doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
     if f["sinks"]:

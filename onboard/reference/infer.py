@@ -8,8 +8,9 @@ other, each such concept (:data:`~onboard.spec.hf.OPEN_CONCEPTS`) is a question 
 tiny model of the family answers:
 
 - the ones a checkpoint shows in its tensor names (q/k norms, biases, norm
-  placement, a shared-expert gate, a router bias, the checkpoint layout) are chosen
-  so that the spec names exactly the tensors transformers saved;
+  placement and bias, a shared-expert gate, a router bias, the checkpoint layout
+  and which projections it stores fused) are chosen so that the spec names
+  exactly the tensors transformers saved;
 - the others (rope interleaving, sigmoid or softmax scores, top-k renormalisation)
   are each tried, and the proof must accept exactly one combination.
 
@@ -37,9 +38,9 @@ from onboard.spec.hf import (
     spec_from_hf_config,
     unstated_concepts,
 )
-from onboard.spec.layouts import LAYOUT_PRESETS, PARAM_ROLES, preset_roles
+from onboard.spec.layouts import FUSED_ROLES, LAYOUT_PRESETS, PARAM_ROLES, preset_roles
 from onboard.spec.model import ModelSpec
-from onboard.spec.module_tree import used_roles
+from onboard.spec.module_tree import has_dense_mlp, used_roles
 
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
@@ -49,6 +50,7 @@ VISIBLE = (
     "qkv_bias",
     "o_bias",
     "norm_placement",
+    "norm_bias",
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",
@@ -72,6 +74,9 @@ _GQA_ONLY = {
     "qkv_bias",
     "o_bias",
 }
+# The checkpoint's own form, which no config says: its layout preset and the
+# projections it stores as one tensor (checkpoint.fused).
+_Ckpt = tuple[str, tuple[str, ...]]
 
 
 def infer_spec(
@@ -96,7 +101,7 @@ def infer_spec(
     )
     concepts = _questions(base, open_)
     with family_model(base, config, remote) as family:
-        if not concepts:
+        if not concepts and not family.misfits(base):
             return base, family.prove(base)
         return _search(base, config, concepts, family, name, source)
 
@@ -125,8 +130,20 @@ def _questions(spec: ModelSpec, concepts: list[str]) -> list[str]:
             continue
         if c in _GQA_ONLY and spec.attention.type != "gqa":
             continue
+        if c == "norm_bias" and spec.norm.type != "layernorm":
+            continue
         out.append(c)
     return out
+
+
+def _fused_moves(spec: ModelSpec) -> list[str]:
+    """The projections a checkpoint of ``spec`` could store fused."""
+    moves = []
+    if spec.attention.type == "gqa" and not spec.attention.kv_sharing:
+        moves.append("qkv_proj")
+    if has_dense_mlp(spec):
+        moves.append("gate_up_proj")
+    return moves
 
 
 def _search(
@@ -139,51 +156,57 @@ def _search(
 ) -> tuple[ModelSpec, Proof]:
     refused: list[InputError] = []
 
-    def spec_with(facts: dict[str, Any], layout: str) -> ModelSpec | None:
+    def spec_with(facts: dict[str, Any], ckpt: _Ckpt) -> ModelSpec | None:
         try:
             spec = spec_from_hf_config(config, name=name, source=source, facts=facts)
         except InputError as exc:  # a combination the spec rules refuse
             refused.append(exc)
             return None
-        if spec.checkpoint.layout != layout:
+        layout, fused = ckpt
+        if (spec.checkpoint.layout, tuple(spec.checkpoint.fused)) != ckpt:
             data = spec.model_dump(mode="json")
-            data["checkpoint"]["layout"] = layout
+            data["checkpoint"].update(layout=layout, fused=list(fused))
             spec = ModelSpec.model_validate(data)
         return renamed(spec, family)
 
     visible = [c for c in concepts if c in VISIBLE]
     facts = {c: OPEN_CONCEPTS[c][0] for c in concepts}
-    layout = base.checkpoint.layout
+    ckpt: _Ckpt = (base.checkpoint.layout, tuple(base.checkpoint.fused))
     misfit = family.misfits(base)
     # Each visible concept names its own tensors: move one at a time while the
     # names fit better.
-    moves = [(c, v) for c in visible for v in OPEN_CONCEPTS[c]]
+    moves: list[tuple[str, Any]] = [(c, v) for c in visible for v in OPEN_CONCEPTS[c]]
     moves += [("layout", v) for v in LAYOUT_PRESETS if base.mlp.moe is not None]
+    moves += [("fused", role) for role in _fused_moves(base)]
     while misfit:
         trials = []
         for concept, value in moves:
+            trial, trial_ckpt = facts, ckpt
             if concept == "layout":
-                if value == layout:
+                if value == ckpt[0]:
                     continue
-                trial, trial_layout = facts, value
+                trial_ckpt = (value, ckpt[1])
+            elif concept == "fused":  # stored fused, or apart
+                fused = set(ckpt[1]) ^ {value}
+                trial_ckpt = (ckpt[0], tuple(r for r in FUSED_ROLES if r in fused))
             elif facts[concept] == value:
                 continue
             else:
-                trial, trial_layout = {**facts, concept: value}, layout
-            spec = spec_with(trial, trial_layout)
+                trial = {**facts, concept: value}
+            spec = spec_with(trial, trial_ckpt)
             if spec is not None:
-                trials.append((family.misfits(spec), trial, trial_layout))
+                trials.append((family.misfits(spec), trial, trial_ckpt))
         better = [t for t in trials if t[0] < misfit]
         if not better:
             break
-        misfit, facts, layout = min(better, key=lambda t: t[0])
+        misfit, facts, ckpt = min(better, key=lambda t: t[0])
 
     hidden = [c for c in concepts if c not in VISIBLE]
     proven: list[tuple[dict, ModelSpec, Proof]] = []
     first_failure: ProofFailed | None = None
     for values in itertools.product(*(OPEN_CONCEPTS[c] for c in hidden)):
         trial = {**facts, **dict(zip(hidden, values, strict=True))}
-        spec = spec_with(trial, layout)
+        spec = spec_with(trial, ckpt)
         if spec is None:
             continue
         try:
@@ -205,8 +228,10 @@ def _search(
             "the config does not say which the family uses"
         )
     found, spec, proof = proven[0]
-    if layout != base.checkpoint.layout:
-        found = {**found, "checkpoint.layout": layout}
+    if ckpt[0] != base.checkpoint.layout:
+        found = {**found, "checkpoint.layout": ckpt[0]}
+    if ckpt[1]:
+        found = {**found, "checkpoint.fused": list(ckpt[1])}
     for role, path in spec.checkpoint.tensor_names.items():
         found = {**found, f"checkpoint.tensor_names.{role}": path}
     if spec.checkpoint.router_bias_2d:

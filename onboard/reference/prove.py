@@ -307,7 +307,11 @@ def _randomise(model) -> None:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             noise = torch.randn(tensor.shape, generator=gen)
-            if tensor.ndim == 1 and "norm" in name:
+            module = name.rsplit(".", 2)[-2]
+            # A norm's weight, and one with a row per head (Cohere's q/k norms).
+            if (tensor.ndim == 1 and "norm" in name) or (
+                tensor.ndim == 2 and "norm" in module
+            ):
                 tensor.add_(noise * _NORM_STD)
             elif name.endswith("sinks"):
                 tensor.copy_(noise * _SINK_STD)

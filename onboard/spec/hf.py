@@ -45,16 +45,18 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_hidden_layers": ("num_hidden_layers",),
     "max_position_embeddings": ("max_position_embeddings",),
     "tie_word_embeddings": ("tie_word_embeddings",),
+    "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
     "hidden_act": ("hidden_act", "hidden_activation"),
     "rms_norm_eps": ("rms_norm_eps",),
     "layer_norm_eps": ("layer_norm_eps",),
     "norm_placement": ("norm_placement",),
+    "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "qk_norm": ("qk_norm", "use_qk_norm"),
-    "qk_norm_scope": ("qk_norm_scope",),  # head | projection
+    "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
     "qk_norm_after_rope": ("qk_norm_after_rope",),
     "attention_sinks": ("attention_sinks",),  # a learned sink logit per head
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
@@ -64,6 +66,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
+    # Phi-3 keeps it beside rope_parameters; only a scaling reads it.
+    "original_max_position_embeddings": ("original_max_position_embeddings",),
     "rope_interleave": ("rope_interleave",),
     "no_rope_layers": ("no_rope_layers",),  # per layer: 1 rotates, 0 is NoPE
     "no_rope_layer_interval": ("no_rope_layer_interval",),  # SmolLM3's default
@@ -156,7 +160,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 REQUIRED = object()  # marker: a concept the config must state
 # A family fact with no key: full-attention layers use no rope once a sliding
-# window is set (EXAONE-4).
+# window is set (EXAONE-4, Cohere-2). Open (found by the proof) for a family
+# whose config class has no per-layer rope key.
 NOPE_WHEN_SLIDING = "nope_when_sliding"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
@@ -236,12 +241,13 @@ FAMILIES: dict[str, Family] = {
 # (onboard.reference.infer), and the writer's round trip takes the spec's value.
 OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm": (False, True),
-    "qk_norm_scope": ("head", "projection"),
+    "qk_norm_scope": ("head", "projection", "head_weights"),
     "qk_norm_after_rope": (False, True),
     "attention_sinks": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
-    "norm_placement": ("pre", "post"),
+    "norm_placement": ("pre", "post", "parallel"),
+    "norm_bias": (True, False),  # layernorm only
     "rope_interleave": (False, True),
     "n_shared_experts": (0, 1),  # HunYuan-MoE: one shared MLP, no count key
     "shared_expert_gate": (False, True),
@@ -254,8 +260,11 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     # use no rope (no config key says so; EXAONE-MoE's code does it too).
     NOPE_WHEN_SLIDING: (False, True),
 }
-# One key sets all four projections' biases where the family has it.
-_BIAS_CONCEPTS = {"qkv_bias": "attention_bias", "o_bias": "attention_bias"}
+# One key sets the q/k/v biases where the family has it. The output projection's
+# bias stays open beside it: GLM's attention_bias leaves o_proj without one.
+_BIAS_CONCEPTS = {"qkv_bias": "attention_bias"}
+# The keys that say per layer which layers rotate (then NoPE is not open).
+_NOPE_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -284,6 +293,7 @@ _HF_CARRIED = (
     "num_hidden_layers",
     "max_position_embeddings",
     "tie_word_embeddings",
+    "logit_scale",
     "activation",
     "norm",
     "attention",
@@ -398,9 +408,9 @@ def _unstated(stated: Callable[[str], bool]) -> list[str]:
         concept
         for concept in OPEN_CONCEPTS
         if (concept not in ALIASES or not stated(concept))
-        and (concept not in _BIAS_CONCEPTS or not stated("attention_bias"))
+        and (concept not in _BIAS_CONCEPTS or not stated(_BIAS_CONCEPTS[concept]))
         # A key saying which layers have no rope settles it (SmolLM3).
-        and (concept != NOPE_WHEN_SLIDING or not stated("no_rope_layers"))
+        and (concept != NOPE_WHEN_SLIDING or not any(map(stated, _NOPE_KEYS)))
     ]
 
 
@@ -409,6 +419,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
     att, moe = spec.attention, spec.mlp.moe
     values: dict[str, Any] = {
         "norm_placement": spec.norm.placement,
+        "norm_bias": spec.norm.bias,
         "rope_interleave": spec.rope.interleaved,
         NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
@@ -506,6 +517,11 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
         "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
         "tie_word_embeddings": r.get("tie_word_embeddings", REQUIRED),
     }
+    scale = r.get("logit_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or scale <= 0:
+        r.bad(f"logit_scale={scale!r}: must be a positive number")
+    elif scale != 1.0:
+        spec["logit_scale"] = scale
     act = r.get("hidden_act", REQUIRED)
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
@@ -517,6 +533,7 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
         "type": "rmsnorm" if rms is not None else "layernorm",
         "eps": rms if rms is not None else ln,
         "placement": r.get("norm_placement", "pre"),
+        "bias": r.get("norm_bias", True),
     }
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
@@ -640,12 +657,31 @@ def _read_rope(r: _Reader) -> tuple[dict, float | None]:
         r.bad(f"rope_parameters: rope_type={kind!r} but type={legacy_kind!r}")
     kind = kind or legacy_kind or "default"
     partial = merged.pop("partial_rotary_factor", None)
+    # Phi-3's top-level copy: transformers moves it into a scaling's parameters
+    # and reads it nowhere else, so without a scaling it changes nothing.
+    original = r.get("original_max_position_embeddings")
+    if kind != "default" and original is not None:
+        inner = merged.get("original_max_position_embeddings")
+        if inner is None:
+            merged["original_max_position_embeddings"] = original
+        elif inner != original:
+            r.bad(
+                f"original_max_position_embeddings={original!r} disagrees with "
+                f"rope_parameters.original_max_position_embeddings={inner!r}"
+            )
     if merged.get("truncate", True) is True:
         merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
     rope: dict[str, Any] = {
         "theta": theta if theta is not None else 10000.0,
         "interleaved": bool(r.get("rope_interleave", False)),
     }
+    if kind == "longrope":
+        r.bad(
+            "rope_parameters.rope_type='longrope': Phi-3's long-context rope "
+            "(short_factor / long_factor, switched by sequence length) is not "
+            "expressible"
+        )
+        return rope, partial
     if kind not in ("default", *ROPE_FIELDS):
         r.bad(
             f"rope_parameters.rope_type={kind!r}: not expressible (default, "
@@ -1123,6 +1159,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     }
     if spec.norm.placement != "pre":
         c["norm_placement"] = spec.norm.placement
+    if not spec.norm.bias:
+        c["norm_bias"] = False
+    if spec.logit_scale != 1.0:
+        c["logit_scale"] = spec.logit_scale
     rope: dict[str, Any] = {
         "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
         "rope_theta": spec.rope.theta,
@@ -1287,13 +1327,12 @@ def _write_known(
     ] * (len(kinds) - full):
         # Qwen2/Qwen3 rule: layers from max_window_layers on slide.
         concepts = {**concepts, "max_window_layers": full}
+    if _key_for("logit_scale", known):
+        concepts = {**concepts, "logit_scale": spec.logit_scale}  # a class default
     qkv = concepts.get("qkv_bias")
-    if (
-        qkv is not None
-        and qkv == concepts["o_bias"]
-        and not _key_for("qkv_bias", known)
-    ):
-        concepts = {**concepts, "attention_bias": qkv}  # Llama/Qwen3: all four
+    if qkv is not None and not _key_for("qkv_bias", known):
+        # Llama/Qwen3: all four; GLM: q/k/v only (o_proj's from its facts).
+        concepts = {**concepts, "attention_bias": qkv}
     for concept, value in concepts.items():
         key = _key_for(concept, known)
         if key is not None:

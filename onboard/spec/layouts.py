@@ -30,6 +30,8 @@ _BASE: dict[str, str] = {
     "k_proj": f"{_LAYER}.self_attn.k_proj",
     "v_proj": f"{_LAYER}.self_attn.v_proj",
     "o_proj": f"{_LAYER}.self_attn.o_proj",
+    # checkpoint.fused: q, k and v stored as one tensor (Phi-3)
+    "qkv_proj": f"{_LAYER}.self_attn.qkv_proj",
     "q_norm": f"{_LAYER}.self_attn.q_norm",
     "k_norm": f"{_LAYER}.self_attn.k_norm",
     # attention.sinks: a parameter of the attention module itself (PARAM_ROLES)
@@ -45,6 +47,8 @@ _BASE: dict[str, str] = {
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
     "down_proj": f"{_LAYER}.mlp.down_proj",
+    # checkpoint.fused: gate and up stored as one tensor (Phi-3, GLM)
+    "gate_up_proj": f"{_LAYER}.mlp.gate_up_proj",
     # MoE
     "router": f"{_LAYER}.mlp.gate",
     # The module holding the router's e_score_correction_bias: the router itself
@@ -131,9 +135,18 @@ def preset_roles(path: str) -> frozenset[str]:
 
 
 # The norm roles of a decoder layer, by norm.placement.
-LAYER_NORM_ROLES: dict[str, tuple[str, str]] = {
+LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
     "pre": ("input_norm", "post_attention_norm"),
     "post": ("attention_output_norm", "mlp_output_norm"),
+    # One norm on the layer input, read by attention and the MLP (Cohere).
+    "parallel": ("input_norm",),
+}
+
+# checkpoint.fused: the role a checkpoint stores in one tensor, and the roles it
+# stands for (stacked along the output dim in this order).
+FUSED_ROLES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
 }
 
 # The parameters of a stacked_experts module (gpt-oss), by what they hold: every
@@ -157,12 +170,14 @@ LINEAR_ROLES: tuple[str, ...] = (
     "k_proj",
     "v_proj",
     "o_proj",
+    "qkv_proj",
     "q_a_proj",
     "q_b_proj",
     "kv_a_proj",
     "kv_b_proj",
     "gate_proj",
     "up_proj",
+    "gate_up_proj",
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,

@@ -79,12 +79,19 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post"] = Field(
+    placement: Literal["pre", "post", "parallel"] = Field(
         "pre",
         description="Where a decoder layer normalises: `pre` normalises the input "
         "of attention and of the MLP (Llama); `post` normalises their outputs, "
         "before each residual add, and the layer input is not normalised "
-        "(OLMo-2, EXAONE-4).",
+        "(OLMo-2, EXAONE-4); `parallel` normalises the layer input once, and "
+        "attention and the MLP both read it, their outputs added to the residual "
+        "together (Cohere).",
+    )
+    bias: bool = Field(
+        True,
+        description="layernorm: a bias beside the weight; `false` for a "
+        "weight-only LayerNorm (Cohere). An rmsnorm has none.",
     )
 
 
@@ -168,11 +175,14 @@ class Attention(_Section):
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
     qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
-    qk_norm_scope: Literal["head", "projection"] = Field(
+    qk_norm_scope: Literal["head", "projection", "head_weights"] = Field(
         "head",
         description="With qk_norm: `head` normalises each head (Qwen3); "
         "`projection` normalises the whole q and the whole k projection, one "
-        "weight per channel of all heads (OLMo-2, OLMoE).",
+        "weight per channel of all heads (OLMo-2, OLMoE); `head_weights` "
+        "normalises each head with a weight of its own ([heads, head_dim]), a "
+        "LayerNorm without bias (Cohere's use_qk_norm, as vLLM's commandr.py; "
+        "needs norm.type layernorm).",
     )
     qk_norm_after_rope: bool = Field(
         False,
@@ -320,6 +330,12 @@ class Checkpoint(_Section):
     layout: Literal["llama", "deepseek", "qwen", "mixtral", "gpt_oss"] = Field(
         "llama", description="Preset naming (see docs/spec.md for each role's path)."
     )
+    fused: list[Literal["qkv_proj", "gate_up_proj"]] = Field(
+        default_factory=list,
+        description="Projections the checkpoint stores as one tensor: `qkv_proj` "
+        "(q, k and v stacked in that order, Phi-3), `gate_up_proj` (the dense "
+        "MLP's gate then up, Phi-3, GLM).",
+    )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
         description="Per-role override of the preset's module path, e.g. "
@@ -388,6 +404,9 @@ class ModelSpec(_Section):
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
     tie_word_embeddings: bool = Field(
         False, description="lm_head shares the embedding."
+    )
+    logit_scale: float = Field(
+        1.0, gt=0, description="Multiplier on the output logits (Cohere)."
     )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."

@@ -41,6 +41,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "k_proj",
             "v_proj",
             "o_proj",
+            "qkv_proj",
             "q_norm",
             "k_norm",
             "q_a_proj",
@@ -52,7 +53,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ),
         ("attn",),
     ),
-    **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), ("mlp",)),
+    **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
     "stacked_experts": ("moe",),
@@ -120,14 +121,20 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_a_proj", "q_a_norm", "q_b_proj"]
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj", "o_proj"]
     else:
-        roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if "qkv_proj" in spec.checkpoint.fused:
+            roles += ["qkv_proj", "o_proj"]
+        else:
+            roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
         if att.sinks:
             roles.append("sinks")
     moe = spec.mlp.moe
     if has_dense_mlp(spec):
-        roles += ["gate_proj", "up_proj", "down_proj"]
+        if "gate_up_proj" in spec.checkpoint.fused:
+            roles += ["gate_up_proj", "down_proj"]
+        else:
+            roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
         roles.append("router")
         if moe.router.bias_correction:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from onboard.spec.layouts import ROLES, required_placeholders
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, used_roles
+from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, has_dense_mlp, used_roles
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
 Path = tuple[str | int, ...]
@@ -33,6 +33,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _moe_rules,
         _mtp_rules,
         _checkpoint_rules,
+        _fused_rules,
+        _norm_rules,
         _speculator_rules,
         _name_rules,
         _keep_unquantized_rules,
@@ -98,6 +100,24 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             a + ("qk_norm_scope",),
             "a q/k norm over the whole projection is not generated for layers "
             "that share another layer's KV cache",
+        )
+    if att.qk_norm_scope == "head_weights" and att.kv_sharing:
+        report(
+            a + ("qk_norm_scope",),
+            "q/k norms with a weight per head are not generated for layers that "
+            "share another layer's KV cache",
+        )
+    if att.qk_norm_scope == "head_weights" and spec.norm.type != "layernorm":
+        report(
+            a + ("qk_norm_scope",),
+            "q/k norms with a weight per head are LayerNorms (Cohere); they need "
+            "norm.type layernorm",
+        )
+    if att.qk_norm_scope == "head_weights" and att.qk_norm_after_rope:
+        report(
+            a + ("qk_norm_after_rope",),
+            "q/k norms with a weight per head come before rope (Cohere); "
+            "qk_norm_after_rope needs qk_norm_scope: head",
         )
     if att.qk_norm_scope == "projection" and att.qk_norm_after_rope:
         report(
@@ -365,6 +385,9 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.norm.placement != "pre":
         # No family has both; an MTP block of post-norm layers is unverified.
         report(("mtp",), "MTP heads need norm.placement pre")
+    if spec.mtp is not None and spec.logit_scale != 1.0:
+        # No family has both; the MTP draft's logits would need the scale too.
+        report(("logit_scale",), "MTP heads need logit_scale 1")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
@@ -418,6 +441,32 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
                 ("checkpoint", "tensor_names", role),
                 f"{names[role]!r} is also the path of {', '.join(others)}",
             )
+
+
+def _fused_rules(spec: ModelSpec, report: Report) -> None:
+    fused = spec.checkpoint.fused
+    where: Path = ("checkpoint", "fused")
+    if len(set(fused)) != len(fused):
+        report(where, "list each fused projection once")
+    if "qkv_proj" in fused:
+        if spec.attention.type == "mla":
+            report(where, "qkv_proj: MLA attention has no q/k/v projections to fuse")
+        elif spec.attention.kv_sharing:
+            report(
+                where,
+                "qkv_proj: a layer that reads another layer's KV cache loads q "
+                "alone; a fused q/k/v tensor is not generated for it",
+            )
+    if "gate_up_proj" in fused and not has_dense_mlp(spec):
+        report(where, "gate_up_proj: the model has no dense MLP (experts stay apart)")
+
+
+def _norm_rules(spec: ModelSpec, report: Report) -> None:
+    if not spec.norm.bias and spec.norm.type != "layernorm":
+        report(("norm", "bias"), "applies only to norm.type layernorm")
+    if spec.norm.placement == "parallel" and spec.mlp.moe is not None:
+        # No family has both; the layer reduces one dense MLP with attention.
+        report(("norm", "placement"), "parallel blocks are generated for dense MLPs")
 
 
 def _template_problem(role: str, template: str) -> str | None:
@@ -479,7 +528,7 @@ GENERATED_NAMES = frozenset(
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
         "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
-        "GenerationMixin", "IntermediateTensors", "Iterable", "LayerNorm",
+        "GenerationMixin", "HeadNorm", "IntermediateTensors", "Iterable", "LayerNorm",
         "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
         "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
         "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
@@ -493,7 +542,8 @@ GENERATED_NAMES = frozenset(
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
-    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "MLP", "MTP", "MoE",
+    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "HeadNorm", "MLP",
+    "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
     "RotaryOnFlatHeads", "SharedHead",
 )  # fmt: skip
