@@ -36,7 +36,8 @@ DOC = ROOT / "docs" / "hf-mapping.md"
 BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
 
 # The shrunk sizes, each set only where the family's config class has the key
-# (head_dim 32: vLLM's CPU attention takes multiples of 32).
+# (head_dim 32: vLLM's CPU attention takes multiples of 32), and a few values
+# away from a class default that would hide a feature.
 SMALL = dict(
     vocab_size=256,
     hidden_size=128,
@@ -53,6 +54,13 @@ SMALL = dict(
     num_experts_per_tok=2,
     moe_topk=2,  # HunYuan-MoE: top-1 routing cannot tell scoring functions apart
     moe_k=2,
+    shared_intermediate_size=64,  # Granite-MoE-Shared: its default 0 has none
+    # Granite's multipliers (its classes default them to 1): granite-3.0-8b's,
+    # the softmax scale 1/head_dim as there, so that each one shows.
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    logits_scaling=16.0,
+    attention_multiplier=1 / 32,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -167,7 +175,9 @@ def validate_family(
     model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
     with torch.no_grad():  # decisive logits (std ~8), as tests/hf_tiny.py writes
         head = model.get_output_embeddings().weight
-        head.normal_(0.0, 8.0 / tiny.hidden_size**0.5)
+        # (Granite divides the logits by logits_scaling: the head makes up for it.)
+        std = 8.0 * getattr(tiny, "logits_scaling", 1.0)
+        head.normal_(0.0, std / tiny.hidden_size**0.5)
     ckpt = work / "ckpt"
     model.save_pretrained(ckpt)
     (work / "spec.yaml").write_text(dump_spec(spec))

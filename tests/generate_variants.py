@@ -227,9 +227,49 @@ mlp:
     router: {scoring: softmax, norm_topk_prob: true, bias: true}
 checkpoint:
   layout: gpt_oss
-  stacked_experts: true
+  fused: [experts]
+  experts_format: gpt_oss
   tensor_names:
-    stacked_experts: model.layers.{layer}.mlp.moe_experts
+    experts_gate_up_proj: model.layers.{layer}.mlp.moe_experts
+    experts_down_proj: model.layers.{layer}.mlp.moe_experts
+""",
+    ),
+    # Granite-MoE-Shared: the four multipliers (un-fused residual), experts stored
+    # stacked (renamed to the fused MoE layer's own names), the router one module
+    # down and a shared expert beside the MoE block, its gate and up in one tensor.
+    # (Its long name makes the plugin's MODEL_CLASS string longer than a line.)
+    "var-granite-moe-shared-fused": (
+        "VarGraniteForCausalLM",
+        """
+embedding_multiplier: 12.0
+residual_multiplier: 0.22
+logits_scaling: 16.0
+attention: {num_heads: 4, num_kv_heads: 2, softmax_scale: 0.015625}
+mlp:
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    shared_expert_intermediate_size: 96
+checkpoint: {layout: granite, fused: [shared_gate_up_proj, experts]}
+""",
+    ),
+    # Stacked experts under the Llama names, beside dense layers, with the shared
+    # expert (split) inside the MoE block.
+    "var-stacked-experts": (
+        "VarStackedExpertsForCausalLM",
+        """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    num_shared_experts: 1
+    first_k_dense: 1
+checkpoint: {fused: [experts]}
 """,
     ),
     # Checkpoint names that need renaming: overridden roles (MTP ones too).

@@ -19,6 +19,8 @@ def _configs() -> dict:
         DeepseekV3Config,
         Exaone4Config,
         GptOssConfig,
+        GraniteConfig,
+        GraniteMoeSharedConfig,
         LlamaConfig,
         MixtralConfig,
         Qwen3Config,
@@ -27,6 +29,13 @@ def _configs() -> dict:
 
     common = dict(
         vocab_size=512, max_position_embeddings=512, tie_word_embeddings=False
+    )
+    # Granite's multipliers (granite-3.0-8b's; the softmax scale 1/head_dim).
+    granite = dict(
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logits_scaling=16.0,
+        attention_multiplier=1 / 32,
     )
     return {
         "llama": LlamaConfig(
@@ -156,6 +165,28 @@ def _configs() -> dict:
             },
             **common,
         ),
+        "granite": GraniteConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **granite,
+            **common,
+        ),
+        # Experts saved stacked, a fused shared expert beside the MoE block.
+        "granitemoeshared": GraniteMoeSharedConfig(
+            hidden_size=128,
+            intermediate_size=64,
+            shared_intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            **granite,
+            **common,
+        ),
     }
 
 
@@ -167,6 +198,8 @@ FAMILIES = (
     "mixtral",
     "deepseek_v3",
     "gpt_oss",
+    "granite",
+    "granitemoeshared",
 )
 # Zero-initialised tensors that get values, so a dropped one shows: (name suffix,
 # standard deviation). gpt-oss's sinks as large as the attention scores' spread.
@@ -186,7 +219,9 @@ def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, LOGIT_STD / config.hidden_size**0.5)
+        # Granite divides the logits by logits_scaling: the head makes up for it.
+        std = LOGIT_STD * getattr(config, "logits_scaling", 1.0)
+        model.lm_head.weight.normal_(0.0, std / config.hidden_size**0.5)
         # DeepSeek-V3's router bias correction starts at zero: values of the
         # order of the sigmoid scores' spread change choices. gpt-oss's expert
         # biases start at zero too.

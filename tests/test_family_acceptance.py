@@ -177,6 +177,58 @@ def test_loads_in_transformers_without_missing_or_unexpected_keys(
     assert (top2[:, 0] - top2[:, 1]).median().item() > 1.0  # decisive, not flat
 
 
+# Families whose tiny checkpoint is checked in transformers only here (the vLLM
+# loads above run in `make test`; these run on the engine in tests/test_generate.py
+# and tests/test_hf_families_acceptance.py).
+_GRANITE = dict(
+    _SMALL,
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    logits_scaling=16.0,
+    attention_multiplier=1 / 64,
+)
+MORE_FAMILIES: dict[str, tuple[str, str, dict]] = {
+    "granite": ("GraniteConfig", "GraniteForCausalLM", _GRANITE),
+    # Experts saved stacked under the pre-transformers-5 names, which transformers
+    # renames when it loads them.
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        _GRANITE, num_local_experts=8, num_experts_per_tok=2)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
+                         dict(_GRANITE, num_local_experts=8, num_experts_per_tok=2,
+                              shared_intermediate_size=128)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(MORE_FAMILIES))
+def test_more_families_load_in_transformers_without_missing_or_unexpected_keys(
+    tmp_path: Path, family: str
+) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from onboard.checkpoint import write_tiny_checkpoint
+    from onboard.spec.hf import spec_from_hf_config_file
+
+    cls_name, arch, kwargs = MORE_FAMILIES[family]
+    getattr(transformers, cls_name)(architectures=[arch], **kwargs).save_pretrained(
+        tmp_path / "config"
+    )
+    spec = spec_from_hf_config_file(tmp_path / "config" / "config.json")
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "ckpt", seed=0)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, output_loading_info=True
+    )
+    assert type(model).__name__ == arch
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    assert info["mismatched_keys"] == set() and info["error_msgs"] == []
+    ids = torch.arange(24)[None]
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    top2 = logits.topk(2, dim=-1).values
+    assert (top2[:, 0] - top2[:, 1]).median().item() > 1.0  # decisive, not flat
+
+
 @pytest.fixture(scope="module")
 def vllm_results(checkpoints: dict[str, Path], tmp_path_factory) -> dict[str, dict]:
     """Load and run every family in one vLLM subprocess; family -> result."""

@@ -481,7 +481,7 @@ def test_variant_specs_cover_every_template_switch():
     assert variant("var-renamed").checkpoint.tensor_names
     assert variant("var-post-norm").norm.placement == "post"
     sinks = variant("var-sinks-stacked")
-    assert sinks.attention.sinks and sinks.checkpoint.stacked_experts
+    assert sinks.attention.sinks and sinks.checkpoint.experts_format == "gpt_oss"
 
 
 # ---- the generated plugin on vLLM's CPU engine -------------------------------------
@@ -609,6 +609,8 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
         pytest.param("gpt_oss", marks=_SWEEP),  # sinks, stacked experts
+        pytest.param("granite", marks=_SWEEP),  # multipliers, un-fused residual
+        pytest.param("granitemoeshared", marks=_SWEEP),  # experts saved stacked
     ],
 )
 def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_path):

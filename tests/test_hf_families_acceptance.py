@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # finds) and on a module of its own as [1, num_experts] beside softmax scores,
 # MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
 # topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
-# with weight-only LayerNorms and scaled logits, interleaved partial rope; attention
-# sinks with stacked, biased experts.
+# with weight-only LayerNorms and scaled logits, interleaved partial rope;
+# Granite's multipliers and its experts saved stacked (with a fused shared expert);
+# attention sinks with stacked, biased experts.
 FAMILIES = (
     "olmoe",
     "olmo2",
@@ -48,6 +49,8 @@ FAMILIES = (
     "phi3",
     "cohere2",
     "glm",
+    "granite",
+    "granitemoeshared",
     "gpt_oss",
 )
 

@@ -10,6 +10,8 @@ which the spec reads; tensor names that do not fit fail on the tensors.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import transformers
 from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
@@ -78,7 +80,8 @@ def test_gpt_oss_parts_are_found_by_the_proof_without_its_facts(monkeypatch):
     moe = spec.mlp.moe
     assert spec.attention.sinks and moe.router.bias and moe.expert_bias
     assert moe.router.scoring == "softmax" and moe.router.norm_topk_prob
-    assert spec.checkpoint.layout == "gpt_oss" and spec.checkpoint.stacked_experts
+    assert spec.checkpoint.layout == "gpt_oss"
+    assert spec.checkpoint.experts_format == "gpt_oss"
     found = proof.found
     assert found["attention_sinks"] is True and found["moe_router_bias"] is True
     assert found["checkpoint.layout"] == "gpt_oss"
@@ -447,6 +450,51 @@ def test_families_whose_keys_are_mapped_prove(model_type, extra):
         assert (spec.attention.qkv_bias, spec.attention.o_bias) == (True, False)
     else:
         assert spec.rope.interleaved is True
+
+
+# -- Granite: four multipliers, experts stored fused -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("concept", "where"),
+    [
+        ("embedding_multiplier", "the embedding (before layer 0)"),
+        ("attention_multiplier", "layer 0, attention (or the norm before it)"),
+        ("residual_multiplier", "layer 0, after attention"),
+        ("logits_scaling", "the final norm or the output head"),
+    ],
+)
+def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where):
+    # The reference reads each multiplier from the config; one left unread (as
+    # if the template dropped it) must fail the proof where it acts.
+    from onboard.arch.config_keys import ConfigKeys
+
+    config = transformers_config("granite").to_dict()
+    spec = spec_from_hf_config(config)
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    read = ConfigKeys.multipliers
+    monkeypatch.setattr(
+        ConfigKeys, "multipliers", lambda self: {**read(self), concept: None}
+    )
+    with pytest.raises(ProofFailed, match=re.escape(f"first divergence: {where}")):
+        prove_spec(spec, config)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared"])
+def test_fused_experts_are_the_family_s_tensors(model_type):
+    # Granite-MoE saves each layer's experts stacked (input_linear [E, 2I, H],
+    # output_linear [E, H, I]); one tensor per expert does not fit them.
+    config = transformers_config(model_type).to_dict()
+    spec = spec_from_hf_config(config)
+    assert "experts" in spec.checkpoint.fused
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    data["checkpoint"]["fused"].remove("experts")
+    with pytest.raises(ProofFailed) as failed:
+        prove_spec(ModelSpec.model_validate(data), config)
+    message = str(failed.value)
+    assert "block_sparse_moe.input_linear.weight" in message  # not named
+    assert "block_sparse_moe.experts.0.gate_proj.weight" in message  # not saved
 
 
 # -- fused checkpoint tensors, parallel blocks, scaled logits ------------------------

@@ -21,8 +21,9 @@ import torch
 
 from onboard.errors import InputError
 from onboard.quantize import inferred_spec, quantize_checkpoint
-from onboard.quantize.plan import make_plan
+from onboard.quantize.plan import STACKED_EXPERTS_KEPT, make_plan
 from onboard.quantize.schemes import SCHEMES
+from onboard.validate.check_quant import GUARDED
 
 # Weight-only and dynamic schemes: calibrated nvfp4 runs the reference model.
 UNCALIBRATED = [name for name, s in SCHEMES.items() if not s.calibrated]
@@ -69,6 +70,17 @@ def _configs() -> dict:
         "deepseek_v2": tf.DeepseekV2Config(**{**common, **mla}),
         "deepseek_v3": tf.DeepseekV3Config(
             **{**common, **mla}, n_group=2, topk_group=1
+        ),
+        "granite": tf.GraniteConfig(**common),
+        # Each layer's experts stacked in two 3-D tensors (checkpoint.fused).
+        "granitemoe": tf.GraniteMoeConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2
+        ),
+        "granitemoeshared": tf.GraniteMoeSharedConfig(
+            **common,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=64,
         ),
     }
 
@@ -237,6 +249,30 @@ def test_a_config_without_layer_count_is_refused(family_dirs, tmp_path):
     with pytest.raises(InputError, match="num_hidden_layers"):
         quantize_checkpoint(src, "fp8-dynamic", tmp_path / "out")
     assert not list(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", ["granitemoe", "granitemoeshared"])
+def test_stacked_experts_stay_16_bit_and_are_ignored_per_expert(family_dirs, family):
+    # A 3-D tensor of every expert of a layer is no Linear module: it is copied
+    # unchanged, and vLLM's fused MoE layer (which asks for its experts by name,
+    # as <block>.experts.<e>.gate_proj ...) finds each in `ignore`, so it builds
+    # the layer unquantized. The router stays 16-bit; the shared expert, a
+    # fused but ordinary Linear, is quantized.
+    model_dir = family_dirs[family]
+    plan = make_plan(model_dir, None, SCHEMES["fp8-dynamic"])
+    assert plan.layout.layout == "granite"
+    block = "model.layers.1.block_sparse_moe"
+    for name in ("input_linear.weight", "output_linear.weight"):
+        assert plan.kept[f"{block}.{name}"] == STACKED_EXPERTS_KEPT
+    # The quant check requires them unchanged (tests/test_quant_check.py style).
+    assert GUARDED["stacked experts"] == (STACKED_EXPERTS_KEPT,)
+    projections = ("gate_proj", "up_proj", "down_proj")
+    experts = {f"{block}.experts.{e}.{p}" for e in range(4) for p in projections}
+    assert experts <= set(plan.ignore)
+    assert f"{block}.router.layer" in plan.ignore
+    assert f"{block}.router.layer.weight" in plan.kept
+    shared = "model.layers.1.shared_mlp.input_linear.weight"
+    assert (shared in plan.quantized) == (family == "granitemoeshared")
 
 
 # The router's bias kept on a module of its own (transformers' save_pretrained

@@ -335,6 +335,41 @@ MLA = dict(
 )
 
 
+def test_granite_multipliers_fused_experts_and_shared_mlp(tmp_path):
+    # Granite-MoE-Shared: embeddings, residual branches and logits scaled, its own
+    # softmax scale, each layer's experts stacked in two tensors and a fused
+    # shared expert beside the MoE block. Once as its transformers family, once
+    # as a new model type (the canonical keys, written where not neutral).
+    from transformers import GraniteMoeSharedConfig, GraniteMoeSharedForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteMoeSharedConfig(
+        **SMALL,
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=48,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        logits_scaling=16.0,
+        attention_multiplier=0.0625,
+    )
+    model = GraniteMoeSharedForCausalLM(config)
+    spec = check_against_transformers(tmp_path / "family", model)
+    assert spec.checkpoint.fused == ["shared_gate_up_proj", "experts"]
+    assert spec.mlp.moe.num_shared_experts == 1
+    data = spec.model_dump(mode="json") | {
+        "name": "novel-granite",
+        "model_type": "novel_granite",
+        "architecture": "NovelGraniteForCausalLM",
+    }
+    novel = ModelSpec.model_validate(data)
+    written = hf_config_from_spec(novel)
+    assert written["attention_multiplier"] == 0.0625
+    assert written["shared_expert_intermediate_size"] == 48
+    check_against_transformers(tmp_path / "novel", model, spec=novel)
+
+
 def test_deepseek_v3_mla_yarn_grouped_sigmoid_router(tmp_path):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -408,7 +443,8 @@ def _gpt_oss(swiglu_limit: float = 7.0):
 def test_gpt_oss_sinks_stacked_experts_clamped_swiglu(tmp_path):
     """Sinks in every softmax, sliding and full layers alternating, yarn with an
     unrounded correction range, a biased router, and stacked experts with biases
-    whose gate and up columns interleave, through the clamped SwiGLU."""
+    whose gate and up columns interleave, through the clamped SwiGLU: the
+    reference, with the sinks and the clamp acting, gives transformers' logits."""
     model = _gpt_oss()
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -416,11 +452,20 @@ def test_gpt_oss_sinks_stacked_experts_clamped_swiglu(tmp_path):
         clamped = model.eval()(ids).logits
     # The clamp acts on these weights (else the test would not see it).
     assert (unclamped - clamped).abs().max() > 1e-2 * clamped.abs().max()
+    # So do the sinks: without them (a logit of -1e4 takes no share of any
+    # softmax) the logits move.
+    sinkless = _gpt_oss()
+    with torch.no_grad():
+        for layer in sinkless.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+        no_sinks = sinkless.eval()(ids).logits
+    assert (no_sinks - clamped).abs().max() > 1e-2 * clamped.abs().max()
     spec = check_against_transformers(tmp_path, model)
     moe = spec.mlp.moe
     assert spec.attention.sinks and spec.rope.scaling.truncate is False
     assert moe.expert_bias and moe.router.bias and moe.swiglu_limit == 7.0
-    assert spec.checkpoint.stacked_experts and spec.layer_attention_types() == [
+    assert spec.checkpoint.experts_format == "gpt_oss"
+    assert spec.layer_attention_types() == [
         "sliding_attention",
         "full_attention",
     ]
@@ -538,6 +583,8 @@ def test_mla_reference_with_mtp_caches_and_generates(tmp_path):
         "mixtral-layout-with-dense-layers",
         "qwen-layout-gated-shared-expert",
         "sinks-stacked-experts",
+        "granite-multipliers-fused-experts",
+        "fused-experts-with-dense-layers",
     ],
 )
 def test_feature_variants_load_their_tiny_checkpoints(tmp_path, name):

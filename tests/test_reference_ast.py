@@ -111,6 +111,32 @@ checkpoint:
   layout: qwen
   tensor_names: {router: "model.layers.{layer}.mlp.router"}
 """,
+    "granite-multipliers-fused-experts": """
+embedding_multiplier: 12.0
+residual_multiplier: 0.22
+logits_scaling: 16.0
+attention: {num_heads: 4, num_kv_heads: 2, softmax_scale: 0.0625}
+mlp:
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 32
+    num_shared_experts: 1
+    shared_expert_intermediate_size: 48
+checkpoint: {layout: granite, fused: [shared_gate_up_proj, experts]}
+""",
+    "fused-experts-with-dense-layers": """
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 96
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 32
+    num_shared_experts: 1
+    first_k_dense: 1
+checkpoint: {fused: [experts]}
+""",
     "sinks-stacked-experts": """
 attention:
   num_heads: 4
@@ -136,7 +162,7 @@ mlp:
     swiglu_alpha: 1.702
     swiglu_limit: 7.0
     router: {scoring: softmax, norm_topk_prob: true, bias: true}
-checkpoint: {layout: gpt_oss, stacked_experts: true}
+checkpoint: {layout: gpt_oss, fused: [experts], experts_format: gpt_oss}
 """,
 }
 

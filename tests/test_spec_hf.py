@@ -21,6 +21,7 @@ from onboard.spec.hf import (
     spec_from_hf_config,
     spec_from_hf_config_file,
 )
+from onboard.spec.model import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ONBOARD = ROOT / ".venv" / "bin" / "onboard"
@@ -42,6 +43,13 @@ MLA = dict(
     v_head_dim=16,
 )
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+# Granite's multipliers away from 1, its softmax scale away from 1/sqrt(head_dim).
+GRANITE = dict(
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    logits_scaling=16.0,
+    attention_multiplier=0.0625,
+)
 
 # Each family at small dims, with the features its config class can state.
 FAMILIES = {
@@ -98,6 +106,15 @@ FAMILIES = {
             "truncate": False,
             "original_max_position_embeddings": 128,
         },
+    ),
+    "granite": dict(attention_bias=True, **GRANITE),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, **GRANITE),
+    "granitemoeshared": dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=48,
+        tie_word_embeddings=True,
+        **GRANITE,
     ),
     "deepseek_v2": dict(
         n_routed_experts=8,
@@ -214,13 +231,60 @@ def test_family_specific_facts():
     assert (moe.swiglu_alpha, moe.swiglu_limit) == (1.702, 7.0)
     assert moe.expert_bias and moe.router.bias and moe.router.norm_topk_prob
     assert moe.expert_intermediate_size == 96  # the class's intermediate_size
-    assert oss.checkpoint.layout == "gpt_oss" and oss.checkpoint.stacked_experts
+    assert oss.checkpoint.layout == "gpt_oss" and oss.checkpoint.fused == ["experts"]
+    assert oss.checkpoint.experts_format == "gpt_oss"
     v3 = specs["deepseek_v3"]
     router = v3.mlp.moe.router
     assert (router.scoring, router.bias_correction) == ("sigmoid", True)
     assert v3.mtp is not None and v3.mtp.num_heads == 1 and v3.mtp.mlp == "moe"
     assert v3.rope.scaling.mscale_all_dim == 1.0
     assert v3.checkpoint.layout == "deepseek"
+    for mt in ("granite", "granitemoe", "granitemoeshared"):
+        granite = specs[mt]
+        assert (granite.embedding_multiplier, granite.residual_multiplier) == (
+            12.0,
+            0.22,
+        )
+        assert granite.logits_scaling == 16.0
+        assert granite.attention.softmax_scale == 0.0625
+    assert specs["granite"].checkpoint == specs["llama"].checkpoint
+    for mt in ("granitemoe", "granitemoeshared"):
+        moe = specs[mt]
+        assert moe.checkpoint.layout == "granite"
+        assert "experts" in moe.checkpoint.fused
+        assert moe.mlp.moe.router.norm_topk_prob  # softmax of the top-k logits
+        assert moe.mlp.moe.expert_intermediate_size == 96  # intermediate_size
+    assert specs["granitemoe"].checkpoint.fused == ["experts"]
+    assert specs["granitemoeshared"].checkpoint.fused == [
+        "shared_gate_up_proj",
+        "experts",
+    ]
+    shared = specs["granitemoeshared"].mlp.moe
+    assert shared.num_shared_experts == 1
+    assert shared.shared_expert_intermediate_size == 48
+    assert specs["granitemoe"].mlp.moe.num_shared_experts == 0
+
+
+def test_a_default_softmax_scale_reads_as_null_and_is_written_out():
+    # Granite's class defaults attention_multiplier to 1.0, not 1/sqrt(head_dim).
+    config = transformers_config("granite", attention_multiplier=16**-0.5)
+    spec = spec_from_hf_config(config.to_dict())
+    assert spec.attention.softmax_scale is None  # hidden 64 / 4 heads
+    written = hf_config_from_spec(spec)
+    assert written["attention_multiplier"] == 0.25
+    # A new model type writes nothing where a multiplier is neutral.
+    data = spec.model_dump(mode="json") | {"model_type": "novel_granite"}
+    data["architecture"] = "NovelGraniteForCausalLM"
+    written = hf_config_from_spec(ModelSpec.model_validate(data))
+    assert "attention_multiplier" not in written
+    assert written["embedding_multiplier"] == 12.0
+
+
+def test_a_softmax_scale_is_refused_for_mla():
+    config = transformers_config("deepseek_v2").to_dict()
+    config.update(model_type="novel_mla", attention_multiplier=0.1)
+    message = refusal(config)
+    assert "attention_multiplier=0.1: not expressible for MLA" in message
 
 
 def test_deepseek_v3_config_tells_vllm_about_the_router_bias():

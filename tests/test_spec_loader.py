@@ -157,6 +157,41 @@ def test_nope_layers_must_exist_and_agree_with_kv_sharing():
     assert any("both use rope or both not" in x for x in lines), lines
 
 
+def test_granite_multipliers_and_fused_experts_rules():
+    # Each combination no family has (so nothing proves) is refused at its field.
+    post = BASE + "residual_multiplier: 0.5\nnorm: {placement: post}\n"
+    assert any(
+        "residual_multiplier: needs norm.placement pre" in x for x in problems(post)
+    )
+    mtp = BASE + "logits_scaling: 8.0\nmtp: {num_heads: 1, mlp: dense}\n"
+    assert any(
+        "mtp: MTP heads need neutral multipliers (logits_scaling)" in x
+        for x in problems(mtp)
+    )
+    dense = BASE + "checkpoint: {fused: [experts, shared_gate_up_proj]}\n"
+    lines = problems(dense)
+    assert any(
+        "checkpoint.fused: experts: the model has no MoE layer" in x for x in lines
+    )
+    assert any(
+        "shared_gate_up_proj: the model has no shared expert" in x for x in lines
+    )
+    mla = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    mla = mla.replace("  type: mla\n", "  type: mla\n  softmax_scale: 0.1\n")
+    assert any(
+        "attention.softmax_scale: MLA's softmax scale follows qk_head_dim" in x
+        for x in problems(mla)
+    )
+    for bad in ("0", "-1.0", ".inf"):
+        assert any(
+            "embedding_multiplier" in x
+            for x in problems(BASE + f"embedding_multiplier: {bad}\n")
+        )
+    # Neutral values are the defaults: the spec stays as it was.
+    spec = parse_spec_text(BASE + "embedding_multiplier: 1.0\n")
+    assert spec == parse_spec_text(BASE)
+
+
 def test_duplicate_keys_are_errors():
     lines = problems(BASE + "vocab_size: 1000\n")
     assert any("duplicate key" in x for x in lines)

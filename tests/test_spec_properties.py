@@ -234,12 +234,29 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
     if needs_dense or draw(st.booleans()):
         mlp["intermediate_size"] = draw(st.integers(1, 4096))
     data["mlp"] = mlp
-    data["checkpoint"] = {
-        "layout": draw(
-            st.sampled_from(["llama", "deepseek", "qwen", "mixtral", "gpt_oss"])
-        ),
-        "stacked_experts": stacked,
-    }
+    if mtp is None and draw(st.booleans()):  # Granite's multipliers
+        for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            data[key] = draw(floats)
+    if not is_mla and draw(st.booleans()):
+        att["softmax_scale"] = draw(floats)
+    layouts = ["llama", "deepseek", "qwen", "mixtral"]
+    if not (moe and moe.get("num_shared_experts") and needs_dense):
+        layouts.append("granite")  # its shared expert sits beside an MoE block
+    if stacked:  # gpt-oss's experts, stacked as gpt-oss stores them
+        data["checkpoint"] = {
+            "layout": "gpt_oss",
+            "fused": ["experts"],
+            "experts_format": "gpt_oss",
+        }
+    else:
+        # (gpt-oss's layout puts both stacked roles in one module: not with
+        # experts stacked the Granite way)
+        data["checkpoint"] = {"layout": draw(st.sampled_from([*layouts, "gpt_oss"]))}
+    if moe and not stacked and draw(st.booleans()):
+        data["checkpoint"]["layout"] = draw(st.sampled_from(layouts))
+        data["checkpoint"]["fused"] = ["experts"]
+        if moe.get("num_shared_experts") and draw(st.booleans()):
+            data["checkpoint"]["fused"].insert(0, "shared_gate_up_proj")
     data["quantization"] = draw(
         st.lists(st.sampled_from(["fp8-dynamic", "fp8-block", "nvfp4"]), unique=True)
     )
@@ -294,6 +311,8 @@ def test_valid_specs_round_trip_through_hf_config(data):
                   "num_hidden_layers", "max_position_embeddings", "activation",
                   "tie_word_embeddings", "norm", "mtp"):  # fmt: skip
         assert getattr(back, field) == getattr(spec, field), field
+    for field in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        assert getattr(back, field) == getattr(spec, field), field
     assert (back.rope.theta, back.rope.interleaved) == (
         spec.rope.theta,
         spec.rope.interleaved,
@@ -311,17 +330,24 @@ def test_valid_specs_round_trip_through_hf_config(data):
 # Specs shaped like a transformers family: its config class must take them.
 @st.composite
 def family_shaped(draw) -> dict:
-    family = draw(st.sampled_from(["llama", "qwen3_moe", "deepseek_v3"]))
+    family = draw(
+        st.sampled_from(["llama", "qwen3_moe", "deepseek_v3", "granite", "granitemoe"])
+    )
     data = draw(valid_spec_data(model_type=family))
     data["mtp"] = None
     data["speculators"] = []
     data["norm"]["type"] = "rmsnorm"
+    data["checkpoint"] = {}
+    if family not in ("granite", "granitemoe"):
+        for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            data.pop(key, None)
+        data["attention"].pop("softmax_scale", None)
     scaling = data["rope"].get("scaling")
     if scaling and scaling["type"] == "llama3":  # transformers requires both
         scaling.setdefault("low_freq_factor", 1.0)
         scaling.setdefault("high_freq_factor", 4.0)
     att, mlp = data["attention"], data["mlp"]
-    if family in ("llama", "qwen3_moe"):
+    if family in ("llama", "qwen3_moe", "granite", "granitemoe"):
         if att["type"] == "mla":
             data["attention"] = att = {"type": "gqa", "num_heads": att["num_heads"]}
         # transformers checks hidden_size % heads even with an explicit head_dim.
@@ -333,9 +359,20 @@ def family_shaped(draw) -> dict:
         att["qk_norm"] = family == "qwen3_moe"
         att["o_bias"] = att["qkv_bias"] = att.get("qkv_bias", False)
         data["rope"]["interleaved"] = False
-    if family == "llama":
+    if family in ("llama", "granite"):
         mlp.pop("moe", None)
         mlp.setdefault("intermediate_size", 64)
+    elif family == "granitemoe":
+        # Every layer MoE, the experts' width as intermediate_size, Mixtral's
+        # router: softmax, top-k renormalised.
+        moe = mlp.get("moe") or draw(moe_section(data["num_hidden_layers"]))
+        moe.update(num_shared_experts=0, first_k_dense=0, layer_frequency=1,
+                   dense_layers=[])  # fmt: skip
+        moe.pop("shared_expert_gate", None)
+        moe.pop("shared_expert_intermediate_size", None)
+        moe["router"] = {"scoring": "softmax", "norm_topk_prob": True}
+        data["mlp"] = {"moe": moe}
+        data["checkpoint"] = {"layout": "granite", "fused": ["experts"]}
     else:
         moe = mlp.get("moe") or draw(moe_section(data["num_hidden_layers"]))
         mlp["moe"] = moe
@@ -363,11 +400,11 @@ def family_shaped(draw) -> dict:
             data["mtp"] = {"num_heads": heads} if heads else None
     # gpt-oss's parts are its family's (tests/test_spec_hf.py), not these.
     data["attention"].pop("sinks", None)
-    data["checkpoint"]["stacked_experts"] = False
-    if mlp.get("moe"):
+    data["checkpoint"].pop("experts_format", None)
+    if data["mlp"].get("moe"):
         for key in ("expert_bias", "swiglu_alpha", "swiglu_limit"):
-            mlp["moe"].pop(key, None)
-        mlp["moe"]["router"]["bias"] = False
+            data["mlp"]["moe"].pop(key, None)
+        data["mlp"]["moe"]["router"]["bias"] = False
     return data
 
 

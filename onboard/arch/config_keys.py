@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import MULTIPLIERS, ModelSpec
 from onboard.templating import GenerationError
 
 # concept -> candidate config attributes, preferred first. The same concept is
@@ -37,6 +37,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "o_bias": ("o_bias", "attention_out_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
     "partial_rotary_factor": ("partial_rotary_factor",),
+    # Granite's multipliers (the logits are divided by logits_scaling).
+    "attention_multiplier": ("attention_multiplier",),
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),
     "intermediate_size": ("intermediate_size",),
     "hidden_act": ("hidden_act", "hidden_activation"),
     "mlp_bias": ("mlp_bias",),
@@ -67,7 +72,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_shared_experts",
         "moe_num_shared_experts",
     ),
-    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "shared_expert_intermediate_size": (
+        "shared_expert_intermediate_size",
+        "shared_intermediate_size",
+    ),
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
@@ -190,6 +198,27 @@ class ConfigKeys:
         if name is not None:
             return f'config.{name}[{var}] == "sliding_attention"'
         return None
+
+    def multipliers(self) -> dict[str, str | None]:
+        """Granite's multipliers, by concept: read where the config holds them
+        (Granite's class writes all four, and vLLM's granite.py reads them),
+        required where the spec sets one; None where the model computes without
+        (a factor of 1, the softmax scale 1/sqrt(head_dim))."""
+        spec = self.spec
+        keys: dict[str, str | None] = {}
+        if spec.attention.type == "gqa":
+            scale = spec.attention.softmax_scale
+            keys["attention_multiplier"] = (
+                self.find("attention_multiplier", spec.head_dim**-0.5)
+                if scale is None
+                else self.need("attention_multiplier", scale)
+            )
+        for concept in MULTIPLIERS:
+            value = getattr(spec, concept)
+            keys[concept] = (
+                self.find(concept, value) if value == 1.0 else self.need(concept, value)
+            )
+        return keys
 
     def need(
         self,

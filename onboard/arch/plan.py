@@ -23,7 +23,7 @@ from typing import Literal
 from onboard.arch.config_keys import ConfigKeys
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
-from onboard.spec.module_tree import used_roles
+from onboard.spec.module_tree import gpt_oss_experts, used_roles
 
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
 # built under these, and a checkpoint that names a role otherwise is renamed.
@@ -63,6 +63,8 @@ class Attention:
     o_bias: bool
     partial_rotary_factor: float
     mla: MLADims | None
+    # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
+    softmax_scale: float | None = None
     # A learned logit per query head joins each softmax (attention sinks).
     sinks: bool = False
 
@@ -111,13 +113,18 @@ class MoEMLP:
     shared_expert_gate: bool
     router: Router
     activation: str
+    # checkpoint.fused: the routed experts stacked in two 3-D tensors (`experts`),
+    # the shared expert's gate and up in one (`shared_gate_up_proj`).
+    stacked: bool = False
+    shared_fused: bool = False
     # Biases on the experts' projections (gpt-oss).
     expert_bias: bool = False
     # (alpha, limit) of the clamped SwiGLU the experts use instead of the
     # activation (gpt-oss); None: act(gate) * up.
     clamped_swiglu: tuple[float, float] | None = None
-    # The experts stored as one module of stacked parameters (gpt-oss).
-    stacked: bool = False
+    # The stacked experts as gpt-oss stores them (checkpoint.experts_format):
+    # input dim first, gate and up columns interleaved.
+    gpt_oss_format: bool = False
 
     kind = "moe"
 
@@ -156,6 +163,8 @@ class Layer:
     mixer: Mixer
     mlp: MLP
     norms: Norms
+    # Factor on the attention and MLP outputs before each residual add.
+    residual_multiplier: float = 1.0
 
     @property
     def is_moe(self) -> bool:
@@ -201,6 +210,9 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+    # Factor on the token embeddings; the logits are divided by logits_scaling.
+    embedding_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     @cached_property
     def config(self) -> ConfigKeys:
@@ -212,7 +224,8 @@ class ArchPlan:
     @property
     def fused(self) -> frozenset[str]:
         """The projections the checkpoint stores as one tensor (``qkv_proj``,
-        ``gate_up_proj``; checkpoint.fused)."""
+        ``gate_up_proj``, ``shared_gate_up_proj``, and ``experts`` stacked;
+        checkpoint.fused)."""
         return frozenset(self.spec.checkpoint.fused)
 
     @property
@@ -301,6 +314,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
             mixer=_attention(spec, types[i] == "sliding_attention", i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
+            residual_multiplier=spec.residual_multiplier,
         )
         for i in range(spec.num_hidden_layers)
     )
@@ -319,7 +333,14 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         checkpoint=MappingProxyType({r: spec.tensor_path(r) for r in roles}),
         canonical=MappingProxyType({r: CANONICAL[r] for r in roles}),
     )
-    return ArchPlan(spec=spec, layers=layers, mtp=mtp, tensors=tensors)
+    return ArchPlan(
+        spec=spec,
+        layers=layers,
+        mtp=mtp,
+        tensors=tensors,
+        embedding_multiplier=spec.embedding_multiplier,
+        logits_scaling=spec.logits_scaling,
+    )
 
 
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
@@ -339,6 +360,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        softmax_scale=att.softmax_scale,
         sinks=att.sinks,
         mla=None
         if mla is None
@@ -380,9 +402,11 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             bias=r.bias,
         ),
         activation=spec.activation,
+        stacked="experts" in spec.checkpoint.fused,
+        shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,
         expert_bias=moe.expert_bias,
         clamped_swiglu=None
         if moe.swiglu_alpha is None or moe.swiglu_limit is None
         else (moe.swiglu_alpha, moe.swiglu_limit),
-        stacked=spec.checkpoint.stacked_experts,
+        gpt_oss_format=gpt_oss_experts(spec),
     )

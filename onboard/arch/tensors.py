@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from onboard.arch.plan import DenseMLP, Layer, MoEMLP, build_plan
-from onboard.spec.layouts import PARAM_ROLES, STACKED_EXPERT_PARAMS
+from onboard.spec.layouts import PARAM_ROLES, gpt_oss_param
 from onboard.spec.model import ModelSpec
 
 
@@ -192,31 +192,40 @@ def _moe_tensors(
     if m.router.bias_correction:
         shape = (1, m.num_experts) if m.router.bias_2d else (m.num_experts,)
         add("router_bias", shape, "router_bias", suffix="e_score_correction_bias")
-    if m.stacked:
-        _stacked_expert_tensors(m, h, add)
+    width = m.expert_intermediate_size
+    if m.gpt_oss_format:
+        _gpt_oss_expert_tensors(m, h, add)
+    elif m.stacked:
+        # All experts of the layer stacked; each expert's gate rows, then its up rows.
+        add("experts_gate_up_proj", (m.num_experts, 2 * width, h))
+        add("experts_down_proj", (m.num_experts, h, width))
     else:
         for e in range(m.num_experts):
-            linear("expert_gate_proj", m.expert_intermediate_size, h, expert=e)
-            linear("expert_up_proj", m.expert_intermediate_size, h, expert=e)
-            linear("expert_down_proj", h, m.expert_intermediate_size, expert=e)
+            linear("expert_gate_proj", width, h, expert=e)
+            linear("expert_up_proj", width, h, expert=e)
+            linear("expert_down_proj", h, width, expert=e)
     if m.num_shared_experts:
         shared = m.shared_intermediate_size
-        linear("shared_gate_proj", shared, h)
-        linear("shared_up_proj", shared, h)
+        if m.shared_fused:
+            linear("shared_gate_up_proj", 2 * shared, h)
+        else:
+            linear("shared_gate_proj", shared, h)
+            linear("shared_up_proj", shared, h)
         linear("shared_down_proj", h, shared)
         if m.shared_expert_gate:
             linear("shared_expert_gate", 1, h)
 
 
-def _stacked_expert_tensors(m: MoEMLP, h: int, add: Callable[..., None]) -> None:
-    """gpt-oss's experts: one module whose parameters stack every expert, input
-    dim first (gate_up [experts, hidden, 2 x width], its gate and up columns
-    interleaved; down [experts, width, hidden])."""
+def _gpt_oss_expert_tensors(m: MoEMLP, h: int, add: Callable[..., None]) -> None:
+    """Stacked experts as gpt-oss stores them (checkpoint.experts_format): one
+    module whose parameters stack every expert, input dim first (gate_up
+    [experts, hidden, 2 x width], its gate and up columns interleaved; down
+    [experts, width, hidden])."""
     e, w = m.num_experts, m.expert_intermediate_size
-    p = STACKED_EXPERT_PARAMS
-    add("stacked_experts", (e, h, 2 * w), suffix=p["gate_up"])
-    if m.expert_bias:
-        add("stacked_experts", (e, 2 * w), "bias", suffix=p["gate_up_bias"])
-    add("stacked_experts", (e, w, h), suffix=p["down"])
-    if m.expert_bias:
-        add("stacked_experts", (e, h), "bias", suffix=p["down_bias"])
+    for role, shape, bias in (
+        ("experts_gate_up_proj", (e, h, 2 * w), (e, 2 * w)),
+        ("experts_down_proj", (e, w, h), (e, h)),
+    ):
+        add(role, shape, suffix=gpt_oss_param(role))
+        if m.expert_bias:
+            add(role, bias, "bias", suffix=gpt_oss_param(role, bias=True))

@@ -13,7 +13,8 @@ from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
     ROLES,
-    STACKED_EXPERT_PARAMS,
+    STACKED_EXPERT_ROLES,
+    gpt_oss_param,
     required_placeholders,
 )
 
@@ -121,17 +122,17 @@ def role_hint(
             f"set mlp.moe.router.bias: {want} in the spec",
             ["mlp.moe.router.bias"],
         )
-    if role == "stacked_experts":
+    if role in STACKED_EXPERT_ROLES and param != "weight":
         if param.endswith("_bias"):
             return (
                 f"set mlp.moe.expert_bias: {want} in the spec",
                 ["mlp.moe.expert_bias"],
             )
         return (
-            "check checkpoint.stacked_experts (the spec says "
-            f"{str(plan.spec.checkpoint.stacked_experts).lower()}): gpt-oss stores "
-            "each layer's experts as one module of stacked tensors",
-            ["checkpoint.stacked_experts"],
+            "check checkpoint.experts_format (the spec says "
+            f"{plan.spec.checkpoint.experts_format}): gpt-oss stores each layer's "
+            "experts as one module of stacked parameters",
+            ["checkpoint.experts_format"],
         )
     if param == "bias" and role in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
         return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
@@ -194,7 +195,12 @@ def role_hint(
             "kv_a_proj_with_mqa / kv_b_proj, GQA ones k_proj / v_proj)",
             ["attention.type"],
         )
-    if role in ("shared_gate_proj", "shared_up_proj", "shared_down_proj"):
+    if role in (
+        "shared_gate_proj",
+        "shared_up_proj",
+        "shared_gate_up_proj",
+        "shared_down_proj",
+    ):
         n = moe.num_shared_experts if moe else 0
         return (
             f"check mlp.moe.num_shared_experts (the spec says {n}) and the layout's "
@@ -211,7 +217,14 @@ def role_hint(
         "mlp.moe.layer_frequency",
         "mlp.moe.dense_layers",
     ]
-    if role in ("router", *EXPERT_ROLES, "gate_proj", "up_proj", "down_proj"):
+    if role in (
+        "router",
+        *EXPERT_ROLES,
+        *STACKED_EXPERT_ROLES,
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ):
         return (
             "the checkpoint's dense and MoE layers differ from the spec's: check "
             + ", ".join(placement)
@@ -336,6 +349,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "expert_gate_proj": (ei, h),
             "expert_up_proj": (ei, h),
             "expert_down_proj": (h, ei),
+            "experts_gate_up_proj": (ne, (f"2 × {ei[0]}", 2 * ei[1]), h),
+            "experts_down_proj": (ne, h, ei),
             "shared_expert_gate": (("1", 1), h),
         }
         if moe.num_shared_experts:
@@ -348,10 +363,11 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             table |= {
                 "shared_gate_proj": (si, h),
                 "shared_up_proj": (si, h),
+                "shared_gate_up_proj": ((f"2 × {si[0]}", 2 * si[1]), h),
                 "shared_down_proj": (h, si),
             }
-    if moe is not None and role == "stacked_experts":
-        return _stacked_dims(h, ne, ei, param)
+    if moe is not None and role in STACKED_EXPERT_ROLES and param != "weight":
+        return _gpt_oss_dims(h, ne, ei, param)
     dims = table.get(role or "")
     if dims is None:
         return None
@@ -360,17 +376,18 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
     return list(dims)
 
 
-def _stacked_dims(
+def _gpt_oss_dims(
     h: tuple[str, int], ne: tuple[str, int], ei: tuple[str, int], param: str
 ) -> list[tuple[str, int]] | None:
-    """The dims of a stacked_experts module's parameters (gpt-oss)."""
+    """The dims of the parameters of stacked experts stored as gpt-oss does
+    (checkpoint.experts_format), by parameter: both roles are one module."""
     both = (f"2 × {ei[0]}", 2 * ei[1])
-    p = STACKED_EXPERT_PARAMS
+    gate_up, down = "experts_gate_up_proj", "experts_down_proj"
     return {
-        p["gate_up"]: [ne, h, both],
-        p["gate_up_bias"]: [ne, both],
-        p["down"]: [ne, ei, h],
-        p["down_bias"]: [ne, h],
+        gpt_oss_param(gate_up): [ne, h, both],
+        gpt_oss_param(gate_up, bias=True): [ne, both],
+        gpt_oss_param(down): [ne, ei, h],
+        gpt_oss_param(down, bias=True): [ne, h],
     }.get(param)
 
 
@@ -401,6 +418,10 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),
     "partial_rotary_factor": ("attention.partial_rotary_factor",),
+    "attention_multiplier": ("attention.softmax_scale",),
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),
     "rope_parameters": ("rope",),
     "rope_interleave": ("rope.interleaved",),
     "sliding_window": ("attention.sliding_window",),

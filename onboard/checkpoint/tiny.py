@@ -19,7 +19,8 @@ With tied embeddings the head *is* the embedding, and scaling it would make the
 embedding dominate the residual stream: the model would mostly predict its input
 token, whatever the blocks compute (measured on a tied Qwen3: median margin 127).
 There the embedding stays at 0.02 and the norms in front of the head (the final
-norm, MTP ``shared_head.norm``) carry the scale instead.
+norm, MTP ``shared_head.norm``) carry the scale instead. A spec whose logits are
+divided by ``logits_scaling`` (Granite) gets that factor on the scale as well.
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 
 
 def init_tensor(
-    plan: TensorPlan, seed: int, hidden_size: int, done: dict[str, np.ndarray]
+    plan: TensorPlan,
+    seed: int,
+    hidden_size: int,
+    done: dict[str, np.ndarray],
+    logits_scaling: float = 1.0,
 ) -> np.ndarray:
+    logit_std = LOGIT_STD * logits_scaling  # before the division by logits_scaling
     if plan.init == "ones":
         return np.ones(plan.shape, dtype=np.float32)
     if plan.init == "head_norm":  # tied embeddings: the scale sits before the head
-        scale = LOGIT_STD / (WEIGHT_STD * math.sqrt(hidden_size))
+        scale = logit_std / (WEIGHT_STD * math.sqrt(hidden_size))
         return np.full(plan.shape, scale, dtype=np.float32)
     if plan.init.startswith("copy:"):
         return done[plan.init.removeprefix("copy:")]
@@ -75,7 +81,7 @@ def init_tensor(
         "bias": BIAS_STD,
         "router_bias": ROUTER_BIAS_STD,
         "sinks": SINK_STD,
-        "head": LOGIT_STD / math.sqrt(hidden_size),
+        "head": logit_std / math.sqrt(hidden_size),
     }[plan.init]
     return _rng(seed, plan.name).standard_normal(plan.shape, dtype=np.float32) * std
 
@@ -86,7 +92,9 @@ def make_tensors(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
     for plan in plan_tensors(spec):
         if plan.name in done:
             raise AssertionError(f"two roles map to the tensor name {plan.name}")
-        done[plan.name] = init_tensor(plan, seed, spec.hidden_size, done)
+        done[plan.name] = init_tensor(
+            plan, seed, spec.hidden_size, done, spec.logits_scaling
+        )
     return done
 
 

@@ -24,8 +24,10 @@ from onboard.spec.layouts import (
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
+    STACKED_EXPERT_ROLES,
 )
 from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.module_tree import gpt_oss_experts
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.templating import py_str
 
@@ -95,6 +97,21 @@ def _vllm_moe_paths(
     they fit vLLM's structure (``block_sparse_moe``, Mixtral's ``w1/w2/w3``, Qwen's
     ``shared_expert``), as vLLM's hand-written models do: then neither weights nor
     quantization configs need renaming. Roles that do not fit are renamed."""
+    dense_block = _vllm_dense_block(spec) if has_dense else None
+    if "experts" in spec.checkpoint.fused:
+        return _vllm_stacked_moe_paths(spec, dense_block)
+    paths = _vllm_split_moe_paths(spec, dense_block, has_shared, has_shared_gate)
+    # A shared expert's gate and up stored as one tensor load whole into its
+    # gate_up_proj (vLLM's merged linear splits a tensor fused on disk).
+    shared = paths["shared_gate_proj"].rsplit(".", 1)[0]
+    paths["shared_gate_up_proj"] = f"{shared}.gate_up_proj"
+    return paths
+
+
+def _vllm_split_moe_paths(
+    spec: ModelSpec, dense_block: str | None, has_shared: bool, has_shared_gate: bool
+) -> dict[str, str]:
+    """_vllm_moe_paths for experts stored one tensor per projection and expert."""
     paths = {
         role: CANONICAL[role]
         for role in (
@@ -104,11 +121,8 @@ def _vllm_moe_paths(
             "shared_expert_gate",
         )
     }
-    dense_block = _vllm_dense_block(spec) if has_dense else None
     router = _layer_rel(spec.tensor_path("router")) or ""
     parts = router.split(".")
-    if spec.checkpoint.stacked_experts:
-        return _vllm_stacked_moe_paths(parts, dense_block)
     if len(parts) != 2:
         return paths
     block, gate = parts
@@ -172,23 +186,60 @@ def _vllm_moe_paths(
     return paths
 
 
-def _vllm_stacked_moe_paths(
-    router: list[str], dense_block: str | None
-) -> dict[str, str]:
-    """Module paths of stacked experts' roles, as vLLM's gpt_oss.py has them: the
-    checkpoint's MoE block and router names where they fit (gpt-oss's
-    ``mlp.router``), the stacked experts as that block's fused MoE layer,
-    ``experts``."""
-    block, gate = "mlp", "gate"
+def _vllm_stacked_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[str, str]:
+    """Module paths for the MoE roles of stacked experts, as vLLM's granitemoe.py
+    and gpt_oss.py have them: the checkpoint's MoE block name where the stacked
+    experts and the router share one (``block_sparse_moe``, ``mlp``), its router
+    under the checkpoint's name where it sits on the block (gpt-oss's ``router``)
+    and as ``gate`` otherwise, the stacked tensors as the fused MoE layer's
+    ``experts.gate_up_proj`` / ``down_proj`` (which it splits into each expert's
+    w1 / w3 and w2; experts_format gpt_oss: the ``experts`` module, whose
+    parameters keep their names), and the shared expert as the block's
+    ``shared_experts`` (vLLM's fused MoE layer runs it)."""
+    rels = [
+        (_layer_rel(spec.tensor_path(role)) or "").split(".")
+        for role in ("router", *STACKED_EXPERT_ROLES)
+    ]
+    blocks = {parts[0] for parts in rels}
+    block = blocks.pop() if len(blocks) == 1 else "mlp"
+    if (
+        not block.isidentifier()
+        or block in LAYER_ATTRIBUTES
+        or (dense_block is not None and block != dense_block)
+        or any(len(parts) < 2 for parts in rels)
+    ):
+        block = "mlp"
+    base = f"model.layers.{{layer}}.{block}"
+    router = rels[0]
+    gate = "gate"
     if (
         len(router) == 2
-        and router[0] not in LAYER_ATTRIBUTES
-        and (dense_block is None or router[0] == dense_block)
-        and router[1] != "experts"
+        and router[0] == block
+        and router[1].isidentifier()
+        and router[1] not in ("experts", "shared_experts", "shared_expert_gate")
     ):
-        block, gate = router
-    base = f"model.layers.{{layer}}.{block}"
-    return {"router": f"{base}.{gate}", "stacked_experts": f"{base}.experts"}
+        gate = router[1]
+    paths = {
+        "router": f"{base}.{gate}",
+        "experts_gate_up_proj": f"{base}.experts.gate_up_proj",
+        "experts_down_proj": f"{base}.experts.down_proj",
+        "shared_expert_gate": f"{base}.shared_expert_gate",
+    }
+    if gpt_oss_experts(spec):
+        paths |= dict.fromkeys(STACKED_EXPERT_ROLES, f"{base}.experts")
+    for role, leaf in (
+        ("shared_gate_proj", "gate_proj"),
+        ("shared_up_proj", "up_proj"),
+        ("shared_gate_up_proj", "gate_up_proj"),
+        ("shared_down_proj", "down_proj"),
+    ):
+        paths[role] = f"{base}.shared_experts.{leaf}"
+    # Each expert's name in the fused MoE layer (quantization configs name them).
+    for role, leaf in zip(
+        ROUTED_EXPERT_ROLES, ("gate_proj", "up_proj", "down_proj"), strict=True
+    ):
+        paths[role] = f"{base}.experts.{{expert}}.{leaf}"
+    return paths
 
 
 def _dense_roles(spec: ModelSpec) -> tuple[str, ...]:
@@ -255,6 +306,7 @@ def _rename(role: str, source: str, target: str) -> Rename:
 def _renames(
     spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
 ) -> list[Rename]:
+    gpt_oss_module = "experts_gate_up_proj" if gpt_oss_experts(spec) else None
     out = [
         _rename(
             role,
@@ -263,7 +315,17 @@ def _renames(
         )
         for role in roles
         if spec.tensor_path(role) != vllm_paths[role]
+        # gpt-oss's stacked experts: one module, renamed once (its parameters
+        # keep their names).
+        and (role not in STACKED_EXPERT_ROLES or role == gpt_oss_module)
     ]
+    for role in STACKED_EXPERT_ROLES:
+        if role in roles and gpt_oss_module is None:
+            # The fused MoE layer takes a stacked tensor by its own name, without
+            # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
+            rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
+            rename.pattern = rename.pattern.removesuffix("(?=\\.|$)") + r"\.weight$"
+            out.append(rename)
     # Renames run one after another: none may match a path another one produced
     # (e.g. two roles swapping names).
     for a in out:
@@ -371,7 +433,6 @@ def build_context(
         has_dense=has_dense,
         shared=bool(has_moe and spec.mlp.moe and spec.mlp.moe.num_shared_experts),
         shared_gate=bool(has_moe and spec.mlp.moe and spec.mlp.moe.shared_expert_gate),
-        stacked=spec.checkpoint.stacked_experts,
     )
     # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
@@ -460,8 +521,11 @@ def build_context(
         # ones, a parallel block's MLP reduced with attention.
         "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
-        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only).
-        "fused_residual": norms.kind == "rmsnorm" and norms.placement == "pre",
+        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only,
+        # and no multiplier on the sublayers' outputs: as vLLM's granite.py).
+        "fused_residual": norms.kind == "rmsnorm"
+        and norms.placement == "pre"
+        and cfg["residual_multiplier"] is None,
         "act_layer": act_layer,
         "moe_act": moe_act,
         "has_dense": has_dense,
@@ -546,6 +610,7 @@ def _model_config_keys(
     cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
+    cfg.update(f.multipliers())
     return cfg
 
 
@@ -628,7 +693,8 @@ def _moe_context(
         cfg["swiglu_alpha"] = f.need("swiglu_alpha", moe.swiglu_alpha)
         cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
     return {
-        "stacked": spec.checkpoint.stacked_experts,
+        # Stacked as gpt-oss stores them: its MoE block loads them itself.
+        "gpt_oss_experts": gpt_oss_experts(spec),
         "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
         "one_group": one_group,
@@ -699,17 +765,19 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles.append("sinks")
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
-    if mlp.loads_moe and spec.checkpoint.stacked_experts:
-        roles += ["router", "stacked_experts"]
-    elif mlp.loads_moe:
-        roles += ["router", "expert_gate_proj", "expert_up_proj", "expert_down_proj"]
+    if mlp.loads_moe:
+        stacked = "experts" in spec.checkpoint.fused
+        roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
         moe = spec.mlp.moe
         if moe is not None and moe.router.bias_correction:
             # On the router's module it moves with the router's rename.
             if _router_bias_at(spec) != "router":
                 roles.append("router_bias")
         if mlp.shared:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            if "shared_gate_up_proj" in spec.checkpoint.fused:
+                roles += ["shared_gate_up_proj", "shared_down_proj"]
+            else:
+                roles += list(SHARED_EXPERT_ROLES)
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
     if mtp:
@@ -726,17 +794,14 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
     names: dict[str, Any] = {}
     if mlp.has_dense:
         names["mlp"] = rel("down_proj")[0]
-    if mlp.has_moe and mlp.stacked:
-        names["mlp"] = rel("router")[0]
-        names["router"] = rel("router")[1]
-    elif mlp.has_moe:
+    if mlp.has_moe:
         names["mlp"] = rel("router")[0]
         names["router"] = rel("router")[1]
         names["ckpt_names"] = tuple(
             rel(role)[-1]
             for role in ("expert_gate_proj", "expert_down_proj", "expert_up_proj")
         )
-        names["shared"] = rel("shared_gate_proj")[1]
+        names["shared"] = rel("shared_down_proj")[1]
         names["shared_gate"] = rel("shared_expert_gate")[1]
     return names
 
@@ -768,7 +833,8 @@ def _stacked_params(
     gate_up_blocks = []
     if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
-    if mlp.loads_moe and mlp.shared:
+    if mlp.loads_moe and mlp.shared and "shared_gate_up_proj" not in fused:
+        # (A fused shared expert's checkpoint tensor is its gate_up_proj already.)
         gate_up_blocks.append(names["shared"])
     for block in gate_up_blocks:
         stacked += [
@@ -962,8 +1028,12 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             "Parallel blocks: attention and the MLP read the same normalised input "
             "and both add to the residual."
         )
-    parts = {"qkv_proj": "q, k and v", "gate_up_proj": "gate and up"}
-    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused]
+    parts = {
+        "qkv_proj": "q, k and v",
+        "gate_up_proj": "gate and up",
+        "shared_gate_up_proj": "the shared expert's gate and up",
+    }
+    fused = [f"{parts[r]} ({r})" for r in spec.checkpoint.fused if r in parts]
     if fused:
         items.append(
             f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
@@ -973,6 +1043,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    read = [concept for concept, key in arch.config.multipliers().items() if key]
+    if read:
+        items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
+    # Stacked (gpt-oss's own storage: the MoE block's docstring says it).
+    if "experts" in spec.checkpoint.fused and not gpt_oss_experts(spec):
+        items.append(
+            "The checkpoint stores each layer's experts stacked (gate and up in one "
+            "tensor), as the fused MoE layer holds them."
+        )
     if spec.mtp is not None:
         items.append(
             f"{_heads(spec.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "

@@ -56,6 +56,10 @@ GROUPS: dict[str, tuple[str, str]] = {
     "expert_gate_proj": ("routed experts", SHARD_EXPERTS),
     "expert_up_proj": ("routed experts", SHARD_EXPERTS),
     "expert_down_proj": ("routed experts", SHARD_EXPERTS),
+    # checkpoint.fused: experts stacked (kept in 16 bits by quantization).
+    "experts_gate_up_proj": ("routed experts", SHARD_EXPERTS),
+    "experts_down_proj": ("routed experts", SHARD_EXPERTS),
+    "shared_gate_up_proj": ("shared experts", SHARD_TP),
     "shared_gate_proj": ("shared experts", SHARD_TP),
     "shared_up_proj": ("shared experts", SHARD_TP),
     "shared_down_proj": ("shared experts", SHARD_TP),

@@ -113,8 +113,14 @@ def _materialize(
     state = {}
     for name, p in list(module.named_parameters()) + list(module.named_buffers()):
         full = f"{prefix}.{name}"
+        fused = arch.moe is not None and arch.moe.stacked and p.ndim == 3
         if reader.has(full):
             state[name] = reader.get(full).to(p.dtype)
+        elif fused and name.endswith(("gate_up_proj", "down_proj")):
+            # The checkpoint's stacked experts (checkpoint.fused: experts).
+            role = "experts_gate_up_proj" if "gate_up" in name else "experts_down_proj"
+            stacked = arch.tensors.checkpoint_name(role, layer) + ".weight"
+            state[name] = reader.get(stacked).to(p.dtype)
         elif name.endswith("gate_up_proj") and p.ndim == 3:
             state[name] = torch.stack(
                 [
@@ -224,7 +230,8 @@ def calibrate(
         for h in hooks:
             h.remove()
         for experts, xs in moe_inputs.items():
-            _expert_stats(experts, torch.cat(xs), arch, i, config, stats)
+            if not (arch.moe and arch.moe.stacked):  # stacked experts stay 16-bit
+                _expert_stats(experts, torch.cat(xs), arch, i, config, stats)
         layer.to_empty(device="meta")
 
     missing = sorted(m for m in wanted if m not in stats)
@@ -350,8 +357,9 @@ def _attach_generated(model, arch: ArchPlan, wanted: set[str], stats: dict) -> l
     for name, module in modules.items():
         if isinstance(module, torch.nn.Linear) and name in wanted:
             hooks.append(module.register_forward_pre_hook(record(name)))
-    # The experts' ModuleList sits where the spec's layout puts routed experts.
-    if arch.has_moe:
+    # The experts' ModuleList sits where the spec's layout puts routed experts
+    # (stacked experts stay 16-bit: nothing to calibrate).
+    if arch.has_moe and not (arch.moe and arch.moe.stacked):
         experts_path = arch.tensors.checkpoint["expert_gate_proj"].split(".{expert}")[0]
         pattern = re.compile(re.escape(experts_path).replace(r"\{layer\}", r"\d+"))
         for name, module in modules.items():

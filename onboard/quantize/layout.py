@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from onboard.arch import build_plan
 from onboard.errors import InputError
-from onboard.spec.layouts import LAYOUT_PRESETS, LINEAR_ROLES, ROLES, role_path
+from onboard.spec.layouts import (
+    LAYOUT_PRESETS,
+    LINEAR_ROLES,
+    ROLES,
+    STACKED_EXPERT_ROLES,
+    role_path,
+)
 
 # Spellings of the decoder depth in config.json (transformers' attribute maps).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -76,9 +82,11 @@ def detect_layout(
 ) -> TensorLayout:
     """The layout of a checkpoint without a spec, from config.json and its names.
 
-    Every preset is tried; the one whose roles explain the most Linear weights of
-    the decoder wins (the first in LAYOUT_PRESETS' order on a tie: presets that
-    tie explain the same tensors the same way).
+    Every preset is tried; the one whose roles explain the most weights of the
+    decoder's projections wins (Linear ones, and stacked experts), then the one
+    that explains the most weights of any role (a router, a norm); the first in
+    LAYOUT_PRESETS' order on a tie: presets that tie explain the same tensors the
+    same way.
     """
     layers = next((config[k] for k in LAYER_COUNT_KEYS if k in config), None)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
@@ -91,12 +99,17 @@ def detect_layout(
     modules = [
         name.rpartition(".")[0] for name in tensor_names if name.endswith(".weight")
     ]
-    best, best_count = None, 0
+    projections = set(LINEAR_ROLES + STACKED_EXPERT_ROLES)
+    best, best_count = None, (0, 0)
     for name in LAYOUT_PRESETS:
         candidate = TensorLayout(name, layers, kv_sharing=kv_sharing, source=source)
         patterns = candidate.role_patterns()
-        count = sum(match_role(patterns, m)[0] in LINEAR_ROLES for m in modules)
-        if count > best_count:
+        roles = [match_role(patterns, m)[0] for m in modules]
+        count = (
+            sum(role in projections for role in roles),
+            sum(role is not None for role in roles),
+        )
+        if count[0] and count > best_count:
             best, best_count = candidate, count
     if best is None:
         raise InputError(

@@ -28,7 +28,13 @@ from onboard.quantize import st_io
 from onboard.quantize.kernels import output_tensors
 from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
-from onboard.spec.layouts import LINEAR_ROLES, ROLES
+from onboard.spec.layouts import (
+    FUSED_ROLES,
+    LINEAR_ROLES,
+    ROLES,
+    STACKED_EXPERT_PARAMS,
+    STACKED_EXPERT_ROLES,
+)
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
@@ -42,6 +48,9 @@ KEPT_LINEAR_ROLES = (
     "mtp_eh_proj",
     "mtp_head",
 )
+
+# Why stacked experts (checkpoint.fused: experts) are copied unchanged.
+STACKED_EXPERTS_KEPT = "stacked experts (3-D), kept in 16 bits"
 
 # Projections vLLM loads as one fused layer; NVFP4 needs one global scale for each
 # such set (vLLM's qkv_proj, gate_up_proj / w13, and MLA's fused_qkv_a_proj).
@@ -215,11 +224,11 @@ def make_plan(
             why = None
             if role is None:
                 why = "no role of the spec's layout"
-            elif role == "stacked_experts":
+            elif role in STACKED_EXPERT_ROLES:
                 # Every expert of a layer in one 3-D tensor: copied unchanged
                 # (the compressed-tensors format quantizes per Linear module),
                 # and each expert listed in `ignore` (below).
-                why = "stacked experts (3-D), kept in 16 bits"
+                why = STACKED_EXPERTS_KEPT
             elif role not in LINEAR_ROLES:
                 why = f"role {role}"
             elif not linear:
@@ -243,8 +252,9 @@ def make_plan(
                 ):
                     if role != "embed":
                         ignore.add(module)
-                if role == "stacked_experts" and param == "gate_up_proj":
-                    ignore.update(stacked_expert_modules(module, t.shape[0]))
+                if role in STACKED_EXPERT_ROLES and len(t.shape) == 3:
+                    experts = stacked_expert_modules(module, role, param, t.shape[0])
+                    ignore.update(experts)
                 continue
             _check_quantizable(t, shard, scheme, role)
             fused_key = None
@@ -291,13 +301,24 @@ def make_plan(
     )
 
 
-def stacked_expert_modules(module: str, experts: int) -> list[str]:
+def stacked_expert_modules(
+    module: str, role: str, param: str, experts: int
+) -> list[str]:
     """The Linear names vLLM's fused MoE layer looks up in a quantization config
-    for stacked experts (``<block>.experts``, gpt-oss): ``<block>.experts.<e>.
-    gate_proj`` / ``up_proj`` / ``down_proj``; all of them ignored, it builds the
-    layer unquantized."""
-    leaves = ("gate_proj", "up_proj", "down_proj")
-    return [f"{module}.{e}.{leaf}" for e in range(experts) for leaf in leaves]
+    for the experts of a stacked tensor: it loads ``<block>.input_linear`` into
+    ``<block>.experts`` (vLLM's granitemoe.py, and onboard's generated models;
+    gpt-oss's ``<block>.experts`` holds ``gate_up_proj`` and ``down_proj``
+    itself) and asks for ``<block>.experts.<e>.gate_proj`` / ``up_proj`` /
+    ``down_proj``; all of them ignored, it builds the layer unquantized."""
+    block = module.rpartition(".")[0]
+    # Granite: the role's own module; gpt-oss: one module, the parameter says.
+    gate_up = (
+        role == "experts_gate_up_proj"
+        if param == "weight"
+        else param == STACKED_EXPERT_PARAMS["experts_gate_up_proj"]
+    )
+    leaves = ("gate_proj", "up_proj") if gate_up else ("down_proj",)
+    return [f"{block}.experts.{e}.{leaf}" for e in range(experts) for leaf in leaves]
 
 
 def _block_warnings(
@@ -330,10 +351,10 @@ def _block_warnings(
 
 def _fused_parts(role: str, rows: int, config: dict) -> list[tuple[str, int]]:
     """The members of a projection stored as one tensor (checkpoint.fused) whose
-    rows must be whole blocks: gate (gate_up_proj), q and k (qkv_proj, sized from
-    config.json's heads and head_dim)."""
-    if role == "gate_up_proj":
-        return [("gate_proj", rows // 2)]
+    rows must be whole blocks: gate (gate_up_proj, shared_gate_up_proj), q and k
+    (qkv_proj, sized from config.json's heads and head_dim)."""
+    if role in ("gate_up_proj", "shared_gate_up_proj"):
+        return [(FUSED_ROLES[role][0], rows // 2)]
     if role != "qkv_proj":
         return []
     heads, kv_heads = (

@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names, router_bias_at
+from onboard.spec.module_tree import gpt_oss_experts, module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -93,6 +93,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
+        # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
+        "shared_on_layer": names.get("shared_parent") == "layer",
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         **_moe_flags(spec, keys),
@@ -105,6 +107,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "heads": keys.need("num_attention_heads"),
         "rope": keys.need("rope_parameters"),
     }
+    c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
     c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
@@ -230,7 +233,10 @@ def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
         "bias_2d": spec.checkpoint.router_bias_2d,
         "grouped": _grouped(spec, keys),
         "router_linear_bias": moe is not None and moe.router.bias,
-        "stacked": spec.checkpoint.stacked_experts,
+        # checkpoint.fused: experts, the routed experts stacked in two tensors;
+        # as gpt-oss stores them, one module of its own (experts_format).
+        "stacked": moe is not None and "experts" in spec.checkpoint.fused,
+        "gpt_oss_experts": gpt_oss_experts(spec),
         "expert_bias": moe is not None and moe.expert_bias,
         "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
         "scoring": moe.router.scoring if moe else None,
@@ -293,11 +299,13 @@ def _moe_keys(
 def _mlp_classes(
     names: dict[str, str], f: dict[str, Any]
 ) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """One gated-MLP class per distinct (gate, up, down) naming."""
+    """One gated-MLP class per distinct (gate, up, down) naming. Stacked routed
+    experts (checkpoint.fused: experts) have no class of their own: the MoE block
+    holds their tensors."""
     groups = []
     if f["dense"]:
         groups.append(("dense", "MLP", "", "dense layers"))
-    if f["moe"] and not f["stacked"]:  # stacked experts have a class of their own
+    if f["moe"] and not f["stacked"]:
         groups.append(("expert", "ExpertMLP", "expert_", "routed experts"))
     if f["shared"]:
         groups.append(("shared", "SharedExpertMLP", "shared_", "shared experts"))
@@ -494,16 +502,24 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     parts.append("layernorm without bias" if bare else spec.norm.type)
     if f["parallel_norm"]:
         parts.append("parallel attention and MLP")
-    if spec.checkpoint.fused:
-        joined = " and ".join(
-            {"qkv_proj": "q/k/v", "gate_up_proj": "gate/up"}[r]
-            for r in spec.checkpoint.fused
-        )
-        parts.append(f"{joined} stored as one tensor each")
+    names = {
+        "qkv_proj": "q/k/v",
+        "gate_up_proj": "gate/up",
+        "shared_gate_up_proj": "the shared expert's gate/up",
+    }
+    fused = [names[r] for r in spec.checkpoint.fused if r in names]
+    if fused:
+        parts.append(f"{' and '.join(fused)} stored as one tensor each")
+    if f["gpt_oss_experts"]:
+        parts.append("each layer's experts stacked in one module (gpt-oss)")
+    elif f["stacked"]:
+        parts.append("each layer's experts stacked in two tensors")
     if spec.logit_scale != 1.0:
         parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
+    if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
+        parts.append("scaled embeddings and residual branches (Granite)")
     if f["mtp"]:
         assert spec.mtp is not None
         n = spec.mtp.num_heads
@@ -565,7 +581,7 @@ def _and(items: list[str]) -> str:
 
 def _moe_doc(f: dict[str, Any]) -> str:
     doc = "Routed experts"
-    if f["stacked"]:
+    if f["gpt_oss_experts"]:
         doc += " (stacked in one module)"
     if f["shared_gate"]:
         doc += " plus shared experts behind a sigmoid gate"
@@ -575,7 +591,7 @@ def _moe_doc(f: dict[str, Any]) -> str:
 
 
 def _stacked_doc(f: dict[str, Any]) -> str:
-    if not f["stacked"]:
+    if not f["gpt_oss_experts"]:
         return ""
     doc = (
         "Every routed expert of a layer, stacked, input dim first (gpt-oss): "

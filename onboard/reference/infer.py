@@ -38,9 +38,10 @@ from onboard.spec.hf import (
     spec_from_hf_config,
     unstated_concepts,
 )
-from onboard.spec.layouts import FUSED_ROLES, LAYOUT_PRESETS, PARAM_ROLES, preset_roles
+from onboard.spec.layouts import FUSED_FORMS, LAYOUT_PRESETS, PARAM_ROLES, preset_roles
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import has_dense_mlp, used_roles
+from onboard.spec.rules import check_rules
 
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
@@ -143,6 +144,11 @@ def _fused_moves(spec: ModelSpec) -> list[str]:
         moves.append("qkv_proj")
     if has_dense_mlp(spec):
         moves.append("gate_up_proj")
+    moe = spec.mlp.moe
+    if moe is not None:
+        if moe.num_shared_experts:
+            moves.append("shared_gate_up_proj")
+        moves.append("experts")  # stacked
     return moves
 
 
@@ -167,6 +173,8 @@ def _search(
             data = spec.model_dump(mode="json")
             data["checkpoint"].update(layout=layout, fused=list(fused))
             spec = ModelSpec.model_validate(data)
+            if check_rules(spec):  # e.g. gpt-oss's experts_format, unstacked
+                return None
         return renamed(spec, family)
 
     visible = [c for c in concepts if c in VISIBLE]
@@ -188,7 +196,7 @@ def _search(
                 trial_ckpt = (value, ckpt[1])
             elif concept == "fused":  # stored fused, or apart
                 fused = set(ckpt[1]) ^ {value}
-                trial_ckpt = (ckpt[0], tuple(r for r in FUSED_ROLES if r in fused))
+                trial_ckpt = (ckpt[0], tuple(r for r in FUSED_FORMS if r in fused))
             elif facts[concept] == value:
                 continue
             else:

@@ -75,9 +75,12 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   keeping at least top-k experts); shared-expert options need a shared expert.
 - gpt-oss's experts: `swiglu_alpha` and `swiglu_limit` together, at 1.702 and 7.0
   (vLLM's swigluoai kernel fixes them); the clamped SwiGLU and `expert_bias` need
-  `checkpoint.stacked_experts` (swigluoai reads gate and up interleaved, as the
-  stacked tensors hold them), which needs the clamped SwiGLU, and no shared
-  experts, MTP heads, bias correction or expert groups (not generated).
+  the experts stacked as gpt-oss stores them (`checkpoint.fused: [experts]`,
+  `checkpoint.experts_format: gpt_oss`; swigluoai reads gate and up interleaved,
+  as those tensors hold them), which needs the clamped SwiGLU, and no shared
+  experts, MTP heads, bias correction or expert groups (not generated); both
+  stacked roles name one module there. `experts_format` other than `linear` needs
+  `experts` in `checkpoint.fused`.
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
@@ -222,9 +225,9 @@ def _layouts_table() -> str:
         "EXAONE-MoE) or a module of its own (`model.layers.{layer}.mlp.moe_statics`,",
         "ERNIE-4.5-MoE, with `checkpoint.router_bias_2d` for its [1, num_experts]).",
         "`sinks` is the attention module, which holds the `.sinks` parameter",
-        "(`attention.sinks`); `stacked_experts` is the module of stacked experts",
-        "(`checkpoint.stacked_experts`), whose tensors are `.gate_up_proj`,",
-        "`.down_proj` and their `_bias`. MTP head `i` uses layer",
+        "(`attention.sinks`). With `checkpoint.experts_format: gpt_oss` both stacked",
+        "roles are the one module of stacked experts, whose tensors are",
+        "`.gate_up_proj`, `.down_proj` and their `_bias`. MTP head `i` uses layer",
         "`num_hidden_layers + i`, with a full decoder block under the same layer",
         "prefix.",
         "",

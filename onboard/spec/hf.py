@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import MULTIPLIERS, ModelSpec
 from onboard.spec.rules import check_rules
 
 # ---- the alias table -----------------------------------------------------------
@@ -51,6 +51,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "layer_norm_eps": ("layer_norm_eps",),
     "norm_placement": ("norm_placement",),
     "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
+    # Granite's multipliers (HyperCLOVAX's keys too)
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),  # the logits are divided by it
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -63,6 +67,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
+    "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
@@ -99,7 +104,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_shared_experts",
         "moe_num_shared_experts",
     ),
-    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
+    "shared_expert_intermediate_size": (
+        "shared_expert_intermediate_size",
+        "shared_intermediate_size",  # Granite-MoE-Shared (0: none)
+    ),
     "shared_expert_gate": ("shared_expert_gate",),
     "first_k_dense_replace": ("first_k_dense_replace", "moe_layer_start_index"),
     # MoE when (i + 1) % N == 0
@@ -165,8 +173,6 @@ REQUIRED = object()  # marker: a concept the config must state
 NOPE_WHEN_SLIDING = "nope_when_sliding"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
-# A family fact of its checkpoints: the experts stacked in one module (gpt-oss).
-STACKED_EXPERTS = "stacked_experts"
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ class Family:
     facts: dict[str, Any] = field(default_factory=dict)
     # Alias keys vLLM's in-tree model reads although transformers' class does not.
     vllm_keys: tuple[str, ...] = ()
+    # How its checkpoints store tensors, beyond the layout (spec `checkpoint`).
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
 
 # Families whose hard-coded facts are known. Another model type transformers knows
@@ -223,14 +231,28 @@ FAMILIES: dict[str, Family] = {
             "moe_expert_bias": True,
             "scoring_func": "softmax",
             "norm_topk_prob": True,
-            STACKED_EXPERTS: True,
         },
+        checkpoint={"fused": ["experts"], "experts_format": "gpt_oss"},
     ),
     # Post-norm blocks with per-head q/k norms. With a sliding window its
     # full-attention layers skip rope (NoPE).
     "exaone4": Family(
         "llama",
         {"qk_norm": True, "norm_placement": "post", NOPE_WHEN_SLIDING: True},
+    ),
+    # Llama blocks with four multipliers, all config keys.
+    "granite": Family("llama"),
+    # Mixtral's MoE with the router one module down, the experts saved fused; the
+    # router takes the softmax of the top-k logits (renormalised top-k).
+    "granitemoe": Family(
+        "granite", {"norm_topk_prob": True}, checkpoint={"fused": ["experts"]}
+    ),
+    # ... and a shared expert beside the MoE block (shared_intermediate_size),
+    # its gate and up in one tensor.
+    "granitemoeshared": Family(
+        "granite",
+        {"norm_topk_prob": True},
+        checkpoint={"fused": ["shared_gate_up_proj", "experts"]},
     ),
 }
 
@@ -295,6 +317,7 @@ _HF_CARRIED = (
     "tie_word_embeddings",
     "logit_scale",
     "activation",
+    *MULTIPLIERS,
     "norm",
     "attention",
     "rope",
@@ -526,6 +549,8 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
     spec["activation"] = act
+    for concept in MULTIPLIERS:
+        spec[concept] = _factor(r, concept, 1.0)
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
@@ -546,10 +571,33 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     return spec, r
 
 
+def _factor(r: _Reader, concept: str, default: float | None) -> Any:
+    """A multiplier: a positive number (checked by the spec), or the default."""
+    value = r.get(concept, default)
+    if isinstance(value, bool) or not isinstance(value, int | float | type(None)):
+        keys = "/".join(ALIASES[concept])
+        r.bad(f"{keys}={value!r}: must be a number")
+        return default
+    return value
+
+
+def _softmax_scale(r: _Reader, head_dim: Any) -> float | None:
+    """attention_multiplier; None where it is the default 1/sqrt(head_dim)."""
+    scale = _factor(r, "attention_multiplier", None)
+    heads, hidden = r.get("num_attention_heads"), r.get("hidden_size")
+    if not (_is_int(head_dim) and head_dim > 0):
+        ok = _is_int(heads) and _is_int(hidden) and heads > 0
+        head_dim = hidden // heads if ok else None
+    if scale is not None and head_dim and scale == head_dim**-0.5:
+        return None
+    return scale
+
+
 def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     att: dict[str, Any] = {"num_heads": r.get("num_attention_heads", REQUIRED)}
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
+    softmax_scale = _softmax_scale(r, head_dim)
     qk_norm = bool(r.get("qk_norm", False))
     sinks = bool(r.get("attention_sinks", False))
     qk_norm_form = {
@@ -595,6 +643,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             kv_sharing=sharing,
+            softmax_scale=softmax_scale,
             **windows,
         )
         if partial is not None:
@@ -630,6 +679,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_sinks: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
+    if softmax_scale is not None:
+        r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
@@ -1045,20 +1096,36 @@ def spec_from_hf_config(
             f"{source}: cannot map this config to a spec without changing the model:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
-    checkpoint: dict[str, Any] = {"layout": family.layout if family else "llama"}
-    moe = data["mlp"].get("moe")
-    # Where the family does not say, experts with the clamped SwiGLU are stacked:
-    # the one storage vLLM's swigluoai kernel reads (spec rules).
-    if moe and facts.get(STACKED_EXPERTS, moe.get("swiglu_limit") is not None):
-        checkpoint["stacked_experts"] = True
     data = {
         "name": name or model_type.replace("_", "-"),
         "architecture": architectures[0],
         "model_type": model_type,
         **data,
-        "checkpoint": checkpoint,
+        "checkpoint": _family_checkpoint(family, data),
     }
     return _validated(data, source)
+
+
+def _family_checkpoint(family: Family | None, data: dict) -> dict:
+    """The checkpoint section a family implies: its layout preset and how it
+    stores tensors (a shared expert's fused gate and up where it has one; stacked
+    experts, and as gpt-oss stores them where the experts use its clamped
+    SwiGLU)."""
+    moe = (data.get("mlp") or {}).get("moe") or {}
+    out: dict[str, Any] = (
+        {"layout": family.layout, **family.checkpoint}
+        if family is not None
+        else {"layout": "llama"}
+    )
+    if not moe.get("num_shared_experts") and "fused" in out:
+        out["fused"] = [f for f in out["fused"] if f != "shared_gate_up_proj"]
+    if moe.get("swiglu_limit") is not None and "experts_format" not in out:
+        # Where the family does not say, experts with the clamped SwiGLU are
+        # stacked as gpt-oss stores them: the one storage vLLM's swigluoai kernel
+        # reads (spec rules).
+        fused = [f for f in out.get("fused", []) if f != "experts"]
+        out.update(fused=[*fused, "experts"], experts_format="gpt_oss")
+    return out
 
 
 def model_type_of(config: Any, source: str) -> str:
@@ -1163,6 +1230,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         c["norm_bias"] = False
     if spec.logit_scale != 1.0:
         c["logit_scale"] = spec.logit_scale
+    # Granite's multipliers, written where they are not neutral.
+    for concept in MULTIPLIERS:
+        if getattr(spec, concept) != 1.0:
+            c[concept] = getattr(spec, concept)
     rope: dict[str, Any] = {
         "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
         "rope_theta": spec.rope.theta,
@@ -1202,6 +1273,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             rope["partial_rotary_factor"] = att.partial_rotary_factor
+        if att.softmax_scale is not None:
+            c["attention_multiplier"] = att.softmax_scale
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()
@@ -1291,6 +1364,22 @@ def _write_known(
 ) -> dict:
     kwargs: dict[str, Any] = {}
     extras: dict[str, Any] = {}
+    if "attention_multiplier" not in concepts and _key_for(
+        "attention_multiplier", known
+    ):
+        # Granite's class defaults it to 1.0: state the default scale.
+        concepts = {**concepts, "attention_multiplier": spec.head_dim**-0.5}
+    if (
+        spec.mlp.moe is not None
+        and spec.mlp.moe.num_shared_experts
+        and concepts.get("shared_expert_intermediate_size") is None
+    ):
+        # A class without a shared-expert count takes the total width (Granite's
+        # shared_intermediate_size).
+        concepts = {
+            **concepts,
+            "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
+        }
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
@@ -1416,6 +1505,7 @@ def hf_fields(spec: ModelSpec) -> dict:
     att = data["attention"]
     if spec.attention.type == "gqa":
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+        att["softmax_scale"] = att["softmax_scale"] or spec.head_dim**-0.5
     att["layer_types"] = spec.layer_attention_types()
     att.pop("sliding_window_pattern")
     moe = data["mlp"]["moe"]

@@ -61,9 +61,11 @@ _BASE: dict[str, str] = {
     "shared_up_proj": f"{_LAYER}.mlp.shared_experts.up_proj",
     "shared_down_proj": f"{_LAYER}.mlp.shared_experts.down_proj",
     "shared_expert_gate": f"{_LAYER}.mlp.shared_expert_gate",
-    # checkpoint.stacked_experts: every routed expert of a layer in one module
-    # (STACKED_EXPERT_PARAMS)
-    "stacked_experts": f"{_LAYER}.mlp.experts",
+    # checkpoint.fused: the shared expert's gate and up projections as one
+    # tensor; a layer's routed experts as two stacked tensors (`experts`).
+    "shared_gate_up_proj": f"{_LAYER}.mlp.shared_experts.gate_up_proj",
+    "experts_gate_up_proj": f"{_LAYER}.mlp.input_linear",
+    "experts_down_proj": f"{_LAYER}.mlp.output_linear",
     # MTP heads (layer = num_hidden_layers + head index)
     "mtp_enorm": f"{_LAYER}.enorm",
     "mtp_hnorm": f"{_LAYER}.hnorm",
@@ -81,6 +83,7 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "shared_gate_proj": f"{_LAYER}.mlp.shared_expert.gate_proj",
         "shared_up_proj": f"{_LAYER}.mlp.shared_expert.up_proj",
         "shared_down_proj": f"{_LAYER}.mlp.shared_expert.down_proj",
+        "shared_gate_up_proj": f"{_LAYER}.mlp.shared_expert.gate_up_proj",
     },
     "mixtral": {
         **_BASE,
@@ -89,9 +92,33 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w1",
         "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w2",
         "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.w3",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
     },
-    # gpt-oss: the router is mlp.router; its experts are stacked in mlp.experts.
-    "gpt_oss": {**_BASE, "router": f"{_LAYER}.mlp.router"},
+    # Granite-MoE (-Shared): Mixtral's block with the router one module down, the
+    # experts stacked (checkpoint.fused: experts) and the shared expert beside the
+    # MoE block. Per expert, the names vLLM's fused MoE layer gives its experts.
+    "granite": {
+        **_BASE,
+        "router": f"{_LAYER}.block_sparse_moe.router.layer",
+        "expert_gate_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.gate_proj",
+        "expert_up_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.up_proj",
+        "expert_down_proj": f"{_LAYER}.block_sparse_moe.experts.{{expert}}.down_proj",
+        "experts_gate_up_proj": f"{_LAYER}.block_sparse_moe.input_linear",
+        "experts_down_proj": f"{_LAYER}.block_sparse_moe.output_linear",
+        "shared_gate_proj": f"{_LAYER}.shared_mlp.gate_proj",
+        "shared_up_proj": f"{_LAYER}.shared_mlp.up_proj",
+        "shared_gate_up_proj": f"{_LAYER}.shared_mlp.input_linear",
+        "shared_down_proj": f"{_LAYER}.shared_mlp.output_linear",
+    },
+    # gpt-oss: the router is mlp.router; its experts are stacked in one module,
+    # mlp.experts (checkpoint.fused: experts, checkpoint.experts_format: gpt_oss).
+    "gpt_oss": {
+        **_BASE,
+        "router": f"{_LAYER}.mlp.router",
+        "experts_gate_up_proj": f"{_LAYER}.mlp.experts",
+        "experts_down_proj": f"{_LAYER}.mlp.experts",
+    },
 }
 
 ROLES: tuple[str, ...] = tuple(_BASE)
@@ -147,21 +174,34 @@ LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
 FUSED_ROLES: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
+    "shared_gate_up_proj": ("shared_gate_proj", "shared_up_proj"),
+}
+# What checkpoint.fused may list, in the order the spec lists them: the fused
+# roles, and `experts` (STACKED_EXPERT_ROLES).
+FUSED_FORMS = (*FUSED_ROLES, "experts")
+
+# checkpoint.experts_format: gpt_oss. Both stacked roles are one module; each
+# role's weight is the parameter named after it (input dim first, gate and up
+# columns interleaved), its bias (mlp.moe.expert_bias) that name + "_bias".
+STACKED_EXPERT_PARAMS: dict[str, str] = {
+    "experts_gate_up_proj": "gate_up_proj",
+    "experts_down_proj": "down_proj",
 }
 
-# The parameters of a stacked_experts module (gpt-oss), by what they hold: every
-# expert's gate/up projection (input dim first, gate and up columns interleaved),
-# its down projection, and their biases (mlp.moe.expert_bias).
-STACKED_EXPERT_PARAMS = {
-    "gate_up": "gate_up_proj",
-    "gate_up_bias": "gate_up_proj_bias",
-    "down": "down_proj",
-    "down_bias": "down_proj_bias",
-}
+
+def gpt_oss_param(role: str, bias: bool = False) -> str:
+    """The parameter that holds a stacked role's weight (or bias) with
+    checkpoint.experts_format gpt_oss."""
+    name = STACKED_EXPERT_PARAMS[role]
+    return f"{name}_bias" if bias else name
+
 
 # The MLP of one routed expert, and of the shared expert, by role.
 ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")
 SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
+# The same with `experts` in checkpoint.fused: all routed experts of a layer in
+# two stacked 3-D tensors (each expert's gate rows, then its up rows; down).
+STACKED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
 
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
@@ -181,6 +221,7 @@ LINEAR_ROLES: tuple[str, ...] = (
     "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
+    "shared_gate_up_proj",
 )
 
 # Placeholders each role's path must (and may only) contain.

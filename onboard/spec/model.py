@@ -24,6 +24,9 @@ SpecMethod = Literal[
 ]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention"]
+# Granite's whole-model multipliers (spec fields and config.json keys alike);
+# 1.0 leaves the model as it is.
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 # Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
 # in vLLM; counts and widths stop at a few times the largest released model, so a
@@ -200,6 +203,12 @@ class Attention(_Section):
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
     )
+    softmax_scale: float | None = Field(
+        None,
+        gt=0,
+        description="Factor on the q.k scores before the softmax (gqa); null means "
+        "1/sqrt(head_dim). Granite's `attention_multiplier`.",
+    )
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
     )
@@ -286,7 +295,7 @@ class MoE(_Section):
     expert_bias: bool = Field(
         False,
         description="Bias on each routed expert's gate/up and down projections "
-        "(gpt-oss; stored with checkpoint.stacked_experts).",
+        "(gpt-oss; stored with checkpoint.experts_format: gpt_oss).",
     )
     swiglu_alpha: float | None = Field(
         None,
@@ -327,14 +336,24 @@ class MTP(_Section):
 class Checkpoint(_Section):
     """Tensor names (and stored shapes) of the checkpoint."""
 
-    layout: Literal["llama", "deepseek", "qwen", "mixtral", "gpt_oss"] = Field(
-        "llama", description="Preset naming (see docs/spec.md for each role's path)."
+    layout: Literal["llama", "deepseek", "qwen", "mixtral", "granite", "gpt_oss"] = (
+        Field(
+            "llama",
+            description="Preset naming (see docs/spec.md for each role's path).",
+        )
     )
-    fused: list[Literal["qkv_proj", "gate_up_proj"]] = Field(
+    fused: list[
+        Literal["qkv_proj", "gate_up_proj", "shared_gate_up_proj", "experts"]
+    ] = Field(
         default_factory=list,
         description="Projections the checkpoint stores as one tensor: `qkv_proj` "
         "(q, k and v stacked in that order, Phi-3), `gate_up_proj` (the dense "
-        "MLP's gate then up, Phi-3, GLM).",
+        "MLP's gate then up, Phi-3, GLM), `shared_gate_up_proj` (the shared "
+        "expert's gate then up, Granite-MoE-Shared), `experts` (a layer's routed "
+        "experts stacked in two tensors, `experts_gate_up_proj` [experts, 2 x "
+        "width, hidden] with each expert's gate rows then its up rows, and "
+        "`experts_down_proj` [experts, hidden, width]: Granite-MoE; "
+        "checkpoint.experts_format says how the stack is stored).",
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
@@ -346,15 +365,17 @@ class Checkpoint(_Section):
         description="The router's e_score_correction_bias is stored as "
         "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
     )
-    stacked_experts: bool = Field(
-        False,
-        description="A layer's routed experts are one module (role "
-        "`stacked_experts`) of stacked parameters, as gpt-oss stores them: "
-        "`gate_up_proj` [experts, hidden, 2 x width] with each expert's gate and "
-        "up columns interleaved (gate, up, gate, up, ...), `down_proj` [experts, "
-        "width, hidden], and with mlp.moe.expert_bias `gate_up_proj_bias` "
-        "[experts, 2 x width] and `down_proj_bias` [experts, hidden]; instead of "
-        "three Linear modules per expert.",
+    experts_format: Literal["linear", "gpt_oss"] = Field(
+        "linear",
+        description="With `experts` in `fused`, how the stacked experts are "
+        "stored. `linear`: each stack is the `.weight` of its role's module, "
+        "output dim first like a Linear weight (Granite-MoE, above). `gpt_oss`: "
+        "both roles are one module holding parameters named after them, input "
+        "dim first, as gpt-oss stores them: `gate_up_proj` [experts, hidden, 2 x "
+        "width] with each expert's gate and up columns interleaved (gate, up, "
+        "gate, up, ...), `down_proj` [experts, width, hidden], and with "
+        "mlp.moe.expert_bias `gate_up_proj_bias` [experts, 2 x width] and "
+        "`down_proj_bias` [experts, hidden].",
     )
 
 
@@ -410,6 +431,23 @@ class ModelSpec(_Section):
     )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
+    )
+    embedding_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on the token embeddings before the first layer "
+        "(Granite's `embedding_multiplier`).",
+    )
+    residual_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="Factor on each attention and MLP output before its residual "
+        "add (Granite's `residual_multiplier`).",
+    )
+    logits_scaling: float = Field(
+        1.0,
+        gt=0,
+        description="The output logits are divided by it (Granite's `logits_scaling`).",
     )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")

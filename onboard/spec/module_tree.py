@@ -12,7 +12,12 @@ runs it, so a spec that passes has a reference every later stage can write.
 from __future__ import annotations
 
 from onboard.errors import InputError
-from onboard.spec.layouts import LAYER_NORM_ROLES
+from onboard.spec.layouts import (
+    LAYER_NORM_ROLES,
+    ROUTED_EXPERT_ROLES,
+    SHARED_EXPERT_ROLES,
+    STACKED_EXPERT_ROLES,
+)
 from onboard.spec.model import ModelSpec
 
 
@@ -56,14 +61,19 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
-    "stacked_experts": ("moe",),
     **dict.fromkeys(
         ("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
         ("moe", "experts", "{expert}"),
     ),
+    # `experts` in checkpoint.fused: the stacked tensors sit on the MoE block
+    # (experts_format gpt_oss: both roles are one module there).
+    **dict.fromkeys(STACKED_EXPERT_ROLES, ("moe",)),
+    # The shared expert sits in the MoE block, or beside it on the layer
+    # (Granite-MoE-Shared's shared_mlp: module_names reads it from the path).
     **dict.fromkeys(
         ("shared_gate_proj", "shared_up_proj", "shared_down_proj"), ("moe", "shared")
     ),
+    "shared_gate_up_proj": ("moe", "shared"),
     "mtp_enorm": (),
     "mtp_hnorm": (),
     "mtp_eh_proj": (),
@@ -78,7 +88,8 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name", "sinks",
+        "e_score_correction_bias", "config", "lm_head_name", "residual_multiplier",
+        "act_fn", "sinks",
     }
 )  # fmt: skip
 
@@ -130,26 +141,37 @@ def used_roles(spec: ModelSpec) -> list[str]:
         if att.sinks:
             roles.append("sinks")
     moe = spec.mlp.moe
+    fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
         if "gate_up_proj" in spec.checkpoint.fused:
             roles += ["gate_up_proj", "down_proj"]
         else:
             roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
-        roles.append("router")
+        stacked = "experts" in fused
+        roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
         if moe.router.bias_correction:
             roles.append("router_bias")
-        if spec.checkpoint.stacked_experts:
-            roles.append("stacked_experts")
-        else:
-            roles += ["expert_gate_proj", "expert_up_proj", "expert_down_proj"]
         if moe.num_shared_experts:
-            roles += ["shared_gate_proj", "shared_up_proj", "shared_down_proj"]
+            if "shared_gate_up_proj" in fused:
+                roles += ["shared_gate_up_proj", "shared_down_proj"]
+            else:
+                roles += SHARED_EXPERT_ROLES
             if moe.shared_expert_gate:
                 roles.append("shared_expert_gate")
     if spec.mtp is not None:
         roles += ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"]
     return roles
+
+
+def gpt_oss_experts(spec: ModelSpec) -> bool:
+    """The routed experts are stacked as gpt-oss stores them: one module whose
+    parameters are named after the stacked roles (checkpoint.experts_format)."""
+    return (
+        spec.mlp.moe is not None
+        and "experts" in spec.checkpoint.fused
+        and spec.checkpoint.experts_format == "gpt_oss"
+    )
 
 
 def has_dense_mlp(spec: ModelSpec) -> bool:
@@ -163,7 +185,8 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     Keys: every used role (its leaf name), plus the containers ``base`` (the
     ``PreTrainedModel`` base prefix, e.g. ``model``), ``layers``, ``attn``,
-    ``mlp``, ``moe``, ``experts``, ``shared`` and ``shared_head`` where used.
+    ``mlp``, ``moe``, ``experts``, ``shared`` and ``shared_head`` where used, and
+    ``shared_parent``: ``moe`` or ``layer``, where the shared expert sits.
     """
     names: dict[str, str] = {}
     roles = used_roles(spec)
@@ -217,6 +240,12 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             + ("<name>",)
         )
         parts = spec.tensor_path(role).split(".")
+        if slots == ("moe", "shared") and len(parts) == 5:
+            # The shared expert beside the MoE block, on the layer.
+            slots = ("shared",)
+        if slots and slots[-1] == "shared":
+            parent = "moe" if len(slots) == 2 else "layer"
+            claim("shared_parent", parent, role, shape)
         if role == "router" and len(parts) == 5 + len(slots):
             # The router's weight one module down (HunYuan's mlp.gate.wg): the
             # reference nests it in a plain container of that name.
@@ -242,10 +271,21 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     if "sinks" in roles:
         _check_sinks_path(spec, names)
+    if gpt_oss_experts(spec):
+        _check_gpt_oss_experts_path(spec)
+    if names.get("shared_parent") == "layer" and has_dense_mlp(spec):
+        role = next(r for r in roles if _LAYER_SLOTS.get(r, ())[-1:] == ("shared",))
+        raise TensorTreeError(
+            role,
+            f"{spec.tensor_path(role)!r} puts the shared expert beside the MoE block; "
+            "the Hugging Face reference does so only when every layer is MoE",
+        )
     if "router_bias" in roles:
         _router_bias_names(spec, names)
     _check_distinct(spec, names, roles)
     for key, value in names.items():
+        if key == "shared_parent":
+            continue  # a place, not a module name
         if value in RESERVED or value in NN_MODULE_ATTRIBUTES:
             raise TensorTreeError(
                 key if key in roles else None,
@@ -265,6 +305,19 @@ def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
             "sinks",
             "the attention sinks are a parameter of the attention module "
             f"({attention!r}, where q_proj is), got {spec.tensor_path('sinks')!r}",
+        )
+
+
+def _check_gpt_oss_experts_path(spec: ModelSpec) -> None:
+    """experts_format gpt_oss: both stacked roles name the one module that holds
+    their parameters."""
+    gate_up, down = (spec.tensor_path(r) for r in STACKED_EXPERT_ROLES)
+    if gate_up != down:
+        raise TensorTreeError(
+            "experts_down_proj",
+            "with checkpoint.experts_format gpt_oss the stacked experts are one "
+            f"module: its path must be experts_gate_up_proj's ({gate_up!r}), got "
+            f"{down!r}",
         )
 
 
@@ -318,8 +371,10 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     seen: dict[tuple[str, ...], str] = {}
     for role in roles:
         slots = _LAYER_SLOTS.get(role)
-        if slots is None:
-            continue
+        if slots is None or (role == "experts_down_proj" and gpt_oss_experts(spec)):
+            continue  # (gpt-oss: experts_gate_up_proj's module, checked above)
+        if slots == ("moe", "shared") and names.get("shared_parent") == "layer":
+            slots = ("shared",)
         key = slots + (names[role],)
         if seen.setdefault(key, role) != role:
             raise TensorTreeError(
@@ -329,6 +384,8 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     # share a name (a layer has one or the other), nothing else may.
     on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
     on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    if names.get("shared_parent") == "layer":
+        on_layer.append(names["shared"])
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})
     twice = sorted({n for n in on_layer if on_layer.count(n) > 1})
     if twice:

@@ -12,9 +12,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onboard.spec.layouts import ROLES, required_placeholders
-from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, has_dense_mlp, used_roles
+from onboard.spec.layouts import ROLES, STACKED_EXPERT_ROLES, required_placeholders
+from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
+from onboard.spec.module_tree import (
+    NN_MODULE_ATTRIBUTES,
+    gpt_oss_experts,
+    has_dense_mlp,
+    used_roles,
+)
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
 Path = tuple[str | int, ...]
@@ -32,6 +37,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _mlp_rules,
         _moe_rules,
         _mtp_rules,
+        _multiplier_rules,
         _checkpoint_rules,
         _fused_rules,
         _norm_rules,
@@ -173,6 +179,12 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(
             a + ("partial_rotary_factor",),
             "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0",
+        )
+    if att.softmax_scale is not None:
+        report(
+            a + ("softmax_scale",),
+            "MLA's softmax scale follows qk_head_dim (and yarn's mscale); "
+            "softmax_scale must stay null",
         )
     mla = att.mla
     if mla.qk_rope_head_dim % 2:
@@ -329,11 +341,12 @@ SWIGLU_OAI = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 
 def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
     """gpt-oss's experts: the clamped SwiGLU, biases and stacked, interleaved
-    storage, which vLLM's swigluoai kernel takes together."""
+    storage (checkpoint.experts_format gpt_oss), which vLLM's swigluoai kernel
+    takes together."""
     moe = spec.mlp.moe
     assert moe is not None
     m: Path = ("mlp", "moe")
-    stacked = spec.checkpoint.stacked_experts
+    gpt_oss = gpt_oss_experts(spec)
     clamped = moe.swiglu_limit is not None
     if (moe.swiglu_alpha is None) != (moe.swiglu_limit is None):
         missing = "swiglu_alpha" if moe.swiglu_alpha is None else "swiglu_limit"
@@ -345,38 +358,39 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
                 m + (field,),
                 f"vLLM's swigluoai kernel fixes {field} at {value}, got {got}",
             )
-    if clamped and not stacked:
+    if clamped and not gpt_oss:
         report(
             m + ("swiglu_limit",),
-            "the clamped SwiGLU needs checkpoint.stacked_experts: vLLM's swigluoai "
-            "kernel reads each expert's gate and up interleaved, as gpt-oss stores "
-            "them",
+            "the clamped SwiGLU needs the experts stacked as gpt-oss stores them "
+            "(checkpoint.fused: [experts], checkpoint.experts_format: gpt_oss): "
+            "vLLM's swigluoai kernel reads each expert's gate and up interleaved",
         )
-    if moe.expert_bias and not stacked:
+    if moe.expert_bias and not gpt_oss:
         report(
             m + ("expert_bias",),
-            "expert biases are generated for stacked experts only "
-            "(checkpoint.stacked_experts, gpt-oss)",
+            "expert biases are generated for experts stacked as gpt-oss stores "
+            "them only (checkpoint.fused: [experts], checkpoint.experts_format: "
+            "gpt_oss)",
         )
-    if not stacked:
+    if not gpt_oss:
         return
-    c: Path = ("checkpoint", "stacked_experts")
+    c: Path = ("checkpoint", "experts_format")
     if not clamped:
         report(
             c,
-            "stacked experts interleave gate and up, which vLLM reads for the "
-            "clamped SwiGLU only (set mlp.moe.swiglu_alpha and swiglu_limit)",
+            "gpt-oss's stacked experts interleave gate and up, which vLLM reads for "
+            "the clamped SwiGLU only (set mlp.moe.swiglu_alpha and swiglu_limit)",
         )
     if moe.num_shared_experts:
-        report(c, "stacked experts with shared experts are not generated")
+        report(c, "gpt-oss's stacked experts with shared experts are not generated")
     if moe.router.bias_correction or moe.router.num_groups is not None:
         report(
             c,
-            "stacked experts are generated with plain top-k routing (no "
+            "gpt-oss's stacked experts are generated with plain top-k routing (no "
             "bias_correction, no expert groups), as gpt-oss routes",
         )
     if spec.mtp is not None:
-        report(c, "stacked experts in MTP heads are not generated")
+        report(c, "gpt-oss's stacked experts in MTP heads are not generated")
 
 
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
@@ -388,6 +402,20 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.logit_scale != 1.0:
         # No family has both; the MTP draft's logits would need the scale too.
         report(("logit_scale",), "MTP heads need logit_scale 1")
+    if spec.mtp is not None and _multiplied(spec):
+        # No family has both: what an MTP head would scale is unverified.
+        report(("mtp",), f"MTP heads need neutral multipliers ({_multiplied(spec)})")
+
+
+def _multiplied(spec: ModelSpec) -> str:
+    """The multipliers (Granite's) the spec sets away from their neutral value."""
+    return ", ".join(name for name in MULTIPLIERS if getattr(spec, name) != 1.0)
+
+
+def _multiplier_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.residual_multiplier != 1.0 and spec.norm.placement != "pre":
+        # No family has both; where a post-norm block would scale is unverified.
+        report(("residual_multiplier",), "needs norm.placement pre")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
@@ -397,8 +425,14 @@ MAX_TEMPLATE_CHARS = 200
 
 
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
-    if spec.checkpoint.stacked_experts and spec.mlp.moe is None:
-        report(("checkpoint", "stacked_experts"), "the model has no mlp.moe section")
+    if (
+        spec.checkpoint.experts_format != "linear"
+        and "experts" not in spec.checkpoint.fused
+    ):
+        report(
+            ("checkpoint", "experts_format"),
+            "describes stacked experts: needs `experts` in checkpoint.fused",
+        )
     names = spec.checkpoint.tensor_names
     moe = spec.mlp.moe
     if spec.checkpoint.router_bias_2d and (
@@ -433,8 +467,10 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
             for r in roles
             if r != role
             and spec.tensor_path(r) == names[role]
-            # The router's bias is a parameter of the router's module by default.
+            # The router's bias is a parameter of the router's module by default;
+            # gpt-oss's stacked experts are one module holding both stacks.
             and {r, role} != {"router", "router_bias"}
+            and not ({r, role} == set(STACKED_EXPERT_ROLES) and gpt_oss_experts(spec))
         ]
         if role in roles and others:
             report(
@@ -459,6 +495,11 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
             )
     if "gate_up_proj" in fused and not has_dense_mlp(spec):
         report(where, "gate_up_proj: the model has no dense MLP (experts stay apart)")
+    moe = spec.mlp.moe
+    if "experts" in fused and moe is None:
+        report(where, "experts: the model has no MoE layer")
+    if "shared_gate_up_proj" in fused and not (moe and moe.num_shared_experts):
+        report(where, "shared_gate_up_proj: the model has no shared expert")
 
 
 def _norm_rules(spec: ModelSpec, report: Report) -> None:
@@ -534,10 +575,10 @@ GENERATED_NAMES = frozenset(
         "MixtureOfExperts", "MoE", "ModelRegistry", "MultiHeadLatentAttentionWrapper",
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
-        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedHead", "SiluAndMul",
-        "SpeculativeConfig", "StackedExperts", "SupportsEagle3", "SupportsLoRA",
-        "SupportsPP", "SupportsQuant", "VllmConfig", "VocabParallelEmbedding",
-        "WeightsMapper",
+        "ReplicatedLinear", "Router", "RowParallelLinear", "SharedExpertMLP",
+        "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedExperts",
+        "StackedLinear", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.

@@ -94,6 +94,8 @@ GUARDED = {
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     "sinks": ("role sinks",),
+    # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
+    "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
 
 
@@ -275,8 +277,8 @@ def dequantized_reference_rows(ctx, scheme: str, qdir: Path):
 
 def dequantize_checkpoint(qdir: Path, scheme: str, out: Path) -> Path:
     """A float32 copy of a compressed-tensors checkpoint: every quantized module's
-    weight decompressed by compressed-tensors, everything else unchanged, config.json
-    without ``quantization_config``."""
+    weight decompressed by compressed-tensors, its bias and everything else
+    unchanged, config.json without ``quantization_config``."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -294,7 +296,8 @@ def dequantize_checkpoint(qdir: Path, scheme: str, out: Path) -> Path:
         result = {}
         for key, value in tensors.items():
             module, _, local = key.rpartition(".")
-            if module not in modules:
+            if module not in modules or local == "bias":
+                # (a quantized projection keeps its bias: gpt-oss's q/k/v/o)
                 result[key] = value
             elif local in ("weight", "weight_packed"):
                 result[f"{module}.weight"] = (
@@ -401,6 +404,8 @@ def untouched_tensors(
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
     must += ["sinks"] if spec.attention.sinks else []
+    if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
+        must.append("stacked experts")
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
