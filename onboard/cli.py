@@ -258,7 +258,37 @@ def generate(spec: SpecArg, out_dir: OutOpt) -> None:
         out.print(f"wrote {path}", markup=False)
 
 
-@app.command("quantize")
+class _OptionalValueCommand(typer.core.TyperCommand):
+    """`--ray` alone (`--ray auto`) or `--ray ADDRESS`: the next argument is taken
+    as the address only when it looks like one (``auto``, ``local``,
+    ``ray://...``, ``HOST:PORT``), so `--ray MODEL_DIR ...` still reads MODEL_DIR
+    as the checkpoint."""
+
+    def parse_args(self, ctx, args):
+        out = []
+        for i, arg in enumerate(args):
+            out.append(arg)
+            if arg == "--ray":
+                nxt = args[i + 1] if i + 1 < len(args) else None
+                if nxt is None or not _looks_like_ray_address(nxt):
+                    out.append("auto")
+        return super().parse_args(ctx, out)
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        # As _Command below: `MODEL_DIR`, not typer's `{MODEL_DIR}`.
+        pieces = super().collect_usage_pieces(ctx)
+        return [p.removeprefix("{").removesuffix("}") for p in pieces]
+
+
+def _looks_like_ray_address(arg: str) -> bool:
+    import re
+
+    return arg in ("auto", "local") or bool(
+        re.fullmatch(r"ray://\S+|\[?[\w.:-]*\]?:\d+", arg)
+    )
+
+
+@app.command("quantize", cls=_OptionalValueCommand)
 def quantize(
     model_dir: Annotated[
         Path,
@@ -284,6 +314,18 @@ def quantize(
     include_mtp: Annotated[
         bool, typer.Option(help="Also quantize the MTP heads.")
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the tasks on a Ray cluster's nodes: `--ray` alone joins "
+            "RAY_ADDRESS or the cluster this machine is a node of; ADDRESS is "
+            "HOST:PORT, ray://HOST:PORT or `local`. MODEL_DIR and --out must be on "
+            "storage every node mounts at the same path (docs/quantize.md).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Quantize a checkpoint into the compressed-tensors format vLLM loads."""
     from onboard.fsutil import check_output_dir
@@ -300,6 +342,7 @@ def quantize(
         include_mtp=include_mtp,
         progress=True,
         log=lambda msg: err.print(msg, markup=False),
+        ray=ray,
     )
     out.print(f"wrote {scheme} checkpoint to {path}")
     if _STANDALONE:
@@ -783,6 +826,15 @@ def plan(
     model: Annotated[
         str | None, typer.Option(help="Model path or Hub id for the command line.")
     ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve on exactly this many nodes of the target, through a Ray "
+            "cluster (vLLM's multi-node TP/PP/DP/EP): the Ray and vllm serve "
+            "commands.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan serving SPEC on TARGET: weights, KV cache, layout, capacity, command."""
@@ -800,6 +852,7 @@ def plan(
         kv_cache_dtype=kv_cache_dtype,
         output_len=output_len,
         model=model,
+        nodes=nodes,
     )
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

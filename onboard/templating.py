@@ -71,6 +71,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "Attention": ("vllm.model_executor.layers.attention", "Attention"),
     "FusedMoEFactory": ("vllm.model_executor.layers.fused_moe", "FusedMoEFactory"),
     "GateLinear": ("vllm.model_executor.layers.fused_moe", "GateLinear"),
+    "GemmaRMSNorm": ("vllm.model_executor.layers.layernorm", "GemmaRMSNorm"),
     "LayerNorm": ("vllm.model_executor.layers.layernorm", "LayerNorm"),
     "set_weight_attrs": ("vllm.model_executor.utils", "set_weight_attrs"),
     "RMSNorm": ("vllm.model_executor.layers.layernorm", "RMSNorm"),
@@ -89,6 +90,19 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "vllm.model_executor.layers.logits_processor",
         "LogitsProcessor",
     ),
+    "QwenGatedDeltaNetAttention": (
+        "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+        "QwenGatedDeltaNetAttention",
+    ),
+    **{
+        name: ("vllm.model_executor.layers.mamba.mamba_utils", name)
+        for name in (
+            "MambaStateCopyFunc",
+            "MambaStateCopyFuncCalculator",
+            "MambaStateDtypeCalculator",
+            "MambaStateShapeCalculator",
+        )
+    },
     "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
     "MultiHeadLatentAttentionWrapper": (
         "vllm.model_executor.layers.mla",
@@ -111,6 +125,8 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         name: ("vllm.model_executor.models.interfaces", name)
         for name in (
             "EagleModelMixin",
+            "HasInnerState",
+            "IsHybrid",
             "MixtureOfExperts",
             "SupportsEagle3",
             "SupportsLoRA",

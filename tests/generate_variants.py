@@ -128,6 +128,34 @@ checkpoint:
     mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
+    # Gated DeltaNet layers with Qwen3.5's split projections and a renamed gated
+    # norm beside a sliding and a full attention layer, a dense MLP, bfloat16
+    # states, a dense MTP head.
+    "var-hybrid-split": (
+        "VarHybridSplitForCausalLM",
+        """
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  output_gate: true
+  layer_types: [linear_attention, sliding_attention, linear_attention,
+                full_attention]
+  sliding_window: 64
+linear_attention:
+  num_key_heads: 2
+  num_value_heads: 4
+  key_head_dim: 64
+  value_head_dim: 64
+  projections: split
+  state_dtype: bfloat16
+mlp: {intermediate_size: 512}
+mtp: {num_heads: 1, mlp: dense}
+checkpoint:
+  tensor_names:
+    linear_norm: model.layers.{layer}.linear_attn.out_norm
+""",
+    ),
     # Parallel blocks with weight-only LayerNorms, q/k norms with a weight per
     # head and scaled logits (Cohere), q/k/v and gate/up stored fused (Phi-3),
     # interleaved partial rope (GLM), sliding layers whose full-attention layers
@@ -232,6 +260,54 @@ checkpoint:
   tensor_names:
     experts_gate_up_proj: model.layers.{layer}.mlp.moe_experts
     experts_down_proj: model.layers.{layer}.mlp.moe_experts
+""",
+    ),
+    # Gemma-3's parts: sandwich norms scaling by 1 + weight, scaled embeddings,
+    # q/k norms, its softmax scale, both soft-caps, and the sliding layers with
+    # their own rope (the full layers' scaled).
+    "var-sandwich": (
+        "VarSandwichForCausalLM",
+        """
+tie_word_embeddings: true
+activation: gelu_pytorch_tanh
+scale_embedding: true
+final_logit_softcap: 30.0
+norm: {eps: 1.0e-06, placement: sandwich, unit_offset: true}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  qk_norm: true
+  query_pre_attn_scalar: 256
+  logit_softcap: 50.0
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope:
+  theta: 1000000.0
+  scaling: {type: linear, factor: 8.0}
+  sliding: {theta: 10000.0}
+mlp: {intermediate_size: 512}
+""",
+    ),
+    # Sandwich norms under GLM-4's names (its pre-MLP norm is Llama's
+    # post_attention_layernorm), with MoE layers after a dense one.
+    "var-sandwich-glm": (
+        "VarSandwichGlmForCausalLM",
+        """
+norm: {placement: sandwich}
+attention: {num_heads: 4, num_kv_heads: 2}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+checkpoint:
+  tensor_names:
+    attention_output_norm: model.layers.{layer}.post_self_attn_layernorm
+    mlp_input_norm: model.layers.{layer}.post_attention_layernorm
+    mlp_output_norm: model.layers.{layer}.post_mlp_layernorm
 """,
     ),
     # Granite-MoE-Shared: the four multipliers (un-fused residual), experts stored

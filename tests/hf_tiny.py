@@ -18,6 +18,8 @@ def _configs() -> dict:
     from transformers import (
         DeepseekV3Config,
         Exaone4Config,
+        Gemma2Config,
+        Gemma3TextConfig,
         GptOssConfig,
         GraniteConfig,
         GraniteMoeSharedConfig,
@@ -80,6 +82,42 @@ def _configs() -> dict:
             head_dim=32,
             sliding_window=None,
             layer_types=["full_attention"] * 2,
+            **common,
+        ),
+        # Sandwich norms scaling by 1 + weight, scaled embeddings, soft-caps,
+        # query_pre_attn_scalar; a sliding and a full layer. Tied, as Gemma-2
+        # ships: vLLM's in-tree Gemma2ForCausalLM has no lm_head ("no module or
+        # parameter named 'lm_head'" on an untied checkpoint).
+        "gemma2": Gemma2Config(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=16,
+            query_pre_attn_scalar=64,
+            **{**common, "tie_word_embeddings": True},
+        ),
+        # Gemma-3: q/k norms, and the sliding layer rotating with its own theta
+        # (the full layer's scaled).
+        "gemma3_text": Gemma3TextConfig(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {
+                    "rope_type": "linear",
+                    "rope_theta": 1000000.0,
+                    "factor": 8.0,
+                },
+            },
             **common,
         ),
         "qwen3_moe": Qwen3MoeConfig(
@@ -194,6 +232,8 @@ FAMILIES = (
     "llama",
     "qwen3",
     "exaone4",
+    "gemma2",
+    "gemma3_text",
     "qwen3_moe",
     "mixtral",
     "deepseek_v3",

@@ -13,6 +13,7 @@ from test_spec_properties import to_yaml, valid_spec_data
 from onboard.arch import DenseMLP, MoEMLP, build_plan
 from onboard.errors import InputError
 from onboard.spec import parse_spec_text
+from onboard.spec.layouts import LAYER_NORM_ROLES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate_variants import ALL, any_spec  # noqa: E402
@@ -41,6 +42,15 @@ def test_each_layer_is_what_the_spec_says(data):
         assert isinstance(mlp, MoEMLP if layer.is_moe else DenseMLP)
         assert layer.mixer.kind == spec.attention.type
         assert (layer.norms.kind, layer.norms.eps) == (spec.norm.type, spec.norm.eps)
+        assert layer.norms.roles == LAYER_NORM_ROLES[spec.norm.placement]
+        # Gemma-3: the sliding layers rotate with their own theta and scaling.
+        theta, scaling = spec.rope.theta, spec.rope.scaling
+        if spec.rope.sliding is not None and layer.mixer.sliding:
+            theta, scaling = spec.rope.sliding.theta, spec.rope.sliding.scaling
+        assert (layer.mixer.rope_theta, layer.mixer.rope_scaling) == (
+            theta,
+            scaling.type if scaling else None,
+        )
     if spec.mtp is not None:
         block = plan.mtp.block
         assert block.index == spec.num_hidden_layers == plan.mtp.first_layer

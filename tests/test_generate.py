@@ -606,6 +606,8 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("qwen3", marks=_SWEEP),
         "qwen3_moe",
         "exaone4",  # post-norm blocks
+        pytest.param("gemma2", marks=_SWEEP),  # sandwich norms, soft-caps
+        pytest.param("gemma3_text", marks=_SWEEP),  # a rope per layer kind
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
         pytest.param("gpt_oss", marks=_SWEEP),  # sinks, stacked experts

@@ -47,6 +47,9 @@ ALLOWED_BASES = {
     "PreTrainedConfig",
     "nn.Module",
     "EagleModelMixin",
+    # A model with linear-attention layers: vLLM's hybrid-cache interfaces.
+    "HasInnerState",
+    "IsHybrid",
     "MixtureOfExperts",
     "SupportsEagle3",
     "SupportsLoRA",

@@ -29,9 +29,13 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
 # topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
 # with weight-only LayerNorms and scaled logits, interleaved partial rope;
-# Granite's multipliers and its experts saved stacked (with a fused shared expert);
-# attention sinks with stacked, biased experts.
+# Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
+# softmax scale, and a rope per layer kind; GLM-4's sandwich norms under its own
+# names; Granite's multipliers and its experts saved stacked (with a fused
+# shared expert); attention sinks with stacked, biased experts.
 FAMILIES = (
+    "gemma2",
+    "gemma3_text",
     "olmoe",
     "olmo2",
     "hunyuan_v1_dense",
@@ -49,6 +53,7 @@ FAMILIES = (
     "phi3",
     "cohere2",
     "glm",
+    "glm4",
     "granite",
     "granitemoeshared",
     "gpt_oss",

@@ -418,6 +418,56 @@ def test_multi_node_layouts():
     assert "--pipeline-parallel-size" in plan.argv
 
 
+def test_nodes_gives_the_ray_multi_node_commands():
+    """--nodes N: exactly N nodes' devices, served as vLLM's multi-node docs do it,
+    through a Ray cluster (ray start on every node, one command on the head)."""
+    spec = load_spec(SPECS / "deepseek-v3-style.yaml")
+    plan = make_plan(spec, "b300", "nvfp4", context=8192, nodes=2)
+    lay = plan.layout
+    assert lay.devices == 16 and plan.nodes == 2 and lay.ep and lay.dp > 1
+    argv = plan.argv
+    assert argv[argv.index("--data-parallel-backend") + 1] == "ray"
+    local = int(argv[argv.index("--data-parallel-size-local") + 1])
+    assert local * lay.tp == 8  # vLLM's strict packing: whole nodes of DP ranks
+    assert "--distributed-executor-backend" not in argv
+    assert [cmd for _, cmd in plan.ray_commands] == [
+        ["ray", "start", "--head", "--port=6379"],
+        ["ray", "start", "--address=<head node IP>:6379"],
+    ]
+    assert not any("--headless" in note for note in plan.notes)
+    text = render_plan(plan)
+    assert "ray start --head --port=6379" in text
+    assert "--data-parallel-backend ray" in text
+    assert plan.to_dict()["nodes_requested"] == 2
+
+    # A dense model over 3 nodes: TP8 x PP3 through the Ray executor.
+    dense = load_spec(SPECS / "dense-gqa.yaml")
+    big = dense.model_copy(update={"num_hidden_layers": 1400})
+    plan = make_plan(big, "b300", context=8192, nodes=3)
+    assert (plan.layout.tp, plan.layout.pp, plan.nodes) == (8, 3, 3)
+    argv = plan.argv
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "3"
+    # One node: no cluster to start.
+    one = make_plan(spec, "b300", "nvfp4", context=8192, nodes=1)
+    assert one.layout.devices == 8 and not one.ray_commands
+    assert "ray" not in one.argv
+
+
+def test_nodes_refusals():
+    from onboard.errors import InputError
+
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    with pytest.raises(InputError, match="serves from one node"):
+        make_plan(spec, "cpu", nodes=2)
+    with pytest.raises(InputError, match="--nodes must be at least 1"):
+        make_plan(spec, "b300", nodes=0)
+    # Too few nodes for the model: no layout, exit 1 from the CLI.
+    ds = str(SPECS / "deepseek-v3-style.yaml")
+    res = _plan_cli(ds, "--target", "h100", "--context", "4096", "--nodes", "1")
+    assert res.returncode == 1 and "no layout fits" in res.stdout, res.stderr
+
+
 # ---- weight bytes are what `onboard quantize` writes --------------------------------
 
 

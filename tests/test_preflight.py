@@ -389,6 +389,63 @@ def test_a_post_norm_checkpoint_is_not_renamed_into_a_pre_norm_spec(tmp_path) ->
     assert problem.spec_fields == ("norm.placement",)
 
 
+def test_a_gemma2_checkpoint_passes_and_names_its_sandwich_norms(tmp_path) -> None:
+    """Gemma-2's four norms per layer (sandwich) and its zero-centred norm weights
+    pass preflight; against a post-norm spec its input norms are unexpected, and
+    the fix is the placement that has them."""
+    import transformers
+
+    from onboard.spec.hf import spec_from_hf_config
+
+    config = transformers.Gemma2Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, sliding_window=8,
+    )  # fmt: skip
+    ckpt = tmp_path / "gemma2"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    spec = spec_from_hf_config(config.to_dict())
+    assert spec.norm.placement == "sandwich"
+    assert preflight(spec, ckpt).problems == []
+    post = spec.model_copy(
+        update={"norm": spec.norm.model_copy(update={"placement": "post"})}
+    )
+    report = preflight(post, ckpt)
+    assert not report.by_kind("renamed-tensor"), report.lines()
+    fixes = {p.fix for p in report.by_kind("unexpected-tensor")}
+    assert any(f.endswith("set norm.placement: sandwich in the spec") for f in fixes)
+
+
+def test_the_rope_of_a_layer_kind_the_model_lacks_is_not_compared(tmp_path) -> None:
+    """Mellum / OLMo-3 configs key rope_parameters by layer type even when every
+    layer attends fully: the sliding layers' entry is never read, and the spec
+    (which has no rope.sliding then) writes it as the full layers'."""
+    import transformers
+
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.Olmo3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        layer_types=["full_attention"] * 2, pad_token_id=0, eos_token_id=2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        },
+    )  # fmt: skip
+    ckpt = tmp_path / "olmo3"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    spec, _ = infer_spec(config.to_dict())
+    assert spec.rope.sliding is None and spec.rope.theta == 5e5
+    assert preflight(spec, ckpt).problems == []
+    # The full layers' entry is compared.
+    other = spec.model_copy(
+        update={"rope": spec.rope.model_copy(update={"theta": 1e6})}
+    )
+    problem = one(preflight(other, ckpt), "config")
+    assert problem.where == "rope_parameters.full_attention"
+
+
 # ---- broken copies: each caught with its fix -----------------------------------------
 
 

@@ -18,6 +18,7 @@ from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
+from onboard.spec import hf
 from onboard.spec.hf import spec_from_hf_config
 from onboard.spec.model import ModelSpec
 
@@ -241,16 +242,20 @@ def test_remote_code_beside_the_config_is_proven_against(tmp_path):
     assert load_spec(out).rope.interleaved is False  # what the config alone says
 
 
-def test_a_family_without_known_facts_is_accepted_by_its_proof_only(tmp_path):
+def test_a_family_without_known_facts_is_accepted_by_its_proof_only(
+    tmp_path, monkeypatch
+):
     # Ministral is Llama's block under another model_type: proven, so accepted.
     # No list of families decides: the reading is a hypothesis, the proof decides.
     config = transformers.MinistralConfig(**SMALL, head_dim=16).to_dict()
     spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
     # Gemma scales the embedding by sqrt(hidden_size) (and its norms by 1 + w),
-    # which its config does not say.
+    # which its config does not say: without the family's facts, the proof fails.
+    monkeypatch.delitem(hf.FAMILIES, "gemma")
     config = transformers.GemmaConfig(**SMALL).to_dict()
     spec = spec_from_hf_config(config)
+    assert not spec.scale_embedding
     with pytest.raises(ProofFailed, match=r"the embedding \(before layer 0\)"):
         prove_spec(spec, config)
 
@@ -678,3 +683,123 @@ def test_a_router_bias_at_its_own_module_is_found_and_proven(
     data["checkpoint"].update(tensor_names={}, router_bias_2d=False)
     with pytest.raises(ProofFailed, match="e_score_correction_bias"):
         prove_spec(ModelSpec.model_validate(data), config)
+
+
+# -- Gemma's parts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("drop", "where"),
+    [
+        # The soft-caps are small in test_spec_hf's Gemma-2 config, so on the tiny
+        # model they change the logits.
+        ({"attention": {"logit_softcap": None}}, "layer 0, attention"),
+        ({"final_logit_softcap": None}, "the final norm or the output head"),
+        ({"attention": {"query_pre_attn_scalar": None}}, "layer 0, attention"),
+    ],
+)
+def test_each_gemma2_attention_part_is_proven(drop, where):
+    config = transformers_config("gemma2").to_dict()
+    spec = spec_from_hf_config(config)
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    for key, value in drop.items():
+        if isinstance(value, dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    with pytest.raises(ProofFailed, match=f"first divergence: {where}"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (("scale_embedding",), False),
+        (("norm", "unit_offset"), False),
+        (("norm", "placement"), "pre"),
+    ],
+)
+def test_a_gemma_fact_cannot_be_dropped(field, value):
+    # What Gemma-2's code hard-codes is no key of its config: a spec without it
+    # cannot be written as a gemma2 config.json (the proof never runs).
+    config = transformers_config("gemma2").to_dict()
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    *parents, leaf = field
+    target = data
+    for key in parents:
+        target = target[key]
+    target[leaf] = value
+    with pytest.raises(InputError, match=f"{'.'.join(field)}: the spec says"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_glm4_sandwich_norms_are_proven_by_role():
+    # GLM-4's post_attention_layernorm is its MLP's input norm (Gemma-2's is
+    # attention's output norm): the two swapped name every tensor, and the proof
+    # fails on the forward pass.
+    config = transformers_config("glm4").to_dict()
+    spec = spec_from_hf_config(config)
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    data = spec.model_dump(mode="json")
+    names = data["checkpoint"]["tensor_names"]
+    names["attention_output_norm"], names["mlp_input_norm"] = (
+        names["mlp_input_norm"],
+        names["attention_output_norm"],
+    )
+    with pytest.raises(ProofFailed, match="first divergence: layer 0"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_gemma3_reads_a_rope_per_layer_kind():
+    # Hub-style Gemma-3 keys: the legacy rope_theta / rope_local_base_freq /
+    # rope_scaling and a sliding_window_pattern, which its class turns into
+    # rope_parameters and layer_types.
+    config = transformers.Gemma3TextConfig(
+        **SMALL,
+        head_dim=16,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    ).to_dict()
+    spec = spec_from_hf_config(config)
+    assert spec.layer_attention_types() == ["sliding_attention", "full_attention"] * 2
+    assert (spec.rope.theta, spec.rope.scaling.type) == (1e6, "linear")
+    assert spec.rope.sliding.theta == 1e4 and spec.rope.sliding.scaling is None
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    # Gemma-3's attention never reads attn_logit_softcapping: a config setting it
+    # is refused rather than read one way by the spec, another by the model.
+    with pytest.raises(InputError, match="attention.logit_softcap: the config says"):
+        spec_from_hf_config({**config, "attn_logit_softcapping": 50.0})
+    # A family whose class has one rope for every layer takes no per-kind rope.
+    qwen3 = {
+        **transformers_config("qwen3").to_dict(),
+        "rope_parameters": config["rope_parameters"],
+    }
+    with pytest.raises(InputError, match="rope_parameters: per layer type, but"):
+        spec_from_hf_config(qwen3)
+
+
+def test_olmo3_sliding_layers_with_their_own_rope_prove():
+    # OLMo-3: OLMo-2's block (found by the proof) with sliding layers and a rope
+    # per layer kind, which its config keys by layer type.
+    from onboard.reference.infer import infer_spec
+
+    config = transformers.Olmo3Config(
+        **SMALL,
+        head_dim=16,
+        sliding_window=8,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        },
+    ).to_dict()
+    spec, proof = infer_spec(config)
+    assert (
+        spec.norm.placement == "post" and spec.attention.qk_norm_scope == "projection"
+    )
+    assert spec.rope.theta == 5e5 and spec.rope.sliding.theta == 1e4
+    assert "sliding_attention" in spec.layer_attention_types()
+    assert proof.max_rel_diff < RTOL

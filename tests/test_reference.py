@@ -259,6 +259,84 @@ def test_partial_rotary_and_layernorm_against_stablelm(tmp_path):
     check_against_transformers(tmp_path, model, spec=spec)
 
 
+def _gemma3_model():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        **SMALL,
+        num_hidden_layers=2,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+        final_logit_softcapping=3.0,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "linear",
+                "rope_theta": 1000000.0,
+                "factor": 8.0,
+            },
+        },
+    )
+    model = Gemma3ForCausalLM(config)
+    # Gemma's norms start at zero (they scale by 1 + weight): make them matter.
+    randomize(model, ("norm.weight", "layernorm.weight"), 0.5)
+    return model
+
+
+def test_gemma3_sandwich_norms_and_a_rope_per_layer_kind(tmp_path):
+    """Gemma-3's block read from its config: sandwich norms that scale by
+    1 + weight, per-head q/k norms, scaled embeddings, its softmax scale, final
+    soft-cap, and the sliding layers rotating with their own theta."""
+    model = _gemma3_model()
+    spec = check_against_transformers(tmp_path, model, seq=24)  # 24 > window
+    assert spec.norm.placement == "sandwich" and spec.norm.unit_offset
+    assert spec.rope.sliding.theta == 10000.0
+    layer = load_reference(tmp_path / "ckpt").model.layers[0]
+    assert hasattr(layer, "pre_feedforward_layernorm")
+    assert hasattr(layer, "post_feedforward_layernorm")
+
+
+@pytest.mark.parametrize(
+    "drop",
+    [
+        None,
+        "rope.sliding",
+        "norm.unit_offset",
+        "scale_embedding",
+        "final_logit_softcap",
+    ],
+)
+def test_gemma3_block_as_a_new_model_type(tmp_path, drop):
+    """The same block under a new model type: its own config.json states every
+    part (scale_embedding, norm_unit_offset, rope_parameters per layer type, ...)
+    and the reference reads them there. Each part matters: without it the logits
+    are not Gemma-3's."""
+    model = _gemma3_model()
+    config = json.loads(json.dumps(model.config.to_dict()))
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data.update(name="gemma-like", architecture="GemmaLikeForCausalLM")
+    data["model_type"] = "gemma_like"
+    data["checkpoint"] = {}
+    if drop is not None:
+        *parents, leaf = drop.split(".")
+        target = data
+        for key in parents:
+            target = target[key]
+        target[leaf] = False if isinstance(target[leaf], bool) else None
+    spec = ModelSpec.model_validate(data)
+    written = hf_config_from_spec(spec)
+    assert written["norm_placement"] == "sandwich"
+    assert ("scale_embedding" in written) == (drop != "scale_embedding")
+    if drop is None:
+        check_against_transformers(tmp_path, model, seq=24, spec=spec)
+    else:
+        with pytest.raises(AssertionError, match="logits differ"):
+            check_against_transformers(tmp_path, model, seq=24, spec=spec)
+
+
 # ---- mixture of experts --------------------------------------------------------------
 
 
@@ -605,6 +683,28 @@ def test_feature_variants_load_their_tiny_checkpoints(tmp_path, name):
         rest = ref(ids[:, 12:], past_key_values=first.past_key_values, use_cache=True)
     assert torch.isfinite(full).all()
     assert (rest.logits - full[:, 12:]).abs().max() / full.abs().max() < RTOL
+
+
+@pytest.mark.parametrize("name", ["var-sandwich", "var-sandwich-glm"])
+def test_sandwich_variants_load_their_tiny_checkpoints(tmp_path, name):
+    """Gemma-3's parts (1 + weight norms start at zero, embeddings scaled, a rope
+    per layer kind) and sandwich norms under GLM-4's names: every tensor of
+    onboard's tiny checkpoint loads, and cached decoding, past the window, equals
+    full recompute."""
+    from generate_variants import variant
+
+    spec = variant(name)
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+    install_reference(spec, ckpt)
+    ref = load_reference(ckpt)
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :30], use_cache=True)
+        rest = ref(ids[:, 30:], past_key_values=first.past_key_values, use_cache=True)
+    assert torch.isfinite(full).all()
+    assert (rest.logits - full[:, 30:]).abs().max() / full.abs().max() < RTOL
 
 
 def _shard_of(ckpt: Path, name: str) -> Path:

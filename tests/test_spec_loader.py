@@ -157,6 +157,49 @@ def test_nope_layers_must_exist_and_agree_with_kv_sharing():
     assert any("both use rope or both not" in x for x in lines), lines
 
 
+def test_gemma_parts_are_refused_where_nothing_generates_them():
+    lines = problems(
+        BASE.replace("  num_kv_heads: 2\n", "  num_kv_heads: 2\n  sliding_window: 64\n")
+        + "norm: {type: layernorm, placement: sandwich, unit_offset: true}\n"
+        "rope:\n  scaling: {type: linear, factor: 2.0}\n"
+        "  sliding: {theta: 10000.0, scaling: {type: yarn, factor: 4.0}}\n"
+        "scale_embedding: true\nmtp: {num_heads: 1, mlp: dense}\n"
+    )
+    for expected in (
+        "norm.placement: sandwich norms are generated for rmsnorm only",
+        "norm.unit_offset: applies to rmsnorm only",
+        "rope.sliding.scaling.type: yarn differs from rope.scaling.type (linear)",
+        "mtp: MTP heads are not generated with scale_embedding",
+        "mtp: MTP heads are not generated with rope.sliding",
+    ):
+        assert any(expected in x for x in lines), (expected, lines)
+    # A rope for the sliding layers needs some layer that slides.
+    lines = problems(BASE + "rope:\n  sliding: {theta: 10000.0}\n")
+    assert any("rope.sliding: no layer slides" in x for x in lines), lines
+
+
+def test_gemma_and_granite_scales_of_one_thing_are_not_combined():
+    # Each pair sets the same factor; no family has both, so the order is unproven.
+    lines = problems(
+        BASE.replace(
+            "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  softmax_scale: 0.1\n"
+        ).replace(
+            "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  query_pre_attn_scalar: 64\n"
+        )
+        + "scale_embedding: true\nembedding_multiplier: 12.0\n"
+        "final_logit_softcap: 30.0\nlogits_scaling: 8.0\n"
+    )
+    for expected in (
+        "scale_embedding: is not generated beside an embedding_multiplier",
+        "final_logit_softcap: is not generated beside a logits_scaling",
+        "attention.query_pre_attn_scalar: and attention.softmax_scale both set",
+    ):
+        assert any(expected in x for x in lines), (expected, lines)
+    # Either half alone is a valid spec.
+    parse_spec_text(BASE + "scale_embedding: true\nlogits_scaling: 8.0\n")
+    parse_spec_text(BASE + "embedding_multiplier: 12.0\nfinal_logit_softcap: 30.0\n")
+
+
 def test_granite_multipliers_and_fused_experts_rules():
     # Each combination no family has (so nothing proves) is refused at its field.
     post = BASE + "residual_multiplier: 0.5\nnorm: {placement: post}\n"

@@ -226,6 +226,8 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
             "mlp": draw(st.sampled_from(["moe", "dense"])) if moe else "dense",
         }
         data["mtp"] = mtp
+    if mtp is None and draw(st.booleans()):
+        draw(gemma_parts(data, is_mla))
     needs_dense = (
         moe is None
         or (mtp and mtp["mlp"] == "dense")
@@ -235,9 +237,16 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
         mlp["intermediate_size"] = draw(st.integers(1, 4096))
     data["mlp"] = mlp
     if mtp is None and draw(st.booleans()):  # Granite's multipliers
-        for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-            data[key] = draw(floats)
-    if not is_mla and draw(st.booleans()):
+        # Each but where Gemma's part sets the same thing (the rules refuse both).
+        clashes = {
+            "embedding_multiplier": data.get("scale_embedding", False),
+            "residual_multiplier": data["norm"].get("placement", "pre") != "pre",
+            "logits_scaling": "final_logit_softcap" in data,
+        }
+        for key, clash in clashes.items():
+            if not clash:
+                data[key] = draw(floats)
+    if not is_mla and "query_pre_attn_scalar" not in att and draw(st.booleans()):
         att["softmax_scale"] = draw(floats)
     layouts = ["llama", "deepseek", "qwen", "mixtral"]
     if not (moe and moe.get("num_shared_experts") and needs_dense):
@@ -277,6 +286,35 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
     return data
 
 
+@st.composite
+def gemma_parts(draw, data: dict, is_mla: bool) -> None:
+    """Gemma's parts on ``data`` (no MTP heads: the rules refuse them together)."""
+    data["scale_embedding"] = draw(st.booleans())
+    if draw(st.booleans()):
+        data["final_logit_softcap"] = draw(floats)
+    norm = data["norm"]
+    placements = ["pre", "post"] + (["sandwich"] if norm["type"] == "rmsnorm" else [])
+    norm["placement"] = draw(st.sampled_from(placements))
+    if norm["type"] == "rmsnorm" and not is_mla:
+        norm["unit_offset"] = draw(st.booleans())
+    if is_mla:
+        return
+    att = data["attention"]
+    if draw(st.booleans()):
+        att["query_pre_attn_scalar"] = draw(st.sampled_from([8, 144, 256.0, 0.5]))
+    if draw(st.booleans()):
+        att["logit_softcap"] = draw(floats)
+    spec = ModelSpec.model_validate({**data, "mlp": {"intermediate_size": 8}})
+    if "sliding_attention" in spec.layer_attention_types() and draw(st.booleans()):
+        sliding = draw(rope(False))
+        full = data["rope"].get("scaling")
+        scaling = sliding.get("scaling")
+        if scaling and (full is None or full["type"] == scaling["type"]):
+            data["rope"]["sliding"] = {"theta": sliding["theta"], "scaling": scaling}
+        else:
+            data["rope"]["sliding"] = {"theta": sliding["theta"]}
+
+
 def _is_moe(moe: dict, layer: int) -> bool:
     return (
         layer >= moe["first_k_dense"]
@@ -309,7 +347,8 @@ def test_valid_specs_round_trip_through_hf_config(data):
     # The fields a config carries verbatim come back verbatim.
     for field in ("architecture", "model_type", "vocab_size", "hidden_size",
                   "num_hidden_layers", "max_position_embeddings", "activation",
-                  "tie_word_embeddings", "norm", "mtp"):  # fmt: skip
+                  "tie_word_embeddings", "norm", "mtp", "scale_embedding",
+                  "final_logit_softcap"):  # fmt: skip
         assert getattr(back, field) == getattr(spec, field), field
     for field in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
         assert getattr(back, field) == getattr(spec, field), field
@@ -318,6 +357,7 @@ def test_valid_specs_round_trip_through_hf_config(data):
         spec.rope.interleaved,
     )
     assert back.attention.kv_sharing == spec.attention.kv_sharing
+    assert back.attention.logit_softcap == spec.attention.logit_softcap
     assert back.attention.sliding_window == spec.attention.sliding_window
     assert (
         back.attention.sliding_window_pattern == spec.attention.sliding_window_pattern
@@ -336,7 +376,12 @@ def family_shaped(draw) -> dict:
     data = draw(valid_spec_data(model_type=family))
     data["mtp"] = None
     data["speculators"] = []
-    data["norm"]["type"] = "rmsnorm"
+    data["norm"] = {"type": "rmsnorm", "eps": data["norm"]["eps"]}
+    for key in ("scale_embedding", "final_logit_softcap"):  # Gemma's, not theirs
+        data.pop(key, None)
+    data["rope"].pop("sliding", None)
+    for key in ("query_pre_attn_scalar", "logit_softcap"):
+        data["attention"].pop(key, None)
     data["checkpoint"] = {}
     if family not in ("granite", "granitemoe"):
         for key in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):

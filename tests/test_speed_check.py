@@ -51,6 +51,30 @@ def test_serve_flags_from_engine_kwargs():
     ]
 
 
+def test_hybrid_speculation_serves_without_prefix_caching():
+    """A model with linear-attention layers speculates with prefix caching off on
+    the CPU build (vLLM's align-mode draft-state copy is Triton only): the engine
+    kwargs say so and `vllm serve` gets the switch's --no- form."""
+    from pathlib import Path
+
+    from onboard.runtime.engine import EngineOptions
+
+    options = EngineOptions(
+        model_dir=Path("m"),
+        plugin=None,
+        dtype="bfloat16",
+        mamba_ssm_cache_dtype="float32",
+        extra={"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
+    )
+    kwargs = options.engine_kwargs()
+    assert kwargs["enable_prefix_caching"] is False
+    flags = serve_flags(kwargs)
+    assert "--no-enable-prefix-caching" in flags
+    assert flags[flags.index("--mamba-ssm-cache-dtype") + 1] == "float32"
+    plain = EngineOptions(model_dir=Path("m"), plugin=None, dtype="bfloat16")
+    assert "enable_prefix_caching" not in plain.engine_kwargs()
+
+
 def test_spec_decode_counters_from_prometheus_text():
     labels = 'engine="0",model_name="m"'
     text = f"""\

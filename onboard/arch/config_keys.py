@@ -27,7 +27,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings",),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "logit_scale": ("logit_scale",),
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
@@ -37,6 +37,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "o_bias": ("o_bias", "attention_out_bias", "attention_bias"),
     "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
     "partial_rotary_factor": ("partial_rotary_factor",),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),
+    "attn_logit_softcapping": ("attn_logit_softcapping",),
+    "final_logit_softcapping": ("final_logit_softcapping",),
     # Granite's multipliers (the logits are divided by logits_scaling).
     "attention_multiplier": ("attention_multiplier",),
     "embedding_multiplier": ("embedding_multiplier",),
@@ -64,7 +67,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_local_experts",
         "moe_num_experts",
     ),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
+    "num_experts_per_tok": (
+        "num_experts_per_tok",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",  # Kimi Linear
+    ),
     # Mixtral keeps the expert width in intermediate_size (it has no dense layers).
     "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
     "n_shared_experts": (
@@ -79,7 +87,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
-    "norm_topk_prob": ("norm_topk_prob",),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
     "scoring_func": ("scoring_func",),
     "swiglu_alpha": ("swiglu_alpha",),
     "swiglu_limit": ("swiglu_limit",),
@@ -90,6 +98,18 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),
     "moe_layer_end_index": ("moe_layer_end_index",),
+    # gated attention and linear attention (Qwen3-Next's names)
+    "attn_output_gate": ("attn_output_gate",),
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    # Kimi delta attention (Kimi Linear's names): its heads are key and value heads
+    "linear_num_heads": ("linear_num_heads",),
+    # the MLA latent norms' eps where it is not rms_norm_eps
+    "mla_norm_eps": ("mla_norm_eps",),
+    "linear_head_dim": ("linear_head_dim",),
     # MTP
     "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     # cross-layer KV sharing

@@ -6,10 +6,11 @@ with its router) and its norms; the MTP heads' block; and the map between the
 spec's checkpoint tensor names and the canonical (Llama / DeepSeek) names. The
 objects are frozen: a consumer reads them, it never adjusts them.
 
-A token mixer is one of the ``Mixer`` kinds. Today that is softmax attention
-(``Attention``, GQA or MLA); mixers that are not softmax attention (linear or delta
-attention, sparse MLA with an indexer) are further kinds of the same union, each
-layer carrying its own.
+A token mixer is one of the ``Mixer`` kinds: softmax attention (``Attention``, GQA
+or MLA), which caches keys and values per token, or a linear-attention mixer
+(``GatedDeltaNet``, ``KimiDeltaAttention``), which keeps a fixed-size recurrent
+state per sequence. Each layer carries its own; further kinds (sparse MLA with an
+indexer) join the same union.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from onboard.arch.config_keys import ConfigKeys
-from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS
+from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import gpt_oss_experts, used_roles
 
@@ -55,6 +56,8 @@ class Attention:
     window: int | None  # sliding window in tokens; None: full attention
     kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
+    rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
+    rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
     qk_norm: bool
     # per head, all heads at once, or per head with a weight per head
     qk_norm_scope: Literal["head", "projection", "head_weights"]
@@ -62,19 +65,138 @@ class Attention:
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
+    query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
+    logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
+    output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
     # A learned logit per query head joins each softmax (attention sinks).
     sinks: bool = False
+
+    linear = False  # caches K/V per token, not a recurrent state
 
     @property
     def sliding(self) -> bool:
         return self.window is not None
 
 
+@dataclass(frozen=True)
+class LinearStateShapes:
+    """The recurrent state one sequence keeps in one linear-attention layer, in
+    vLLM's layout: the convolution's last inputs and the per-head state."""
+
+    conv: tuple[int, int]  # (channels, kernel - 1 + speculative tokens)
+    recurrent: tuple[int, ...]
+
+    def bytes(self, conv_dtype_bytes: int, state_dtype_bytes: int) -> int:
+        conv = self.conv[0] * self.conv[1] * conv_dtype_bytes
+        recurrent = 1
+        for n in self.recurrent:
+            recurrent *= n
+        return conv + recurrent * state_dtype_bytes
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet (Qwen3-Next's linear attention): a short causal convolution
+    over q, k and v, then the gated delta rule over one recurrent state per value
+    head. It caches no K/V: each sequence keeps the convolution's last inputs and
+    the states, whatever its length."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_size: int
+    projections: Literal["grouped", "split"]  # checkpoint layout of the projections
+    state_dtype: Literal["float32", "bfloat16"]
+
+    kind = "gated_deltanet"
+    linear = True  # a recurrent state per sequence, no KV cache
+    # What softmax attention has per layer and this mixer has not.
+    window = None
+    kv_source = None
+    rope = False
+
+    @property
+    def sliding(self) -> bool:
+        return False
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
+        """Per sequence and tensor-parallel rank, as vLLM allocates it
+        (MambaStateShapeCalculator.gated_delta_net_state_shape): speculative
+        decoding widens the convolution state by the draft tokens."""
+        return LinearStateShapes(
+            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
+            recurrent=(
+                self.num_value_heads // tp,
+                self.value_head_dim,
+                self.key_head_dim,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class KimiDeltaAttention:
+    """Kimi delta attention (Kimi Linear's linear attention): Gated DeltaNet's
+    delta rule with one decay per key channel instead of per head, from a low-rank
+    forget gate; q, k and v have a short causal convolution each, and the output
+    passes a gated norm with a low-rank sigmoid gate. One recurrent state per head,
+    no K/V cache."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel_size: int
+    state_dtype: Literal["float32", "bfloat16"]
+
+    kind = "kimi_delta"
+    linear = True  # a recurrent state per sequence, no KV cache
+    # What softmax attention has per layer and this mixer has not.
+    window = None
+    kv_source = None
+    rope = False
+
+    @property
+    def sliding(self) -> bool:
+        return False
+
+    @property
+    def projection_dim(self) -> int:
+        """Rows of each of the q, k and v projections (and their convolutions)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the three convolutions together: q, k and v."""
+        return 3 * self.projection_dim
+
+    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
+        """Per sequence and tensor-parallel rank, as vLLM allocates it
+        (MambaStateShapeCalculator.kda_state_shape): one convolution state for
+        q, k and v together, and a [head_dim, head_dim] state per head."""
+        return LinearStateShapes(
+            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
+            recurrent=(self.num_heads // tp, self.head_dim, self.head_dim),
+        )
+
+
 # The token mixers a layer can have (more kinds join this union).
-Mixer = Attention
+LinearMixer = GatedDeltaNet | KimiDeltaAttention
+Mixer = Attention | LinearMixer
 
 
 @dataclass(frozen=True)
@@ -136,18 +258,25 @@ MLP = DenseMLP | MoEMLP
 class Norms:
     """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
     ``post`` their outputs (before each residual add), ``parallel`` the layer
-    input once, for attention and the MLP side by side."""
+    input once, for attention and the MLP side by side, ``sandwich`` both inputs
+    and outputs."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post", "parallel"]
+    placement: Literal["pre", "post", "parallel", "sandwich"]
     bias: bool = True  # layernorm: a bias beside the weight
+    unit_offset: bool = False  # RMSNorm by (1 + weight), in float32 (Gemma)
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles: (the one around attention, the one around the
-        MLP); ``parallel`` has the one both read."""
+        """Its checkpoint roles, in the order the layer runs them (``parallel``
+        has the one both attention and the MLP read)."""
         return LAYER_NORM_ROLES[self.placement]
+
+    def at(self, site: str) -> str | None:
+        """The role normalising ``site`` (``attention_input``,
+        ``attention_output``, ``mlp_input``, ``mlp_output``), or None."""
+        return next((r for r in self.roles if NORM_SITES[r] == site), None)
 
     @property
     def has_bias(self) -> bool:
@@ -243,10 +372,46 @@ class ArchPlan:
 
     @property
     def attention_types(self) -> tuple[str, ...]:
-        """Per layer, as configs spell it: full_attention / sliding_attention."""
+        """Per layer, as configs spell it: full_attention / sliding_attention /
+        linear_attention."""
         return tuple(
-            "sliding_attention" if layer.mixer.sliding else "full_attention"
+            "linear_attention"
+            if layer.mixer.linear
+            else "sliding_attention"
+            if layer.mixer.sliding
+            else "full_attention"
             for layer in self.layers
+        )
+
+    @property
+    def rope_layers(self) -> tuple[bool | None, ...]:
+        """Per decoder layer: whether its attention rotates q and k (None: a
+        linear-attention layer, which has no positions to encode)."""
+        return tuple(
+            None if layer.mixer.linear else layer.mixer.rope for layer in self.layers
+        )
+
+    @property
+    def nope(self) -> bool:
+        """Some attention layer uses no rotary embedding."""
+        return False in self.rope_layers
+
+    @property
+    def linear_layers(self) -> tuple[bool, ...]:
+        """Per decoder layer: whether its mixer is linear attention."""
+        return tuple(layer.mixer.linear for layer in self.layers)
+
+    @property
+    def linear(self) -> LinearMixer | None:
+        """The linear-attention mixer of the layers that have one (None: every
+        layer is softmax attention)."""
+        return next(
+            (
+                b.mixer
+                for b in self.layers
+                if isinstance(b.mixer, (GatedDeltaNet, KimiDeltaAttention))
+            ),
+            None,
         )
 
     @property
@@ -261,10 +426,20 @@ class ArchPlan:
 
     @property
     def attention(self) -> Attention:
-        """The attention every block shares, without the per-layer sliding
-        window, KV source and rope (kind, heads, dims: one for the whole
-        model)."""
-        return replace(self.layers[0].mixer, window=None, kv_source=None, rope=True)
+        """The attention every attention block shares, without the per-layer
+        sliding window, KV source and rope (kind, heads, dims: one for the whole
+        model; the full-attention layers' rope; linear-attention layers have their
+        own mixer, ``linear``)."""
+        first = next(b.mixer for b in self._blocks if isinstance(b.mixer, Attention))
+        theta, scaling = self.spec.rope.theta, self.spec.rope.scaling
+        return replace(
+            first,
+            window=None,
+            kv_source=None,
+            rope=True,
+            rope_theta=theta,
+            rope_scaling=scaling.type if scaling else None,
+        )
 
     @property
     def dense(self) -> DenseMLP | None:
@@ -299,7 +474,8 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norms = Norms(spec.norm.type, spec.norm.eps, spec.norm.placement, spec.norm.bias)
+    norm = spec.norm
+    norms = Norms(norm.type, norm.eps, norm.placement, norm.bias, norm.unit_offset)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 
@@ -308,10 +484,18 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         assert chosen is not None, "spec rules guarantee the MLP a layer needs"
         return chosen
 
+    linear = _linear_attention(spec)
+
+    def mixer(i: int) -> Mixer:
+        if types[i] == "linear_attention":
+            assert linear is not None, "spec rules guarantee the section"
+            return linear
+        return _attention(spec, types[i] == "sliding_attention", i)
+
     layers = tuple(
         Layer(
             index=i,
-            mixer=_attention(spec, types[i] == "sliding_attention", i),
+            mixer=mixer(i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
             residual_multiplier=spec.residual_multiplier,
@@ -346,6 +530,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
 def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
     att = spec.attention
     mla = att.mla
+    theta, scaling = spec.layer_rope(spec.num_hidden_layers if layer is None else layer)
     return Attention(
         kind=att.type,
         num_heads=att.num_heads,
@@ -354,12 +539,17 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         window=att.sliding_window if sliding else None,
         kv_source=None if layer is None else att.kv_sharing.get(layer),
         rope=layer is None or spec.uses_rope(layer),
+        rope_theta=theta,
+        rope_scaling=scaling.type if scaling else None,
         qk_norm=att.qk_norm,
         qk_norm_scope=att.qk_norm_scope,
         qk_norm_after_rope=att.qk_norm_after_rope,
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
+        output_gate=att.output_gate,
+        query_pre_attn_scalar=att.query_pre_attn_scalar,
+        logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
         sinks=att.sinks,
         mla=None
@@ -371,6 +561,28 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         ),
+    )
+
+
+def _linear_attention(spec: ModelSpec) -> LinearMixer | None:
+    lin = spec.linear_attention
+    if lin is None:
+        return None
+    if lin.type == "kimi_delta":
+        return KimiDeltaAttention(
+            num_heads=lin.num_key_heads,
+            head_dim=lin.key_head_dim,
+            conv_kernel_size=lin.conv_kernel_size,
+            state_dtype=lin.state_dtype,
+        )
+    return GatedDeltaNet(
+        num_key_heads=lin.num_key_heads,
+        num_value_heads=lin.num_value_heads,
+        key_head_dim=lin.key_head_dim,
+        value_head_dim=lin.value_head_dim,
+        conv_kernel_size=lin.conv_kernel_size,
+        projections=lin.projections,
+        state_dtype=lin.state_dtype,
     )
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from onboard.arch.plan import DenseMLP, Layer, MoEMLP, build_plan
+from onboard.arch.plan import (
+    DenseMLP,
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    Layer,
+    MoEMLP,
+    build_plan,
+)
 from onboard.spec.layouts import PARAM_ROLES, gpt_oss_param
 from onboard.spec.model import ModelSpec
 
@@ -19,9 +26,11 @@ from onboard.spec.model import ModelSpec
 class TensorPlan:
     """One checkpoint tensor: its name, shape and how it is initialised.
 
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``bias``,
-    ``router_bias``, ``sinks``, ``head`` (scaled output head), ``head_norm`` (a
-    norm carrying the head's scale, tied embeddings) or ``copy:<name>`` (same
+    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
+    that scales by 1 + weight), ``bias``, ``a_log`` (a linear-attention layer's log
+    decay rates), ``conv`` (its convolution), ``router_bias``, ``sinks``, ``head``
+    (scaled output head), ``head_norm`` (a norm carrying the head's scale, tied
+    embeddings; with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same
     values as another tensor, e.g. MTP heads sharing the output head).
     """
 
@@ -56,7 +65,7 @@ def plan_tensors(spec: ModelSpec) -> list[TensorPlan]:
         plans.append(TensorPlan(name, shape, init, layer))
 
     def norm(role: str, size: int, layer: int | None, init: str = "ones") -> None:
-        add(role, (size,), init, layer)
+        add(role, (size,), _norm_init(spec, init), layer)
         if spec.norm.type == "layernorm" and spec.norm.bias:
             add(role, (size,), "bias", layer, suffix="bias")
 
@@ -109,8 +118,10 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             )
         )
 
-    def norm(role: str, size: int) -> None:
-        add(role, (size,), "ones")
+    def norm(role: str | None, size: int) -> None:
+        if role is None:
+            return
+        add(role, (size,), _norm_init(spec, "ones"))
         if block.norms.has_bias:
             add(role, (size,), "bias", suffix="bias")
 
@@ -121,12 +132,13 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    placement = block.norms.placement
-    roles = block.norms.roles
-    attention_norm, mlp_norm = roles[0], roles[-1]  # parallel: the one norm
-    if placement in ("pre", "parallel"):
-        norm(attention_norm, h)
-    if att.mla is not None:
+    norms = block.norms
+    norm(norms.at("attention_input"), h)  # parallel: the one both read
+    if isinstance(att, GatedDeltaNet):
+        _linear_attention_tensors(att, h, add, linear)
+    elif isinstance(att, KimiDeltaAttention):
+        _kimi_delta_tensors(att, h, add, linear)
+    elif att.mla is not None:
         mla = att.mla
         assert mla is not None
         qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
@@ -134,10 +146,10 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             linear("q_proj", att.num_heads * qk_head, h)
         else:
             linear("q_a_proj", mla.q_lora_rank, h)
-            add("q_a_norm", (mla.q_lora_rank,), "ones")
+            add("q_a_norm", (mla.q_lora_rank,), _norm_init(spec, "ones"))
             linear("q_b_proj", att.num_heads * qk_head, mla.q_lora_rank)
         linear("kv_a_proj", mla.kv_lora_rank + mla.qk_rope_head_dim, h)
-        add("kv_a_norm", (mla.kv_lora_rank,), "ones")
+        add("kv_a_norm", (mla.kv_lora_rank,), _norm_init(spec, "ones"))
         linear(
             "kv_b_proj",
             att.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim),
@@ -147,10 +159,12 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     else:
         hd, kv = att.head_dim, att.num_kv_heads
         assert hd is not None and kv is not None
+        # With an output gate, each head's query is followed by its gate.
+        q_rows = att.num_heads * hd * (2 if att.output_gate else 1)
         if "qkv_proj" in fused:
-            linear("qkv_proj", (att.num_heads + 2 * kv) * hd, h, att.qkv_bias)
+            linear("qkv_proj", q_rows + 2 * kv * hd, h, att.qkv_bias)
         else:
-            linear("q_proj", att.num_heads * hd, h, att.qkv_bias)
+            linear("q_proj", q_rows, h, att.qkv_bias)
             linear("k_proj", kv * hd, h, att.qkv_bias)
             linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
@@ -160,13 +174,13 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
                 "projection": ((att.num_heads * hd,), (kv * hd,)),
                 "head_weights": ((att.num_heads, hd), (kv, hd)),
             }[att.qk_norm_scope]
-            add("q_norm", shapes[0], "ones")
-            add("k_norm", shapes[1], "ones")
+            qk_init = _norm_init(spec, "ones")
+            add("q_norm", shapes[0], qk_init)
+            add("k_norm", shapes[1], qk_init)
         if att.sinks:
             add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
-    # pre: the MLP's input norm; post: attention's output norm (same place).
-    if placement != "parallel":
-        norm(mlp_norm if placement == "pre" else attention_norm, h)
+    norm(norms.at("attention_output"), h)
+    norm(norms.at("mlp_input"), h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
@@ -179,9 +193,58 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         linear("down_proj", h, inter)
     else:
         _moe_tensors(m, h, add, linear)
-    if placement == "post":
-        norm(mlp_norm, h)
+    norm(norms.at("mlp_output"), h)
     return out
+
+
+def _linear_attention_tensors(
+    m: GatedDeltaNet, h: int, add: Callable[..., None], linear: Callable[..., None]
+) -> None:
+    """A Gated DeltaNet layer's tensors, made with _block's helpers: A_log and
+    dt_bias, one value per value head, are parameters of the mixer module."""
+    heads = m.num_value_heads
+    if m.projections == "grouped":
+        linear("linear_in_proj_qkvz", 2 * m.key_dim + 2 * m.value_dim, h)
+        linear("linear_in_proj_ba", 2 * heads, h)
+    else:
+        linear("linear_in_proj_qkv", m.conv_dim, h)
+        linear("linear_in_proj_z", m.value_dim, h)
+        linear("linear_in_proj_b", heads, h)
+        linear("linear_in_proj_a", heads, h)
+    add("linear_conv1d", (m.conv_dim, 1, m.conv_kernel_size), "conv")
+    add("linear_attn", (heads,), "a_log", suffix="A_log")
+    add("linear_attn", (heads,), "ones", suffix="dt_bias")
+    add("linear_norm", (m.value_head_dim,), "ones")
+    linear("linear_out_proj", h, m.value_dim)
+
+
+def _kimi_delta_tensors(
+    m: KimiDeltaAttention, h: int, add: Callable[..., None], linear: Callable[..., None]
+) -> None:
+    """A Kimi delta attention layer's tensors, made with _block's helpers: A_log
+    (one per head, stored [1, 1, heads, 1] as Kimi Linear does) and dt_bias (one
+    per key channel) are parameters of the mixer module."""
+    dim, rank = m.projection_dim, m.head_dim
+    for p in ("q", "k", "v"):
+        linear(f"kda_{p}_proj", dim, h)
+    for p in ("q", "k", "v"):
+        add(f"kda_{p}_conv1d", (dim, 1, m.conv_kernel_size), "conv")
+    add("kda_attn", (1, 1, m.num_heads, 1), "a_log", suffix="A_log")
+    add("kda_attn", (dim,), "ones", suffix="dt_bias")
+    linear("kda_f_a_proj", rank, h)
+    linear("kda_f_b_proj", dim, rank)
+    linear("kda_b_proj", m.num_heads, h)
+    linear("kda_g_a_proj", rank, h)
+    linear("kda_g_b_proj", dim, rank)
+    add("kda_o_norm", (m.head_dim,), "ones")
+    linear("kda_o_proj", h, dim)
+
+
+def _norm_init(spec: ModelSpec, init: str) -> str:
+    """A norm weight's init: a 1 + weight norm (Gemma) holds the scale less one."""
+    if not spec.norm.unit_offset:
+        return init
+    return {"ones": "zeros", "head_norm": "head_norm+1"}[init]
 
 
 def _moe_tensors(

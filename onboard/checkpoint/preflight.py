@@ -2,8 +2,9 @@
 
 ``preflight(spec, checkpoint_dir)`` reads metadata only: ``config.json``, the
 safetensors index and, of every shard, the 8-byte header length and the JSON header
-(tensor names, dtypes, shapes, byte ranges). No tensor data is read, so a
-1T-parameter checkpoint is checked in seconds. It compares:
+(tensor names, dtypes, shapes, byte ranges). No tensor data is read (but the
+linear-attention layers' A_log, one value per head), so a 1T-parameter checkpoint
+is checked in seconds. It compares:
 
 1. files: the index against the shards on disk (missing, unlisted, truncated or
    corrupt shards, tensors the index misplaces);
@@ -24,8 +25,9 @@ one pattern (all layers, all experts) are reported once, with the index ranges.
 
 Each concern is a module that adds to one shared problem list
 (:class:`~onboard.checkpoint.preflight_report.PreflightRun`): ``preflight_files``
-(index, shards, headers), ``preflight_config`` (config.json), ``preflight_tensors``
-and ``preflight_names`` (the spec's tensors), ``preflight_quant`` and
+(index, shards, headers), ``preflight_config`` (config.json), ``preflight_tensors``,
+``preflight_names`` and ``preflight_linear`` (the spec's tensors; the decay
+parameters of linear-attention layers), ``preflight_quant`` and
 ``preflight_ct`` (quantized checkpoints). This module runs them in order and keeps
 every public name importable from here.
 """

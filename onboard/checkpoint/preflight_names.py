@@ -406,9 +406,10 @@ def _unexpected_problem(
         fields = ["mlp.moe.num_experts"]
     elif (placement := _other_norm_placement(run, pattern)) is not None:
         message += f" (it is where a {placement}-norm block keeps a norm)"
+        what = {"pre": "inputs", "post": "outputs"}.get(placement, "inputs and outputs")
         fix = (
-            f"if the model normalises {'outputs' if placement == 'post' else 'inputs'}"
-            f", set norm.placement: {placement} in the spec"
+            f"if the model normalises the sublayers' {what}, set norm.placement: "
+            f"{placement} in the spec"
         )
         fields = ["norm.placement"]
     elif role is not None:

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from onboard.checkpoint.preflight_ct import FLOATS, CTConfig, ct_tensors
 from onboard.checkpoint.preflight_report import Expect, PreflightRun, examples
 from onboard.checkpoint.preflight_spec import abstract, describe
+from onboard.spec.layouts import LINEAR_ATTENTION_KEPT
 from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 
 # Roles vLLM builds as Linear layers (LinearBase): what a compressed-tensors
 # "Linear" target quantizes: the decoder's Linear roles plus the Linear layers the
 # quantizer keeps in 16 bits (without lm_head, which vLLM builds as ParallelLMHead).
 LINEAR_ROLES = frozenset(
-    DECODER_LINEAR_ROLES + ("router", "shared_expert_gate", "mtp_eh_proj")
+    DECODER_LINEAR_ROLES
+    + ("router", "shared_expert_gate", "mtp_eh_proj")
+    + LINEAR_ATTENTION_KEPT
 )
 # Vocabulary-sized layers vLLM builds unquantized whatever the config says.
 HEAD_ROLES = frozenset({"embed", "lm_head", "mtp_head"})
@@ -34,6 +37,8 @@ FUSED_SETS = (
     ("gate_proj", "up_proj"),
     ("shared_gate_proj", "shared_up_proj"),
     ("q_a_proj", "kv_a_proj"),
+    ("linear_in_proj_qkv", "linear_in_proj_z"),  # vLLM's one in_proj_qkvz
+    ("linear_in_proj_b", "linear_in_proj_a"),  # vLLM's one in_proj_ba
     EXPERT_ROLES,  # one FusedMoE layer per decoder layer
 )
 # Parameters quantizers add next to (or instead of) a Linear module's weight.

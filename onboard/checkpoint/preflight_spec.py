@@ -8,10 +8,12 @@ import re
 from collections import defaultdict
 from functools import cache
 
-from onboard.arch import ArchPlan
+from onboard.arch import ArchPlan, KimiDeltaAttention
 from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
     ROLES,
     STACKED_EXPERT_ROLES,
     gpt_oss_param,
@@ -174,6 +176,20 @@ def role_hint(
             '"topk_method": "noaux_tc" in config.json',
             ["mlp.moe.router.bias_correction"],
         )
+    if role in LINEAR_ATTENTION_ROLES["grouped"] + LINEAR_ATTENTION_ROLES["split"]:
+        lin = plan.spec.linear_attention
+        return (
+            "check linear_attention.projections (the spec says "
+            f"{lin.projections if lin else 'none'}; grouped: in_proj_qkvz and "
+            "in_proj_ba, split: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a)",
+            ["linear_attention.projections"],
+        )
+    if role in LINEAR_ATTENTION_COMMON:
+        return (
+            "the checkpoint's linear-attention layers differ from the spec's: "
+            "check attention.layer_types (and the linear_attention section)",
+            ["attention.layer_types"],
+        )
     if role == "lm_head":
         return (
             "set tie_word_embeddings: true in the spec if the model ties its output "
@@ -253,6 +269,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         "input_norm",
         "post_attention_norm",
         "attention_output_norm",
+        "mlp_input_norm",
         "mlp_output_norm",
         "final_norm",
         "mtp_enorm",
@@ -275,12 +292,14 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         )
         q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
         kv = (f"{kvh} × {hd[0]}", att.num_kv_heads * hd[1])
+        # With the output gate, q_proj also holds each head's gate.
+        q_rows = (f"2 × {q[0]}", 2 * q[1]) if att.output_gate else q
         qkv = (
-            f"(attention.num_heads + 2 × {kvh}) × {hd[0]}",
-            (nh + 2 * att.num_kv_heads) * hd[1],
+            f"({q_rows[0]} + 2 × {kvh} × {hd[0]})",
+            q_rows[1] + 2 * att.num_kv_heads * hd[1],
         )
         table |= {
-            "q_proj": (q, h),
+            "q_proj": (q_rows, h),
             "k_proj": (kv, h),
             "v_proj": (kv, h),
             "qkv_proj": (qkv, h),
@@ -328,6 +347,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
+    table |= _linear_dims(plan, h)
     if plan.dense is not None:
         inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
@@ -371,7 +391,13 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
     dims = table.get(role or "")
     if dims is None:
         return None
-    if param == "bias":  # a linear's bias has its output size; a norm's its size
+    if role == "kda_attn":
+        # Kimi Linear's A_log [1, 1, heads, 1], dt_bias one value per channel.
+        one = ("1", 1)
+        return [one, one, dims[0], one] if param == "A_log" else [dims[1]]
+    if param in ("bias", "A_log", "dt_bias"):
+        # A linear's bias has its output size, a norm's its size; the mixer's
+        # A_log and dt_bias one value per value head.
         return [dims[0]]
     return list(dims)
 
@@ -389,6 +415,58 @@ def _gpt_oss_dims(
         gpt_oss_param(down): [ne, ei, h],
         gpt_oss_param(down, bias=True): [ne, h],
     }.get(param)
+
+
+def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
+    """The dimensions of a linear-attention layer's tensors (none without)."""
+    lin = plan.linear
+    if lin is None:
+        return {}
+    la = "linear_attention."
+    if isinstance(lin, KimiDeltaAttention):
+        heads = (f"{la}num_key_heads", lin.num_heads)
+        dim = (f"{la}num_key_heads × {la}key_head_dim", lin.projection_dim)
+        rank = (f"{la}key_head_dim", lin.head_dim)
+        conv = (dim, ("1", 1), (f"{la}conv_kernel_size", lin.conv_kernel_size))
+        return {
+            "kda_q_proj": (dim, h),
+            "kda_k_proj": (dim, h),
+            "kda_v_proj": (dim, h),
+            "kda_q_conv1d": conv,
+            "kda_k_conv1d": conv,
+            "kda_v_conv1d": conv,
+            "kda_f_a_proj": (rank, h),
+            "kda_f_b_proj": (dim, rank),
+            "kda_b_proj": (heads, h),
+            "kda_g_a_proj": (rank, h),
+            "kda_g_b_proj": (dim, rank),
+            "kda_o_norm": (rank,),
+            "kda_o_proj": (h, dim),
+            # A_log: one value per head, stored [1, 1, heads, 1]; dt_bias: one per
+            # key channel (see _param_dims).
+            "kda_attn": (heads, dim),
+        }
+    vh = (f"{la}num_value_heads", lin.num_value_heads)
+    key_dim = (f"{la}num_key_heads × {la}key_head_dim", lin.key_dim)
+    value_dim = (f"{la}num_value_heads × {la}value_head_dim", lin.value_dim)
+    conv = (f"2 × {key_dim[0]} + {value_dim[0]}", lin.conv_dim)
+    qkvz = (f"2 × ({key_dim[0]} + {value_dim[0]})", 2 * (lin.key_dim + lin.value_dim))
+    return {
+        "linear_in_proj_qkvz": (qkvz, h),
+        "linear_in_proj_ba": ((f"2 × {vh[0]}", 2 * lin.num_value_heads), h),
+        "linear_in_proj_qkv": (conv, h),
+        "linear_in_proj_z": (value_dim, h),
+        "linear_in_proj_b": (vh, h),
+        "linear_in_proj_a": (vh, h),
+        "linear_conv1d": (
+            conv,
+            ("1", 1),
+            (f"{la}conv_kernel_size", lin.conv_kernel_size),
+        ),
+        "linear_attn": (vh,),  # A_log and dt_bias: one value per value head
+        "linear_norm": ((f"{la}value_head_dim", lin.value_head_dim),),
+        "linear_out_proj": (h, value_dim),
+    }
 
 
 def is_field(text: str) -> bool:
@@ -457,6 +535,24 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "moe_expert_bias": ("mlp.moe.expert_bias",),
     "swiglu_alpha": ("mlp.moe.swiglu_alpha",),
     "swiglu_limit": ("mlp.moe.swiglu_limit",),
+    "attn_output_gate": ("attention.output_gate",),
+    "linear_num_key_heads": ("linear_attention.num_key_heads",),
+    "linear_num_value_heads": ("linear_attention.num_value_heads",),
+    "linear_key_head_dim": ("linear_attention.key_head_dim",),
+    "linear_value_head_dim": ("linear_attention.value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_attention.conv_kernel_size",),
+    "linear_projections": ("linear_attention.projections",),
+    "mamba_ssm_dtype": ("linear_attention.state_dtype",),
+    "linear_attention_type": ("linear_attention.type",),
+    "linear_num_heads": (
+        "linear_attention.num_key_heads",
+        "linear_attention.num_value_heads",
+    ),
+    "linear_head_dim": (
+        "linear_attention.key_head_dim",
+        "linear_attention.value_head_dim",
+    ),
+    "mla_norm_eps": ("attention.mla.latent_norm_eps",),
     "num_nextn_predict_layers": ("mtp.num_heads",),
     "mtp_mlp": ("mtp.mlp",),
 }

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from onboard.arch import KimiDeltaAttention
 from onboard.checkpoint.preflight_ct import FLOATS, CTConfig
+from onboard.checkpoint.preflight_linear import check_linear_attention
 from onboard.checkpoint.preflight_names import report_names
 from onboard.checkpoint.preflight_quant import (
     QUANTIZABLE_ROLES,
@@ -33,7 +35,7 @@ from onboard.checkpoint.preflight_spec import (
 )
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.spec.layouts import STACKED_EXPERT_ROLES
-from onboard.targets.cpu_kernels import CPU_MLA_LATENT
+from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
 # A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
 SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
@@ -83,9 +85,11 @@ def check_tensors(run: PreflightRun) -> None:
         if n not in expected and n not in optional and n not in consumed
     ]
     _check_present(run, expected, optional)
+    missing, unexpected = check_linear_attention(run, missing, unexpected)
     missing = _check_mtp(run, _check_layer_count(run, missing))
     report_names(run, missing, unexpected, quant, expected)
     _note_cpu_mla(run)
+    _note_cpu_gdn(run)
 
 
 def _check_layer_count(run: PreflightRun, missing: list[str]) -> list[str]:
@@ -182,7 +186,8 @@ def _check_present(
         elif (
             run.dtype is not None
             and info.dtype != run.dtype
-            and want.param != "e_score_correction_bias"  # FP32 by design
+            # FP32 by design: the router's bias correction, the decay's A_log.
+            and want.param not in ("e_score_correction_bias", "A_log")
         ):
             dtypes[("mixed", info.dtype, (run.dtype,))].append(name)
     for (pattern, want, got, role, param), names in shapes.items():
@@ -211,13 +216,16 @@ def _shape_problem(
         return
     if role in ("q_norm", "k_norm") and _qk_norm_scope(run, role, got, where, names):
         return
+    if role == "q_proj" and param == "weight" and _output_gate(run, want, got, where):
+        return
     if param == "e_score_correction_bias" and _router_bias_rows(
         run, want, got, where, names
     ):
         return
     exprs = (
         dims(run.plan, role, param)
-        if param in ("weight", "bias") or role in ("sinks", *STACKED_EXPERT_ROLES)
+        if param in ("weight", "bias", "A_log", "dt_bias")
+        or role in ("sinks", *STACKED_EXPERT_ROLES)
         else None
     )
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):
@@ -254,6 +262,30 @@ def _shape_problem(
         tensors=names,
         spec_fields=dict.fromkeys(fields),
     )
+
+
+def _output_gate(
+    run: PreflightRun, want: tuple[int, ...], got: tuple[int, ...], where: str
+) -> bool:
+    """A q_proj of twice (or half) the spec's rows: the output gate it holds."""
+    if run.plan.attention.kind != "gqa" or len(got) != 2 or got[1:] != want[1:]:
+        return False
+    gate = run.plan.attention.output_gate
+    if got[0] * 2 == want[0] and gate:
+        said = "q_proj has one row per query channel, no output gate"
+    elif got[0] == want[0] * 2 and not gate:
+        said = "q_proj has twice the query rows: each head's gate beside its query"
+    else:
+        return False
+    run.add(
+        "error",
+        "shape",
+        where,
+        f"shape {list(got)}, the spec gives {list(want)}: {said}",
+        f"set attention.output_gate: {str(not gate).lower()} in the spec",
+        spec_fields=["attention.output_gate"],
+    )
+    return True
 
 
 def _router_bias_rows(
@@ -376,6 +408,42 @@ def _note_cpu_mla(run: PreflightRun) -> None:
         spec_fields=[
             "attention.mla.kv_lora_rank",
             "attention.mla.qk_rope_head_dim",
+        ],
+    )
+
+
+def _note_cpu_gdn(run: PreflightRun) -> None:
+    lin = run.plan.linear
+    if lin is None:
+        return
+    if isinstance(lin, KimiDeltaAttention):
+        run.add(
+            "warning" if "cpu" in run.spec.targets else "note",
+            "cpu-kda",
+            "linear_attention",
+            "vLLM's Kimi delta attention layer runs Triton kernels only (its chunked "
+            "and recurrent KDA ops and the convolution): the CPU engine cannot run "
+            "these layers",
+            "validate on a GPU target; the Hugging Face reference runs on the CPU",
+            spec_fields=["linear_attention.type"],
+        )
+        return
+    problems = cpu_gdn_problems(
+        lin.key_head_dim, lin.value_head_dim, lin.conv_kernel_size
+    )
+    if not problems:
+        return
+    run.add(
+        "warning" if "cpu" in run.spec.targets else "note",
+        "cpu-gdn",
+        "linear_attention",
+        "vLLM's CPU Gated DeltaNet kernels cannot run this: " + "; ".join(problems),
+        "validate on a GPU target, or keep equal key and value head dims of 64 or "
+        "128 and conv_kernel_size 4 for CPU runs",
+        spec_fields=[
+            "linear_attention.key_head_dim",
+            "linear_attention.value_head_dim",
+            "linear_attention.conv_kernel_size",
         ],
     )
 

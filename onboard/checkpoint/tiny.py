@@ -10,8 +10,11 @@ Initialisation (see docs/vllm-cpu-notes.md: decisive logits without saturated ro
 linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
-spread, so the correction changes some choices); attention sinks ~ N(0, 1); the
-output heads (``lm_head``,
+spread, so the correction changes some choices); attention sinks ~ N(0, 1); a
+linear-attention layer's convolution ~ N(0, 0.3^2) (a few taps, about PyTorch's
+default), ``dt_bias`` 1 and ``A_log`` = log(U(1, 16)) per value head, so every
+state forgets within a few tokens and a flipped sign changes the logits; the output
+heads (``lm_head``,
 MTP ``shared_head.head``) ~ N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a
 standard deviation of about LOGIT_STD and the top-1/top-2 margin is usually above 1.
 
@@ -48,6 +51,8 @@ ROUTER_BIAS_STD = 0.05
 # Attention scores of 0.02-std weights are near zero: a sink of this size takes a
 # visible share of each softmax, so a sink that is lost or misapplied shows.
 SINK_STD = 1.0
+# A depthwise convolution of a few taps, about PyTorch's default initialisation.
+CONV_STD = 0.3
 LOGIT_STD = 10.0
 # What a seconds-sized checkpoint may hold (bf16: 64 MB); see write_tiny_checkpoint.
 TINY_MAX_PARAMS = 32_000_000
@@ -71,13 +76,24 @@ def init_tensor(
     logit_std = LOGIT_STD * logits_scaling  # before the division by logits_scaling
     if plan.init == "ones":
         return np.ones(plan.shape, dtype=np.float32)
-    if plan.init == "head_norm":  # tied embeddings: the scale sits before the head
+    if plan.init == "zeros":  # a norm that scales by 1 + weight
+        return np.zeros(plan.shape, dtype=np.float32)
+    if plan.init in ("head_norm", "head_norm+1"):
+        # Tied embeddings: the scale sits before the head (less the 1 a 1 + weight
+        # norm adds).
         scale = logit_std / (WEIGHT_STD * math.sqrt(hidden_size))
-        return np.full(plan.shape, scale, dtype=np.float32)
+        offset = 1.0 if plan.init == "head_norm+1" else 0.0
+        return np.full(plan.shape, scale - offset, dtype=np.float32)
     if plan.init.startswith("copy:"):
         return done[plan.init.removeprefix("copy:")]
+    if plan.init == "a_log":
+        # Decay rates A in [1, 16] (transformers draws [0.01, 16]): each state
+        # forgets within a few tokens, so a wrong sign or a dropped exp shows.
+        rates = _rng(seed, plan.name).uniform(1.0, 16.0, plan.shape)
+        return np.log(rates).astype(np.float32)
     std = {
         "normal": WEIGHT_STD,
+        "conv": CONV_STD,
         "bias": BIAS_STD,
         "router_bias": ROUTER_BIAS_STD,
         "sinks": SINK_STD,

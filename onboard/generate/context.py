@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from onboard.arch import ArchPlan, build_plan
+from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
+    LINEAR_ATTENTION_COMMON,
+    LINEAR_ATTENTION_ROLES,
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
@@ -39,6 +41,8 @@ CANONICAL = LAYOUT_PRESETS["llama"]
 # A decoder layer's own modules besides its MLP, which an MLP may not be named.
 LAYER_ATTRIBUTES = (
     "self_attn",
+    "linear_attn",
+    "linear_attention",
     "input_layernorm",
     "post_attention_layernorm",
     "post_feedforward_layernorm",
@@ -351,12 +355,13 @@ class _Cfg(SimpleNamespace):
 def _check_expr(
     expr: str, hf: dict, want: list[Any], what: str, spec: ModelSpec
 ) -> None:
+    """``expr`` must give ``want`` on each layer (None in ``want``: any value)."""
     cfg = _Cfg(**hf)
     got = [
         eval(expr, {}, {"config": cfg, "layer_idx": i})  # noqa: S307
         for i in range(len(want))
     ]
-    if got != want:
+    if any(w is not None and g != w for g, w in zip(got, want, strict=True)):
         raise GenerationError(
             f"{spec.name}: the Hugging Face config's {what} ({expr}) gives "
             f"{got} per layer, but the spec says {want}"
@@ -380,8 +385,7 @@ def _rope_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str:
             f"{spec.name}: the Hugging Face config written for this spec does not "
             "say which layers use rope (no no_rope_layers or layer_types)"
         )
-    want = [layer.mixer.rope for layer in arch.layers]
-    _check_expr(expr, f.hf, want, "rope layer plan", spec)
+    _check_expr(expr, f.hf, list(arch.rope_layers), "rope layer plan", spec)
     return expr
 
 
@@ -407,6 +411,29 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 # ---- the context ---------------------------------------------------------------------
 
 
+def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
+    """What the Hugging Face reference computes and the vLLM model file does not
+    print yet: Kimi delta attention layers, MLA layers without rope."""
+    if isinstance(arch.linear, KimiDeltaAttention):
+        raise GenerationError(
+            f"{spec.name}: linear_attention.type kimi_delta: the vLLM model is not "
+            "generated for Kimi delta attention layers yet (the Hugging Face "
+            "reference computes them)"
+        )
+    mla = spec.attention.mla
+    if mla is not None and mla.latent_norm_eps not in (None, spec.norm.eps):
+        raise GenerationError(
+            f"{spec.name}: attention.mla.latent_norm_eps: vLLM's MLA layers "
+            "normalise the latent with norm.eps; a model with another latent eps is "
+            "not generated"
+        )
+    if spec.attention.type == "mla" and arch.nope:
+        raise GenerationError(
+            f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
+            "layers without rope yet (the Hugging Face reference computes them)"
+        )
+
+
 def build_context(
     spec: ModelSpec, hf: dict | None = None, *, mtp: bool = False
 ) -> dict[str, Any]:
@@ -422,6 +449,7 @@ def build_context(
     which checkpoint tensors the file's own ``load_weights`` maps.
     """
     arch = build_plan(spec)
+    _refuse_ungenerated(spec, arch)
     f = arch.config if hf is None else ConfigKeys(spec, hf)
     att = spec.attention
     is_mla = att.type == "mla"
@@ -449,6 +477,7 @@ def build_context(
         cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
 
     vllm_paths = _vllm_paths(spec, mlp)
+    norm_names = _layer_norm_names(spec, arch, vllm_paths, mlp)
     renames = _renames(spec, _loaded_roles(spec, mlp, mtp=mtp), vllm_paths)
     names = _module_names(vllm_paths, mlp)
     stacked, packed = _stacked_params(spec, mlp, names)
@@ -468,15 +497,22 @@ def build_context(
         moe_rule=layer_expr,
         sliding=sliding != "none",
         kv_sharing=kv_sharing,
-        nope=not all(layer.mixer.rope for layer in arch.layers),
+        nope=arch.nope,
+        # Each layer's token mixer: linear attention or attention.
+        linear=arch.linear is not None,
     )
-    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope
+    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope or plan.linear
     rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None
     layer_idx_needed = (
-        sliding == "mixed" or kv_sharing or plan.nope or bool(plan.moe and layer_expr)
+        sliding == "mixed"
+        or kv_sharing
+        or plan.nope
+        or plan.linear
+        or bool(plan.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     norms = arch.layers[0].norms
+    rope_by_kind = _rope_by_kind(spec, arch, f)
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -489,6 +525,8 @@ def build_context(
         "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
+        "output_gate": att.type == "gqa" and att.output_gate,
+        "linear": _linear_context(spec, arch, f, cfg),
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
@@ -506,26 +544,33 @@ def build_context(
         "plan": plan,
         "layer_doc": _layer_doc(spec, plan) if plan.any else "",
         "summary": _summary(spec, arch),
-        "rope_comment": _rope_comment(spec),
+        "rope_comment": _rope_comment(spec, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         "norm": spec.norm.type,
+        # The norm class of the layers and the final norm, and of the q/k norms.
+        "norm_class": _norm_class(norms),
+        "rms_class": "GemmaRMSNorm" if norms.unit_offset else "RMSNorm",
         # A LayerNorm without bias (Cohere) says so; vLLM's has one by default.
         "norm_args": ", bias=False"
         if norms.kind == "layernorm" and not norms.bias
         else "",
         "norm_placement": norms.placement,
+        "norm_names": norm_names,
         # The MLP takes reduce_results: a shared expert reduced with the routed
         # ones, a parallel block's MLP reduced with attention.
         "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
         # The decoder layer takes and returns the residual beside the hidden
-        # states, so vLLM's RMSNorm adds it in the same kernel (pre-norm only,
-        # and no multiplier on the sublayers' outputs: as vLLM's granite.py).
+        # states, so vLLM's RMSNorm adds it in the same kernel (the norms of
+        # attention's and the MLP's inputs: pre-norm and sandwich blocks; no
+        # multiplier on the sublayers' outputs, as vLLM's granite.py).
         "fused_residual": norms.kind == "rmsnorm"
-        and norms.placement == "pre"
+        and norms.placement in ("pre", "sandwich")
         and cfg["residual_multiplier"] is None,
+        "scale_embedding": spec.scale_embedding,
+        "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
         "moe_act": moe_act,
         "has_dense": has_dense,
@@ -543,6 +588,94 @@ def build_context(
         "stacked": stacked,
         "packed": packed,
     }
+
+
+def _linear_context(
+    spec: ModelSpec, arch: ArchPlan, f: ConfigKeys, cfg: dict[str, Any]
+) -> SimpleNamespace | None:
+    """The linear-attention layers' decisions (None without them); adds their
+    config attribute names to ``cfg``."""
+    lin = arch.linear
+    if lin is None:
+        return None
+    for concept, value in (
+        ("linear_num_key_heads", lin.num_key_heads),
+        ("linear_num_value_heads", lin.num_value_heads),
+        ("linear_key_head_dim", lin.key_head_dim),
+        ("linear_value_head_dim", lin.value_head_dim),
+        ("linear_conv_kernel_dim", lin.conv_kernel_size),
+    ):
+        cfg[concept] = f.need(concept, value)
+    kinds = f.need("layer_types", list(arch.attention_types))
+    cfg["layer_types"] = kinds
+    expr = f'config.{kinds}[layer_idx] == "linear_attention"'
+    _check_expr(expr, f.hf, list(arch.linear_layers), "linear-attention layers", spec)
+    return SimpleNamespace(
+        # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
+        grouped=str(lin.projections == "grouped"),
+        layer_expr=expr,
+    )
+
+
+def _norm_class(norms) -> str:
+    if norms.kind == "layernorm":
+        return "LayerNorm"
+    return "GemmaRMSNorm" if norms.unit_offset else "RMSNorm"
+
+
+def _layer_norm_names(
+    spec: ModelSpec, arch: ArchPlan, vllm_paths: dict[str, str], mlp: SimpleNamespace
+) -> SimpleNamespace:
+    """The decoder layer's attribute for each norm site of a sandwich block: the
+    checkpoint's own names where all four are plain attributes of the layer (no
+    renames, as vLLM's glm4.py keeps GLM-4's post_self_attn_layernorm), else
+    vLLM's Gemma-2 names. Updates ``vllm_paths`` to match."""
+    norms = arch.layers[0].norms
+    if norms.placement != "sandwich":
+        return SimpleNamespace()
+    sites = ("attention_input", "attention_output", "mlp_input", "mlp_output")
+    roles = [norms.at(site) for site in sites]
+    leaves = [_layer_rel(spec.tensor_path(r)) or "" for r in roles]
+    taken = {"self_attn", _vllm_dense_block(spec) if mlp.has_dense else "mlp"}
+    if mlp.has_moe:
+        taken.add((_layer_rel(vllm_paths["router"]) or "").split(".")[0])
+    own = (
+        all(leaf.isidentifier() for leaf in leaves)
+        and len(set(leaves)) == len(leaves)
+        and not set(leaves) & taken
+    )
+    if not own:
+        leaves = [(_layer_rel(CANONICAL[r]) or "") for r in roles]
+    for role, leaf in zip(roles, leaves, strict=True):
+        vllm_paths[role] = f"model.layers.{{layer}}.{leaf}"
+    return SimpleNamespace(**dict(zip(sites, leaves, strict=True)))
+
+
+def _rope_by_kind(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> bool:
+    """Whether the config keys rope_parameters by layer type (Gemma-3, OLMo-3);
+    each layer then reads its kind's, checked here against the plan's rope."""
+    params = f.hf[f.need("rope_parameters")]
+    if not (
+        isinstance(params, dict)
+        and params
+        and all(isinstance(v, dict) for v in params.values())
+    ):
+        return False
+    for layer in arch.layers:
+        if layer.mixer.linear:  # a linear-attention layer has no rope
+            continue
+        kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
+        rope = params.get(kind) or {}
+        scaling = rope.get("rope_type", "default")
+        if (rope.get("rope_theta"), None if scaling == "default" else scaling) != (
+            layer.mixer.rope_theta,
+            layer.mixer.rope_scaling,
+        ):
+            raise GenerationError(
+                f"{spec.name}: the Hugging Face config's rope_parameters.{kind} "
+                f"is not the rope of layer {layer.index} in the spec"
+            )
+    return True
 
 
 def _sliding(arch: ArchPlan) -> str:
@@ -598,6 +731,13 @@ def _model_config_keys(
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", spec.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
+    # Gemma's softmax scale and soft-caps, where the spec has them.
+    for concept, value in (
+        ("query_pre_attn_scalar", att.query_pre_attn_scalar),
+        ("attn_logit_softcapping", att.logit_softcap),
+        ("final_logit_softcapping", spec.final_logit_softcap),
+    ):
+        cfg[concept] = None if value is None else f.need(concept, value)
     cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
     if att.kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
@@ -763,6 +903,9 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles += ["q_norm", "k_norm"]
         if att.sinks:
             roles.append("sinks")
+    lin = spec.linear_attention
+    if lin is not None and not mtp:
+        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
@@ -830,6 +973,20 @@ def _stacked_params(
             (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    lin = spec.linear_attention
+    if lin is not None and lin.projections == "split":
+        # Qwen3.5's split projections load into vLLM's two merged ones.
+        stacked += [
+            (".in_proj_qkv", ".in_proj_qkvz", "(0, 1, 2)"),
+            (".in_proj_z", ".in_proj_qkvz", "3"),
+            (".in_proj_b", ".in_proj_ba", "0"),
+            (".in_proj_a", ".in_proj_ba", "1"),
+        ]
+        packed["in_proj_qkvz"] = ["in_proj_qkv", "in_proj_z"]
+        packed["in_proj_ba"] = ["in_proj_b", "in_proj_a"]
+    elif lin is not None:
+        packed["in_proj_qkvz"] = ["in_proj_qkvz"]
+        packed["in_proj_ba"] = ["in_proj_ba"]
     gate_up_blocks = []
     if mlp.loads_dense and "gate_up_proj" not in fused:
         gate_up_blocks.append(names["mlp"])
@@ -922,8 +1079,16 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on
             )
         )
+    if att.output_gate:
+        parts.append("the output gated by sigmoid(gate), which q_proj gives per head")
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
+    if att.query_pre_attn_scalar is not None:
+        parts.append("softmax scale query_pre_attn_scalar**-0.5")
+    if att.logit_softcap is not None:
+        parts.append("soft-capped scores")
+    if spec.rope.sliding is not None:
+        parts.append("the sliding layers with their own rope")
     kinds = set(arch.attention_types)
     if "sliding_attention" in kinds:
         parts.append(
@@ -946,6 +1111,8 @@ def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
         parts.append("the earlier layer whose KV cache it reads (None: its own)")
     if plan.nope:
         parts.append("whether its attention applies rope (False: NoPE)")
+    if plan.linear:
+        parts.append("whether its token mixer is linear attention (else attention)")
     if spec.mtp is None:
         return (
             "A decoder layer. Its plan comes from the caller (the model reads it "
@@ -966,6 +1133,7 @@ def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
             ("full attention", plan.sliding),
             ("its own KV cache", plan.kv_sharing),
             ("rope on q and k", plan.nope),
+            ("attention as its token mixer", plan.linear),
         )
         if on
     ]
@@ -1016,6 +1184,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     """Module docstring lines: what the spec is made of."""
     layers = arch.layers
     items = [_attn_doc(spec, arch)]
+    lin = arch.linear
+    if lin is not None:
+        n_linear = sum(arch.linear_layers)
+        items.append(
+            f"Gated DeltaNet linear attention on {n_linear} of {len(layers)} layers "
+            "in the spec (the config's layer_types), run by vLLM's own layer and "
+            "kernels: a short convolution and a recurrent state per sequence, "
+            "which vLLM's hybrid cache keeps beside the attention layers' KV cache."
+        )
     if spec.mlp.moe is not None:
         n_moe = sum(layer.is_moe for layer in layers)
         items.append(
@@ -1043,6 +1220,21 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    gemma = [
+        what
+        for what, on in (
+            (
+                "sandwich norms (on the inputs and outputs of attention and MLP)",
+                spec.norm.placement == "sandwich",
+            ),
+            ("RMS norms scaled by 1 + weight", spec.norm.unit_offset),
+            ("embeddings scaled by sqrt(hidden_size)", spec.scale_embedding),
+            ("soft-capped logits", spec.final_logit_softcap is not None),
+        )
+        if on
+    ]
+    if gemma:
+        items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
     read = [concept for concept, key in arch.config.multipliers().items() if key]
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
@@ -1072,13 +1264,20 @@ def _listed(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _rope_comment(spec: ModelSpec) -> str:
+def _rope_comment(spec: ModelSpec, by_kind: bool = False) -> str:
     parts = ["theta"]
-    if spec.rope.scaling is not None:
-        parts.append(f"the {spec.rope.scaling.type} scaling")
+    scalings = {s.type for s in (spec.rope.scaling, _sliding_scaling(spec)) if s}
+    if scalings:
+        parts.append(f"the {'/'.join(sorted(scalings))} scaling")
     if spec.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
+    if by_kind:
+        return f"rope_parameters holds, per layer type, {_listed(parts)}."
     return f"rope_parameters holds {_listed(parts)}."
+
+
+def _sliding_scaling(spec: ModelSpec):
+    return spec.rope.sliding.scaling if spec.rope.sliding else None
 
 
 def _mtp_doc(spec: ModelSpec) -> str:

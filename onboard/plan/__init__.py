@@ -56,8 +56,12 @@ def make_plan(
     output_len: int | None = None,
     model: str | None = None,
     host_memory_bytes: int | None = None,
+    nodes: int | None = None,
 ) -> ServingPlan:
-    """Plan serving ``spec`` on ``target`` (see the module docstring)."""
+    """Plan serving ``spec`` on ``target`` (see the module docstring).
+
+    ``nodes``: use exactly that many nodes' devices (the first layout of that
+    size that fits), served through a Ray cluster (serve.py)."""
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
     if scheme not in SCHEMES:
@@ -86,7 +90,9 @@ def make_plan(
         output_len = min(DEFAULT_OUTPUT_LEN, context // 2)
 
     weights = weight_report(spec, scheme, dtype)
-    kv = kv_report(spec, dtype if kv_cache_dtype == "auto" else kv_cache_dtype)
+    kv = kv_report(
+        spec, dtype if kv_cache_dtype == "auto" else kv_cache_dtype, model_dtype=dtype
+    )
     memory = _device_memory_bytes(profile, host_memory_bytes)
     usable = int(memory * profile.memory_utilization)
     reserve, items = reserve_bytes(
@@ -97,6 +103,17 @@ def make_plan(
         DTYPE_BYTES[dtype],
     )
     max_devices = MAX_GPU_DEVICES if profile.is_gpu else profile.devices_per_node
+    only = None
+    if nodes is not None:
+        if nodes < 1:
+            raise InputError(f"--nodes must be at least 1, got {nodes}")
+        if not profile.is_gpu and nodes > 1:
+            raise InputError(
+                f"--nodes {nodes}: the {profile.name} target serves from one node "
+                "(vLLM's CPU build has no multi-node executor)"
+            )
+        only = nodes * profile.devices_per_node
+        max_devices = max(max_devices, only)
 
     def memory_of(layout: Layout) -> DeviceMemory:
         return device_memory(
@@ -113,7 +130,7 @@ def make_plan(
     candidates: list[DeviceMemory] = []
     chosen = None
     dcp = Decision(False, "no layout fits")
-    for layout in candidate_layouts(arch, profile.scale_up_devices, max_devices):
+    for layout in candidate_layouts(arch, profile.scale_up_devices, max_devices, only):
         mem = memory_of(layout)
         candidates.append(mem)
         if not mem.weights_fit:
@@ -162,6 +179,7 @@ def make_plan(
         chosen=chosen,
         dcp=dcp,
         pd=pd,
+        nodes_requested=nodes,
     )
     if chosen is not None:
         if not profile.is_gpu:
@@ -294,6 +312,10 @@ def _cpu_kv_cache(plan: ServingPlan) -> None:
     assert plan.target.kv_block_size is not None
     kind = "mla" if arch.attention.kind == "mla" else "attention"
     plan.kv_block_size = plan.target.kv_block_size[kind]
+    if kv.states:
+        # A hybrid model's attention page must hold a whole state: vLLM raises
+        # the block size to the smallest multiple that does.
+        plan.kv_block_size = kv.hybrid_block_size(plan.kv_block_size)
     plan.num_blocks = space // kv.bytes_per_block(plan.kv_block_size)
     # The chosen rank's KV budget on cpu is the space, not the leftover memory.
     chosen = plan.chosen

@@ -16,6 +16,14 @@ A sliding-window layer keeps at most its window of tokens per request (vLLM keep
 ``window - 1`` plus the tokens in flight, rounded up to blocks, plus one block),
 so at a context of N tokens it holds ``min(N, window)`` tokens' worth; full and
 MLA layers hold N.
+
+A linear-attention layer (Gated DeltaNet) caches nothing per token: each sequence
+keeps one recurrent state per layer, whatever its length (``MambaSpec``): the
+convolution's last ``kernel - 1`` inputs of q, k and v (plus one per speculative
+token) in the model's dtype, and a ``value_head_dim x key_head_dim`` state per
+value head in the state dtype (``mamba_ssm_cache_dtype``). vLLM makes the hybrid
+model's pages one size: it raises the attention block size until an attention
+page holds at least a state, and pads each state to that page.
 """
 
 from __future__ import annotations
@@ -42,11 +50,52 @@ class KVLayer:
 
 
 @dataclass(frozen=True)
+class StateLayer:
+    """A linear-attention layer's state: one per sequence, whatever its length."""
+
+    index: int
+    kind: str  # the mixer: "gated_deltanet"
+    conv_shape: tuple[int, int]  # (channels, kernel - 1 + speculative tokens)
+    recurrent_shape: tuple[int, ...]  # (value heads, value_head_dim, key_head_dim)
+    conv_bytes: int
+    recurrent_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.conv_bytes + self.recurrent_bytes
+
+
+@dataclass(frozen=True)
 class KVReport:
     dtype: str
     dtype_bytes: int
     layers: tuple[KVLayer, ...]
     formula: str  # per-layer bytes per token, written out
+    states: tuple[StateLayer, ...] = ()  # linear-attention layers
+    state_dtype: str | None = None  # their recurrent state's dtype
+    state_formula: str = ""  # per-layer state bytes, written out
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """Bytes of every linear-attention layer's state, for one sequence."""
+        return sum(state.bytes for state in self.states)
+
+    def hybrid_block_size(self, alignment: int) -> int:
+        """The attention block size vLLM picks for a hybrid model
+        (Platform._align_hybrid_block_size): the smallest multiple of the
+        kernel's ``alignment`` whose attention page holds a whole state."""
+        per_token = max((x.bytes_per_token for x in self.owning_layers), default=0)
+        state = max((s.bytes for s in self.states), default=0)
+        if not state or not per_token:
+            return alignment
+        return alignment * -(-state // (alignment * per_token))
+
+    def state_page_bytes(self, block_size: int) -> int:
+        """The page vLLM gives each state: an attention page of ``block_size``
+        tokens (the state is padded to it)."""
+        per_token = max((x.bytes_per_token for x in self.owning_layers), default=0)
+        state = max((s.bytes for s in self.states), default=0)
+        return max(state, block_size * per_token)
 
     @property
     def bytes_per_token(self) -> int:
@@ -58,11 +107,16 @@ class KVReport:
         """As if every layer owned its cache (what KV sharing saves)."""
         return sum(self._own(layer) for layer in self.layers)
 
-    def bytes_per_request(self, context: int) -> int:
+    def kv_bytes_per_request(self, context: int) -> int:
         """KV bytes of one request of ``context`` tokens (windows applied)."""
         return sum(
             layer.bytes_per_token * layer.tokens(context) for layer in self.layers
         )
+
+    def bytes_per_request(self, context: int) -> int:
+        """Cache bytes of one request of ``context`` tokens: its KV (windows
+        applied) and its linear-attention states."""
+        return self.kv_bytes_per_request(context) + self.state_bytes_per_sequence
 
     @property
     def owning_layers(self) -> tuple[KVLayer, ...]:
@@ -81,6 +135,8 @@ class KVReport:
         buckets: dict[tuple, list[int]] = {}
         for layer in self.owning_layers:
             buckets.setdefault((layer.kind, layer.window), []).append(layer.index)
+        for state in self.states:
+            buckets.setdefault((state.kind, None), []).append(state.index)
         if not buckets:
             return []
         sizes = [len(b) for b in buckets.values()]
@@ -93,8 +149,11 @@ class KVReport:
 
     def bytes_per_block(self, block_size: int) -> int:
         """Bytes of one block in vLLM's shared pool: block_size tokens of every
-        layer of the largest group (all groups alias one pool of blocks)."""
+        layer of the largest group (all groups alias one pool of blocks); a
+        state layer's page is the attention page it is padded to."""
         per_layer = {x.index: x.bytes_per_token for x in self.owning_layers}
+        page = self.state_page_bytes(block_size) // block_size if self.states else 0
+        per_layer |= {s.index: page for s in self.states}
         return max(
             (block_size * sum(per_layer[i] for i in g) for g in self.cache_groups()),
             default=0,
@@ -103,12 +162,21 @@ class KVReport:
     def _own(self, layer: KVLayer) -> int:
         if layer.shares is None:
             return layer.bytes_per_token
-        return self.layers[layer.shares].bytes_per_token
+        return next(x for x in self.layers if x.index == layer.shares).bytes_per_token
 
 
-def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
+def kv_report(
+    spec: ModelSpec,
+    dtype: str = "bfloat16",
+    *,
+    model_dtype: str | None = None,
+    state_dtype: str | None = None,
+    num_speculative: int = 0,
+) -> KVReport:
     """Per-layer KV bytes per token of the spec's decoder (MTP heads excluded:
-    they hold a cache only when served as speculative drafts)."""
+    they hold a cache only when served as speculative drafts), and the
+    linear-attention layers' states: the convolution's in ``model_dtype`` (default
+    ``dtype``), the recurrent one in ``state_dtype`` (default the spec's)."""
     b = KV_DTYPE_BYTES[dtype]
     arch = build_plan(spec)
     att = arch.attention
@@ -131,6 +199,8 @@ def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
         )
     layers = []
     for layer in arch.layers:
+        if layer.mixer.linear:
+            continue
         if layer.mixer.kind == "mla":
             kind = "mla"
         else:
@@ -145,4 +215,43 @@ def kv_report(spec: ModelSpec, dtype: str = "bfloat16") -> KVReport:
                 shares=layer.mixer.kv_source,
             )
         )
-    return KVReport(dtype=dtype, dtype_bytes=b, layers=tuple(layers), formula=formula)
+    states, state_dtype, state_formula = _states(
+        arch, model_dtype or dtype, state_dtype, num_speculative
+    )
+    return KVReport(
+        dtype=dtype,
+        dtype_bytes=b,
+        layers=tuple(layers),
+        formula=formula,
+        states=states,
+        state_dtype=state_dtype,
+        state_formula=state_formula,
+    )
+
+
+def _states(
+    arch, conv_dtype: str, state_dtype: str | None, num_speculative: int
+) -> tuple[tuple[StateLayer, ...], str | None, str]:
+    lin = arch.linear
+    if lin is None:
+        return (), None, ""
+    state_dtype = state_dtype or lin.state_dtype
+    cb, sb = KV_DTYPE_BYTES[conv_dtype], KV_DTYPE_BYTES[state_dtype]
+    shapes = lin.state_shapes(num_speculative=num_speculative)
+    conv = shapes.conv[0] * shapes.conv[1] * cb
+    heads, v_dim, k_dim = shapes.recurrent
+    recurrent = heads * v_dim * k_dim * sb
+    formula = (
+        f"Gated DeltaNet: conv (2 x {lin.num_key_heads} x {lin.key_head_dim} + "
+        f"{lin.num_value_heads} x {lin.value_head_dim}) x {shapes.conv[1]} x "
+        f"{cb} B + state {heads} x {v_dim} x {k_dim} x {sb} B = {conv + recurrent:,} "
+        "B per sequence"
+    )
+    states = tuple(
+        StateLayer(
+            layer.index, lin.kind, shapes.conv, shapes.recurrent, conv, recurrent
+        )
+        for layer in arch.layers
+        if layer.mixer.linear
+    )
+    return states, state_dtype, formula

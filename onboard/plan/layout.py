@@ -73,31 +73,37 @@ class Layout:
 
     def kv_bytes_per_token(self, arch: ArchPlan, kv: KVReport) -> float:
         """One rank's KV bytes per token (uncapped by windows)."""
-        return self.kv_bytes_per_request(arch, kv, 1)
+        heads_split = self.tp / self.kv_replicas(arch)
+        return kv.bytes_per_token / heads_split / self.dcp / self.pp
 
     def kv_bytes_per_request(self, arch: ArchPlan, kv: KVReport, context: int) -> float:
-        """One rank's share of one request's KV cache.
+        """One rank's share of one request's cache.
 
-        The layer bytes are split over TP like the KV heads (MLA: not at all;
+        The KV bytes are split over TP like the KV heads (MLA: not at all;
         GQA: over min(tp, kv_heads) ranks), over DCP ranks, and over pipeline
-        stages (each holds its layers)."""
-        total = kv.bytes_per_request(context)
+        stages (each holds its layers). Linear-attention states split over TP
+        (vLLM shards their heads) and pipeline stages, and every DCP rank holds
+        them whole."""
         heads_split = self.tp / self.kv_replicas(arch)
-        return total / heads_split / self.dcp / self.pp
+        kv_part = kv.kv_bytes_per_request(context) / heads_split / self.dcp / self.pp
+        return kv_part + kv.state_bytes_per_sequence / self.tp / self.pp
 
     def requests_per_rank(self, concurrency: int) -> int:
         """DP replicas each serve their own requests (ceil)."""
         return math.ceil(concurrency / self.dp)
 
 
-def candidate_layouts(arch: ArchPlan, devices_per_domain: int, max_devices: int):
-    """Layouts by device count (1, 2, 4, ... up to max_devices), each count in
-    preference order: TP (+EP for MoE), then DP attention with EP (MoE), then
-    across scale-up domains TP x DP with EP (MoE) or TP x PP (dense)."""
+def candidate_layouts(
+    arch: ArchPlan, devices_per_domain: int, max_devices: int, only: int | None = None
+):
+    """Layouts by device count (1, 2, 4, ... up to max_devices; ``only``: that
+    count alone), each count in preference order: TP (+EP for MoE), then DP
+    attention with EP (MoE), then across scale-up domains TP x DP with EP (MoE) or
+    TP x PP (dense)."""
     moe = arch.has_moe
     tp_max = min(devices_per_domain, MAX_TP)
-    n = 1
-    while n <= max_devices:
+    n = 1 if only is None else only
+    while n <= (max_devices if only is None else only):
         out: list[Layout] = []
         if n <= tp_max:
             out.append(Layout(tp=n, ep=moe and n > 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from onboard.plan.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
@@ -85,6 +86,8 @@ def _kv_cache(plan: ServingPlan) -> list[str]:
             else ""
         )
     )
+    if kv.states:
+        return out + _states(plan)
     windowed = [x for x in owning if x.window]
     if windowed:
         full = [x for x in owning if not x.window]
@@ -102,6 +105,23 @@ def _kv_cache(plan: ServingPlan) -> list[str]:
             f"{gib(kv.bytes_per_request(plan.context))}"
         )
     return out
+
+
+def _states(plan: ServingPlan) -> list[str]:
+    """The linear-attention layers' states, and one request's total."""
+    kv = plan.kv
+    idx = [s.index for s in kv.states]
+    state = kv.state_bytes_per_sequence
+    request = kv.bytes_per_request(plan.context)
+    return [
+        f"   linear-attention layers ({len(idx)}): {_ranges(idx)}, no KV cache: one "
+        f"state per sequence ({kv.state_dtype} recurrent state)",
+        f"   per layer: {kv.state_formula}",
+        f"   one request of {plan.context:,} tokens: KV {kv.bytes_per_token:,} x "
+        f"{plan.context:,} + states {len(idx)} x {kv.states[0].bytes:,} = "
+        f"{kv.kv_bytes_per_request(plan.context):,} + {state:,} = {request:,} B = "
+        f"{gib(request)}",
+    ]
 
 
 def _memory(plan: ServingPlan) -> list[str]:
@@ -160,9 +180,14 @@ def _memory(plan: ServingPlan) -> list[str]:
         f"{gib(plan.usable)} usable"
     )
     split = lay.tp / lay.kv_replicas(plan.arch)
+    states = (
+        f" + states {kv.state_bytes_per_sequence:,} / (TP {lay.tp} x PP {lay.pp})"
+        if kv.states
+        else ""
+    )
     add(
-        f"   KV per request per rank = {kv.bytes_per_request(plan.context):,} / "
-        f"(TP split {split:g} x DCP {lay.dcp} x PP {lay.pp}) = "
+        f"   KV per request per rank = {kv.kv_bytes_per_request(plan.context):,} / "
+        f"(TP split {split:g} x DCP {lay.dcp} x PP {lay.pp}){states} = "
         f"{lay.kv_bytes_per_request(plan.arch, kv, plan.context):,.0f} B; "
         f"requests per rank = ceil({plan.concurrency} / DP {lay.dp}) = "
         f"{lay.requests_per_rank(plan.concurrency)}"
@@ -190,11 +215,21 @@ def _capacity(plan: ServingPlan) -> list[str]:
             f"   KV-cache groups (vLLM): {len(groups)} of {len(groups[0])} layer(s): "
             + "; ".join(",".join(map(str, g)) for g in groups)
         )
+        page = (
+            f"{kv.state_page_bytes(plan.kv_block_size):,} B page"
+            if kv.states
+            else f"{plan.kv_block_size} tokens x {owning[0].bytes_per_token:,} B"
+        )
+        if kv.states:
+            add(
+                f"   hybrid block size: the smallest multiple of the kernel's block "
+                f"whose attention page holds a state: {plan.kv_block_size} tokens; "
+                "each state is padded to that page"
+            )
         add(
-            f"   KV blocks = {plan.cpu_kv_space_gib} GiB // ({plan.kv_block_size} "
-            f"tokens x {len(groups[0])} layer(s) x {owning[0].bytes_per_token:,} B) = "
-            f"{plan.num_blocks:,} blocks of {plan.kv_block_size} tokens, shared by "
-            "the groups"
+            f"   KV blocks = {plan.cpu_kv_space_gib} GiB // ({len(groups[0])} "
+            f"layer(s) x {page}) = {plan.num_blocks:,} blocks of "
+            f"{plan.kv_block_size} tokens, shared by the groups"
         )
         budget = plan.cpu_kv_space_gib * GiB
     else:
@@ -240,6 +275,10 @@ def _parallelism(plan: ServingPlan) -> list[str]:
 def _serve(plan: ServingPlan) -> list[str]:
     """7. The serve command (one per role with prefill/decode disaggregation)."""
     out = [f"7. Serve ({plan.target.vllm.install})", "   backends: " + _backends(plan)]
+    for where, argv in plan.ray_commands:
+        out += [f"# {where}", shlex.join(argv)]
+    if plan.ray_commands:
+        out.append("# then on the head node")
     if plan.pd_commands:
         for role, argv in plan.pd_commands:
             out += [f"# {role}", shell(plan.env, argv)]

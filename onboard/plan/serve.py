@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from onboard.plan.types import ServingPlan
 
 NIXL_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+RAY_PORT = 6379  # `ray start --head`'s default GCS port
 
 
 def fill_commands(plan: ServingPlan, model: str | None) -> None:
@@ -63,13 +64,19 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
         argv += ["--dtype", plan.dtype]
     if plan.kv_cache_dtype != "auto":
         argv += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if plan.kv.state_dtype is not None:
+        # The linear-attention layers' recurrent state: the spec's dtype (vLLM's
+        # default follows the model's dtype).
+        argv += ["--mamba-ssm-cache-dtype", plan.kv.state_dtype]
     mla = plan.arch.attention.kind == "mla"
     if not target.is_gpu and mla and plan.dtype != "bfloat16":
         # The AMX MLA backend, preferred on AMX CPUs, only takes bf16.
         argv += ["--attention-backend", "CPU_MLA"]
     plan.argv = argv
 
-    if layout is not None and layout.devices > target.devices_per_node:
+    if plan.nodes_requested is not None and layout is not None and plan.nodes > 1:
+        _ray_cluster(plan)
+    elif layout is not None and layout.devices > target.devices_per_node:
         plan.notes.append(
             f"{layout.devices} devices over {plan.nodes} nodes: run the command on "
             "every node; on the others add --headless --data-parallel-start-rank "
@@ -96,12 +103,52 @@ def fill_commands(plan: ServingPlan, model: str | None) -> None:
             f"MTP heads ({_gib(plan.weights.mtp.bytes)}) are not loaded: add "
             '--speculative-config \'{"method": "mtp", "num_speculative_tokens": '
             f"{spec.mtp.num_heads}}}' to serve them as drafts (more weights and KV)"
+            + (
+                "; on the cpu target with linear-attention layers also "
+                "--no-enable-prefix-caching (vLLM 0.32's CPU build cannot run the "
+                "prefix-caching state copy for draft tokens)"
+                if plan.kv.states and not target.is_gpu
+                else ""
+            )
         )
     if not vllm_knows(spec.architecture):
         plan.notes.append(
             f"vLLM 0.32 has no {spec.architecture}: install the generated plugin "
             "first (onboard generate SPEC --out GEN; pip install GEN/plugin)"
         )
+
+
+def _ray_cluster(plan: ServingPlan) -> None:
+    """Serve across ``plan.nodes`` nodes the way vLLM's multi-node docs do it: a
+    Ray cluster of the nodes, then one command on the head node, from which vLLM
+    places every rank. TP x PP spans nodes through the Ray executor
+    (``--distributed-executor-backend ray``); DP replicas (with EP for MoE) are
+    placed as Ray actors (``--data-parallel-backend ray``), each node holding
+    ``--data-parallel-size-local`` of them (vLLM's default strict packing)."""
+    layout = plan.layout
+    assert layout is not None
+    head = f"<head node IP>:{RAY_PORT}"
+    plan.ray_commands = [
+        ("on the head node", ["ray", "start", "--head", f"--port={RAY_PORT}"]),
+        (
+            f"on each of the other {plan.nodes - 1} node(s)",
+            ["ray", "start", f"--address={head}"],
+        ),
+    ]
+    backend = (
+        "--data-parallel-backend"
+        if layout.dp > 1
+        else ("--distributed-executor-backend")
+    )
+    plan.argv += [backend, "ray"]
+    per_node = plan.target.devices_per_node
+    plan.notes.append(
+        f"{layout.devices} devices over {plan.nodes} nodes through Ray: start Ray on "
+        f"every node (above), check that `ray status` lists {plan.nodes} nodes of "
+        f"{per_node} GPUs, then run the command on the head node only; every node "
+        "needs the same vLLM and the model at the same path (or its Hub id). Set "
+        "VLLM_HOST_IP to each node's own address if it has several"
+    )
 
 
 def shell(env: dict[str, str], argv: list[str]) -> str:

@@ -53,6 +53,10 @@ class ServingPlan:
     argv: list[str] = field(default_factory=list)
     pd_commands: list[tuple[str, list[str]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # --nodes: the layout spans exactly these nodes, served through a Ray cluster
+    # whose start commands (where to run, argv) come first.
+    nodes_requested: int | None = None
+    ray_commands: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def layout(self) -> Layout | None:
@@ -133,4 +137,8 @@ class ServingPlan:
             "pd_disaggregation": {"pays": self.pd.pays, "reason": self.pd.reason},
             "env": self.env,
             "command": self.argv,
+            "nodes_requested": self.nodes_requested,
+            "ray_cluster_commands": [
+                {"where": where, "command": argv} for where, argv in self.ray_commands
+            ],
         }

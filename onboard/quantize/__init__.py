@@ -75,12 +75,17 @@ def quantize_checkpoint(
     log=None,
     calibration_samples: int | None = None,
     calibration_seq_len: int | None = None,
+    ray: str | None = None,
 ) -> Path:
     """Quantize the checkpoint in ``model_dir`` with ``scheme`` into ``out_dir``.
 
     ``out_dir`` must not exist or be empty; it appears (by one rename) only when
     complete. A run interrupted for any reason resumes where it stopped when
     called again with the same arguments. Bad input raises InputError.
+
+    ``ray``: run the work as Ray tasks on the cluster at this address (``auto``,
+    ``HOST:PORT``, ``ray://HOST:PORT`` or ``local``; see cluster.py) instead of
+    local worker processes; the output is the same, byte for byte.
     """
     from onboard.quantize.ct_import import import_compressed_tensors
     from onboard.quantize.plan import make_plan
@@ -96,8 +101,17 @@ def quantize_checkpoint(
         raise InputError(f"{out_dir}: exists and is not empty; nothing was written")
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be at least 1, got {workers}")
+    if workers is not None and ray is not None:
+        raise InputError(
+            "--workers is for a local run; with --ray every CPU of the cluster runs "
+            "tasks"
+        )
     if Path(out_dir).resolve() == Path(model_dir).resolve():
         raise InputError(f"{out_dir}: the output cannot be the input directory")
+    if ray is not None:
+        from onboard.quantize.cluster import import_ray
+
+        import_ray()  # (before any work: a missing Ray is the user's to fix)
     resolved = own_spec(model_dir, spec)
     if resolved is not None:
         _preflight(resolved, model_dir)
@@ -123,12 +137,23 @@ def quantize_checkpoint(
             reference = resolved or inferred_spec(model_dir)
             return calibrate.calibrate(plan, reference, samples, seq_len, log=log)
 
-    return execute(
-        plan,
-        out_dir,
-        options=options,
-        workers=workers,
-        calibration=calibration,
-        progress=progress,
-        log=log or (lambda msg: None),
-    )
+    log = log or (lambda msg: None)
+    cluster = None
+    if ray is not None:
+        from onboard.quantize.cluster import connect, disconnect
+
+        cluster = connect(ray, log)
+    try:
+        return execute(
+            plan,
+            out_dir,
+            options=options,
+            workers=workers,
+            calibration=calibration,
+            progress=progress,
+            log=log,
+            cluster=cluster,
+        )
+    finally:
+        if cluster is not None:
+            disconnect()

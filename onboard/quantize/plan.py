@@ -3,7 +3,9 @@
 Every tensor of the checkpoint is matched against the spec's tensor-name layout
 (its roles, with ``{layer}`` / ``{expert}``). The weights of the decoder's linear
 projections are quantized; everything else is copied unchanged: embeddings, the
-output head, norms, MoE routers and their bias, the shared-expert gate, MTP heads
+output head, norms, MoE routers and their bias, the shared-expert gate, a
+linear-attention layer's convolution, decay parameters (``A_log``, ``dt_bias``),
+gated norm and b/a projections, MTP heads
 (``model.layers.{num_hidden_layers + i}``, unless asked), whatever the spec's
 ``keep_unquantized`` names, and any tensor no role explains. Linear modules left
 in 16 bits are listed in the config's ``ignore`` so that vLLM builds them
@@ -30,6 +32,7 @@ from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
 from onboard.spec.layouts import (
     FUSED_ROLES,
+    LINEAR_ATTENTION_KEPT,
     LINEAR_ROLES,
     ROLES,
     STACKED_EXPERT_PARAMS,
@@ -47,6 +50,7 @@ KEPT_LINEAR_ROLES = (
     "shared_expert_gate",
     "mtp_eh_proj",
     "mtp_head",
+    *LINEAR_ATTENTION_KEPT,
 )
 
 # Why stacked experts (checkpoint.fused: experts) are copied unchanged.
@@ -60,6 +64,8 @@ FUSED_SETS = (
     ("shared_gate_proj", "shared_up_proj"),
     ("expert_gate_proj", "expert_up_proj"),
     ("q_a_proj", "kv_a_proj"),
+    # Qwen3.5's split projections load into vLLM's one in_proj_qkvz.
+    ("linear_in_proj_qkv", "linear_in_proj_z"),
 )
 
 

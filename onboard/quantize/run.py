@@ -9,7 +9,10 @@ a shard is done, the shard is fsynced, hashed, renamed into the partial director
 and recorded in its ``state.json`` (size and sha256), so a killed run resumes with
 the unfinished shards; a state written for other inputs or options is discarded.
 Workers are forked (sharing the imported libraries and the plan), use one torch
-thread per core they are given, and die with their parent.
+thread per core they are given, and die with their parent. On a Ray cluster
+(cluster.py) the same units run as Ray tasks on the cluster's nodes instead, and
+everything else here is shared: the state, the resume and the files around the
+shards.
 """
 
 from __future__ import annotations
@@ -132,7 +135,10 @@ def execute(
     calibration: Callable[[], dict[str, float]] | None,
     progress: bool,
     log: Callable[[str], None],
+    cluster=None,
 ) -> Path:
+    """Run ``plan`` into ``out_dir``: with local worker processes, or, given a
+    connected ``cluster`` (cluster.py), as Ray tasks across its nodes."""
     out_dir = Path(out_dir)
     partial = out_dir.with_name(f".{out_dir.name}.partial")
     lock_path = out_dir.with_name(f".{out_dir.name}.lock")
@@ -146,8 +152,18 @@ def execute(
             ) from None
         try:
             result = _execute_locked(
-                plan, out_dir, partial, options, workers, calibration, progress, log
+                plan,
+                out_dir,
+                partial,
+                options,
+                workers,
+                calibration,
+                progress,
+                log,
+                cluster,
             )
+        except ResumableError:
+            raise  # (the finished shards stay for the rerun)
         except InputError:
             # A refusal (a non-finite weight, say): no partial output stays behind.
             shutil.rmtree(partial, ignore_errors=True)
@@ -157,8 +173,13 @@ def execute(
     return result
 
 
+class ResumableError(InputError):
+    """The run stopped for a reason outside the input (a Ray cluster lost): exit 2,
+    the finished shards kept for the rerun."""
+
+
 def _execute_locked(
-    plan, out_dir, partial, options, workers, calibration, progress, log
+    plan, out_dir, partial, options, workers, calibration, progress, log, cluster
 ):
     fp = fingerprint(plan, options)
     state = _load_state(partial, fp, log)
@@ -194,8 +215,12 @@ def _execute_locked(
             tasks=tasks,
             offsets=offsets,
         )
-        n = workers or default_workers(pending, len(tasks))
-        for name, size, sha in _run(pending, n, progress):
+        if cluster is not None:
+            shards = cluster.run(pending, progress, log)
+        else:
+            n = workers or default_workers(pending, len(tasks))
+            shards = _run(pending, n, progress)
+        for name, size, sha in shards:
             state["shards"][name] = {"size": size, "sha256": sha}
             _save_state(partial, state)
 
@@ -309,18 +334,22 @@ def _job(item: tuple[str, int | str]):
     return _unit(item, _report)
 
 
-def _unit(item: tuple[str, int | str], report: Callable[[int], None]):
+def _unit(
+    item: tuple[str, int | str], report: Callable[[int], None], job: dict | None = None
+):
+    """Run one unit of ``job`` (default: this process's ``_JOB``)."""
     from onboard.quantize.worker import finish_shard, run_task
 
+    job = _JOB if job is None else job
     kind, what = item
     if kind == "finish":
-        return finish_shard(_JOB["partial"], what)
+        return finish_shard(job["partial"], what)
     return run_task(
-        _JOB["plan"],
-        _JOB["tasks"][what],
-        _JOB["partial"],
-        _JOB["offsets"],
-        _JOB["calib"],
+        job["plan"],
+        job["tasks"][what],
+        job["partial"],
+        job["offsets"],
+        job["calib"],
         report,
     )
 

@@ -179,7 +179,11 @@ def run_task(
 def finish_shard(partial: Path, shard: str) -> tuple[str, int, str]:
     """Flush a shard's complete file, move it to its name; (name, size, sha256)."""
     tmp = temp_path(partial, shard)
-    sha = st_io.finish_file(tmp)
     final = partial / shard
+    if not tmp.exists() and final.exists():
+        # Renamed by an earlier attempt of this unit, which did not get to answer
+        # (a Ray task retried after its node was lost): the file is complete.
+        return shard, final.stat().st_size, st_io.finish_file(final)
+    sha = st_io.finish_file(tmp)
     os.replace(tmp, final)
     return shard, final.stat().st_size, sha

@@ -14,7 +14,7 @@ import textwrap
 from types import SimpleNamespace
 from typing import Any
 
-from onboard.arch import build_plan
+from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
@@ -42,7 +42,10 @@ def _check_layer_plan(
             for i in range(len(want))
         )
     )
-    if got != tuple(want):
+    # None in ``want``: a layer the rule does not concern (any value).
+    if got is None or any(
+        w is not None and g != w for g, w in zip(got, want, strict=True)
+    ):
         rule = expr or "none in the config"
         raise InputError(
             f"{spec.name}: the reference's {what} rule ({rule}) gives "
@@ -51,20 +54,28 @@ def _check_layer_plan(
         )
 
 
-def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    att, moe = spec.attention, spec.mlp.moe
-    names = module_names(spec)
+def _uses_rope(arch) -> bool:
+    """Some attention layer or an MTP head rotates q and k."""
+    return arch.mtp is not None or True in arch.rope_layers
+
+
+def _class_names(spec: ModelSpec) -> dict[str, str]:
     prefix = class_prefix(spec.architecture)
     base_model = f"{prefix}Model"
     if base_model == spec.architecture:
         base_model = f"{prefix}BaseModel"
-    cls = {
+    return {
         "config": f"{prefix}Config",
         "pretrained": f"{prefix}PreTrainedModel",
         "model": base_model,
         "causal_lm": spec.architecture,
     }
 
+
+def reference_context(spec: ModelSpec) -> dict[str, Any]:
+    att, moe = spec.attention, spec.mlp.moe
+    names = module_names(spec)
+    cls = _class_names(spec)
     arch = build_plan(spec)
     keys = arch.config
     hf = keys.hf
@@ -80,16 +91,17 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
-        "scaling": spec.rope.scaling.type if spec.rope.scaling else None,
-        "yarn": spec.rope.scaling is not None and spec.rope.scaling.type == "yarn",
+        **_rope_flags(arch, hf, keys),
         # yarn's correction range left unrounded (truncate: false, gpt-oss)
         "yarn_fractional": spec.rope.scaling is not None
         and spec.rope.scaling.truncate is False,
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
-        "nope": not all(layer.mixer.rope for layer in arch.layers),
+        "nope": arch.nope,
+        "rope": _uses_rope(arch),
         "kv_sharing": bool(att.kv_sharing),
         **_block_form(arch),
+        **_gemma_flags(spec, arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
@@ -98,6 +110,14 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         **_moe_flags(spec, keys),
+        "output_gate": att.type == "gqa" and att.output_gate,
+        # Linear-attention layers: Gated DeltaNet (and how the checkpoint stores
+        # its projections) or Kimi delta attention.
+        "linear": arch.linear is not None,
+        "gdn": isinstance(arch.linear, GatedDeltaNet),
+        "kda": isinstance(arch.linear, KimiDeltaAttention),
+        "linear_grouped": isinstance(arch.linear, GatedDeltaNet)
+        and arch.linear.projections == "grouped",
     }
 
     c: dict[str, str | None] = {
@@ -105,7 +125,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "vocab": keys.need("vocab_size"),
         "layers": keys.need("num_hidden_layers"),
         "heads": keys.need("num_attention_heads"),
-        "rope": keys.need("rope_parameters"),
+        # Rope's parameters, where some layer (or an MTP head) rotates q and k.
+        "rope": keys.need("rope_parameters") if _uses_rope(arch) else None,
     }
     c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
@@ -113,6 +134,13 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["rope_interleave"] = keys.find("rope_interleave")
     eps = keys.find("norm_eps")
     c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
+    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
+    if latent_eps is None:
+        c["latent_eps"] = c["eps"]
+    else:
+        # A config key where the config has one, else the family's fixed value.
+        key = keys.find("mla_norm_eps")
+        c["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
     if f["mla"]:
         for short, concept in (
             ("qk_nope", "qk_nope_head_dim"),
@@ -137,6 +165,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
     # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
     c["o_bias"] = keys.find("o_bias", att.o_bias)
+    c.update(_gemma_keys(keys, f))
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
@@ -159,6 +188,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_mtp_layers")
+    if f["linear"]:
+        plan["linear"] = _linear_keys(spec, keys, arch, c)
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
@@ -188,6 +219,78 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
+    }
+
+
+def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
+    """Gemma's parts the reference has: sandwich and 1 + weight norms, scaled
+    embeddings, its softmax scale and soft-caps."""
+    att, norms = spec.attention, arch.layers[0].norms
+    return {
+        "sandwich": norms.placement == "sandwich",
+        "unit_offset": norms.unit_offset,
+        "scale_embedding": spec.scale_embedding,
+        "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
+        "softcap": att.type == "gqa" and att.logit_softcap is not None,
+        "final_softcap": spec.final_logit_softcap is not None,
+    }
+
+
+def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
+    """The config keys of Gemma's softmax scale and soft-caps, where used."""
+    concepts = {
+        "scalar": "query_pre_attn_scalar",
+        "softcap": "attn_logit_softcapping",
+        "final_softcap": "final_logit_softcapping",
+    }
+    return {flag: keys.need(concept) for flag, concept in concepts.items() if f[flag]}
+
+
+def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
+    """How the reference computes rope: one scaling kind at most, and, where the
+    config keys rope_parameters by layer type (Gemma-3, OLMo-3), one rope per
+    kind, each layer taking its own kind's (checked against the plan)."""
+    if not _uses_rope(arch):  # (Kimi Linear: no layer rotates q and k)
+        return {
+            "scaling": None,
+            "yarn": False,
+            "rope_by_kind": False,
+            "plain_kind": False,
+        }
+    params = hf[keys.need("rope_parameters")]
+    by_kind = isinstance(params, dict) and all(
+        isinstance(v, dict) for v in params.values()
+    )
+    kinds = list(params.values()) if by_kind else [params]
+    types = {p.get("rope_type", "default") for p in kinds} - {"default"}
+    assert len(types) <= 1, "spec rules allow one rope scaling kind"
+    scaling = types.pop() if types else None
+    if by_kind:
+        for layer in arch.layers:
+            if layer.mixer.linear:  # a linear-attention layer has no rope
+                continue
+            kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
+            rope = params[kind]
+            if (
+                rope["rope_theta"],
+                scaling if rope["rope_type"] != "default" else None,
+            ) != (
+                layer.mixer.rope_theta,
+                layer.mixer.rope_scaling,
+            ):
+                raise InputError(
+                    f"{arch.spec.name}: the config's rope_parameters.{kind} is not "
+                    f"layer {layer.index}'s rope in the spec"
+                )
+    return {
+        "scaling": scaling,
+        "yarn": scaling == "yarn",
+        "rope_by_kind": by_kind,
+        # Some layer kind rotates without the scaling the other has.
+        "plain_kind": by_kind
+        and scaling is not None
+        and len(kinds)
+        > len([p for p in kinds if p.get("rope_type", "default") != "default"]),
     }
 
 
@@ -249,9 +352,33 @@ def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     """The reference's per-layer rope rule (of ``config`` and ``i``), checked
     against the plan's NoPE layers."""
     expr = keys.rope_layer_expr("i")
-    want = [layer.mixer.rope for layer in arch.layers]
-    _check_layer_plan(spec, keys.hf, expr, want, "rope layer")
+    _check_layer_plan(spec, keys.hf, expr, arch.rope_layers, "rope layer")
     assert expr is not None  # the check refuses a missing rule
+    return expr
+
+
+def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
+    """Adds the linear-attention config keys to ``c``; returns the rule for which
+    layers are linear attention (of ``config`` and ``i``), checked against the
+    plan's layers."""
+    if isinstance(arch.linear, KimiDeltaAttention):
+        concepts = (
+            ("lin_heads", "linear_num_heads"),
+            ("lin_dim", "linear_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    else:
+        concepts = (
+            ("lin_k_heads", "linear_num_key_heads"),
+            ("lin_v_heads", "linear_num_value_heads"),
+            ("lin_k_dim", "linear_key_head_dim"),
+            ("lin_v_dim", "linear_value_head_dim"),
+            ("lin_conv", "linear_conv_kernel_dim"),
+        )
+    for short, concept in concepts:
+        c[short] = keys.need(concept)
+    expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
+    _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
     return expr
 
 
@@ -471,12 +598,17 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
                 ("attention sinks", f["sinks"]),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
+                ("an output gate", f["output_gate"]),
             )
             if on
         ]
         parts.append(
             f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
         )
+    if f["gdn"]:
+        parts.append("Gated DeltaNet linear-attention layers")
+    if f["kda"]:
+        parts.append("Kimi delta attention linear-attention layers")
     if f["sliding"]:
         parts.append("sliding-window layers")
     if f["kv_sharing"]:
@@ -618,6 +750,11 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k RMS-normalised per head"
     if f["sinks"]:
         doc += ", a learned sink logit per head in each softmax"
+    if f["output_gate"]:
+        doc += (
+            ", the output gated per channel by sigmoid(gate), which q_proj gives "
+            "beside each head's query"
+        )
     doc += "."
     if f["kv_sharing"]:
         doc += (

@@ -115,7 +115,11 @@ def family_model(
             if remote:
                 model = remote.model_class(tiny).to(torch.float32)
             else:
-                model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+                # Eager attention is transformers' reference math: SDPA drops
+                # what it cannot express (Gemma-2's attention soft-capping).
+                model = AutoModelForCausalLM.from_config(
+                    tiny, dtype=torch.float32, attn_implementation="eager"
+                )
     except Exception as exc:  # transformers' own code on a config it accepted
         raise ProofFailed(
             f"{spec.name}: transformers' {cls.__name__} cannot build the tiny model "

@@ -130,3 +130,26 @@ def describe(features: dict[str, bool]) -> str:
     lack = [name for name, present in features.items() if not present]
     text = ", ".join(have) or "none of " + ", ".join(features)
     return text + (f"; no {', '.join(lack)}" if lack and have else "")
+
+
+# Methods that may draft fewer than k tokens in a step (none, when the n-gram
+# matcher finds nothing), where MTP, EAGLE-3 and draft models always draft k.
+VARIABLE_DRAFTS = ("ngram", "suffix")
+
+
+def variable_drafts_note(spec: ModelSpec, method: str) -> str | None:
+    """Why speculation of ``method`` on ``spec``'s linear-attention layers is not
+    lossless on vLLM 0.32's CPU build (None: no known reason)."""
+    if method not in VARIABLE_DRAFTS or not any(
+        spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
+    ):
+        return None
+    return (
+        "known cause: vLLM 0.32's CPU Gated DeltaNet speculative path keeps the "
+        "convolution's inputs in a rolling buffer of kernel - 1 + k columns that it "
+        "shifts by the tokens a step carries and reads from the start at the "
+        "accepted offset (model_executor/layers/mamba/ops/cpu/gdn_attention.py, "
+        "_spec_forward); that holds only when every step carries k draft tokens, "
+        f"which {method} does not (it drafts none when nothing matches), so the "
+        "convolution reads stale inputs. mtp drafts k every step and is lossless."
+    )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.spec.model import ModelSpec
 
 PLUGIN_GROUP = "vllm.general_plugins"
 START_TIMEOUT_S = 1800.0
@@ -132,6 +133,10 @@ class EngineOptions:
     max_model_len: int = 256
     seed: int = 0
     uses_mla: bool = False
+    # float32 unless the model's kernels need otherwise (engine_dtype).
+    dtype: str = "float32"
+    # The linear-attention layers' recurrent-state dtype (None: no such layers).
+    mamba_ssm_cache_dtype: str | None = None
     # Further vllm.LLM keyword arguments (e.g. speculative_config for later checks).
     extra: dict[str, Any] = field(default_factory=dict)
     # Environment for the engine's processes (e.g. VLLM_CPU_OMP_THREADS_BIND).
@@ -139,7 +144,7 @@ class EngineOptions:
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "dtype": "float32",
+            "dtype": self.dtype,
             "enforce_eager": True,  # skips torch.compile: minutes on 2 cores
             "max_model_len": self.max_model_len,
             "max_num_seqs": 16,
@@ -152,7 +157,35 @@ class EngineOptions:
             # The AMX MLA backend, preferred when the CPU has AMX, only takes bf16
             # weights; the reference CPU MLA backend runs float32.
             kwargs["attention_config"] = {"backend": "CPU_MLA"}
+        if self.mamba_ssm_cache_dtype is not None:
+            kwargs["mamba_ssm_cache_dtype"] = self.mamba_ssm_cache_dtype
+            if self.extra.get("speculative_config"):
+                # Prefix caching puts a hybrid model's states in vLLM's "align"
+                # mode, whose state copy for draft tokens is a Triton kernel that
+                # the CPU build cannot launch ('function' object is not
+                # subscriptable, vllm/v1/worker/mamba_utils.py run_fused_precopy);
+                # without it speculation keeps one state per draft position.
+                kwargs["enable_prefix_caching"] = False
         return {**kwargs, **self.extra}
+
+
+def engine_dtype(spec: ModelSpec) -> str:
+    """The dtype the CPU engine runs ``spec`` in: float32, where the reference
+    runs, unless a kernel needs otherwise. vLLM's CPU Gated DeltaNet kernels take
+    bfloat16 only ('CPU GDN attention requires BF16.')."""
+    if any(spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)):
+        return "bfloat16"
+    return "float32"
+
+
+def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
+    """EngineOptions fields a spec's layers need: the engine dtype and, with
+    linear-attention layers, their recurrent state's dtype."""
+    lin = spec.linear_attention
+    return {
+        "dtype": engine_dtype(spec),
+        "mamba_ssm_cache_dtype": None if lin is None else lin.state_dtype,
+    }
 
 
 class EngineLoadError(Exception):

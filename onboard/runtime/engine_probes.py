@@ -24,8 +24,18 @@ def kv_cache_info(worker) -> dict:
             "type": type(spec).__name__,
             "page_size_bytes": int(spec.page_size_bytes),
             "block_size": int(spec.block_size),
-            "bytes_per_token": spec.page_size_bytes / spec.block_size,
         }
+        if hasattr(spec, "shapes"):
+            # A recurrent state (MambaSpec): one per sequence, not per token; its
+            # page is padded to the attention page.
+            layers[name] |= {
+                "state_bytes": int(spec.state_content_size_bytes),
+                "shapes": [list(shape) for shape in spec.shapes],
+                "dtypes": [str(d).removeprefix("torch.") for d in spec.dtypes],
+                "speculative_blocks": int(spec.num_speculative_blocks),
+            }
+        else:
+            layers[name]["bytes_per_token"] = spec.page_size_bytes / spec.block_size
     return {
         "layers": layers,
         "shared_layers": dict(getattr(runner, "shared_kv_cache_layers", {})),

@@ -184,9 +184,10 @@ def _kv_cache(llm) -> dict:
     except Exception as exc:  # the accuracy check must not depend on this
         return {"error": short(f"{type(exc).__name__}: {exc}")}
     cache = llm.llm_engine.vllm_config.cache_config
-    per_token = sum(layer["bytes_per_token"] for layer in info["layers"].values())
+    layers = info["layers"].values()
+    per_token = sum(layer.get("bytes_per_token", 0) for layer in layers)
     shared = sum(
-        info["layers"][target]["bytes_per_token"]
+        info["layers"][target].get("bytes_per_token", 0)
         for target in info["shared_layers"].values()
         if target in info["layers"]
     )
@@ -194,8 +195,15 @@ def _kv_cache(llm) -> dict:
         **info,
         "bytes_per_token": per_token,
         "bytes_per_token_without_sharing": per_token + shared,
+        # Linear-attention layers: one state per sequence, whatever its length.
+        "state_bytes_per_sequence": sum(
+            layer.get("state_bytes", 0) for layer in layers
+        ),
         "num_blocks": cache.num_gpu_blocks,
         "block_size": cache.block_size,
+        "mamba_block_size": getattr(cache, "mamba_block_size", None),
+        "mamba_cache_mode": getattr(cache, "mamba_cache_mode", None),
+        "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
     }
 
 

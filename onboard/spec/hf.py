@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
-from onboard.spec.model import MULTIPLIERS, ModelSpec
+from onboard.spec.model import MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
 # ---- the alias table -----------------------------------------------------------
@@ -43,13 +43,17 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings",),
+    # Kimi Linear's config maps max_position_embeddings to model_max_length.
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
     "hidden_act": ("hidden_act", "hidden_activation"),
+    "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
+    "final_logit_softcapping": ("final_logit_softcapping",),
     "rms_norm_eps": ("rms_norm_eps",),
     "layer_norm_eps": ("layer_norm_eps",),
     "norm_placement": ("norm_placement",),
+    "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
     "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
     # Granite's multipliers (HyperCLOVAX's keys too)
     "embedding_multiplier": ("embedding_multiplier",),
@@ -67,6 +71,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
+    "attn_logit_softcapping": ("attn_logit_softcapping",),
     "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
@@ -82,6 +88,23 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sliding_window_pattern": ("sliding_window_pattern",),
     "max_window_layers": ("max_window_layers",),
     "kv_sharing_target_layers": ("kv_sharing_target_layers",),
+    # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
+    "attn_output_gate": ("attn_output_gate",),
+    # linear attention (Gated DeltaNet, Qwen3-Next's names)
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    "linear_projections": ("linear_projections",),  # grouped | split
+    # gated_deltanet | kimi_delta (a family's code fixes it: Kimi Linear's)
+    "linear_attention_type": ("linear_attention_type",),
+    # Kimi delta attention (Kimi Linear's names): one kind of head
+    "linear_num_heads": ("linear_num_heads",),
+    # the MLA latent norms' eps where it is not rms_norm_eps
+    "mla_norm_eps": ("mla_norm_eps",),
+    "linear_head_dim": ("linear_head_dim",),
+    "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
     # multi-head latent attention
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),
@@ -97,7 +120,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
         "num_local_experts",
         "moe_num_experts",
     ),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_k", "moe_topk"),
+    "num_experts_per_tok": (
+        "num_experts_per_tok",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",  # Kimi Linear
+    ),
     "moe_intermediate_size": ("moe_intermediate_size",),
     "n_shared_experts": (
         "n_shared_experts",
@@ -116,10 +144,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
     "moe_layer_end_index": ("moe_layer_end_index",),  # ERNIE: dense after it
-    "norm_topk_prob": ("norm_topk_prob",),
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
     "scoring_func": ("scoring_func",),
     "topk_method": ("topk_method",),
-    "n_group": ("n_group",),
+    "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
     "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
@@ -171,8 +199,14 @@ REQUIRED = object()  # marker: a concept the config must state
 # window is set (EXAONE-4, Cohere-2). Open (found by the proof) for a family
 # whose config class has no per-layer rope key.
 NOPE_WHEN_SLIDING = "nope_when_sliding"
+# A family fact with no key: no attention layer uses rope (Kimi Linear's MLA
+# layers between its linear-attention layers).
+NOPE_ATTENTION = "nope_attention"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
+# A family fact: its RMSNorms scale by (1 + weight), weights stored zero-centred
+# (Qwen3-Next's, as Gemma's). The spec has no such norm: the family is refused.
+UNIT_OFFSET_NORM = "unit_offset_norm"
 
 
 @dataclass(frozen=True)
@@ -188,6 +222,8 @@ class Family:
     checkpoint: dict[str, Any] = field(default_factory=dict)
 
 
+_GEMMA = {"scale_embedding": True, "norm_unit_offset": True}
+
 # Families whose hard-coded facts are known. Another model type transformers knows
 # is read with the Llama naming and the open concepts' defaults (or the caller's
 # ``facts``): its block structure is not in config.json, so `spec from-hf` finds
@@ -199,6 +235,19 @@ FAMILIES: dict[str, Family] = {
     "qwen3": Family("llama", {"qk_norm": True}),
     "qwen2_moe": Family("qwen", {"shared_expert_gate": True}),
     "qwen3_moe": Family("qwen", {"qk_norm": True}),
+    # Gated DeltaNet and gated attention layers (layer_types), a gated shared
+    # expert on every MoE block; the gate and the shared expert are hard-coded.
+    # Its (1 + weight) norms refuse it until the spec has them.
+    "qwen3_next": Family(
+        "qwen",
+        {
+            "qk_norm": True,
+            "attn_output_gate": True,
+            "n_shared_experts": 1,
+            "shared_expert_gate": True,
+            UNIT_OFFSET_NORM: True,
+        },
+    ),
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
     "deepseek_v2": Family(
         "deepseek",
@@ -240,6 +289,49 @@ FAMILIES: dict[str, Family] = {
         "llama",
         {"qk_norm": True, "norm_placement": "post", NOPE_WHEN_SLIDING: True},
     ),
+    # Gemma: the embeddings scaled by sqrt(hidden_size), every RMSNorm by
+    # (1 + weight); Gemma-2/3 add the output norms (sandwich blocks), Gemma-3
+    # per-head q/k norms. Gemma-3's attention never reads attn_logit_softcapping.
+    "gemma": Family("llama", dict(_GEMMA)),
+    "gemma2": Family("llama", {**_GEMMA, "norm_placement": "sandwich"}),
+    "gemma3_text": Family(
+        "llama",
+        {
+            **_GEMMA,
+            "norm_placement": "sandwich",
+            "qk_norm": True,
+            "attn_logit_softcapping": None,
+        },
+    ),
+    # Gemma-2's block without the output norms: its MLP's input norm keeps
+    # Gemma-2's name.
+    "vaultgemma": Family(
+        "llama",
+        dict(_GEMMA),
+        checkpoint={
+            "tensor_names": {
+                "post_attention_norm": "model.layers.{layer}.pre_feedforward_layernorm"
+            }
+        },
+    ),
+    # GLM's block (interleaved partial rope, gate and up in one tensor, biases on
+    # q/k/v but not o_proj) with sandwich norms under GLM-4's names: its MLP's
+    # input norm is Llama's post_attention_layernorm.
+    "glm4": Family(
+        "llama",
+        {"norm_placement": "sandwich", "rope_interleave": True, "o_bias": False},
+        checkpoint={
+            "fused": ["gate_up_proj"],
+            "tensor_names": {
+                role: "model.layers.{layer}." + name
+                for role, name in (
+                    ("attention_output_norm", "post_self_attn_layernorm"),
+                    ("mlp_input_norm", "post_attention_layernorm"),
+                    ("mlp_output_norm", "post_mlp_layernorm"),
+                )
+            },
+        },
+    ),
     # Llama blocks with four multipliers, all config keys.
     "granite": Family("llama"),
     # Mixtral's MoE with the router one module down, the experts saved fused; the
@@ -253,6 +345,33 @@ FAMILIES: dict[str, Family] = {
         "granite",
         {"norm_topk_prob": True},
         checkpoint={"fused": ["shared_gate_up_proj", "experts"]},
+    ),
+    # Kimi delta attention layers between MLA layers without rope; DeepSeek-V3's
+    # MoE (sigmoid scores, bias correction, a shared expert). transformers saves
+    # every layer's MLP under block_sparse_moe, the experts as w1/w2/w3.
+    "kimi_linear": Family(
+        "mixtral",
+        {
+            "linear_attention_type": "kimi_delta",
+            NOPE_ATTENTION: True,
+            # KimiLinearRMSNorm(kv_lora_rank): its default eps, not rms_norm_eps.
+            "mla_norm_eps": 1e-6,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+        },
+        checkpoint={
+            "tensor_names": {
+                role: f"model.layers.{{layer}}.block_sparse_moe.{path}"
+                for role, path in (
+                    ("gate_proj", "gate_proj"),
+                    ("up_proj", "up_proj"),
+                    ("down_proj", "down_proj"),
+                    ("shared_gate_proj", "shared_experts.gate_proj"),
+                    ("shared_up_proj", "shared_experts.up_proj"),
+                    ("shared_down_proj", "shared_experts.down_proj"),
+                )
+            }
+        },
     ),
 }
 
@@ -268,7 +387,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "attention_sinks": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
-    "norm_placement": ("pre", "post", "parallel"),
+    "norm_placement": ("pre", "post", "parallel", "sandwich"),
     "norm_bias": (True, False),  # layernorm only
     "rope_interleave": (False, True),
     "n_shared_experts": (0, 1),  # HunYuan-MoE: one shared MLP, no count key
@@ -289,7 +408,15 @@ _BIAS_CONCEPTS = {"qkv_bias": "attention_bias"}
 _NOPE_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
-LAYER_KINDS = ("full_attention", "sliding_attention")
+LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+# The linear-attention concepts: the spec field each one fills.
+LINEAR_FIELDS = {
+    "linear_num_key_heads": "num_key_heads",
+    "linear_num_value_heads": "num_value_heads",
+    "linear_key_head_dim": "key_head_dim",
+    "linear_value_head_dim": "value_head_dim",
+    "linear_conv_kernel_dim": "conv_kernel_size",
+}
 ROPE_FIELDS = {
     "linear": ("factor",),
     "yarn": (
@@ -317,10 +444,13 @@ _HF_CARRIED = (
     "tie_word_embeddings",
     "logit_scale",
     "activation",
+    "scale_embedding",
+    "final_logit_softcap",
     *MULTIPLIERS,
     "norm",
     "attention",
     "rope",
+    "linear_attention",
     "mlp",
     "mtp",
 )
@@ -348,6 +478,8 @@ class _Known:
     declared: frozenset[str]  # keys the class writes
     attribute_map: dict[str, str]  # alias -> declared key
     reads: frozenset[str]  # declared keys and those its modeling code reads
+    # rope_parameters keyed by layer type (Gemma-3, OLMo-3), not one for all layers
+    rope_by_kind: bool = False
 
 
 _CONFIG_READ = re.compile(
@@ -388,10 +520,26 @@ def _known(model_type: str) -> _Known:
 
     cls = CONFIG_MAPPING[model_type]
     with quiet_transformers():
-        declared = frozenset(cls().to_dict())
+        defaults = cls().to_dict()
+    declared = frozenset(defaults)
     attribute_map = dict(getattr(cls, "attribute_map", {}) or {})
     reads = declared | {attribute_map.get(k, k) for k in _modeling_reads(cls)}
-    return _Known(cls, declared, attribute_map, frozenset(reads))
+    return _Known(
+        cls,
+        declared,
+        attribute_map,
+        frozenset(reads),
+        rope_by_kind=_by_kind(defaults.get("rope_parameters")),
+    )
+
+
+def _by_kind(params: Any) -> bool:
+    """Whether ``rope_parameters`` holds one dict per layer type."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and all(isinstance(v, dict) for v in params.values())
+    )
 
 
 # What a family without known facts is read as, before its proof: the Llama
@@ -498,18 +646,20 @@ class _Reader:
         self.used.update(keys)
         if self.fixed and concept in self.facts:
             return self.facts[concept]
-        values = [self.cfg[k] for k in keys]
+        # An alias set to null is unset (vLLM's Gemma reads hidden_activation
+        # so, beside hidden_act).
+        values = [self.cfg[k] for k in keys if self.cfg[k] is not None]
         if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
             self.problems.append(f"{shown}: aliases of one concept disagree")
-        if values and values[0] is not None:
+        if values:
             return values[0]
-        if not values and concept in self.facts:
+        if not keys and concept in self.facts:
             return self.facts[concept]
         if default is REQUIRED:
             self.problems.append(f"{concept}: required, but the config does not set it")
             return None
-        return None if values else default
+        return None if keys else default
 
     def count(self, concept: str, default: int, minimum: int) -> int:
         """An integer concept; a wrong type or a too small value is a problem."""
@@ -549,8 +699,15 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
     spec["activation"] = act
+    spec["scale_embedding"] = bool(r.get("scale_embedding", False))
+    spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
+    if r.facts.get(UNIT_OFFSET_NORM):
+        r.bad(
+            "norm: this family's RMSNorm scales by 1 + weight (weights stored "
+            "zero-centred), which the spec does not express"
+        )
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
@@ -559,11 +716,15 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
         "eps": rms if rms is not None else ln,
         "placement": r.get("norm_placement", "pre"),
         "bias": r.get("norm_bias", True),
+        "unit_offset": bool(r.get("norm_unit_offset", False)),
     }
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
     )
     spec["attention"], spec["rope"] = _read_attention(r, n_layers)
+    spec["linear_attention"] = _read_linear_attention(
+        r, spec["attention"].get("layer_types")
+    )
     spec["mlp"] = _read_mlp(r, n_layers)
     n_mtp = r.get("num_nextn_predict_layers", 0) or 0
     mtp_mlp = r.get("mtp_mlp", "moe" if spec["mlp"].get("moe") else "dense")
@@ -604,10 +765,13 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         "qk_norm_scope": r.get("qk_norm_scope", "head"),
         "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
     }
+    output_gate = bool(r.get("attn_output_gate", False))
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
     partial = r.get("partial_rotary_factor")
+    scalar = r.get("query_pre_attn_scalar")
+    softcap = r.get("attn_logit_softcapping")
     rope, rope_partial = _read_rope(r)
     if partial is not None and rope_partial is not None and partial != rope_partial:
         r.bad(
@@ -616,6 +780,10 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         )
     partial = partial if partial is not None else rope_partial
     windows = _read_windows(r, n_layers)
+    if windows.get("sliding_window") is None or "sliding_attention" not in (
+        _layer_kinds(windows, n_layers)
+    ):
+        rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
     sharing = _read_kv_sharing(r, n_layers)
     mla = {
@@ -642,6 +810,9 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             sinks=sinks,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
+            output_gate=output_gate,
+            query_pre_attn_scalar=scalar,
+            logit_softcap=softcap,
             kv_sharing=sharing,
             softmax_scale=softmax_scale,
             **windows,
@@ -650,6 +821,9 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             att["partial_rotary_factor"] = partial
         return att, rope
     # MLA: the GQA knobs must be absent or at their neutral values.
+    latent_eps = r.get("mla_norm_eps")
+    if latent_eps is not None:
+        mla["latent_norm_eps"] = latent_eps
     att.update(type="mla", mla=mla)
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if mla[key] is None:
@@ -677,35 +851,146 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_bias: biased MLA projections are not expressible")
     if sinks:
         r.bad("attention_sinks: not expressible for MLA attention")
+    if output_gate:
+        r.bad("attn_output_gate: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
+    for key, value in (
+        ("query_pre_attn_scalar", scalar),
+        ("attn_logit_softcapping", softcap),
+    ):
+        if value is not None:
+            r.bad(f"{key}={value!r}: not expressible for MLA attention")
     if softmax_scale is not None:
         r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
     if sharing:
         r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
+    if "layer_types" in windows:
+        # Linear-attention layers between the MLA layers (Kimi Linear).
+        att["layer_types"] = windows["layer_types"]
     return att, rope
+
+
+def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
+    """The linear_attention section where some layer is linear_attention (a
+    family's class defaults for it mean nothing otherwise)."""
+    kind = r.get("linear_attention_type", "gated_deltanet")
+    if kind == "kimi_delta":
+        return _read_kimi_delta(r, kinds)
+    values = {field: r.get(concept) for concept, field in LINEAR_FIELDS.items()}
+    projections = r.get("linear_projections", "grouped")
+    state_dtype = r.get("mamba_ssm_dtype", "float32")
+    if not kinds or "linear_attention" not in kinds:
+        return None
+    if kind != "gated_deltanet":
+        r.bad(
+            f"linear_attention_type: gated_deltanet or kimi_delta, got {_short(kind)}"
+        )
+    for concept, name in LINEAR_FIELDS.items():
+        if values[name] is None and name != "conv_kernel_size":
+            r.bad(f"{concept}: required, as some layers are linear_attention")
+    if values["conv_kernel_size"] is None:
+        values.pop("conv_kernel_size")
+    return {
+        "type": "gated_deltanet",
+        **values,
+        "projections": projections,
+        "state_dtype": state_dtype,
+    }
+
+
+def _read_kimi_delta(r: _Reader, kinds: list[str] | None) -> dict | None:
+    """Kimi delta attention's section: its heads are key and value heads."""
+    heads, dim = r.get("linear_num_heads"), r.get("linear_head_dim")
+    conv = r.get("linear_conv_kernel_dim")
+    state_dtype = r.get("mamba_ssm_dtype", "float32")
+    if not kinds or "linear_attention" not in kinds:
+        return None
+    for concept, value in (("linear_num_heads", heads), ("linear_head_dim", dim)):
+        if value is None:
+            r.bad(f"{concept}: required, as some layers are linear_attention")
+    out = {
+        "type": "kimi_delta",
+        "num_key_heads": heads,
+        "num_value_heads": heads,
+        "key_head_dim": dim,
+        "value_head_dim": dim,
+        "state_dtype": state_dtype,
+    }
+    if conv is not None:
+        out["conv_kernel_size"] = conv
+    return out
 
 
 def _read_rope(r: _Reader) -> tuple[dict, float | None]:
     params = r.get("rope_parameters") or {}
     legacy = r.get("rope_scaling") or {}
     theta_legacy = r.get("rope_theta")
+    interleaved = bool(r.get("rope_interleave", False))
     if not isinstance(params, dict) or not isinstance(legacy, dict):
         r.bad("rope_parameters / rope_scaling: must be a mapping")
         return {}, None
-    if params and all(isinstance(v, dict) for v in params.values()):
-        r.bad("rope_parameters: per-layer-type rope parameters are not expressible")
+    if _by_kind(params):
+        return _read_rope_by_kind(r, params, legacy or theta_legacy, interleaved)
+    rope, partial = _rope_entry(
+        r, {**legacy, **params}, theta_legacy, "rope_parameters"
+    )
+    return {**rope, "interleaved": interleaved}, partial
+
+
+def _read_rope_by_kind(
+    r: _Reader, params: dict, legacy: Any, interleaved: bool
+) -> tuple[dict, float | None]:
+    """Gemma-3 / OLMo-3: ``rope_parameters`` per layer type. The full-attention
+    layers' is the spec's rope, the sliding layers' its ``sliding`` where it
+    differs."""
+    other = sorted(set(params) - set(LAYER_KINDS))
+    if other:
+        r.bad(
+            f"rope_parameters: per-layer-type rope parameters for {other} are not "
+            f"expressible (only {' / '.join(LAYER_KINDS)})"
+        )
         return {}, None
-    merged = {**legacy, **params}
+    if legacy:
+        r.bad("rope_parameters per layer type beside rope_theta / rope_scaling")
+    if "full_attention" not in params:
+        r.bad("rope_parameters.full_attention: required beside sliding_attention")
+        return {}, None
+    full, partial = _rope_entry(
+        r, dict(params["full_attention"]), None, "rope_parameters.full_attention"
+    )
+    rope = {**full, "interleaved": interleaved}
+    if "sliding_attention" in params:
+        sliding, sliding_partial = _rope_entry(
+            r,
+            dict(params["sliding_attention"]),
+            None,
+            "rope_parameters.sliding_attention",
+        )
+        if sliding_partial != partial:
+            r.bad(
+                "rope_parameters: partial_rotary_factor differs between the layer "
+                f"types ({partial!r}, {sliding_partial!r})"
+            )
+        if sliding != full:
+            rope["sliding"] = sliding
+    return rope, partial
+
+
+def _rope_entry(
+    r: _Reader, merged: dict, theta_legacy: Any, where: str
+) -> tuple[dict, float | None]:
+    """One rope's theta and scaling (``where`` names it in messages), and its
+    partial rotary factor."""
     theta = merged.pop("rope_theta", None)
     if theta is not None and theta_legacy is not None and theta != theta_legacy:
-        r.bad(f"rope_theta={theta_legacy!r} disagrees with rope_parameters.rope_theta")
+        r.bad(f"rope_theta={theta_legacy!r} disagrees with {where}.rope_theta")
     theta = theta if theta is not None else theta_legacy
     kind, legacy_kind = merged.pop("rope_type", None), merged.pop("type", None)
     if kind and legacy_kind and kind != legacy_kind:
-        r.bad(f"rope_parameters: rope_type={kind!r} but type={legacy_kind!r}")
+        r.bad(f"{where}: rope_type={kind!r} but type={legacy_kind!r}")
     kind = kind or legacy_kind or "default"
     partial = merged.pop("partial_rotary_factor", None)
     # Phi-3's top-level copy: transformers moves it into a scaling's parameters
@@ -722,32 +1007,29 @@ def _read_rope(r: _Reader) -> tuple[dict, float | None]:
             )
     if merged.get("truncate", True) is True:
         merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
-    rope: dict[str, Any] = {
-        "theta": theta if theta is not None else 10000.0,
-        "interleaved": bool(r.get("rope_interleave", False)),
-    }
+    rope: dict[str, Any] = {"theta": theta if theta is not None else 10000.0}
     if kind == "longrope":
         r.bad(
-            "rope_parameters.rope_type='longrope': Phi-3's long-context rope "
+            f"{where}.rope_type='longrope': Phi-3's long-context rope "
             "(short_factor / long_factor, switched by sequence length) is not "
             "expressible"
         )
         return rope, partial
     if kind not in ("default", *ROPE_FIELDS):
         r.bad(
-            f"rope_parameters.rope_type={kind!r}: not expressible (default, "
+            f"{where}.rope_type={kind!r}: not expressible (default, "
             f"{', '.join(ROPE_FIELDS)})"
         )
         return rope, partial
     if kind != "default":
         if "factor" not in merged:
-            r.bad(f"rope_parameters.factor: required for rope_type {kind}")
+            r.bad(f"{where}.factor: required for rope_type {kind}")
         rope["scaling"] = {
             "type": kind,
             **{k: merged.pop(k) for k in ROPE_FIELDS[kind] if k in merged},
         }
     for key in merged:
-        r.bad(f"rope_parameters.{key}: not expressible for rope_type {kind}")
+        r.bad(f"{where}.{key}: not expressible for rope_type {kind}")
     return rope, partial
 
 
@@ -763,12 +1045,20 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         if not isinstance(kinds, list) or any(k not in LAYER_KINDS for k in kinds):
             r.bad(
                 f"layer_types: only {' / '.join(LAYER_KINDS)} layers are "
-                f"expressible, got {kinds!r}"
+                f"expressible, got {_short(kinds)}"
             )
             return {"sliding_window": window}
         if len(kinds) != n_layers:
             r.bad(f"layer_types: {len(kinds)} entries for {n_layers} layers")
     if window is None:
+        if kinds is not None and "linear_attention" in kinds:
+            # The other layers attend fully (no window to slide).
+            return {
+                "sliding_window": None,
+                "layer_types": [
+                    k if k == "linear_attention" else "full_attention" for k in kinds
+                ],
+            }
         return {"sliding_window": None}  # every layer attends fully
     if kinds is None and max_window_layers not in (None, 0, n_layers):
         # Families disagree on what max_window_layers means without layer_types.
@@ -786,7 +1076,7 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         )
         if kinds is not None and kinds != expect:
             r.bad("layer_types disagrees with sliding_window_pattern")
-    elif kinds is not None and "full_attention" in kinds:
+    elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
 
@@ -814,6 +1104,12 @@ def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
             )
             return []
         return [i for i, f in enumerate(flags) if f == 0]
+    if r.facts.get(NOPE_ATTENTION):
+        return [
+            i
+            for i, kind in enumerate(_layer_kinds(windows, n_layers))
+            if kind != "linear_attention"
+        ]
     if r.facts.get(NOPE_WHEN_SLIDING) and windows.get("sliding_window") is not None:
         return [
             i
@@ -1059,12 +1355,28 @@ def spec_from_hf_config(
         # What every reader sees: all keys, the family's facts only where absent.
         data, reader = _read(cfg, facts, fixed=False)
         problems = list(reader.problems)
+        if known is not None and not known.rope_by_kind:
+            if _by_kind(cfg.get("rope_parameters")):
+                problems.append(
+                    f"rope_parameters: per layer type, but transformers' "
+                    f"{known.cls.__name__} has one rope for every layer"
+                )
         if known is not None:
             # What transformers' class computes: the keys it reads, facts enforced.
             declared = {k: v for k, v in cfg.items() if k in known.reads}
             as_class, class_reader = _read(declared, facts, fixed=True)
             problems += [p for p in class_reader.problems if p not in problems]
-            problems += _contradictions(data, as_class, model_type, known)
+            contradictions = _contradictions(data, as_class, model_type, known)
+            unread = sorted(
+                k for k in reader.used - known.reads if cfg.get(k) is not None
+            )
+            if contradictions and unread:
+                # Name the keys behind them that the class never reads.
+                contradictions.append(
+                    f"{', '.join(unread)}: transformers' {known.cls.__name__} does "
+                    "not read it, so its model ignores what it says"
+                )
+            problems += contradictions
     except (TypeError, ValueError, AttributeError) as exc:
         # Safety net for value types the checks above do not anticipate.
         raise InputError(
@@ -1141,8 +1453,12 @@ def _contradictions(
 ) -> list[str]:
     """Fields where the config's keys say one thing and the class does another."""
     out = []
-    for path, ours in _flatten(data).items():
-        theirs = _flatten(as_class).get(path)
+    ours_all, theirs_all = (
+        _flatten(_kinds_listed(data)),
+        _flatten(_kinds_listed(as_class)),
+    )
+    for path, ours in ours_all.items():
+        theirs = theirs_all.get(path)
         if ours != theirs:
             out.append(
                 f"{path}: the config says {ours!r}, but transformers' "
@@ -1150,6 +1466,21 @@ def _contradictions(
                 "read either; fix the config)"
             )
     return out
+
+
+def _kinds_listed(data: dict) -> dict:
+    """``data`` with its sliding layers as a per-layer list, however the config
+    placed them (Gemma-3's class derives layer_types from a sliding_window_pattern
+    key it does not declare)."""
+    att = data.get("attention")
+    n = data.get("num_hidden_layers")
+    if not isinstance(att, dict) or att.get("sliding_window") is None:
+        return data
+    if not isinstance(n, int) or "sliding_window_pattern" not in att:
+        return data
+    att = {k: v for k, v in att.items() if k != "sliding_window_pattern"}
+    att["layer_types"] = _layer_kinds(data["attention"], n)
+    return {**data, "attention": att}
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -1224,6 +1555,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
         "num_attention_heads": att.num_heads,
     }
+    # Gemma's parts, written only where the spec has them.
+    if spec.scale_embedding:
+        c["scale_embedding"] = True
+    if spec.final_logit_softcap is not None:
+        c["final_logit_softcapping"] = spec.final_logit_softcap
+    if spec.norm.unit_offset:
+        c["norm_unit_offset"] = True
     if spec.norm.placement != "pre":
         c["norm_placement"] = spec.norm.placement
     if not spec.norm.bias:
@@ -1234,17 +1572,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     for concept in MULTIPLIERS:
         if getattr(spec, concept) != 1.0:
             c[concept] = getattr(spec, concept)
-    rope: dict[str, Any] = {
-        "rope_type": spec.rope.scaling.type if spec.rope.scaling else "default",
-        "rope_theta": spec.rope.theta,
-    }
-    if spec.rope.scaling:
-        rope.update(spec.rope.scaling.model_dump(exclude={"type"}, exclude_none=True))
-        if rope.get("truncate") is True:
-            del rope["truncate"]  # yarn's default: written only when false
-        if rope["rope_type"] in ("yarn", "llama3"):
-            # transformers fills it in and vLLM's get_rope needs it: be explicit.
-            rope.setdefault("original_max_position_embeddings", _original_max(spec))
+    rope = _rope_params(spec, spec.rope.theta, spec.rope.scaling)
+    sliding_rope = spec.rope.sliding and _rope_params(
+        spec, spec.rope.sliding.theta, spec.rope.sliding.scaling
+    )
     if att.type == "mla":
         mla = att.mla
         c.update(
@@ -1256,6 +1587,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         )
+        if mla.latent_norm_eps is not None:
+            c["mla_norm_eps"] = mla.latent_norm_eps
+        if att.layer_types is not None:
+            c["layer_types"] = spec.layer_attention_types()
     else:
         c.update(
             num_key_value_heads=spec.num_kv_heads,
@@ -1270,9 +1605,16 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_after_rope"] = True
         if att.sinks:
             c["attention_sinks"] = True
+        if att.output_gate:
+            c["attn_output_gate"] = True
+        if att.query_pre_attn_scalar is not None:
+            c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
+        if att.logit_softcap is not None:
+            c["attn_logit_softcapping"] = att.logit_softcap
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
-            rope["partial_rotary_factor"] = att.partial_rotary_factor
+            for params in (rope, sliding_rope or {}):
+                params["partial_rotary_factor"] = att.partial_rotary_factor
         if att.softmax_scale is not None:
             c["attention_multiplier"] = att.softmax_scale
         sliding = att.sliding_window is not None
@@ -1284,8 +1626,26 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["kv_sharing_target_layers"] = [
                 att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
             ]
-    c["rope_parameters"] = rope
+    # Per layer type where the sliding layers rotate otherwise (Gemma-3's keys).
+    c["rope_parameters"] = (
+        {"sliding_attention": sliding_rope, "full_attention": rope}
+        if sliding_rope
+        else rope
+    )
     c["rope_interleave"] = spec.rope.interleaved
+    lin = spec.linear_attention
+    if lin is not None and lin.type == "kimi_delta":
+        c["linear_attention_type"] = lin.type
+        c["linear_num_heads"] = lin.num_key_heads
+        c["linear_head_dim"] = lin.key_head_dim
+        c["linear_conv_kernel_dim"] = lin.conv_kernel_size
+        c["mamba_ssm_dtype"] = lin.state_dtype
+    elif lin is not None:
+        for concept, name in LINEAR_FIELDS.items():
+            c[concept] = getattr(lin, name)
+        if lin.projections != "grouped":
+            c["linear_projections"] = lin.projections
+        c["mamba_ssm_dtype"] = lin.state_dtype
     if spec.rope.nope_layers:
         c["no_rope_layers"] = [
             int(spec.uses_rope(i)) for i in range(spec.num_hidden_layers)
@@ -1330,6 +1690,26 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
     return c
+
+
+def _rope_params(
+    spec: ModelSpec, theta: float, scaling: RopeScaling | None
+) -> dict[str, Any]:
+    """One rope as config.json's ``rope_parameters`` states it."""
+    rope: dict[str, Any] = {
+        "rope_type": scaling.type if scaling else "default",
+        "rope_theta": theta,
+    }
+    if scaling:
+        rope.update(scaling.model_dump(exclude={"type"}, exclude_none=True))
+        if rope.get("truncate") is True:
+            del rope["truncate"]  # yarn's default: written only when false
+        if rope["rope_type"] in ("yarn", "llama3"):
+            # transformers fills it in and vLLM's get_rope needs it: be explicit.
+            rope.setdefault(
+                "original_max_position_embeddings", _original_max(spec, scaling)
+            )
+    return rope
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:
@@ -1380,9 +1760,34 @@ def _write_known(
             **concepts,
             "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
         }
+    if (
+        spec.mlp.moe is not None
+        and not spec.mlp.moe.num_shared_experts
+        and _key_for("shared_expert_intermediate_size", known)
+    ):
+        # No shared expert: width 0 (Qwen2-MoE, Qwen3-Next; their classes take an
+        # int, and vLLM's qwen2_moe.py / qwen3_next.py build none at 0).
+        concepts = {**concepts, "shared_expert_intermediate_size": 0}
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+    # The class's defaults are Gemma's: state what the spec has instead.
+    defaults: dict[str, Any] = {
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+    }
+    if spec.attention.type == "gqa":
+        defaults["query_pre_attn_scalar"] = spec.head_dim
+    concepts = {**defaults, **concepts}
+    if known.rope_by_kind and not _by_kind(concepts["rope_parameters"]):
+        rope = concepts["rope_parameters"]
+        concepts = {
+            **concepts,
+            "rope_parameters": {
+                "sliding_attention": dict(rope),
+                "full_attention": rope,
+            },
+        }
     moe = spec.mlp.moe
     if (
         moe is not None
@@ -1480,9 +1885,10 @@ def _check_round_trip(
         )
 
 
-def _original_max(spec: ModelSpec) -> int:
-    """yarn / llama3 pre-extension length; unset means max_position_embeddings."""
-    scaling = spec.rope.scaling
+def _original_max(spec: ModelSpec, scaling: RopeScaling | None = None) -> int:
+    """yarn / llama3 pre-extension length of ``scaling`` (default: the spec's);
+    unset means max_position_embeddings."""
+    scaling = scaling or spec.rope.scaling
     if scaling is not None and scaling.original_max_position_embeddings is not None:
         return scaling.original_max_position_embeddings
     return spec.max_position_embeddings
@@ -1494,17 +1900,32 @@ def hf_fields(spec: ModelSpec) -> dict:
     Resolved: default kv heads and head_dim, sliding patterns as per-layer kinds, the
     yarn / llama3 pre-extension length (unset: max_position_embeddings),
     the MoE layer placement as a per-layer list, one expert group as no groups, the
-    shared experts' total width, and the dense width only where a layer is dense.
+    shared experts' total width, the dense width only where a layer is dense, an
+    unset query_pre_attn_scalar as the head_dim, and a sliding layers' rope equal
+    to the full layers' (or with no sliding layer) as none.
     """
     data = spec.model_dump(mode="json", include=set(_HF_CARRIED))
-    scaling = data["rope"]["scaling"]
-    if scaling and scaling["type"] != "linear":
-        scaling["original_max_position_embeddings"] = _original_max(spec)
-    if scaling and scaling["truncate"] is True:
-        scaling["truncate"] = None  # yarn's default
+    rope = data["rope"]
+    for part, scaling in (
+        (rope, spec.rope.scaling),
+        (rope["sliding"], spec.rope.sliding and spec.rope.sliding.scaling),
+    ):
+        if scaling is not None and scaling.type != "linear":
+            part["scaling"]["original_max_position_embeddings"] = _original_max(
+                spec, scaling
+            )
+        if scaling is not None and scaling.truncate is True:
+            part["scaling"]["truncate"] = None  # yarn's default
+    if rope["sliding"] is not None and (
+        rope["sliding"] == {"theta": rope["theta"], "scaling": rope["scaling"]}
+        or "sliding_attention" not in spec.layer_attention_types()
+    ):
+        rope["sliding"] = None  # every layer rotates alike
     att = data["attention"]
     if spec.attention.type == "gqa":
         att.update(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+        if att["query_pre_attn_scalar"] is None:
+            att["query_pre_attn_scalar"] = spec.head_dim
         att["softmax_scale"] = att["softmax_scale"] or spec.head_dim**-0.5
     att["layer_types"] = spec.layer_attention_types()
     att.pop("sliding_window_pattern")

@@ -25,6 +25,9 @@ _BASE: dict[str, str] = {
     # and EXAONE-4 store the first where Llama keeps its pre-MLP norm.
     "attention_output_norm": f"{_LAYER}.post_attention_layernorm",
     "mlp_output_norm": f"{_LAYER}.post_feedforward_layernorm",
+    # norm.placement sandwich: the MLP's input norm beside the two output norms
+    # (Gemma-2/3; GLM-4 names the four otherwise, by checkpoint.tensor_names).
+    "mlp_input_norm": f"{_LAYER}.pre_feedforward_layernorm",
     # GQA / MHA attention
     "q_proj": f"{_LAYER}.self_attn.q_proj",
     "k_proj": f"{_LAYER}.self_attn.k_proj",
@@ -43,6 +46,35 @@ _BASE: dict[str, str] = {
     "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
     "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
     "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
+    # linear attention (Gated DeltaNet): the mixer module itself holds A_log and
+    # dt_bias; grouped projections (Qwen3-Next) or split ones (Qwen3.5)
+    "linear_attn": f"{_LAYER}.linear_attn",
+    "linear_in_proj_qkvz": f"{_LAYER}.linear_attn.in_proj_qkvz",
+    "linear_in_proj_ba": f"{_LAYER}.linear_attn.in_proj_ba",
+    "linear_in_proj_qkv": f"{_LAYER}.linear_attn.in_proj_qkv",
+    "linear_in_proj_z": f"{_LAYER}.linear_attn.in_proj_z",
+    "linear_in_proj_b": f"{_LAYER}.linear_attn.in_proj_b",
+    "linear_in_proj_a": f"{_LAYER}.linear_attn.in_proj_a",
+    "linear_conv1d": f"{_LAYER}.linear_attn.conv1d",
+    "linear_norm": f"{_LAYER}.linear_attn.norm",
+    "linear_out_proj": f"{_LAYER}.linear_attn.out_proj",
+    # linear attention (Kimi delta attention): Kimi Linear keeps the mixer at
+    # self_attn, which holds A_log and dt_bias; q, k and v have a convolution
+    # each, the forget gate (f_a, f_b) and the output gate (g_a, g_b) are low rank.
+    "kda_attn": f"{_LAYER}.self_attn",
+    "kda_q_proj": f"{_LAYER}.self_attn.q_proj",
+    "kda_k_proj": f"{_LAYER}.self_attn.k_proj",
+    "kda_v_proj": f"{_LAYER}.self_attn.v_proj",
+    "kda_q_conv1d": f"{_LAYER}.self_attn.q_conv1d",
+    "kda_k_conv1d": f"{_LAYER}.self_attn.k_conv1d",
+    "kda_v_conv1d": f"{_LAYER}.self_attn.v_conv1d",
+    "kda_f_a_proj": f"{_LAYER}.self_attn.f_a_proj",
+    "kda_f_b_proj": f"{_LAYER}.self_attn.f_b_proj",
+    "kda_b_proj": f"{_LAYER}.self_attn.b_proj",
+    "kda_g_a_proj": f"{_LAYER}.self_attn.g_a_proj",
+    "kda_g_b_proj": f"{_LAYER}.self_attn.g_b_proj",
+    "kda_o_norm": f"{_LAYER}.self_attn.o_norm",
+    "kda_o_proj": f"{_LAYER}.self_attn.o_proj",
     # dense MLP
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
@@ -161,12 +193,28 @@ def preset_roles(path: str) -> frozenset[str]:
     return _PRESET_ROLES.get(path, frozenset())
 
 
-# The norm roles of a decoder layer, by norm.placement.
+# The norm roles of a decoder layer, by norm.placement, in the order the layer
+# runs them.
 LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
     "pre": ("input_norm", "post_attention_norm"),
     "post": ("attention_output_norm", "mlp_output_norm"),
     # One norm on the layer input, read by attention and the MLP (Cohere).
     "parallel": ("input_norm",),
+    "sandwich": (
+        "input_norm",
+        "attention_output_norm",
+        "mlp_input_norm",
+        "mlp_output_norm",
+    ),
+}
+# What each of those roles normalises: the input or the output of attention or
+# of the MLP (a parallel block's input norm feeds both).
+NORM_SITES: dict[str, str] = {
+    "input_norm": "attention_input",
+    "post_attention_norm": "mlp_input",
+    "attention_output_norm": "attention_output",
+    "mlp_input_norm": "mlp_input",
+    "mlp_output_norm": "mlp_output",
 }
 
 # checkpoint.fused: the role a checkpoint stores in one tensor, and the roles it
@@ -203,6 +251,56 @@ SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 # two stacked 3-D tensors (each expert's gate rows, then its up rows; down).
 STACKED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
 
+# The Gated DeltaNet roles of a linear-attention layer, by projection layout;
+# ``linear_attn`` holds the parameters A_log and dt_bias.
+LINEAR_ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
+    "grouped": ("linear_in_proj_qkvz", "linear_in_proj_ba"),
+    "split": (
+        "linear_in_proj_qkv",
+        "linear_in_proj_z",
+        "linear_in_proj_b",
+        "linear_in_proj_a",
+    ),
+}
+LINEAR_ATTENTION_COMMON = (
+    "linear_attn",
+    "linear_conv1d",
+    "linear_norm",
+    "linear_out_proj",
+)
+# The Kimi delta attention roles of a linear-attention layer; ``kda_attn`` holds
+# the parameters A_log and dt_bias.
+KIMI_DELTA_ROLES = (
+    "kda_attn",
+    "kda_q_proj",
+    "kda_k_proj",
+    "kda_v_proj",
+    "kda_q_conv1d",
+    "kda_k_conv1d",
+    "kda_v_conv1d",
+    "kda_f_a_proj",
+    "kda_f_b_proj",
+    "kda_b_proj",
+    "kda_g_a_proj",
+    "kda_g_b_proj",
+    "kda_o_norm",
+    "kda_o_proj",
+)
+# The parameters of the ``linear_attn`` (``kda_attn``) module itself (no
+# ``.weight``).
+LINEAR_ATTENTION_PARAMS = ("A_log", "dt_bias")
+# The mixer module role of each linear-attention type.
+LINEAR_MIXER_ROLE = {"gated_deltanet": "linear_attn", "kimi_delta": "kda_attn"}
+
+
+def linear_attention_roles(kind: str, projections: str) -> tuple[str, ...]:
+    """The roles of a linear-attention layer of type ``kind`` (its projection
+    layout, for Gated DeltaNet)."""
+    if kind == "kimi_delta":
+        return KIMI_DELTA_ROLES
+    return (*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[projections])
+
+
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
 LINEAR_ROLES: tuple[str, ...] = (
@@ -222,6 +320,35 @@ LINEAR_ROLES: tuple[str, ...] = (
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
     "shared_gate_up_proj",
+    # Gated DeltaNet's wide projections; its b/a projections (one row per value
+    # head, which set the decay and the update rate) stay in 16 bits.
+    "linear_in_proj_qkvz",
+    "linear_in_proj_qkv",
+    "linear_in_proj_z",
+    "linear_out_proj",
+    # Kimi delta attention's wide projections; its low-rank gates and beta
+    # projection stay in 16 bits.
+    "kda_q_proj",
+    "kda_k_proj",
+    "kda_v_proj",
+    "kda_o_proj",
+)
+# Linear-attention Linear layers quantization keeps in 16 bits: the b/a
+# projections give each value head's decay and update rate (two numbers per head
+# and token, the most sensitive inputs of the recurrence), and vLLM's layer notes
+# that blockwise FP8 does not fit their few rows.
+# Kimi delta attention's forget gate (f_a, f_b: the per-channel decay), beta
+# projection and output gate (g_a, g_b) are the same kind of few-row, per-token
+# rates.
+LINEAR_ATTENTION_KEPT = (
+    "linear_in_proj_ba",
+    "linear_in_proj_b",
+    "linear_in_proj_a",
+    "kda_f_a_proj",
+    "kda_f_b_proj",
+    "kda_b_proj",
+    "kda_g_a_proj",
+    "kda_g_b_proj",
 )
 
 # Placeholders each role's path must (and may only) contain.

@@ -23,7 +23,7 @@ SpecMethod = Literal[
     "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"
 ]
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
-LayerAttention = Literal["full_attention", "sliding_attention"]
+LayerAttention = Literal["full_attention", "sliding_attention", "linear_attention"]
 # Granite's whole-model multipliers (spec fields and config.json keys alike);
 # 1.0 leaves the model as it is.
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
@@ -82,19 +82,26 @@ class Norm(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post", "parallel"] = Field(
+    placement: Literal["pre", "post", "parallel", "sandwich"] = Field(
         "pre",
         description="Where a decoder layer normalises: `pre` normalises the input "
         "of attention and of the MLP (Llama); `post` normalises their outputs, "
         "before each residual add, and the layer input is not normalised "
         "(OLMo-2, EXAONE-4); `parallel` normalises the layer input once, and "
         "attention and the MLP both read it, their outputs added to the residual "
-        "together (Cohere).",
+        "together (Cohere); `sandwich` normalises both the inputs and the "
+        "outputs (Gemma-2/3).",
     )
     bias: bool = Field(
         True,
         description="layernorm: a bias beside the weight; `false` for a "
         "weight-only LayerNorm (Cohere). An rmsnorm has none.",
+    )
+    unit_offset: bool = Field(
+        False,
+        description="RMSNorm scales by (1 + weight) instead of weight, the product "
+        "taken in float32 before the cast back (Gemma). Every RMSNorm of the "
+        "model, q/k norms included.",
     )
 
 
@@ -131,6 +138,15 @@ class RopeScaling(_Section):
     )
 
 
+class SlidingRope(_Section):
+    """The rotary embedding of the sliding-attention layers."""
+
+    theta: float = Field(gt=0, description="Rotary base frequency.")
+    scaling: RopeScaling | None = Field(
+        None, description="Context-extension scaling; null for plain rope."
+    )
+
+
 class Rope(_Section):
     """Rotary position embedding."""
 
@@ -148,6 +164,13 @@ class Rope(_Section):
         description="Layers whose attention uses no rotary embedding (NoPE; "
         "SmolLM3's every fourth layer, EXAONE-4's full-attention layers).",
     )
+    sliding: SlidingRope | None = Field(
+        None,
+        description="Theta and scaling of the sliding-attention layers where they "
+        "differ from the full-attention layers' (Gemma-3's local base frequency); "
+        "`theta` and `scaling` above are then the full-attention layers'. Null: "
+        "every layer rotates alike.",
+    )
 
 
 class MLA(_Section):
@@ -162,6 +185,14 @@ class MLA(_Section):
     )
     qk_rope_head_dim: HeadDim = Field(description="Per-head query/key dims with rope.")
     v_head_dim: HeadDim = Field(description="Per-head value dims.")
+    latent_norm_eps: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Epsilon of the latent norms (q_a, kv_a); null means norm.eps. "
+        "transformers' Kimi Linear fixes it at 1e-6 whatever rms_norm_eps says "
+        "(vLLM's layers read rms_norm_eps).",
+    )
 
 
 class Attention(_Section):
@@ -198,10 +229,27 @@ class Attention(_Section):
         "softmax of every query as one more key with no value: an attention sink "
         "that takes probability mass from the real keys (gpt-oss).",
     )
+    output_gate: bool = Field(
+        False,
+        description="Gated attention (Qwen3-Next): q_proj also projects, per head, a "
+        "gate beside the query (each head's query then its gate); the attention "
+        "output is multiplied by sigmoid(gate) before o_proj.",
+    )
     qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
+    )
+    query_pre_attn_scalar: PositiveInt | Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
+        "head_dim**-0.5 (Gemma-2/3); null: head_dim. Not beside softmax_scale.",
+    )
+    logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the attention scores before the softmax: "
+        "cap * tanh(scores / cap) (Gemma-2); null: none.",
     )
     softmax_scale: float | None = Field(
         None,
@@ -220,8 +268,9 @@ class Attention(_Section):
     )
     layer_types: list[LayerAttention] | None = Field(
         None,
-        description="Explicit per-layer kind, `full_attention` or `sliding_attention` "
-        "(one entry per layer).",
+        description="Explicit per-layer kind, `full_attention`, `sliding_attention` "
+        "or `linear_attention` (one entry per layer; a linear-attention layer's "
+        "token mixer is the `linear_attention` section's instead of attention).",
     )
     kv_sharing: dict[LayerIndex, LayerIndex] = Field(
         default_factory=dict,
@@ -230,6 +279,55 @@ class Attention(_Section):
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."
+    )
+
+
+class LinearAttention(_Section):
+    """The linear-attention token mixer of the layers `attention.layer_types` marks
+    `linear_attention`: a recurrent state per sequence instead of a KV cache."""
+
+    type: Literal["gated_deltanet", "kimi_delta"] = Field(
+        "gated_deltanet",
+        description="`gated_deltanet`: Gated DeltaNet as Qwen3-Next has it. q, k and "
+        "v pass a causal depthwise convolution with SiLU; q and k are "
+        "L2-normalised; per value head and token the state S (key x value) decays "
+        "by exp(g), g = -exp(A_log) * softplus(a + dt_bias), and takes the delta "
+        "rule update S += k (beta (v - S^T k))^T with beta = sigmoid(b); the output "
+        "S^T q / sqrt(key_head_dim) is RMS-normalised per head, multiplied by "
+        "SiLU(z) and projected by out_proj. `kimi_delta`: Kimi delta attention as "
+        "Kimi Linear has it: the same delta rule with one decay per key channel "
+        "instead of per head, g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias) "
+        "(a low-rank forget gate, rank head_dim); q, k and v have their own "
+        "convolutions (q_conv1d, k_conv1d, v_conv1d); beta = sigmoid(b_proj(x)); the "
+        "output is RMS-normalised per head, multiplied by sigmoid(g_b(g_a(x))) (a "
+        "low-rank output gate) and projected by o_proj. Its heads are both key and "
+        "value heads (num_key_heads = num_value_heads, key_head_dim = "
+        "value_head_dim).",
+    )
+    num_key_heads: HeadCount = Field(description="Query/key heads.")
+    num_value_heads: HeadCount = Field(
+        description="Value heads (a multiple of num_key_heads: each key head serves "
+        "num_value_heads / num_key_heads of them); one recurrent state each."
+    )
+    key_head_dim: HeadDim = Field(description="Per-head query/key dims.")
+    value_head_dim: HeadDim = Field(description="Per-head value dims.")
+    conv_kernel_size: Annotated[int, Field(ge=2, le=64)] = Field(
+        4, description="Width of the short causal convolution over q, k and v."
+    )
+    projections: Literal["grouped", "split"] = Field(
+        "grouped",
+        description="(gated_deltanet) How the checkpoint stores the input "
+        "projections: `grouped` "
+        "(Qwen3-Next) as in_proj_qkvz and in_proj_ba, rows interleaved per key "
+        "head (q, k, then that head's v and z; its b, then its a); `split` "
+        "(Qwen3.5) as in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b and "
+        "in_proj_a.",
+    )
+    state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype of the recurrent state in the serving engine's cache "
+        "(vLLM `mamba_ssm_cache_dtype`); the convolution state has the model's "
+        "dtype.",
     )
 
 
@@ -432,6 +530,18 @@ class ModelSpec(_Section):
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
+    scale_embedding: bool = Field(
+        False,
+        description="Multiply the token embeddings by sqrt(hidden_size), the "
+        "factor rounded to the embedding's dtype (Gemma's normalizer); not "
+        "beside an embedding_multiplier.",
+    )
+    final_logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the output logits: cap * tanh(logits / cap) "
+        "(Gemma-2/3); null: none. Not beside a logit_scale or logits_scaling.",
+    )
     embedding_multiplier: float = Field(
         1.0,
         gt=0,
@@ -452,6 +562,11 @@ class ModelSpec(_Section):
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
+    linear_attention: LinearAttention | None = Field(
+        None,
+        description="The token mixer of `linear_attention` layers; required when "
+        "attention.layer_types has one.",
+    )
     mlp: MLP = Field(description="Feed-forward layers.")
     mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
     checkpoint: Checkpoint = Field(
@@ -530,6 +645,23 @@ class ModelSpec(_Section):
             "full_attention" if (i + 1) % p == 0 else "sliding_attention"
             for i in range(n)
         ]
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` mixes tokens by linear attention."""
+        types = self.attention.layer_types
+        return types is not None and types[layer] == "linear_attention"
+
+    def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """Theta and scaling of decoder layer ``layer``'s rotary embedding (MTP
+        blocks, which attend fully, have the full-attention layers')."""
+        sliding = self.rope.sliding
+        if (
+            sliding is not None
+            and layer < self.num_hidden_layers
+            and self.layer_attention_types()[layer] == "sliding_attention"
+        ):
+            return sliding.theta, sliding.scaling
+        return self.rope.theta, self.rope.scaling
 
     def uses_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""

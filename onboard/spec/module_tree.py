@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from onboard.errors import InputError
 from onboard.spec.layouts import (
+    KIMI_DELTA_ROLES,
     LAYER_NORM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
+    linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec
 
@@ -40,6 +42,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "post_attention_norm": (),
     "attention_output_norm": (),
     "mlp_output_norm": (),
+    "mlp_input_norm": (),
     **dict.fromkeys(
         (
             "q_proj",
@@ -58,6 +61,24 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ),
         ("attn",),
     ),
+    # The mixer module of a linear-attention layer, and its modules.
+    "linear_attn": (),
+    **dict.fromkeys(
+        (
+            "linear_in_proj_qkvz",
+            "linear_in_proj_ba",
+            "linear_in_proj_qkv",
+            "linear_in_proj_z",
+            "linear_in_proj_b",
+            "linear_in_proj_a",
+            "linear_conv1d",
+            "linear_norm",
+            "linear_out_proj",
+            *KIMI_DELTA_ROLES[1:],
+        ),
+        ("linear",),
+    ),
+    "kda_attn": (),
     **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
@@ -88,8 +109,8 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name", "residual_multiplier",
-        "act_fn", "sinks",
+        "e_score_correction_bias", "config", "lm_head_name", "softcap",
+        "residual_multiplier", "act_fn", "sinks",
     }
 )  # fmt: skip
 
@@ -140,6 +161,11 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_norm", "k_norm"]
         if att.sinks:
             roles.append("sinks")
+    lin = spec.linear_attention
+    if lin is not None and any(
+        spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
+    ):
+        roles += linear_attention_roles(lin.type, lin.projections)
     moe = spec.mlp.moe
     fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
@@ -259,6 +285,9 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             raise bad(role, shape)
         claim("base", parts[0], role, shape)
         claim("layers", parts[1], role, shape)
+        if role in ("linear_attn", "kda_attn"):
+            # The mixer module is also the container of its modules.
+            claim("linear", parts[-1], role, shape)
         for slot, part in zip(slots, parts[3:-1], strict=True):
             if slot == "{expert}":
                 if part != "{expert}":
@@ -382,8 +411,14 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
             )
     # What hangs directly off a decoder layer: the dense MLP and the MoE block may
     # share a name (a layer has one or the other), nothing else may.
-    on_layer = [names[r] for r in roles if _LAYER_SLOTS.get(r) == ()]
-    on_layer += [names[c] for c in ("attn", "shared_head") if c in names]
+    on_layer = [
+        names[r]
+        for r in roles
+        if _LAYER_SLOTS.get(r) == () and r not in ("linear_attn", "kda_attn")
+    ]
+    on_layer += [names[c] for c in ("shared_head",) if c in names]
+    # Attention and linear attention may share a name too (Kimi Linear's self_attn).
+    on_layer += sorted({names[c] for c in ("attn", "linear") if c in names})
     if names.get("shared_parent") == "layer":
         on_layer.append(names["shared"])
     on_layer += sorted({names[c] for c in ("mlp", "moe") if c in names})

@@ -33,9 +33,11 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _rope_rules,
         _attention_rules,
         _layer_type_rules,
+        _linear_attention_rules,
         _kv_sharing_rules,
         _mlp_rules,
         _moe_rules,
+        _gemma_rules,
         _mtp_rules,
         _multiplier_rules,
         _checkpoint_rules,
@@ -62,16 +64,42 @@ ROPE_SCALING_NEEDS = {
 
 def _rope_rules(spec: ModelSpec, report: Report) -> None:
     _nope_rules(spec, report)
-    scaling = spec.rope.scaling
-    if scaling is None:
+    _sliding_rope_rules(spec, report)
+    for where, scaling in (
+        (("rope", "scaling"), spec.rope.scaling),
+        (
+            ("rope", "sliding", "scaling"),
+            spec.rope.sliding and spec.rope.sliding.scaling,
+        ),
+    ):
+        if scaling is None:
+            continue
+        for field in ROPE_SCALING_NEEDS[scaling.type]:
+            if getattr(scaling, field) is None:
+                report(where + (field,), f"{scaling.type} rope scaling needs {field}")
+        if scaling.truncate is not None and scaling.type != "yarn":
+            report(where + ("truncate",), "truncate applies to yarn scaling only")
+
+
+def _sliding_rope_rules(spec: ModelSpec, report: Report) -> None:
+    sliding = spec.rope.sliding
+    if sliding is None:
         return
-    for field in ROPE_SCALING_NEEDS[scaling.type]:
-        if getattr(scaling, field) is None:
-            report(
-                ("rope", "scaling", field), f"{scaling.type} rope scaling needs {field}"
-            )
-    if scaling.truncate is not None and scaling.type != "yarn":
-        report(("rope", "scaling", "truncate"), "truncate applies to yarn scaling only")
+    where = ("rope", "sliding")
+    if "sliding_attention" not in spec.layer_attention_types():
+        report(where, "no layer slides (set attention.sliding_window and its layers)")
+    full = spec.rope.scaling
+    if (
+        sliding.scaling is not None
+        and full is not None
+        and sliding.scaling.type != full.type
+    ):
+        # The generated reference computes one scaling kind (and plain rope).
+        report(
+            where + ("scaling", "type"),
+            f"{sliding.scaling.type} differs from rope.scaling.type ({full.type}); "
+            "the sliding and full layers may differ in one scaling kind at most",
+        )
 
 
 def _nope_rules(spec: ModelSpec, report: Report) -> None:
@@ -84,8 +112,6 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
     late = [i for i in nope if i >= spec.num_hidden_layers]
     if late:
         report(where, f"layers {late} do not exist ({spec.num_hidden_layers} layers)")
-    if spec.attention.type == "mla":
-        report(where, "MLA keeps its rope dims apart; NoPE layers are not expressible")
     for layer, target in spec.attention.kv_sharing.items():
         if spec.uses_rope(layer) != spec.uses_rope(target):
             report(
@@ -98,6 +124,7 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
+    _output_gate_rules(spec, report)
     for field, default in (("qk_norm_scope", "head"), ("qk_norm_after_rope", False)):
         if getattr(att, field) != default and not att.qk_norm:
             report(a + (field,), f"{field} applies only with qk_norm: true")
@@ -164,16 +191,22 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         "num_kv_heads",
         "head_dim",
         "sliding_window",
-        "layer_types",
         "sliding_window_pattern",
+        "query_pre_attn_scalar",
+        "logit_softcap",
     ):
         if getattr(att, field) is not None:
             report(a + (field,), f"{field} does not apply to MLA attention")
+    if att.layer_types is not None and "sliding_attention" in att.layer_types:
+        # MLA layers attend fully; linear-attention layers may sit between them.
+        report(a + ("layer_types",), "MLA attention has no sliding_attention layers")
     if att.qk_norm or att.qkv_bias:
         report(
             a + ("qk_norm" if att.qk_norm else "qkv_bias",),
             "qk_norm and qkv_bias do not apply to MLA attention",
         )
+    if att.output_gate:
+        report(a + ("output_gate",), "output_gate does not apply to MLA attention")
 
     if att.partial_rotary_factor != 1.0:
         report(
@@ -191,6 +224,20 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
     if mla.q_lora_rank is not None and mla.q_lora_rank >= spec.hidden_size * 4:
         report(a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large")
+
+
+def _output_gate_rules(spec: ModelSpec, report: Report) -> None:
+    """Gated attention as Qwen3-Next has it, and nothing no family has."""
+    att = spec.attention
+    where: Path = ("attention", "output_gate")
+    if not att.output_gate or att.type == "mla":
+        return
+    if att.qk_norm and att.qk_norm_scope != "head":
+        report(where, "with an output gate the q/k norm must be per head")
+    if att.kv_sharing:
+        report(where, "an output gate is not generated for KV-sharing layers")
+    if "qkv_proj" in spec.checkpoint.fused:
+        report(where, "an output gate is not generated for a fused qkv_proj")
 
 
 def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
@@ -216,6 +263,100 @@ def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
             )
     if att.sliding_window_pattern is not None and att.sliding_window is None:
         report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
+
+
+def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
+    lin, att = spec.linear_attention, spec.attention
+    types = att.layer_types or []
+    linear = [i for i, kind in enumerate(types) if kind == "linear_attention"]
+    where: Path = ("linear_attention",)
+    if lin is None:
+        if linear:
+            report(
+                ("attention", "layer_types"),
+                f"layers {linear} are linear_attention but the spec has no "
+                "linear_attention section",
+            )
+        return
+    if not linear:
+        report(
+            where,
+            "no layer is linear_attention: mark them in attention.layer_types (or "
+            "drop the section)",
+        )
+        return
+    if len(linear) == len(types):
+        report(
+            ("attention", "layer_types"),
+            "every layer is linear_attention; a model of linear-attention layers "
+            "only is not generated (keep at least one attention layer)",
+        )
+    if lin.type == "kimi_delta":
+        _kimi_delta_rules(spec, report)
+    elif lin.num_value_heads % lin.num_key_heads:
+        report(
+            where + ("num_value_heads",),
+            f"num_value_heads ({lin.num_value_heads}) must be a multiple of "
+            f"num_key_heads ({lin.num_key_heads})",
+        )
+    if att.type == "mla" and lin.type == "gated_deltanet":
+        report(where, "Gated DeltaNet layers beside MLA layers are not generated")
+    # vLLM's GDN layer reads these from the model's settings (rms_norm_eps for its
+    # gated norm, hidden_act for its convolution, whose CPU kernel applies SiLU or
+    # nothing); transformers' Qwen3-Next reads the same keys.
+    if spec.norm.type != "rmsnorm":
+        report(("norm", "type"), "linear-attention layers need rmsnorm")
+    if spec.activation != "silu":
+        report(
+            ("activation",),
+            "linear-attention layers need silu: their convolution uses the model's "
+            "activation, and vLLM's CPU kernel applies SiLU or none",
+        )
+    if spec.norm.placement != "pre":
+        report(("norm", "placement"), "linear-attention layers need placement pre")
+    if spec.residual_multiplier != 1.0:
+        # No family has both; the generated blocks scale only attention layers.
+        report(
+            ("residual_multiplier",),
+            "linear-attention layers with a residual_multiplier are not generated",
+        )
+    for i in spec.rope.nope_layers:
+        if i in linear:
+            report(
+                ("rope", "nope_layers"),
+                f"layer {i} is linear_attention, which has no rope to leave out",
+            )
+    for layer, target in att.kv_sharing.items():
+        if layer in linear or target in linear:
+            report(
+                ("attention", "kv_sharing", layer),
+                "a linear-attention layer has a recurrent state, not a KV cache to "
+                "share",
+            )
+
+
+def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
+    """Kimi delta attention's heads are key and value heads at once."""
+    lin = spec.linear_attention
+    assert lin is not None
+    where: Path = ("linear_attention",)
+    if lin.num_value_heads != lin.num_key_heads:
+        report(
+            where + ("num_value_heads",),
+            f"kimi_delta has one kind of head: num_value_heads ({lin.num_value_heads})"
+            f" must equal num_key_heads ({lin.num_key_heads})",
+        )
+    if lin.value_head_dim != lin.key_head_dim:
+        report(
+            where + ("value_head_dim",),
+            f"kimi_delta has one head dim: value_head_dim ({lin.value_head_dim}) must "
+            f"equal key_head_dim ({lin.key_head_dim})",
+        )
+    if lin.projections != "grouped":
+        report(
+            where + ("projections",),
+            "projections applies to gated_deltanet; kimi_delta stores q, k and v apart",
+        )
 
 
 def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
@@ -393,13 +534,53 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
         report(c, "gpt-oss's stacked experts in MTP heads are not generated")
 
 
+def _gemma_rules(spec: ModelSpec, report: Report) -> None:
+    if spec.norm.unit_offset and spec.norm.type != "rmsnorm":
+        report(("norm", "unit_offset"), "applies to rmsnorm only")
+    if spec.norm.placement == "sandwich" and spec.norm.type != "rmsnorm":
+        # The generated layer adds the residual in vLLM's RMSNorm (no family has
+        # sandwich LayerNorms).
+        report(("norm", "placement"), "sandwich norms are generated for rmsnorm only")
+    if spec.norm.unit_offset and spec.attention.type == "mla":
+        # No family has both: MLA's latent norms would be (1 + weight) norms too.
+        report(("norm", "unit_offset"), "is not generated for MLA attention")
+    if spec.final_logit_softcap is not None and spec.logit_scale != 1.0:
+        # No family has both (vLLM would soft-cap, then scale).
+        report(("final_logit_softcap",), "is not generated beside a logit_scale")
+    # Granite's multipliers beside Gemma's scales: no family has both, and each
+    # pair sets the same thing (the embeddings' factor, the logits, the softmax
+    # scale), so which comes first would be a guess.
+    if spec.final_logit_softcap is not None and spec.logits_scaling != 1.0:
+        report(("final_logit_softcap",), "is not generated beside a logits_scaling")
+    if spec.scale_embedding and spec.embedding_multiplier != 1.0:
+        report(("scale_embedding",), "is not generated beside an embedding_multiplier")
+    att = spec.attention
+    if att.query_pre_attn_scalar is not None and att.softmax_scale is not None:
+        report(
+            ("attention", "query_pre_attn_scalar"),
+            "and attention.softmax_scale both set the softmax scale: set one",
+        )
+
+
 def _mtp_rules(spec: ModelSpec, report: Report) -> None:
     if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
         report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
-    if spec.mtp is not None and spec.norm.placement != "pre":
+    if spec.mtp is None:
+        return
+    if spec.norm.placement != "pre":
         # No family has both; an MTP block of post-norm layers is unverified.
         report(("mtp",), "MTP heads need norm.placement pre")
-    if spec.mtp is not None and spec.logit_scale != 1.0:
+    # No family has MTP heads beside Gemma's parts: a head's embedding, norms and
+    # logits would need them too, unverified.
+    for path, on in (
+        (("norm", "unit_offset"), spec.norm.unit_offset),
+        (("scale_embedding",), spec.scale_embedding),
+        (("final_logit_softcap",), spec.final_logit_softcap is not None),
+        (("rope", "sliding"), spec.rope.sliding is not None),
+    ):
+        if on:
+            report(("mtp",), f"MTP heads are not generated with {'.'.join(path)}")
+    if spec.logit_scale != 1.0:
         # No family has both; the MTP draft's logits would need the scale too.
         report(("logit_scale",), "MTP heads need logit_scale 1")
     if spec.mtp is not None and _multiplied(spec):
@@ -568,7 +749,7 @@ GENERATED_NAMES = frozenset(
         "ACT2FN", "ARCHITECTURE", "Any", "Attention", "AutoConfig", "AutoWeightsLoader",
         "BaseModelOutputWithPast", "Cache", "CacheConfig", "CausalLMOutputWithPast",
         "ColumnParallelLinear", "DecoderLayer", "DynamicCache", "EagleModelMixin",
-        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul",
+        "ExpertMLP", "F", "FusedMoEFactory", "GateLinear", "GeluAndMul", "GemmaRMSNorm",
         "GenerationMixin", "HeadNorm", "IntermediateTensors", "Iterable", "LayerNorm",
         "LogitsProcessor", "MLAModules", "MLP", "MODEL_CLASS", "MODEL_TYPE",
         "MTPLayer", "MTP_ARCHITECTURE", "MTP_CLASS", "MergedColumnParallelLinear",
@@ -579,6 +760,13 @@ GENERATED_NAMES = frozenset(
         "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedExperts",
         "StackedLinear", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+        # linear attention (Gated DeltaNet)
+        "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",
+        "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
+        "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
+        "QwenGatedDeltaNetAttention",
+        # linear attention (Kimi delta attention, the reference's classes)
+        "KimiDeltaAttention", "KimiGatedRMSNorm",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
@@ -659,6 +847,8 @@ class TPDims:
     shared_expert_intermediate_size: int | None
     num_experts: int | None
     vocab_size: int
+    # Linear-attention heads (key, value); None without such layers.
+    linear_heads: tuple[int, int] | None = None
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> TPDims:
@@ -676,6 +866,14 @@ class TPDims:
             ),
             num_experts=moe.num_experts if moe else None,
             vocab_size=spec.vocab_size,
+            linear_heads=(
+                None
+                if spec.linear_attention is None
+                else (
+                    spec.linear_attention.num_key_heads,
+                    spec.linear_attention.num_value_heads,
+                )
+            ),
         )
 
 
@@ -714,6 +912,15 @@ def tensor_parallel_rules(dims: TPDims, tp: int, report: Report) -> None:
     ):
         if size is not None and size % tp:
             report(path, f"the {what} {size} does not split over {tp} ranks")
+    for field, heads in zip(
+        ("num_key_heads", "num_value_heads"), dims.linear_heads or (), strict=False
+    ):
+        if heads % tp:
+            report(
+                ("linear_attention", field),
+                f"{heads} linear-attention heads do not split over {tp} ranks "
+                "(vLLM's Gated DeltaNet layer divides them evenly)",
+            )
     if dims.num_experts is not None and dims.num_experts < tp:
         report(
             ("mlp", "moe", "num_experts"),

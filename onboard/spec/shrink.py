@@ -10,19 +10,23 @@ One rule for every spec (documented in docs/checkpoints.md):
   define the rotation, not a size), tied embeddings, the layer patterns
   (sliding_window_pattern, MoE layer_frequency), router kind, bias correction,
   scaling factor, shared-expert gate, MTP heads and their count, the checkpoint
-  layout, and the launch wishes (quantization, speculators, targets).
+  layout, and the launch wishes (quantization, speculators, targets); for
+  linear attention the key and value head dims and the convolution's width (the
+  CPU kernels take only some), the projection layout and the state dtype.
 * **Shrunk** — widths and counts: query heads to at most 2 per KV head and at most
   2 KV heads (MHA stays MHA, MQA stays MQA; MLA keeps 4 heads), hidden size to
   heads x head_dim where the spec ties them and that stays within 1024 (else 256
   with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
-  widths to 64, q_lora_rank to at most 128, vocab to the bundled tokenizer's 512,
+  widths to 64, q_lora_rank to at most 128, linear-attention key heads to at
+  most 2 with at most 2 value heads each, vocab to the bundled tokenizer's 512,
   max positions to at most 2048 (but not below a rope scaling's original
   length), the sliding window to at most 16 tokens (so it
   cuts into a 64-token test).
 * **Layers** — a subset of the original layers that keeps every kind of layer the
-  spec has (attention type x dense/MoE x KV-shared x explicitly dense) and, per
+  spec has (attention type, linear attention included, x dense/MoE x KV-shared x
+  explicitly dense) and, per
   attention type, one KV-sharing pair: the first dense layers (as many as keep the
   layer count aligned to the patterns' period, at least one) and the shortest run
   of later layers that is aligned to the period and holds the rest. KV-sharing
@@ -93,6 +97,14 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
             att["head_dim"] = head_dim
         if att["sliding_window"] is not None:
             att["sliding_window"] = min(att["sliding_window"], TINY_SLIDING_WINDOW)
+
+    lin = spec.linear_attention
+    if lin is not None:
+        keys = min(lin.num_key_heads, MAX_KV_HEADS)
+        data["linear_attention"]["num_key_heads"] = keys
+        data["linear_attention"]["num_value_heads"] = keys * min(
+            lin.num_value_heads // lin.num_key_heads, MAX_HEADS_PER_KV
+        )
 
     mlp = data["mlp"]
     if mlp["intermediate_size"] is not None:

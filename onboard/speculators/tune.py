@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.fsutil import atomic_write_text
-from onboard.runtime.engine import Engine, EngineOptions, Plugin
+from onboard.runtime.engine import Engine, EngineOptions, Plugin, engine_state_options
 from onboard.spec.model import ModelSpec, Speculator
 from onboard.speculators.acceptance import PREFIX
 from onboard.speculators.simulate import Counters
@@ -738,7 +738,12 @@ def tune(
                 raise InputError(f"--methods {method}: {why}")
             if needs_full_window(spec, method):
                 draft, _ = full_window_draft(draft, work / f"draft-{method}")
-        options = EngineOptions(model_dir=model_dir, plugin=plugin, uses_mla=mla)
+        options = EngineOptions(
+            model_dir=model_dir,
+            plugin=plugin,
+            uses_mla=mla,
+            **engine_state_options(spec),
+        )
         if base is None:
             base = measure_engine(
                 options, work, "baseline-default", prompts, probes_on, log

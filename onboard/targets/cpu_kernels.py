@@ -9,3 +9,35 @@ from __future__ import annotations
 # The CPU MLA decode kernel's only latent size (kv_lora_rank + qk_rope_head_dim):
 # DeepSeek's 512 + 64. Other sizes fail deep inside ('Unsupported block size: 16').
 CPU_MLA_LATENT = 576
+
+# vLLM's CPU Gated DeltaNet kernels (measured on the pinned build): the chunked
+# prefill kernel (chunk_gated_delta_rule_cpu) takes key and value head dims that
+# are equal and 64 or 128 ('Unexpected head dim size, 32', 'expect head_dim to be
+# equal to head_dim_v'); the convolution's weights are packed for the C++ kernel
+# only at width 4, which the AVX-512-BF16 path then assumes; and activations must
+# be bfloat16 ('CPU GDN attention requires BF16.').
+CPU_GDN_HEAD_DIMS = (64, 128)
+CPU_GDN_CONV_WIDTH = 4
+
+
+def cpu_gdn_problems(
+    key_head_dim: int, value_head_dim: int, conv_kernel_size: int
+) -> list[str]:
+    """What keeps vLLM's CPU Gated DeltaNet kernels from running these dims."""
+    problems = []
+    if key_head_dim != value_head_dim:
+        problems.append(
+            f"key_head_dim {key_head_dim} and value_head_dim {value_head_dim} "
+            "differ (the CPU prefill kernel needs them equal)"
+        )
+    elif key_head_dim not in CPU_GDN_HEAD_DIMS:
+        problems.append(
+            f"head dim {key_head_dim} (the CPU prefill kernel takes "
+            f"{' or '.join(map(str, CPU_GDN_HEAD_DIMS))})"
+        )
+    if conv_kernel_size != CPU_GDN_CONV_WIDTH:
+        problems.append(
+            f"conv_kernel_size {conv_kernel_size} (the CPU convolution kernel's "
+            f"packed weights take width {CPU_GDN_CONV_WIDTH})"
+        )
+    return problems

@@ -80,8 +80,9 @@ THRESHOLDS: dict[str, Threshold] = {
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
 P_TOP_K = 20
-# The quantized engine runs in float32 like the main engine, so that the comparison
-# measures the quantization alone, except where vLLM's CPU kernel takes 16-bit
+# The quantized engine runs in the main engine's dtype (float32, or bfloat16 where
+# its layers need it), so that the comparison measures the quantization alone,
+# except where vLLM's CPU kernel takes 16-bit
 # activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
 # half", measured); there it runs in bfloat16, and the KL includes bf16 rounding.
 ENGINE_DTYPE = {"fp8-block": "bfloat16"}
@@ -90,10 +91,22 @@ GUARDED = {
     "embeddings": ("role embed",),
     "lm_head": ("role lm_head",),
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
-              "role attention_output_norm", "role mlp_output_norm",
-              "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm"),
+              "role attention_output_norm", "role mlp_input_norm",
+              "role mlp_output_norm",
+              "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
+              "role linear_norm", "role kda_o_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     "sinks": ("role sinks",),
+    # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
+    "linear attention": ("role linear_conv1d", "role linear_attn",
+                         "role linear_in_proj_ba", "role linear_in_proj_b",
+                         "role linear_in_proj_a"),
+    # Kimi delta attention's convolutions, A_log / dt_bias, gates and beta.
+    "kimi delta attention": ("role kda_q_conv1d", "role kda_k_conv1d",
+                             "role kda_v_conv1d", "role kda_attn",
+                             "role kda_f_a_proj", "role kda_f_b_proj",
+                             "role kda_b_proj", "role kda_g_a_proj",
+                             "role kda_g_b_proj"),
     # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
@@ -205,7 +218,9 @@ def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
 
 def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dict]:
     """Per prompt, [positions, vocab] logprobs of the quantized model, and how."""
-    dtype = ENGINE_DTYPE.get(scheme, "float32")
+    # The main engine's dtype (bfloat16 where its kernels need it, e.g. Gated
+    # DeltaNet's), unless the scheme's CPU kernel needs another.
+    dtype = ENGINE_DTYPE.get(scheme, ctx.options.dtype)
     options = ctx.engine_options(
         model_dir=qdir,
         extra={**ctx.options.extra, "dtype": dtype, "max_logprobs": -1},
@@ -404,6 +419,9 @@ def untouched_tensors(
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
     must += ["sinks"] if spec.attention.sinks else []
+    if spec.linear_attention is not None:
+        kda = spec.linear_attention.type == "kimi_delta"
+        must.append("kimi delta attention" if kda else "linear attention")
     if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
         must.append("stacked experts")
     problems += [

@@ -43,6 +43,7 @@ from onboard.runtime.cpu_draft import (
     full_window_draft,
     lacking_note,
     needs_full_window,
+    variable_drafts_note,
 )
 from onboard.runtime.engine import EngineLoadError
 from onboard.spec.model import ModelSpec
@@ -182,9 +183,13 @@ def run(ctx, name: str) -> Check:
         ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
     )
     baseline_label = "the main engine (same settings, no speculation)"
-    return judge(
+    check = judge(
         name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseline_label
     )
+    known = variable_drafts_note(spec, method)
+    if check.status == "failed" and not metrics["lossless"]["passed"] and known:
+        check.details += "\n" + known
+    return check
 
 
 def _mtp_heads(ctx, k: int) -> dict[str, Any]:

@@ -29,6 +29,8 @@ START_TIMEOUT_S = 900.0
 # Engine keyword arguments that have no meaning for a server: a server detokenizes
 # (the benchmark sends text) and logs its stats (/metrics) anyway.
 _NOT_SERVER_FLAGS = {"skip_tokenizer_init", "disable_log_stats"}
+# Switches that default on in vLLM: False is their --no- flag.
+_DEFAULT_ON = {"enable_prefix_caching"}
 
 
 def free_port() -> int:
@@ -42,6 +44,9 @@ def serve_flags(kwargs: dict[str, Any]) -> list[str]:
     the CLI flag is the name with dashes; dicts are JSON, as vLLM parses them)."""
     flags: list[str] = []
     for key, value in kwargs.items():
+        if value is False and key in _DEFAULT_ON:
+            flags.append("--no-" + key.replace("_", "-"))
+            continue
         if key in _NOT_SERVER_FLAGS or value is None or value is False:
             continue
         if key == "attention_config" and set(value) == {"backend"}:
