@@ -511,7 +511,6 @@ def build_context(
         or bool(plan.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
-    norms = arch.layers[0].norms
     rope_by_kind = _rope_by_kind(spec, arch, f)
     return {
         "spec": spec,
@@ -549,6 +548,38 @@ def build_context(
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
+        **_norm_context(spec, arch, cfg, mlp, norm_names),
+        "scale_embedding": spec.scale_embedding,
+        "rope_by_kind": rope_by_kind,
+        "act_layer": act_layer,
+        "moe_act": moe_act,
+        "has_dense": has_dense,
+        "has_moe": has_moe,
+        "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
+        "tie": spec.tie_word_embeddings,
+        "mtp": spec.mtp is not None,
+        "mtp_doc": _mtp_doc(spec) if mtp else "",
+        "mtp_block_moe": mtp_mlp == "moe",
+        "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
+        "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
+        "mtp_prefixes": _mtp_prefixes(spec),
+        "names": SimpleNamespace(**names),
+        "renames": renames,
+        "stacked": stacked,
+        "packed": packed,
+    }
+
+
+def _norm_context(
+    spec: ModelSpec,
+    arch: ArchPlan,
+    cfg: dict[str, Any],
+    mlp: SimpleNamespace,
+    norm_names: SimpleNamespace,
+) -> dict[str, Any]:
+    """The decoder layer's norms: their classes, placement and names."""
+    norms = arch.layers[0].norms
+    return {
         "norm": spec.norm.type,
         # The norm class of the layers and the final norm, and of the q/k norms.
         "norm_class": _norm_class(norms),
@@ -569,24 +600,6 @@ def build_context(
         "fused_residual": norms.kind == "rmsnorm"
         and norms.placement in ("pre", "sandwich")
         and cfg["residual_multiplier"] is None,
-        "scale_embedding": spec.scale_embedding,
-        "rope_by_kind": rope_by_kind,
-        "act_layer": act_layer,
-        "moe_act": moe_act,
-        "has_dense": has_dense,
-        "has_moe": has_moe,
-        "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
-        "tie": spec.tie_word_embeddings,
-        "mtp": spec.mtp is not None,
-        "mtp_doc": _mtp_doc(spec) if mtp else "",
-        "mtp_block_moe": mtp_mlp == "moe",
-        "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
-        "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
-        "mtp_prefixes": _mtp_prefixes(spec),
-        "names": SimpleNamespace(**names),
-        "renames": renames,
-        "stacked": stacked,
-        "packed": packed,
     }
 
 

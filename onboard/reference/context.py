@@ -111,13 +111,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         **_moe_flags(spec, keys),
         "output_gate": att.type == "gqa" and att.output_gate,
-        # Linear-attention layers: Gated DeltaNet (and how the checkpoint stores
-        # its projections) or Kimi delta attention.
-        "linear": arch.linear is not None,
-        "gdn": isinstance(arch.linear, GatedDeltaNet),
-        "kda": isinstance(arch.linear, KimiDeltaAttention),
-        "linear_grouped": isinstance(arch.linear, GatedDeltaNet)
-        and arch.linear.projections == "grouped",
+        **_linear_flags(arch),
     }
 
     c: dict[str, str | None] = {
@@ -132,15 +126,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["hidden_act"] = keys.find("hidden_act")
     c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
-    eps = keys.find("norm_eps")
-    c["eps"] = f"config.{eps}" if eps else repr(spec.norm.eps)
-    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
-    if latent_eps is None:
-        c["latent_eps"] = c["eps"]
-    else:
-        # A config key where the config has one, else the family's fixed value.
-        key = keys.find("mla_norm_eps")
-        c["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
+    c.update(_eps_keys(spec, keys))
     if f["mla"]:
         for short, concept in (
             ("qk_nope", "qk_nope_head_dim"),
@@ -220,6 +206,34 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+def _linear_flags(arch) -> dict[str, bool]:
+    """Linear-attention layers: Gated DeltaNet (and how the checkpoint stores its
+    projections) or Kimi delta attention."""
+    lin = arch.linear
+    return {
+        "linear": lin is not None,
+        "gdn": isinstance(lin, GatedDeltaNet),
+        "kda": isinstance(lin, KimiDeltaAttention),
+        "linear_grouped": isinstance(lin, GatedDeltaNet)
+        and lin.projections == "grouped",
+    }
+
+
+def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
+    """The norms' eps and the MLA latent norms' (a config key where the config
+    has one, else the family's fixed value)."""
+    eps = keys.find("norm_eps")
+    out = {"eps": f"config.{eps}" if eps else repr(spec.norm.eps)}
+    att = spec.attention
+    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
+    if latent_eps is None:
+        out["latent_eps"] = out["eps"]
+    else:
+        key = keys.find("mla_norm_eps")
+        out["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
+    return out
 
 
 def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
