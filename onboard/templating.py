@@ -147,6 +147,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
             "spec_decode_needs_target_embed",
         )
     },
+    "sharded_weight_loader": (
+        "vllm.model_executor.model_loader.weight_utils",
+        "sharded_weight_loader",
+    ),
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
 }
 

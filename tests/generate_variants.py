@@ -222,6 +222,46 @@ checkpoint:
   router_bias_2d: true
 """,
     ),
+    # gpt-oss's parts on a new model type: attention sinks, alternating sliding and
+    # full layers, yarn with an unrounded correction range, a dense first layer,
+    # then a biased router and stacked experts with biases and the clamped SwiGLU,
+    # the experts under a name of their own (renamed to vLLM's `experts`).
+    "var-sinks-stacked": (
+        "VarSinksStackedForCausalLM",
+        """
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 64
+  sinks: true
+  qkv_bias: true
+  o_bias: true
+  sliding_window: 64
+  sliding_window_pattern: 2
+rope:
+  theta: 150000.0
+  scaling: {type: yarn, factor: 32.0, original_max_position_embeddings: 1024,
+            beta_fast: 32.0, beta_slow: 1.0, truncate: false}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+    expert_bias: true
+    swiglu_alpha: 1.702
+    swiglu_limit: 7.0
+    router: {scoring: softmax, norm_topk_prob: true, bias: true}
+checkpoint:
+  layout: gpt_oss
+  fused: [experts]
+  experts_format: gpt_oss
+  tensor_names:
+    experts_gate_up_proj: model.layers.{layer}.mlp.moe_experts
+    experts_down_proj: model.layers.{layer}.mlp.moe_experts
+""",
+    ),
     # Gemma-3's parts: sandwich norms scaling by 1 + weight, scaled embeddings,
     # q/k norms, its softmax scale, both soft-caps, and the sliding layers with
     # their own rope (the full layers' scaled).

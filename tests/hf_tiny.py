@@ -20,6 +20,7 @@ def _configs() -> dict:
         Exaone4Config,
         Gemma2Config,
         Gemma3TextConfig,
+        GptOssConfig,
         GraniteConfig,
         GraniteMoeSharedConfig,
         LlamaConfig,
@@ -179,6 +180,29 @@ def _configs() -> dict:
             },
             **common,
         ),
+        # Sinks, sliding and full layers alternating (a window that cuts into the
+        # prompts), yarn with an unrounded range, stacked experts with biases.
+        "gpt_oss": GptOssConfig(
+            hidden_size=128,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
+            **common,
+        ),
         "granite": GraniteConfig(
             hidden_size=128,
             intermediate_size=256,
@@ -213,8 +237,16 @@ FAMILIES = (
     "qwen3_moe",
     "mixtral",
     "deepseek_v3",
+    "gpt_oss",
     "granite",
     "granitemoeshared",
+)
+# Zero-initialised tensors that get values, so a dropped one shows: (name suffix,
+# standard deviation). gpt-oss's sinks as large as the attention scores' spread.
+RANDOMISED = (
+    ("e_score_correction_bias", 0.05),
+    ("self_attn.sinks", 1.0),
+    ("_proj_bias", 0.02),
 )
 
 
@@ -230,14 +262,14 @@ def write_hf_checkpoint(family: str, out_dir: Path, seed: int = 0) -> Path:
         # Granite divides the logits by logits_scaling: the head makes up for it.
         std = LOGIT_STD * getattr(config, "logits_scaling", 1.0)
         model.lm_head.weight.normal_(0.0, std / config.hidden_size**0.5)
-        for name, buf in model.named_buffers():
-            # DeepSeek-V3's router bias correction starts at zero: give it values
-            # of the order of the sigmoid scores' spread so it changes choices.
-            if name.endswith("e_score_correction_bias"):
-                buf.normal_(0.0, 0.05)
-        for name, param in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):
-                param.normal_(0.0, 0.05)
+        # DeepSeek-V3's router bias correction starts at zero: values of the
+        # order of the sigmoid scores' spread change choices. gpt-oss's expert
+        # biases start at zero too.
+        tensors = dict(model.named_buffers()) | dict(model.named_parameters())
+        for name, tensor in tensors.items():
+            for suffix, std in RANDOMISED:
+                if name.endswith(suffix):
+                    tensor.normal_(0.0, std)
     model.save_pretrained(out_dir)
     if family == "deepseek_v3":
         # transformers 5 writes neither topk_method nor scoring_func (its model

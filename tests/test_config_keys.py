@@ -45,6 +45,9 @@ METADATA: dict[str, str] = {
     "weights or the reference's float32 states",
     "tie_word_embeddings": "structural: whether lm_head.weight exists (transformers "
     "ties by it; the generated vLLM model ties exactly when the spec does)",
+    "attention_sinks": "structural: whether the attention's sinks tensor exists",
+    "moe_router_bias": "structural: whether the router's bias tensor exists",
+    "moe_expert_bias": "structural: whether the experts' bias tensors exist",
 }
 
 # Keys one kind of file may leave unread, and why.
@@ -81,6 +84,11 @@ NOT_READ_BY = {
         "n_group": "ungrouped routing (one group)",
         "topk_group": "ungrouped routing (one group)",
         "routed_scaling_factor": "unscaled routing (1.0)",
+    },
+    # Every MLP is the experts' clamped SwiGLU (gpt-oss, whose transformers class
+    # does not read hidden_act either).
+    "clamped_swiglu_only": {
+        "hidden_act": "no MLP applies it: the experts use the clamped SwiGLU",
     },
 }
 
@@ -170,6 +178,9 @@ def _unread(name: str) -> dict[str, list[str]]:
     if router is not None and (router.scoring, router.num_groups) == ("softmax", None):
         if not router.bias_correction and router.routed_scaling_factor == 1.0:
             written -= set(NOT_READ_BY["plain_topk"])
+    dense = any(not spec.is_moe_layer(i) for i in range(n))
+    if moe is not None and moe.swiglu_limit is not None and not dense:
+        written -= set(NOT_READ_BY["clamped_swiglu_only"])
     vllm_written = written - set(NOT_READ_BY["vllm"])
     vllm_reads = set().union(*map(_reads, vllm.values()))
     if spec.linear_attention is not None:

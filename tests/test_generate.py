@@ -480,6 +480,8 @@ def test_variant_specs_cover_every_template_switch():
     assert variant("var-mla-nolora").attention.mla.q_lora_rank is None
     assert variant("var-renamed").checkpoint.tensor_names
     assert variant("var-post-norm").norm.placement == "post"
+    sinks = variant("var-sinks-stacked")
+    assert sinks.attention.sinks and sinks.checkpoint.experts_format == "gpt_oss"
 
 
 # ---- the generated plugin on vLLM's CPU engine -------------------------------------
@@ -608,6 +610,7 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("gemma3_text", marks=_SWEEP),  # a rope per layer kind
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
+        pytest.param("gpt_oss", marks=_SWEEP),  # sinks, stacked experts
         pytest.param("granite", marks=_SWEEP),  # multipliers, un-fused residual
         pytest.param("granitemoeshared", marks=_SWEEP),  # experts saved stacked
     ],
@@ -635,7 +638,7 @@ def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_pa
 
 @pytest.mark.engine
 @pytest.mark.acceptance
-@pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style"])
+@pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style", "gpt-oss-style"])
 def test_bundled_spec_runs_on_its_tiny_checkpoint(name, tmp_path):
     """The file generated from the full-size spec (32 / 61 layers) serves the
     shrunk tiny checkpoint: sizes and layer plans come from config.json."""

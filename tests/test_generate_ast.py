@@ -36,6 +36,9 @@ ALLOWED_EXACT = {
     "transformers": {"AutoConfig", "PreTrainedConfig"},
     # A parameter's own weight loader (Cohere's per-head q/k norm rows).
     "vllm.model_executor.utils": {"set_weight_attrs"},
+    # The loader of a parameter split along dim 0 over the tensor-parallel ranks
+    # (attention sinks, one per head).
+    "vllm.model_executor.model_loader.weight_utils": {"sharded_weight_loader"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
 }

@@ -25,14 +25,14 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # after-rope q/k norms, post-norm blocks, NoPE layers, sliding windows, shared and
 # gated experts, sigmoid routing with a bias, interleaved rope, o_proj without bias,
 # the router's bias on the MoE block (with NoPE full-attention layers the proof
-# finds) and on a module of its own as [1, num_experts] beside softmax scores, and
+# finds) and on a module of its own as [1, num_experts] beside softmax scores,
 # MLA DeepSeek checkpoints exactly as transformers writes them (no scoring_func or
 # topk_method, V2's null n_group); fused q/k/v and gate/up tensors, parallel blocks
 # with weight-only LayerNorms and scaled logits, interleaved partial rope;
 # Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
 # softmax scale, and a rope per layer kind; GLM-4's sandwich norms under its own
 # names; Granite's multipliers and its experts saved stacked (with a fused
-# shared expert).
+# shared expert); attention sinks with stacked, biased experts.
 FAMILIES = (
     "gemma2",
     "gemma3_text",
@@ -56,6 +56,7 @@ FAMILIES = (
     "glm4",
     "granite",
     "granitemoeshared",
+    "gpt_oss",
 )
 
 

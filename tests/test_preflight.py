@@ -38,7 +38,7 @@ from onboard.spec.hf import hf_config_from_spec, spec_from_hf_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "model_specs"
-BUNDLED = ["dense-gqa", "deepseek-v3-style", "novel-launch"]
+BUNDLED = ["dense-gqa", "deepseek-v3-style", "novel-launch", "gpt-oss-style"]
 DS = "deepseek-v3-style"
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -179,6 +179,41 @@ def test_transformers_written_checkpoints_pass(hf_written, family: str) -> None:
         assert len(report.problems) == 1
     else:
         assert report.problems == [], report.lines()
+
+
+def test_sinks_and_stacked_experts_shapes_name_their_spec_fields(
+    hf_written, tmp_path
+) -> None:
+    """gpt-oss's attention sinks [heads] and stacked experts [experts, hidden,
+    2 x width] / [experts, width, hidden] with their biases: a shape that differs
+    names the spec field behind each dimension; a tensor the spec lacks names the
+    field that adds it."""
+    ckpt = tmp_path / "oss"
+    shutil.copytree(hf_written["gpt_oss"], ckpt)
+    spec = spec_from_hf_config_file(ckpt)
+
+    shard = ckpt / "model.safetensors"  # save_pretrained's one shard
+    tensors = load_raw(shard)
+    name = "model.layers.0.self_attn.sinks"
+    tensors[name] = zeros(tensors[name][0], [2])
+    save_raw(shard, tensors)
+    report = preflight(spec, ckpt)
+    sinks = one(report, "shape")
+    assert sinks.spec_fields == ("attention.num_heads",)
+    assert "dim 0 is 2, but attention.num_heads = 4" in sinks.message
+
+    data = spec.model_dump(mode="json")
+    data["mlp"]["moe"]["expert_intermediate_size"] = 48
+    data["attention"]["sinks"] = False
+    report = preflight(ModelSpec.model_validate(data), hf_written["gpt_oss"])
+    wrong = {
+        p.where.split(" ")[0].rsplit(".", 1)[1]: p for p in report.by_kind("shape")
+    }
+    assert sorted(wrong) == ["down_proj", "gate_up_proj", "gate_up_proj_bias"]
+    assert "2 × mlp.moe.expert_intermediate_size = 96" in wrong["gate_up_proj"].message
+    assert wrong["down_proj"].spec_fields == ("mlp.moe.expert_intermediate_size",)
+    unexpected = one(report, "unexpected-tensor")
+    assert unexpected.fix == "set attention.sinks: true in the spec"
 
 
 def test_transformers_deepseek_without_topk_method(hf_written, tmp_path) -> None:

@@ -35,6 +35,59 @@ def test_every_verified_family_proves(family):
     assert ("MTP" in proof.header()) == (spec.mtp is not None)
 
 
+def _edited(spec: ModelSpec, path: str, value) -> ModelSpec:
+    data = spec.model_dump(mode="json")
+    *parents, leaf = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return ModelSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fails"),
+    [
+        # yarn's correction range rounded to whole dims: other rope frequencies
+        ("rope.scaling.truncate", None, "first divergence: layer 0, attention "),
+        # the family's facts: its config cannot say otherwise
+        ("attention.sinks", False, "attention.sinks: the spec says False"),
+        ("mlp.moe.router.bias", False, "router.bias: the spec says False"),
+        ("mlp.moe.router.norm_topk_prob", False, "norm_topk_prob: the spec says"),
+        # the experts per expert, not stacked
+        ("checkpoint.layout", "llama", "does not name: .*mlp.router.weight"),
+    ],
+)
+def test_each_part_of_gpt_oss_is_needed_by_its_proof(path, value, fails):
+    from onboard.reference.prove import family_model
+
+    config = transformers_config("gpt_oss").to_dict()
+    spec = spec_from_hf_config(config)
+    with family_model(spec, config) as family:
+        with pytest.raises(InputError, match=fails):
+            family.prove(_edited(spec, path, value))
+
+
+def test_gpt_oss_parts_are_found_by_the_proof_without_its_facts(monkeypatch):
+    # Read as a family nothing is known of, its sinks, router and expert biases,
+    # layout and routing are found by the tensors and the proof.
+    from onboard.reference.infer import infer_spec
+    from onboard.spec import hf
+
+    monkeypatch.delitem(hf.FAMILIES, "gpt_oss")
+    config = transformers_config("gpt_oss").to_dict()
+    spec, proof = infer_spec(config)
+    assert proof.max_rel_diff < RTOL
+    moe = spec.mlp.moe
+    assert spec.attention.sinks and moe.router.bias and moe.expert_bias
+    assert moe.router.scoring == "softmax" and moe.router.norm_topk_prob
+    assert spec.checkpoint.layout == "gpt_oss"
+    assert spec.checkpoint.experts_format == "gpt_oss"
+    found = proof.found
+    assert found["attention_sinks"] is True and found["moe_router_bias"] is True
+    assert found["checkpoint.layout"] == "gpt_oss"
+
+
 def test_a_key_the_family_ignores_fails_the_proof():
     # transformers' Llama applies rope to the whole head whatever the config says.
     config = transformers.LlamaConfig(

@@ -158,3 +158,31 @@ def test_dequantized_copy_is_within_one_step(dsv3, tmp_path, scheme):
     assert 0 < rel < (0.07 if scheme == "fp8-dynamic" else 0.26)
     norm = "model.norm.weight"
     assert torch.equal(deq[norm], orig[norm])
+
+
+def test_mxfp4_keeps_sinks_and_stacked_experts_16_bit(tmp_path):
+    """gpt-oss-style: MXFP4 quantizes the attention projections; the sinks, the
+    norms, the biased router and the stacked experts (3-D, with their biases) stay
+    byte-identical, and each expert is in `ignore`, so vLLM's fused MoE layer is
+    built unquantized."""
+    spec = load_spec(ROOT / "model_specs" / "gpt-oss-style.yaml")
+    bf16 = write_tiny_checkpoint(spec, tmp_path / "bf16", seed=0)
+    qdir = quantize_checkpoint(bf16, "mxfp4", tmp_path / "mxfp4")
+    counts, problems = untouched_tensors(spec, bf16, qdir, "mxfp4")
+    assert problems == []
+    layers = 2  # the tiny checkpoint's: one sliding, one full
+    assert counts["sinks"] == layers and counts["routers"] == 2 * layers
+    # The stacked experts' four tensors (weights and biases) per layer.
+    assert counts["stacked experts"] == 4 * layers
+    config = json.loads((qdir / "config.json").read_text())
+    ignore = config["quantization_config"]["ignore"]
+    experts = "model.layers.0.mlp.experts"
+    assert {f"{experts}.7.{p}" for p in ("gate_proj", "up_proj", "down_proj")} <= set(
+        ignore
+    )
+    assert "model.layers.0.mlp.router" in ignore
+    tensors = {}
+    for shard in qdir.glob("*.safetensors"):
+        tensors.update(load_file(shard))
+    assert "model.layers.0.self_attn.q_proj.weight_packed" in tensors
+    assert tensors[f"{experts}.gate_up_proj"].dtype == torch.bfloat16

@@ -485,6 +485,70 @@ def test_deepseek_v3_mla_yarn_grouped_sigmoid_router(tmp_path):
     assert spec.attention.mla.q_lora_rank == 24 and spec.rope.interleaved
 
 
+def _gpt_oss(swiglu_limit: float = 7.0):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(
+        **SMALL | dict(intermediate_size=32),
+        num_hidden_layers=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        swiglu_limit=swiglu_limit,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 16,
+        },
+    )
+    model = GptOssForCausalLM(config)
+    # Sinks and expert biases start near zero; the gate/up weights are scaled so
+    # that the clamp of the clamped SwiGLU cuts many gate and up values.
+    randomize(model, ("sinks",), 1.0)
+    randomize(model, ("_bias", ".bias"), 0.1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.mul_(40.0)
+    return model
+
+
+def test_gpt_oss_sinks_stacked_experts_clamped_swiglu(tmp_path):
+    """Sinks in every softmax, sliding and full layers alternating, yarn with an
+    unrounded correction range, a biased router, and stacked experts with biases
+    whose gate and up columns interleave, through the clamped SwiGLU: the
+    reference, with the sinks and the clamp acting, gives transformers' logits."""
+    model = _gpt_oss()
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        unclamped = _gpt_oss(swiglu_limit=1e9).eval()(ids).logits
+        clamped = model.eval()(ids).logits
+    # The clamp acts on these weights (else the test would not see it).
+    assert (unclamped - clamped).abs().max() > 1e-2 * clamped.abs().max()
+    # So do the sinks: without them (a logit of -1e4 takes no share of any
+    # softmax) the logits move.
+    sinkless = _gpt_oss()
+    with torch.no_grad():
+        for layer in sinkless.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+        no_sinks = sinkless.eval()(ids).logits
+    assert (no_sinks - clamped).abs().max() > 1e-2 * clamped.abs().max()
+    spec = check_against_transformers(tmp_path, model)
+    moe = spec.mlp.moe
+    assert spec.attention.sinks and spec.rope.scaling.truncate is False
+    assert moe.expert_bias and moe.router.bias and moe.swiglu_limit == 7.0
+    assert spec.checkpoint.experts_format == "gpt_oss"
+    assert spec.layer_attention_types() == [
+        "sliding_attention",
+        "full_attention",
+    ]
+
+
 @pytest.mark.parametrize("topk_method", ["greedy", "group_limited_greedy"])
 def test_deepseek_v2_mla_without_q_lora_softmax_router(tmp_path, topk_method):
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
@@ -596,6 +660,7 @@ def test_mla_reference_with_mtp_caches_and_generates(tmp_path):
         "layernorm-partial-biases",
         "mixtral-layout-with-dense-layers",
         "qwen-layout-gated-shared-expert",
+        "sinks-stacked-experts",
         "granite-multipliers-fused-experts",
         "fused-experts-with-dense-layers",
     ],

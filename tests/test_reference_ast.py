@@ -137,6 +137,33 @@ mlp:
     first_k_dense: 1
 checkpoint: {fused: [experts]}
 """,
+    "sinks-stacked-experts": """
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 16
+  sinks: true
+  qkv_bias: true
+  o_bias: true
+  sliding_window: 8
+  sliding_window_pattern: 2
+rope:
+  theta: 150000.0
+  scaling: {type: yarn, factor: 32.0, original_max_position_embeddings: 64,
+            beta_fast: 32.0, beta_slow: 1.0, truncate: false}
+mlp:
+  intermediate_size: 96
+  moe:
+    num_experts: 4
+    num_experts_per_tok: 2
+    expert_intermediate_size: 32
+    first_k_dense: 1
+    expert_bias: true
+    swiglu_alpha: 1.702
+    swiglu_limit: 7.0
+    router: {scoring: softmax, norm_topk_prob: true, bias: true}
+checkpoint: {layout: gpt_oss, fused: [experts], experts_format: gpt_oss}
+""",
 }
 
 

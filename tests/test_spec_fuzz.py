@@ -91,8 +91,11 @@ def hostile_spec_text(draw) -> str:
             data["architecture"] = draw(st.sampled_from(ARCHITECTURES))
         elif kind == "template":
             parts = draw(st.lists(st.sampled_from(TEMPLATE_PARTS), max_size=6))
-            names = data.setdefault("checkpoint", {}).setdefault("tensor_names", {})
-            names[draw(st.sampled_from(ROLES))] = ".".join(parts)
+            checkpoint = data.setdefault("checkpoint", {})
+            if isinstance(checkpoint, dict):  # a hostile value may have replaced it
+                names = checkpoint.setdefault("tensor_names", {})
+                if isinstance(names, dict):
+                    names[draw(st.sampled_from(ROLES))] = ".".join(parts)
         elif kind == "keep":
             data["keep_unquantized"] = draw(st.lists(st.sampled_from(
                 ["re:(", "re:.*o_proj", "o_proj", "o_prj", "model.norm", "re:[", "x"]
@@ -107,8 +110,9 @@ def hostile_spec_text(draw) -> str:
             if field == "num_hidden_layers":
                 for key in ("layer_types", "kv_sharing"):
                     att.pop(key, None)
-                if "moe" in data["mlp"] and data["mlp"]["moe"]:
-                    data["mlp"]["moe"]["dense_layers"] = []
+                moe = data["mlp"].get("moe") if isinstance(data["mlp"], dict) else None
+                if isinstance(moe, dict):  # a hostile value may have replaced it
+                    moe["dense_layers"] = []
     text = to_yaml(data)
     damage = draw(st.sampled_from(["none"] * 6 + [
         "cut", "bomb", "recursion", "tag", "duplicate", "deep", "tab",

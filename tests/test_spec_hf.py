@@ -90,6 +90,23 @@ FAMILIES = {
     "exaone4": dict(
         head_dim=16, sliding_window=None, layer_types=["full_attention"] * 4
     ),
+    # Sinks, alternating sliding and full layers, yarn with an unrounded range,
+    # stacked experts with biases and the clamped SwiGLU.
+    "gpt_oss": dict(
+        head_dim=32,
+        sliding_window=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 128,
+        },
+    ),
     # Gemma: scaled embeddings, 1 + weight norms (facts of the family).
     "gemma": dict(head_dim=16),
     # Gemma-2: sandwich norms, its own softmax scale, both soft-caps (small, so
@@ -260,6 +277,16 @@ def test_family_specific_facts():
     assert v2.attention.type == "mla" and v2.attention.mla.q_lora_rank is None
     assert v2.rope.interleaved and not v2.mlp.moe.router.bias_correction
     assert v2.mlp.moe.router.num_groups == 2 and v2.mtp is None
+    oss = specs["gpt_oss"]
+    assert oss.attention.sinks and oss.attention.qkv_bias and oss.attention.o_bias
+    assert oss.layer_attention_types() == ["sliding_attention", "full_attention"] * 2
+    assert oss.rope.scaling.type == "yarn" and oss.rope.scaling.truncate is False
+    moe = oss.mlp.moe
+    assert (moe.swiglu_alpha, moe.swiglu_limit) == (1.702, 7.0)
+    assert moe.expert_bias and moe.router.bias and moe.router.norm_topk_prob
+    assert moe.expert_intermediate_size == 96  # the class's intermediate_size
+    assert oss.checkpoint.layout == "gpt_oss" and oss.checkpoint.fused == ["experts"]
+    assert oss.checkpoint.experts_format == "gpt_oss"
     v3 = specs["deepseek_v3"]
     router = v3.mlp.moe.router
     assert (router.scoring, router.bias_correction) == ("sigmoid", True)

@@ -74,6 +74,8 @@ def rope(draw, mla: bool) -> dict:
     for key in optional:
         if draw(st.booleans()):
             scaling[key] = draw(floats)
+    if kind == "yarn" and draw(st.booleans()):
+        scaling["truncate"] = draw(st.booleans())
     if kind != "linear" and draw(st.booleans()):
         scaling["original_max_position_embeddings"] = draw(st.integers(1, 8192))
     out["scaling"] = scaling
@@ -94,7 +96,7 @@ def gqa_attention(draw, n_layers: int) -> tuple[dict, int]:
         head_dim = draw(st.sampled_from([8, 16, 32]))
         hidden = heads * head_dim
     att["partial_rotary_factor"] = draw(st.sampled_from([1.0, 0.5, 0.25]))
-    for flag in ("qk_norm", "qkv_bias", "o_bias"):
+    for flag in ("qk_norm", "sinks", "qkv_bias", "o_bias"):
         att[flag] = draw(st.booleans())
     window = draw(st.sampled_from(["none", "all", "pattern", "explicit"]))
     kinds = ["full_attention"] * n_layers
@@ -172,9 +174,15 @@ def moe_section(draw, n_layers: int) -> dict:
         "norm_topk_prob": draw(st.booleans()),
         "bias_correction": draw(st.booleans()),
         "routed_scaling_factor": draw(floats),
+        "bias": draw(st.booleans()),
     }
+    stacked = not shared and draw(st.booleans())
+    if stacked:  # gpt-oss's experts (stacked), routed by plain top-k
+        moe["expert_bias"] = draw(st.booleans())
+        moe["swiglu_alpha"], moe["swiglu_limit"] = 1.702, 7.0
+        router["bias_correction"] = False
     groups = draw(st.sampled_from(_divisors(experts)))
-    if groups > 1 and draw(st.booleans()):
+    if not stacked and groups > 1 and draw(st.booleans()):
         per_group = experts // groups
         need = -(-moe["num_experts_per_tok"] // per_group)  # keep top-k reachable
         router["num_groups"] = groups
@@ -211,7 +219,8 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
     moe = draw(st.one_of(st.none(), moe_section(n_layers)))
     mlp: dict = {"moe": moe} if moe else {}
     mtp = None
-    if draw(st.booleans()):
+    stacked = bool(moe and "swiglu_limit" in moe)  # no MTP heads with them
+    if not stacked and draw(st.booleans()):
         mtp = {
             "num_heads": draw(st.integers(1, 3)),
             "mlp": draw(st.sampled_from(["moe", "dense"])) if moe else "dense",
@@ -242,8 +251,18 @@ def valid_spec_data(draw, model_type: str | None = None) -> dict:
     layouts = ["llama", "deepseek", "qwen", "mixtral"]
     if not (moe and moe.get("num_shared_experts") and needs_dense):
         layouts.append("granite")  # its shared expert sits beside an MoE block
-    data["checkpoint"] = {"layout": draw(st.sampled_from(layouts))}
-    if moe and draw(st.booleans()):
+    if stacked:  # gpt-oss's experts, stacked as gpt-oss stores them
+        data["checkpoint"] = {
+            "layout": "gpt_oss",
+            "fused": ["experts"],
+            "experts_format": "gpt_oss",
+        }
+    else:
+        # (gpt-oss's layout puts both stacked roles in one module: not with
+        # experts stacked the Granite way)
+        data["checkpoint"] = {"layout": draw(st.sampled_from([*layouts, "gpt_oss"]))}
+    if moe and not stacked and draw(st.booleans()):
+        data["checkpoint"]["layout"] = draw(st.sampled_from(layouts))
         data["checkpoint"]["fused"] = ["experts"]
         if moe.get("num_shared_experts") and draw(st.booleans()):
             data["checkpoint"]["fused"].insert(0, "shared_gate_up_proj")
@@ -424,6 +443,13 @@ def family_shaped(draw) -> dict:
                 data["attention"], data["hidden_size"] = draw(mla_attention())
             heads = draw(st.integers(0, 2))
             data["mtp"] = {"num_heads": heads} if heads else None
+    # gpt-oss's parts are its family's (tests/test_spec_hf.py), not these.
+    data["attention"].pop("sinks", None)
+    data["checkpoint"].pop("experts_format", None)
+    if data["mlp"].get("moe"):
+        for key in ("expert_bias", "swiglu_alpha", "swiglu_limit"):
+            data["mlp"]["moe"].pop(key, None)
+        data["mlp"]["moe"]["router"]["bias"] = False
     return data
 
 

@@ -89,6 +89,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "routed_scaling_factor": ("routed_scaling_factor",),
     "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
     "scoring_func": ("scoring_func",),
+    "swiglu_alpha": ("swiglu_alpha",),
+    "swiglu_limit": ("swiglu_limit",),
     "first_k_dense": ("first_k_dense_replace", "moe_layer_start_index"),
     # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
     "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),

@@ -24,7 +24,7 @@ from typing import Literal
 from onboard.arch.config_keys import ConfigKeys
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
-from onboard.spec.module_tree import used_roles
+from onboard.spec.module_tree import gpt_oss_experts, used_roles
 
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
 # built under these, and a checkpoint that names a role otherwise is renamed.
@@ -71,6 +71,8 @@ class Attention:
     output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
+    # A learned logit per query head joins each softmax (attention sinks).
+    sinks: bool = False
 
     linear = False  # caches K/V per token, not a recurrent state
 
@@ -207,6 +209,8 @@ class Router:
     num_groups: int | None
     topk_groups: int | None
     routed_scaling_factor: float
+    # A bias on the router's logits, before the top-k (gpt-oss).
+    bias: bool = False
 
     @property
     def grouped(self) -> bool:
@@ -235,6 +239,14 @@ class MoEMLP:
     # the shared expert's gate and up in one (`shared_gate_up_proj`).
     stacked: bool = False
     shared_fused: bool = False
+    # Biases on the experts' projections (gpt-oss).
+    expert_bias: bool = False
+    # (alpha, limit) of the clamped SwiGLU the experts use instead of the
+    # activation (gpt-oss); None: act(gate) * up.
+    clamped_swiglu: tuple[float, float] | None = None
+    # The stacked experts as gpt-oss stores them (checkpoint.experts_format):
+    # input dim first, gate and up columns interleaved.
+    gpt_oss_format: bool = False
 
     kind = "moe"
 
@@ -539,6 +551,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
+        sinks=att.sinks,
         mla=None
         if mla is None
         else MLADims(
@@ -598,8 +611,14 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             num_groups=r.num_groups,
             topk_groups=r.topk_groups,
             routed_scaling_factor=r.routed_scaling_factor,
+            bias=r.bias,
         ),
         activation=spec.activation,
         stacked="experts" in spec.checkpoint.fused,
         shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,
+        expert_bias=moe.expert_bias,
+        clamped_swiglu=None
+        if moe.swiglu_alpha is None or moe.swiglu_limit is None
+        else (moe.swiglu_alpha, moe.swiglu_limit),
+        gpt_oss_format=gpt_oss_experts(spec),
     )

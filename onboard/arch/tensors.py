@@ -18,6 +18,7 @@ from onboard.arch.plan import (
     MoEMLP,
     build_plan,
 )
+from onboard.spec.layouts import PARAM_ROLES, gpt_oss_param
 from onboard.spec.model import ModelSpec
 
 
@@ -27,10 +28,10 @@ class TensorPlan:
 
     ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
     that scales by 1 + weight), ``bias``, ``a_log`` (a linear-attention layer's log
-    decay rates), ``conv`` (its convolution), ``router_bias``, ``head`` (scaled
-    output head), ``head_norm`` (a norm carrying the head's scale, tied embeddings;
-    with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same values as
-    another tensor, e.g. MTP heads sharing the output head).
+    decay rates), ``conv`` (its convolution), ``router_bias``, ``sinks``, ``head``
+    (scaled output head), ``head_norm`` (a norm carrying the head's scale, tied
+    embeddings; with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same
+    values as another tensor, e.g. MTP heads sharing the output head).
     """
 
     name: str
@@ -176,6 +177,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             qk_init = _norm_init(spec, "ones")
             add("q_norm", shapes[0], qk_init)
             add("k_norm", shapes[1], qk_init)
+        if att.sinks:
+            add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
     norm(norms.at("attention_output"), h)
     norm(norms.at("mlp_input"), h)
 
@@ -248,12 +251,14 @@ def _moe_tensors(
     m: MoEMLP, h: int, add: Callable[..., None], linear: Callable[..., None]
 ) -> None:
     """The router's and the experts' tensors, made with _block's helpers."""
-    add("router", (m.num_experts, h))
+    linear("router", m.num_experts, h, m.router.bias)
     if m.router.bias_correction:
         shape = (1, m.num_experts) if m.router.bias_2d else (m.num_experts,)
         add("router_bias", shape, "router_bias", suffix="e_score_correction_bias")
     width = m.expert_intermediate_size
-    if m.stacked:
+    if m.gpt_oss_format:
+        _gpt_oss_expert_tensors(m, h, add)
+    elif m.stacked:
         # All experts of the layer stacked; each expert's gate rows, then its up rows.
         add("experts_gate_up_proj", (m.num_experts, 2 * width, h))
         add("experts_down_proj", (m.num_experts, h, width))
@@ -272,3 +277,18 @@ def _moe_tensors(
         linear("shared_down_proj", h, shared)
         if m.shared_expert_gate:
             linear("shared_expert_gate", 1, h)
+
+
+def _gpt_oss_expert_tensors(m: MoEMLP, h: int, add: Callable[..., None]) -> None:
+    """Stacked experts as gpt-oss stores them (checkpoint.experts_format): one
+    module whose parameters stack every expert, input dim first (gate_up
+    [experts, hidden, 2 x width], its gate and up columns interleaved; down
+    [experts, width, hidden])."""
+    e, w = m.num_experts, m.expert_intermediate_size
+    for role, shape, bias in (
+        ("experts_gate_up_proj", (e, h, 2 * w), (e, 2 * w)),
+        ("experts_down_proj", (e, w, h), (e, h)),
+    ):
+        add(role, shape, suffix=gpt_oss_param(role))
+        if m.expert_bias:
+            add(role, bias, "bias", suffix=gpt_oss_param(role, bias=True))

@@ -16,6 +16,7 @@ from onboard.spec.layouts import (
     LINEAR_ATTENTION_ROLES,
     ROLES,
     STACKED_EXPERT_ROLES,
+    gpt_oss_param,
     required_placeholders,
 )
 
@@ -116,6 +117,25 @@ def role_hint(
     want = "false" if missing else "true"
     if role in ("q_norm", "k_norm"):
         return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
+    if role == "sinks":
+        return f"set attention.sinks: {want} in the spec", ["attention.sinks"]
+    if role == "router" and param == "bias":
+        return (
+            f"set mlp.moe.router.bias: {want} in the spec",
+            ["mlp.moe.router.bias"],
+        )
+    if role in STACKED_EXPERT_ROLES and param != "weight":
+        if param.endswith("_bias"):
+            return (
+                f"set mlp.moe.expert_bias: {want} in the spec",
+                ["mlp.moe.expert_bias"],
+            )
+        return (
+            "check checkpoint.experts_format (the spec says "
+            f"{plan.spec.checkpoint.experts_format}): gpt-oss stores each layer's "
+            "experts as one module of stacked parameters",
+            ["checkpoint.experts_format"],
+        )
     if param == "bias" and role in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
         return f"set attention.qkv_bias: {want} in the spec", ["attention.qkv_bias"]
     if param == "bias" and role == "o_proj":
@@ -286,6 +306,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "o_proj": (h, q),
             "q_norm": (hd,),
             "k_norm": (hd,),
+            "sinks": (("attention.num_heads", nh),),
         }
         if att.qk_norm_scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
@@ -365,6 +386,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
                 "shared_gate_up_proj": ((f"2 × {si[0]}", 2 * si[1]), h),
                 "shared_down_proj": (h, si),
             }
+    if moe is not None and role in STACKED_EXPERT_ROLES and param != "weight":
+        return _gpt_oss_dims(h, ne, ei, param)
     dims = table.get(role or "")
     if dims is None:
         return None
@@ -377,6 +400,21 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         # A_log and dt_bias one value per value head.
         return [dims[0]]
     return list(dims)
+
+
+def _gpt_oss_dims(
+    h: tuple[str, int], ne: tuple[str, int], ei: tuple[str, int], param: str
+) -> list[tuple[str, int]] | None:
+    """The dims of the parameters of stacked experts stored as gpt-oss does
+    (checkpoint.experts_format), by parameter: both roles are one module."""
+    both = (f"2 × {ei[0]}", 2 * ei[1])
+    gate_up, down = "experts_gate_up_proj", "experts_down_proj"
+    return {
+        gpt_oss_param(gate_up): [ne, h, both],
+        gpt_oss_param(gate_up, bias=True): [ne, both],
+        gpt_oss_param(down): [ne, ei, h],
+        gpt_oss_param(down, bias=True): [ne, h],
+    }.get(param)
 
 
 def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
@@ -453,6 +491,7 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),
     "qk_norm": ("attention.qk_norm",),
+    "attention_sinks": ("attention.sinks",),
     "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),
@@ -492,6 +531,10 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "n_group": ("mlp.moe.router.num_groups",),
     "topk_group": ("mlp.moe.router.topk_groups",),
     "routed_scaling_factor": ("mlp.moe.router.routed_scaling_factor",),
+    "moe_router_bias": ("mlp.moe.router.bias",),
+    "moe_expert_bias": ("mlp.moe.expert_bias",),
+    "swiglu_alpha": ("mlp.moe.swiglu_alpha",),
+    "swiglu_limit": ("mlp.moe.swiglu_limit",),
     "attn_output_gate": ("attention.output_gate",),
     "linear_num_key_heads": ("linear_attention.num_key_heads",),
     "linear_num_value_heads": ("linear_attention.num_value_heads",),

@@ -34,6 +34,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
+from onboard.spec.layouts import STACKED_EXPERT_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
 # A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
@@ -224,6 +225,7 @@ def _shape_problem(
     exprs = (
         dims(run.plan, role, param)
         if param in ("weight", "bias", "A_log", "dt_bias")
+        or role in ("sinks", *STACKED_EXPERT_ROLES)
         else None
     )
     if exprs is None or len(exprs) != len(want) or len(got) != len(want):

@@ -10,10 +10,11 @@ Initialisation (see docs/vllm-cpu-notes.md: decisive logits without saturated ro
 linear
 weights ~ N(0, 0.02); norm weights 1; biases ~ N(0, 0.02); the router's
 ``e_score_correction_bias`` ~ N(0, 0.05) (of the order of the sigmoid scores'
-spread, so the correction changes some choices); a linear-attention layer's
-convolution ~ N(0, 0.3^2) (a few taps, about PyTorch's default), ``dt_bias`` 1 and
-``A_log`` = log(U(1, 16)) per value head, so every state forgets within a few
-tokens and a flipped sign changes the logits; the output heads (``lm_head``,
+spread, so the correction changes some choices); attention sinks ~ N(0, 1); a
+linear-attention layer's convolution ~ N(0, 0.3^2) (a few taps, about PyTorch's
+default), ``dt_bias`` 1 and ``A_log`` = log(U(1, 16)) per value head, so every
+state forgets within a few tokens and a flipped sign changes the logits; the output
+heads (``lm_head``,
 MTP ``shared_head.head``) ~ N(0, (LOGIT_STD / sqrt(hidden))^2), so logits have a
 standard deviation of about LOGIT_STD and the top-1/top-2 margin is usually above 1.
 
@@ -47,6 +48,9 @@ from onboard.spec.shrink import check_shrinkable, shrink_spec
 WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 ROUTER_BIAS_STD = 0.05
+# Attention scores of 0.02-std weights are near zero: a sink of this size takes a
+# visible share of each softmax, so a sink that is lost or misapplied shows.
+SINK_STD = 1.0
 # A depthwise convolution of a few taps, about PyTorch's default initialisation.
 CONV_STD = 0.3
 LOGIT_STD = 10.0
@@ -92,6 +96,7 @@ def init_tensor(
         "conv": CONV_STD,
         "bias": BIAS_STD,
         "router_bias": ROUTER_BIAS_STD,
+        "sinks": SINK_STD,
         "head": logit_std / math.sqrt(hidden_size),
     }[plan.init]
     return _rng(seed, plan.name).standard_normal(plan.shape, dtype=np.float32) * std

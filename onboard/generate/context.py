@@ -29,6 +29,7 @@ from onboard.spec.layouts import (
     STACKED_EXPERT_ROLES,
 )
 from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.module_tree import gpt_oss_experts
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.templating import py_str
 
@@ -191,11 +192,14 @@ def _vllm_split_moe_paths(
 
 def _vllm_stacked_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[str, str]:
     """Module paths for the MoE roles of stacked experts, as vLLM's granitemoe.py
-    has them: the checkpoint's MoE block name where the stacked experts and the
-    router share one (``block_sparse_moe``), its router as ``gate``, the stacked
-    tensors as the fused MoE layer's ``experts.gate_up_proj`` / ``down_proj``
-    (which it splits into each expert's w1 / w3 and w2), and the shared expert
-    as the block's ``shared_experts`` (vLLM's fused MoE layer runs it)."""
+    and gpt_oss.py have them: the checkpoint's MoE block name where the stacked
+    experts and the router share one (``block_sparse_moe``, ``mlp``), its router
+    under the checkpoint's name where it sits on the block (gpt-oss's ``router``)
+    and as ``gate`` otherwise, the stacked tensors as the fused MoE layer's
+    ``experts.gate_up_proj`` / ``down_proj`` (which it splits into each expert's
+    w1 / w3 and w2; experts_format gpt_oss: the ``experts`` module, whose
+    parameters keep their names), and the shared expert as the block's
+    ``shared_experts`` (vLLM's fused MoE layer runs it)."""
     rels = [
         (_layer_rel(spec.tensor_path(role)) or "").split(".")
         for role in ("router", *STACKED_EXPERT_ROLES)
@@ -210,12 +214,23 @@ def _vllm_stacked_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[st
     ):
         block = "mlp"
     base = f"model.layers.{{layer}}.{block}"
+    router = rels[0]
+    gate = "gate"
+    if (
+        len(router) == 2
+        and router[0] == block
+        and router[1].isidentifier()
+        and router[1] not in ("experts", "shared_experts", "shared_expert_gate")
+    ):
+        gate = router[1]
     paths = {
-        "router": f"{base}.gate",
+        "router": f"{base}.{gate}",
         "experts_gate_up_proj": f"{base}.experts.gate_up_proj",
         "experts_down_proj": f"{base}.experts.down_proj",
         "shared_expert_gate": f"{base}.shared_expert_gate",
     }
+    if gpt_oss_experts(spec):
+        paths |= dict.fromkeys(STACKED_EXPERT_ROLES, f"{base}.experts")
     for role, leaf in (
         ("shared_gate_proj", "gate_proj"),
         ("shared_up_proj", "up_proj"),
@@ -295,6 +310,7 @@ def _rename(role: str, source: str, target: str) -> Rename:
 def _renames(
     spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
 ) -> list[Rename]:
+    gpt_oss_module = "experts_gate_up_proj" if gpt_oss_experts(spec) else None
     out = [
         _rename(
             role,
@@ -303,10 +319,12 @@ def _renames(
         )
         for role in roles
         if spec.tensor_path(role) != vllm_paths[role]
-        and role not in STACKED_EXPERT_ROLES
+        # gpt-oss's stacked experts: one module, renamed once (its parameters
+        # keep their names).
+        and (role not in STACKED_EXPERT_ROLES or role == gpt_oss_module)
     ]
     for role in STACKED_EXPERT_ROLES:
-        if role in roles:
+        if role in roles and gpt_oss_module is None:
             # The fused MoE layer takes a stacked tensor by its own name, without
             # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
             rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
@@ -503,6 +521,7 @@ def build_context(
         "attn": att.type,
         # Where q and k are normalised: None, "head", "projection", "after_rope".
         "qk_norm": _qk_norm_form(att),
+        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "output_gate": att.type == "gqa" and att.output_gate,
@@ -823,7 +842,14 @@ def _moe_context(
         new_type = not transformers_knows(spec.model_type)
         cfg["n_group"] = f.find("n_group", 1) if new_type else None
         cfg["topk_group"] = f.find("topk_group", 1) if new_type else None
+    if moe.swiglu_limit is not None:
+        cfg["swiglu_alpha"] = f.need("swiglu_alpha", moe.swiglu_alpha)
+        cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
     return {
+        # Stacked as gpt-oss stores them: its MoE block loads them itself.
+        "gpt_oss_experts": gpt_oss_experts(spec),
+        "router_linear_bias": router.bias,
+        "expert_bias": moe.expert_bias,
         "one_group": one_group,
         "one_group_comment": textwrap.wrap(
             "All experts in one group (the same routing): vLLM's grouped "
@@ -888,6 +914,8 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+        if att.sinks:
+            roles.append("sinks")
     lin = spec.linear_attention
     if lin is not None and not mtp:
         roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
@@ -1055,6 +1083,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "of its own",
             }[form]
         )
+    if att.sinks:
+        parts.append("with a learned sink logit per head in each softmax")
     if att.qkv_bias or att.o_bias:
         parts.append(
             "with biases on "
@@ -1136,7 +1166,7 @@ def _moe_doc(spec: ModelSpec) -> str:
     if moe is None:
         return ""
     r = moe.router
-    parts = [f"{r.scoring} scores"]
+    parts = [f"{r.scoring} scores" + (" of the biased router logits" if r.bias else "")]
     if r.bias_correction:
         parts.append("experts chosen by score + e_score_correction_bias")
     if r.num_groups is not None:
@@ -1150,10 +1180,17 @@ def _moe_doc(spec: ModelSpec) -> str:
         shared = " and the shared expert" + (
             " (sigmoid-gated)" if moe.shared_expert_gate else ""
         )
-    return (
+    doc = (
         f"Routed experts{shared} with their router, run by vLLM's fused MoE "
         f"layer. Routing: {', '.join(parts)}."
     )
+    if moe.swiglu_limit is not None:
+        experts = " The experts (with biases)" if moe.expert_bias else " The experts"
+        doc += experts + (
+            " apply the clamped SwiGLU (swigluoai) to gate and up columns stored "
+            "interleaved."
+        )
+    return doc
 
 
 def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
@@ -1214,7 +1251,8 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     read = [concept for concept, key in arch.config.multipliers().items() if key]
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
-    if "experts" in spec.checkpoint.fused:  # stacked
+    # Stacked (gpt-oss's own storage: the MoE block's docstring says it).
+    if "experts" in spec.checkpoint.fused and not gpt_oss_experts(spec):
         items.append(
             "The checkpoint stores each layer's experts stacked (gate and up in one "
             "tensor), as the fused MoE layer holds them."

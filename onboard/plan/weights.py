@@ -41,6 +41,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "o_proj": ("attention", SHARD_TP),
     "q_b_proj": ("attention", SHARD_TP),
     "kv_b_proj": ("attention", SHARD_TP),
+    "sinks": ("attention", SHARD_TP),  # one per query head, split with them
     "k_proj": ("attention k/v (GQA)", SHARD_KV),
     "v_proj": ("attention k/v (GQA)", SHARD_KV),
     "q_a_proj": ("attention, replicated (MLA q_a/kv_a)", SHARD_REPLICATED),

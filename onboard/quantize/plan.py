@@ -35,6 +35,7 @@ from onboard.spec.layouts import (
     LINEAR_ATTENTION_KEPT,
     LINEAR_ROLES,
     ROLES,
+    STACKED_EXPERT_PARAMS,
     STACKED_EXPERT_ROLES,
 )
 
@@ -257,8 +258,9 @@ def make_plan(
                 ):
                     if role != "embed":
                         ignore.add(module)
-                if role in STACKED_EXPERT_ROLES and param == "weight" and t.shape:
-                    ignore.update(stacked_expert_modules(module, role, t.shape[0]))
+                if role in STACKED_EXPERT_ROLES and len(t.shape) == 3:
+                    experts = stacked_expert_modules(module, role, param, t.shape[0])
+                    ignore.update(experts)
                 continue
             _check_quantizable(t, shard, scheme, role)
             fused_key = None
@@ -305,14 +307,22 @@ def make_plan(
     )
 
 
-def stacked_expert_modules(module: str, role: str, experts: int) -> list[str]:
+def stacked_expert_modules(
+    module: str, role: str, param: str, experts: int
+) -> list[str]:
     """The Linear names vLLM's fused MoE layer looks up in a quantization config
     for the experts of a stacked tensor: it loads ``<block>.input_linear`` into
-    ``<block>.experts`` (vLLM's granitemoe.py, and onboard's generated models) and
-    asks for ``<block>.experts.<e>.gate_proj`` / ``up_proj`` / ``down_proj``; all
-    of them ignored, it builds the layer unquantized."""
+    ``<block>.experts`` (vLLM's granitemoe.py, and onboard's generated models;
+    gpt-oss's ``<block>.experts`` holds ``gate_up_proj`` and ``down_proj``
+    itself) and asks for ``<block>.experts.<e>.gate_proj`` / ``up_proj`` /
+    ``down_proj``; all of them ignored, it builds the layer unquantized."""
     block = module.rpartition(".")[0]
-    gate_up = role == "experts_gate_up_proj"
+    # Granite: the role's own module; gpt-oss: one module, the parameter says.
+    gate_up = (
+        role == "experts_gate_up_proj"
+        if param == "weight"
+        else param == STACKED_EXPERT_PARAMS["experts_gate_up_proj"]
+    )
     leaves = ("gate_proj", "up_proj") if gate_up else ("down_proj",)
     return [f"{block}.experts.{e}.{leaf}" for e in range(experts) for leaf in leaves]
 

@@ -19,7 +19,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import module_names, router_bias_at
+from onboard.spec.module_tree import gpt_oss_experts, module_names, router_bias_at
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -87,10 +87,14 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
         "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
+        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
         **_rope_flags(arch, hf, keys),
+        # yarn's correction range left unrounded (truncate: false, gpt-oss)
+        "yarn_fractional": spec.rope.scaling is not None
+        and spec.rope.scaling.truncate is False,
         "interleaved": spec.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
@@ -100,26 +104,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         **_gemma_flags(spec, arch),
         "act": spec.activation,
         "tie": spec.tie_word_embeddings,
-        "moe": moe is not None,
         "dense": arch.has_dense,
-        "shared": moe is not None and moe.num_shared_experts > 0,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
         "shared_on_layer": names.get("shared_parent") == "layer",
-        # checkpoint.fused: experts, the routed experts stacked in two tensors.
-        "stacked": "experts" in spec.checkpoint.fused,
-        "shared_gate": moe is not None and moe.shared_expert_gate,
-        "bias_correction": moe is not None and moe.router.bias_correction,
-        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
-        "bias_at": router_bias_at(spec)
-        if moe is not None and moe.router.bias_correction
-        else None,
-        "bias_2d": spec.checkpoint.router_bias_2d,
-        "grouped": _grouped(spec, keys),
-        "scoring": moe.router.scoring if moe else None,
-        "norm_topk": moe is not None and moe.router.norm_topk_prob,
-        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
+        **_moe_flags(spec, keys),
         "output_gate": att.type == "gqa" and att.output_gate,
         **_linear_flags(arch),
     }
@@ -200,6 +190,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "summary": _summary(spec, f),
         "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),
+        "stacked_doc": _stacked_doc(f),
         "attention_doc": _attention_doc(f),
         "mlp_classes": mlp_classes,
         "dense_cls": role_class.get("dense", "MLP"),
@@ -344,6 +335,33 @@ def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
     )
 
 
+def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
+    """The MoE block's features (all off without one)."""
+    moe = spec.mlp.moe
+    return {
+        "moe": moe is not None,
+        "shared": moe is not None and moe.num_shared_experts > 0,
+        "shared_gate": moe is not None and moe.shared_expert_gate,
+        "bias_correction": moe is not None and moe.router.bias_correction,
+        # Where the bias sits (module_tree.router_bias_at) and its stored shape.
+        "bias_at": router_bias_at(spec)
+        if moe is not None and moe.router.bias_correction
+        else None,
+        "bias_2d": spec.checkpoint.router_bias_2d,
+        "grouped": _grouped(spec, keys),
+        "router_linear_bias": moe is not None and moe.router.bias,
+        # checkpoint.fused: experts, the routed experts stacked in two tensors;
+        # as gpt-oss stores them, one module of its own (experts_format).
+        "stacked": moe is not None and "experts" in spec.checkpoint.fused,
+        "gpt_oss_experts": gpt_oss_experts(spec),
+        "expert_bias": moe is not None and moe.expert_bias,
+        "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
+        "scoring": moe.router.scoring if moe else None,
+        "norm_topk": moe is not None and moe.router.norm_topk_prob,
+        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
+    }
+
+
 def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     """The reference's per-layer rope rule (of ``config`` and ``i``), checked
     against the plan's NoPE layers."""
@@ -410,6 +428,9 @@ def _moe_keys(
         c["scaling"] = keys.need("routed_scaling_factor")
     c["norm_topk"] = keys.find("norm_topk_prob")
     c["scoring"] = keys.find("scoring_func")
+    if f["clamped_swiglu"]:
+        c["swiglu_alpha"] = keys.need("swiglu_alpha", moe.swiglu_alpha)
+        c["swiglu_limit"] = keys.need("swiglu_limit", moe.swiglu_limit)
     terms = keys.moe_layer_terms("i")
     terms = terms or ["True"]
     _check_layer_plan(spec, hf, " and ".join(terms), moe_layers)
@@ -588,6 +609,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             name
             for name, on in (
                 ("qk-norm", f["qk_norm"]),
+                ("attention sinks", f["sinks"]),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
                 ("an output gate", f["output_gate"]),
@@ -634,7 +656,9 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     fused = [names[r] for r in spec.checkpoint.fused if r in names]
     if fused:
         parts.append(f"{' and '.join(fused)} stored as one tensor each")
-    if "experts" in spec.checkpoint.fused:
+    if f["gpt_oss_experts"]:
+        parts.append("each layer's experts stacked in one module (gpt-oss)")
+    elif f["stacked"]:
         parts.append("each layer's experts stacked in two tensors")
     if spec.logit_scale != 1.0:
         parts.append("scaled logits")
@@ -654,7 +678,8 @@ def _router_doc(f: dict[str, Any]) -> str:
     if not f["moe"]:
         return ""
     doc = "Scores the experts for each token and keeps the top k.\n\n"
-    doc += f"Scores are the {f['scoring']} of the router logits."
+    doc += f"Scores are the {f['scoring']} of the router logits"
+    doc += " (the linear layer has a bias)." if f["router_linear_bias"] else "."
     if f["bias_correction"]:
         doc += (
             " A per-expert bias (e_score_correction_bias) is added to them to choose"
@@ -702,11 +727,29 @@ def _and(items: list[str]) -> str:
 
 def _moe_doc(f: dict[str, Any]) -> str:
     doc = "Routed experts"
+    if f["gpt_oss_experts"]:
+        doc += " (stacked in one module)"
     if f["shared_gate"]:
         doc += " plus shared experts behind a sigmoid gate"
     elif f["shared"]:
         doc += " plus always-on shared experts"
     return doc + "."
+
+
+def _stacked_doc(f: dict[str, Any]) -> str:
+    if not f["gpt_oss_experts"]:
+        return ""
+    doc = (
+        "Every routed expert of a layer, stacked, input dim first (gpt-oss): "
+        "gate_up_proj [experts, hidden, 2 x width] with each expert's gate and up "
+        "columns interleaved, down_proj [experts, width, hidden]"
+    )
+    if f["expert_bias"]:
+        doc += ", and their biases"
+    return doc + (
+        ". The clamped SwiGLU: gate clamped above at the limit, up to [-limit, "
+        "limit], then (up + 1) * gate * sigmoid(alpha * gate)."
+    )
 
 
 def _attention_doc(f: dict[str, Any]) -> str:
@@ -719,6 +762,8 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
+    if f["sinks"]:
+        doc += ", a learned sink logit per head in each softmax"
     if f["output_gate"]:
         doc += (
             ", the output gated per channel by sigmoid(gate), which q_proj gives "

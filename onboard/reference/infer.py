@@ -41,11 +41,13 @@ from onboard.spec.hf import (
 from onboard.spec.layouts import FUSED_FORMS, LAYOUT_PRESETS, PARAM_ROLES, preset_roles
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import has_dense_mlp, used_roles
+from onboard.spec.rules import check_rules
 
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
     "qk_norm",
     "qk_norm_scope",  # the norms' shapes
+    "attention_sinks",
     "qkv_bias",
     "o_bias",
     "norm_placement",
@@ -53,15 +55,26 @@ VISIBLE = (
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",
+    "moe_router_bias",
+    "moe_expert_bias",
 )
 _MOE_ONLY = {
+    "moe_router_bias",
+    "moe_expert_bias",
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",
     "scoring_func",
     "norm_topk_prob",
 }
-_GQA_ONLY = {"qk_norm", "qk_norm_scope", "qk_norm_after_rope", "qkv_bias", "o_bias"}
+_GQA_ONLY = {
+    "qk_norm",
+    "qk_norm_scope",
+    "qk_norm_after_rope",
+    "attention_sinks",
+    "qkv_bias",
+    "o_bias",
+}
 # The checkpoint's own form, which no config says: its layout preset and the
 # projections it stores as one tensor (checkpoint.fused).
 _Ckpt = tuple[str, tuple[str, ...]]
@@ -160,6 +173,8 @@ def _search(
             data = spec.model_dump(mode="json")
             data["checkpoint"].update(layout=layout, fused=list(fused))
             spec = ModelSpec.model_validate(data)
+            if check_rules(spec):  # e.g. gpt-oss's experts_format, unstacked
+                return None
         return renamed(spec, family)
 
     visible = [c for c in concepts if c in VISIBLE]

@@ -36,6 +36,7 @@ RTOL = 1e-4  # of the largest logit
 SEQ = 24  # tokens per prompt; more than a tiny sliding window (shrink keeps 16)
 _NORM_STD = 0.5  # randomised norm weights around their initial value
 _BIAS_STD = 0.1  # randomised biases (transformers starts them at zero)
+_SINK_STD = 1.0  # attention sinks, of the order of the attention scores' spread
 _WEIGHT_STD = 0.02  # weights left at zero (transformers' usual initializer_range)
 
 
@@ -300,9 +301,10 @@ class FamilyModel:
 
 def _randomise(model) -> None:
     """Norm weights start at one and biases at zero, where a misplaced norm or a
-    dropped bias computes the same: move them. A weight the family's init leaves
-    at zero (ERNIE-4.5-MoE's router) scores every expert alike, where softmax
-    and sigmoid routing pick and weigh the same: draw it."""
+    dropped bias computes the same: move them. Attention sinks start near zero,
+    where a sink takes about one key's share: make them matter. A weight the
+    family's init leaves at zero (ERNIE-4.5-MoE's router) scores every expert
+    alike, where softmax and sigmoid routing pick and weigh the same: draw it."""
     import torch
 
     gen = torch.Generator().manual_seed(7)
@@ -315,7 +317,10 @@ def _randomise(model) -> None:
                 tensor.ndim == 2 and "norm" in module
             ):
                 tensor.add_(noise * _NORM_STD)
-            elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+            elif name.endswith("sinks"):
+                tensor.copy_(noise * _SINK_STD)
+            elif name.endswith(("bias", "e_score_correction_bias")):
+                # .bias, and biases stored beside stacked weights (gate_up_proj_bias)
                 tensor.copy_(noise * _BIAS_STD)
             elif tensor.ndim >= 2 and tensor.is_floating_point() and not tensor.any():
                 tensor.copy_(noise * _WEIGHT_STD)

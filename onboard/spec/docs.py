@@ -61,8 +61,9 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - GQA: `num_heads` divisible by `num_kv_heads`; without `head_dim`, `hidden_size`
   divisible by `num_heads`; `head_dim x partial_rotary_factor` an even integer.
 - MLA: the `mla` section is present; GQA-only fields (`num_kv_heads`, `head_dim`,
-  sliding windows, `qk_norm`, `qkv_bias`, partial rotary) are absent;
+  sliding windows, `qk_norm`, `qkv_bias`, partial rotary, `sinks`) are absent;
   `qk_rope_head_dim` even.
+- Rope: `truncate` only with yarn scaling.
 - Sliding windows: `layer_types` has one entry per layer; `layer_types` and
   `sliding_window_pattern` are exclusive; sliding layers need `sliding_window`.
 - KV sharing: the layer exists; its target is an earlier layer that owns its cache
@@ -72,6 +73,14 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
   needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
   keeping at least top-k experts); shared-expert options need a shared expert.
+- gpt-oss's experts: `swiglu_alpha` and `swiglu_limit` together, at 1.702 and 7.0
+  (vLLM's swigluoai kernel fixes them); the clamped SwiGLU and `expert_bias` need
+  the experts stacked as gpt-oss stores them (`checkpoint.fused: [experts]`,
+  `checkpoint.experts_format: gpt_oss`; swigluoai reads gate and up interleaved,
+  as those tensors hold them), which needs the clamped SwiGLU, and no shared
+  experts, MTP heads, bias correction or expert groups (not generated); both
+  stacked roles name one module there. `experts_format` other than `linear` needs
+  `experts` in `checkpoint.fused`.
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
@@ -215,8 +224,12 @@ def _layouts_table() -> str:
         "overridden, e.g. to the MoE block itself (`model.layers.{layer}.mlp`,",
         "EXAONE-MoE) or a module of its own (`model.layers.{layer}.mlp.moe_statics`,",
         "ERNIE-4.5-MoE, with `checkpoint.router_bias_2d` for its [1, num_experts]).",
-        "MTP head `i` uses layer `num_hidden_layers + i`, with a full decoder block",
-        "under the same layer prefix.",
+        "`sinks` is the attention module, which holds the `.sinks` parameter",
+        "(`attention.sinks`). With `checkpoint.experts_format: gpt_oss` both stacked",
+        "roles are the one module of stacked experts, whose tensors are",
+        "`.gate_up_proj`, `.down_proj` and their `_bias`. MTP head `i` uses layer",
+        "`num_hidden_layers + i`, with a full decoder block under the same layer",
+        "prefix.",
         "",
         "| role | " + " | ".join(names) + " |",
         "|---" * (len(names) + 1) + "|",

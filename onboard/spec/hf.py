@@ -66,6 +66,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_norm": ("qk_norm", "use_qk_norm"),
     "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
     "qk_norm_after_rope": ("qk_norm_after_rope",),
+    "attention_sinks": ("attention_sinks",),  # a learned sink logit per head
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
@@ -149,6 +150,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "n_group": ("n_group", "num_expert_group"),
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
+    "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
+    "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
+    "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
+    "swiglu_limit": ("swiglu_limit",),
     # multi-token prediction
     "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     "mtp_mlp": ("mtp_mlp",),
@@ -264,6 +269,20 @@ FAMILIES: dict[str, Family] = {
         {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
         vllm_keys=("topk_method", "scoring_func"),
     ),
+    # Attention sinks, a biased router whose softmax spans the top-k logits
+    # (softmax, then top-k renormalised), and experts with biases stacked in one
+    # module.
+    "gpt_oss": Family(
+        "gpt_oss",
+        {
+            "attention_sinks": True,
+            "moe_router_bias": True,
+            "moe_expert_bias": True,
+            "scoring_func": "softmax",
+            "norm_topk_prob": True,
+        },
+        checkpoint={"fused": ["experts"], "experts_format": "gpt_oss"},
+    ),
     # Post-norm blocks with per-head q/k norms. With a sliding window its
     # full-attention layers skip rope (NoPE).
     "exaone4": Family(
@@ -365,6 +384,7 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "qk_norm": (False, True),
     "qk_norm_scope": ("head", "projection", "head_weights"),
     "qk_norm_after_rope": (False, True),
+    "attention_sinks": (False, True),
     "qkv_bias": (False, True),
     "o_bias": (False, True),
     "norm_placement": ("pre", "post", "parallel", "sandwich"),
@@ -375,6 +395,8 @@ OPEN_CONCEPTS: dict[str, tuple[Any, ...]] = {
     "topk_method": (None, "noaux_tc"),
     "scoring_func": ("softmax", "sigmoid"),
     "norm_topk_prob": (False, True),
+    "moe_router_bias": (False, True),
+    "moe_expert_bias": (False, True),
     # EXAONE-4 style: once a sliding window is set, the full-attention layers
     # use no rope (no config key says so; EXAONE-MoE's code does it too).
     NOPE_WHEN_SLIDING: (False, True),
@@ -399,7 +421,7 @@ ROPE_FIELDS = {
     "linear": ("factor",),
     "yarn": (
         "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-        "mscale", "mscale_all_dim",
+        "mscale", "mscale_all_dim", "truncate",
     ),
     "llama3": (
         "factor", "original_max_position_embeddings", "low_freq_factor",
@@ -577,6 +599,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             qk_norm=att.qk_norm,
             qk_norm_scope=att.qk_norm_scope,
             qk_norm_after_rope=att.qk_norm_after_rope,
+            attention_sinks=att.sinks,
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
@@ -587,6 +610,8 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             topk_method="noaux_tc" if moe.router.bias_correction else None,
             scoring_func=moe.router.scoring,
             norm_topk_prob=moe.router.norm_topk_prob,
+            moe_router_bias=moe.router.bias,
+            moe_expert_bias=moe.expert_bias,
         )
     return {c: values[c] for c in concepts if c in values}
 
@@ -735,6 +760,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     head_dim = r.get("head_dim")
     softmax_scale = _softmax_scale(r, head_dim)
     qk_norm = bool(r.get("qk_norm", False))
+    sinks = bool(r.get("attention_sinks", False))
     qk_norm_form = {
         "qk_norm_scope": r.get("qk_norm_scope", "head"),
         "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
@@ -781,6 +807,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             head_dim=head_dim,
             qk_norm=qk_norm,
             **qk_norm_form,
+            sinks=sinks,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             output_gate=output_gate,
@@ -822,6 +849,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("qk_norm: not expressible for MLA attention")
     if qkv_bias or o_bias:
         r.bad("attention_bias: biased MLA projections are not expressible")
+    if sinks:
+        r.bad("attention_sinks: not expressible for MLA attention")
     if output_gate:
         r.bad("attn_output_gate: not expressible for MLA attention")
     if partial not in (None, 1.0):
@@ -977,7 +1006,7 @@ def _rope_entry(
                 f"rope_parameters.original_max_position_embeddings={inner!r}"
             )
     if merged.get("truncate", True) is True:
-        merged.pop("truncate", None)  # yarn's default; anything else is refused below
+        merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
     rope: dict[str, Any] = {"theta": theta if theta is not None else 10000.0}
     if kind == "longrope":
         r.bad(
@@ -1138,6 +1167,10 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "n_group",
         "topk_group",
         "routed_scaling_factor",
+        "moe_router_bias",
+        "moe_expert_bias",
+        "swiglu_alpha",
+        "swiglu_limit",
     )
     if not experts:
         for key in moe_keys:  # a dense model: MoE keys (class defaults) mean nothing
@@ -1189,6 +1222,9 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "first_k_dense": first_k,
         "layer_frequency": step,
         "dense_layers": dense_layers,
+        "expert_bias": bool(r.get("moe_expert_bias", False)),
+        "swiglu_alpha": r.get("swiglu_alpha"),
+        "swiglu_limit": r.get("swiglu_limit"),
         "router": _read_router(r),
     }
     return {"intermediate_size": dense_size, "moe": moe}
@@ -1258,6 +1294,7 @@ def _read_router(r: _Reader) -> dict:
         "num_groups": groups,
         "topk_groups": topk_groups,
         "routed_scaling_factor": r.get("routed_scaling_factor", 1.0),
+        "bias": bool(r.get("moe_router_bias", False)),
     }
 
 
@@ -1383,13 +1420,23 @@ def spec_from_hf_config(
 
 def _family_checkpoint(family: Family | None, data: dict) -> dict:
     """The checkpoint section a family implies: its layout preset and how it
-    stores tensors (a shared expert's fused gate and up where it has one)."""
-    if family is None:
-        return {"layout": "llama"}
-    out: dict[str, Any] = {"layout": family.layout, **family.checkpoint}
+    stores tensors (a shared expert's fused gate and up where it has one; stacked
+    experts, and as gpt-oss stores them where the experts use its clamped
+    SwiGLU)."""
     moe = (data.get("mlp") or {}).get("moe") or {}
+    out: dict[str, Any] = (
+        {"layout": family.layout, **family.checkpoint}
+        if family is not None
+        else {"layout": "llama"}
+    )
     if not moe.get("num_shared_experts") and "fused" in out:
         out["fused"] = [f for f in out["fused"] if f != "shared_gate_up_proj"]
+    if moe.get("swiglu_limit") is not None and "experts_format" not in out:
+        # Where the family does not say, experts with the clamped SwiGLU are
+        # stacked as gpt-oss stores them: the one storage vLLM's swigluoai kernel
+        # reads (spec rules).
+        fused = [f for f in out.get("fused", []) if f != "experts"]
+        out.update(fused=[*fused, "experts"], experts_format="gpt_oss")
     return out
 
 
@@ -1556,6 +1603,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_scope"] = att.qk_norm_scope
         if att.qk_norm_after_rope:
             c["qk_norm_after_rope"] = True
+        if att.sinks:
+            c["attention_sinks"] = True
         if att.output_gate:
             c["attn_output_gate"] = True
         if att.query_pre_attn_scalar is not None:
@@ -1630,6 +1679,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             topk_group=r.topk_groups or 1,
             routed_scaling_factor=r.routed_scaling_factor,
         )
+        # Written only where set, so configs of specs without them are unchanged.
+        if r.bias:
+            c["moe_router_bias"] = True
+        if moe.expert_bias:
+            c["moe_expert_bias"] = True
+        if moe.swiglu_limit is not None:
+            c.update(swiglu_alpha=moe.swiglu_alpha, swiglu_limit=moe.swiglu_limit)
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
@@ -1646,6 +1702,8 @@ def _rope_params(
     }
     if scaling:
         rope.update(scaling.model_dump(exclude={"type"}, exclude_none=True))
+        if rope.get("truncate") is True:
+            del rope["truncate"]  # yarn's default: written only when false
         if rope["rope_type"] in ("yarn", "llama3"):
             # transformers fills it in and vLLM's get_rope needs it: be explicit.
             rope.setdefault(
@@ -1856,6 +1914,8 @@ def hf_fields(spec: ModelSpec) -> dict:
             part["scaling"]["original_max_position_embeddings"] = _original_max(
                 spec, scaling
             )
+        if scaling is not None and scaling.truncate is True:
+            part["scaling"]["truncate"] = None  # yarn's default
     if rope["sliding"] is not None and (
         rope["sliding"] == {"theta": rope["theta"], "scaling": rope["scaling"]}
         or "sliding_attention" not in spec.layer_attention_types()

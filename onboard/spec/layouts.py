@@ -37,6 +37,8 @@ _BASE: dict[str, str] = {
     "qkv_proj": f"{_LAYER}.self_attn.qkv_proj",
     "q_norm": f"{_LAYER}.self_attn.q_norm",
     "k_norm": f"{_LAYER}.self_attn.k_norm",
+    # attention.sinks: a parameter of the attention module itself (PARAM_ROLES)
+    "sinks": f"{_LAYER}.self_attn",
     # MLA attention
     "q_a_proj": f"{_LAYER}.self_attn.q_a_proj",
     "q_a_norm": f"{_LAYER}.self_attn.q_a_layernorm",
@@ -141,13 +143,25 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
         "shared_gate_up_proj": f"{_LAYER}.shared_mlp.input_linear",
         "shared_down_proj": f"{_LAYER}.shared_mlp.output_linear",
     },
+    # gpt-oss: the router is mlp.router; its experts are stacked in one module,
+    # mlp.experts (checkpoint.fused: experts, checkpoint.experts_format: gpt_oss).
+    "gpt_oss": {
+        **_BASE,
+        "router": f"{_LAYER}.mlp.router",
+        "experts_gate_up_proj": f"{_LAYER}.mlp.experts",
+        "experts_down_proj": f"{_LAYER}.mlp.experts",
+    },
 }
 
 ROLES: tuple[str, ...] = tuple(_BASE)
 
 # Roles that are one parameter of their module, which may hold another role's
-# parameters too (the router's bias on the router's module, by default).
-PARAM_ROLES: dict[str, str] = {"router_bias": "e_score_correction_bias"}
+# parameters too (the router's bias on the router's module, by default; the
+# attention's sinks on the attention module).
+PARAM_ROLES: dict[str, str] = {
+    "router_bias": "e_score_correction_bias",
+    "sinks": "sinks",
+}
 
 # Roles whose default path is another role's, wherever that one is (an override of
 # the router moves its bias with it).
@@ -213,6 +227,22 @@ FUSED_ROLES: dict[str, tuple[str, ...]] = {
 # What checkpoint.fused may list, in the order the spec lists them: the fused
 # roles, and `experts` (STACKED_EXPERT_ROLES).
 FUSED_FORMS = (*FUSED_ROLES, "experts")
+
+# checkpoint.experts_format: gpt_oss. Both stacked roles are one module; each
+# role's weight is the parameter named after it (input dim first, gate and up
+# columns interleaved), its bias (mlp.moe.expert_bias) that name + "_bias".
+STACKED_EXPERT_PARAMS: dict[str, str] = {
+    "experts_gate_up_proj": "gate_up_proj",
+    "experts_down_proj": "down_proj",
+}
+
+
+def gpt_oss_param(role: str, bias: bool = False) -> str:
+    """The parameter that holds a stacked role's weight (or bias) with
+    checkpoint.experts_format gpt_oss."""
+    name = STACKED_EXPERT_PARAMS[role]
+    return f"{name}_bias" if bias else name
+
 
 # The MLP of one routed expert, and of the shared expert, by role.
 ROUTED_EXPERT_ROLES = ("expert_gate_proj", "expert_up_proj", "expert_down_proj")

@@ -131,6 +131,11 @@ class RopeScaling(_Section):
     high_freq_factor: float | None = Field(
         None, description="llama3: high-frequency factor."
     )
+    truncate: bool | None = Field(
+        None,
+        description="yarn: round the correction range out to whole dims (null: "
+        "true, the default); false keeps it fractional (gpt-oss).",
+    )
 
 
 class SlidingRope(_Section):
@@ -217,6 +222,12 @@ class Attention(_Section):
         False,
         description="With qk_norm: normalise q and k after rope instead of "
         "before (HunYuan).",
+    )
+    sinks: bool = Field(
+        False,
+        description="A learned logit per query head (its `sinks` tensor) joins the "
+        "softmax of every query as one more key with no value: an attention sink "
+        "that takes probability mass from the real keys (gpt-oss).",
     )
     output_gate: bool = Field(
         False,
@@ -343,6 +354,12 @@ class Router(_Section):
     routed_scaling_factor: float = Field(
         1.0, gt=0, description="Multiplier on the routed experts' output."
     )
+    bias: bool = Field(
+        False,
+        description="The router's linear layer has a bias, added to the logits "
+        "before the top-k: it changes which experts are chosen and their weights "
+        "(gpt-oss; unlike bias_correction, which steers the choice only).",
+    )
 
 
 class MoE(_Section):
@@ -373,6 +390,22 @@ class MoE(_Section):
     dense_layers: list[LayerIndex] = Field(
         default_factory=list, description="Further layers that stay dense."
     )
+    expert_bias: bool = Field(
+        False,
+        description="Bias on each routed expert's gate/up and down projections "
+        "(gpt-oss; stored with checkpoint.experts_format: gpt_oss).",
+    )
+    swiglu_alpha: float | None = Field(
+        None,
+        gt=0,
+        description="With swiglu_limit: the routed experts use the clamped SwiGLU "
+        "of gpt-oss instead of the spec's activation: gate clamped above at the "
+        "limit, up clamped to [-limit, limit], then (up + 1) * gate * "
+        "sigmoid(alpha * gate). Null: act(gate) * up.",
+    )
+    swiglu_limit: float | None = Field(
+        None, gt=0, description="The clamp of the clamped SwiGLU (see swiglu_alpha)."
+    )
     router: Router = Field(default_factory=Router, description="Routing function.")
 
 
@@ -401,8 +434,11 @@ class MTP(_Section):
 class Checkpoint(_Section):
     """Tensor names (and stored shapes) of the checkpoint."""
 
-    layout: Literal["llama", "deepseek", "qwen", "mixtral", "granite"] = Field(
-        "llama", description="Preset naming (see docs/spec.md for each role's path)."
+    layout: Literal["llama", "deepseek", "qwen", "mixtral", "granite", "gpt_oss"] = (
+        Field(
+            "llama",
+            description="Preset naming (see docs/spec.md for each role's path).",
+        )
     )
     fused: list[
         Literal["qkv_proj", "gate_up_proj", "shared_gate_up_proj", "experts"]
@@ -414,7 +450,8 @@ class Checkpoint(_Section):
         "expert's gate then up, Granite-MoE-Shared), `experts` (a layer's routed "
         "experts stacked in two tensors, `experts_gate_up_proj` [experts, 2 x "
         "width, hidden] with each expert's gate rows then its up rows, and "
-        "`experts_down_proj` [experts, hidden, width]: Granite-MoE).",
+        "`experts_down_proj` [experts, hidden, width]: Granite-MoE; "
+        "checkpoint.experts_format says how the stack is stored).",
     )
     tensor_names: dict[str, str] = Field(
         default_factory=dict,
@@ -425,6 +462,18 @@ class Checkpoint(_Section):
         False,
         description="The router's e_score_correction_bias is stored as "
         "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
+    )
+    experts_format: Literal["linear", "gpt_oss"] = Field(
+        "linear",
+        description="With `experts` in `fused`, how the stacked experts are "
+        "stored. `linear`: each stack is the `.weight` of its role's module, "
+        "output dim first like a Linear weight (Granite-MoE, above). `gpt_oss`: "
+        "both roles are one module holding parameters named after them, input "
+        "dim first, as gpt-oss stores them: `gate_up_proj` [experts, hidden, 2 x "
+        "width] with each expert's gate and up columns interleaved (gate, up, "
+        "gate, up, ...), `down_proj` [experts, width, hidden], and with "
+        "mlp.moe.expert_bias `gate_up_proj_bias` [experts, 2 x width] and "
+        "`down_proj_bias` [experts, hidden].",
     )
 
 

@@ -86,7 +86,8 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ("expert_gate_proj", "expert_up_proj", "expert_down_proj"),
         ("moe", "experts", "{expert}"),
     ),
-    # `experts` in checkpoint.fused: the stacked tensors sit on the MoE block.
+    # `experts` in checkpoint.fused: the stacked tensors sit on the MoE block
+    # (experts_format gpt_oss: both roles are one module there).
     **dict.fromkeys(STACKED_EXPERT_ROLES, ("moe",)),
     # The shared expert sits in the MoE block, or beside it on the layer
     # (Granite-MoE-Shared's shared_mlp: module_names reads it from the path).
@@ -109,7 +110,7 @@ RESERVED = frozenset(
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
         "e_score_correction_bias", "config", "lm_head_name", "softcap",
-        "residual_multiplier", "act_fn",
+        "residual_multiplier", "act_fn", "sinks",
     }
 )  # fmt: skip
 
@@ -158,6 +159,8 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
+        if att.sinks:
+            roles.append("sinks")
     lin = spec.linear_attention
     if lin is not None and any(
         spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
@@ -185,6 +188,16 @@ def used_roles(spec: ModelSpec) -> list[str]:
     if spec.mtp is not None:
         roles += ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"]
     return roles
+
+
+def gpt_oss_experts(spec: ModelSpec) -> bool:
+    """The routed experts are stacked as gpt-oss stores them: one module whose
+    parameters are named after the stacked roles (checkpoint.experts_format)."""
+    return (
+        spec.mlp.moe is not None
+        and "experts" in spec.checkpoint.fused
+        and spec.checkpoint.experts_format == "gpt_oss"
+    )
 
 
 def has_dense_mlp(spec: ModelSpec) -> bool:
@@ -285,6 +298,10 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             continue
         claim(role, parts[-1], role, shape)
 
+    if "sinks" in roles:
+        _check_sinks_path(spec, names)
+    if gpt_oss_experts(spec):
+        _check_gpt_oss_experts_path(spec)
     if names.get("shared_parent") == "layer" and has_dense_mlp(spec):
         role = next(r for r in roles if _LAYER_SLOTS.get(r, ())[-1:] == ("shared",))
         raise TensorTreeError(
@@ -306,6 +323,31 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
                 "rename it",
             )
     return names
+
+
+def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
+    """The sinks are a parameter of the attention module: their path is the path
+    of the module that holds q_proj."""
+    attention = f"{names['base']}.{names['layers']}.{{layer}}.{names['attn']}"
+    if spec.tensor_path("sinks") != attention:
+        raise TensorTreeError(
+            "sinks",
+            "the attention sinks are a parameter of the attention module "
+            f"({attention!r}, where q_proj is), got {spec.tensor_path('sinks')!r}",
+        )
+
+
+def _check_gpt_oss_experts_path(spec: ModelSpec) -> None:
+    """experts_format gpt_oss: both stacked roles name the one module that holds
+    their parameters."""
+    gate_up, down = (spec.tensor_path(r) for r in STACKED_EXPERT_ROLES)
+    if gate_up != down:
+        raise TensorTreeError(
+            "experts_down_proj",
+            "with checkpoint.experts_format gpt_oss the stacked experts are one "
+            f"module: its path must be experts_gate_up_proj's ({gate_up!r}), got "
+            f"{down!r}",
+        )
 
 
 def router_bias_at(spec: ModelSpec) -> str:
@@ -358,8 +400,8 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     seen: dict[tuple[str, ...], str] = {}
     for role in roles:
         slots = _LAYER_SLOTS.get(role)
-        if slots is None:
-            continue
+        if slots is None or (role == "experts_down_proj" and gpt_oss_experts(spec)):
+            continue  # (gpt-oss: experts_gate_up_proj's module, checked above)
         if slots == ("moe", "shared") and names.get("shared_parent") == "layer":
             slots = ("shared",)
         key = slots + (names[role],)

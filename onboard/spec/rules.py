@@ -12,9 +12,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onboard.spec.layouts import ROLES, required_placeholders
+from onboard.spec.layouts import ROLES, STACKED_EXPERT_ROLES, required_placeholders
 from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
-from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES, has_dense_mlp, used_roles
+from onboard.spec.module_tree import (
+    NN_MODULE_ATTRIBUTES,
+    gpt_oss_experts,
+    has_dense_mlp,
+    used_roles,
+)
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
 
 Path = tuple[str | int, ...]
@@ -72,6 +77,8 @@ def _rope_rules(spec: ModelSpec, report: Report) -> None:
         for field in ROPE_SCALING_NEEDS[scaling.type]:
             if getattr(scaling, field) is None:
                 report(where + (field,), f"{scaling.type} rope scaling needs {field}")
+        if scaling.truncate is not None and scaling.type != "yarn":
+            report(where + ("truncate",), "truncate applies to yarn scaling only")
 
 
 def _sliding_rope_rules(spec: ModelSpec, report: Report) -> None:
@@ -151,6 +158,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "a norm over the whole projection comes before rope (rope works per "
             "head); qk_norm_after_rope needs qk_norm_scope: head",
         )
+    if att.sinks and att.type == "mla":
+        report(a + ("sinks",), "attention sinks are not expressible for MLA")
     if att.type == "gqa":
         if att.mla is not None:
             report(a + ("mla",), "MLA dimensions given but attention.type is gqa")
@@ -437,6 +446,7 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
         report(
             m + ("shared_expert_intermediate_size",), "needs num_shared_experts >= 1"
         )
+    _stacked_expert_rules(spec, report)
     r = moe.router
     rp = m + ("router",)
     if (r.num_groups is None) != (r.topk_groups is None):
@@ -464,6 +474,64 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
                 f"top-k ({moe.num_experts_per_tok}) exceeds the experts in the "
                 f"{r.topk_groups} kept groups",
             )
+
+
+# vLLM's swigluoai activation (its gpt_oss.py, and the CPU MoE kernel) fixes these.
+SWIGLU_OAI = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
+    """gpt-oss's experts: the clamped SwiGLU, biases and stacked, interleaved
+    storage (checkpoint.experts_format gpt_oss), which vLLM's swigluoai kernel
+    takes together."""
+    moe = spec.mlp.moe
+    assert moe is not None
+    m: Path = ("mlp", "moe")
+    gpt_oss = gpt_oss_experts(spec)
+    clamped = moe.swiglu_limit is not None
+    if (moe.swiglu_alpha is None) != (moe.swiglu_limit is None):
+        missing = "swiglu_alpha" if moe.swiglu_alpha is None else "swiglu_limit"
+        report(m + (missing,), "the clamped SwiGLU needs swiglu_alpha and swiglu_limit")
+    for field, value in SWIGLU_OAI.items():
+        got = getattr(moe, field)
+        if got is not None and got != value:
+            report(
+                m + (field,),
+                f"vLLM's swigluoai kernel fixes {field} at {value}, got {got}",
+            )
+    if clamped and not gpt_oss:
+        report(
+            m + ("swiglu_limit",),
+            "the clamped SwiGLU needs the experts stacked as gpt-oss stores them "
+            "(checkpoint.fused: [experts], checkpoint.experts_format: gpt_oss): "
+            "vLLM's swigluoai kernel reads each expert's gate and up interleaved",
+        )
+    if moe.expert_bias and not gpt_oss:
+        report(
+            m + ("expert_bias",),
+            "expert biases are generated for experts stacked as gpt-oss stores "
+            "them only (checkpoint.fused: [experts], checkpoint.experts_format: "
+            "gpt_oss)",
+        )
+    if not gpt_oss:
+        return
+    c: Path = ("checkpoint", "experts_format")
+    if not clamped:
+        report(
+            c,
+            "gpt-oss's stacked experts interleave gate and up, which vLLM reads for "
+            "the clamped SwiGLU only (set mlp.moe.swiglu_alpha and swiglu_limit)",
+        )
+    if moe.num_shared_experts:
+        report(c, "gpt-oss's stacked experts with shared experts are not generated")
+    if moe.router.bias_correction or moe.router.num_groups is not None:
+        report(
+            c,
+            "gpt-oss's stacked experts are generated with plain top-k routing (no "
+            "bias_correction, no expert groups), as gpt-oss routes",
+        )
+    if spec.mtp is not None:
+        report(c, "gpt-oss's stacked experts in MTP heads are not generated")
 
 
 def _gemma_rules(spec: ModelSpec, report: Report) -> None:
@@ -538,6 +606,14 @@ MAX_TEMPLATE_CHARS = 200
 
 
 def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
+    if (
+        spec.checkpoint.experts_format != "linear"
+        and "experts" not in spec.checkpoint.fused
+    ):
+        report(
+            ("checkpoint", "experts_format"),
+            "describes stacked experts: needs `experts` in checkpoint.fused",
+        )
     names = spec.checkpoint.tensor_names
     moe = spec.mlp.moe
     if spec.checkpoint.router_bias_2d and (
@@ -572,8 +648,10 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
             for r in roles
             if r != role
             and spec.tensor_path(r) == names[role]
-            # The router's bias is a parameter of the router's module by default.
+            # The router's bias is a parameter of the router's module by default;
+            # gpt-oss's stacked experts are one module holding both stacks.
             and {r, role} != {"router", "router_bias"}
+            and not ({r, role} == set(STACKED_EXPERT_ROLES) and gpt_oss_experts(spec))
         ]
         if role in roles and others:
             report(
@@ -679,8 +757,8 @@ GENERATED_NAMES = frozenset(
         "PPMissingLayer", "ParallelLMHead", "PreTrainedConfig", "PreTrainedModel",
         "PretrainedConfig", "QKVParallelLinear", "QuantizationConfig", "RMSNorm",
         "ReplicatedLinear", "Router", "RowParallelLinear", "SharedExpertMLP",
-        "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedLinear",
-        "SupportsEagle3", "SupportsLoRA", "SupportsPP",
+        "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedExperts",
+        "StackedLinear", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
         # linear attention (Gated DeltaNet)
         "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",

@@ -27,8 +27,9 @@ tokens hold all of its mass; ``p_top_k_mass`` says how much they held. Where the
 reference ran, ``kl_divergence_vs_reference`` is the full-vocabulary KL with the
 float32 transformers reference as P (no truncation), as a cross-check.
 
-The check also asserts that embeddings, the output head, every norm and the MoE
-routers (weights and bias) are byte-for-byte the 16-bit checkpoint's.
+The check also asserts that embeddings, the output head, every norm, the MoE
+routers (weights and bias) and the attention sinks are byte-for-byte the 16-bit
+checkpoint's.
 
 Pass: ``kl_divergence <= THRESHOLDS[scheme].kl_divergence`` and ``top1_agreement >=
 THRESHOLDS[scheme].top1_agreement`` and nothing that must stay 16-bit changed.
@@ -95,6 +96,7 @@ GUARDED = {
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
               "role linear_norm", "role kda_o_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
+    "sinks": ("role sinks",),
     # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
@@ -290,8 +292,8 @@ def dequantized_reference_rows(ctx, scheme: str, qdir: Path):
 
 def dequantize_checkpoint(qdir: Path, scheme: str, out: Path) -> Path:
     """A float32 copy of a compressed-tensors checkpoint: every quantized module's
-    weight decompressed by compressed-tensors, everything else unchanged, config.json
-    without ``quantization_config``."""
+    weight decompressed by compressed-tensors, its bias and everything else
+    unchanged, config.json without ``quantization_config``."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -309,7 +311,8 @@ def dequantize_checkpoint(qdir: Path, scheme: str, out: Path) -> Path:
         result = {}
         for key, value in tensors.items():
             module, _, local = key.rpartition(".")
-            if module not in modules:
+            if module not in modules or local == "bias":
+                # (a quantized projection keeps its bias: gpt-oss's q/k/v/o)
                 result[key] = value
             elif local in ("weight", "weight_packed"):
                 result[f"{module}.weight"] = (
@@ -415,6 +418,7 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
+    must += ["sinks"] if spec.attention.sinks else []
     if spec.linear_attention is not None:
         kda = spec.linear_attention.type == "kimi_delta"
         must.append("kimi delta attention" if kda else "linear attention")
@@ -423,7 +427,8 @@ def untouched_tensors(
     problems += [
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
-    modules = {n.rsplit(".", 1)[0] for n in plan.kept}
+    # Modules whose weight is kept (a quantized projection keeps its bias).
+    modules = {n.rsplit(".", 1)[0] for n in plan.kept if n.endswith(".weight")}
     leaked = [
         n for n in located if n.rsplit(".", 1)[0] in modules and n.endswith("_scale")
     ]
