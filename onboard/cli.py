@@ -835,15 +835,61 @@ def plan(
             show_default=False,
         ),
     ] = None,
+    disaggregate: Annotated[
+        str | None,
+        typer.Option(
+            help="P:D: prefill/decode disaggregation (NIXL) with P prefill and D "
+            "decode nodes (P + D = --nodes): the layout of each side, the numbers "
+            "that size it, the commands and the proxy.",
+            show_default=False,
+        ),
+    ] = None,
+    link_gbps: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: scale-out network per node, GB/s "
+            "(gigabytes), that the KV cache crosses.",
+            show_default=False,
+        ),
+    ] = None,
+    device_tflops: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: dense TFLOPS of one device in the serving "
+            "format (prefill estimate).",
+            show_default=False,
+        ),
+    ] = None,
+    hbm_tbps: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: memory bandwidth of one device, TB/s "
+            "(decode estimate).",
+            show_default=False,
+        ),
+    ] = None,
+    node_gbps: Annotated[
+        float | None,
+        typer.Option(
+            help="Predict `onboard quantize --ray` of the spec's 16-bit checkpoint "
+            "with --scheme on --nodes nodes (default 1), each processing this many "
+            "GB/s (gigabytes) of it (its storage or network share, or its cores).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan serving SPEC on TARGET: weights, KV cache, layout, capacity, command."""
     from onboard.plan import make_plan
+    from onboard.plan.disagg import Figures
+    from onboard.plan.quantize_time import quantize_time
     from onboard.plan.render import render_plan
     from onboard.spec import load_spec
 
+    loaded = load_spec(spec)
+    figures = Figures(link_gbps, device_tflops, hbm_tbps)
     result = make_plan(
-        load_spec(spec),
+        loaded,
         target,
         scheme,
         context=context,
@@ -853,7 +899,11 @@ def plan(
         output_len=output_len,
         model=model,
         nodes=nodes,
+        disaggregate=disaggregate,
+        figures=figures,
     )
+    if node_gbps is not None:
+        result.quantize_time = quantize_time(loaded, scheme, nodes or 1, node_gbps)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
