@@ -87,14 +87,35 @@ def test_quantize_task_count_matches_the_worker(tmp_path):
 
 
 def test_quantize_time_cli_and_refusals():
-    res = _cli(str(DSV3), "--target", "b300", "--scheme", "fp8-block", "--nodes",
-               "2", "--context", "8192", "--node-gbps", "2", "--json")  # fmt: skip
+    res = _cli(
+        str(DSV3),
+        "--target",
+        "b300",
+        "--scheme",
+        "fp8-block",
+        "--nodes",
+        "2",
+        "--context",
+        "8192",
+        "--node-gbps",
+        "2",
+        "--json",
+    )
     assert res.returncode == 0, res.stderr
     q = json.loads(res.stdout)["quantize_time"]
     assert q["nodes"] == 2 and q["node_gbps"] == 2
     assert q["total_s"] == pytest.approx(q["start_s"] + q["bytes_s"] + q["tasks_s"])
-    res = _cli(str(DSV3), "--target", "b300", "--scheme", "fp8-block",
-               "--context", "8192", "--node-gbps", "2")  # fmt: skip
+    res = _cli(
+        str(DSV3),
+        "--target",
+        "b300",
+        "--scheme",
+        "fp8-block",
+        "--context",
+        "8192",
+        "--node-gbps",
+        "2",
+    )
     assert "8. Quantizing the checkpoint" in res.stdout
     assert "/ (1 x 2 GB/s)" in res.stdout, res.stdout
     for flags, message in (
@@ -148,8 +169,17 @@ def test_disaggregated_layout_and_commands():
 def test_disaggregated_estimates_by_hand():
     spec = load_spec(DSV3)
     figures = Figures(link_gbps=50, device_tflops=2000, hbm_tbps=8)
-    plan = make_plan(spec, "b300", "nvfp4", context=8192, concurrency=64,
-                     output_len=1024, nodes=4, disaggregate="1:3", figures=figures)  # fmt: skip
+    plan = make_plan(
+        spec,
+        "b300",
+        "nvfp4",
+        context=8192,
+        concurrency=64,
+        output_len=1024,
+        nodes=4,
+        disaggregate="1:3",
+        figures=figures,
+    )
     est = plan.pd_layout.estimate
     prompt = 8192 - 1024
     # MLA: (kv_lora_rank 512 + rope 64) x 2 bytes x 61 layers per token.
@@ -187,8 +217,9 @@ def test_disaggregate_refusals():
     with pytest.raises(InputError, match="give them with --disaggregate"):
         make_plan(spec, "b300", context=8192, figures=Figures(link_gbps=50))
     with pytest.raises(InputError, match="--hbm-tbps must be a positive"):
-        make_plan(spec, "b300", context=8192, disaggregate="1:1",
-                  figures=Figures(hbm_tbps=-1))  # fmt: skip
+        make_plan(
+            spec, "b300", context=8192, disaggregate="1:1", figures=Figures(hbm_tbps=-1)
+        )
     # bf16 DeepSeek-V3 (1.34 TB) does not fit one h100 node: that side is named.
     with pytest.raises(InputError, match="prefill side's 1 node"):
         make_plan(spec, "h100", context=4096, disaggregate="1:2")
