@@ -565,6 +565,14 @@ def validate(
             "OUT/TARGET/validation.json."
         ),
     ] = None,
+    disaggregate: Annotated[
+        str | None,
+        typer.Option(
+            help="With --emit: serve the prefill/decode layout of `onboard plan "
+            "--disaggregate P:D` (run.sh ROLE=prefill|decode and its proxy phase).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html. With
@@ -572,8 +580,12 @@ def validate(
     from onboard.report.data import verdict_lines
     from onboard.validate import validate as run_validate
 
+    if disaggregate is not None and emit is None:
+        raise InputError("validate: --disaggregate P:D goes with --emit DIR")
     if emit is not None or ingest is not None:
-        _validate_remote(model_dir, spec, target, out_dir, generated, emit, ingest)
+        _validate_remote(
+            model_dir, spec, target, out_dir, generated, emit, ingest, disaggregate
+        )
         return
     missing = [
         name
@@ -618,7 +630,9 @@ def validate(
         )
 
 
-def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> None:
+def _validate_remote(
+    model, spec, target, out_dir, generated, emit, ingest, disaggregate=None
+) -> None:
     """`validate --emit DIR` (needs MODEL and --spec) or `--ingest DIR --out OUT`."""
     if emit is not None and ingest is not None:
         raise InputError("validate: --emit and --ingest exclude each other")
@@ -627,7 +641,14 @@ def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> N
 
         if model is None or spec is None:
             raise InputError("validate --emit: MODEL and --spec are required")
-        run_emit(str(model), spec, target, emit, generated=generated)
+        run_emit(
+            str(model),
+            spec,
+            target,
+            emit,
+            generated=generated,
+            disaggregate=disaggregate,
+        )
         out.print(f"wrote {emit}/run.sh and {emit}/thresholds.json", markup=False)
         run_sh = shlex.quote(str(emit / "run.sh"))
         out.print(f"run on {target}: bash {run_sh}", markup=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -226,3 +227,73 @@ def test_disaggregate_refusals():
     res = _cli(str(DSV3), "--target", "b300", "--disaggregate", "3")
     assert res.returncode == 2 and "expected P:D" in res.stderr + res.stdout
     assert "Traceback" not in res.stderr
+
+
+# ---- the emitted GPU run serves the same layout ----------------------------------
+
+STUB = """#!/usr/bin/env bash
+printf '%s\\n' "$VLLM_NIXL_SIDE_CHANNEL_HOST" "$@" >"$STUB_LOG/$(basename "$0")"
+"""
+
+
+def test_emitted_run_serves_the_pd_layout(tmp_path):
+    from onboard.validate.emit import emit
+
+    out = tmp_path / "run"
+    spec = SPECS / "dense-gqa.yaml"
+    manifest = emit("my-org/tiny-llama", spec, "b300", out, disaggregate="1:1")
+    assert manifest["pd_layout"]["prefill"]["nodes"] == [0]
+    assert manifest["pd_layout"]["decode"]["nodes"] == [1]
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for tool in ("vllm", "python3", "curl"):
+        (bin_dir / tool).write_text(STUB)
+        (bin_dir / tool).chmod(0o755)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("BASE_URL", "ROLE", "NIXL_HOST", "PREFILL_HOST", "DECODE_HOST")
+    }
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", STUB_LOG=str(log), PYTHON="python3")
+
+    def run(*phases: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(out / "run.sh"), *phases],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    nixl = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+    for role, port in (("prefill", PREFILL_PORT), ("decode", DECODE_PORT)):
+        res = run("serve", ROLE=role, NIXL_HOST="10.0.0.7")
+        assert res.returncode == 0, res.stderr
+        host, *argv = (log / "vllm").read_text().splitlines()
+        assert host == "10.0.0.7"
+        assert argv[:2] == ["serve", "my-org/tiny-llama"]
+        assert argv[argv.index("--kv-transfer-config") + 1] == nixl
+        assert argv[-2:] == ["--port", str(port)] and argv.count("--port") == 1
+        assert "--worker-extension-cls" in argv
+    res = run("serve")
+    assert res.returncode == 2 and "set ROLE=prefill or ROLE=decode" in res.stderr
+    res = run("serve", ROLE="decode")
+    assert res.returncode == 2 and "set NIXL_HOST" in res.stderr
+    res = run("proxy", PREFILL_HOST="10.0.0.1")
+    assert res.returncode == 2 and "PREFILL_HOST and DECODE_HOST" in res.stderr
+    proxy = tmp_path / "proxy.py"
+    proxy.write_text("")
+    res = run(
+        "proxy",
+        PREFILL_HOST="10.0.0.1",
+        DECODE_HOST="10.0.0.2",
+        PROXY_SCRIPT=str(proxy),
+    )
+    assert res.returncode == 0, res.stderr
+    argv = (log / "python3").read_text().splitlines()[1:]
+    assert argv[0] == str(proxy)
+    assert argv[argv.index("--prefiller-hosts") + 1] == "10.0.0.1"
+    assert argv[argv.index("--prefiller-ports") + 1] == str(PREFILL_PORT)
+    assert argv[argv.index("--decoder-hosts") + 1] == "10.0.0.2"
+    assert argv[argv.index("--decoder-ports") + 1] == str(DECODE_PORT)
