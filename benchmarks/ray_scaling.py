@@ -89,20 +89,25 @@ def run_once(ckpt: Path, scheme: str, out: Path, address: str) -> tuple[float, f
 
 
 def fit(rows: list[dict], cores: int) -> dict:
-    """Least squares of the task phase on [1, bytes/N, tasks/N]."""
+    """Least squares of the task phase on [1, bytes/N, tasks/N]. A bytes term
+    that comes out negative (time not growing with bytes: not resolved) is
+    dropped and the fit redone on [1, tasks/N]; the RMS residual is the final
+    model's."""
     use = [r for r in rows if r["nodes"] <= cores]
     a = np.array([[1.0, r["bytes"] / r["nodes"], r["tasks"] / r["nodes"]] for r in use])
     y = np.array([r["phase_s"] for r in use])
-    (start, per_byte, per_task), *_ = np.linalg.lstsq(a, y, rcond=None)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    if coef[1] <= 0:
+        sub, *_ = np.linalg.lstsq(a[:, [0, 2]], y, rcond=None)
+        coef = np.array([sub[0], 0.0, sub[1]])
+    start, per_byte, per_task = (float(c) for c in coef)
     return {
-        "start_s": float(start),
+        "start_s": start,
         # None: the bytes term is not resolved (time does not grow with bytes).
-        "node_gb_per_s": float(1e-9 / per_byte) if per_byte > 0 else None,
-        "task_s": float(per_task),
+        "node_gb_per_s": 1e-9 / per_byte if per_byte > 0 else None,
+        "task_s": per_task,
         "runs": len(use),
-        "rms_residual_s": float(
-            np.sqrt(np.mean((a @ np.array([start, per_byte, per_task]) - y) ** 2))
-        ),
+        "rms_residual_s": float(np.sqrt(np.mean((a @ coef - y) ** 2))),
     }
 
 
