@@ -97,6 +97,36 @@ def make_plan(
             "--link-gbps, --device-tflops and --hbm-tbps size a prefill/decode "
             "split: give them with --disaggregate P:D"
         )
+    return _single(
+        spec,
+        profile,
+        scheme,
+        context=context,
+        concurrency=concurrency,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        output_len=output_len,
+        model=model,
+        host_memory_bytes=host_memory_bytes,
+        nodes=nodes,
+    )
+
+
+def _single(
+    spec: ModelSpec,
+    profile: TargetProfile,
+    scheme: str,
+    *,
+    context: int | None,
+    concurrency: int,
+    dtype: str,
+    kv_cache_dtype: str,
+    output_len: int | None,
+    model: str | None,
+    host_memory_bytes: int | None,
+    nodes: int | None,
+) -> ServingPlan:
+    """One deployment's plan (make_plan without --disaggregate)."""
     if scheme not in SCHEMES:
         raise InputError(
             f"--scheme: unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}"

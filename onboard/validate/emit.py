@@ -146,6 +146,15 @@ def _manifest_env(values: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_dirs(out_dir: Path, generated: Path | None) -> None:
+    if (out_dir / "results").is_dir() and any((out_dir / "results").iterdir()):
+        raise InputError(
+            f"--emit: {out_dir} already holds results; emit into a new directory"
+        )
+    if generated is not None and not (Path(generated) / "plugin").is_dir():
+        raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
+
+
 def emit(
     model: str,
     spec_path: Path,
@@ -156,10 +165,7 @@ def emit(
     disaggregate: str | None = None,
 ) -> dict[str, Any]:
     """Write the run for ``target`` into ``out_dir``; return the manifest.
-
-    ``disaggregate`` ("P:D"): the run serves the prefill/decode layout of
-    `onboard plan --disaggregate P:D` (run.sh: ROLE=prefill|decode, the proxy
-    phase)."""
+    ``disaggregate`` "P:D": serve `onboard plan --disaggregate P:D`'s layout."""
     from onboard.generate import write_model_code
     from onboard.reference import auto_map
     from onboard.runtime.prompts import PROMPTS
@@ -169,12 +175,7 @@ def emit(
     spec = load_spec(spec_path)
     profile = get_target(target)
     out_dir = Path(out_dir)
-    if (out_dir / "results").is_dir() and any((out_dir / "results").iterdir()):
-        raise InputError(
-            f"--emit: {out_dir} already holds results; emit into a new directory"
-        )
-    if generated is not None and not (Path(generated) / "plugin").is_dir():
-        raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
+    _check_dirs(out_dir, generated)
     notes: list[str] = []
     variants = {"baseline": None, **_speculative_variants(spec, notes)}
     # The cpu target runs float32 (as validate does); GPUs serve bf16.
