@@ -31,8 +31,8 @@ from onboard.spec.model import ModelSpec
 # benchmarks/ray_scaling.py, run of 4 December 2026 on a 2-core machine (table and
 # fit in docs/benchmarks.md): scheme -> (start s, per-task s).
 RAY_FIT: dict[str, tuple[float, float]] = {
-    "fp8-dynamic": (2.75, 0.00398),
-    "nvfp4a16": (3.63, 0.00723),
+    "fp8-dynamic": (3.96, 0.00140),
+    "nvfp4a16": (5.59, 0.00145),
 }
 RAY_FIT_SOURCE = "benchmarks/ray_scaling.py, 4 December 2026 (docs/benchmarks.md)"
 # The shard size of most Hub checkpoints (DeepSeek-V3: 163 shards of ~4.3 GB).
