@@ -204,9 +204,6 @@ NOPE_WHEN_SLIDING = "nope_when_sliding"
 NOPE_ATTENTION = "nope_attention"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
-# A family fact: its RMSNorms scale by (1 + weight), weights stored zero-centred
-# (Qwen3-Next's, as Gemma's). The spec has no such norm: the family is refused.
-UNIT_OFFSET_NORM = "unit_offset_norm"
 
 
 @dataclass(frozen=True)
@@ -237,7 +234,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family("qwen", {"qk_norm": True}),
     # Gated DeltaNet and gated attention layers (layer_types), a gated shared
     # expert on every MoE block; the gate and the shared expert are hard-coded.
-    # Its (1 + weight) norms refuse it until the spec has them.
+    # Its decoder-layer, q/k and final RMSNorms scale by (1 + weight), as Gemma's;
+    # the linear-attention layers' gated norm by its weight.
     "qwen3_next": Family(
         "qwen",
         {
@@ -245,7 +243,7 @@ FAMILIES: dict[str, Family] = {
             "attn_output_gate": True,
             "n_shared_experts": 1,
             "shared_expert_gate": True,
-            UNIT_OFFSET_NORM: True,
+            "norm_unit_offset": True,
         },
     ),
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
@@ -703,11 +701,6 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
-    if r.facts.get(UNIT_OFFSET_NORM):
-        r.bad(
-            "norm: this family's RMSNorm scales by 1 + weight (weights stored "
-            "zero-centred), which the spec does not express"
-        )
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
