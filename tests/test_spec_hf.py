@@ -789,6 +789,12 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
             json.dumps({**deepseek_v3_as_published(), "attn_logit_softcapping": 3.0}),
             "attn_logit_softcapping=3.0: not expressible for MLA attention",
         ),
+        # A multimodal wrapper: its language model's config is text_config.
+        (
+            json.dumps(AutoConfig.for_model("qwen3_5", text_config=SMALL).to_dict()),
+            "text_config: model_type 'qwen3_5' wraps a language model whose config "
+            "is text_config (model_type 'qwen3_5_text')",
+        ),
     ],
 )
 def test_cli_from_hf_bad_input_exits_2(tmp_path, content, expected):
