@@ -223,6 +223,15 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
                     within=r"def is_deepseek_mla\(",
                 )
             )
+    if spec.attention.type == "mla" and spec.attention.kv_sharing:
+        from onboard.pr.mla_kv_sharing import mla_kv_sharing_edits
+
+        edits += mla_kv_sharing_edits()
+        notes.append(
+            "Layers of this model read an earlier MLA layer's latent cache: the tree "
+            "carries the vLLM core change that lets `MLAAttention` share a cache "
+            "(`onboard/pr/mla_kv_sharing.py`), which the released vLLM refuses."
+        )
     edits += _tests_and_docs(spec, mtp_arch, new_model_type)
     files[f"tests/models/language/generation/test_{module}.py"] = render_python(
         "vllm-pr/test_model.py.j2",
