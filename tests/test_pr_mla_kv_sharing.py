@@ -145,3 +145,40 @@ def test_the_released_vllm_refuses_the_probe(tmp_path):
     done = _probe(None, tmp_path)
     assert done.returncode != 0
     assert "kv_sharing_target_layer_name" in done.stderr
+
+
+def _mla_sharing_spec(tmp: Path):
+    from onboard.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    text = text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3}\n")
+    text = text.replace("model_type: deepseek_v3", "model_type: mla_share")
+    text = text.replace("DeepseekV3ForCausalLM", "MlaShareForCausalLM")
+    path = tmp / "mla-share.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def test_generation_refuses_naming_the_core_change(tmp_path):
+    from onboard.arch.config_keys import GenerationError
+    from onboard.generate import generate_files
+
+    spec = _mla_sharing_spec(tmp_path)
+    with pytest.raises(GenerationError, match="core change in the PR tree"):
+        generate_files(spec)
+
+
+def test_pr_plan_of_an_mla_sharing_spec_carries_the_core_change(tmp_path):
+    from onboard.pr.build import pr_plan
+    from onboard.spec.naming import package_name
+
+    spec = _mla_sharing_spec(tmp_path)
+    model = "# SPDX-License-Identifier: Apache-2.0\n# generated\nX = 1\n"
+    files = {
+        f"{package_name(spec)}/{spec.module_name}.py": model,
+        f"{package_name(spec)}/config.py": model,
+    }
+    plan = pr_plan(spec, files)
+    assert [e for e in plan.edits if e.op == "replace"] == mla_kv_sharing_edits()
+    assert any("MLA layer's latent cache" in note for note in plan.notes)

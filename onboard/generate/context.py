@@ -430,9 +430,10 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     if spec.attention.type == "mla" and spec.attention.kv_sharing:
         raise GenerationError(
             f"{spec.name}: attention.kv_sharing: the vLLM model is not generated for "
-            "MLA layers that share another layer's latent cache: released vLLM's "
-            "MLAAttention raises 'KV sharing is not supported for MLA' (the Hugging "
-            "Face reference computes them)"
+            "MLA layers that share another layer's latent cache: released vLLM "
+            "refuses it ('KV sharing is not supported for MLA') and needs the core "
+            "change in the PR tree (onboard/pr/mla_kv_sharing.py, docs/pr.md); the "
+            "Hugging Face reference computes them"
         )
     if spec.attention.type == "mla" and arch.nope:
         raise GenerationError(
