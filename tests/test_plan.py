@@ -671,3 +671,9 @@ def test_mla_kv_sharing_by_hand(tmp_path):
         4: 3,
         5: 3,
     }
+    # The sharing layers' own kv_a_proj_with_mqa (576 x 7168) is never run: it
+    # stays bf16 when the rest is quantized.
+    base = weight_report(load_spec(SPECS / "deepseek-v3-style.yaml"), "fp8-block")
+    shared = weight_report(load_spec(path), "fp8-block")
+    kept = 2 * (bf16(576, 7168) - fp8_block(576, 7168))
+    assert shared.total_bytes - base.total_bytes == kept
