@@ -653,3 +653,27 @@ def test_cpu_plan_kv_cache_equals_vllm_accounting(engine_and_plan):
     assert plan.num_blocks == (
         plan.cpu_kv_space_gib * GiB // plan.kv.bytes_per_block(plan.kv_block_size)
     )
+
+
+def test_mla_kv_sharing_by_hand(tmp_path):
+    """DeepSeek-V3's 61 MLA layers, layers 4 and 5 reading layer 3's latent
+    cache: 59 caches of (512 + 64) bf16 values per token."""
+    text = (SPECS / "deepseek-v3-style.yaml").read_text()
+    path = tmp_path / "mla-share.yaml"
+    path.write_text(
+        text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3, 5: 3}\n")
+    )
+    kv = kv_report(load_spec(path))
+    per_layer = (512 + 64) * 2
+    assert kv.bytes_per_token == 59 * per_layer == 67_968
+    assert kv.bytes_per_token_without_sharing == 61 * per_layer
+    assert {x.index: x.shares for x in kv.layers if x.shares is not None} == {
+        4: 3,
+        5: 3,
+    }
+    # The sharing layers' own kv_a_proj_with_mqa (576 x 7168) is never run: it
+    # stays bf16 when the rest is quantized.
+    base = weight_report(load_spec(SPECS / "deepseek-v3-style.yaml"), "fp8-block")
+    shared = weight_report(load_spec(path), "fp8-block")
+    kept = 2 * (bf16(576, 7168) - fp8_block(576, 7168))
+    assert shared.total_bytes - base.total_bytes == kept

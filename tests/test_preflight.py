@@ -1307,3 +1307,38 @@ def test_full_size_nvfp4_headers(full_size, tmp_path) -> None:
 def test_proc_io_is_available() -> None:
     # The byte accounting above relies on it; fail loudly rather than skip.
     assert os.path.exists("/proc/self/io")
+
+
+def test_mla_kv_sharing_layers_may_omit_their_latent_projection(tmp_path) -> None:
+    """An MLA layer that reads an earlier layer's latent cache never runs its own
+    kv_a_proj_with_mqa / kv_a_layernorm (its kv_b_proj it does): a checkpoint
+    without them passes; the target still needs its own."""
+    text = (SPECS / "deepseek-v3-style.yaml").read_text()
+    text = text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3}\n")
+    # transformers' deepseek_v3 class has no KV sharing: a model type of its own.
+    text = text.replace("model_type: deepseek_v3", "model_type: mla_share")
+    text = text.replace("DeepseekV3ForCausalLM", "MlaShareForCausalLM")
+    path = tmp_path / "mla-share.yaml"
+    path.write_text(text)
+    ckpt = write_tiny_checkpoint(load_spec(path), tmp_path / "ckpt")
+    spec = spec_of(ckpt)
+    assert spec.attention.kv_sharing  # read back from config.json
+    (layer, target), *_ = spec.attention.kv_sharing.items()
+    unused = re.compile(
+        rf"model\.layers\.{layer}\.self_attn\.(kv_a_proj_with_mqa|kv_a_layernorm)\."
+    )
+    dropped: list[str] = []
+
+    def drop_unused(tensors: Tensors) -> Tensors:
+        dropped.extend(k for k in tensors if unused.match(k))
+        return {k: v for k, v in tensors.items() if not unused.match(k)}
+
+    edit_shards(ckpt, drop_unused)
+    assert len(dropped) == 2
+    report = preflight(spec, ckpt)
+    assert report.ok and report.problems == [], report.lines()
+
+    name = f"model.layers.{layer}.self_attn.kv_b_proj.weight"
+    edit_shards(ckpt, lambda t: {k: v for k, v in t.items() if k != name})
+    problem = one(preflight(spec, ckpt), "missing-tensor")
+    assert problem.tensors == (name,)

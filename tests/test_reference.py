@@ -775,6 +775,87 @@ def test_kv_sharing_layer_ignores_its_own_kv_and_reads_its_targets(
     assert change > 1e-3, "the sharing layer did not read its target layer's K/V"
 
 
+# ---- MLA with cross-layer KV sharing: no transformers family has it ----------------
+
+MLA_SHARING_SPEC = """
+name: mla-share
+architecture: MlaShareForCausalLM
+model_type: mla_share
+vocab_size: 512
+hidden_size: 64
+num_hidden_layers: 3
+max_position_embeddings: 256
+norm: {type: rmsnorm, eps: 1.0e-06}
+attention:
+  type: mla
+  num_heads: 4
+  mla:
+    q_lora_rank: 32
+    kv_lora_rank: 32
+    qk_nope_head_dim: 16
+    qk_rope_head_dim: 8
+    v_head_dim: 16
+  kv_sharing: {2: 0}
+rope: {theta: 10000.0}
+mlp: {intermediate_size: 96}
+"""
+
+
+@pytest.fixture(scope="module")
+def mla_sharing(tmp_path_factory) -> tuple[ModelSpec, Path]:
+    spec = parse_spec_text(MLA_SHARING_SPEC, "mla-share.yaml")
+    ckpt = tmp_path_factory.mktemp("mla-share") / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+    install_reference(spec, ckpt)
+    return spec, ckpt
+
+
+def test_mla_sharing_layer_has_no_latent_path_and_its_cache_matches(mla_sharing):
+    spec, ckpt = mla_sharing
+    ref = load_reference(ckpt)  # the sharing layers' kv_a tensors: ignored
+    attn = [layer.self_attn for layer in ref.model.layers]
+    assert json.loads((ckpt / "config.json").read_text())[
+        "kv_sharing_target_layers"
+    ] == [None, None, 0]
+    assert not hasattr(attn[2], "kv_a_proj_with_mqa")
+    assert not hasattr(attn[2], "kv_a_layernorm")
+    assert hasattr(attn[1], "kv_a_proj_with_mqa")
+    assert attn[2].kv_b_proj.weight.shape == attn[0].kv_b_proj.weight.shape
+    assert not torch.equal(attn[2].kv_b_proj.weight, attn[0].kv_b_proj.weight)
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :30], use_cache=True)
+        rest = ref(ids[:, 30:], past_key_values=first.past_key_values, use_cache=True)
+    assert torch.isfinite(full).all()
+    assert (rest.logits - full[:, 30:]).abs().max() / full.abs().max() < RTOL
+
+
+def test_mla_sharing_layer_reads_its_targets_latent(mla_sharing, tmp_path):
+    spec, ckpt = mla_sharing
+    layer, target = 2, 0
+
+    def tensor(r: str, i: int) -> str:
+        return spec.tensor_path(r).format(layer=i) + ".weight"
+
+    base = _logits_with(ckpt, tmp_path, {}, 0)
+    for role in ("kv_a_proj", "kv_a_norm"):
+        own = _logits_with(ckpt, tmp_path, {tensor(role, layer): "noise"}, 1)
+        assert torch.equal(own, base), f"layer {layer} used its own {role}"
+    # With the target's output projection zeroed, its latent reaches the logits only
+    # through the layer that reads it.
+    silent = {tensor("o_proj", target): "zero"}
+    before = _logits_with(ckpt, tmp_path, silent, 0)
+    after = _logits_with(
+        ckpt, tmp_path, {**silent, tensor("kv_a_proj", target): "noise"}, 2
+    )
+    change = ((after - before).abs().max() / before.abs().max()).item()
+    assert change > 1e-3, f"layer {layer} did not read layer {target}'s latent"
+    # And its own kv_b_proj expands that latent.
+    own_b = _logits_with(ckpt, tmp_path, {tensor("kv_b_proj", layer): "noise"}, 3)
+    assert (own_b - base).abs().max() / base.abs().max() > 1e-3
+
+
 # ---- MTP heads against their formula -------------------------------------------------
 
 MTP_SPEC = """

@@ -110,11 +110,14 @@ def test_identifiers_cannot_inject_code(value):
     assert any("architecture" in x for x in lines)
 
 
-def test_mla_rejects_kv_sharing_with_reason():
+def test_mla_accepts_kv_sharing_under_the_same_rules():
     spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
-    spec = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 4}\n")
-    lines = problems(spec)
-    assert any("KV sharing is not supported for MLA" in x for x in lines)
+    ok = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 4, 6: 4}\n")
+    assert parse_spec_text(ok, "s.yaml").attention.kv_sharing == {5: 4, 6: 4}
+    bad = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 6, 7: 5}\n")
+    lines = problems(bad)
+    assert any("must come before layer 5" in x for x in lines)
+    assert any("itself shares" in x for x in lines)
 
 
 def test_kv_sharing_rules():

@@ -37,8 +37,11 @@ from onboard.checkpoint.tiny import plan_tensors
 from onboard.spec.layouts import STACKED_EXPERT_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
-# A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md).
-SHARING_UNUSED_ROLES = frozenset({"k_proj", "v_proj", "k_norm"})
+# A KV-sharing layer's own tensors that vLLM never runs (docs/generate.md): GQA's
+# K/V projections and k-norm, MLA's latent projection and its norm.
+SHARING_UNUSED_ROLES = frozenset(
+    {"k_proj", "v_proj", "k_norm", "kv_a_proj", "kv_a_norm"}
+)
 
 
 def check_tensors(run: PreflightRun) -> None:

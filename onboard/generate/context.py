@@ -427,6 +427,14 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
             "normalise the latent with norm.eps; a model with another latent eps is "
             "not generated"
         )
+    if spec.attention.type == "mla" and spec.attention.kv_sharing:
+        raise GenerationError(
+            f"{spec.name}: attention.kv_sharing: the vLLM model is not generated for "
+            "MLA layers that share another layer's latent cache: released vLLM "
+            "refuses it ('KV sharing is not supported for MLA') and needs the core "
+            "change in the PR tree (onboard/pr/mla_kv_sharing.py, docs/pr.md); the "
+            "Hugging Face reference computes them"
+        )
     if spec.attention.type == "mla" and arch.nope:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "

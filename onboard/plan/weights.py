@@ -21,7 +21,7 @@ from fractions import Fraction
 from onboard.arch import ArchPlan, build_plan
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.errors import InputError
-from onboard.spec.layouts import LINEAR_ROLES, ROLES
+from onboard.spec.layouts import LINEAR_ROLES, ROLES, SHARING_UNUSED_LINEARS
 from onboard.spec.model import ModelSpec
 
 # How each group is laid out over ranks (see per_device_bytes).
@@ -197,7 +197,7 @@ def weight_report(
             and (layer is None or layer < decoder)
             and not marks.kept(role, module)
             # A KV-sharing layer's own K/V: never run by vLLM, kept 16-bit.
-            and not (role in ("k_proj", "v_proj") and layer in sharing)
+            and not (role in SHARING_UNUSED_LINEARS and layer in sharing)
         )
         if quantized:
             rows, cols = t.shape

@@ -223,6 +223,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
                     within=r"def is_deepseek_mla\(",
                 )
             )
+    edits += _core_changes(spec, notes)
     edits += _tests_and_docs(spec, mtp_arch, new_model_type)
     files[f"tests/models/language/generation/test_{module}.py"] = render_python(
         "vllm-pr/test_model.py.j2",
@@ -237,6 +238,21 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     )
     notes += linear_attention_notes(spec)
     return PrPlan(dict(sorted(files.items())), edits, notes, mtp_arch)
+
+
+def _core_changes(spec: ModelSpec, notes: list[str]) -> list[Edit]:
+    """Edits of vLLM's own layers that the spec needs (released vLLM refuses it),
+    with a note for the reviewer."""
+    if spec.attention.type == "mla" and spec.attention.kv_sharing:
+        from onboard.pr.mla_kv_sharing import mla_kv_sharing_edits
+
+        notes.append(
+            "Layers of this model read an earlier MLA layer's latent cache: the tree "
+            "carries the vLLM core change that lets `MLAAttention` share a cache "
+            "(`onboard/pr/mla_kv_sharing.py`), which the released vLLM refuses."
+        )
+        return mla_kv_sharing_edits()
+    return []
 
 
 def linear_attention_notes(spec: ModelSpec) -> list[str]:

@@ -22,8 +22,10 @@ class EditError(Exception):
 @dataclass(frozen=True)
 class Edit:
     path: str  # relative to the vLLM repository root
-    op: str  # "entry" | "append" | "before" | "md_row"
-    anchor: str  # table name / regex of the opening line / Markdown heading regex
+    op: str  # "entry" | "append" | "before" | "md_row" | "replace"
+    # table name / regex of the opening line / Markdown heading regex / (replace)
+    # the exact text replaced, which must occur once
+    anchor: str
     key: str  # the entry's key (what makes it "already there")
     text: str  # the lines to insert (no trailing newline), indentation included
     # entry: "replace" an existing entry with the same key, or "keep" it.
@@ -167,11 +169,26 @@ def _apply_md_row(lines: list[str], edit: Edit) -> list[str]:
     return lines[:at] + [edit.text] + lines[at:]
 
 
+def _apply_replace(lines: list[str], edit: Edit) -> list[str]:
+    text = "\n".join(lines)
+    if edit.key in text:
+        return lines
+    count = text.count(edit.anchor)
+    if count != 1:
+        first = edit.anchor.strip().split("\n")[0]
+        raise EditError(
+            f"{edit.path}: the text to replace (starting {first!r}) occurs "
+            f"{count} times, not once"
+        )
+    return text.replace(edit.anchor, edit.text).split("\n")
+
+
 _OPS = {
     "entry": _apply_entry,
     "append": _apply_append,
     "before": _apply_before,
     "md_row": _apply_md_row,
+    "replace": _apply_replace,
 }
 
 

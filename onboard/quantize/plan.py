@@ -35,6 +35,7 @@ from onboard.spec.layouts import (
     LINEAR_ATTENTION_KEPT,
     LINEAR_ROLES,
     ROLES,
+    SHARING_UNUSED_LINEARS,
     STACKED_EXPERT_PARAMS,
     STACKED_EXPERT_ROLES,
 )
@@ -241,9 +242,9 @@ def make_plan(
                 why = f"{param} of {role}"
             elif layer is not None and layer >= n_layers and not include_mtp:
                 why = "MTP head"
-            elif role in ("k_proj", "v_proj") and layer in layout.kv_sharing:
+            elif role in SHARING_UNUSED_LINEARS and layer in layout.kv_sharing:
                 # The layer reads an earlier layer's cache: vLLM never loads or runs
-                # its own K/V projections (and calibration could not see them).
+                # its own K/V (MLA: latent) projections, nor could calibration.
                 why = "KV-sharing layer's unused K/V"
             elif (
                 role in mark_roles

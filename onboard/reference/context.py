@@ -467,7 +467,10 @@ def _ignore_unexpected(
     """Regexes for K/V tensors of KV-sharing layers, which the reference lacks."""
     if not f["kv_sharing"]:
         return []
-    roles = ["k_proj", "v_proj"] + (["k_norm"] if f["qk_norm"] else [])
+    if spec.attention.type == "mla":
+        roles = ["kv_a_proj", "kv_a_norm"]  # the latent and rope key it reads
+    else:
+        roles = ["k_proj", "v_proj"] + (["k_norm"] if f["qk_norm"] else [])
     patterns = []
     for role in roles:
         path = spec.tensor_path(role).split(".", 1)[1]  # below the base model

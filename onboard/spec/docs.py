@@ -67,9 +67,13 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
 - Sliding windows: `layer_types` has one entry per layer; `layer_types` and
   `sliding_window_pattern` are exclusive; sliding layers need `sliding_window`.
 - KV sharing: the layer exists; its target is an earlier layer that owns its cache
-  (not itself sharing) and has the same window type; never with MLA (vLLM's
-  `MLAAttention` takes no sharing target; the CPU MLA backend raises "KV sharing is
-  not supported for MLA").
+  (not itself sharing) and has the same window type. With MLA the shared cache is
+  the target's compressed latent and rope key: the sharing layer has no
+  `kv_a_proj` / `kv_a_norm` of its own (its checkpoint tensors, if stored, are
+  unused) and keeps its own queries, `kv_b_proj` and `o_proj` (vLLM absorbs each
+  layer's W_UK / W_UV from that layer's `kv_b_proj`, so per-layer up-projections
+  of a shared latent need no other change); released vLLM refuses it (the vLLM
+  core change is in the PR tree, docs/pr.md).
 - MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
   needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
   keeping at least top-k experts); shared-expert options need a shared expert.

@@ -849,7 +849,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     latent_eps = r.get("mla_norm_eps")
     if latent_eps is not None:
         mla["latent_norm_eps"] = latent_eps
-    att.update(type="mla", mla=mla)
+    # Sharing layers read their target's latent and rope key (docs/spec.md).
+    att.update(type="mla", mla=mla, kv_sharing=sharing)
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if mla[key] is None:
             r.bad(f"{key}: required for MLA (kv_lora_rank is set)")
@@ -890,8 +891,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
-    if sharing:
-        r.bad("kv_sharing_target_layers: vLLM cannot share KV between MLA layers")
     if "layer_types" in windows:
         # Linear-attention layers between the MLA layers (Kimi Linear).
         att["layer_types"] = windows["layer_types"]
@@ -1670,10 +1669,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         c["layer_types"] = spec.layer_attention_types()
         if att.sliding_window_pattern is not None:
             c["sliding_window_pattern"] = att.sliding_window_pattern
-        if att.kv_sharing:
-            c["kv_sharing_target_layers"] = [
-                att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
-            ]
+    if att.kv_sharing:
+        c["kv_sharing_target_layers"] = [
+            att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
+        ]
     # Per layer type where the sliding layers rotate otherwise (Gemma-3's keys).
     c["rope_parameters"] = (
         {"sliding_attention": sliding_rope, "full_attention": rope}

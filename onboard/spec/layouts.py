@@ -301,6 +301,10 @@ def linear_attention_roles(kind: str, projections: str) -> tuple[str, ...]:
     return (*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[projections])
 
 
+# A KV-sharing layer's own K/V projections (MLA: its latent projection), which vLLM
+# never loads or runs: they stay 16-bit wherever stored.
+SHARING_UNUSED_LINEARS: tuple[str, ...] = ("k_proj", "v_proj", "kv_a_proj")
+
 # Roles that are Linear layers of the decoder blocks (what quantization may touch;
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
 LINEAR_ROLES: tuple[str, ...] = (

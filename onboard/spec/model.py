@@ -276,7 +276,9 @@ class Attention(_Section):
     kv_sharing: dict[LayerIndex, LayerIndex] = Field(
         default_factory=dict,
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
-        "reuses the KV cache of the earlier target layer and computes queries only.",
+        "reuses the KV cache of the earlier target layer and computes queries only "
+        "(MLA: the target's latent and rope key, expanded by the layer's own "
+        "`kv_b_proj`).",
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."

@@ -363,15 +363,9 @@ def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     if not att.kv_sharing:
         return
+    # MLA layers share their latent cache (the compressed latent and the rope
+    # key); the sharing layer keeps its own queries and kv_b_proj (docs/spec.md).
     path: Path = ("attention", "kv_sharing")
-    if att.type == "mla":
-        report(
-            path,
-            "vLLM cannot share KV between MLA layers: MLAAttention takes no "
-            "kv_sharing_target_layer_name and the CPU MLA backend raises "
-            "'KV sharing is not supported for MLA'",
-        )
-        return
     n = spec.num_hidden_layers
     types = (
         spec.layer_attention_types()
