@@ -204,6 +204,36 @@ FAMILIES = {
         **MLA,
         **MOE,
     ),
+    # Sparse MLA: DeepSeek-V3's block with a lightning indexer in every layer
+    # (index rope in NeoX halves); a top-k below the proof's context.
+    "deepseek_v32": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        index_n_heads=4,
+        index_head_dim=96,
+        index_topk=8,
+        **MLA,
+        **MOE,
+    ),
+    # GLM-5: the same with an interleaved index rope, ungrouped routing.
+    "glm_moe_dsa": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        index_n_heads=4,
+        index_head_dim=96,
+        index_topk=8,
+        pad_token_id=None,
+        **MLA,
+        **MOE,
+    ),
 }
 
 

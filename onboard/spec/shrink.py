@@ -19,7 +19,9 @@ One rule for every spec (documented in docs/checkpoints.md):
   with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
-  widths to 64, q_lora_rank to at most 128, linear-attention key heads to at
+  widths to 64, q_lora_rank to at most 128, index heads to at most 4 and the
+  indexer's top-k to at most 8 (so a test's context outgrows it; the index head
+  dim is kept), linear-attention key heads to at
   most 2 with at most 2 value heads each, vocab to the bundled tokenizer's 512,
   max positions to at most 2048 (but not below a rope scaling's original
   length), the sliding window to at most 16 tokens (so it
@@ -60,6 +62,8 @@ MAX_GROUPS = 4
 MAX_TOP_K = 2
 MAX_SHARED_EXPERTS = 2
 MIN_LAYERS = 2
+MAX_INDEX_HEADS = 4
+TINY_INDEX_TOPK = 8  # fewer than a test's tokens, so the indexer's choice shows
 
 
 def shrink_spec(spec: ModelSpec) -> ModelSpec:
@@ -79,6 +83,10 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
         mla = att["mla"]
         if mla["q_lora_rank"] is not None:
             mla["q_lora_rank"] = min(mla["q_lora_rank"], TINY_Q_LORA_RANK)
+        if att["indexer"] is not None:
+            idx = att["indexer"]
+            idx["num_heads"] = min(idx["num_heads"], MAX_INDEX_HEADS)
+            idx["topk"] = min(idx["topk"], TINY_INDEX_TOPK)
         data["hidden_size"] = TINY_WIDTH
     else:
         heads, kv, head_dim = spec.attention.num_heads, spec.num_kv_heads, spec.head_dim
