@@ -278,12 +278,15 @@ FAMILIES: dict[str, Family] = {
         vllm_keys=("topk_method", "scoring_func"),
     ),
     # DeepSeek-V3's block with sparse MLA: every layer's lightning indexer rotates
-    # NeoX halves (its MLA interleaved pairs).
+    # NeoX halves (its MLA interleaved pairs); the MLA latent norms' eps is fixed
+    # at 1e-6.
     "deepseek_v32": Family(
         "deepseek",
         {
             "rope_interleave": True,
             "indexer_rope_interleave": False,
+            # Its latent norms (q_a, kv_a) keep their default eps, not rms_norm_eps.
+            "mla_norm_eps": 1e-6,
             "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",
         },
@@ -296,6 +299,7 @@ FAMILIES: dict[str, Family] = {
         {
             "rope_interleave": True,
             "indexer_rope_interleave": True,
+            "mla_norm_eps": 1e-6,
             "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",
         },
