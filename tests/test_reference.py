@@ -569,7 +569,7 @@ def test_deepseek_v2_mla_without_q_lora_softmax_router(tmp_path, topk_method):
     assert not router.norm_topk_prob and not router.bias_correction
 
 
-# ---- sparse MLA: the lightning indexer (DeepSeek-V3.2, GLM-5) -------------------------
+# ---- sparse MLA: the lightning indexer (DeepSeek-V3.2, GLM-5) ------------------------
 
 TOPK = 8
 

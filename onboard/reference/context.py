@@ -603,7 +603,11 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     parts = []
     if f["mla"]:
         parts.append(
-            ("sparse multi-head latent attention" if f["indexer"] else "multi-head latent attention")
+            (
+                "sparse multi-head latent attention"
+                if f["indexer"]
+                else "multi-head latent attention"
+            )
             + (" with a low-rank query" if f["q_lora"] else "")
             + (" and a lightning indexer" if f["indexer"] else "")
         )

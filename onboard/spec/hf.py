@@ -928,11 +928,16 @@ def _read_indexer(r: _Reader, n_layers: int) -> dict | None:
         if stray or shared is not None:
             r.bad(f"{', '.join(stray or ['indexer_types'])}: set but index_topk is not")
         return None
-    for key, concept in (("num_heads", "index_n_heads"), ("head_dim", "index_head_dim")):
+    for key, concept in (
+        ("num_heads", "index_n_heads"),
+        ("head_dim", "index_head_dim"),
+    ):
         if fields[key] is None:
             r.bad(f"{concept}: required for the indexer (index_topk is set)")
     if shared is not None and (
-        not isinstance(shared, list) or set(shared) - {"full"} or len(shared) != n_layers
+        not isinstance(shared, list)
+        or set(shared) - {"full"}
+        or len(shared) != n_layers
     ):
         # GLM-5's shared layers reuse an earlier layer's top-k: no spec field yet.
         r.bad(

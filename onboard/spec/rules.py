@@ -249,7 +249,9 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
         report(where, "an indexer beside linear-attention layers is not expressible")
     if spec.rope.nope_layers:
         # The index rope turns what MLA's rope turns; no family skips it.
-        report(where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible")
+        report(
+            where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible"
+        )
     if spec.mtp is not None:
         # DeepSeek-V3.2's MTP layer has an indexer of its own, which no MTP role has.
         report(where, "MTP heads beside an indexer are not expressible yet")
