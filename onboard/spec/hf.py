@@ -1672,13 +1672,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         )
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
-        if att.indexer is not None:
-            c.update(
-                index_n_heads=att.indexer.num_heads,
-                index_head_dim=att.indexer.head_dim,
-                index_topk=att.indexer.topk,
-                indexer_rope_interleave=att.indexer.rope_interleave,
-            )
+        c.update(_indexer_concepts(spec))
         if att.layer_types is not None:
             c["layer_types"] = spec.layer_attention_types()
     else:
@@ -1780,6 +1774,19 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
     return c
+
+
+def _indexer_concepts(spec: ModelSpec) -> dict[str, Any]:
+    """Sparse MLA's indexer as config.json states it (nothing without one)."""
+    idx = spec.attention.indexer
+    if idx is None:
+        return {}
+    return {
+        "index_n_heads": idx.num_heads,
+        "index_head_dim": idx.head_dim,
+        "index_topk": idx.topk,
+        "indexer_rope_interleave": idx.rope_interleave,
+    }
 
 
 def _rope_params(
