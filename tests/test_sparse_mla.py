@@ -144,7 +144,9 @@ def _saved(tmp_path, model_type: str = "deepseek_v32"):
 
 def test_preflight_knows_the_indexer_tensors(tmp_path):
     """A checkpoint transformers saved has every indexer tensor at the shape
-    preflight expects; a transposed wq_b is named."""
+    preflight expects; weights_proj in float32 beside bfloat16 weights is by
+    design (transformers keeps it so), another tensor in float32 is not; a
+    transposed wq_b is named."""
     from safetensors.torch import load_file, save_file
 
     from onboard.checkpoint.preflight import preflight
@@ -154,11 +156,18 @@ def test_preflight_knows_the_indexer_tensors(tmp_path):
     assert not errors, errors
     shard = next(tmp_path.glob("*.safetensors"))
     tensors = load_file(shard)
-    name = "model.layers.0.self_attn.indexer.wq_b.weight"
-    tensors[name] = tensors[name].T.contiguous()
+    layer = "model.layers.0.self_attn.indexer"
+    tensors[f"{layer}.weights_proj.weight"] = tensors[
+        f"{layer}.weights_proj.weight"
+    ].float()
+    tensors[f"{layer}.wk.weight"] = tensors[f"{layer}.wk.weight"].float()
+    tensors[f"{layer}.wq_b.weight"] = tensors[f"{layer}.wq_b.weight"].T.contiguous()
     save_file(tensors, shard, metadata={"format": "pt"})
-    errors = [p for p in preflight(spec, tmp_path).problems if p.severity == "error"]
-    assert any(name in str(p) for p in errors), errors
+    problems = preflight(spec, tmp_path).problems
+    mixed = [str(p) for p in problems if p.kind == "dtype"]
+    assert any("wk" in p for p in mixed) and not any("weights_proj" in p for p in mixed)
+    errors = [str(p) for p in problems if p.severity == "error"]
+    assert any("wq_b" in p for p in errors), errors
 
 
 def test_quantize_keeps_the_indexer_in_16_bits(tmp_path):
@@ -185,3 +194,14 @@ def test_the_vllm_model_is_refused_with_the_reason(tmp_path):
     assert "attention.indexer: the vLLM model is not generated for sparse MLA" in (
         result.stderr + result.stdout
     )
+
+
+def test_kv_plan_counts_the_index_keys():
+    """vLLM's indexer cache holds each token's index key in FP8 with a float32
+    scale per 128 dims beside MLA's latent: DeepSeek-V3.2's 128-dim key adds
+    132 bytes to the 576 latent entries."""
+    from onboard.plan.kv import kv_report
+
+    config = transformers_config("deepseek_v32", index_head_dim=128).to_dict()
+    report = kv_report(spec_from_hf_config(config), dtype="bfloat16")
+    assert {layer.bytes_per_token for layer in report.layers} == {576 * 2 + 132}

@@ -56,11 +56,6 @@ class Indexer:
     topk: int
     rope_interleave: bool  # the index rope's pairs: interleaved (GLM-5) or halves
 
-    @property
-    def cached(self) -> int:
-        """Entries of the index key a layer caches per token."""
-        return self.head_dim
-
 
 @dataclass(frozen=True)
 class Attention:
