@@ -610,11 +610,20 @@ def test_sparse_mla_indexer_against_transformers(tmp_path, model_type, seq):
     assert indexer.rope_interleave == (model_type == "glm_moe_dsa")
 
 
+def test_glm_shared_indexer_layers_against_transformers(tmp_path):
+    # Layers 1 and 2 run no indexer: they attend to layer 0's picks.
+    model = _sparse_mla("glm_moe_dsa", indexer_types=["full", "shared", "shared"])
+    spec = check_against_transformers(tmp_path, model)
+    assert spec.attention.indexer.shared_layers == [1, 2]
+
+
 def test_sparse_mla_caches_its_index_keys(tmp_path):
     """Cached decoding past the top-k equals a full recompute: the index keys of
     earlier tokens come from the cache."""
     ckpt = tmp_path / "ckpt"
-    _sparse_mla("deepseek_v32").save_pretrained(ckpt)
+    # A shared layer between two indexers: its top-k is the first one's.
+    kinds = ["full", "shared", "full"]
+    _sparse_mla("glm_moe_dsa", indexer_types=kinds).save_pretrained(ckpt)
     spec = spec_from_hf_config(json.loads((ckpt / "config.json").read_text()))
     install_reference(spec, ckpt)
     ref = load_reference(ckpt)

@@ -58,6 +58,8 @@ def test_families_read_their_indexer():
     [
         (dict(mla__q_lora_rank=None), "needs attention.mla.q_lora_rank"),
         (dict(indexer__head_dim=32), "at least attention.mla.qk_rope_head_dim"),
+        (dict(indexer__shared_layers=[0]), "layer 0: a shared layer reuses"),
+        (dict(indexer__shared_layers=[4]), "layer 4: a shared layer reuses"),
     ],
 )
 def test_rules(edit, message):
@@ -80,10 +82,15 @@ def test_an_indexer_needs_mla():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        # GLM-5's shared layers reuse an earlier layer's top-k: no spec field yet.
+        # A shared layer reuses an earlier layer's top-k: layer 0 has none.
         (
-            dict(indexer_types=["full", "shared", "full", "shared"]),
-            "indexer_types=.*only a full indexer in every layer",
+            dict(indexer_types=["shared", "full", "full", "shared"]),
+            "indexer_types=.*must list full or shared for each of the 4 layers, "
+            "the first full",
+        ),
+        (
+            dict(indexer_types=["full", "shared"]),
+            "indexer_types=.*must list full or shared for each of the 4 layers",
         ),
         (
             dict(layer_types=["indexed_attention", "full_attention"] * 2),
@@ -205,3 +212,20 @@ def test_kv_plan_counts_the_index_keys():
     config = transformers_config("deepseek_v32", index_head_dim=128).to_dict()
     report = kv_report(spec_from_hf_config(config), dtype="bfloat16")
     assert {layer.bytes_per_token for layer in report.layers} == {576 * 2 + 132}
+
+
+def test_glm_shared_indexer_layers_are_read_and_proven():
+    """GLM's indexer_types: a shared layer has no indexer tensors and reuses the
+    nearest earlier full layer's top-k. The spec reads and writes them back, the
+    shrunk spec keeps both kinds of layer, and the proof passes."""
+    from onboard.reference.prove import RTOL, prove_spec
+    from onboard.spec.hf import hf_config_from_spec
+    from onboard.spec.shrink import shrink_spec
+
+    kinds = ["full", "shared", "full", "shared"]
+    config = transformers_config("glm_moe_dsa", indexer_types=kinds).to_dict()
+    spec = spec_from_hf_config(config)
+    assert spec.attention.indexer.shared_layers == [1, 3]
+    assert hf_config_from_spec(spec)["indexer_types"] == kinds
+    assert shrink_spec(spec).attention.indexer.shared_layers
+    assert prove_spec(spec, config).max_rel_diff < RTOL

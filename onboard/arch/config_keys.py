@@ -64,6 +64,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "index_n_heads": ("index_n_heads",),
     "index_head_dim": ("index_head_dim",),
     "index_topk": ("index_topk",),
+    "indexer_types": ("indexer_types",),  # "full" / "shared" per layer (GLM)
     # MoE
     "num_experts": (
         "n_routed_experts",

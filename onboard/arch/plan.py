@@ -55,6 +55,8 @@ class Indexer:
     head_dim: int  # of each index head and of the one index key per token
     topk: int
     rope_interleave: bool  # the index rope's pairs: interleaved (GLM-5) or halves
+    # False: the layer runs no indexer and reuses the nearest earlier one's top-k.
+    own: bool = True
 
 
 @dataclass(frozen=True)
@@ -573,6 +575,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             head_dim=att.indexer.head_dim,
             topk=att.indexer.topk,
             rope_interleave=att.indexer.rope_interleave,
+            own=layer not in att.indexer.shared_layers,
         ),
         mla=None
         if mla is None

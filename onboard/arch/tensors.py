@@ -157,7 +157,7 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         )
         linear("o_proj", h, att.num_heads * mla.v_head_dim, att.o_bias)
         idx = att.indexer
-        if idx is not None and mla.q_lora_rank is not None:
+        if idx is not None and idx.own and mla.q_lora_rank is not None:
             linear("indexer_wq_b", idx.num_heads * idx.head_dim, mla.q_lora_rank)
             linear("indexer_wk", idx.head_dim, h)
             # A LayerNorm with bias, whatever norm.type says.

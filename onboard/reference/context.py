@@ -85,6 +85,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         # Sparse MLA: the lightning indexer and its rope's pairs.
         "indexer": att.indexer is not None,
         "index_interleaved": att.indexer is not None and att.indexer.rope_interleave,
+        # Layers that reuse the nearest earlier indexer's top-k (GLM).
+        "index_shared": att.indexer is not None and bool(att.indexer.shared_layers),
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
@@ -144,6 +146,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             c["index_heads"] = keys.need("index_n_heads")
             c["index_dim"] = keys.need("index_head_dim")
             c["index_topk"] = keys.need("index_topk")
+        if f["index_shared"]:
+            c["indexer_types"] = keys.need("indexer_types")
         c["rotary_dim"] = f"config.{c['qk_rope']}"
     else:
         c["kv_heads"] = keys.find("num_key_value_heads") or c["heads"]

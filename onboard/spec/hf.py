@@ -934,16 +934,20 @@ def _read_indexer(r: _Reader, n_layers: int) -> dict | None:
     ):
         if fields[key] is None:
             r.bad(f"{concept}: required for the indexer (index_topk is set)")
-    if shared is not None and (
-        not isinstance(shared, list)
-        or set(shared) - {"full"}
-        or len(shared) != n_layers
-    ):
-        # GLM-5's shared layers reuse an earlier layer's top-k: no spec field yet.
-        r.bad(
-            f"indexer_types={_short(shared)}: only a full indexer in every layer "
-            "is expressible"
-        )
+    if shared is not None:
+        if (
+            not isinstance(shared, list)
+            or set(shared) - {"full", "shared"}
+            or len(shared) != n_layers
+            or shared[:1] == ["shared"]
+        ):
+            r.bad(
+                f"indexer_types={_short(shared)}: must list full or shared for each "
+                f"of the {n_layers} layers, the first full"
+            )
+        else:
+            # GLM: a shared layer reuses the nearest earlier full layer's top-k.
+            fields["shared_layers"] = [i for i, t in enumerate(shared) if t == "shared"]
     return fields
 
 
@@ -1786,6 +1790,17 @@ def _indexer_concepts(spec: ModelSpec) -> dict[str, Any]:
         "index_head_dim": idx.head_dim,
         "index_topk": idx.topk,
         "indexer_rope_interleave": idx.rope_interleave,
+        # Written only where some layer shares, as GLM's class defaults it.
+        **(
+            {
+                "indexer_types": [
+                    "shared" if i in idx.shared_layers else "full"
+                    for i in range(spec.num_hidden_layers)
+                ]
+            }
+            if idx.shared_layers
+            else {}
+        ),
     }
 
 

@@ -221,6 +221,12 @@ class Indexer(_Section):
         description="The index rope rotates interleaved pairs (GLM-5) instead of "
         "NeoX halves (DeepSeek-V3.2); MLA's own rope follows rope.interleaved.",
     )
+    shared_layers: list[LayerIndex] = Field(
+        default_factory=list,
+        description="Layers that run no indexer of their own and attend to the "
+        "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
+        "`shared`); layer 0 always runs its own.",
+    )
 
 
 class Attention(_Section):

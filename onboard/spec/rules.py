@@ -252,6 +252,13 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
         report(
             where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible"
         )
+    for layer in idx.shared_layers:
+        if layer == 0 or layer >= spec.num_hidden_layers:
+            report(
+                where + ("shared_layers",),
+                f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
+                f"it is one of layers 1..{spec.num_hidden_layers - 1}",
+            )
     if spec.mtp is not None:
         # DeepSeek-V3.2's MTP layer has an indexer of its own, which no MTP role has.
         report(where, "MTP heads beside an indexer are not expressible yet")

@@ -192,9 +192,9 @@ def layer_kind(
     i: int,
     kept: set[int] | None = None,
     types: list[str] | None = None,
-) -> tuple[str, bool, bool, bool, bool]:
+) -> tuple[str, bool, bool, bool, bool, bool]:
     """What a layer is: attention type, MoE, reads another layer's KV, listed
-    dense, rotates q and k.
+    dense, rotates q and k, reuses an earlier indexer's top-k.
 
     With ``kept``, a layer reads another layer's KV only if its target is kept too
     (a shared layer whose target is dropped becomes an ordinary layer). ``types``
@@ -208,6 +208,8 @@ def layer_kind(
         target is not None and (kept is None or target in kept),
         moe is not None and i in moe.dense_layers,
         spec.uses_rope(i),
+        spec.attention.indexer is not None
+        and i in spec.attention.indexer.shared_layers,
     )
 
 
@@ -245,7 +247,7 @@ def select_layers(spec: ModelSpec) -> list[int]:
     want_pair_types = {types[layer] for layer in sharing}
     need = min(MIN_LAYERS, n)
 
-    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool]:
+    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool, bool]:
         # In a selection head + [a, b], a layer's target (always earlier) is kept
         # when it is a head layer or at least a: that does not depend on b.
         target = sharing.get(i)
@@ -284,6 +286,10 @@ def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
     data["rope"]["nope_layers"] = [
         position[i] for i in spec.rope.nope_layers if i in position
     ]
+    if att["indexer"] is not None:
+        att["indexer"]["shared_layers"] = [
+            position[i] for i in att["indexer"]["shared_layers"] if i in position
+        ]
     att["kv_sharing"] = {
         position[layer]: position[target]
         for layer, target in spec.attention.kv_sharing.items()
