@@ -669,8 +669,9 @@ _GETATTR = re.compile(
 
 
 # Read by vLLM only on a branch these configs do not take (llama.py reads
-# sliding_window only when layer_types is set).
-_BRANCH_ONLY = {"sliding_window"}
+# sliding_window only when layer_types is set; deepseek_v2.py the indexer's keys
+# only when the config has index_topk).
+_BRANCH_ONLY = {"sliding_window", "index_n_heads", "index_head_dim", "index_topk"}
 
 
 # Families vLLM has no in-tree model of.
@@ -694,12 +695,21 @@ def _vllm_model_source(architecture: str) -> str:
 @pytest.fixture
 def vllm_config_classes_undone():
     """vLLM registers its own config class for some model types (Kimi Linear's)
-    with transformers' AutoConfig when it reads such a config: undo it, so that
-    later tests build transformers' own class."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    with transformers' AutoConfig when it reads such a config, and for
+    deepseek_v32 registers transformers' DeepseekV3Config, setting its
+    model_type to deepseek_v32: undo both, so that later tests build (and save)
+    transformers' own classes."""
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        CONFIG_MAPPING_NAMES,
+    )
 
     saved = dict(CONFIG_MAPPING._extra_content)
     yield
+    own_type = {name: model_type for model_type, name in CONFIG_MAPPING_NAMES.items()}
+    for cls in CONFIG_MAPPING._extra_content.values():
+        if cls.__name__ in own_type and cls.__module__.startswith("transformers."):
+            cls.model_type = own_type[cls.__name__]
     CONFIG_MAPPING._extra_content.clear()
     CONFIG_MAPPING._extra_content.update(saved)
 
