@@ -20,8 +20,10 @@ Fitted per scheme, by least squares over the runs with N <= the machine's cores
 
 ``start`` is the new job's worker processes starting (imports), before any task
 ends. The 4-node runs share this machine's 2 cores: measured, and compared with
-the model at min(N, cores). Prints a table and the fitted constants (JSON with
---json); docs/benchmarks.md has a run.
+the model at min(N, cores). Prints a table with each run's residual (measured -
+model), the fitted constants and the fit's RMS residual (JSON with --json);
+docs/benchmarks.md has a run. `onboard plan --node-gbps` (onboard/plan/
+quantize_time.py) uses the fitted per-task cost.
 """
 
 from __future__ import annotations
@@ -87,17 +89,25 @@ def run_once(ckpt: Path, scheme: str, out: Path, address: str) -> tuple[float, f
 
 
 def fit(rows: list[dict], cores: int) -> dict:
-    """Least squares of the task phase on [1, bytes/N, tasks/N]."""
+    """Least squares of the task phase on [1, bytes/N, tasks/N]. A bytes term
+    that comes out negative (time not growing with bytes: not resolved) is
+    dropped and the fit redone on [1, tasks/N]; the RMS residual is the final
+    model's."""
     use = [r for r in rows if r["nodes"] <= cores]
     a = np.array([[1.0, r["bytes"] / r["nodes"], r["tasks"] / r["nodes"]] for r in use])
     y = np.array([r["phase_s"] for r in use])
-    (start, per_byte, per_task), *_ = np.linalg.lstsq(a, y, rcond=None)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    if coef[1] <= 0:
+        sub, *_ = np.linalg.lstsq(a[:, [0, 2]], y, rcond=None)
+        coef = np.array([sub[0], 0.0, sub[1]])
+    start, per_byte, per_task = (float(c) for c in coef)
     return {
-        "start_s": float(start),
+        "start_s": start,
         # None: the bytes term is not resolved (time does not grow with bytes).
-        "node_gb_per_s": float(1e-9 / per_byte) if per_byte > 0 else None,
-        "task_s": float(per_task),
+        "node_gb_per_s": 1e-9 / per_byte if per_byte > 0 else None,
+        "task_s": per_task,
         "runs": len(use),
+        "rms_residual_s": float(np.sqrt(np.mean((a @ coef - y) ** 2))),
     }
 
 
@@ -161,20 +171,22 @@ def main() -> None:
         per_node = f"{bw:.3f} GB/s" if bw else "(not resolved)"
         print(
             f"  {s}: start {m['start_s']:.2f} s + bytes / (N x {per_node}) + "
-            f"tasks x {m['task_s'] * 1e3:.2f} ms / N"
+            f"tasks x {m['task_s'] * 1e3:.2f} ms / N  "
+            f"(RMS residual {m['rms_residual_s']:.2f} s over {m['runs']} runs)"
         )
     print(
         f"\n{'scheme':<12} {'ckpt':<6} {'N':>2} {'GB':>6} {'tasks':>6} "
-        f"{'phase s':>8} {'model s':>8} {'wall s':>7}"
+        f"{'phase s':>8} {'model s':>8} {'resid s':>8} {'wall s':>7}"
     )
     for r in rows:
         m = models[r["scheme"]]
         pred = predict(m, r["bytes"], r["tasks"], min(r["nodes"], cores))
         r["model_s"] = round(pred, 2)
+        r["residual_s"] = round(r["phase_s"] - pred, 2)
         print(
             f"{r['scheme']:<12} {r['checkpoint']:<6} {r['nodes']:>2} "
             f"{r['bytes'] / 1e9:>6.3f} {r['tasks']:>6} {r['phase_s']:>8.2f} "
-            f"{pred:>8.2f} {r['wall_s']:>7.2f}"
+            f"{pred:>8.2f} {r['residual_s']:>8.2f} {r['wall_s']:>7.2f}"
         )
     if args.json:
         args.json.write_text(

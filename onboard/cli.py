@@ -565,6 +565,14 @@ def validate(
             "OUT/TARGET/validation.json."
         ),
     ] = None,
+    disaggregate: Annotated[
+        str | None,
+        typer.Option(
+            help="With --emit: serve the prefill/decode layout of `onboard plan "
+            "--disaggregate P:D` (run.sh ROLE=prefill|decode and its proxy phase).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run MODEL_DIR on the real vLLM engine through the generated code and compare
     it with the reference; write OUT/validation.json and OUT/report.html. With
@@ -572,8 +580,12 @@ def validate(
     from onboard.report.data import verdict_lines
     from onboard.validate import validate as run_validate
 
+    if disaggregate is not None and emit is None:
+        raise InputError("validate: --disaggregate P:D goes with --emit DIR")
     if emit is not None or ingest is not None:
-        _validate_remote(model_dir, spec, target, out_dir, generated, emit, ingest)
+        _validate_remote(
+            model_dir, spec, target, out_dir, generated, emit, ingest, disaggregate
+        )
         return
     missing = [
         name
@@ -618,7 +630,9 @@ def validate(
         )
 
 
-def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> None:
+def _validate_remote(
+    model, spec, target, out_dir, generated, emit, ingest, disaggregate=None
+) -> None:
     """`validate --emit DIR` (needs MODEL and --spec) or `--ingest DIR --out OUT`."""
     if emit is not None and ingest is not None:
         raise InputError("validate: --emit and --ingest exclude each other")
@@ -627,7 +641,14 @@ def _validate_remote(model, spec, target, out_dir, generated, emit, ingest) -> N
 
         if model is None or spec is None:
             raise InputError("validate --emit: MODEL and --spec are required")
-        run_emit(str(model), spec, target, emit, generated=generated)
+        run_emit(
+            str(model),
+            spec,
+            target,
+            emit,
+            generated=generated,
+            disaggregate=disaggregate,
+        )
         out.print(f"wrote {emit}/run.sh and {emit}/thresholds.json", markup=False)
         run_sh = shlex.quote(str(emit / "run.sh"))
         out.print(f"run on {target}: bash {run_sh}", markup=False)
@@ -835,15 +856,61 @@ def plan(
             show_default=False,
         ),
     ] = None,
+    disaggregate: Annotated[
+        str | None,
+        typer.Option(
+            help="P:D: prefill/decode disaggregation (NIXL) with P prefill and D "
+            "decode nodes (P + D = --nodes): the layout of each side, the numbers "
+            "that size it, the commands and the proxy.",
+            show_default=False,
+        ),
+    ] = None,
+    link_gbps: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: scale-out network per node, GB/s "
+            "(gigabytes), that the KV cache crosses.",
+            show_default=False,
+        ),
+    ] = None,
+    device_tflops: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: dense TFLOPS of one device in the serving "
+            "format (prefill estimate).",
+            show_default=False,
+        ),
+    ] = None,
+    hbm_tbps: Annotated[
+        float | None,
+        typer.Option(
+            help="With --disaggregate: memory bandwidth of one device, TB/s "
+            "(decode estimate).",
+            show_default=False,
+        ),
+    ] = None,
+    node_gbps: Annotated[
+        float | None,
+        typer.Option(
+            help="Predict `onboard quantize --ray` of the spec's 16-bit checkpoint "
+            "with --scheme on --nodes nodes (default 1), each processing this many "
+            "GB/s (gigabytes) of it (its storage or network share, or its cores).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan serving SPEC on TARGET: weights, KV cache, layout, capacity, command."""
     from onboard.plan import make_plan
+    from onboard.plan.disagg import Figures
+    from onboard.plan.quantize_time import quantize_time
     from onboard.plan.render import render_plan
     from onboard.spec import load_spec
 
+    loaded = load_spec(spec)
+    figures = Figures(link_gbps, device_tflops, hbm_tbps)
     result = make_plan(
-        load_spec(spec),
+        loaded,
         target,
         scheme,
         context=context,
@@ -853,7 +920,11 @@ def plan(
         output_len=output_len,
         model=model,
         nodes=nodes,
+        disaggregate=disaggregate,
+        figures=figures,
     )
+    if node_gbps is not None:
+        result.quantize_time = quantize_time(loaded, scheme, nodes or 1, node_gbps)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

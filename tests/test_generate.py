@@ -593,8 +593,9 @@ def _check_report(report: dict, spec) -> None:
 
 # The bundled specs (Llama-style, DeepSeek-V3-style) and novel-launch run in
 # `make test`; these families are the heavier sweep of `make test-all`, except
-# Qwen3-MoE (softmax routing, its own MoE naming) and EXAONE-4 (post-norm
-# blocks), kept in the CI run.
+# Qwen3-MoE (softmax routing, its own MoE naming), EXAONE-4 (post-norm blocks)
+# and gpt-oss (attention sinks: the engine against transformers), kept in the CI
+# run.
 _SWEEP = pytest.mark.acceptance
 
 
@@ -610,7 +611,7 @@ _SWEEP = pytest.mark.acceptance
         pytest.param("gemma3_text", marks=_SWEEP),  # a rope per layer kind
         pytest.param("mixtral", marks=_SWEEP),
         pytest.param("deepseek_v3", marks=_SWEEP),
-        pytest.param("gpt_oss", marks=_SWEEP),  # sinks, stacked experts
+        "gpt_oss",  # attention sinks, alternating windows, stacked experts
         pytest.param("granite", marks=_SWEEP),  # multipliers, un-fused residual
         pytest.param("granitemoeshared", marks=_SWEEP),  # experts saved stacked
     ],

@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # Gemma's sandwich and 1 + weight norms, scaled embeddings, soft-caps and its
 # softmax scale, and a rope per layer kind; GLM-4's sandwich norms under its own
 # names; Granite's multipliers and its experts saved stacked (with a fused
-# shared expert); attention sinks with stacked, biased experts.
+# shared expert); attention sinks with stacked, biased experts; Gated DeltaNet
+# layers with grouped (Qwen3-Next) and split (Qwen3.5) projections beside gated
+# attention and 1 + weight norms (the CPU engine runs them in bfloat16).
 FAMILIES = (
     "gemma2",
     "gemma3_text",
@@ -57,6 +59,9 @@ FAMILIES = (
     "granite",
     "granitemoeshared",
     "gpt_oss",
+    "qwen3_next",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
 )
 
 

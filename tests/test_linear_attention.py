@@ -450,8 +450,8 @@ def test_tiny_init_makes_the_decay_matter(tiny_hybrid):
 
 
 # ---- the generated vLLM model on the CPU engine (one engine start) -------------------
-# The engine start is this module's own (no shared engine fixture serves a hybrid
-# model), so these tests are in the acceptance tier (`make test-all`).
+# The engine-vs-reference parity and the state accounting share one engine start
+# and run in `make test`; prefix caching (two more starts) is in `make test-all`.
 
 
 @pytest.fixture(scope="module")
@@ -507,7 +507,6 @@ def _reference_outputs(spec, ckpt: Path, work: Path, prompts, max_tokens: int):
 
 
 @pytest.mark.engine
-@pytest.mark.acceptance
 def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
     engine_run, tmp_path
 ):
@@ -553,7 +552,6 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
 
 
 @pytest.mark.engine
-@pytest.mark.acceptance
 def test_engine_state_accounting_equals_the_spec(engine_run):
     """vLLM's own cache report: each linear-attention layer's state (shapes,
     bytes per sequence) and the attention layer's KV bytes per token equal the

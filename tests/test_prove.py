@@ -803,3 +803,49 @@ def test_olmo3_sliding_layers_with_their_own_rope_prove():
     assert spec.rope.theta == 5e5 and spec.rope.sliding.theta == 1e4
     assert "sliding_attention" in spec.layer_attention_types()
     assert proof.max_rel_diff < RTOL
+
+
+@pytest.mark.parametrize(
+    ("model_type", "field", "value"),
+    [
+        # Qwen3-Next's and Qwen3.5's decoder-layer, q/k and final norms scale by
+        # 1 + weight (their gated DeltaNet norm by its weight: the proof passes
+        # only with both right).
+        ("qwen3_next", ("norm", "unit_offset"), False),
+        ("qwen3_5_text", ("norm", "unit_offset"), False),
+        # Qwen3.5 stores the projections Qwen3-Next groups per key head apart.
+        ("qwen3_5_text", ("linear_attention", "projections"), "grouped"),
+        ("qwen3_next", ("linear_attention", "projections"), "split"),
+    ],
+)
+def test_a_qwen_hybrid_fact_cannot_be_dropped(model_type, field, value):
+    config = transformers_config(model_type).to_dict()
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    *parents, leaf = field
+    target = data
+    for key in parents:
+        target = target[key]
+    target[leaf] = value
+    with pytest.raises(InputError, match=f"{'.'.join(field)}: the spec says"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_qwen3_5_text_mrope_is_the_plain_rope_on_text():
+    # Published Qwen3.5 configs split the rope's frequencies between time, height
+    # and width positions; a language model's three positions are the same, so
+    # the plain rope is proven. Another family's rope does not take the keys.
+    mrope = {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "partial_rotary_factor": 0.25,  # the class's own (set beside these too)
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    }
+    config = transformers_config("qwen3_5_text", rope_parameters=mrope).to_dict()
+    spec = spec_from_hf_config(config)
+    assert spec.rope.theta == 1e6 and spec.rope.scaling is None
+    assert spec.attention.partial_rotary_factor == 0.25
+    assert prove_spec(spec, config).max_rel_diff < RTOL
+    other = transformers_config("qwen3_next", rope_parameters=mrope).to_dict()
+    with pytest.raises(InputError, match="mrope_section: not expressible"):
+        spec_from_hf_config(other)

@@ -43,6 +43,13 @@ MLA = dict(
     v_head_dim=16,
 )
 MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+# Gated DeltaNet: more value heads than key heads, each key head's group shows.
+LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+)
 # Granite's multipliers away from 1, its softmax scale away from 1/sqrt(head_dim).
 GRANITE = dict(
     embedding_multiplier=12.0,
@@ -168,6 +175,25 @@ FAMILIES = {
         bos_token_id=1,
         eos_token_id=2,
         **MLA,
+        **MOE,
+    ),
+    # Gated DeltaNet layers (grouped projections) on three of four layers, gated
+    # attention with q/k norms on the fourth, a gated shared expert, 1 + weight
+    # norms (the gated DeltaNet norm plain).
+    "qwen3_next": dict(
+        head_dim=16,
+        num_experts=4,
+        shared_expert_intermediate_size=48,
+        **LINEAR,
+        **MOE,
+    ),
+    # Qwen3.5's language models: Qwen3-Next's block with split projections.
+    "qwen3_5_text": dict(head_dim=16, **LINEAR),
+    "qwen3_5_moe_text": dict(
+        head_dim=16,
+        num_experts=4,
+        shared_expert_intermediate_size=48,
+        **LINEAR,
         **MOE,
     ),
     "deepseek_v2": dict(
@@ -672,10 +698,18 @@ _GETATTR = re.compile(
 # sliding_window only when layer_types is set; deepseek_v2.py the indexer's keys
 # only when the config has index_topk).
 _BRANCH_ONLY = {"sliding_window", "index_n_heads", "index_head_dim", "index_topk"}
+# Per family: vLLM's qwen3_5.py (dense and MoE models in one module) reads
+# num_experts only when the model_type names a MoE.
+_FAMILY_BRANCH_ONLY = {"qwen3_5_text": {"num_experts"}}
 
 
 # Families vLLM has no in-tree model of.
 NOT_IN_VLLM = {"vaultgemma"}
+# Families whose in-tree vLLM module does not import on a CPU install (vLLM's
+# qwen3_5.py imports its vision model, which needs torchvision): the config is
+# read by transformers' class, which vLLM's config loading returns for them, and
+# checked against that module's source.
+VLLM_MODULE_NEEDS_TORCHVISION = {"qwen3_5_text", "qwen3_5_moe_text"}
 
 
 def _vllm_model_source(architecture: str) -> str:
@@ -723,7 +757,10 @@ def test_vllm_reads_every_family_config(family, tmp_path, vllm_config_classes_un
     out.mkdir()
     written = hf_config_from_spec(spec)
     (out / "config.json").write_text(json.dumps(written))
-    hf_config = ModelConfig(model=str(out), skip_tokenizer_init=True).hf_config
+    if model_type in VLLM_MODULE_NEEDS_TORCHVISION:
+        hf_config = AutoConfig.from_pretrained(out)
+    else:
+        hf_config = ModelConfig(model=str(out), skip_tokenizer_init=True).hf_config
     assert hf_config.architectures == [spec.architecture]
     if model_type in NOT_IN_VLLM:  # served by the generated plugin only
         with pytest.raises(KeyError):
@@ -734,7 +771,8 @@ def test_vllm_reads_every_family_config(family, tmp_path, vllm_config_classes_un
     mapped = {key for aliases in ALIASES.values() for key in aliases}
     guarded = set(re.findall(r"hasattr\(config, \"(\w+)\"\)", source))
     # Plain attribute reads must resolve (no AttributeError in vLLM).
-    for key in set(_PLAIN.findall(source)) & mapped - guarded - _BRANCH_ONLY:
+    unread = _BRANCH_ONLY | _FAMILY_BRANCH_ONLY.get(model_type, set())
+    for key in set(_PLAIN.findall(source)) & mapped - guarded - unread:
         assert hasattr(hf_config, key), f"vLLM reads config.{key}"
     # Where vLLM falls back to a default, that default must mean the same model.
     for key, default in _GETATTR.findall(source):
@@ -790,6 +828,12 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
         (
             json.dumps({**deepseek_v3_as_published(), "attn_logit_softcapping": 3.0}),
             "attn_logit_softcapping=3.0: not expressible for MLA attention",
+        ),
+        # A multimodal wrapper: its language model's config is text_config.
+        (
+            json.dumps(AutoConfig.for_model("qwen3_5", text_config=SMALL).to_dict()),
+            "text_config: model_type 'qwen3_5' wraps a language model whose config "
+            "is text_config (model_type 'qwen3_5_text')",
         ),
     ],
 )

@@ -26,6 +26,7 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import gpt_oss_experts, used_roles
+from onboard.templating import GenerationError
 
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
 # built under these, and a checkpoint that names a role otherwise is renamed.
@@ -480,6 +481,33 @@ class ArchPlan:
     def checkpoint_layers(self) -> int:
         """Layers the checkpoint numbers: the decoder's, then the MTP heads'."""
         return len(self.layers) + (self.mtp.num_heads if self.mtp else 0)
+
+    def rope_by_kind(self, rope_parameters: object) -> bool:
+        """Whether a config's rope_parameters are keyed by layer type (Gemma-3,
+        OLMo-3). Each attention layer then reads its kind's, which must be the
+        layer's rope in the plan (a GenerationError naming the kind otherwise)."""
+        params = rope_parameters
+        if not (
+            isinstance(params, dict)
+            and params
+            and all(isinstance(v, dict) for v in params.values())
+        ):
+            return False
+        for layer in self.layers:
+            if layer.mixer.linear:  # a linear-attention layer has no rope
+                continue
+            kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
+            rope = params.get(kind) or {}
+            scaling = rope.get("rope_type", "default")
+            if (rope.get("rope_theta"), None if scaling == "default" else scaling) != (
+                layer.mixer.rope_theta,
+                layer.mixer.rope_scaling,
+            ):
+                raise GenerationError(
+                    f"{self.spec.name}: the config's rope_parameters.{kind} is not "
+                    f"the rope of layer {layer.index} in the spec"
+                )
+        return True
 
     def layout_path(self, role: str) -> str:
         """Checkpoint module path of any role of the layout, one the model lacks

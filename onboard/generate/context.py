@@ -519,7 +519,7 @@ def build_context(
         or bool(plan.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
-    rope_by_kind = _rope_by_kind(spec, arch, f)
+    rope_by_kind = arch.rope_by_kind(f.hf[f.need("rope_parameters")])
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -670,33 +670,6 @@ def _layer_norm_names(
     for role, leaf in zip(roles, leaves, strict=True):
         vllm_paths[role] = f"model.layers.{{layer}}.{leaf}"
     return SimpleNamespace(**dict(zip(sites, leaves, strict=True)))
-
-
-def _rope_by_kind(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> bool:
-    """Whether the config keys rope_parameters by layer type (Gemma-3, OLMo-3);
-    each layer then reads its kind's, checked here against the plan's rope."""
-    params = f.hf[f.need("rope_parameters")]
-    if not (
-        isinstance(params, dict)
-        and params
-        and all(isinstance(v, dict) for v in params.values())
-    ):
-        return False
-    for layer in arch.layers:
-        if layer.mixer.linear:  # a linear-attention layer has no rope
-            continue
-        kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
-        rope = params.get(kind) or {}
-        scaling = rope.get("rope_type", "default")
-        if (rope.get("rope_theta"), None if scaling == "default" else scaling) != (
-            layer.mixer.rope_theta,
-            layer.mixer.rope_scaling,
-        ):
-            raise GenerationError(
-                f"{spec.name}: the Hugging Face config's rope_parameters.{kind} "
-                f"is not the rope of layer {layer.index} in the spec"
-            )
-    return True
 
 
 def _sliding(arch: ArchPlan) -> str:

@@ -12,11 +12,20 @@ decode context parallelism or prefill/decode disaggregation pays, and the
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 from onboard.arch import ArchPlan, build_plan
 from onboard.errors import InputError
+from onboard.plan.disagg import (
+    Figures,
+    PDLayout,
+    PDRole,
+    add_nixl,
+    estimate,
+    parse_ratio,
+)
 from onboard.plan.kv import KV_DTYPE_BYTES, KVReport, kv_report
 from onboard.plan.layout import (
     DeviceMemory,
@@ -28,7 +37,7 @@ from onboard.plan.layout import (
     max_context,
     reserve_bytes,
 )
-from onboard.plan.serve import fill_commands
+from onboard.plan.serve import NIXL_CONFIG, fill_commands
 from onboard.plan.types import Decision, ServingPlan
 from onboard.plan.weights import DTYPE_BYTES, weight_report
 from onboard.spec.model import ModelSpec
@@ -57,13 +66,67 @@ def make_plan(
     model: str | None = None,
     host_memory_bytes: int | None = None,
     nodes: int | None = None,
+    disaggregate: str | None = None,
+    figures: Figures | None = None,
 ) -> ServingPlan:
     """Plan serving ``spec`` on ``target`` (see the module docstring).
 
     ``nodes``: use exactly that many nodes' devices (the first layout of that
-    size that fits), served through a Ray cluster (serve.py)."""
+    size that fits), served through a Ray cluster (serve.py).
+    ``disaggregate``: "P:D", P prefill and D decode nodes (onboard.plan.disagg);
+    the plan returned is the decode deployment's, with ``pd_layout`` set."""
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
+    if disaggregate is not None:
+        return _disaggregated(
+            spec,
+            profile,
+            disaggregate,
+            nodes,
+            figures or Figures(),
+            scheme=scheme,
+            context=context,
+            concurrency=concurrency,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            output_len=output_len,
+            model=model,
+        )
+    if figures is not None and figures != Figures():
+        raise InputError(
+            "--link-gbps, --device-tflops and --hbm-tbps size a prefill/decode "
+            "split: give them with --disaggregate P:D"
+        )
+    return _single(
+        spec,
+        profile,
+        scheme,
+        context=context,
+        concurrency=concurrency,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        output_len=output_len,
+        model=model,
+        host_memory_bytes=host_memory_bytes,
+        nodes=nodes,
+    )
+
+
+def _single(
+    spec: ModelSpec,
+    profile: TargetProfile,
+    scheme: str,
+    *,
+    context: int | None,
+    concurrency: int,
+    dtype: str,
+    kv_cache_dtype: str,
+    output_len: int | None,
+    model: str | None,
+    host_memory_bytes: int | None,
+    nodes: int | None,
+) -> ServingPlan:
+    """One deployment's plan (make_plan without --disaggregate)."""
     if scheme not in SCHEMES:
         raise InputError(
             f"--scheme: unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}"
@@ -188,6 +251,70 @@ def make_plan(
             plan.max_context = max_context(arch, kv, chosen, concurrency)
             plan.max_concurrency = max_concurrency(arch, kv, chosen, context)
     fill_commands(plan, model)
+    return plan
+
+
+def _disaggregated(
+    spec: ModelSpec,
+    profile: TargetProfile,
+    ratio: str,
+    nodes: int | None,
+    figures: Figures,
+    **load,
+) -> ServingPlan:
+    """The decode deployment's plan with the P/D layout (onboard.plan.disagg):
+    each role planned on exactly its nodes, for the same load (a prefill
+    instance holds each prompt's KV cache until the decode instance pulls it)."""
+    p, d = parse_ratio(ratio)
+    if not profile.is_gpu:
+        raise InputError(
+            f"--disaggregate: the {profile.name} target has no NIXL transfer "
+            "(it moves GPU memory); choose a GPU target"
+        )
+    if nodes is not None and nodes != p + d:
+        raise InputError(
+            f"--disaggregate {ratio}: {p} prefill + {d} decode nodes is {p + d}, "
+            f"but --nodes is {nodes}"
+        )
+    figures.check()
+    roles = {}
+    for role, count in (("prefill", p), ("decode", d)):
+        role_plan = make_plan(spec, profile, nodes=count, **load)
+        if role_plan.chosen is None:
+            devices = count * profile.devices_per_node
+            raise InputError(
+                f"--disaggregate {ratio}: no layout of the {role} side's {count} "
+                f"node(s) ({devices} {profile.name} devices) holds {spec.name} and "
+                "the requested KV cache; give that side more nodes (see `onboard "
+                f"plan --nodes {count}`)"
+            )
+        if role_plan.layout.dcp > 1 and role_plan.arch.attention.kind != "mla":
+            # VllmConfig: "PD with decode_context_parallel_size > 1 is only
+            # supported for MLA models".
+            raise InputError(
+                f"--disaggregate {ratio}: the {role} side's layout "
+                f"({role_plan.layout.name}) needs DCP, and vLLM 0.32 runs NIXL P/D "
+                "with DCP for MLA models only; give that side more nodes or a "
+                "shorter --context"
+            )
+        roles[role] = role_plan
+    prefill = PDRole("prefill", 0, roles["prefill"])
+    decode = PDRole("decode", p, roles["decode"])
+    if prefill.plan.nodes != p or decode.plan.nodes != d:
+        raise InputError(
+            f"--disaggregate {ratio}: the layouts span {prefill.plan.nodes} and "
+            f"{decode.plan.nodes} node(s)"
+        )
+    config = json.dumps(NIXL_CONFIG, separators=(",", ":"))
+    for role in (prefill, decode):
+        add_nixl(role, config)
+    plan = decode.plan
+    plan.pd_layout = PDLayout(
+        prefill, decode, estimate(prefill.plan, plan, p, d, figures), figures
+    )
+    plan.pd_commands = []
+    plan.notes = [n for n in plan.notes if not n.startswith("P/D:")]
+    plan.nodes_requested = p + d
     return plan
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from onboard.plan.disagg import PROXY_URL, proxy_command
 from onboard.plan.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
 from onboard.plan.serve import shell
 from onboard.plan.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
@@ -21,6 +22,8 @@ def render_plan(plan: ServingPlan) -> str:
     sections = [_header(plan), _weights(plan), _kv_cache(plan), _memory(plan)]
     if plan.chosen is not None:
         sections += [_capacity(plan), _parallelism(plan), _serve(plan)]
+    if plan.quantize_time is not None:
+        sections.append(["8. Quantizing the checkpoint", *plan.quantize_time.lines()])
     return "\n\n".join("\n".join(lines) for lines in sections)
 
 
@@ -269,17 +272,78 @@ def _parallelism(plan: ServingPlan) -> list[str]:
             f"   KV sent per request: {kv.bytes_per_token:,} B x {prompt:,} prompt "
             f"tokens = {gib(kv.bytes_per_request(prompt))}"
         )
+    if plan.pd_layout is not None:
+        out += _pd_layout(plan.pd_layout)
+    return out
+
+
+def _pd_layout(pd) -> list[str]:
+    """The --disaggregate split and the numbers that size it."""
+    est, fig = pd.estimate, pd.figures
+    out = [
+        f"   layout (--disaggregate {len(pd.prefill.nodes)}:{len(pd.decode.nodes)}),"
+        " each side planned on exactly its nodes for the same load:"
+    ]
+    out += [f"   {role.describe()}" for role in (pd.prefill, pd.decode)]
+    out.append(
+        f"   KV over the link per request: {est.kv_bytes_per_token:,} B/token x "
+        f"{est.prompt:,} prompt tokens = {gib(est.kv_bytes_per_request)}"
+    )
+    if est.link_s_per_request is not None:
+        out.append(
+            f"   link (--link-gbps {fig.link_gbps:g} GB/s per node): "
+            f"{est.link_s_per_request * 1e3:,.1f} ms per request; the "
+            f"{len(pd.prefill.nodes)} prefill node(s) send at most "
+            f"{est.link_requests_per_s:,.1f} requests/s"
+        )
+    else:
+        out.append("   link: give --link-gbps (GB/s per node) for the transfer time")
+    if est.prefill_tokens_per_s is not None:
+        out.append(
+            f"   prefill at peak (--device-tflops {fig.device_tflops:g}): "
+            f"{pd.prefill.plan.layout.devices} devices x {fig.device_tflops:g} TFLOPS"
+            f" / (2 x {est.active_params / 1e9:,.1f} B active params) = "
+            f"{est.prefill_tokens_per_s:,.0f} tokens/s (linear layers only)"
+        )
+    if est.decode_tokens_per_s is not None:
+        out.append(
+            f"   decode (--hbm-tbps {fig.hbm_tbps:g}): {pd.decode.plan.concurrency} "
+            f"tokens per step, each device reading {gib(est.decode_step_bytes)} "
+            f"(weights + full-context KV) = {est.decode_tokens_per_s:,.0f} tokens/s"
+        )
+    if est.balanced_ratio is not None:
+        out.append(
+            f"   balanced: P/D = {est.balanced_ratio:.2f} (equal requests/s of "
+            f"{est.prompt:,} prompt and {est.output:,} output tokens per node "
+            f"side); requested {len(pd.prefill.nodes)}/{len(pd.decode.nodes)} = "
+            f"{len(pd.prefill.nodes) / len(pd.decode.nodes):.2f}"
+        )
+    elif est.prefill_tokens_per_s is None or est.decode_tokens_per_s is None:
+        out.append(
+            "   throughput: give --device-tflops and --hbm-tbps for the prefill and "
+            "decode estimates and the balanced P:D"
+        )
     return out
 
 
 def _serve(plan: ServingPlan) -> list[str]:
     """7. The serve command (one per role with prefill/decode disaggregation)."""
     out = [f"7. Serve ({plan.target.vllm.install})", "   backends: " + _backends(plan)]
-    for where, argv in plan.ray_commands:
+    for where, argv in [] if plan.pd_layout else plan.ray_commands:
         out += [f"# {where}", shlex.join(argv)]
-    if plan.ray_commands:
+    if plan.ray_commands and plan.pd_layout is None:
         out.append("# then on the head node")
-    if plan.pd_commands:
+    if plan.pd_layout is not None:
+        pd = plan.pd_layout
+        for role in (pd.prefill, pd.decode):
+            for where, env, argv in role.commands():
+                text = shell(env, argv) if argv[0] == "vllm" else shlex.join(argv)
+                out += [f"# {where}", text]
+        out += [
+            f"# proxy, on any host that reaches both (vLLM's NIXL proxy: {PROXY_URL})",
+            shlex.join(proxy_command(pd.prefill, pd.decode)),
+        ]
+    elif plan.pd_commands:
         for role, argv in plan.pd_commands:
             out += [f"# {role}", shell(plan.env, argv)]
     else:

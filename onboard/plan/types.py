@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from onboard.arch import ArchPlan
 from onboard.plan.kv import KVReport
@@ -57,6 +58,10 @@ class ServingPlan:
     # whose start commands (where to run, argv) come first.
     nodes_requested: int | None = None
     ray_commands: list[tuple[str, list[str]]] = field(default_factory=list)
+    # --disaggregate: the prefill/decode layout (onboard.plan.disagg.PDLayout);
+    # --node-gbps: the quantize-time prediction (onboard.plan.quantize_time).
+    pd_layout: Any = None
+    quantize_time: Any = None
 
     @property
     def layout(self) -> Layout | None:
@@ -141,4 +146,8 @@ class ServingPlan:
             "ray_cluster_commands": [
                 {"where": where, "command": argv} for where, argv in self.ray_commands
             ],
+            "pd_layout": self.pd_layout.to_dict() if self.pd_layout else None,
+            "quantize_time": (
+                self.quantize_time.to_dict() if self.quantize_time else None
+            ),
         }

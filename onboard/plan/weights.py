@@ -67,6 +67,9 @@ GROUPS: dict[str, tuple[str, str]] = {
 NORMS = ("norms", SHARD_REPLICATED)  # every other role is a norm (1-D)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# onboard.quantize.worker.SMALL_COPY: kept tensors below it are copied in batches
+# (one task per shard), larger ones and every quantized weight are a task each.
+SMALL_COPY = 1 << 20
 
 
 @dataclass
@@ -89,6 +92,12 @@ class WeightReport:
     mtp: WeightGroup = field(
         default_factory=lambda: WeightGroup("MTP heads", SHARD_REPLICATED)
     )
+    # Tensors `onboard quantize` gives a task of their own (quantized weights and
+    # kept tensors of at least SMALL_COPY bytes in the 16-bit checkpoint); with
+    # source_bytes (the 16-bit checkpoint, MTP heads included), what
+    # onboard.plan.quantize_time predicts from.
+    own_tasks: int = 0
+    source_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -174,10 +183,12 @@ def weight_report(
     roles = _RoleMatcher(arch)
     groups: dict[str, WeightGroup] = {}
     mtp = WeightGroup("MTP heads", SHARD_REPLICATED)
+    own_tasks = source_bytes = 0
     for t in plan_tensors(spec):
         module, _, param = t.name.rpartition(".")
         role, layer = roles.match(module)
         numel = math.prod(t.shape)
+        source_bytes += numel * unq_bytes
         quantized = (
             quantize
             and role in LINEAR_ROLES
@@ -200,6 +211,7 @@ def weight_report(
             nbytes = quantized_bytes(scheme, rows, cols)
         else:
             nbytes = numel * unq_bytes
+        own_tasks += quantized or numel * unq_bytes >= SMALL_COPY
         parts = [(role, numel, nbytes)]
         if role == "qkv_proj":
             parts = _qkv_parts(
@@ -222,6 +234,8 @@ def weight_report(
         num_experts=arch.moe.num_experts if arch.moe else 0,
         num_layers=decoder,
         mtp=mtp,
+        own_tasks=own_tasks,
+        source_bytes=source_bytes,
     )
 
 

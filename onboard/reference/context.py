@@ -283,30 +283,11 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
             "plain_kind": False,
         }
     params = hf[keys.need("rope_parameters")]
-    by_kind = isinstance(params, dict) and all(
-        isinstance(v, dict) for v in params.values()
-    )
+    by_kind = arch.rope_by_kind(params)
     kinds = list(params.values()) if by_kind else [params]
     types = {p.get("rope_type", "default") for p in kinds} - {"default"}
     assert len(types) <= 1, "spec rules allow one rope scaling kind"
     scaling = types.pop() if types else None
-    if by_kind:
-        for layer in arch.layers:
-            if layer.mixer.linear:  # a linear-attention layer has no rope
-                continue
-            kind = "sliding_attention" if layer.mixer.sliding else "full_attention"
-            rope = params[kind]
-            if (
-                rope["rope_theta"],
-                scaling if rope["rope_type"] != "default" else None,
-            ) != (
-                layer.mixer.rope_theta,
-                layer.mixer.rope_scaling,
-            ):
-                raise InputError(
-                    f"{arch.spec.name}: the config's rope_parameters.{kind} is not "
-                    f"layer {layer.index}'s rope in the spec"
-                )
     return {
         "scaling": scaling,
         "yarn": scaling == "yarn",

@@ -212,9 +212,11 @@ NOPE_WHEN_SLIDING = "nope_when_sliding"
 NOPE_ATTENTION = "nope_attention"
 # A family fact: the topk_method values its transformers router implements.
 TOPK_METHODS = "topk_methods"
-# A family fact: its RMSNorms scale by (1 + weight), weights stored zero-centred
-# (Qwen3-Next's, as Gemma's). The spec has no such norm: the family is refused.
-UNIT_OFFSET_NORM = "unit_offset_norm"
+# A family fact: the text rope is multimodal (rope_parameters' mrope_section and
+# mrope_interleaved split its frequencies between a time, a height and a width
+# position). A language model's positions are the same on all three, so it is
+# the plain rope: those keys change nothing (Qwen3.5).
+TEXT_MROPE = "text_mrope"
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family("qwen", {"qk_norm": True}),
     # Gated DeltaNet and gated attention layers (layer_types), a gated shared
     # expert on every MoE block; the gate and the shared expert are hard-coded.
-    # Its (1 + weight) norms refuse it until the spec has them.
+    # Its decoder-layer, q/k and final RMSNorms scale by (1 + weight), as Gemma's;
+    # the linear-attention layers' gated norm by its weight.
     "qwen3_next": Family(
         "qwen",
         {
@@ -253,7 +256,34 @@ FAMILIES: dict[str, Family] = {
             "attn_output_gate": True,
             "n_shared_experts": 1,
             "shared_expert_gate": True,
-            UNIT_OFFSET_NORM: True,
+            "norm_unit_offset": True,
+        },
+    ),
+    # Qwen3.5's language models: Qwen3-Next's block with the linear-attention
+    # projections split (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a); the MoE
+    # router always renormalises its top-k (the config has no key for it); the
+    # text rope is multimodal (TEXT_MROPE).
+    "qwen3_5_text": Family(
+        "llama",
+        {
+            TEXT_MROPE: True,
+            "qk_norm": True,
+            "attn_output_gate": True,
+            "norm_unit_offset": True,
+            "linear_projections": "split",
+        },
+    ),
+    "qwen3_5_moe_text": Family(
+        "qwen",
+        {
+            TEXT_MROPE: True,
+            "qk_norm": True,
+            "attn_output_gate": True,
+            "n_shared_experts": 1,
+            "shared_expert_gate": True,
+            "norm_topk_prob": True,
+            "norm_unit_offset": True,
+            "linear_projections": "split",
         },
     ),
     "mixtral": Family("mixtral", {"norm_topk_prob": True}),
@@ -739,11 +769,6 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
-    if r.facts.get(UNIT_OFFSET_NORM):
-        r.bad(
-            "norm: this family's RMSNorm scales by 1 + weight (weights stored "
-            "zero-centred), which the spec does not express"
-        )
     rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
     if (rms is None) == (ln is None):
         r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
@@ -1085,6 +1110,9 @@ def _rope_entry(
             )
     if merged.get("truncate", True) is True:
         merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
+    if r.facts.get(TEXT_MROPE):
+        merged.pop("mrope_section", None)
+        merged.pop("mrope_interleaved", None)
     rope: dict[str, Any] = {"theta": theta if theta is not None else 10000.0}
     if kind == "longrope":
         r.bad(
@@ -1434,6 +1462,7 @@ def spec_from_hf_config(
             "config means that (a corrupt or hand-edited file?)"
         )
     model_type = model_type_of(config, source)
+    _refuse_wrapper(config, model_type, source)
     known, family = _family(model_type)
     facts = {**(family.facts if family else {}), **(facts or {})}
     cfg = _normalised(known, config, source) if known else dict(config)
@@ -1525,6 +1554,25 @@ def _family_checkpoint(family: Family | None, data: dict) -> dict:
         fused = [f for f in out.get("fused", []) if f != "experts"]
         out.update(fused=[*fused, "experts"], experts_format="gpt_oss")
     return out
+
+
+def _refuse_wrapper(config: dict, model_type: str, source: str) -> None:
+    """A multimodal wrapper (Qwen3.5, Gemma-3, Llama-4): its language model's
+    config is ``text_config``, and its checkpoint keeps that model's tensors under
+    a prefix of their own beside the vision tower's, which the spec does not name.
+    """
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return
+    inner = text.get("model_type")
+    what = f" (model_type {inner!r})" if isinstance(inner, str) and inner else ""
+    raise InputError(
+        f"{source}: text_config: model_type {model_type!r} wraps a language model "
+        f"whose config is text_config{what}; its checkpoint keeps that model's "
+        "tensors under a prefix of their own (beside the vision tower's), which "
+        "the spec does not name. For the language model alone, run `onboard spec "
+        "from-hf` on text_config saved as a config.json of its own"
+    )
 
 
 def model_type_of(config: Any, source: str) -> str:

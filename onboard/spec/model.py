@@ -100,8 +100,9 @@ class Norm(_Section):
     unit_offset: bool = Field(
         False,
         description="RMSNorm scales by (1 + weight) instead of weight, the product "
-        "taken in float32 before the cast back (Gemma). Every RMSNorm of the "
-        "model, q/k norms included.",
+        "taken in float32 before the cast back (Gemma, Qwen3-Next). Every "
+        "RMSNorm of the model, q/k norms included, but the linear-attention "
+        "layers' gated norm, which scales by its weight (Qwen3-Next's).",
     )
 
 

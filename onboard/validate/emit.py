@@ -85,8 +85,12 @@ def _speculative_variants(spec, notes: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _serve_flags(spec, profile, model: str, concurrency: int, dtype: str) -> list[str]:
-    """The serving plan's `vllm serve` flags (layout, limits) for the target."""
+def _serve_flags(
+    spec, profile, model: str, concurrency: int, dtype: str, disaggregate=None
+) -> tuple[list[str], dict[str, Any] | None]:
+    """The serving plan's `vllm serve` flags (layout, limits) for the target, and
+    with ``disaggregate`` ("P:D") the prefill/decode layout: each side's flags
+    (its --port left to run.sh) and the plan's P/D record."""
     from onboard.plan import make_plan
 
     context = min(spec.max_position_embeddings, MAX_CONTEXT)
@@ -98,6 +102,7 @@ def _serve_flags(spec, profile, model: str, concurrency: int, dtype: str) -> lis
         concurrency=concurrency,
         dtype=dtype,
         model=model,
+        disaggregate=disaggregate,
     )
     if plan.layout is None:
         raise InputError(
@@ -106,7 +111,28 @@ def _serve_flags(spec, profile, model: str, concurrency: int, dtype: str) -> lis
         )
     argv = list(plan.argv)
     assert argv[:3] == ["vllm", "serve", model]
-    return argv[3:]
+    if plan.pd_layout is None:
+        return argv[3:], None
+    pd = plan.pd_layout
+    sides = {}
+    for role in (pd.prefill, pd.decode):
+        flags = list(role.plan.argv[3:])
+        i = flags.index("--port")
+        sides[role.role] = {"flags": flags[:i] + flags[i + 2 :], "port": role.port}
+    return argv[3:], {"split": disaggregate, "sides": sides, "plan": pd.to_dict()}
+
+
+def _pd_env(pd: dict[str, Any] | None) -> dict[str, Any]:
+    """manifest.env's P/D entries: PD_SPLIT empty for a single deployment."""
+    if pd is None:
+        return {"PD_SPLIT": ""}
+    from onboard.plan.disagg import PROXY_URL
+
+    out: dict[str, Any] = {"PD_SPLIT": pd["split"], "PD_PROXY_URL": PROXY_URL}
+    for role, side in pd["sides"].items():
+        out[f"PD_{role.upper()}_FLAGS"] = side["flags"]
+        out[f"PD_{role.upper()}_PORT"] = side["port"]
+    return out
 
 
 def _manifest_env(values: dict[str, Any]) -> str:
@@ -120,6 +146,15 @@ def _manifest_env(values: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_dirs(out_dir: Path, generated: Path | None) -> None:
+    if (out_dir / "results").is_dir() and any((out_dir / "results").iterdir()):
+        raise InputError(
+            f"--emit: {out_dir} already holds results; emit into a new directory"
+        )
+    if generated is not None and not (Path(generated) / "plugin").is_dir():
+        raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
+
+
 def emit(
     model: str,
     spec_path: Path,
@@ -127,8 +162,10 @@ def emit(
     out_dir: Path,
     *,
     generated: Path | None = None,
+    disaggregate: str | None = None,
 ) -> dict[str, Any]:
-    """Write the run for ``target`` into ``out_dir``; return the manifest."""
+    """Write the run for ``target`` into ``out_dir``; return the manifest.
+    ``disaggregate`` "P:D": serve `onboard plan --disaggregate P:D`'s layout."""
     from onboard.generate import write_model_code
     from onboard.reference import auto_map
     from onboard.runtime.prompts import PROMPTS
@@ -138,17 +175,14 @@ def emit(
     spec = load_spec(spec_path)
     profile = get_target(target)
     out_dir = Path(out_dir)
-    if (out_dir / "results").is_dir() and any((out_dir / "results").iterdir()):
-        raise InputError(
-            f"--emit: {out_dir} already holds results; emit into a new directory"
-        )
-    if generated is not None and not (Path(generated) / "plugin").is_dir():
-        raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
+    _check_dirs(out_dir, generated)
     notes: list[str] = []
     variants = {"baseline": None, **_speculative_variants(spec, notes)}
     # The cpu target runs float32 (as validate does); GPUs serve bf16.
     ref_dtype = "float32" if target == "cpu" else "bfloat16"
-    flags = _serve_flags(spec, profile, model, max(GPU_CONCURRENCY), ref_dtype)
+    flags, pd = _serve_flags(
+        spec, profile, model, max(GPU_CONCURRENCY), ref_dtype, disaggregate
+    )
     # Benchmark lengths that fit the served context (tiny specs have short ones).
     context = min(spec.max_position_embeddings, MAX_CONTEXT)
     output_len = min(GPU_OUTPUT_LEN, context // 4)
@@ -196,6 +230,7 @@ def emit(
             "reference_dtype": ref_dtype,
             "hf_auto_map": auto_map(spec) if has_hf else None,
             "notes": notes,
+            "pd_layout": None if pd is None else pd["plan"],
         }
         thresholds = {
             "target": target,
@@ -247,6 +282,7 @@ def emit(
             "LM_EVAL_TASKS_DEFAULT": LM_EVAL_TASK,
             "LM_EVAL_FEWSHOT": LM_EVAL_FEWSHOT,
             "REF_DTYPE_DEFAULT": ref_dtype,
+            **_pd_env(pd),
         }
         with atomic_directory(out_dir) as dst:
             for name in (

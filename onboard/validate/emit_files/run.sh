@@ -5,7 +5,14 @@
 # bring DIR back and run `onboard validate --target T --ingest DIR --out OUT`.
 #
 # Phases: install | serve:VARIANT | model-class:VARIANT | stop | accuracy |
-#         lm-eval | bench:VARIANT | scrape:VARIANT | reference | env | all
+#         lm-eval | bench:VARIANT | scrape:VARIANT | reference | env | proxy | all
+# Emitted with --disaggregate P:D (PD_SPLIT in manifest.env): the prefill and the
+# decode side each run `ROLE=prefill|decode NIXL_HOST=<this node's IP> bash
+# run.sh serve` on their head node (in the foreground; a side spanning several
+# nodes starts its Ray cluster first, see manifest.json pd_layout), then
+# `PREFILL_HOST=.. DECODE_HOST=.. bash run.sh proxy` (vLLM's NIXL proxy on
+# PORT; PROXY_SCRIPT, else fetched from PD_PROXY_URL), then the other phases
+# with BASE_URL=http://<proxy host>:PORT.
 # Overrides (environment): BASE_URL (use a running server: serve/stop do nothing),
 # SKIP_INSTALL=1, CONCURRENCY="1 4 16 64", LM_EVAL_TASKS, LM_EVAL_INCLUDE (a
 # directory of lm-eval task yamls), LM_EVAL_LIMIT, LM_EVAL_NUM_FEWSHOT, REF_DTYPE,
@@ -94,6 +101,9 @@ phase_serve() {
     # extension (onboard_probe.py, one added method) and vLLM's /collective_rpc,
     # which only dev mode serves.
     extra+=(--worker-extension-cls onboard_probe.ModelClassProbe)
+    if [[ -n "${PD_SPLIT:-}" ]]; then
+        serve_pd_side "${extra[@]}"
+    fi
     log "serve $variant: vllm serve $MODEL ${SERVE_FLAGS[*]} ${extra[*]}"
     PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" VLLM_SERVER_DEV_MODE=1 \
         vllm serve "$MODEL" "${SERVE_FLAGS[@]}" "${extra[@]}" --port "$PORT" \
@@ -114,6 +124,49 @@ phase_serve() {
         fi
     done
     log "serve $variant: ready after ${waited} s"
+}
+
+# One side of the prefill/decode layout, in the foreground (see the header).
+serve_pd_side() {
+    local flags=() port
+    case "${ROLE:-}" in
+        prefill) flags=("${PD_PREFILL_FLAGS[@]}") port="$PD_PREFILL_PORT" ;;
+        decode) flags=("${PD_DECODE_FLAGS[@]}") port="$PD_DECODE_PORT" ;;
+        *)
+            log "serve: this run is disaggregated ($PD_SPLIT prefill:decode nodes);" \
+                "set ROLE=prefill or ROLE=decode (and NIXL_HOST), or BASE_URL"
+            exit 2
+            ;;
+    esac
+    if [[ -z "${NIXL_HOST:-}" ]]; then
+        log "serve $ROLE: set NIXL_HOST to this node's IP (NIXL's side channel)"
+        exit 2
+    fi
+    log "serve $ROLE: vllm serve $MODEL ${flags[*]} $* --port $port"
+    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" VLLM_SERVER_DEV_MODE=1 \
+        VLLM_NIXL_SIDE_CHANNEL_HOST="$NIXL_HOST" \
+        exec vllm serve "$MODEL" "${flags[@]}" "$@" --port "$port"
+}
+
+phase_proxy() {
+    if [[ -z "${PD_SPLIT:-}" ]]; then
+        log "proxy: this run was emitted without --disaggregate"
+        exit 2
+    fi
+    if [[ -z "${PREFILL_HOST:-}" || -z "${DECODE_HOST:-}" ]]; then
+        log "proxy: set PREFILL_HOST and DECODE_HOST (the sides' head nodes)"
+        exit 2
+    fi
+    local script="${PROXY_SCRIPT:-$HERE/toy_proxy_server.py}"
+    if [[ ! -f "$script" ]]; then
+        log "proxy: fetching $PD_PROXY_URL"
+        curl -sfL "$PD_PROXY_URL" -o "$script"
+    fi
+    log "proxy: port $PORT -> prefill $PREFILL_HOST:$PD_PREFILL_PORT," \
+        "decode $DECODE_HOST:$PD_DECODE_PORT"
+    exec "$PYTHON" "$script" --port "$PORT" --host 0.0.0.0 \
+        --prefiller-hosts "$PREFILL_HOST" --prefiller-ports "$PD_PREFILL_PORT" \
+        --decoder-hosts "$DECODE_HOST" --decoder-ports "$PD_DECODE_PORT"
 }
 
 phase_stop() {
@@ -216,7 +269,7 @@ main() {
         arg=""
         [[ "$p" == *:* ]] && arg="${p#*:}"
         case "$name" in
-            install | env | stop | accuracy | reference | all) "phase_$name" ;;
+            install | env | stop | accuracy | reference | proxy | all) "phase_$name" ;;
             lm-eval) phase_lm_eval ;;
             serve | bench | scrape) "phase_$name" "${arg:-baseline}" ;;
             model-class) phase_model_class "${arg:-baseline}" ;;
