@@ -569,6 +569,123 @@ def test_deepseek_v2_mla_without_q_lora_softmax_router(tmp_path, topk_method):
     assert not router.norm_topk_prob and not router.bias_correction
 
 
+# ---- sparse MLA: the lightning indexer (DeepSeek-V3.2, GLM-5) ------------------------
+
+TOPK = 8
+
+
+def _sparse_mla(model_type: str, seed: int = 0, **overrides):
+    """A tiny transformers model of a sparse-MLA family: index rope on 8 of 24 dims,
+    the correction bias and the k_norm's bias randomised."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        model_type,
+        **{**MLA, **overrides},
+        q_lora_rank=24,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        index_n_heads=4,
+        index_head_dim=24,
+        index_topk=TOPK,
+        pad_token_id=None,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, ("e_score_correction_bias",), 0.05)
+    randomize(model, ("indexer.k_norm.bias",), 0.1)
+    return model
+
+
+@pytest.mark.parametrize("seq", [6, 8, 24])
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_mla_indexer_against_transformers(tmp_path, model_type, seq):
+    # Contexts shorter than, equal to and longer than the indexer's top-k; index
+    # rope in NeoX halves (DeepSeek-V3.2) or interleaved pairs (GLM-5).
+    spec = check_against_transformers(tmp_path, _sparse_mla(model_type), seq=seq)
+    indexer = spec.attention.indexer
+    assert (indexer.num_heads, indexer.head_dim, indexer.topk) == (4, 24, TOPK)
+    assert indexer.rope_interleave == (model_type == "glm_moe_dsa")
+
+
+def test_glm_shared_indexer_layers_against_transformers(tmp_path):
+    # Layers 1 and 2 run no indexer: they attend to layer 0's picks.
+    model = _sparse_mla("glm_moe_dsa", indexer_types=["full", "shared", "shared"])
+    spec = check_against_transformers(tmp_path, model)
+    assert spec.attention.indexer.shared_layers == [1, 2]
+
+
+def test_sparse_mla_caches_its_index_keys(tmp_path):
+    """Cached decoding past the top-k equals a full recompute: the index keys of
+    earlier tokens come from the cache."""
+    ckpt = tmp_path / "ckpt"
+    # A shared layer between two indexers: its top-k is the first one's.
+    kinds = ["full", "shared", "full"]
+    _sparse_mla("glm_moe_dsa", indexer_types=kinds).save_pretrained(ckpt)
+    spec = spec_from_hf_config(json.loads((ckpt / "config.json").read_text()))
+    install_reference(spec, ckpt)
+    ref = load_reference(ckpt)
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ref(ids).logits
+        first = ref(ids[:, :12], use_cache=True)
+        rest = ref(ids[:, 12:], past_key_values=first.past_key_values, use_cache=True)
+    assert (rest.logits - full[:, 12:]).abs().max() / full.abs().max() < RTOL
+
+
+def test_sparse_mla_within_topk_is_exactly_dense_mla(tmp_path):
+    """On the same weights, a context no longer than the top-k gives every layer
+    the dense MLA reference's attention output bit for bit (every key is picked);
+    a longer one differs."""
+    from safetensors.torch import load_file
+
+    sparse = tmp_path / "sparse"
+    # Dense MLPs below the last layer: every attention sees the same input.
+    _sparse_mla("deepseek_v32", first_k_dense_replace=2).save_pretrained(sparse)
+    spec = spec_from_hf_config(json.loads((sparse / "config.json").read_text()))
+    install_reference(spec, sparse)
+    data = spec.model_dump(mode="json")
+    data["attention"]["indexer"] = None
+    data.update(model_type="dense_mla", architecture="DenseMlaForCausalLM")
+    dense_spec = ModelSpec.model_validate(data)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    weights = {
+        k: v
+        for k, v in load_file(sparse / "model.safetensors").items()
+        if ".indexer." not in k
+    }
+    save_file(weights, dense / "model.safetensors", metadata={"format": "pt"})
+    (dense / "config.json").write_text(json.dumps(hf_config_from_spec(dense_spec)))
+    install_reference(dense_spec, dense)
+
+    def attention_outputs(model, ids) -> list[torch.Tensor]:
+        outs: list[torch.Tensor] = []
+        hooks = [
+            layer.self_attn.register_forward_hook(lambda m, i, o: outs.append(o))
+            for layer in model.model.layers
+        ]
+        with torch.no_grad():
+            model(ids)
+        for hook in hooks:
+            hook.remove()
+        return outs
+
+    with_indexer, without = load_reference(sparse), load_reference(dense)
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(2))
+    short = zip(
+        attention_outputs(with_indexer, ids[:, :TOPK]),
+        attention_outputs(without, ids[:, :TOPK]),
+        strict=True,
+    )
+    assert all(torch.equal(a, b) for a, b in short)
+    long = attention_outputs(with_indexer, ids)[0] - attention_outputs(without, ids)[0]
+    assert long[:, TOPK:].abs().max() > 1e-3
+    assert torch.equal(long[:, :TOPK], torch.zeros_like(long[:, :TOPK]))
+
+
 # ---- what no transformers family has: the novel-launch architecture ------------------
 
 

@@ -230,6 +230,36 @@ FAMILIES = {
         **MLA,
         **MOE,
     ),
+    # Sparse MLA: DeepSeek-V3's block with a lightning indexer in every layer
+    # (index rope in NeoX halves); a top-k below the proof's context.
+    "deepseek_v32": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        index_n_heads=4,
+        index_head_dim=96,
+        index_topk=8,
+        **MLA,
+        **MOE,
+    ),
+    # GLM-5: the same with an interleaved index rope, ungrouped routing.
+    "glm_moe_dsa": dict(
+        n_routed_experts=8,
+        n_shared_experts=1,
+        q_lora_rank=32,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        index_n_heads=4,
+        index_head_dim=96,
+        index_topk=8,
+        pad_token_id=None,
+        **MLA,
+        **MOE,
+    ),
 }
 
 
@@ -665,8 +695,9 @@ _GETATTR = re.compile(
 
 
 # Read by vLLM only on a branch these configs do not take (llama.py reads
-# sliding_window only when layer_types is set).
-_BRANCH_ONLY = {"sliding_window"}
+# sliding_window only when layer_types is set; deepseek_v2.py the indexer's keys
+# only when the config has index_topk).
+_BRANCH_ONLY = {"sliding_window", "index_n_heads", "index_head_dim", "index_topk"}
 # Per family: vLLM's qwen3_5.py (dense and MoE models in one module) reads
 # num_experts only when the model_type names a MoE.
 _FAMILY_BRANCH_ONLY = {"qwen3_5_text": {"num_experts"}}
@@ -698,12 +729,21 @@ def _vllm_model_source(architecture: str) -> str:
 @pytest.fixture
 def vllm_config_classes_undone():
     """vLLM registers its own config class for some model types (Kimi Linear's)
-    with transformers' AutoConfig when it reads such a config: undo it, so that
-    later tests build transformers' own class."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    with transformers' AutoConfig when it reads such a config, and for
+    deepseek_v32 registers transformers' DeepseekV3Config, setting its
+    model_type to deepseek_v32: undo both, so that later tests build (and save)
+    transformers' own classes."""
+    from transformers.models.auto.configuration_auto import (
+        CONFIG_MAPPING,
+        CONFIG_MAPPING_NAMES,
+    )
 
     saved = dict(CONFIG_MAPPING._extra_content)
     yield
+    own_type = {name: model_type for model_type, name in CONFIG_MAPPING_NAMES.items()}
+    for cls in CONFIG_MAPPING._extra_content.values():
+        if cls.__name__ in own_type and cls.__module__.startswith("transformers."):
+            cls.model_type = own_type[cls.__name__]
     CONFIG_MAPPING._extra_content.clear()
     CONFIG_MAPPING._extra_content.update(saved)
 

@@ -60,6 +60,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_nope_head_dim": ("qk_nope_head_dim",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    # sparse MLA's lightning indexer
+    "index_n_heads": ("index_n_heads",),
+    "index_head_dim": ("index_head_dim",),
+    "index_topk": ("index_topk",),
+    "indexer_types": ("indexer_types",),  # "full" / "shared" per layer (GLM)
     # MoE
     "num_experts": (
         "n_routed_experts",

@@ -9,8 +9,9 @@ objects are frozen: a consumer reads them, it never adjusts them.
 A token mixer is one of the ``Mixer`` kinds: softmax attention (``Attention``, GQA
 or MLA), which caches keys and values per token, or a linear-attention mixer
 (``GatedDeltaNet``, ``KimiDeltaAttention``), which keeps a fixed-size recurrent
-state per sequence. Each layer carries its own; further kinds (sparse MLA with an
-indexer) join the same union.
+state per sequence. Each layer carries its own. Sparse MLA is MLA with an
+``Indexer``: the index heads pick the cached tokens each query attends to, and
+the layer also caches one index key per token.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ class MLADims:
 
 
 @dataclass(frozen=True)
+class Indexer:
+    """Sparse MLA's lightning indexer (DeepSeek-V3.2, GLM-5): index heads score the
+    cached tokens and MLA attends only to the ``topk`` best of them."""
+
+    num_heads: int
+    head_dim: int  # of each index head and of the one index key per token
+    topk: int
+    rope_interleave: bool  # the index rope's pairs: interleaved (GLM-5) or halves
+    # False: the layer runs no indexer and reuses the nearest earlier one's top-k.
+    own: bool = True
+
+
+@dataclass(frozen=True)
 class Attention:
     """Softmax attention over the layer's own KV cache or another layer's."""
 
@@ -74,6 +88,8 @@ class Attention:
     softmax_scale: float | None = None
     # A learned logit per query head joins each softmax (attention sinks).
     sinks: bool = False
+    # Sparse MLA: the indexer that picks the keys each query attends to.
+    indexer: Indexer | None = None
 
     linear = False  # caches K/V per token, not a recurrent state
 
@@ -580,6 +596,15 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
         sinks=att.sinks,
+        indexer=None
+        if att.indexer is None
+        else Indexer(
+            num_heads=att.indexer.num_heads,
+            head_dim=att.indexer.head_dim,
+            topk=att.indexer.topk,
+            rope_interleave=att.indexer.rope_interleave,
+            own=layer not in att.indexer.shared_layers,
+        ),
         mla=None
         if mla is None
         else MLADims(

@@ -347,7 +347,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    table |= _linear_dims(plan, h)
+    table |= _linear_dims(plan, h) | _indexer_dims(plan, h)
     if plan.dense is not None:
         inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
@@ -415,6 +415,25 @@ def _gpt_oss_dims(
         gpt_oss_param(down): [ne, ei, h],
         gpt_oss_param(down, bias=True): [ne, h],
     }.get(param)
+
+
+def _indexer_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
+    """Sparse MLA's indexer tensors (the rules give it a query latent)."""
+    idx, mla = plan.attention.indexer, plan.attention.mla
+    if idx is None or mla is None or mla.q_lora_rank is None:
+        return {}
+    qr = ("attention.mla.q_lora_rank", mla.q_lora_rank)
+    i = "attention.indexer."
+    idim = (f"{i}head_dim", idx.head_dim)
+    return {
+        "indexer_wq_b": (
+            (f"{i}num_heads × {i}head_dim", idx.num_heads * idx.head_dim),
+            qr,
+        ),
+        "indexer_wk": (idim, h),
+        "indexer_k_norm": (idim,),
+        "indexer_weights_proj": ((f"{i}num_heads", idx.num_heads), h),
+    }
 
 
 def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
@@ -514,6 +533,10 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("attention.mla.qk_rope_head_dim",),
     "v_head_dim": ("attention.mla.v_head_dim",),
     "qk_head_dim": ("attention.mla.qk_nope_head_dim", "attention.mla.qk_rope_head_dim"),
+    "index_n_heads": ("attention.indexer.num_heads",),
+    "index_head_dim": ("attention.indexer.head_dim",),
+    "index_topk": ("attention.indexer.topk",),
+    "indexer_rope_interleave": ("attention.indexer.rope_interleave",),
     "intermediate_size": ("mlp.intermediate_size",),
     "n_routed_experts": ("mlp.moe.num_experts",),
     "num_experts_per_tok": ("mlp.moe.num_experts_per_tok",),

@@ -189,8 +189,10 @@ def _check_present(
         elif (
             run.dtype is not None
             and info.dtype != run.dtype
-            # FP32 by design: the router's bias correction, the decay's A_log.
+            # FP32 by design: the router's bias correction, the decay's A_log,
+            # the indexer's head weights (transformers keeps weights_proj so).
             and want.param not in ("e_score_correction_bias", "A_log")
+            and want.role != "indexer_weights_proj"
         ):
             dtypes[("mixed", info.dtype, (run.dtype,))].append(name)
     for (pattern, want, got, role, param), names in shapes.items():

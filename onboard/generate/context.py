@@ -413,12 +413,20 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 
 def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     """What the Hugging Face reference computes and the vLLM model file does not
-    print yet: Kimi delta attention layers, MLA layers without rope."""
+    print yet: Kimi delta attention layers, MLA layers without rope, sparse MLA."""
     if isinstance(arch.linear, KimiDeltaAttention):
         raise GenerationError(
             f"{spec.name}: linear_attention.type kimi_delta: the vLLM model is not "
             "generated for Kimi delta attention layers yet (the Hugging Face "
             "reference computes them)"
+        )
+    if spec.attention.indexer is not None:
+        # vLLM's sparse MLA backends run on GPUs only; its CPU platform raises
+        # "Sparse Attention is not supported on CPU".
+        raise GenerationError(
+            f"{spec.name}: attention.indexer: the vLLM model is not generated for "
+            "sparse MLA yet (the Hugging Face reference computes the indexer and "
+            "the sparse attention)"
         )
     mla = spec.attention.mla
     if mla is not None and mla.latent_norm_eps not in (None, spec.norm.eps):

@@ -9,6 +9,9 @@ vLLM gives every attention layer that owns a KV cache a spec
 * MLA (``MLAAttentionSpec``): one latent per token, ``num_kv_heads = 1``,
   ``head_size = kv_lora_rank + qk_rope_head_dim`` and no separate V:
   ``(kv_lora_rank + qk_rope_head_dim) x bytes`` per token;
+* sparse MLA (an indexer) also caches one index key per token
+  (``DeepseekV32IndexerCache``): ``index_head_dim`` bytes in FP8 and a float32
+  scale per 128 dims;
 * a layer that reads another layer's cache (cross-layer KV sharing) gets no spec
   and adds nothing (the model runner's ``shared_kv_cache_layers``).
 
@@ -165,6 +168,16 @@ class KVReport:
         return next(x for x in self.layers if x.index == layer.shares).bytes_per_token
 
 
+# vLLM's indexer cache (DeepseekV32IndexerCache): each index key in FP8, one
+# byte per dim, and a float32 scale per block of 128 dims.
+INDEX_QUANT_BLOCK = 128
+
+
+def indexer_bytes_per_token(head_dim: int) -> int:
+    """Bytes one token's index key takes in vLLM's indexer cache."""
+    return head_dim + head_dim // INDEX_QUANT_BLOCK * 4
+
+
 def kv_report(
     spec: ModelSpec,
     dtype: str = "bfloat16",
@@ -188,6 +201,10 @@ def kv_report(
             f"MLA: (kv_lora_rank {mla.kv_lora_rank} + qk_rope_head_dim "
             f"{mla.qk_rope_head_dim}) x {b} B = {per_layer:,} B"
         )
+        if att.indexer is not None:
+            index = indexer_bytes_per_token(att.indexer.head_dim)
+            per_layer += index
+            formula += f", + the index key {index:,} B = {per_layer:,} B"
     else:
         kv_heads, head_dim = att.num_kv_heads, att.head_dim
         assert kv_heads is not None and head_dim is not None

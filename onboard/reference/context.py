@@ -82,6 +82,11 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     types = arch.attention_types
     f = {
         "mla": att.type == "mla",
+        # Sparse MLA: the lightning indexer and its rope's pairs.
+        "indexer": att.indexer is not None,
+        "index_interleaved": att.indexer is not None and att.indexer.rope_interleave,
+        # Layers that reuse the nearest earlier indexer's top-k (GLM).
+        "index_shared": att.indexer is not None and bool(att.indexer.shared_layers),
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
@@ -137,6 +142,12 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             c[short] = keys.need(concept)
         if f["q_lora"]:
             c["q_lora"] = keys.need("q_lora_rank")
+        if f["indexer"]:
+            c["index_heads"] = keys.need("index_n_heads")
+            c["index_dim"] = keys.need("index_head_dim")
+            c["index_topk"] = keys.need("index_topk")
+        if f["index_shared"]:
+            c["indexer_types"] = keys.need("indexer_types")
         c["rotary_dim"] = f"config.{c['qk_rope']}"
     else:
         c["kv_heads"] = keys.find("num_key_value_heads") or c["heads"]
@@ -580,8 +591,13 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     parts = []
     if f["mla"]:
         parts.append(
-            "multi-head latent attention"
+            (
+                "sparse multi-head latent attention"
+                if f["indexer"]
+                else "multi-head latent attention"
+            )
             + (" with a low-rank query" if f["q_lora"] else "")
+            + (" and a lightning indexer" if f["indexer"] else "")
         )
     else:
         kind = (

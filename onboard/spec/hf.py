@@ -112,6 +112,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
     "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
+    # sparse MLA's lightning indexer (DeepSeek-V3.2, GLM-5)
+    "index_n_heads": ("index_n_heads",),
+    "index_head_dim": ("index_head_dim",),
+    "index_topk": ("index_topk",),
+    # the index rope's pairs (vLLM's name; transformers' GLM-5 hard-codes them)
+    "indexer_rope_interleave": ("indexer_rope_interleave",),
+    # GLM-5: per layer, "full" runs the indexer, "shared" reuses the previous one's
+    "indexer_types": ("indexer_types",),
     # MLP and mixture of experts
     "intermediate_size": ("intermediate_size",),
     "n_routed_experts": (
@@ -298,6 +306,34 @@ FAMILIES: dict[str, Family] = {
         # when the config says topk_method: noaux_tc (docs/vllm-cpu-notes.md).
         {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
         vllm_keys=("topk_method", "scoring_func"),
+    ),
+    # DeepSeek-V3's block with sparse MLA: every layer's lightning indexer rotates
+    # NeoX halves (its MLA interleaved pairs); the MLA latent norms' eps is fixed
+    # at 1e-6.
+    "deepseek_v32": Family(
+        "deepseek",
+        {
+            "rope_interleave": True,
+            "indexer_rope_interleave": False,
+            # Its latent norms (q_a, kv_a) keep their default eps, not rms_norm_eps.
+            "mla_norm_eps": 1e-6,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+        },
+        vllm_keys=("topk_method", "scoring_func"),
+    ),
+    # GLM-5: the same with an interleaved index rope (vLLM reads
+    # indexer_rope_interleave, transformers' class hard-codes it).
+    "glm_moe_dsa": Family(
+        "deepseek",
+        {
+            "rope_interleave": True,
+            "indexer_rope_interleave": True,
+            "mla_norm_eps": 1e-6,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+        },
+        vllm_keys=("topk_method", "scoring_func", "indexer_rope_interleave"),
     ),
     # Attention sinks, a biased router whose softmax spans the top-k logits
     # (softmax, then top-k renormalised), and experts with biases stacked in one
@@ -811,6 +847,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
     sharing = _read_kv_sharing(r, n_layers)
+    indexer = _read_indexer(r, n_layers)
     mla = {
         k: r.get(k)
         for k in (
@@ -826,6 +863,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         stray = [k for k, v in mla.items() if v is not None]
         if stray:
             r.bad(f"{', '.join(stray)}: MLA fields set but kv_lora_rank is not")
+        if indexer is not None:
+            r.bad("index_topk: the lightning indexer selects tokens for MLA only")
         att.update(
             type="gqa",
             num_kv_heads=kv_heads,
@@ -851,6 +890,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         mla["latent_norm_eps"] = latent_eps
     # Sharing layers read their target's latent and rope key (docs/spec.md).
     att.update(type="mla", mla=mla, kv_sharing=sharing)
+    if indexer is not None:
+        att["indexer"] = indexer
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if mla[key] is None:
             r.bad(f"{key}: required for MLA (kv_lora_rank is set)")
@@ -895,6 +936,43 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         # Linear-attention layers between the MLA layers (Kimi Linear).
         att["layer_types"] = windows["layer_types"]
     return att, rope
+
+
+def _read_indexer(r: _Reader, n_layers: int) -> dict | None:
+    """Sparse MLA's lightning indexer, where the config has one (index_topk)."""
+    fields = {
+        "num_heads": r.get("index_n_heads"),
+        "head_dim": r.get("index_head_dim"),
+        "topk": r.get("index_topk"),
+        "rope_interleave": bool(r.get("indexer_rope_interleave", False)),
+    }
+    shared = r.get("indexer_types")
+    if fields["topk"] is None:
+        stray = [k for k in ("index_n_heads", "index_head_dim") if r.get(k) is not None]
+        if stray or shared is not None:
+            r.bad(f"{', '.join(stray or ['indexer_types'])}: set but index_topk is not")
+        return None
+    for key, concept in (
+        ("num_heads", "index_n_heads"),
+        ("head_dim", "index_head_dim"),
+    ):
+        if fields[key] is None:
+            r.bad(f"{concept}: required for the indexer (index_topk is set)")
+    if shared is not None:
+        if (
+            not isinstance(shared, list)
+            or set(shared) - {"full", "shared"}
+            or len(shared) != n_layers
+            or shared[:1] == ["shared"]
+        ):
+            r.bad(
+                f"indexer_types={_short(shared)}: must list full or shared for each "
+                f"of the {n_layers} layers, the first full"
+            )
+        else:
+            # GLM: a shared layer reuses the nearest earlier full layer's top-k.
+            fields["shared_layers"] = [i for i, t in enumerate(shared) if t == "shared"]
+    return fields
 
 
 def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
@@ -1064,6 +1142,15 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
     window = r.get("sliding_window")
     use = r.get("use_sliding_window")
     kinds = r.get("layer_types")
+    if isinstance(kinds, list) and "indexed_attention" in kinds:
+        # Sparse MLA (DeepSeek-V3.2, GLM-5): every layer attends through its
+        # indexer, which the attention.indexer section states.
+        if set(kinds) != {"indexed_attention"} or r.get("index_topk") is None:
+            r.bad(
+                f"layer_types: indexed_attention layers are expressible only as "
+                f"every layer, with index_topk set, got {_short(kinds)}"
+            )
+        kinds = None
     pattern = r.get("sliding_window_pattern")
     max_window_layers = r.get("max_window_layers")
     if window == 0 or use is False:
@@ -1636,6 +1723,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         )
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
+        c.update(_indexer_concepts(spec))
         if att.layer_types is not None:
             c["layer_types"] = spec.layer_attention_types()
     else:
@@ -1737,6 +1825,30 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
     return c
+
+
+def _indexer_concepts(spec: ModelSpec) -> dict[str, Any]:
+    """Sparse MLA's indexer as config.json states it (nothing without one)."""
+    idx = spec.attention.indexer
+    if idx is None:
+        return {}
+    return {
+        "index_n_heads": idx.num_heads,
+        "index_head_dim": idx.head_dim,
+        "index_topk": idx.topk,
+        "indexer_rope_interleave": idx.rope_interleave,
+        # Written only where some layer shares, as GLM's class defaults it.
+        **(
+            {
+                "indexer_types": [
+                    "shared" if i in idx.shared_layers else "full"
+                    for i in range(spec.num_hidden_layers)
+                ]
+            }
+            if idx.shared_layers
+            else {}
+        ),
+    }
 
 
 def _rope_params(

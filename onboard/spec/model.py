@@ -196,6 +196,40 @@ class MLA(_Section):
     )
 
 
+class Indexer(_Section):
+    """The lightning indexer of sparse MLA (DeepSeek Sparse Attention: DeepSeek-V3.2,
+    GLM-5): per layer, index heads score every cached token and MLA attends only to
+    the top-k of them.
+
+    Fixed by the families, not fields: the index query is projected from MLA's
+    normalised query latent (`wq_b`), the one index key from the hidden state
+    (`wk`) through a LayerNorm with bias (`k_norm`, eps 1e-6); rope turns the
+    first qk_rope_head_dim dims of each; a token's score is the sum over heads of
+    weight x relu(q.k / sqrt(head_dim)), the per-head weights projected from the
+    hidden state (`weights_proj`) and scaled by num_heads**-0.5."""
+
+    num_heads: HeadCount = Field(description="Index heads (`index_n_heads`).")
+    head_dim: HeadDim = Field(
+        description="Dims of each index head and of the index key "
+        "(`index_head_dim`); the first qk_rope_head_dim of them rotate."
+    )
+    topk: PositiveInt = Field(
+        description="Tokens each query attends to (`index_topk`); a context no "
+        "longer than it attends densely."
+    )
+    rope_interleave: bool = Field(
+        False,
+        description="The index rope rotates interleaved pairs (GLM-5) instead of "
+        "NeoX halves (DeepSeek-V3.2); MLA's own rope follows rope.interleaved.",
+    )
+    shared_layers: list[LayerIndex] = Field(
+        default_factory=list,
+        description="Layers that run no indexer of their own and attend to the "
+        "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
+        "`shared`); layer 0 always runs its own.",
+    )
+
+
 class Attention(_Section):
     """Attention for every layer; `layer_types` and `kv_sharing` vary it per layer."""
 
@@ -282,6 +316,11 @@ class Attention(_Section):
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."
+    )
+    indexer: Indexer | None = Field(
+        None,
+        description="Sparse MLA: the lightning indexer that picks the tokens each "
+        "query attends to (needs MLA with a q_lora_rank); null: dense attention.",
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from onboard.errors import InputError
 from onboard.spec.layouts import (
+    INDEXER_ROLES,
     KIMI_DELTA_ROLES,
     LAYER_NORM_ROLES,
     ROUTED_EXPERT_ROLES,
@@ -61,6 +62,8 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ),
         ("attn",),
     ),
+    # Sparse MLA's indexer: a module of its own inside attention.
+    **dict.fromkeys(INDEXER_ROLES, ("attn", "indexer")),
     # The mixer module of a linear-attention layer, and its modules.
     "linear_attn": (),
     **dict.fromkeys(
@@ -110,7 +113,7 @@ RESERVED = frozenset(
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
         "e_score_correction_bias", "config", "lm_head_name", "softcap",
-        "residual_multiplier", "act_fn", "sinks",
+        "residual_multiplier", "act_fn", "sinks", "topk", "interleaved",
     }
 )  # fmt: skip
 
@@ -152,6 +155,8 @@ def used_roles(spec: ModelSpec) -> list[str]:
         else:
             roles += ["q_a_proj", "q_a_norm", "q_b_proj"]
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj", "o_proj"]
+        if att.indexer is not None:
+            roles += INDEXER_ROLES
     else:
         if "qkv_proj" in spec.checkpoint.fused:
             roles += ["qkv_proj", "o_proj"]

@@ -125,6 +125,7 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
     _output_gate_rules(spec, report)
+    _indexer_rules(spec, report)
     for field, default in (("qk_norm_scope", "head"), ("qk_norm_after_rope", False)):
         if getattr(att, field) != default and not att.qk_norm:
             report(a + (field,), f"{field} applies only with qk_norm: true")
@@ -224,6 +225,43 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
     if mla.q_lora_rank is not None and mla.q_lora_rank >= spec.hidden_size * 4:
         report(a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large")
+
+
+def _indexer_rules(spec: ModelSpec, report: Report) -> None:
+    """The lightning indexer as DeepSeek-V3.2 and GLM-5 have it."""
+    att, idx = spec.attention, spec.attention.indexer
+    if idx is None:
+        return
+    where: Path = ("attention", "indexer")
+    if att.type != "mla" or att.mla is None:
+        report(where, "the indexer selects tokens for MLA: it needs attention.type mla")
+        return
+    if att.mla.q_lora_rank is None:
+        # The index queries are projected from MLA's query latent.
+        report(where, "the indexer needs attention.mla.q_lora_rank (a query latent)")
+    if idx.head_dim < att.mla.qk_rope_head_dim:
+        report(
+            where + ("head_dim",),
+            f"must be at least attention.mla.qk_rope_head_dim "
+            f"({att.mla.qk_rope_head_dim}): rope turns that many of its dims",
+        )
+    if spec.linear_attention is not None:
+        report(where, "an indexer beside linear-attention layers is not expressible")
+    if spec.rope.nope_layers:
+        # The index rope turns what MLA's rope turns; no family skips it.
+        report(
+            where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible"
+        )
+    for layer in idx.shared_layers:
+        if layer == 0 or layer >= spec.num_hidden_layers:
+            report(
+                where + ("shared_layers",),
+                f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
+                f"it is one of layers 1..{spec.num_hidden_layers - 1}",
+            )
+    if spec.mtp is not None:
+        # DeepSeek-V3.2's MTP layer has an indexer of its own, which no MTP role has.
+        report(where, "MTP heads beside an indexer are not expressible yet")
 
 
 def _output_gate_rules(spec: ModelSpec, report: Report) -> None:
@@ -761,6 +799,8 @@ GENERATED_NAMES = frozenset(
         "QwenGatedDeltaNetAttention",
         # linear attention (Kimi delta attention, the reference's classes)
         "KimiDeltaAttention", "KimiGatedRMSNorm",
+        # sparse MLA (the reference's lightning indexer)
+        "Indexer",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.

@@ -19,7 +19,9 @@ One rule for every spec (documented in docs/checkpoints.md):
   with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
-  widths to 64, q_lora_rank to at most 128, linear-attention key heads to at
+  widths to 64, q_lora_rank to at most 128, index heads to at most 4 and the
+  indexer's top-k to at most 8 (so a test's context outgrows it; the index head
+  dim is kept), linear-attention key heads to at
   most 2 with at most 2 value heads each, vocab to the bundled tokenizer's 512,
   max positions to at most 2048 (but not below a rope scaling's original
   length), the sliding window to at most 16 tokens (so it
@@ -60,6 +62,8 @@ MAX_GROUPS = 4
 MAX_TOP_K = 2
 MAX_SHARED_EXPERTS = 2
 MIN_LAYERS = 2
+MAX_INDEX_HEADS = 4
+TINY_INDEX_TOPK = 8  # fewer than a test's tokens, so the indexer's choice shows
 
 
 def shrink_spec(spec: ModelSpec) -> ModelSpec:
@@ -79,6 +83,10 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
         mla = att["mla"]
         if mla["q_lora_rank"] is not None:
             mla["q_lora_rank"] = min(mla["q_lora_rank"], TINY_Q_LORA_RANK)
+        if att["indexer"] is not None:
+            idx = att["indexer"]
+            idx["num_heads"] = min(idx["num_heads"], MAX_INDEX_HEADS)
+            idx["topk"] = min(idx["topk"], TINY_INDEX_TOPK)
         data["hidden_size"] = TINY_WIDTH
     else:
         heads, kv, head_dim = spec.attention.num_heads, spec.num_kv_heads, spec.head_dim
@@ -184,9 +192,9 @@ def layer_kind(
     i: int,
     kept: set[int] | None = None,
     types: list[str] | None = None,
-) -> tuple[str, bool, bool, bool, bool]:
+) -> tuple[str, bool, bool, bool, bool, bool]:
     """What a layer is: attention type, MoE, reads another layer's KV, listed
-    dense, rotates q and k.
+    dense, rotates q and k, reuses an earlier indexer's top-k.
 
     With ``kept``, a layer reads another layer's KV only if its target is kept too
     (a shared layer whose target is dropped becomes an ordinary layer). ``types``
@@ -200,6 +208,8 @@ def layer_kind(
         target is not None and (kept is None or target in kept),
         moe is not None and i in moe.dense_layers,
         spec.uses_rope(i),
+        spec.attention.indexer is not None
+        and i in spec.attention.indexer.shared_layers,
     )
 
 
@@ -237,7 +247,7 @@ def select_layers(spec: ModelSpec) -> list[int]:
     want_pair_types = {types[layer] for layer in sharing}
     need = min(MIN_LAYERS, n)
 
-    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool]:
+    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool, bool]:
         # In a selection head + [a, b], a layer's target (always earlier) is kept
         # when it is a head layer or at least a: that does not depend on b.
         target = sharing.get(i)
@@ -276,6 +286,10 @@ def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
     data["rope"]["nope_layers"] = [
         position[i] for i in spec.rope.nope_layers if i in position
     ]
+    if att["indexer"] is not None:
+        att["indexer"]["shared_layers"] = [
+            position[i] for i in att["indexer"]["shared_layers"] if i in position
+        ]
     att["kv_sharing"] = {
         position[layer]: position[target]
         for layer, target in spec.attention.kv_sharing.items()
