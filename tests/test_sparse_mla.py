@@ -60,6 +60,7 @@ def test_families_read_their_indexer():
         (dict(indexer__head_dim=32), "at least attention.mla.qk_rope_head_dim"),
         (dict(indexer__shared_layers=[0]), "layer 0: a shared layer reuses"),
         (dict(indexer__shared_layers=[4]), "layer 4: a shared layer reuses"),
+        (dict(kv_sharing={"2": 1}), "beside cross-layer KV sharing"),
     ],
 )
 def test_rules(edit, message):

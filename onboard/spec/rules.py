@@ -259,6 +259,10 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
                 f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
                 f"it is one of layers 1..{spec.num_hidden_layers - 1}",
             )
+    if att.kv_sharing:
+        # A sharing layer would read its target's index keys too; no reference
+        # family does that yet.
+        report(where, "an indexer beside cross-layer KV sharing is not expressible yet")
     if spec.mtp is not None:
         # DeepSeek-V3.2's MTP layer has an indexer of its own, which no MTP role has.
         report(where, "MTP heads beside an indexer are not expressible yet")
