@@ -388,8 +388,9 @@ def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
     plan = make_plan(tmp_path, spec, get_scheme("nvfp4"))
     attn = "model.layers.0.self_attn"
     assert f"{attn}.o_proj.weight" in plan.quantized
-    for name in ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d", "o_norm", "f_a_proj", "f_b_proj",
-                 "b_proj", "g_a_proj", "g_b_proj"):  # fmt: skip
+    for name in ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d",
+                 "o_norm", "f_a_proj", "f_b_proj", "b_proj", "g_a_proj",
+                 "g_b_proj"):  # fmt: skip
         assert f"{attn}.{name}.weight" in plan.kept
     assert {f"{attn}.A_log", f"{attn}.dt_bias"} <= set(plan.kept)
     assert {f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj",
