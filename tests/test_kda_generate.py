@@ -195,3 +195,31 @@ def test_engine_errors_of_a_kda_model_are_not_run(spec, tmp_path, monkeypatch):
     other = _ctx(load_spec(ROOT / "model_specs/qwen3-next-style.yaml"), tmp_path)
     assert harness._run_check(other, "died").status == "failed"
     assert harness._run_check(other, "refused").status == "failed"
+
+
+# ---- on the CPU engine (acceptance tier) -------------------------------------------
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_cpu_engine_checks_are_not_run_with_vllms_error(spec, tmp_path):
+    """The tiny kimi-k3-style checkpoint through the generated plugin on vLLM's
+    CPU engine: accuracy and kv-cache are not-run (never failed) with the limit
+    and the error vLLM itself gave."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.validate import validate
+
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "ckpt")
+    result = validate(
+        ckpt,
+        ckpt / "spec.yaml",
+        "cpu",
+        tmp_path / "out",
+        checks="accuracy,kv-cache",
+    )
+    assert [c.status for c in result.checks] == ["not-run", "not-run"]
+    accuracy = result.check("accuracy")
+    assert accuracy.metrics["cpu_limit"] == cpu_engine_limit(spec)
+    assert accuracy.metrics["engine_error"]
+    assert "vLLM's own error: " in accuracy.details
+    assert not result.passed
