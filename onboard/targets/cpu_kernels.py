@@ -59,11 +59,20 @@ def cpu_engine_limit(spec: ModelSpec) -> str | None:
     own error is recorded beside this reason by the checks that meet it.
     """
     lin = spec.linear_attention
-    if lin is not None and lin.type == "kimi_delta":
-        return (
-            "vLLM's CPU build cannot run Kimi delta attention: vLLM's KDA layer "
-            "(KimiGatedDeltaNetAttention) has Triton kernels only, and the CPU "
-            "build's Triton has no CPU backend; the GPU targets' emitted run "
-            "script covers this check"
+    if lin is None or lin.type != "kimi_delta":
+        return None
+    limit = (
+        "vLLM's CPU build cannot run Kimi delta attention: vLLM's KDA layer "
+        "(KimiGatedDeltaNetAttention) has Triton kernels only, and the CPU "
+        "build's Triton has no CPU backend"
+    )
+    if spec.attention.type == "mla":
+        # Measured on kimi-k3-style's tiny checkpoint: the engine stops before
+        # any KDA kernel ('Aligned KV cache block size 256 is not supported by
+        # attention backend(s): CPU_MLA').
+        limit += (
+            "; beside MLA layers the engine stops before that, as vLLM's CPU MLA "
+            "backend does not take the aligned block size the hybrid cache gives "
+            "the attention layers"
         )
-    return None
+    return limit + "; the GPU targets' emitted run script covers this check"
