@@ -480,7 +480,9 @@ def new_model(
         console=out,
     )
     if not ok:
-        raise CheckFailed("a validation check failed (see validation.json)")
+        raise CheckFailed(
+            "a stage failed, or validation did not pass (see validation.json)"
+        )
 
 
 @app.command("validate")

@@ -38,6 +38,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "re": ("re", None),
     "Iterable": ("collections.abc", "Iterable"),
     "islice": ("itertools", "islice"),
+    "SimpleNamespace": ("types", "SimpleNamespace"),
     "torch": ("torch", None),
     "nn": ("torch", "nn"),
     "PreTrainedConfig": ("transformers", "PreTrainedConfig"),
@@ -89,6 +90,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "LogitsProcessor": (
         "vllm.model_executor.layers.logits_processor",
         "LogitsProcessor",
+    ),
+    "KimiGatedDeltaNetAttention": (
+        "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn",
+        "KimiGatedDeltaNetAttention",
     ),
     "QwenGatedDeltaNetAttention": (
         "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
@@ -147,6 +152,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
             "spec_decode_needs_target_embed",
         )
     },
+    "default_weight_loader": (
+        "vllm.model_executor.model_loader.weight_utils",
+        "default_weight_loader",
+    ),
     "sharded_weight_loader": (
         "vllm.model_executor.model_loader.weight_utils",
         "sharded_weight_loader",

@@ -40,6 +40,9 @@ METADATA: dict[str, str] = {
     "(twice the rows)",
     "linear_projections": "structural: which projection tensors a "
     "linear-attention layer has (grouped or split)",
+    "linear_attention_type": "structural: which tensors a linear-attention layer "
+    "has (Gated DeltaNet's or Kimi delta attention's); the files are generated for "
+    "one",
     "mamba_ssm_dtype": "the serving engine's recurrent-state dtype (vLLM's "
     "mamba_ssm_cache_dtype, which the engine is launched with); no effect on the "
     "weights or the reference's float32 states",

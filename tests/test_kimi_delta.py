@@ -376,9 +376,10 @@ def test_preflight_knows_kimi_linears_tensors(tmp_path):
 
 
 def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
-    """NVFP4 quantizes the q/k/v/o projections of KDA layers; the convolutions,
-    A_log, dt_bias, the gated norm, the low-rank gates and beta stay 16-bit (and
-    the gates' modules go to the ignore list)."""
+    """NVFP4 quantizes the output projection of KDA layers; q/k/v (one merged
+    Linear with beta and f_a in vLLM's KDA layer), the convolutions, A_log,
+    dt_bias, the gated norm, the low-rank gates and beta stay 16-bit (and the
+    kept Linears' modules go to the ignore list)."""
     from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import get_scheme
 
@@ -386,15 +387,14 @@ def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
     as_kda_checkpoint(kimi_linear(), spec, tmp_path)
     plan = make_plan(tmp_path, spec, get_scheme("nvfp4"))
     attn = "model.layers.0.self_attn"
-    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        assert f"{attn}.{p}.weight" in plan.quantized
-    for name in ("q_conv1d", "k_conv1d", "v_conv1d", "o_norm", "f_a_proj", "f_b_proj",
-                 "b_proj", "g_a_proj", "g_b_proj"):  # fmt: skip
+    assert f"{attn}.o_proj.weight" in plan.quantized
+    for name in ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d",
+                 "o_norm", "f_a_proj", "f_b_proj", "b_proj", "g_a_proj",
+                 "g_b_proj"):  # fmt: skip
         assert f"{attn}.{name}.weight" in plan.kept
     assert {f"{attn}.A_log", f"{attn}.dt_bias"} <= set(plan.kept)
-    assert {f"{attn}.f_b_proj", f"{attn}.b_proj", f"{attn}.g_a_proj"} <= set(
-        plan.ignore
-    )
+    assert {f"{attn}.{p}" for p in ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj",
+            "f_b_proj", "g_a_proj")} <= set(plan.ignore)  # fmt: skip
 
 
 def test_gated_norm_is_vllms(tmp_path):

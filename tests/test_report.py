@@ -310,6 +310,19 @@ def test_verdict_names_what_was_not_run_or_only_emulated(tmp_path):
     assert "Verdict: cpu ❌ **failed** (1 check failed: quant:nvfp4;" in (
         markdown_summary(failing)
     )
+    # No check failed, but the engine could not run the model (accuracy not-run).
+    blocked = ValidationResult(
+        "cpu",
+        "/m",
+        checks=[
+            Check.not_run("accuracy", "no CPU kernel"),
+            Check.not_run("kv-cache", ""),
+        ],
+    )
+    assert verdict_lines(blocked) == [
+        "validation (cpu): not validated (2 checks not run on cpu: accuracy, kv-cache)"
+    ]
+    assert "Verdict: cpu ⚪ not validated (2 checks" in markdown_summary(blocked)
 
 
 def test_write_report_keeps_the_single_result_call(tmp_path):

@@ -21,12 +21,11 @@ from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
-    LINEAR_ATTENTION_COMMON,
-    LINEAR_ATTENTION_ROLES,
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
+    linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import gpt_oss_experts
@@ -47,6 +46,10 @@ LAYER_ATTRIBUTES = (
     "post_attention_layernorm",
     "post_feedforward_layernorm",
 )
+
+# vLLM's Kimi delta attention layer builds its output norm (FusedRMSNormGated)
+# with that class's default eps, not the config's rms_norm_eps.
+KDA_OUTPUT_NORM_EPS = 1e-5
 
 ACTIVATIONS = {
     # spec activation -> (dense MLP layer expression, fused-MoE activation name)
@@ -413,13 +416,10 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 
 def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     """What the Hugging Face reference computes and the vLLM model file does not
-    print yet: Kimi delta attention layers, MLA layers without rope, sparse MLA."""
+    print yet: MLA layers without rope, sparse MLA, and Kimi delta attention where
+    vLLM's layer computes something else (_refuse_kimi_delta)."""
     if isinstance(arch.linear, KimiDeltaAttention):
-        raise GenerationError(
-            f"{spec.name}: linear_attention.type kimi_delta: the vLLM model is not "
-            "generated for Kimi delta attention layers yet (the Hugging Face "
-            "reference computes them)"
-        )
+        _refuse_kimi_delta(spec)
     if spec.attention.indexer is not None:
         # vLLM's sparse MLA backends run on GPUs only; its CPU platform raises
         # "Sparse Attention is not supported on CPU".
@@ -447,6 +447,32 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
             "layers without rope yet (the Hugging Face reference computes them)"
+        )
+
+
+def _refuse_kimi_delta(spec: ModelSpec) -> None:
+    """Kimi delta attention specs vLLM's KDA layer does not compute as the spec
+    says: its output norm's eps, its recurrent state's dtype, and full attention
+    whose q/k/v names its own projections' stacking would take."""
+    lin = spec.linear_attention
+    assert lin is not None
+    where = f"{spec.name}: linear_attention.type kimi_delta"
+    if spec.norm.eps != KDA_OUTPUT_NORM_EPS:
+        raise GenerationError(
+            f"{where}: vLLM's Kimi delta attention layer normalises its output with "
+            f"eps {KDA_OUTPUT_NORM_EPS} whatever rms_norm_eps says; a model with "
+            f"norm.eps {spec.norm.eps} is not generated"
+        )
+    if lin.state_dtype != "float32":
+        raise GenerationError(
+            f"{where}: vLLM's Kimi delta attention layer keeps its recurrent state "
+            "in float32; linear_attention.state_dtype bfloat16 is not generated"
+        )
+    if spec.attention.type != "mla":
+        raise GenerationError(
+            f"{where}: the vLLM model is generated for Kimi delta attention beside "
+            "MLA full attention (Kimi Linear's); beside gqa attention the two "
+            "mixers' q_proj/k_proj/v_proj would share one stacking rule"
         )
 
 
@@ -627,21 +653,30 @@ def _linear_context(
     lin = arch.linear
     if lin is None:
         return None
-    for concept, value in (
-        ("linear_num_key_heads", lin.num_key_heads),
-        ("linear_num_value_heads", lin.num_value_heads),
-        ("linear_key_head_dim", lin.key_head_dim),
-        ("linear_value_head_dim", lin.value_head_dim),
-        ("linear_conv_kernel_dim", lin.conv_kernel_size),
-    ):
+    kda = isinstance(lin, KimiDeltaAttention)
+    if kda:
+        sizes = [
+            ("linear_num_heads", lin.num_heads),
+            ("linear_head_dim", lin.head_dim),
+        ]
+    else:
+        sizes = [
+            ("linear_num_key_heads", lin.num_key_heads),
+            ("linear_num_value_heads", lin.num_value_heads),
+            ("linear_key_head_dim", lin.key_head_dim),
+            ("linear_value_head_dim", lin.value_head_dim),
+        ]
+    for concept, value in (*sizes, ("linear_conv_kernel_dim", lin.conv_kernel_size)):
         cfg[concept] = f.need(concept, value)
     kinds = f.need("layer_types", list(arch.attention_types))
     cfg["layer_types"] = kinds
     expr = f'config.{kinds}[layer_idx] == "linear_attention"'
     _check_expr(expr, f.hf, list(arch.linear_layers), "linear-attention layers", spec)
     return SimpleNamespace(
+        # Kimi delta attention (vLLM's KDA layer) or Gated DeltaNet.
+        kda=kda,
         # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
-        grouped=str(lin.projections == "grouped"),
+        grouped=str(not kda and lin.projections == "grouped"),
         layer_expr=expr,
     )
 
@@ -907,7 +942,7 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles.append("sinks")
     lin = spec.linear_attention
     if lin is not None and not mtp:
-        roles += [*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[lin.projections]]
+        roles += linear_attention_roles(lin.type, lin.projections)
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
@@ -986,6 +1021,11 @@ def _stacked_params(
         ]
         packed["in_proj_qkvz"] = ["in_proj_qkv", "in_proj_z"]
         packed["in_proj_ba"] = ["in_proj_b", "in_proj_a"]
+    elif lin is not None and lin.type == "kimi_delta":
+        # The KDA layer's own load_weights stacks these (the checkpoint's q_proj
+        # may also name an MLA layer's query projection).
+        packed["in_proj_qkvgfab"] = ["q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj"]
+        packed["conv1d"] = ["q_conv1d", "k_conv1d", "v_conv1d"]
     elif lin is not None:
         packed["in_proj_qkvz"] = ["in_proj_qkvz"]
         packed["in_proj_ba"] = ["in_proj_ba"]
@@ -1189,10 +1229,13 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     lin = arch.linear
     if lin is not None:
         n_linear = sum(arch.linear_layers)
+        kda = isinstance(lin, KimiDeltaAttention)
+        kind = "Kimi delta attention" if kda else "Gated DeltaNet linear attention"
+        conv = "short convolutions" if kda else "a short convolution"
         items.append(
-            f"Gated DeltaNet linear attention on {n_linear} of {len(layers)} layers "
+            f"{kind} on {n_linear} of {len(layers)} layers "
             "in the spec (the config's layer_types), run by vLLM's own layer and "
-            "kernels: a short convolution and a recurrent state per sequence, "
+            f"kernels: {conv} and a recurrent state per sequence, "
             "which vLLM's hybrid cache keeps beside the attention layers' KV cache."
         )
     if spec.mlp.moe is not None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onboard.arch import build_plan
+from onboard.arch import KimiDeltaAttention, build_plan
 from onboard.spec.model import ModelSpec
 
 KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
@@ -258,9 +258,17 @@ def _states(
     conv = shapes.conv[0] * shapes.conv[1] * cb
     heads, v_dim, k_dim = shapes.recurrent
     recurrent = heads * v_dim * k_dim * sb
+    if isinstance(lin, KimiDeltaAttention):
+        channels = f"3 x {lin.num_heads} x {lin.head_dim}"
+        kind = "Kimi delta attention"
+    else:
+        channels = (
+            f"2 x {lin.num_key_heads} x {lin.key_head_dim} + "
+            f"{lin.num_value_heads} x {lin.value_head_dim}"
+        )
+        kind = "Gated DeltaNet"
     formula = (
-        f"Gated DeltaNet: conv (2 x {lin.num_key_heads} x {lin.key_head_dim} + "
-        f"{lin.num_value_heads} x {lin.value_head_dim}) x {shapes.conv[1]} x "
+        f"{kind}: conv ({channels}) x {shapes.conv[1]} x "
         f"{cb} B + state {heads} x {v_dim} x {k_dim} x {sb} B = {conv + recurrent:,} "
         "B per sequence"
     )

@@ -198,6 +198,16 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
     return shards, config
 
 
+def _kda_layers(spec: ModelSpec | None) -> frozenset[int]:
+    """The Kimi delta attention layers of ``spec`` (none without a spec)."""
+    lin = spec.linear_attention if spec is not None else None
+    if lin is None or lin.type != "kimi_delta":
+        return frozenset()
+    assert spec is not None
+    kinds = spec.layer_attention_types()
+    return frozenset(i for i, k in enumerate(kinds) if k == "linear_attention")
+
+
 def make_plan(
     model_dir: Path,
     spec: ModelSpec | None,
@@ -216,6 +226,7 @@ def make_plan(
     patterns = layout.role_patterns()
     mark_roles, mark_paths, mark_regexes = _marks(layout)
     n_layers = layout.num_hidden_layers
+    kda_layers = _kda_layers(spec)
     quantized: dict[str, Quantized] = {}
     kept: dict[str, str] = {}
     ignore: set[str] = {layout.path("lm_head")}
@@ -229,6 +240,9 @@ def make_plan(
             layer = (
                 int(match["layer"]) if match and "layer" in match.groupdict() else None
             )
+            if layer in kda_layers and role in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                # Kimi Linear's attention and KDA layers share these paths.
+                role = f"kda_{role}"
             linear = param == "weight" and len(t.shape) == 2
             why = None
             if role is None:

@@ -149,7 +149,14 @@ def verdict_text(run: RunView) -> str:
         )
     if not run.passed and not failed and not run.check("accuracy"):
         parts.append("no accuracy check")
-    word = "passed" if run.passed else "failed"
+    accuracy = run.check("accuracy")
+    if run.passed:
+        word = "passed"
+    elif not failed and accuracy is not None and accuracy.status == "not-run":
+        # Nothing failed; the engine could not run the model on this target.
+        word = "not validated"
+    else:
+        word = "failed"
     return f"{word} ({'; '.join(parts)})" if parts else word
 
 

@@ -52,6 +52,8 @@ def _verdict(run: D.RunView) -> str:
     text = D.verdict_text(run).replace("|", "\\|")
     if run.passed:
         return "✅ " + text
+    if text.startswith("not validated"):
+        return "⚪ " + text
     return "❌ **failed**" + text.removeprefix("failed")
 
 

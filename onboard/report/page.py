@@ -608,10 +608,15 @@ def _gb(n: int) -> str:
 def _verdict(run: D.RunView) -> str:
     """The badge, then what the verdict does not cover (checks not run, quant
     checks scored on the dequantized reference) and what failed."""
+    text = D.verdict_text(run)
     word = "passed" if run.passed else "failed"
-    rest = D.verdict_text(run).removeprefix(word).strip()
+    if text.startswith("not validated"):
+        # Nothing failed; the engine could not run the model on this target.
+        word = "not validated"
+    rest = text.removeprefix(word).strip()
     note = f" <span class='verdict-note'>{esc(rest)}</span>" if rest else ""
-    return _badge(word) + note
+    badge = "not-run" if word == "not validated" else word
+    return _badge(badge) + note
 
 
 def _badge(status: str) -> str:

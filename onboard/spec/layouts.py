@@ -336,11 +336,8 @@ LINEAR_ROLES: tuple[str, ...] = (
     "linear_in_proj_qkv",
     "linear_in_proj_z",
     "linear_out_proj",
-    # Kimi delta attention's wide projections; its low-rank gates and beta
-    # projection stay in 16 bits.
-    "kda_q_proj",
-    "kda_k_proj",
-    "kda_v_proj",
+    # Kimi delta attention's output projection; its q/k/v, low-rank gates and
+    # beta projection stay in 16 bits.
     "kda_o_proj",
 )
 # Linear-attention Linear layers quantization keeps in 16 bits: the b/a
@@ -349,11 +346,16 @@ LINEAR_ROLES: tuple[str, ...] = (
 # that blockwise FP8 does not fit their few rows.
 # Kimi delta attention's forget gate (f_a, f_b: the per-channel decay), beta
 # projection and output gate (g_a, g_b) are the same kind of few-row, per-token
-# rates.
+# rates; its q, k and v projections stay with them because vLLM's KDA layer runs
+# q, k, v, beta and f_a as one merged Linear (in_proj_qkvgfab), which takes one
+# quantization scheme for all its parts.
 LINEAR_ATTENTION_KEPT = (
     "linear_in_proj_ba",
     "linear_in_proj_b",
     "linear_in_proj_a",
+    "kda_q_proj",
+    "kda_k_proj",
+    "kda_v_proj",
     "kda_f_a_proj",
     "kda_f_b_proj",
     "kda_b_proj",

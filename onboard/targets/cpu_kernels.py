@@ -6,6 +6,11 @@ quantization schemes the cpu target runs is data in ``profiles.yaml``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
+
 # The CPU MLA decode kernel's only latent size (kv_lora_rank + qk_rope_head_dim):
 # DeepSeek's 512 + 64. Other sizes fail deep inside ('Unsupported block size: 16').
 CPU_MLA_LATENT = 576
@@ -41,3 +46,33 @@ def cpu_gdn_problems(
             f"packed weights take width {CPU_GDN_CONV_WIDTH})"
         )
     return problems
+
+
+def cpu_engine_limit(spec: ModelSpec) -> str | None:
+    """Why vLLM's CPU engine cannot run ``spec``'s model at all (None: it can).
+
+    vLLM's Kimi delta attention layer (KimiGatedDeltaNetAttention, which vLLM's
+    Kimi Linear and the generated model use) runs its convolutions and delta rule
+    with Triton kernels only (causal_conv1d_fn, chunk_kda_with_fused_gate,
+    fused_recurrent_kda), and the CPU build's Triton has no CPU backend ('Triton is
+    installed, but doesn't include CPU backend. Disabling Triton.'). The engine's
+    own error is recorded beside this reason by the checks that meet it.
+    """
+    lin = spec.linear_attention
+    if lin is None or lin.type != "kimi_delta":
+        return None
+    limit = (
+        "vLLM's CPU build cannot run Kimi delta attention: vLLM's KDA layer "
+        "(KimiGatedDeltaNetAttention) has Triton kernels only, and the CPU "
+        "build's Triton has no CPU backend"
+    )
+    if spec.attention.type == "mla":
+        # Measured on kimi-k3-style's tiny checkpoint: the engine stops before
+        # any KDA kernel ('Aligned KV cache block size 256 is not supported by
+        # attention backend(s): CPU_MLA').
+        limit += (
+            "; beside MLA layers the engine stops before that, as vLLM's CPU MLA "
+            "backend does not take the aligned block size the hybrid cache gives "
+            "the attention layers"
+        )
+    return limit + "; the GPU targets' emitted run script covers this check"

@@ -101,8 +101,10 @@ GUARDED = {
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
                          "role linear_in_proj_a"),
-    # Kimi delta attention's convolutions, A_log / dt_bias, gates and beta.
-    "kimi delta attention": ("role kda_q_conv1d", "role kda_k_conv1d",
+    # Kimi delta attention's q/k/v, convolutions, A_log / dt_bias, gates and beta.
+    "kimi delta attention": ("role kda_q_proj", "role kda_k_proj",
+                             "role kda_v_proj",
+                             "role kda_q_conv1d", "role kda_k_conv1d",
                              "role kda_v_conv1d", "role kda_attn",
                              "role kda_f_a_proj", "role kda_f_b_proj",
                              "role kda_b_proj", "role kda_g_a_proj",
