@@ -38,7 +38,13 @@ ALLOWED_EXACT = {
     "vllm.model_executor.utils": {"set_weight_attrs"},
     # The loader of a parameter split along dim 0 over the tensor-parallel ranks
     # (attention sinks, one per head).
-    "vllm.model_executor.model_loader.weight_utils": {"sharded_weight_loader"},
+    # (and the plain loader, for the KDA layer's gated-norm weight).
+    "vllm.model_executor.model_loader.weight_utils": {
+        "sharded_weight_loader",
+        "default_weight_loader",
+    },
+    # The config view vLLM's KDA layer reads (Kimi Linear's nested keys).
+    "types": {"SimpleNamespace"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
 }
@@ -49,6 +55,8 @@ ALLOWED_BASES = {
     "EagleModelMixin",
     # A model with linear-attention layers: vLLM's hybrid-cache interfaces.
     "HasInnerState",
+    # vLLM's own KDA layer (a layer, not a model), given the checkpoint's names.
+    "KimiGatedDeltaNetAttention",
     "IsHybrid",
     "MixtureOfExperts",
     "SupportsEagle3",
