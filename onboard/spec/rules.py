@@ -803,13 +803,16 @@ GENERATED_NAMES = frozenset(
         "QwenGatedDeltaNetAttention",
         # linear attention (Kimi delta attention, the reference's classes)
         "KimiDeltaAttention", "KimiGatedRMSNorm",
+        # ... and the vLLM model's (vLLM's KDA layer, fed a config view)
+        "KimiGatedDeltaNetAttention", "SimpleNamespace",
         # sparse MLA (the reference's lightning indexer)
         "Indexer",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
-    "Attention", "Config", "DecoderLayer", "GatedSharedExpert", "HeadNorm", "MLP",
+    "Attention", "Config", "DecoderLayer", "DeltaAttention", "GatedSharedExpert",
+    "HeadNorm", "MLP",
     "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
     "RotaryOnFlatHeads", "SharedHead",
