@@ -108,6 +108,7 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
             "MambaStateShapeCalculator",
         )
     },
+    "MLAAttention": ("vllm.model_executor.layers.attention", "MLAAttention"),
     "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
     "MultiHeadLatentAttentionWrapper": (
         "vllm.model_executor.layers.mla",
@@ -161,6 +162,39 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "sharded_weight_loader",
     ),
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
+    "current_platform": ("vllm.platforms", "current_platform"),
+    "get_forward_context": ("vllm.forward_context", "get_forward_context"),
+    "GDNAttentionMetadata": (
+        "vllm.v1.attention.backends.gdn_attn",
+        "GDNAttentionMetadata",
+    ),
+    "is_conv_state_dim_first": (
+        "vllm.model_executor.layers.mamba.mamba_utils",
+        "is_conv_state_dim_first",
+    ),
+    "causal_conv1d_fn_cpu": (
+        "vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d",
+        "causal_conv1d_fn_cpu",
+    ),
+    # Sparse MLA's lightning indexer: vLLM's indexer op, its key cache layer, the
+    # FP8 quantization of its queries.
+    "SparseAttnIndexer": (
+        "vllm.model_executor.layers.sparse_attn_indexer",
+        "SparseAttnIndexer",
+    ),
+    "DeepseekV32IndexerCache": (
+        "vllm.model_executor.models.deepseek_v2",
+        "DeepseekV32IndexerCache",
+    ),
+    "per_token_group_quant_fp8": (
+        "vllm.model_executor.layers.quantization.utils.fp8_utils",
+        "per_token_group_quant_fp8",
+    ),
+    "get_max_prefill_buffer_size": (
+        "vllm.v1.attention.backends.mla.indexer",
+        "get_max_prefill_buffer_size",
+    ),
+    "get_current_vllm_config": ("vllm.config", "get_current_vllm_config"),
 }
 
 

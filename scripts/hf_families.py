@@ -88,6 +88,23 @@ FAMILY_SMALL: dict[str, dict] = {
             "full_attention",
         ]
     },
+    # Mistral-4's rope with a short original context, so that its query scaling
+    # (llama_4_scaling_beta) grows past 64 tokens; vLLM's yarn rope caches
+    # original x factor positions (256), which the validation's tokens fit in.
+    "mistral4": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "max_position_embeddings": 256,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        }
+    },
 }
 
 
@@ -103,8 +120,18 @@ class Row:
 def small_config(model_type: str) -> dict:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from onboard.reference.prove import shrink_vision
+    from onboard.spec.hf import text_model_type
+
     cls = CONFIG_MAPPING[model_type]
     declared = cls().to_dict()
+    inner = text_model_type(model_type)
+    if isinstance(declared.get("text_config"), dict) and inner in CONFIG_MAPPING:
+        # A multimodal wrapper: its language model at the sizes below, its vision
+        # tower at the proof's.
+        config = cls(text_config=small_config(inner))
+        shrink_vision(config)
+        return config.to_dict()
     small = {k: v for k, v in SMALL.items() if k in declared}
     if "n_shared_experts" in declared and declared["n_shared_experts"] is None:
         small["n_shared_experts"] = 1  # dots1: the class's None does not build
@@ -195,19 +222,25 @@ def validate_family(
     """`onboard validate --checks accuracy` on a checkpoint transformers wrote of
     the small config itself (the spec's sizes)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForImageTextToText
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from onboard.reference.prove import auto_class
     from onboard.spec import dump_spec
 
     tiny = CONFIG_MAPPING[model_type].from_dict(config)  # already small
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny, dtype=torch.float32)
+    if spec.checkpoint.language_model_prefix is not None:
+        # A multimodal wrapper's checkpoint, vision tower and all, as published.
+        model = AutoModelForImageTextToText.from_config(tiny, dtype=torch.float32)
+    else:
+        model = auto_class(model_type).from_config(tiny, dtype=torch.float32)
+    text = tiny.get_text_config()
     with torch.no_grad():  # decisive logits (std ~8), as tests/hf_tiny.py writes
         head = model.get_output_embeddings().weight
         # (Granite divides the logits by logits_scaling: the head makes up for it.)
-        std = 8.0 * getattr(tiny, "logits_scaling", 1.0)
-        head.normal_(0.0, std / tiny.hidden_size**0.5)
+        std = 8.0 * getattr(text, "logits_scaling", 1.0)
+        head.normal_(0.0, std / text.hidden_size**0.5)
     ckpt = work / "ckpt"
     model.save_pretrained(ckpt)
     (work / "spec.yaml").write_text(dump_spec(spec))

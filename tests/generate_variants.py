@@ -102,6 +102,42 @@ mlp:
 checkpoint: {layout: mixtral}
 """,
     ),
+    # MLA layers reading an earlier MLA layer's latent cache (vLLM's MLAAttention
+    # called directly; the plugin's runtime patch), beside MoE layers.
+    "var-mla-share": (
+        "VarMlaShareForCausalLM",
+        """
+attention:
+  type: mla
+  num_heads: 4
+  mla: {kv_lora_rank: 512, qk_nope_head_dim: 32, qk_rope_head_dim: 64,
+        v_head_dim: 32}
+  kv_sharing: {2: 0, 3: 1}
+rope: {theta: 10000.0, interleaved: true}
+mlp:
+  intermediate_size: 512
+  moe:
+    num_experts: 8
+    num_experts_per_tok: 2
+    expert_intermediate_size: 64
+    first_k_dense: 1
+    router: {scoring: softmax}
+""",
+    ),
+    # ... with low-rank queries: a sharing layer loads q_a_proj alone.
+    "var-mla-share-qlora": (
+        "VarMlaShareQloraForCausalLM",
+        """
+attention:
+  type: mla
+  num_heads: 4
+  mla: {q_lora_rank: 64, kv_lora_rank: 512, qk_nope_head_dim: 32,
+        qk_rope_head_dim: 64, v_head_dim: 32}
+  kv_sharing: {3: 1}
+rope: {theta: 10000.0, interleaved: true}
+mlp: {intermediate_size: 512}
+""",
+    ),
     # Post-norm blocks with LayerNorm (the un-fused residual path), a Mixtral MoE
     # after a dense first layer, sliding layers, and a renamed post-MLP norm.
     "var-post-norm": (

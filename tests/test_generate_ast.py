@@ -1,6 +1,7 @@
 """Every generated file imports vLLM's layers, distributed, config, attention and
 model-interface/utility modules (and torch, transformers' base config class), never
-another model's module, and subclasses no model class. The one exception is the
+another model's module (sparse MLA takes one layer from vLLM's DeepSeek-V2 module, its
+index-key cache), and subclasses no model class. The one exception is the
 MTP draft, which imports its blocks from its own model file (``from .<module>
 import ...``, as vLLM's deepseek_mtp imports deepseek_v2)."""
 
@@ -25,6 +26,7 @@ ALLOWED_PREFIXES = (
     "vllm.compilation",
     "vllm.config",
     "vllm.distributed",
+    "vllm.platforms",
     "vllm.sequence",
     "vllm.model_executor.layers",
     "vllm.model_executor.models.interfaces",
@@ -45,8 +47,28 @@ ALLOWED_EXACT = {
     },
     # The config view vLLM's KDA layer reads (Kimi Linear's nested keys).
     "types": {"SimpleNamespace"},
+    # The KDA layer's CPU path: the platform, and the state metadata of the step.
+    "vllm.platforms": {"current_platform"},
+    "vllm.forward_context": {"get_forward_context"},
+    "vllm.v1.attention.backends.gdn_attn": {"GDNAttentionMetadata"},
+    # Sparse MLA's index-key cache layer (a layer, not a model: vLLM's own
+    # DeepSeek-V3.2 indexer's) and the indexer's prefill buffer size.
+    "vllm.model_executor.models.deepseek_v2": {"DeepseekV32IndexerCache"},
+    "vllm.v1.attention.backends.mla.indexer": {"get_max_prefill_buffer_size"},
+    # The config convertor registry (an MLA model type vLLM does not list).
+    "vllm.transformers_utils": {"model_arch_config_convertor"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
+}
+# The plugin's runtime patch of the released vLLM (MLA layers sharing a latent
+# cache, docs/generate.md) imports what it patches; no other file may.
+PATCH_FILE = "mla_kv_sharing.py"
+PATCH_IMPORTS = {
+    "functools",
+    "inspect",
+    "vllm",
+    "vllm.transformers_utils.model_arch_config_convertor",
+    "vllm.v1.worker.gpu_model_runner",
 }
 # Bases a generated class may have besides classes of the same file.
 ALLOWED_BASES = {
@@ -58,6 +80,8 @@ ALLOWED_BASES = {
     # vLLM's own KDA layer (a layer, not a model), given the checkpoint's names.
     "KimiGatedDeltaNetAttention",
     "IsHybrid",
+    # The plugin's convertor for an MLA model type vLLM does not list.
+    "convertors.ModelArchConfigConvertorBase",
     "MixtureOfExperts",
     "SupportsEagle3",
     "SupportsLoRA",
@@ -73,12 +97,13 @@ def _allowed_module(module: str) -> bool:
 def check_file(path: str, source: str, module_name: str = "") -> list[str]:
     """Problems with one generated Python file (empty when it is fine)."""
     own_package = f"onboard_plugin_{module_name}"
+    patch_imports = PATCH_IMPORTS if path.endswith(f"/{PATCH_FILE}") else set()
     problems = []
     tree = ast.parse(source, filename=path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if not _allowed_module(alias.name):
+                if not (_allowed_module(alias.name) or alias.name in patch_imports):
                     problems.append(f"{path}:{node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -94,11 +119,18 @@ def check_file(path: str, source: str, module_name: str = "") -> list[str]:
                         f"{path}:{node.lineno}: from {module} import "
                         f"{', '.join(sorted(bad))}"
                     )
-            elif module == f"{own_package}.config" and path.endswith("__init__.py"):
-                pass  # the plugin's own config class, imported by register()
+            elif module in (
+                f"{own_package}.config",
+                f"{own_package}.mla_kv_sharing",
+            ) and path.endswith("__init__.py"):
+                pass  # the plugin's config class and patch, imported by register()
+            elif module in patch_imports:
+                pass
             elif not _allowed_module(module):
                 problems.append(f"{path}:{node.lineno}: from {module} import ...")
-            if module.startswith(("vllm.model_executor.models.", "transformers.")):
+            if module.startswith(("vllm.model_executor.models.", "transformers.")) and (
+                module not in ALLOWED_EXACT
+            ):
                 if module.rsplit(".", 1)[-1] not in ("interfaces", "utils"):
                     problems.append(f"{path}:{node.lineno}: model module {module}")
         elif (
@@ -131,6 +163,8 @@ def test_generated_files_import_no_model_module(name):
     expected = {f"{package}/__init__.py", f"{package}/{spec.module_name}.py"}
     if spec.mtp is not None:
         expected.add(f"{package}/{spec.module_name}_mtp.py")  # the MTP draft
+    if spec.attention.type == "mla" and spec.attention.kv_sharing:
+        expected.add(f"{package}/{PATCH_FILE}")  # the runtime patch
     # + config.py for a model type transformers lacks
     assert set(py) - expected in (set(), {f"{package}/config.py"})
     assert expected <= set(py)

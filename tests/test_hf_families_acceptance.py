@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 # names; Granite's multipliers and its experts saved stacked (with a fused
 # shared expert); attention sinks with stacked, biased experts; Gated DeltaNet
 # layers with grouped (Qwen3-Next) and split (Qwen3.5) projections beside gated
-# attention and 1 + weight norms (the CPU engine runs them in bfloat16).
+# attention and 1 + weight norms (the CPU engine runs them in bfloat16); the
+# multimodal wrappers around the Qwen3.5 ones and Gemma-3's, served text-only
+# from a checkpoint with its vision tower (model.language_model.*, model.visual.*;
+# Gemma-3's language_model.model.*, vision_tower, multi_modal_projector).
 FAMILIES = (
     "gemma2",
     "gemma3_text",
@@ -62,6 +65,12 @@ FAMILIES = (
     "qwen3_next",
     "qwen3_5_text",
     "qwen3_5_moe_text",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "mistral4",
 )
 
 

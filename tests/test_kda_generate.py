@@ -1,8 +1,9 @@
 """The generated vLLM model for Kimi delta attention layers (model_specs/
-kimi-k3-style.yaml): vLLM's own KDA layer beside MLA full attention, its loading of
-the checkpoint's KDA tensors, the specs it refuses, and validation on the cpu target
-(vLLM's KDA kernels are Triton-only: an engine error there is not-run, with vLLM's
-own error recorded). The engine side is in the acceptance tier (test_kda_engine)."""
+kimi-k3-style.yaml): vLLM's own KDA layer beside MLA full attention (and beside gqa
+attention), its loading of the checkpoint's KDA tensors, its plain-torch CPU path,
+the specs it refuses, and validation on the cpu target (KDA beside MLA cannot run
+there: an engine error is not-run, with vLLM's own error recorded). The KDA model
+beside gqa attention on the CPU engine is in test_kda_engine."""
 
 from __future__ import annotations
 
@@ -42,15 +43,23 @@ def _class(source: str, name: str) -> ast.ClassDef:
 
 
 def test_kda_layers_are_vllms_kda_layer(spec, source):
-    """The KDA mixer subclasses vLLM's KDA layer (no Gated DeltaNet layer, no
-    mixer code of its own), sits at self_attn beside the MLA attention, and the
-    hybrid cache is sized by vLLM's KDA calculators."""
+    """The KDA mixer subclasses vLLM's KDA layer (no Gated DeltaNet layer; its
+    own mixer code is the CPU path only, the other platforms run vLLM's
+    _forward), sits at self_attn beside the MLA attention, and the hybrid cache is
+    sized by vLLM's KDA calculators."""
     kda = _class(source, "KimiK3StyleDeltaAttention")
     assert [ast.unparse(b) for b in kda.bases] == ["KimiGatedDeltaNetAttention"]
     assert {f.name for f in kda.body if isinstance(f, ast.FunctionDef)} == {
         "__init__",
         "load_weights",
+        "_forward",
+        "_forward_cpu",
     }
+    assert (
+        "        if not current_platform.is_cpu():\n"
+        "            super()._forward(mixed_qkv, g1, g2, beta, core_attn_out)\n"
+        "            return\n"
+    ) in source
     assert "QwenGatedDeltaNetAttention" not in source
     assert "self.linear_attn" not in source
     for call in (
@@ -123,13 +132,21 @@ def test_refuses_what_vllms_kda_layer_computes_otherwise(change, message):
         render_model(parse_spec_text(text))
 
 
-def test_refuses_kda_beside_gqa():
-    """GQA's q/k/v stacking rule would take the KDA layers' q_proj too."""
-    text = SPEC_PATH.read_text()
+def _beside_gqa(text: str) -> str:
     mla = text[text.index("  type: mla") : text.index("  layer_types:")]
-    text = text.replace(mla, "  type: gqa\n  num_heads: 32\n  num_kv_heads: 8\n")
-    with pytest.raises(GenerationError, match="beside gqa attention"):
-        render_model(parse_spec_text(text))
+    return text.replace(mla, "  type: gqa\n  num_heads: 32\n  num_kv_heads: 8\n")
+
+
+def test_kda_beside_gqa_takes_its_projections_back(source):
+    """Beside gqa attention the model's mapper stacks every q/k/v projection as
+    qkv_proj (for the attention layers); the KDA layer takes its own back by the
+    tensor's shard, which only that model prints."""
+    gqa = render_model(parse_spec_text(_beside_gqa(SPEC_PATH.read_text())))
+    assert '".q_proj": (".qkv_proj", "q"),' in gqa
+    kda = ast.unparse(_class(gqa, "KimiK3StyleDeltaAttention"))
+    assert "if module == 'qkv_proj':" in kda
+    assert "module = f'{loaded_weight.shard_id}_proj'" in kda
+    assert "qkv_proj" not in ast.unparse(_class(source, "KimiK3StyleDeltaAttention"))
 
 
 def test_plan_state_is_the_kda_layers(spec):
@@ -155,8 +172,10 @@ def test_serving_plan_counts_the_kda_states(spec):
     assert len(kv.states) == 18
 
 
-def test_cpu_engine_limit_names_kda_only(spec):
-    assert "Triton kernels only" in cpu_engine_limit(spec)
+def test_cpu_engine_limit_names_kda_beside_mla_only(spec):
+    assert "CPU MLA backend takes 16-token blocks only" in cpu_engine_limit(spec)
+    beside_gqa = parse_spec_text(_beside_gqa(SPEC_PATH.read_text()))
+    assert cpu_engine_limit(beside_gqa) is None
     assert (
         cpu_engine_limit(load_spec(ROOT / "model_specs/qwen3-next-style.yaml")) is None
     )
@@ -195,7 +214,7 @@ def test_engine_errors_of_a_kda_model_are_not_run(spec, tmp_path, monkeypatch):
     ctx = _ctx(spec, tmp_path)
     died = harness._run_check(ctx, "died")
     assert died.status == "not-run"
-    assert "Triton" in died.details and "engine worker died" in died.details
+    assert "CPU MLA" in died.details and "engine worker died" in died.details
     refused = harness._run_check(ctx, "refused")
     assert refused.status == "not-run"
     assert refused.metrics["engine_error"] == "ValueError: no"

@@ -95,7 +95,17 @@ def test_mtp_file_shape(name):
     assert f"from .{spec.module_name} import {prefix}DecoderLayer\n" in source
     call = mtp_block_call(source)
     assert ast.unparse(call.func) == f"{prefix}DecoderLayer"
-    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    # The sparse-MLA top-k buffer is passed through by name, not a literal.
+    passed = {
+        k.arg: ast.unparse(k.value)
+        for k in call.keywords
+        if k.arg == "topk_indices_buffer"
+    }
+    assert passed in ({}, {"topk_indices_buffer": "topk_indices_buffer"})
+    assert bool(passed) == (spec.attention.indexer is not None)
+    keywords = {
+        k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg not in passed
+    }
     model_classes = {
         n.name for n in ast.parse(model_file(name)).body if isinstance(n, ast.ClassDef)
     }

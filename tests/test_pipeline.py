@@ -147,7 +147,18 @@ def test_last_line_is_the_verdict_with_what_was_not_covered(tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.acceptance
-@pytest.mark.parametrize("name", ["dense-gqa", "deepseek-v3-style", "novel-launch"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dense-gqa",
+        "deepseek-v3-style",
+        "novel-launch",
+        "gpt-oss-style",
+        "qwen3-next-style",
+        "glm-5-style",
+        "mistral-large-4-style",
+    ],
+)
 def test_full_run_of_every_stage_and_check(tmp_path, name):
     """The default `onboard new-model`: every stage, every check the spec calls for;
     no check fails, and a check that cannot run on cpu says why."""

@@ -677,3 +677,21 @@ def test_mla_kv_sharing_by_hand(tmp_path):
     shared = weight_report(load_spec(path), "fp8-block")
     kept = 2 * (bf16(576, 7168) - fp8_block(576, 7168))
     assert shared.total_bytes - base.total_bytes == kept
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "model_specs").glob("*.yaml")))
+def test_every_matrix_is_in_a_group_of_its_own_kind(path):
+    """Only 1-D tensors (norms, A_log, dt_bias) fall to "norms": a projection or
+    convolution there would be counted replicated on every rank."""
+    from onboard.arch import build_plan
+    from onboard.arch.tensors import plan_tensors
+
+    spec = load_spec(path)
+    decoder = len(build_plan(spec).layers)
+    one_d = sum(
+        math.prod(t.shape)
+        for t in plan_tensors(spec)
+        if len(t.shape) == 1 and (t.layer is None or t.layer < decoder)
+    )
+    norms = weight_report(spec, "bf16").groups["norms"]
+    assert 0 < norms.params <= one_d, (norms.params, one_d)

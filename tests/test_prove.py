@@ -10,6 +10,7 @@ which the spec reads; tensor names that do not fit fail on the tensors.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -849,3 +850,233 @@ def test_qwen3_5_text_mrope_is_the_plain_rope_on_text():
     other = transformers_config("qwen3_next", rope_parameters=mrope).to_dict()
     with pytest.raises(InputError, match="mrope_section: not expressible"):
         spec_from_hf_config(other)
+
+
+def _wrapper_config(model_type: str, text_type: str) -> dict:
+    from transformers import AutoConfig
+
+    text = transformers_config(text_type).to_dict()
+    return AutoConfig.for_model(model_type, text_config=text).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "text_type"),
+    [("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text")],
+)
+def test_a_multimodal_wrapper_is_proven_on_its_language_model(model_type, text_type):
+    # Qwen3.5 as published: the language model's config is text_config, its
+    # tensors model.language_model.*, the vision tower's model.visual.*. The
+    # spec is the language model alone, proven against the wrapper's own class
+    # on text input (the reference loads the wrapper's tensors renamed).
+    from onboard.generate import render_model
+    from onboard.spec.hf import hf_config_from_spec
+
+    config = _wrapper_config(model_type, text_type)
+    spec = spec_from_hf_config(config)
+    text_spec = spec_from_hf_config(transformers_config(text_type).to_dict())
+    assert spec.model_type == model_type
+    assert spec.architecture.endswith("ForConditionalGeneration")
+    assert spec.checkpoint.language_model_prefix == "model.language_model"
+    assert spec.checkpoint.skipped_prefixes == ["model.visual"]
+    same = {"attention", "linear_attention", "mlp", "norm", "rope", "hidden_size"}
+    assert spec.model_dump(include=same) == text_spec.model_dump(include=same)
+    proof = prove_spec(spec, config)
+    assert proof.model_class == spec.architecture
+    assert proof.max_rel_diff < RTOL
+    assert "wrapper's model.visual (vision) is not part" in proof.header()
+    written = hf_config_from_spec(spec)
+    assert written["model_type"] == model_type
+    assert written["text_config"]["model_type"] == text_type
+    assert spec_from_hf_config(written) == spec.model_copy(
+        update={"name": model_type.replace("_", "-")}
+    )
+    # The vLLM model reads text_config and loads the wrapper's checkpoint.
+    source = render_model(spec)
+    assert "model_config.hf_config\n" not in source
+    assert "model_config.hf_text_config" in source
+    assert '"model.language_model.": "model."' in source
+    assert '"model.visual.": None' in source
+    assert "qwen3_5 import" not in source  # never vLLM's multimodal class
+
+
+def test_a_wrapper_s_language_model_at_another_prefix_fails_on_the_tensors():
+    config = _wrapper_config("qwen3_5", "qwen3_5_text")
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data["checkpoint"]["language_model_prefix"] = "model.text_model"
+    with pytest.raises(ProofFailed, match="does not fit the family's tensors"):
+        prove_spec(ModelSpec.model_validate(data), config)
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data["checkpoint"]["skipped_prefixes"] = []
+    with pytest.raises(ProofFailed, match="outside its language model are model"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_a_wrapper_around_an_unproven_language_model_is_refused():
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("llama4").to_dict()
+    with pytest.raises(InputError, match="'llama4_text', which is not a family"):
+        spec_from_hf_config(config)
+    config = _wrapper_config("qwen3_5", "qwen3_5_text")
+    config["text_config"]["model_type"] = "qwen3_5_moe_text"
+    with pytest.raises(InputError, match="nests a 'qwen3_5_text' language model"):
+        spec_from_hf_config(config)
+
+
+def _mistral4_config() -> dict:
+    from transformers import AutoConfig
+
+    small = dict(
+        vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32,
+        moe_intermediate_size=64, intermediate_size=128, n_routed_experts=8,
+        num_experts_per_tok=2, max_position_embeddings=256,
+    )  # fmt: skip
+    config = AutoConfig.for_model("mistral4", **small).to_dict()
+    # A short original context: the proof's positions pass it several times, so
+    # the query scaling grows within the sequence.
+    config["rope_parameters"].update(original_max_position_embeddings=4, factor=2.0)
+    return config
+
+
+def test_mistral4_is_proven():
+    # Mistral-4: DeepSeek-V3's MLA and MoE. Its partial_rotary_factor is the
+    # rope's share of the whole q/k head (nope + rope) and reads as the spec's
+    # qk_rope_head_dim; its queries grow with the position (llama_4_scaling);
+    # its experts are two parameters of one module, output dim first.
+    config = _mistral4_config()
+    assert config["rope_parameters"]["partial_rotary_factor"] == 64 / 96
+    assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.1
+    spec = spec_from_hf_config(config)
+    assert spec.attention.mla.qk_rope_head_dim == 64
+    assert spec.attention.partial_rotary_factor == 1.0
+    scaling = spec.attention.llama_4_scaling
+    assert (scaling.beta, scaling.original_max_position_embeddings) == (0.1, 4)
+    assert spec.checkpoint.experts_format == "parameters"
+    prove_spec(spec, config)
+    config["rope_parameters"]["partial_rotary_factor"] = 0.5
+    with pytest.raises(InputError, match="rotates 48 dims of each MLA head's 96"):
+        spec_from_hf_config(config)
+
+
+def test_mistral4_without_its_query_scaling_fails_the_proof():
+    config = _mistral4_config()
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data["attention"]["llama_4_scaling"] = None
+    with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_mistral4_with_its_experts_stored_otherwise_fails_the_proof():
+    config = _mistral4_config()
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data["checkpoint"].update(experts_format="linear", tensor_names={})
+    with pytest.raises(ProofFailed, match=r"mlp\.experts\.gate_up_proj"):
+        prove_spec(ModelSpec.model_validate(data), config)
+
+
+def test_a_mistral4_checkpoint_transformers_wrote_passes_preflight(tmp_path):
+    # save_pretrained keeps the experts as the module holds them (no conversion
+    # mapping un-fuses them): the tensors the spec names, at the spec's shapes.
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from onboard.checkpoint.preflight import preflight
+
+    config = _mistral4_config()
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(
+        CONFIG_MAPPING["mistral4"].from_dict(config)
+    )
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        shape = f.get_slice("model.layers.0.mlp.experts.gate_up_proj").get_shape()
+    assert shape == [8, 2 * 64, 128]  # [experts, gate rows then up rows, hidden]
+    spec = spec_from_hf_config(json.loads((tmp_path / "config.json").read_text()))
+    report = preflight(spec, tmp_path)
+    assert not [p for p in report.problems if p.severity == "error"], report.problems
+    data = spec.model_dump(mode="json")
+    data["checkpoint"].update(experts_format="linear", tensor_names={})
+    report = preflight(ModelSpec.model_validate(data), tmp_path)
+    assert any("mlp.experts" in p.where for p in report.problems)
+
+
+def test_mistral4_query_scaling_needs_its_original_context():
+    config = _mistral4_config()
+    config["rope_parameters"].update(rope_type="default", type="default")
+    for key in ("factor", "original_max_position_embeddings", "beta_fast",
+                "beta_slow", "mscale", "mscale_all_dim"):  # fmt: skip
+        config["rope_parameters"].pop(key)
+    with pytest.raises(InputError, match="llama_4_scaling_beta=0.1: needs"):
+        spec_from_hf_config(config)
+    config["rope_parameters"]["original_max_position_embeddings"] = 8
+    spec = spec_from_hf_config(config)
+    assert spec.rope.scaling is None
+    assert spec.attention.llama_4_scaling.original_max_position_embeddings == 8
+
+
+def test_a_wrapper_checkpoint_transformers_wrote_passes_preflight(tmp_path):
+    # The checkpoint as published (vision tower and all) matches the spec read
+    # from its config: its tensors as the generated model loads them.
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from onboard.checkpoint.preflight import preflight
+    from onboard.reference.prove import shrink_vision
+
+    config = AutoConfig.for_model(
+        "qwen3_5", text_config=transformers_config("qwen3_5_text").to_dict()
+    )
+    shrink_vision(config)
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(config).save_pretrained(tmp_path)
+    spec = spec_from_hf_config(json.loads((tmp_path / "config.json").read_text()))
+    report = preflight(spec, tmp_path)
+    assert not [p for p in report.problems if p.severity == "error"], report.problems
+    data = spec.model_dump(mode="json")
+    data["checkpoint"]["skipped_prefixes"] = []
+    report = preflight(ModelSpec.model_validate(data), tmp_path)
+    assert any("model.visual" in p.where for p in report.problems)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"skipped_prefixes": ["model.visual"]}, "needs checkpoint.language_model"),
+        ({"language_model_prefix": "model"}, "not `model` or `lm_head`"),
+        (
+            {
+                "language_model_prefix": "model.language_model",
+                "skipped_prefixes": ["model.language_model.layers"],
+            },
+            "is inside the language model",
+        ),
+    ],
+)
+def test_wrapper_prefix_rules(change, message):
+    from onboard.spec.rules import check_rules
+
+    config = transformers_config("qwen3_5_text").to_dict()
+    data = spec_from_hf_config(config).model_dump(mode="json")
+    data["checkpoint"].update(change)
+    problems = check_rules(ModelSpec.model_validate(data))
+    assert any(message in m for _, m in problems), problems
+
+
+def test_a_published_qwen3_5_config_is_read_up_to_its_mtp_head():
+    # Published Qwen3.5 configs state full_attention_interval beside layer_types
+    # (a copy: the class reads layer_types) and Qwen's MTP head, which is refused
+    # naming the key; without the head the wrapper reads.
+    config = _wrapper_config("qwen3_5", "qwen3_5_text")
+    text = config["text_config"]
+    text.update(full_attention_interval=4, mtp_num_hidden_layers=1)
+    with pytest.raises(InputError, match="(?s)text_config: .*mtp_num_hidden_layers=1"):
+        spec_from_hf_config(config)
+    text["mtp_num_hidden_layers"] = 0
+    assert spec_from_hf_config(config).checkpoint.language_model_prefix
+    text["full_attention_interval"] = 3
+    with pytest.raises(InputError, match="full_attention_interval=3 disagrees"):
+        spec_from_hf_config(config)

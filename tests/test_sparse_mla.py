@@ -1,8 +1,8 @@
 """Sparse MLA (attention.indexer: DeepSeek-V3.2, GLM-5) beyond the reference's
 parity tests in tests/test_reference.py: the rules, the config mapping's
 refusals, the tiny checkpoint against transformers' own class, preflight's
-shapes, quantization keeping the indexer in 16 bits, and the vLLM generator's
-refusal.
+shapes, quantization keeping the indexer in 16 bits, the generated vLLM model
+and its indexer module against the reference's beyond the top-k.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import json
 
 import pytest
 import torch
-from test_spec_hf import run_cli, transformers_config
+from test_spec_hf import transformers_config
 
 from onboard.errors import InputError
 from onboard.spec.hf import spec_from_hf_config
-from onboard.spec.loader import dump_spec
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
 
@@ -60,7 +59,10 @@ def test_families_read_their_indexer():
         (dict(indexer__head_dim=32), "at least attention.mla.qk_rope_head_dim"),
         (dict(indexer__shared_layers=[0]), "layer 0: a shared layer reuses"),
         (dict(indexer__shared_layers=[4]), "layer 4: a shared layer reuses"),
-        (dict(kv_sharing={"2": 1}), "beside cross-layer KV sharing"),
+        (
+            dict(kv_sharing={"2": 1}, indexer__shared_layers=[3]),
+            "shared indexer layers beside cross-layer KV sharing",
+        ),
     ],
 )
 def test_rules(edit, message):
@@ -194,14 +196,133 @@ def test_quantize_keeps_the_indexer_in_16_bits(tmp_path):
         assert f"{attn}.indexer.{name}" in plan.ignore
 
 
-def test_the_vllm_model_is_refused_with_the_reason(tmp_path):
-    path = tmp_path / "spec.yaml"
-    path.write_text(dump_spec(dsa_spec()))
-    result = run_cli("generate", path, "-o", tmp_path / "out")
-    assert result.returncode == 2, result.stderr
-    assert "attention.indexer: the vLLM model is not generated for sparse MLA" in (
-        result.stderr + result.stdout
+def test_the_vllm_model_selects_vllms_sparse_mla(tmp_path):
+    """The generated model builds vLLM's sparse MLA where the config has an
+    index top-k (its indexer op, FP8 index-key cache, top-k buffer) and dense MLA
+    without one; wk and weights_proj load into one GEMM; a GLM shared layer skips
+    the top-k."""
+    from onboard.generate import generate_files
+
+    source = generate_files(dsa_spec())[
+        "plugin/onboard_plugin_deepseek_v32/deepseek_v32.py"
+    ]
+    for needle in (
+        "class DeepseekV32Indexer(nn.Module):",
+        "SparseAttnIndexer(",
+        "DeepseekV32IndexerCache(",
+        "self.is_sparse = bool(config.index_topk)",
+        "is_sparse=self.is_sparse,",
+        "topk_indices_buffer=topk_indices_buffer,",
+        '".indexer.wk.": (".indexer.wk_weights_proj.", 0),',
+        '".indexer.weights_proj.": (".indexer.wk_weights_proj.", 1),',
+        "is_neox_style=True,",  # DeepSeek-V3.2's index rope: NeoX halves
+    ):
+        assert needle in source, needle
+    assert "skip_topk" not in source
+    kinds = ["full", "shared", "full", "shared"]
+    glm = spec_from_hf_config(
+        transformers_config("glm_moe_dsa", indexer_types=kinds).to_dict()
     )
+    source = next(
+        text
+        for name, text in generate_files(glm).items()
+        if name.endswith("/glm_moe_dsa.py")
+    )
+    assert "skip_topk=skip_topk," in source
+    assert 'index_types[layer_idx] == "shared"' in source
+    # GLM's latent norms keep their 1e-6 beside rms_norm_eps 1e-5 (its config has
+    # no key for it).
+    assert glm.norm.eps == 1e-5 and "        eps = 1e-06\n" in source
+
+
+@pytest.fixture(scope="module")
+def indexer_sides(tmp_path_factory):
+    """Per family: the spec, the generated reference on its tiny checkpoint, and
+    the generated vLLM model file, imported."""
+    from transformers import AutoModelForCausalLM
+
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import generate_files
+    from onboard.reference import install_reference
+    from onboard.validate.check_indexer import import_generated
+
+    built = {}
+
+    def build(name: str):
+        if name in built:
+            return built[name]
+        kinds = ["full", "shared", "full", "shared"] if name == "glm_shared" else None
+        model_type = "deepseek_v32" if name == "deepseek_v32" else "glm_moe_dsa"
+        extra = {"indexer_types": kinds} if kinds else {}
+        spec = spec_from_hf_config(transformers_config(model_type, **extra).to_dict())
+        root = tmp_path_factory.mktemp(name)
+        ckpt = root / "ckpt"
+        write_tiny_checkpoint(spec, ckpt, seed=0, dtype="float32")
+        install_reference(spec, ckpt)
+        ref = AutoModelForCausalLM.from_pretrained(
+            ckpt, trust_remote_code=True, dtype=torch.float32
+        ).eval()
+        for path, text in generate_files(spec).items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(text)
+        package = next((root / "plugin").glob("onboard_plugin_*"))
+        built[name] = (spec, ref, import_generated(package, spec))
+        return built[name]
+
+    return build
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa", "glm_shared"])
+def test_generated_indexer_matches_the_reference_beyond_top_k(indexer_sides, family):
+    """The generated vLLM indexer module, loaded through the model's own weight
+    mapping, on three times the top-k tokens: the reference's index scores, the
+    same top-k set for every query, the same sparse attention over it; the sparse
+    choice matters there (dense attention differs)."""
+    from onboard.validate.check_indexer import RTOL, indexer_parity
+
+    spec, ref, module = indexer_sides(family)
+    result = indexer_parity(spec, ref, module)
+    assert result["passed"], result["details"]
+    assert result["context_tokens"] > result["index_topk"]
+    assert result["score_max_rel_diff"] < RTOL
+    assert result["topk_set_mismatches"] == 0 and result["queries_compared"] > 0
+    assert result["sparse_vs_dense_rel_diff"] > 1e-2
+
+
+@pytest.mark.parametrize(
+    "tensor", ["wk.weight", "weights_proj.weight", "wq_b.weight", "k_norm.bias"]
+)
+def test_a_corrupted_indexer_tensor_fails_the_check(indexer_sides, tensor):
+    """Noise on one of the generated side's indexer tensors moves the index scores
+    past the tolerance and changes the top-k sets."""
+    from onboard.validate.check_indexer import RTOL, indexer_parity
+
+    spec, ref, module = indexer_sides("deepseek_v32")
+    where = "model.layers.0.self_attn.indexer"
+    own = ref.model.layers[0].self_attn.indexer.state_dict()
+    tensors = {f"{where}.{k}": v.clone() for k, v in own.items()}
+    weight = tensors[f"{where}.{tensor}"]
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(1))
+    tensors[f"{where}.{tensor}"] = weight + noise * weight.std() * 0.5
+    result = indexer_parity(spec, ref, module, tensors=tensors)
+    assert not result["passed"], result["details"]
+    assert result["score_max_rel_diff"] > 10 * RTOL
+
+
+def test_cpu_validation_runs_dense_equivalent_within_the_top_k():
+    """The CPU engine runs the model without its index_topk (dense MLA) on
+    prompts cut so that prompt plus generated tokens stay within the top-k."""
+    from onboard.validate.harness import dense_equivalent
+
+    prompts = [list(range(30)), [1, 2, 3]]
+    cut, new, note, extra, path = dense_equivalent(
+        {"index_topk": 8}, prompts, 32, "tokenizer"
+    )
+    assert new == 4 and [len(p) for p in cut] == [4, 3]
+    assert all(len(p) + new <= 8 for p in cut)
+    assert extra == {"hf_overrides": {"index_topk": 0}}
+    assert path == {"path": "dense-equivalent", "context_bound": 8}
+    assert "dense-equivalent" in note
 
 
 def test_kv_plan_counts_the_index_keys():
@@ -230,3 +351,120 @@ def test_glm_shared_indexer_layers_are_read_and_proven():
     assert hf_config_from_spec(spec)["indexer_types"] == kinds
     assert shrink_spec(spec).attention.indexer.shared_layers
     assert prove_spec(spec, config).max_rel_diff < RTOL
+
+
+def test_gpu_run_exercises_the_sparse_path(tmp_path):
+    """The emitted b200 run of the bundled sparse-MLA spec asks for prompts past
+    its top-k, and the thresholds make ingest fail a run whose prompts never
+    left it."""
+    from pathlib import Path
+
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.validate.emit import emit, sparse_prompts
+
+    spec_path = Path(__file__).parents[1] / "model_specs" / "glm-5-style.yaml"
+    manifest = emit("glm-5-style/GLM-5-Style", spec_path, "b200", tmp_path / "run")
+    thresholds = json.loads((tmp_path / "run" / "thresholds.json").read_text())
+    assert thresholds["accuracy"]["index_topk"] == 2048
+    assert thresholds["accuracy"]["min_prompt_tokens"] == 2049
+    assert manifest["max_prompt_tokens"] > 2049
+    long = manifest["prompts"][: len(manifest["prompts"]) - len(PROMPTS)]
+    # About 8 characters per wanted token: far more tokens than the top-k.
+    assert len(long) == 4 and all(len(text) >= 8 * 2049 for text in long)
+    assert sparse_prompts(PROMPTS, 10)[4:] == list(PROMPTS)
+
+
+def test_ingest_fails_a_gpu_run_that_stayed_within_the_top_k(tmp_path):
+    from onboard.validate.ingest import _accuracy
+
+    # Engine and reference agree exactly on a 3-token prompt.
+    prompt = {
+        "prompt_token_ids": [1, 2, 3],
+        "prompt_logprobs": [None, {"2": -1.0}, {"3": -1.0}],
+        "token_ids": [4],
+        "top_logprobs": [{"4": -0.5}],
+    }
+    reference = {
+        "prompt_token_ids": [1, 2, 3],
+        "prompt_rows": [None, {"tokens": {"2": -1.0}}, {"tokens": {"3": -1.0}}],
+        "token_ids": [4],
+        "top_logprobs": [{"4": -0.5}],
+    }
+    (tmp_path / "vllm_accuracy.json").write_text(json.dumps({"prompts": [prompt]}))
+    (tmp_path / "reference_accuracy.json").write_text(
+        json.dumps({"prompts": [reference]})
+    )
+    from onboard.validate.emit import ACCURACY_THRESHOLDS
+
+    limits = {**ACCURACY_THRESHOLDS, "index_topk": 8, "min_prompt_tokens": 9}
+    check, _ = _accuracy(tmp_path, {"accuracy": limits})
+    assert check.status == "failed" and check.metrics["longest_prompt_tokens"] == 3
+    assert "the sparse attention path was not exercised" in check.details
+    limits = {**limits, "index_topk": 2, "min_prompt_tokens": 3}
+    check, _ = _accuracy(tmp_path, {"accuracy": limits})
+    assert check.status == "passed", check.details
+
+
+def test_kv_sharing_layers_keep_an_indexer_of_their_own(tmp_path):
+    """Mistral-Large-4-style: a layer reading another layer's latent still picks
+    its own top-k. The reference decoding token by token (a sharing layer's
+    cache entry holds its index keys alone) gives the logits of one whole
+    forward on a context past the top-k, where the choice matters; the plan
+    counts the sharing layers' index keys, and the vLLM model builds their
+    indexers."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import generate_files
+    from onboard.plan.kv import kv_report
+    from onboard.reference import install_reference
+    from onboard.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "model_specs/mistral-large-4-style.yaml")
+    report = kv_report(spec, dtype="bfloat16")
+    shared = [x for x in report.layers if x.shares is not None]
+    assert len(shared) == 16 and {x.kind for x in shared} == {"indexer"}
+    assert report.bytes_per_token == 48 * (576 * 2 + 132) + 16 * 132
+
+    ckpt = write_tiny_checkpoint(spec, tmp_path / "ckpt", dtype="float32")
+    tiny = load_spec(ckpt / "spec.yaml")
+    assert tiny.attention.kv_sharing and tiny.attention.indexer is not None
+    install_reference(tiny, ckpt)
+    model = AutoModelForCausalLM.from_pretrained(
+        ckpt, trust_remote_code=True, dtype=torch.float32
+    ).eval()
+    topk = model.config.index_topk
+    ids = torch.randint(
+        0, tiny.vocab_size, (1, 2 * topk + 8), generator=torch.Generator()
+    )
+    with torch.no_grad():
+        whole = model(ids).logits[0]
+        out = model(ids[:, :topk], use_cache=True)
+        steps = [out.logits[0, -1]]
+        cache = out.past_key_values
+        for t in range(topk, ids.shape[1] - 1):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits[0, -1])
+        indexers = [m for m in model.modules() if type(m).__name__ == "Indexer"]
+        assert len(indexers) == tiny.num_hidden_layers  # sharing layers' too
+        for indexer in indexers:
+            indexer.topk = ids.shape[1]  # every token: dense MLA
+        dense = model(ids).logits[0]
+    scale = whole.abs().max()
+    stepped = torch.stack(steps)
+    assert ((stepped - whole[topk - 1 : -1]).abs().max() / scale).item() < 1e-4
+    assert ((dense - whole)[2 * topk :].abs().max() / scale).item() > 1e-2
+
+    source = next(
+        text
+        for name, text in generate_files(spec).items()
+        if name.endswith("/mistral_large_4_style.py") and "plugin/" in name
+    )
+    sharing = source[source.index("kv_sharing_target_layer_name=kv_sharing") :]
+    for needle in ("use_sparse=self.is_sparse,", "indexer=self.indexer,"):
+        assert needle in sharing, needle
+    assert "self.indexer(hidden_states, q_c, positions" in source

@@ -114,6 +114,25 @@ FAMILIES = {
             "original_max_position_embeddings": 128,
         },
     ),
+    # Mistral-4: MLA whose queries grow with the position (llama_4_scaling), yarn
+    # on the same original context, experts stacked as parameters of one module.
+    "mistral4": dict(
+        n_routed_experts=8,
+        q_lora_rank=32,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+        **MLA,
+        **MOE,
+    ),
     # Gemma: scaled embeddings, 1 + weight norms (facts of the family).
     "gemma": dict(head_dim=16),
     # Gemma-2: sandwich norms, its own softmax scale, both soft-caps (small, so
@@ -704,7 +723,7 @@ _FAMILY_BRANCH_ONLY = {"qwen3_5_text": {"num_experts"}}
 
 
 # Families vLLM has no in-tree model of.
-NOT_IN_VLLM = {"vaultgemma"}
+NOT_IN_VLLM = {"vaultgemma", "mistral4"}
 # Families whose in-tree vLLM module does not import on a CPU install (vLLM's
 # qwen3_5.py imports its vision model, which needs torchvision): the config is
 # read by transformers' class, which vLLM's config loading returns for them, and
@@ -829,11 +848,20 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
             json.dumps({**deepseek_v3_as_published(), "attn_logit_softcapping": 3.0}),
             "attn_logit_softcapping=3.0: not expressible for MLA attention",
         ),
-        # A multimodal wrapper: its language model's config is text_config.
+        # Qwen's MTP head (published Qwen3-Next and Qwen3.5 configs state it).
         (
-            json.dumps(AutoConfig.for_model("qwen3_5", text_config=SMALL).to_dict()),
-            "text_config: model_type 'qwen3_5' wraps a language model whose config "
-            "is text_config (model_type 'qwen3_5_text')",
+            json.dumps(
+                AutoConfig.for_model(
+                    "qwen3_next", **SMALL, mtp_num_hidden_layers=1
+                ).to_dict()
+            ),
+            "mtp_num_hidden_layers=1: Qwen's MTP head (its checkpoint's mtp.* tensors",
+        ),
+        # A multimodal wrapper is read around a language model onboard proves.
+        (
+            json.dumps(AutoConfig.for_model("llama4").to_dict()),
+            "text_config: model_type 'llama4' wraps a language model of model_type "
+            "'llama4_text', which is not a family onboard proves",
         ),
     ],
 )

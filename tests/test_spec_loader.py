@@ -120,6 +120,17 @@ def test_mla_accepts_kv_sharing_under_the_same_rules():
     assert any("itself shares" in x for x in lines)
 
 
+def test_llama_4_scaling_rules():
+    spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    scaling = "  llama_4_scaling: {beta: 0.1, original_max_position_embeddings: %d}\n"
+    ok = spec.replace("  type: mla\n", "  type: mla\n" + scaling % 4096)
+    assert parse_spec_text(ok, "s.yaml").attention.llama_4_scaling.beta == 0.1
+    bad = spec.replace("  type: mla\n", "  type: mla\n" + scaling % 8)
+    assert any("disagrees with rope.scaling" in x for x in problems(bad))
+    gqa = BASE.replace("  num_kv_heads: 2\n", "  num_kv_heads: 2\n" + scaling % 8)
+    assert any("needs attention.type mla" in x for x in problems(gqa))
+
+
 def test_kv_sharing_rules():
     text = BASE.replace(
         "  num_kv_heads: 2\n",

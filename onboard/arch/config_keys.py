@@ -65,6 +65,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "index_head_dim": ("index_head_dim",),
     "index_topk": ("index_topk",),
     "indexer_types": ("indexer_types",),  # "full" / "shared" per layer (GLM)
+    "indexer_rope_interleave": ("indexer_rope_interleave",),  # the index rope's pairs
     # MoE
     "num_experts": (
         "n_routed_experts",
@@ -135,9 +136,11 @@ def _is_int(value: Any) -> bool:
 
 
 def _hf_config(spec: ModelSpec) -> dict[str, Any]:
-    from onboard.spec.hf import hf_config_from_spec
+    from onboard.spec.hf import hf_config_from_spec, hf_text_config
 
-    return dict(hf_config_from_spec(spec))
+    # A multimodal wrapper's model reads its language model's config (vLLM's
+    # hf_text_config).
+    return dict(hf_text_config(hf_config_from_spec(spec)))
 
 
 def unset_keys(spec: ModelSpec) -> frozenset[str]:

@@ -25,7 +25,7 @@ from typing import Literal
 from onboard.arch.config_keys import ConfigKeys
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
-from onboard.spec.module_tree import gpt_oss_experts, used_roles
+from onboard.spec.module_tree import gpt_oss_experts, parameter_experts, used_roles
 from onboard.templating import GenerationError
 
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
@@ -264,6 +264,9 @@ class MoEMLP:
     # The stacked experts as gpt-oss stores them (checkpoint.experts_format):
     # input dim first, gate and up columns interleaved.
     gpt_oss_format: bool = False
+    # Stacked as `stacked`, as parameters of one module named after the roles
+    # (checkpoint.experts_format parameters: Mistral-4).
+    parameters_format: bool = False
 
     kind = "moe"
 
@@ -674,4 +677,5 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
         if moe.swiglu_alpha is None or moe.swiglu_limit is None
         else (moe.swiglu_alpha, moe.swiglu_limit),
         gpt_oss_format=gpt_oss_experts(spec),
+        parameters_format=parameter_experts(spec),
     )

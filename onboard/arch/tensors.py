@@ -267,9 +267,16 @@ def _moe_tensors(
     if m.gpt_oss_format:
         _gpt_oss_expert_tensors(m, h, add)
     elif m.stacked:
-        # All experts of the layer stacked; each expert's gate rows, then its up rows.
-        add("experts_gate_up_proj", (m.num_experts, 2 * width, h))
-        add("experts_down_proj", (m.num_experts, h, width))
+        # All experts of the layer stacked; each expert's gate rows, then its up rows
+        # (experts_format parameters: as parameters of one module).
+        for role, shape in (
+            ("experts_gate_up_proj", (m.num_experts, 2 * width, h)),
+            ("experts_down_proj", (m.num_experts, h, width)),
+        ):
+            if m.parameters_format:
+                add(role, shape, suffix=gpt_oss_param(role))
+            else:
+                add(role, shape)
     else:
         for e in range(m.num_experts):
             linear("expert_gate_proj", width, h, expert=e)

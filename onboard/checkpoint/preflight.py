@@ -95,6 +95,25 @@ __all__ = [
 ]
 
 
+def _as_language_model(run: PreflightRun) -> None:
+    """A multimodal wrapper's checkpoint as the generated model loads it: the
+    language model's tensors under `model.`, the skipped modules' left out
+    (checkpoint.language_model_prefix, skipped_prefixes)."""
+    ckpt = run.spec.checkpoint
+    if ckpt.language_model_prefix is None:
+        return
+    prefix = ckpt.language_model_prefix + "."
+    skipped = tuple(p + "." for p in ckpt.skipped_prefixes)
+    found = {}
+    for name, info in run.found.items():
+        if name.startswith(skipped):
+            continue
+        if name.startswith(prefix):
+            name = "model." + name[len(prefix) :]
+        found[name] = info
+    run.found = found
+
+
 def preflight(
     spec: ModelSpec,
     checkpoint_dir: Path,
@@ -126,6 +145,7 @@ def preflight(
     # The order of the checks is the order of the report's problems.
     read_config(run)
     read_shards(run)
+    _as_language_model(run)
     t2 = time.perf_counter()
     if run.config is not None:
         check_config(run, keys=config_keys)

@@ -122,6 +122,26 @@ def _check_config_keys(run: PreflightRun) -> None:
         )
         return
     known = config_class(spec.model_type)
+    skip = hf.IGNORED | {"architectures", "model_type", "dtype"}
+    if spec.checkpoint.language_model_prefix is not None:
+        # A multimodal wrapper: the language model's config is text_config (the
+        # wrapper's other keys configure what the generated model does not
+        # build); tie_word_embeddings is the wrapper's own.
+        tie = raw.get("tie_word_embeddings", False)
+        if tie != spec.tie_word_embeddings:
+            run.add(
+                "error",
+                "config",
+                "tie_word_embeddings",
+                f"config.json says {tie!r}, the spec {spec.tie_word_embeddings!r}",
+                f"set tie_word_embeddings to {json.dumps(spec.tie_word_embeddings)}",
+                spec_fields=["tie_word_embeddings"],
+                config_keys=["tie_word_embeddings"],
+            )
+        text_type = hf.text_model_type(spec.model_type)
+        known = config_class(text_type) if text_type else None
+        expected, raw = hf.hf_text_config(expected), hf.hf_text_config(raw)
+        skip |= {"tie_word_embeddings"}
     actual = raw
     if known is not None:
         # What vLLM sees: transformers' config class fills defaults and maps
@@ -137,7 +157,6 @@ def _check_config_keys(run: PreflightRun) -> None:
                 + " ".join(str(exc).split()),
                 "fix the config so transformers (and vLLM) can load it",
             )
-    skip = hf.IGNORED | {"architectures", "model_type", "dtype"}
     if "sliding_attention" not in spec.layer_attention_types():
         # Which layers slide means nothing when none does (a published Qwen2.5
         # config keeps max_window_layers beside use_sliding_window: false; dots1's
@@ -196,6 +215,19 @@ def _compare_key(
             if key == "rope_parameters" and sub in hf.LAYER_KINDS and sub not in kinds:
                 continue  # the rope of a layer kind the model lacks is never read
             w, g = want.get(sub, _MISSING), got.get(sub, _MISSING)
+            # Mistral-4 repeats the context length there, and the rope type
+            # under its legacy name.
+            same = {
+                "max_position_embeddings": raw.get("max_position_embeddings"),
+                "type": want.get("rope_type"),
+            }
+            if (
+                key == "rope_parameters"
+                and sub in same
+                and w is _MISSING
+                and _same(g, same[sub])
+            ):
+                continue
             if not _same(w, g):
                 _config_problem(run, f"{key}.{sub}", key, w, g, raw, known)
         return
@@ -267,12 +299,20 @@ def _config_problem(
         )
     else:
         said = f"config.json has {path} = {_short(got)}"
-    message = f"{said}; the spec needs {_short(want)}"
-    fix = f"set {path} to {json.dumps(want)} in config.json" + (
-        f", or, if the checkpoint is right, {', '.join(fields)} in the spec"
-        if fields
-        else ""
-    )
+    if want is _MISSING:  # a key inside a mapping the spec does not write
+        message = f"{said}; the spec has no such key"
+        fix = f"remove {path} from config.json" + (
+            f", or, if the checkpoint is right, {', '.join(fields)} in the spec"
+            if fields
+            else ""
+        )
+    else:
+        message = f"{said}; the spec needs {_short(want)}"
+        fix = f"set {path} to {json.dumps(want)} in config.json" + (
+            f", or, if the checkpoint is right, {', '.join(fields)} in the spec"
+            if fields
+            else ""
+        )
     moe = spec.mlp.moe
     if key == "topk_method" and moe is not None and moe.router.bias_correction:
         message += (

@@ -132,8 +132,8 @@ def role_hint(
             )
         return (
             "check checkpoint.experts_format (the spec says "
-            f"{plan.spec.checkpoint.experts_format}): gpt-oss stores each layer's "
-            "experts as one module of stacked parameters",
+            f"{plan.spec.checkpoint.experts_format}): gpt-oss and Mistral-4 store "
+            "each layer's experts as one module of stacked parameters",
             ["checkpoint.experts_format"],
         )
     if param == "bias" and role in ("q_proj", "k_proj", "v_proj", "qkv_proj"):
@@ -250,6 +250,20 @@ def role_hint(
     return default, ["checkpoint.tensor_names"]
 
 
+# The norms over the hidden size (one weight of hidden_size each).
+HIDDEN_NORMS = (
+    "input_norm",
+    "post_attention_norm",
+    "attention_output_norm",
+    "mlp_input_norm",
+    "mlp_output_norm",
+    "final_norm",
+    "mtp_enorm",
+    "mtp_hnorm",
+    "mtp_head_norm",
+)
+
+
 def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] | None:
     """Each dimension of a role's tensor as (spec expression, value): the values
     are the plan's, the expressions name the spec fields they come from."""
@@ -265,17 +279,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         "mtp_head": (vocab, h),
         "mtp_eh_proj": (h, ("2 × hidden_size", 2 * spec.hidden_size)),
     }
-    for norm in (
-        "input_norm",
-        "post_attention_norm",
-        "attention_output_norm",
-        "mlp_input_norm",
-        "mlp_output_norm",
-        "final_norm",
-        "mtp_enorm",
-        "mtp_hnorm",
-        "mtp_head_norm",
-    ):
+    for norm in HIDDEN_NORMS:
         table[norm] = (h,)
     if att.kind == "gqa":
         assert att.head_dim is not None and att.num_kv_heads is not None
@@ -387,6 +391,9 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
                 "shared_down_proj": (h, si),
             }
     if moe is not None and role in STACKED_EXPERT_ROLES and param != "weight":
+        if plan.spec.checkpoint.experts_format == "parameters":
+            both = (f"2 × {ei[0]}", 2 * ei[1])
+            return {"gate_up_proj": [ne, both, h], "down_proj": [ne, h, ei]}.get(param)
         return _gpt_oss_dims(h, ne, ei, param)
     dims = table.get(role or "")
     if dims is None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
-from onboard.spec.hf import transformers_knows
+from onboard.spec.hf import MLA_WHOLE_HEAD, transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
@@ -25,10 +25,11 @@ from onboard.spec.layouts import (
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
+    gpt_oss_param,
     linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import gpt_oss_experts
+from onboard.spec.module_tree import gpt_oss_experts, parameter_experts
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.templating import py_str
 
@@ -314,6 +315,7 @@ def _renames(
     spec: ModelSpec, roles: list[str], vllm_paths: dict[str, str]
 ) -> list[Rename]:
     gpt_oss_module = "experts_gate_up_proj" if gpt_oss_experts(spec) else None
+    parameters = parameter_experts(spec)
     out = [
         _rename(
             role,
@@ -327,7 +329,12 @@ def _renames(
         and (role not in STACKED_EXPERT_ROLES or role == gpt_oss_module)
     ]
     for role in STACKED_EXPERT_ROLES:
-        if role in roles and gpt_oss_module is None:
+        if role in roles and parameters:
+            # Mistral-4's stacks: parameters of one module, named after the roles.
+            stored = f"{spec.tensor_path(role)}.{gpt_oss_param(role)}"
+            if stored != vllm_paths[role]:
+                out.append(_rename(role, stored, vllm_paths[role]))
+        elif role in roles and gpt_oss_module is None:
             # The fused MoE layer takes a stacked tensor by its own name, without
             # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
             rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
@@ -414,35 +421,48 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 # ---- the context ---------------------------------------------------------------------
 
 
+def _mla_context(spec: ModelSpec, is_mla: bool, yarn: bool) -> dict[str, Any]:
+    """What the MLA layer prints beyond plain MLA: q-LoRA, Mistral-4's query
+    scaling and whole-head rope factor, DeepSeek's YaRN, the sparse indexer."""
+    att, rope = spec.attention, spec.rope
+    latent_eps = att.mla.latent_norm_eps if is_mla and att.mla else None
+    return {
+        "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
+        # Mistral-4's position-dependent query scaling.
+        "mla_llama_4_scaling": is_mla and att.llama_4_scaling is not None,
+        # rope_parameters.partial_rotary_factor is the rope's share of the whole
+        # q/k head (Mistral-4), not a share of qk_rope_head_dim.
+        "mla_whole_head": is_mla and spec.model_type in MLA_WHOLE_HEAD,
+        # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
+        "mla_yarn": is_mla and yarn,
+        "mla_yarn_mscale": bool(
+            is_mla and yarn and rope.scaling and rope.scaling.mscale_all_dim
+        ),
+        # The latent norms' eps where it is not the model's (GLM-5's 1e-6).
+        "mla_latent_eps": (
+            latent_eps if latent_eps not in (None, spec.norm.eps) else None
+        ),
+        # Sparse MLA's lightning indexer: its index rope's pairs, shared layers.
+        "indexer": (
+            SimpleNamespace(
+                interleaved=att.indexer.rope_interleave,
+                shared=bool(att.indexer.shared_layers),
+            )
+            if att.indexer is not None
+            else None
+        ),
+    }
+
+
 def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     """What the Hugging Face reference computes and the vLLM model file does not
-    print yet: MLA layers without rope, sparse MLA, and Kimi delta attention where
+    print yet: MLA layers without rope, and Kimi delta attention where
     vLLM's layer computes something else (_refuse_kimi_delta)."""
     if isinstance(arch.linear, KimiDeltaAttention):
         _refuse_kimi_delta(spec)
-    if spec.attention.indexer is not None:
-        # vLLM's sparse MLA backends run on GPUs only; its CPU platform raises
-        # "Sparse Attention is not supported on CPU".
-        raise GenerationError(
-            f"{spec.name}: attention.indexer: the vLLM model is not generated for "
-            "sparse MLA yet (the Hugging Face reference computes the indexer and "
-            "the sparse attention)"
-        )
     mla = spec.attention.mla
-    if mla is not None and mla.latent_norm_eps not in (None, spec.norm.eps):
-        raise GenerationError(
-            f"{spec.name}: attention.mla.latent_norm_eps: vLLM's MLA layers "
-            "normalise the latent with norm.eps; a model with another latent eps is "
-            "not generated"
-        )
     if spec.attention.type == "mla" and spec.attention.kv_sharing:
-        raise GenerationError(
-            f"{spec.name}: attention.kv_sharing: the vLLM model is not generated for "
-            "MLA layers that share another layer's latent cache: released vLLM "
-            "refuses it ('KV sharing is not supported for MLA') and needs the core "
-            "change in the PR tree (onboard/pr/mla_kv_sharing.py, docs/pr.md); the "
-            "Hugging Face reference computes them"
-        )
+        _refuse_mla_kv_sharing(spec, mla)
     if spec.attention.type == "mla" and arch.nope:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
@@ -450,10 +470,35 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
         )
 
 
+def _refuse_mla_kv_sharing(spec: ModelSpec, mla) -> None:
+    """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
+    directly, the plugin's runtime patch on released vLLM) for the plain MLA
+    projections with rope; what is not validated on the CPU engine is refused."""
+    where = f"{spec.name}: attention.kv_sharing"
+    absent = [
+        (spec.rope.scaling is not None, "rope.scaling"),
+        (spec.mtp is not None, "MTP heads"),
+        (
+            spec.norm.type != "rmsnorm" or spec.norm.placement != "pre",
+            f"norm.type {spec.norm.type}, norm.placement {spec.norm.placement}",
+        ),
+        (spec.attention.output_gate, "attention.output_gate"),
+        (spec.residual_multiplier != 1.0, "a residual_multiplier"),
+        (spec.linear_attention is not None, "linear attention layers"),
+        (spec.attention.llama_4_scaling is not None, "attention.llama_4_scaling"),
+        (spec.model_type in MLA_WHOLE_HEAD, f"{spec.model_type}'s whole-head rope"),
+    ]
+    for present, what in absent:
+        if present:
+            raise GenerationError(
+                f"{where}: the vLLM model of MLA layers that share another layer's "
+                f"latent cache is generated without {what} only"
+            )
+
+
 def _refuse_kimi_delta(spec: ModelSpec) -> None:
     """Kimi delta attention specs vLLM's KDA layer does not compute as the spec
-    says: its output norm's eps, its recurrent state's dtype, and full attention
-    whose q/k/v names its own projections' stacking would take."""
+    says: its output norm's eps and its recurrent state's dtype."""
     lin = spec.linear_attention
     assert lin is not None
     where = f"{spec.name}: linear_attention.type kimi_delta"
@@ -467,12 +512,6 @@ def _refuse_kimi_delta(spec: ModelSpec) -> None:
         raise GenerationError(
             f"{where}: vLLM's Kimi delta attention layer keeps its recurrent state "
             "in float32; linear_attention.state_dtype bfloat16 is not generated"
-        )
-    if spec.attention.type != "mla":
-        raise GenerationError(
-            f"{where}: the vLLM model is generated for Kimi delta attention beside "
-            "MLA full attention (Kimi Linear's); beside gqa attention the two "
-            "mixers' q_proj/k_proj/v_proj would share one stacking rule"
         )
 
 
@@ -519,6 +558,7 @@ def build_context(
         cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
 
     vllm_paths = _vllm_paths(spec, mlp)
+    ckpt = spec.checkpoint
     norm_names = _layer_norm_names(spec, arch, vllm_paths, mlp)
     renames = _renames(spec, _loaded_roles(spec, mlp, mtp=mtp), vllm_paths)
     names = _module_names(vllm_paths, mlp)
@@ -571,12 +611,7 @@ def build_context(
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
-        "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
-        # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
-        "mla_yarn": is_mla and yarn,
-        "mla_yarn_mscale": bool(
-            is_mla and yarn and rope.scaling and rope.scaling.mscale_all_dim
-        ),
+        **_mla_context(spec, is_mla, yarn),
         "kv_target_expr": kv_target_expr,
         "rope_expr": rope_expr,
         "layer_idx_needed": layer_idx_needed,
@@ -590,6 +625,8 @@ def build_context(
         "moe_doc": _moe_doc(spec),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
+        # MLA layers reading an earlier layer's latent: the model hands it on.
+        "mla_kv_sharing": is_mla and kv_sharing,
         **_norm_context(spec, arch, cfg, mlp, norm_names),
         "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
@@ -609,6 +646,16 @@ def build_context(
         "renames": renames,
         "stacked": stacked,
         "packed": packed,
+        # A multimodal wrapper's checkpoint: the language model reads its
+        # text_config, loads its prefixed tensors and skips the other modules.
+        "hf_config": "hf_text_config" if ckpt.language_model_prefix else "hf_config",
+        "wrapper": (
+            SimpleNamespace(
+                prefix=ckpt.language_model_prefix, skipped=ckpt.skipped_prefixes
+            )
+            if ckpt.language_model_prefix
+            else None
+        ),
     }
 
 
@@ -677,6 +724,11 @@ def _linear_context(
         kda=kda,
         # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
         grouped=str(not kda and lin.projections == "grouped"),
+        # Beside gqa attention the model's mapper stacks the KDA layers' q/k/v
+        # projections too (as qkv_proj); the KDA layer takes them back.
+        stacked_qkv=kda
+        and spec.attention.type != "mla"
+        and "qkv_proj" not in spec.checkpoint.fused,
         layer_expr=expr,
     )
 
@@ -756,6 +808,22 @@ def _model_config_keys(
             cfg[concept] = f.need(concept, getattr(mla, concept))
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
+        if mla.latent_norm_eps not in (None, spec.norm.eps):
+            # Where the config states it (else the literal: GLM-5's 1e-6).
+            cfg["mla_norm_eps"] = f.find("mla_norm_eps", mla.latent_norm_eps)
+        idx = att.indexer
+        if idx is not None:
+            cfg["index_topk"] = f.need("index_topk", idx.topk)
+            cfg["index_n_heads"] = f.need("index_n_heads", idx.num_heads)
+            cfg["index_head_dim"] = f.need("index_head_dim", idx.head_dim)
+            if idx.shared_layers:
+                cfg["indexer_types"] = f.need(
+                    "indexer_types",
+                    [
+                        "shared" if i in idx.shared_layers else "full"
+                        for i in range(spec.num_hidden_layers)
+                    ],
+                )
     else:
         cfg["qkv_bias"] = f.find("qkv_bias", att.qkv_bias)
         # MHA configs may leave the KV heads out (then they equal the heads).
@@ -776,6 +844,10 @@ def _model_config_keys(
     ):
         cfg[concept] = None if value is None else f.need(concept, value)
     cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
+    if att.indexer is not None:
+        cfg["indexer_rope_interleave"] = f.find(
+            "indexer_rope_interleave", att.indexer.rope_interleave
+        )
     if att.kv_sharing:
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
     if arch.has_dense:
@@ -1010,6 +1082,13 @@ def _stacked_params(
             (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", "1"),
         ]
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
+    if att.indexer is not None:
+        # The indexer's wk and weights_proj read the same input: one GEMM.
+        stacked += [
+            (".indexer.wk.", ".indexer.wk_weights_proj.", "0"),
+            (".indexer.weights_proj.", ".indexer.wk_weights_proj.", "1"),
+        ]
+        packed["wk_weights_proj"] = ["wk", "weights_proj"]
     lin = spec.linear_attention
     if lin is not None and lin.projections == "split":
         # Qwen3.5's split projections load into vLLM's two merged ones.
@@ -1236,7 +1315,13 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             f"{kind} on {n_linear} of {len(layers)} layers "
             "in the spec (the config's layer_types), run by vLLM's own layer and "
             f"kernels: {conv} and a recurrent state per sequence, "
-            "which vLLM's hybrid cache keeps beside the attention layers' KV cache."
+            "which vLLM's hybrid cache keeps beside the attention layers' KV cache"
+            + (
+                " (vLLM's KDA kernels are Triton-only: on CPU the layer runs the "
+                "Kimi delta rule in plain torch on the same states)."
+                if kda
+                else "."
+            )
         )
     if spec.mlp.moe is not None:
         n_moe = sum(layer.is_moe for layer in layers)

@@ -10,10 +10,13 @@ Layout (other stages rely on these exact names)::
         <module_name>.py      # the model; class named spec.architecture
         <module_name>_mtp.py  # only with MTP heads: the MTP draft model
         config.py             # only for a model type transformers does not know
+        mla_kv_sharing.py     # only for MLA layers sharing a cache: the runtime
+                              # patch of the released vLLM (docs/generate.md)
 """
 
 from __future__ import annotations
 
+from onboard import VLLM_VERSION
 from onboard.arch import build_plan
 from onboard.reference.context import config_class_context
 from onboard.spec.model import ModelSpec, class_prefix
@@ -22,6 +25,19 @@ from onboard.spec.naming import dist_name, package_name
 from onboard.templating import render_python, render_template
 
 PLUGIN_VERSION = "0.1.0"
+
+# The model types vLLM 0.32 caches as MLA (its config convertor's
+# is_deepseek_mla list; tests/test_plugin.py checks it against the installed
+# vLLM). Any other MLA model type needs the plugin to say it is MLA.
+VLLM_MLA_MODEL_TYPES = frozenset(
+    """
+    axk1 deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 deepseek_v41 dots3_note
+    deepseek_mtp k3_dspark glm5_next glm5_next_text glm_moe_dsa glm4_moe_lite
+    glm4_moe_lite_mtp kimi_k2 kimi_linear longcat_flash pangu_ultra_moe
+    pangu_ultra_moe_mtp bailing_hybrid bailing_hybrid_mtp bailing_hybrid_v3_mtp
+    hy_v4 hy_v4_mtp
+    """.split()
+)
 
 
 def transformers_knows(model_type: str) -> bool:
@@ -43,10 +59,16 @@ def plugin_files(
         "dist_name": dist_name(spec),
         "version": PLUGIN_VERSION,
         "new_model_type": new_model_type,
+        # A model type vLLM does not list as MLA caches MLA's latent only when
+        # the plugin says it is MLA.
+        "mla_cache": spec.attention.type == "mla"
+        and spec.model_type not in VLLM_MLA_MODEL_TYPES,
         "config_class": f"{class_prefix(spec.architecture)}Config",
         "mtp": mtp_draft(spec) if mtp_source is not None else None,
         "mtp_module": mtp_module_name(spec),
         "num_mtp_field": _num_mtp_field(spec) if mtp_source is not None else None,
+        "mla_kv_sharing": needs_mla_kv_sharing_patch(spec),
+        "vllm_series": vllm_series(),
     }
     files = {
         "pyproject.toml": render_template("plugin/pyproject.toml.j2", context),
@@ -58,6 +80,10 @@ def plugin_files(
     }
     if mtp_source is not None:
         files[f"{package}/{mtp_module_name(spec)}.py"] = mtp_source
+    if context["mla_kv_sharing"]:
+        files[f"{package}/mla_kv_sharing.py"] = render_python(
+            "plugin/mla_kv_sharing.py.j2", context, f"{package}/mla_kv_sharing.py"
+        )
     if new_model_type:
         # Without it vLLM cannot even read config.json of a new model type.
         files[f"{package}/config.py"] = render_python(
@@ -66,6 +92,17 @@ def plugin_files(
             f"{package}/config.py",
         )
     return files
+
+
+def needs_mla_kv_sharing_patch(spec: ModelSpec) -> bool:
+    """MLA layers that read an earlier layer's cache: released vLLM refuses them
+    until the plugin's runtime patch (mla_kv_sharing.py) is applied."""
+    return spec.attention.type == "mla" and bool(spec.attention.kv_sharing)
+
+
+def vllm_series() -> str:
+    """The vLLM minor series the generated code is written against ("0.32")."""
+    return ".".join(VLLM_VERSION.split(".")[:2])
 
 
 def _num_mtp_field(spec: ModelSpec) -> str:

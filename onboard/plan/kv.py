@@ -13,7 +13,8 @@ vLLM gives every attention layer that owns a KV cache a spec
   (``DeepseekV32IndexerCache``): ``index_head_dim`` bytes in FP8 and a float32
   scale per 128 dims;
 * a layer that reads another layer's cache (cross-layer KV sharing) gets no spec
-  and adds nothing (the model runner's ``shared_kv_cache_layers``).
+  and adds nothing (the model runner's ``shared_kv_cache_layers``), except a
+  sparse-MLA layer's index keys: its indexer is its own, so is their cache.
 
 A sliding-window layer keeps at most its window of tokens per request (vLLM keeps
 ``window - 1`` plus the tokens in flight, rounded up to blocks, plus one block),
@@ -42,8 +43,10 @@ KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 @dataclass(frozen=True)
 class KVLayer:
     index: int
-    kind: str  # "full", "sliding" or "mla"
-    bytes_per_token: int  # 0 when the layer reads another layer's cache
+    kind: str  # "full", "sliding", "mla", or "indexer" (the index keys alone)
+    # 0 when the layer reads another layer's cache (but a sparse-MLA layer's own
+    # index keys, kind "indexer")
+    bytes_per_token: int
     window: int | None = None  # sliding layers
     shares: int | None = None  # the layer whose cache this one reads
 
@@ -123,7 +126,8 @@ class KVReport:
 
     @property
     def owning_layers(self) -> tuple[KVLayer, ...]:
-        return tuple(layer for layer in self.layers if layer.shares is None)
+        """The layers that own a cache (a sharing layer's index keys included)."""
+        return tuple(layer for layer in self.layers if layer.bytes_per_token)
 
     @property
     def sliding(self) -> bool:
@@ -193,6 +197,7 @@ def kv_report(
     b = KV_DTYPE_BYTES[dtype]
     arch = build_plan(spec)
     att = arch.attention
+    index = 0  # sparse MLA: a layer's index keys, cached by sharing layers too
     if att.kind == "mla":
         mla = att.mla
         assert mla is not None
@@ -223,11 +228,13 @@ def kv_report(
         else:
             kind = "sliding" if layer.mixer.sliding else "full"
         shared = layer.mixer.kv_source is not None
+        if shared and index:
+            kind = "indexer"
         layers.append(
             KVLayer(
                 index=layer.index,
                 kind=kind,
-                bytes_per_token=0 if shared else per_layer,
+                bytes_per_token=index if shared else per_layer,
                 window=layer.mixer.window,
                 shares=layer.mixer.kv_source,
             )

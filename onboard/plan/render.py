@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from onboard.plan.disagg import PROXY_URL, proxy_command
@@ -80,9 +81,10 @@ def _kv_cache(plan: ServingPlan) -> list[str]:
         add(f"   {key:<8} layers ({len(idx)}): {_ranges(idx)}")
     owning = kv.owning_layers
     per_layer = owning[0].bytes_per_token if owning else 0
+    sizes = Counter(layer.bytes_per_token for layer in owning)
+    terms = " + ".join(f"{n} x {size:,} B" for size, n in sizes.items())
     add(
-        f"   {len(owning)} layers own a cache x {per_layer:,} B = "
-        f"{kv.bytes_per_token:,} B per token"
+        f"   layers that own a cache: {terms} = {kv.bytes_per_token:,} B per token"
         + (
             f" ({kv.bytes_per_token_without_sharing:,} B without KV sharing)"
             if kv.bytes_per_token != kv.bytes_per_token_without_sharing

@@ -19,7 +19,12 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import gpt_oss_experts, module_names, router_bias_at
+from onboard.spec.module_tree import (
+    gpt_oss_experts,
+    module_names,
+    parameter_experts,
+    router_bias_at,
+)
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
 BASE_KEYS = frozenset(
@@ -88,6 +93,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         # Layers that reuse the nearest earlier indexer's top-k (GLM).
         "index_shared": att.indexer is not None and bool(att.indexer.shared_layers),
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
+        # Mistral-4's position-dependent query scaling.
+        "llama_4_scaling": att.llama_4_scaling is not None,
         "qk_norm": att.qk_norm,
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
         "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
@@ -131,6 +138,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["hidden_act"] = keys.find("hidden_act")
     c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
+    c["index_interleave"] = (
+        keys.find("indexer_rope_interleave") if spec.attention.indexer else None
+    )
     c.update(_eps_keys(spec, keys))
     if f["mla"]:
         for short, concept in (
@@ -346,6 +356,8 @@ def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
         # as gpt-oss stores them, one module of its own (experts_format).
         "stacked": moe is not None and "experts" in spec.checkpoint.fused,
         "gpt_oss_experts": gpt_oss_experts(spec),
+        # Stacked, output dim first, as parameters of one module (Mistral-4).
+        "parameter_experts": parameter_experts(spec),
         "expert_bias": moe is not None and moe.expert_bias,
         "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
         "scoring": moe.router.scoring if moe else None,
@@ -658,6 +670,8 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         parts.append(f"{' and '.join(fused)} stored as one tensor each")
     if f["gpt_oss_experts"]:
         parts.append("each layer's experts stacked in one module (gpt-oss)")
+    elif f["parameter_experts"]:
+        parts.append("each layer's experts stacked in one module")
     elif f["stacked"]:
         parts.append("each layer's experts stacked in two tensors")
     if spec.logit_scale != 1.0:

@@ -90,7 +90,9 @@ def infer_spec(
     """The spec of ``config``, proven against transformers' class for its family
     (which must exist), or against the family's ``remote`` code; raises
     :class:`ProofFailed` when no spec proves."""
-    if remote is None:
+    if isinstance(config.get("text_config"), dict):
+        open_ = []  # a wrapper is read only around a family whose facts are known
+    elif remote is None:
         open_ = open_concepts(model_type_of(config, source))
     else:  # what the config does not state, its code may fix
         open_ = unstated_concepts(set(config) | _declared(remote))
@@ -102,9 +104,33 @@ def infer_spec(
     )
     concepts = _questions(base, open_)
     with family_model(base, config, remote) as family:
+        if base.checkpoint.language_model_prefix is not None:
+            base, family = _with_wrapper_modules(base, family)
         if not concepts and not family.misfits(base):
             return base, family.prove(base)
         return _search(base, config, concepts, family, name, source)
+
+
+def _with_wrapper_modules(
+    spec: ModelSpec, family: FamilyModel
+) -> tuple[ModelSpec, FamilyModel]:
+    """A multimodal wrapper's spec with where the family saved its language
+    model (checkpoint.language_model_prefix) and the modules outside it (its
+    vision tower) as checkpoint.skipped_prefixes."""
+    if family.saved_prefix is not None and family.saved_prefix != family.prefix:
+        family = replace(family, prefix=family.saved_prefix)
+    found = family.wrapper_modules()
+    ckpt = spec.checkpoint
+    if (
+        found == sorted(ckpt.skipped_prefixes)
+        and family.prefix == ckpt.language_model_prefix
+    ):
+        return spec, family
+    data = spec.model_dump(mode="json")
+    data["checkpoint"].update(
+        language_model_prefix=family.prefix, skipped_prefixes=found
+    )
+    return ModelSpec.model_validate(data), family
 
 
 def _declared(remote: RemoteCode) -> set[str]:

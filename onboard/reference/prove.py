@@ -57,6 +57,8 @@ class Proof:
     # What the config does not state and the proof chose (onboard.reference.infer).
     found: dict[str, Any] = field(default_factory=dict)
     remote: str | None = None  # the directory of the family's own code, if proven so
+    # A multimodal wrapper's modules outside its language model (text only).
+    skipped: tuple[str, ...] = ()
 
     def header(self) -> str:
         against = f"transformers {self.transformers_version} {self.model_class}"
@@ -74,6 +76,11 @@ class Proof:
         if self.found:
             shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in self.found.items())
             text += f"; what the config does not state, as the proof found it: {shown}"
+        if self.skipped:
+            text += (
+                f"; on text only: the wrapper's {', '.join(self.skipped)} "
+                "(vision) is not part of the generated model"
+            )
         if self.mtp_heads:
             heads = "head is" if self.mtp_heads == 1 else "heads are"
             text += (
@@ -101,23 +108,33 @@ def family_model(
     ``remote`` code shipped with the config), shrunk as ``spec`` is, saved to a
     temporary directory and run once."""
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     start = time.perf_counter()
     cls = remote.config_class if remote else CONFIG_MAPPING[spec.model_type]
     overrides = tiny_config_overrides(spec)
+    prefix = spec.checkpoint.language_model_prefix
     try:
         with _quiet():
             tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
-            tiny.update(overrides)
+            text = tiny.get_text_config() if prefix else tiny
+            text.update(overrides)
             torch.manual_seed(0)
             if remote:
                 model = remote.model_class(tiny).to(torch.float32)
+            elif prefix:
+                # A multimodal wrapper, run on text alone: its language model's
+                # path is what the spec describes; the vision tower is shrunk.
+                from transformers import AutoModelForImageTextToText
+
+                shrink_vision(tiny)
+                model = AutoModelForImageTextToText.from_config(
+                    tiny, dtype=torch.float32, attn_implementation="eager"
+                )
             else:
                 # Eager attention is transformers' reference math: SDPA drops
                 # what it cannot express (Gemma-2's attention soft-capping).
-                model = AutoModelForCausalLM.from_config(
+                model = auto_class(spec.model_type).from_config(
                     tiny, dtype=torch.float32, attn_implementation="eager"
                 )
     except Exception as exc:  # transformers' own code on a config it accepted
@@ -128,9 +145,9 @@ def family_model(
     _randomise(model)
     model_class = type(model).__name__
     ids = torch.randint(
-        0, int(tiny.vocab_size), (2, SEQ), generator=torch.Generator().manual_seed(1)
+        0, int(text.vocab_size), (2, SEQ), generator=torch.Generator().manual_seed(1)
     )
-    their_layers = f"{model.base_model_prefix}.layers"
+    their_layers = f"{prefix or model.base_model_prefix}.layers"
     try:
         with torch.no_grad(), _capture(model, their_layers, "self_attn") as want:
             logits = model.eval()(ids).logits
@@ -147,7 +164,10 @@ def family_model(
             model_class=model_class,
             remote=str(remote.directory) if remote else None,
             overrides=overrides,
-            num_layers=int(tiny.num_hidden_layers),
+            num_layers=int(text.num_hidden_layers),
+            prefix=prefix,
+            # Where the wrapper saved its language model (for `spec from-hf`).
+            saved_prefix=_language_model_prefix(saved) if prefix else None,
             saved=saved,
             ids=ids,
             logits=logits,
@@ -169,10 +189,13 @@ class FamilyModel:
     want: dict[str, list]  # transformers' per-layer captures (_capture)
     started: float  # perf_counter when the proof began
     remote: str | None = None  # the directory of the family's own code
+    # A multimodal wrapper's: where its language model's `model.*` tensors are.
+    prefix: str | None = None
+    saved_prefix: str | None = None
     tries: int = 0
 
     @cached_property
-    def tensors(self) -> dict[str, tuple[int, ...]]:
+    def saved_tensors(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of what save_pretrained wrote (as a user's checkpoint)."""
         from onboard.safetensors_header import read_header
 
@@ -181,6 +204,37 @@ class FamilyModel:
             for f in self.saved.glob("*.safetensors")
             for t in read_header(f).tensors
         }
+
+    @cached_property
+    def tensors(self) -> dict[str, tuple[int, ...]]:
+        """The saved tensors as the generated model loads them: a wrapper's
+        language model's under `model.`, its other modules' left out."""
+        if self.prefix is None:
+            return self.saved_tensors
+        return {
+            new: shape
+            for name, shape in self.saved_tensors.items()
+            if (new := self.loaded_name(name)) is not None
+        }
+
+    def loaded_name(self, name: str) -> str | None:
+        """A saved tensor's name as the generated model loads it (None: a
+        wrapper's module outside the language model)."""
+        if self.prefix is None:
+            return name
+        if name.startswith(self.prefix + "."):
+            return "model." + name[len(self.prefix) + 1 :]
+        return name if name.startswith("lm_head.") else None
+
+    def wrapper_modules(self) -> list[str]:
+        """A wrapper's modules outside its language model: its top-level ones
+        (`vision_tower`), or those under `model.` (`model.visual`)."""
+        out = set()
+        for name in self.saved_tensors:
+            if self.loaded_name(name) is None:
+                parts = name.split(".")
+                out.add(".".join(parts[:2] if parts[0] == "model" else parts[:1]))
+        return sorted(out)
 
     def named(self, spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         """Name -> shape of the tensors the spec names on the tiny model, its MTP
@@ -201,7 +255,8 @@ class FamilyModel:
         shapes = sum(
             named[n] != self.tensors[n] for n in set(named) & set(self.tensors)
         )
-        return 2 * len(set(named) ^ set(self.tensors)) + shapes
+        outside = set(self.wrapper_modules()) ^ set(spec.checkpoint.skipped_prefixes)
+        return 2 * len(set(named) ^ set(self.tensors)) + shapes + 2 * len(outside)
 
     def misfit(self, spec: ModelSpec) -> list[str]:
         """How the tensors the spec names differ from the saved ones, one line per
@@ -227,6 +282,13 @@ class FamilyModel:
         ]
         if shapes:
             lines.append(f"shapes differ: {_some(shapes)}")
+        outside = self.wrapper_modules()
+        if outside != sorted(spec.checkpoint.skipped_prefixes):
+            lines.append(
+                f"the wrapper's modules outside its language model are "
+                f"{_some(outside)}, checkpoint.skipped_prefixes says "
+                f"{_some(list(spec.checkpoint.skipped_prefixes))}"
+            )
         return lines
 
     def prove(self, spec: ModelSpec) -> Proof:
@@ -250,11 +312,14 @@ class FamilyModel:
         self.tries += 1
         ckpt = self.saved.with_name(f"try-{self.tries}")
         ckpt.mkdir()
-        for path in self.saved.iterdir():
-            if path.suffix == ".safetensors" or path.name.endswith(".index.json"):
-                (ckpt / path.name).symlink_to(path)
-            else:
-                shutil.copy(path, ckpt / path.name)
+        if self.prefix is not None:
+            self._write_text_view(spec, ckpt)
+        else:
+            for path in self.saved.iterdir():
+                if path.suffix == ".safetensors" or path.name.endswith(".index.json"):
+                    (ckpt / path.name).symlink_to(path)
+                else:
+                    shutil.copy(path, ckpt / path.name)
         install_reference(spec, ckpt)
         names = module_names(spec)
         try:
@@ -296,7 +361,90 @@ class FamilyModel:
             seconds=time.perf_counter() - self.started,
             mtp_heads=spec.mtp.num_heads if spec.mtp else 0,
             remote=self.remote,
+            skipped=tuple(spec.checkpoint.skipped_prefixes),
         )
+
+    def _write_text_view(self, spec: ModelSpec, ckpt: Path) -> None:
+        """A wrapper's language model as the generated vLLM model loads it
+        (checkpoint.language_model_prefix, skipped_prefixes): its tensors renamed,
+        the wrapper's other modules left out, text_config as the config."""
+        from safetensors.torch import load_file, save_file
+
+        skipped = tuple(p + "." for p in spec.checkpoint.skipped_prefixes)
+        tensors = {}
+        for path in self.saved.glob("*.safetensors"):
+            for name, tensor in load_file(path).items():
+                new = self.loaded_name(name)
+                if new is not None:
+                    tensors[new] = tensor
+                elif not name.startswith(skipped):
+                    tensors[name] = tensor  # the spec names it not: misfit()
+        save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((self.saved / "config.json").read_text())
+        text = {
+            **config["text_config"],
+            "model_type": spec.model_type,
+            "architectures": [spec.architecture],
+            "tie_word_embeddings": config.get("tie_word_embeddings", False),
+        }
+        (ckpt / "config.json").write_text(json.dumps(text, indent=2))
+
+
+def auto_class(model_type: str):
+    """transformers' auto class that builds ``model_type``'s causal LM: Mistral-4
+    registers its ForCausalLM only as an image-text-to-text model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    other = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type, "")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and other.endswith(
+        "ForCausalLM"
+    ):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def _language_model_prefix(saved: Path) -> str | None:
+    """The module a wrapper saved its language model's embeddings under (its
+    `model.` tensors' prefix: `model.language_model`, Gemma-3's
+    `language_model.model`)."""
+    from onboard.safetensors_header import read_header
+
+    found = {
+        t.name.removesuffix(".embed_tokens.weight")
+        for f in saved.glob("*.safetensors")
+        for t in read_header(f).tensors
+        if t.name.endswith(".embed_tokens.weight")
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+# A multimodal wrapper's vision tower in the proof (the language model's own
+# sizes are shrunk by spec): one block of the smallest width, where the vision
+# config class has the key.
+VISION_SMALL = dict(
+    depth=1,
+    num_hidden_layers=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    num_attention_heads=2,
+)
+
+
+def shrink_vision(config) -> None:
+    """Shrink a wrapper config's vision tower (in place) to :data:`VISION_SMALL`,
+    projecting into the language model's width."""
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        return
+    declared = vision.to_dict()
+    vision.update({k: v for k, v in VISION_SMALL.items() if k in declared})
+    if "out_hidden_size" in declared:
+        vision.update({"out_hidden_size": config.get_text_config().hidden_size})
 
 
 def _randomise(model) -> None:

@@ -44,6 +44,8 @@ def load_reference(
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from onboard.reference.prove import auto_class
+
     config = json.loads((model_dir / "config.json").read_text())
     model_type = config.get("model_type")
     if model_type in CONFIG_MAPPING:
@@ -57,7 +59,9 @@ def load_reference(
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its load report: ours is below
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        # Mistral-4's transformers class is registered under another auto class.
+        auto = AutoModelForCausalLM if remote else auto_class(model_type)
+        model, info = auto.from_pretrained(
             source,
             dtype=torch.float32,
             trust_remote_code=remote,

@@ -72,8 +72,10 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   `kv_a_proj` / `kv_a_norm` of its own (its checkpoint tensors, if stored, are
   unused) and keeps its own queries, `kv_b_proj` and `o_proj` (vLLM absorbs each
   layer's W_UK / W_UV from that layer's `kv_b_proj`, so per-layer up-projections
-  of a shared latent need no other change); released vLLM refuses it (the vLLM
-  core change is in the PR tree, docs/pr.md).
+  of a shared latent need no other change). Released vLLM 0.32 refuses it: the
+  vLLM core change is in the PR tree (docs/pr.md) and the generated plugin
+  patches the released engine at import (docs/generate.md); generated for MLA
+  without rope scaling, in a pre-norm RMSNorm block, without MTP.
 - MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
   needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
   keeping at least top-k experts); shared-expert options need a shared expert.
@@ -83,8 +85,12 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   `checkpoint.experts_format: gpt_oss`; swigluoai reads gate and up interleaved,
   as those tensors hold them), which needs the clamped SwiGLU, and no shared
   experts, MTP heads, bias correction or expert groups (not generated); both
-  stacked roles name one module there. `experts_format` other than `linear` needs
-  `experts` in `checkpoint.fused`.
+  stacked roles name one module there (as with `experts_format: parameters`,
+  Mistral-4's). `experts_format` other than `linear` needs `experts` in
+  `checkpoint.fused`.
+- `attention.llama_4_scaling` (Mistral-4's position-dependent query scaling)
+  needs MLA; beside a rope scaling with `original_max_position_embeddings`, the
+  two agree (Mistral-4's config holds one).
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
 - Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
@@ -231,7 +237,8 @@ def _layouts_table() -> str:
         "`sinks` is the attention module, which holds the `.sinks` parameter",
         "(`attention.sinks`). With `checkpoint.experts_format: gpt_oss` both stacked",
         "roles are the one module of stacked experts, whose tensors are",
-        "`.gate_up_proj`, `.down_proj` and their `_bias`. MTP head `i` uses layer",
+        "`.gate_up_proj`, `.down_proj` and their `_bias` (`parameters`: the first",
+        "two). MTP head `i` uses layer",
         "`num_hidden_layers + i`, with a full decoder block under the same layer",
         "prefix.",
         "",

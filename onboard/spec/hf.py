@@ -202,6 +202,29 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "use_bidirectional_attention": (False, None),
 }
 
+# Keys transformers' classes do not read but published checkpoints carry, refused
+# with what they mean unless at the value that leaves the model as the spec has
+# it: (accepted values, why refused).
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    # Qwen3-Next's and Qwen3.5's MTP head: the checkpoint's mtp.* tensors (fc,
+    # pre_fc_norm_embedding, pre_fc_norm_hidden, layers.{i}, norm), as vLLM's
+    # qwen3_next_mtp.py loads them.
+    "mtp_num_hidden_layers": (
+        (0, None),
+        "Qwen's MTP head (its checkpoint's mtp.* tensors: mtp.fc, "
+        "mtp.pre_fc_norm_embedding / pre_fc_norm_hidden, mtp.layers.{i}, "
+        "mtp.norm, with (1 + weight) norms) is not expressible: the spec's MTP "
+        "heads are DeepSeek-V3's (model.layers.{num_hidden_layers + i}, "
+        "eh_proj / enorm / hnorm), and MTP beside norm.unit_offset is refused by "
+        "the spec rules. The main model does not use it: a checkpoint without "
+        "the mtp.* tensors is inferred with the key at 0",
+    ),
+    "mtp_use_dedicated_embeddings": (
+        (False, None),
+        "an MTP head with embeddings of its own is not expressible",
+    ),
+}
+
 REQUIRED = object()  # marker: a concept the config must state
 # A family fact with no key: full-attention layers use no rope once a sliding
 # window is set (EXAONE-4, Cohere-2). Open (found by the proof) for a family
@@ -349,6 +372,19 @@ FAMILIES: dict[str, Family] = {
         },
         checkpoint={"fused": ["experts"], "experts_format": "gpt_oss"},
     ),
+    # DeepSeek-V3's MLA and MoE with a softmax router; its routed experts stacked
+    # as two parameters of one module, output dim first (docs/hf-mapping.md).
+    "mistral4": Family(
+        "deepseek",
+        checkpoint={
+            "fused": ["experts"],
+            "experts_format": "parameters",
+            "tensor_names": {
+                "experts_gate_up_proj": "model.layers.{layer}.mlp.experts",
+                "experts_down_proj": "model.layers.{layer}.mlp.experts",
+            },
+        },
+    ),
     # Post-norm blocks with per-head q/k norms. With a sliding window its
     # full-attention layers skip rope (NoPE).
     "exaone4": Family(
@@ -483,6 +519,11 @@ LINEAR_FIELDS = {
     "linear_value_head_dim": "value_head_dim",
     "linear_conv_kernel_dim": "conv_kernel_size",
 }
+# MLA families whose config class sets head_dim to the whole q/k head (nope +
+# rope) and rope_parameters.partial_rotary_factor to the rope's share of it.
+MLA_WHOLE_HEAD = ("mistral4",)
+# _rope_entry's key for Mistral-4's query scaling (attention.llama_4_scaling).
+LLAMA_4_SCALING = "_llama_4_scaling"
 ROPE_FIELDS = {
     "linear": ("factor",),
     "yarn": (
@@ -834,6 +875,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     scalar = r.get("query_pre_attn_scalar")
     softcap = r.get("attn_logit_softcapping")
     rope, rope_partial = _read_rope(r)
+    llama_4 = rope.pop(LLAMA_4_SCALING, None)
     if partial is not None and rope_partial is not None and partial != rope_partial:
         r.bad(
             f"partial_rotary_factor={partial!r} disagrees with "
@@ -883,6 +925,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         )
         if partial is not None:
             att["partial_rotary_factor"] = partial
+        if llama_4 is not None:
+            att["llama_4_scaling"] = llama_4  # refused by the spec rules
         return att, rope
     # MLA: the GQA knobs must be absent or at their neutral values.
     latent_eps = r.get("mla_norm_eps")
@@ -890,6 +934,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         mla["latent_norm_eps"] = latent_eps
     # Sharing layers read their target's latent and rope key (docs/spec.md).
     att.update(type="mla", mla=mla, kv_sharing=sharing)
+    if llama_4 is not None:
+        att["llama_4_scaling"] = llama_4
     if indexer is not None:
         att["indexer"] = indexer
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -900,7 +946,18 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             f"num_key_value_heads={kv_heads}: MLA needs it equal to "
             f"num_attention_heads ({att['num_heads']})"
         )
-    if head_dim is not None and head_dim != mla["qk_rope_head_dim"]:
+    nope, rope_dims = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
+    if partial not in (None, 1.0) and _is_int(nope) and _is_int(rope_dims):
+        # Mistral-4: the rope's share of the whole q/k head (its class sets
+        # head_dim to nope + rope whatever the key says): qk_rope_head_dim's dims.
+        if abs(partial * (nope + rope_dims) - rope_dims) > 1e-9:
+            r.bad(
+                f"partial_rotary_factor={partial!r}: rotates "
+                f"{partial * (nope + rope_dims):g} dims of each MLA head's "
+                f"{nope + rope_dims}, the spec qk_rope_head_dim ({rope_dims})"
+            )
+        partial = None
+    elif head_dim is not None and head_dim != rope_dims:
         r.bad(f"head_dim={head_dim}: for MLA it must equal qk_rope_head_dim")
     if (
         qk_head_dim is not None
@@ -1109,10 +1166,32 @@ def _rope_entry(
             )
     if merged.get("truncate", True) is True:
         merged.pop("truncate", None)  # yarn's default (false: yarn's field below)
+    # Mistral-4 repeats the context length here; transformers reads the config's.
+    if "max_position_embeddings" in merged and merged[
+        "max_position_embeddings"
+    ] == r.get("max_position_embeddings"):
+        merged.pop("max_position_embeddings")
+    # Mistral-4's query scaling reads the original_max_position_embeddings yarn
+    # reads too (attention.llama_4_scaling).
+    beta = merged.pop("llama_4_scaling_beta", None)
+    llama_4 = None
+    if beta not in (None, 0, 0.0):
+        steps = merged.get("original_max_position_embeddings")
+        if not _is_int(steps) or steps < 1:
+            r.bad(
+                f"{where}.llama_4_scaling_beta={beta!r}: needs "
+                f"{where}.original_max_position_embeddings, got {steps!r}"
+            )
+        else:
+            llama_4 = {"beta": beta, "original_max_position_embeddings": steps}
     if r.facts.get(TEXT_MROPE):
         merged.pop("mrope_section", None)
         merged.pop("mrope_interleaved", None)
     rope: dict[str, Any] = {"theta": theta if theta is not None else 10000.0}
+    if llama_4 is not None:
+        rope[LLAMA_4_SCALING] = llama_4  # the caller moves it to attention
+        if "original_max_position_embeddings" not in ROPE_FIELDS.get(kind, ()):
+            merged.pop("original_max_position_embeddings")
     if kind == "longrope":
         r.bad(
             f"{where}.rope_type='longrope': Phi-3's long-context rope "
@@ -1461,7 +1540,11 @@ def spec_from_hf_config(
             "config means that (a corrupt or hand-edited file?)"
         )
     model_type = model_type_of(config, source)
-    _refuse_wrapper(config, model_type, source)
+    wrapped = _wrapped_text(config, model_type, source)
+    if wrapped is not None:
+        return _wrapper_spec(
+            config, model_type, wrapped, name=name, source=source, facts=facts
+        )
     known, family = _family(model_type)
     facts = {**(family.facts if family else {}), **(facts or {})}
     cfg = _normalised(known, config, source) if known else dict(config)
@@ -1497,10 +1580,16 @@ def spec_from_hf_config(
         raise InputError(
             f"{source}: a field has a value of the wrong type ({exc})"
         ) from None
+    problems += _interval_copy(cfg, reader.used)
     for key in sorted(
         set(cfg) - reader.used - IGNORED - {"model_type", "architectures"}
     ):
         if key.startswith("_"):
+            continue
+        if key in REFUSED and cfg[key] not in REFUSED[key][0]:
+            problems.append(f"{key}={cfg[key]!r}: {REFUSED[key][1]}")
+            continue
+        if key in REFUSED:
             continue
         if key in NEUTRAL:
             if cfg[key] not in NEUTRAL[key]:
@@ -1533,6 +1622,30 @@ def spec_from_hf_config(
     return _validated(data, source)
 
 
+def _interval_copy(cfg: dict, used: set[str]) -> list[str]:
+    """Qwen3-Next's and Qwen3.5's full_attention_interval, which their classes
+    read only to fill an absent layer_types (published configs state both): a
+    copy of layer_types is accepted, another value refused."""
+    interval, kinds = cfg.get("full_attention_interval"), cfg.get("layer_types")
+    if interval is None or not isinstance(kinds, list):
+        return []
+    expect = (
+        [
+            "linear_attention" if (i + 1) % interval else "full_attention"
+            for i in range(len(kinds))
+        ]
+        if _is_int(interval) and interval > 0
+        else None
+    )
+    used.add("full_attention_interval")
+    if kinds != expect:
+        return [
+            f"full_attention_interval={interval!r} disagrees with layer_types "
+            f"({_short(kinds)}), which transformers' class reads instead"
+        ]
+    return []
+
+
 def _family_checkpoint(family: Family | None, data: dict) -> dict:
     """The checkpoint section a family implies: its layout preset and how it
     stores tensors (a shared expert's fused gate and up where it has one; stacked
@@ -1555,22 +1668,128 @@ def _family_checkpoint(family: Family | None, data: dict) -> dict:
     return out
 
 
-def _refuse_wrapper(config: dict, model_type: str, source: str) -> None:
-    """A multimodal wrapper (Qwen3.5, Gemma-3, Llama-4): its language model's
-    config is ``text_config``, and its checkpoint keeps that model's tensors under
-    a prefix of their own beside the vision tower's, which the spec does not name.
-    """
+@dataclass(frozen=True)
+class Wrapper:
+    """How a multimodal wrapper's checkpoint stores its language model."""
+
+    # Where the language model's `model.*` tensors are (lm_head stays at the top).
+    language_model_prefix: str = "model.language_model"
+    # The wrapper's other modules, which a text-only model does not load; for a
+    # wrapper outside WRAPPERS the proof finds them (onboard.reference.infer).
+    skipped_prefixes: tuple[str, ...] = ()
+
+
+# Multimodal wrappers whose checkpoint form is verified: config.json nests the
+# language model's config under text_config; the vision tower is not part of the
+# generated model (text-only serving).
+WRAPPERS: dict[str, Wrapper] = {
+    "qwen3_5": Wrapper(skipped_prefixes=("model.visual",)),
+    "qwen3_5_moe": Wrapper(skipped_prefixes=("model.visual",)),
+}
+
+
+def text_model_type(model_type: str) -> str | None:
+    """The model_type of the language model a multimodal wrapper's config class
+    nests under ``text_config`` (None: not a wrapper transformers knows)."""
+    if not transformers_knows(model_type):
+        return None
+    sub = getattr(_known(model_type).cls, "sub_configs", None) or {}
+    text = sub.get("text_config")
+    inner = getattr(text, "model_type", None)
+    return inner if isinstance(inner, str) and inner else None
+
+
+def hf_text_config(config: dict) -> dict:
+    """The language model's part of a config.json: ``text_config`` for a
+    multimodal wrapper's, else the config itself."""
     text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def _wrapped_text(
+    config: dict, model_type: str, source: str
+) -> tuple[str, dict] | None:
+    """A multimodal wrapper's (text model type, text_config); None for a config
+    without ``text_config``. Refused where the language model is not a family
+    onboard proves (:data:`FAMILIES`)."""
+    text = config.get("text_config")
+    if text is None:
+        return None
     if not isinstance(text, dict):
-        return
-    inner = text.get("model_type")
-    what = f" (model_type {inner!r})" if isinstance(inner, str) and inner else ""
-    raise InputError(
-        f"{source}: text_config: model_type {model_type!r} wraps a language model "
-        f"whose config is text_config{what}; its checkpoint keeps that model's "
-        "tensors under a prefix of their own (beside the vision tower's), which "
-        "the spec does not name. For the language model alone, run `onboard spec "
-        "from-hf` on text_config saved as a config.json of its own"
+        raise InputError(f"{source}: text_config: expected a JSON object")
+    inner = text_model_type(model_type)
+    stated = text.get("model_type")
+    if inner is None:
+        what = f" (here {stated!r})" if isinstance(stated, str) else ""
+        raise InputError(
+            f"{source}: text_config: model_type {model_type!r} nests a language "
+            f"model's config{what}, but transformers' class for it does not fix "
+            "which family that is; a wrapper is read only where it does, around a "
+            "family onboard proves"
+        )
+    if stated is not None and stated != inner:
+        raise InputError(
+            f"{source}: text_config.model_type: {stated!r}, but transformers' "
+            f"{_known(model_type).cls.__name__} nests a {inner!r} language model"
+        )
+    if inner not in FAMILIES:
+        raise InputError(
+            f"{source}: text_config: model_type {model_type!r} wraps a language "
+            f"model of model_type {inner!r}, which is not a family onboard proves "
+            "(docs/hf-mapping.md); a wrapper is read only around one that is"
+        )
+    return inner, {**text, "model_type": inner}
+
+
+def _wrapper_spec(
+    config: dict,
+    model_type: str,
+    wrapped: tuple[str, dict],
+    *,
+    name: str | None,
+    source: str,
+    facts: dict[str, Any] | None,
+) -> ModelSpec:
+    """The spec of a wrapper's language model alone (text-only): its
+    text_config read as the family's, with the wrapper's model type,
+    architecture and checkpoint prefixes. The wrapper's other keys configure
+    the vision tower and the image and video tokens, which text input never
+    reaches."""
+    inner, text = wrapped
+    top = _normalised(_known(model_type), config, source)
+    text_spec = spec_from_hf_config(
+        text, name=name, source=f"{source}: text_config", facts=facts
+    )
+    architectures = config.get("architectures") or [
+        _default_wrapper_architecture(model_type)
+    ]
+    if not isinstance(architectures, list) or len(architectures) != 1:
+        raise InputError(
+            f"{source}: architectures={architectures!r}: expected exactly one"
+        )
+    wrapper = WRAPPERS.get(model_type, Wrapper())
+    data = text_spec.model_dump(mode="json", exclude_unset=False)
+    data.update(
+        name=name or model_type.replace("_", "-"),
+        architecture=architectures[0],
+        model_type=model_type,
+        # transformers' wrapper ties its lm_head by its own key, not text_config's.
+        tie_word_embeddings=bool(top.get("tie_word_embeddings", False)),
+    )
+    data["checkpoint"].update(
+        language_model_prefix=wrapper.language_model_prefix,
+        skipped_prefixes=list(wrapper.skipped_prefixes),
+    )
+    return _validated(data, source)
+
+
+def _default_wrapper_architecture(model_type: str) -> str:
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(
+        model_type, _default_architecture(model_type, _known(model_type))
     )
 
 
@@ -1676,6 +1895,29 @@ def read_hf_config(path: Path) -> tuple[Any, str]:
 # ---- writing a config --------------------------------------------------------------
 
 
+def _model_wide_concepts(spec: ModelSpec) -> dict[str, Any]:
+    """Gemma's and Granite's model-wide parts, written only where the spec has
+    them (not at their neutral values)."""
+    extra: dict[str, Any] = {}
+    if spec.scale_embedding:
+        extra["scale_embedding"] = True
+    if spec.final_logit_softcap is not None:
+        extra["final_logit_softcapping"] = spec.final_logit_softcap
+    if spec.norm.unit_offset:
+        extra["norm_unit_offset"] = True
+    if spec.norm.placement != "pre":
+        extra["norm_placement"] = spec.norm.placement
+    if not spec.norm.bias:
+        extra["norm_bias"] = False
+    if spec.logit_scale != 1.0:
+        extra["logit_scale"] = spec.logit_scale
+    # Granite's multipliers, written where they are not neutral.
+    for concept in MULTIPLIERS:
+        if getattr(spec, concept) != 1.0:
+            extra[concept] = getattr(spec, concept)
+    return extra
+
+
 def _concepts(spec: ModelSpec) -> dict[str, Any]:
     """The spec as HF concepts (canonical keys), in config.json order."""
     att, moe = spec.attention, spec.mlp.moe
@@ -1689,23 +1931,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
         "num_attention_heads": att.num_heads,
     }
-    # Gemma's parts, written only where the spec has them.
-    if spec.scale_embedding:
-        c["scale_embedding"] = True
-    if spec.final_logit_softcap is not None:
-        c["final_logit_softcapping"] = spec.final_logit_softcap
-    if spec.norm.unit_offset:
-        c["norm_unit_offset"] = True
-    if spec.norm.placement != "pre":
-        c["norm_placement"] = spec.norm.placement
-    if not spec.norm.bias:
-        c["norm_bias"] = False
-    if spec.logit_scale != 1.0:
-        c["logit_scale"] = spec.logit_scale
-    # Granite's multipliers, written where they are not neutral.
-    for concept in MULTIPLIERS:
-        if getattr(spec, concept) != 1.0:
-            c[concept] = getattr(spec, concept)
+    c.update(_model_wide_concepts(spec))
     rope = _rope_params(spec, spec.rope.theta, spec.rope.scaling)
     sliding_rope = spec.rope.sliding and _rope_params(
         spec, spec.rope.sliding.theta, spec.rope.sliding.scaling
@@ -1721,6 +1947,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
         )
+        if spec.model_type in MLA_WHOLE_HEAD:
+            whole = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+            c["head_dim"] = whole
+            rope["partial_rotary_factor"] = mla.qk_rope_head_dim / whole
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
         c.update(_indexer_concepts(spec))
@@ -1767,6 +1997,13 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         if sliding_rope
         else rope
     )
+    if att.llama_4_scaling is not None:
+        # Mistral-4's keys: yarn's original_max_position_embeddings, if any, is
+        # the same (the spec rules).
+        rope["llama_4_scaling_beta"] = att.llama_4_scaling.beta
+        rope["original_max_position_embeddings"] = (
+            att.llama_4_scaling.original_max_position_embeddings
+        )
     c["rope_interleave"] = spec.rope.interleaved
     lin = spec.linear_attention
     if lin is not None and lin.type == "kimi_delta":
@@ -1880,6 +2117,8 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     the model type's config class cannot express the spec.
     """
     source = f"spec {spec.name!r} (model_type {spec.model_type})"
+    if spec.checkpoint.language_model_prefix is not None:
+        return _write_wrapper(spec, source)
     # A family outside FAMILIES is written with the Llama naming; the round trip
     # below and the proof or validation against transformers check the result.
     known, family = _family(spec.model_type)
@@ -1895,6 +2134,40 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
         cfg = _write_known(spec, concepts, known, family)
     cfg["dtype"] = "bfloat16"
     _check_round_trip(spec, cfg, source, facts)
+    return cfg
+
+
+def _write_wrapper(spec: ModelSpec, source: str) -> dict:
+    """A multimodal wrapper's config.json: the language model's config as
+    text_config (its own family's keys), the wrapper's vision tower at its
+    class's defaults (the generated model does not build it)."""
+    inner = text_model_type(spec.model_type)
+    if inner is None or inner not in FAMILIES:
+        raise InputError(
+            f"{source}: checkpoint.language_model_prefix: model_type "
+            f"{spec.model_type!r} is not a multimodal wrapper around a family "
+            "onboard proves"
+        )
+    data = spec.model_dump(mode="json")
+    data.update(model_type=inner, architecture=_default_architecture(inner, None))
+    data["checkpoint"].update(language_model_prefix=None, skipped_prefixes=[])
+    text = hf_config_from_spec(ModelSpec.model_validate(data))
+    text.pop("architectures", None)
+    text.pop("dtype", None)
+    cfg = {
+        "architectures": [spec.architecture],
+        "model_type": spec.model_type,
+        "text_config": text,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "dtype": "bfloat16",
+    }
+    back = spec_from_hf_config(cfg, name=spec.name, source=source)
+    carried = set(_HF_CARRIED)
+    if back.model_dump(include=carried) != spec.model_dump(include=carried):
+        raise InputError(
+            f"{source}: transformers' {_known(spec.model_type).cls.__name__} "
+            "cannot express this spec (its config does not read back as the spec)"
+        )
     return cfg
 
 

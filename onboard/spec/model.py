@@ -191,8 +191,9 @@ class MLA(_Section):
         gt=0,
         lt=1,
         description="Epsilon of the latent norms (q_a, kv_a); null means norm.eps. "
-        "transformers' Kimi Linear fixes it at 1e-6 whatever rms_norm_eps says "
-        "(vLLM's layers read rms_norm_eps).",
+        "transformers' Kimi Linear and GLM-MoE-DSA fix it at 1e-6 whatever "
+        "rms_norm_eps says (the generated vLLM model reads `mla_norm_eps` where the "
+        "config has it, else prints the value).",
     )
 
 
@@ -227,6 +228,17 @@ class Indexer(_Section):
         description="Layers that run no indexer of their own and attend to the "
         "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
         "`shared`); layer 0 always runs its own.",
+    )
+
+
+class Llama4Scaling(_Section):
+    """Position-dependent query scaling (Llama-4's attention temperature as
+    Mistral-4 has it)."""
+
+    beta: float = Field(gt=0, description="Growth of the scale per log step.")
+    original_max_position_embeddings: PositiveInt = Field(
+        description="Positions per step: the scale is 1 + beta * log(1 + "
+        "floor(position / original_max_position_embeddings))."
     )
 
 
@@ -292,6 +304,13 @@ class Attention(_Section):
         description="Factor on the q.k scores before the softmax (gqa); null means "
         "1/sqrt(head_dim). Granite's `attention_multiplier`.",
     )
+    llama_4_scaling: Llama4Scaling | None = Field(
+        None,
+        description="(mla) The queries, after rope, are multiplied by 1 + beta * "
+        "log(1 + floor(position / original_max_position_embeddings)): 1 up to that "
+        "position, growing after it (Mistral-4's "
+        "`rope_parameters.llama_4_scaling_beta`); null: none.",
+    )
     sliding_window: PositiveInt | None = Field(
         None, description="Window of sliding-attention layers, in tokens."
     )
@@ -312,7 +331,8 @@ class Attention(_Section):
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
         "reuses the KV cache of the earlier target layer and computes queries only "
         "(MLA: the target's latent and rope key, expanded by the layer's own "
-        "`kv_b_proj`).",
+        "`kv_b_proj`; with an indexer, the layer keeps its own indexer and index "
+        "keys: only the latent cache is shared).",
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."
@@ -473,6 +493,10 @@ class MTP(_Section):
     )
 
 
+# A dotted module path (checkpoint.language_model_prefix), printed into code.
+_MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
 class Checkpoint(_Section):
     """Tensor names (and stored shapes) of the checkpoint."""
 
@@ -505,7 +529,7 @@ class Checkpoint(_Section):
         description="The router's e_score_correction_bias is stored as "
         "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
     )
-    experts_format: Literal["linear", "gpt_oss"] = Field(
+    experts_format: Literal["linear", "gpt_oss", "parameters"] = Field(
         "linear",
         description="With `experts` in `fused`, how the stacked experts are "
         "stored. `linear`: each stack is the `.weight` of its role's module, "
@@ -515,7 +539,30 @@ class Checkpoint(_Section):
         "width] with each expert's gate and up columns interleaved (gate, up, "
         "gate, up, ...), `down_proj` [experts, width, hidden], and with "
         "mlp.moe.expert_bias `gate_up_proj_bias` [experts, 2 x width] and "
-        "`down_proj_bias` [experts, hidden].",
+        "`down_proj_bias` [experts, hidden]. `parameters`: `linear`'s stacks as "
+        "parameters of one module, named after the roles (`gate_up_proj`, "
+        "`down_proj`), as transformers' Mistral-4 stores them.",
+    )
+    language_model_prefix: (
+        Annotated[str, Field(pattern=_MODULE_PATH, max_length=100)] | None
+    ) = Field(
+        None,
+        description="The checkpoint is a multimodal wrapper's (Qwen3.5's "
+        "`Qwen3_5ForConditionalGeneration`): config.json nests this model's "
+        "config under `text_config`, and the tensors the layout names under "
+        "`model.` are stored under this prefix instead, e.g. "
+        "`model.language_model` (`model.language_model.layers.{layer}...`); "
+        "`lm_head` stays where it is. The generated model is the language model "
+        "alone (text-only serving): it loads these tensors, unprefixed ones too, "
+        "and not those under checkpoint.skipped_prefixes.",
+    )
+    skipped_prefixes: list[
+        Annotated[str, Field(pattern=_MODULE_PATH, max_length=100)]
+    ] = Field(
+        default_factory=list,
+        description="With language_model_prefix: the wrapper's other modules, "
+        "whose tensors the generated model does not load (the vision tower, "
+        "`model.visual`).",
     )
 
 

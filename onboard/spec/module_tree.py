@@ -205,6 +205,24 @@ def gpt_oss_experts(spec: ModelSpec) -> bool:
     )
 
 
+def experts_in_one_module(spec: ModelSpec) -> bool:
+    """The stacked experts are parameters of one module, named after the stacked
+    roles (checkpoint.experts_format gpt_oss or parameters)."""
+    return (
+        spec.mlp.moe is not None
+        and "experts" in spec.checkpoint.fused
+        and spec.checkpoint.experts_format != "linear"
+    )
+
+
+def parameter_experts(spec: ModelSpec) -> bool:
+    """checkpoint.experts_format parameters: linear's stacks, output dim first,
+    as parameters of one module (Mistral-4)."""
+    return experts_in_one_module(spec) and spec.checkpoint.experts_format == (
+        "parameters"
+    )
+
+
 def has_dense_mlp(spec: ModelSpec) -> bool:
     if any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers)):
         return True
@@ -305,7 +323,7 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
 
     if "sinks" in roles:
         _check_sinks_path(spec, names)
-    if gpt_oss_experts(spec):
+    if experts_in_one_module(spec):
         _check_gpt_oss_experts_path(spec)
     if names.get("shared_parent") == "layer" and has_dense_mlp(spec):
         role = next(r for r in roles if _LAYER_SLOTS.get(r, ())[-1:] == ("shared",))
@@ -343,13 +361,14 @@ def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
 
 
 def _check_gpt_oss_experts_path(spec: ModelSpec) -> None:
-    """experts_format gpt_oss: both stacked roles name the one module that holds
-    their parameters."""
+    """experts_format gpt_oss or parameters: both stacked roles name the one
+    module that holds their parameters."""
     gate_up, down = (spec.tensor_path(r) for r in STACKED_EXPERT_ROLES)
     if gate_up != down:
         raise TensorTreeError(
             "experts_down_proj",
-            "with checkpoint.experts_format gpt_oss the stacked experts are one "
+            f"with checkpoint.experts_format {spec.checkpoint.experts_format} the "
+            "stacked experts are one "
             f"module: its path must be experts_gate_up_proj's ({gate_up!r}), got "
             f"{down!r}",
         )
@@ -405,7 +424,9 @@ def _check_distinct(spec: ModelSpec, names: dict[str, str], roles: list[str]) ->
     seen: dict[tuple[str, ...], str] = {}
     for role in roles:
         slots = _LAYER_SLOTS.get(role)
-        if slots is None or (role == "experts_down_proj" and gpt_oss_experts(spec)):
+        if slots is None or (
+            role == "experts_down_proj" and experts_in_one_module(spec)
+        ):
             continue  # (gpt-oss: experts_gate_up_proj's module, checked above)
         if slots == ("moe", "shared") and names.get("shared_parent") == "layer":
             slots = ("shared",)

@@ -16,6 +16,7 @@ from onboard.spec.layouts import ROLES, STACKED_EXPERT_ROLES, required_placehold
 from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
 from onboard.spec.module_tree import (
     NN_MODULE_ATTRIBUTES,
+    experts_in_one_module,
     gpt_oss_experts,
     has_dense_mlp,
     used_roles,
@@ -162,6 +163,12 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
     if att.sinks and att.type == "mla":
         report(a + ("sinks",), "attention sinks are not expressible for MLA")
     if att.type == "gqa":
+        if att.llama_4_scaling is not None:
+            report(
+                a + ("llama_4_scaling",),
+                "llama_4_scaling scales MLA's queries (Mistral-4); it needs "
+                "attention.type mla",
+            )
         if att.mla is not None:
             report(a + ("mla",), "MLA dimensions given but attention.type is gqa")
         if att.num_kv_heads is not None and att.num_heads % att.num_kv_heads:
@@ -220,6 +227,22 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "MLA's softmax scale follows qk_head_dim (and yarn's mscale); "
             "softmax_scale must stay null",
         )
+    scaling, extension = att.llama_4_scaling, spec.rope.scaling
+    if (
+        scaling is not None
+        and extension is not None
+        and extension.original_max_position_embeddings is not None
+        and extension.original_max_position_embeddings
+        != scaling.original_max_position_embeddings
+    ):
+        # config.json holds one original_max_position_embeddings for both.
+        report(
+            a + ("llama_4_scaling", "original_max_position_embeddings"),
+            f"{scaling.original_max_position_embeddings} disagrees with "
+            "rope.scaling.original_max_position_embeddings "
+            f"({extension.original_max_position_embeddings}): Mistral-4's config "
+            "holds one for both",
+        )
     mla = att.mla
     if mla.qk_rope_head_dim % 2:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
@@ -259,13 +282,21 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
                 f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
                 f"it is one of layers 1..{spec.num_hidden_layers - 1}",
             )
-    if att.kv_sharing:
-        # A sharing layer would read its target's index keys too; no reference
-        # family does that yet.
-        report(where, "an indexer beside cross-layer KV sharing is not expressible yet")
-    if spec.mtp is not None:
-        # DeepSeek-V3.2's MTP layer has an indexer of its own, which no MTP role has.
-        report(where, "MTP heads beside an indexer are not expressible yet")
+    if att.kv_sharing and idx.shared_layers:
+        # A KV-sharing layer runs an indexer of its own (only the latent cache is
+        # shared); one that also skips it has no family to follow yet.
+        report(
+            where + ("shared_layers",),
+            "shared indexer layers beside cross-layer KV sharing are not "
+            "expressible yet",
+        )
+    if spec.mtp is not None and idx.shared_layers:
+        # An MTP head runs an indexer of its own (DeepSeek-V3.2's, vLLM's
+        # deepseek_mtp); beside GLM's shared layers its kind has no config entry.
+        report(
+            where + ("shared_layers",),
+            "MTP heads beside shared indexer layers are not expressible yet",
+        )
 
 
 def _output_gate_rules(spec: ModelSpec, report: Report) -> None:
@@ -650,6 +681,37 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
             ("checkpoint", "experts_format"),
             "describes stacked experts: needs `experts` in checkpoint.fused",
         )
+    ckpt = spec.checkpoint
+    if ckpt.skipped_prefixes and ckpt.language_model_prefix is None:
+        report(
+            ("checkpoint", "skipped_prefixes"),
+            "a wrapper's other modules: needs checkpoint.language_model_prefix",
+        )
+    if ckpt.language_model_prefix is not None and spec.mtp is not None:
+        report(
+            ("checkpoint", "language_model_prefix"),
+            "MTP heads beside a multimodal wrapper's language model are not "
+            "expressible yet (the MTP model would load the wrapper's checkpoint)",
+        )
+    if ckpt.language_model_prefix is not None:
+        prefix = ckpt.language_model_prefix
+        if prefix in ("model", "lm_head") or prefix.startswith("lm_head."):
+            report(
+                ("checkpoint", "language_model_prefix"),
+                f"{prefix!r}: the module of the wrapper's language model (e.g. "
+                "model.language_model), not `model` or `lm_head`",
+            )
+        for i, skipped in enumerate(ckpt.skipped_prefixes):
+            if skipped == prefix or skipped.startswith(prefix + "."):
+                report(
+                    ("checkpoint", "skipped_prefixes", i),
+                    f"{skipped!r} is inside the language model ({prefix!r})",
+                )
+            elif skipped in ("model", "lm_head") or prefix.startswith(skipped + "."):
+                report(
+                    ("checkpoint", "skipped_prefixes", i),
+                    f"{skipped!r} holds the language model's own tensors",
+                )
     names = spec.checkpoint.tensor_names
     moe = spec.mlp.moe
     if spec.checkpoint.router_bias_2d and (
@@ -685,9 +747,12 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
             if r != role
             and spec.tensor_path(r) == names[role]
             # The router's bias is a parameter of the router's module by default;
-            # gpt-oss's stacked experts are one module holding both stacks.
+            # gpt-oss's and Mistral-4's stacked experts are one module holding
+            # both stacks.
             and {r, role} != {"router", "router_bias"}
-            and not ({r, role} == set(STACKED_EXPERT_ROLES) and gpt_oss_experts(spec))
+            and not (
+                {r, role} == set(STACKED_EXPERT_ROLES) and experts_in_one_module(spec)
+            )
         ]
         if role in roles and others:
             report(
@@ -805,14 +870,22 @@ GENERATED_NAMES = frozenset(
         "KimiDeltaAttention", "KimiGatedRMSNorm",
         # ... and the vLLM model's (vLLM's KDA layer, fed a config view)
         "KimiGatedDeltaNetAttention", "SimpleNamespace",
+        # ... and its CPU path
+        "GDNAttentionMetadata",
         # sparse MLA (the reference's lightning indexer)
         "Indexer",
+        # MLA layers sharing a latent cache (vLLM's layer; the plugin's patch)
+        "MLAAttention", "VLLM_SERIES",
+        # ... and the vLLM model's (vLLM's indexer op, key cache and helpers)
+        "SparseAttnIndexer", "DeepseekV32IndexerCache", "current_platform",
+        "get_current_vllm_config", "get_max_prefill_buffer_size",
+        "per_token_group_quant_fp8",
     }
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
     "Attention", "Config", "DecoderLayer", "DeltaAttention", "GatedSharedExpert",
-    "HeadNorm", "MLP",
+    "HeadNorm", "Indexer", "MLP",
     "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
     "RotaryOnFlatHeads", "SharedHead",

@@ -51,28 +51,22 @@ def cpu_gdn_problems(
 def cpu_engine_limit(spec: ModelSpec) -> str | None:
     """Why vLLM's CPU engine cannot run ``spec``'s model at all (None: it can).
 
-    vLLM's Kimi delta attention layer (KimiGatedDeltaNetAttention, which vLLM's
-    Kimi Linear and the generated model use) runs its convolutions and delta rule
-    with Triton kernels only (causal_conv1d_fn, chunk_kda_with_fused_gate,
-    fused_recurrent_kda), and the CPU build's Triton has no CPU backend ('Triton is
-    installed, but doesn't include CPU backend. Disabling Triton.'). The engine's
-    own error is recorded beside this reason by the checks that meet it.
+    Kimi delta attention beside MLA layers: vLLM's hybrid cache aligns an MLA
+    model's attention block to a multiple of 128 tokens (for its GPU MLA decode
+    kernels; ``Platform._align_hybrid_block_size``), and the CPU MLA backend takes
+    16-token blocks only, so the engine stops at start-up ('Aligned KV cache block
+    size 256 is not supported by attention backend(s): CPU_MLA', measured on
+    kimi-k3-style's tiny checkpoint). vLLM's KDA kernels are Triton-only as well;
+    the generated KDA layer's plain-torch CPU path covers that, and KDA beside gqa
+    attention runs. The engine's own error is recorded beside this reason by the
+    checks that meet it.
     """
     lin = spec.linear_attention
-    if lin is None or lin.type != "kimi_delta":
+    if lin is None or lin.type != "kimi_delta" or spec.attention.type != "mla":
         return None
-    limit = (
-        "vLLM's CPU build cannot run Kimi delta attention: vLLM's KDA layer "
-        "(KimiGatedDeltaNetAttention) has Triton kernels only, and the CPU "
-        "build's Triton has no CPU backend"
+    return (
+        "vLLM's CPU build cannot run Kimi delta attention beside MLA layers: its "
+        "hybrid cache aligns an MLA model's block size to a multiple of 128 tokens "
+        "and the CPU MLA backend takes 16-token blocks only; the GPU targets' "
+        "emitted run script covers this check"
     )
-    if spec.attention.type == "mla":
-        # Measured on kimi-k3-style's tiny checkpoint: the engine stops before
-        # any KDA kernel ('Aligned KV cache block size 256 is not supported by
-        # attention backend(s): CPU_MLA').
-        limit += (
-            "; beside MLA layers the engine stops before that, as vLLM's CPU MLA "
-            "backend does not take the aligned block size the hybrid cache gives "
-            "the attention layers"
-        )
-    return limit + "; the GPU targets' emitted run script covers this check"

@@ -47,8 +47,14 @@ def run(ctx, name: str) -> Check:
     speculative = (kwargs.get("speculative_config") or {}).get(
         "num_speculative_tokens", 0
     )
+    spec = ctx.spec
+    if ctx.path.get("path") == "dense-equivalent":
+        # The engine runs sparse MLA densely: no index-key cache beside the latent.
+        spec = spec.model_copy(
+            update={"attention": spec.attention.model_copy(update={"indexer": None})}
+        )
     plan = kv_report(
-        ctx.spec,
+        spec,
         dtype,
         model_dtype=model_dtype(kwargs),
         state_dtype=None if state in (None, "auto") else state,

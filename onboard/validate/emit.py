@@ -63,6 +63,34 @@ SPEC_MIN_ACCEPTANCE = {"ngram": 1.0, "suffix": 1.0}
 SPEC_MIN_ACCEPTANCE_DEFAULT = 1.5
 
 
+# Sparse MLA: the accuracy prompts outgrow the indexer's top-k by this many tokens,
+# so that every query past it attends to a chosen subset.
+SPARSE_PROMPT_MARGIN = 64
+SPARSE_LONG_PROMPTS = 4
+
+
+def _sparse_mla(spec) -> dict[str, Any] | None:
+    """The accuracy thresholds' sparse-MLA entry: prompts must be longer than the
+    indexer's top-k (else the GPU run never leaves the dense-equivalent regime
+    the CPU engine already covers)."""
+    idx = spec.attention.indexer
+    if idx is None:
+        return None
+    return {"index_topk": idx.topk, "min_prompt_tokens": idx.topk + 1}
+
+
+def sparse_prompts(prompts: tuple[str, ...], min_tokens: int) -> list[str]:
+    """SPARSE_LONG_PROMPTS long prompts (the bundled ones joined, each starting
+    at another one, repeated to about 8 characters per wanted token) before the
+    bundled ones."""
+    out = []
+    for start in range(SPARSE_LONG_PROMPTS):
+        text = " ".join(prompts[start:] + prompts[:start])
+        repeats = -(-8 * min_tokens // len(text))
+        out.append(" ".join([text] * repeats))
+    return out + list(prompts)
+
+
 def variant_name(method: str) -> str:
     return f"spec-{method}"
 
@@ -155,6 +183,38 @@ def _check_dirs(out_dir: Path, generated: Path | None) -> None:
         raise InputError(f"{generated}: no plugin/ directory (run `onboard generate`)")
 
 
+def _thresholds(
+    target: str, variants: dict[str, Any], sparse: dict[str, Any] | None
+) -> dict[str, Any]:
+    """thresholds.json: what --ingest judges the run's results against."""
+    return {
+        "target": target,
+        "accuracy": {**ACCURACY_THRESHOLDS, **(sparse or {})},
+        "lm_eval": {
+            "task": LM_EVAL_TASK,
+            "metric": "exact_match,flexible-extract",
+            "min": None,
+            "note": "set min (e.g. the model card's GSM8K score minus 2 points) "
+            "before ingest; with null the check is not judged (not-run)",
+        },
+        "speed": {
+            "all_requests_complete": True,
+            "min_output_tokens_per_s": None,
+            "max_ttft_ms": None,
+            "max_tpot_ms": None,
+        },
+        "spec_decode": {
+            name.removeprefix("spec-"): {
+                "min_mean_acceptance_length": SPEC_MIN_ACCEPTANCE.get(
+                    name.removeprefix("spec-"), SPEC_MIN_ACCEPTANCE_DEFAULT
+                )
+            }
+            for name in variants
+            if name != "baseline"
+        },
+    }
+
+
 def emit(
     model: str,
     spec_path: Path,
@@ -187,6 +247,12 @@ def emit(
     context = min(spec.max_position_embeddings, MAX_CONTEXT)
     output_len = min(GPU_OUTPUT_LEN, context // 4)
     input_len = min(GPU_INPUT_LEN, context - output_len - 16)
+
+    prompts, max_prompt_tokens = list(PROMPTS), MAX_PROMPT_TOKENS
+    sparse = _sparse_mla(spec)
+    if sparse is not None:
+        prompts = sparse_prompts(PROMPTS, sparse["min_prompt_tokens"])
+        max_prompt_tokens = sparse["min_prompt_tokens"] + SPARSE_PROMPT_MARGIN
 
     with tempfile.TemporaryDirectory(prefix="onboard-emit-") as tmp:
         gen = Path(generated) if generated else Path(tmp) / "generated"
@@ -223,8 +289,8 @@ def emit(
                 "tasks": LM_EVAL_TASK,
                 "num_fewshot": LM_EVAL_FEWSHOT,
             },
-            "prompts": list(PROMPTS),
-            "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "prompts": prompts,
+            "max_prompt_tokens": max_prompt_tokens,
             "max_new_tokens": MAX_NEW_TOKENS,
             "top_k": TOP_K,
             "reference_dtype": ref_dtype,
@@ -232,32 +298,7 @@ def emit(
             "notes": notes,
             "pd_layout": None if pd is None else pd["plan"],
         }
-        thresholds = {
-            "target": target,
-            "accuracy": dict(ACCURACY_THRESHOLDS),
-            "lm_eval": {
-                "task": LM_EVAL_TASK,
-                "metric": "exact_match,flexible-extract",
-                "min": None,
-                "note": "set min (e.g. the model card's GSM8K score minus 2 points) "
-                "before ingest; with null the check is not judged (not-run)",
-            },
-            "speed": {
-                "all_requests_complete": True,
-                "min_output_tokens_per_s": None,
-                "max_ttft_ms": None,
-                "max_tpot_ms": None,
-            },
-            "spec_decode": {
-                name.removeprefix("spec-"): {
-                    "min_mean_acceptance_length": SPEC_MIN_ACCEPTANCE.get(
-                        name.removeprefix("spec-"), SPEC_MIN_ACCEPTANCE_DEFAULT
-                    )
-                }
-                for name in variants
-                if name != "baseline"
-            },
-        }
+        thresholds = _thresholds(target, variants, sparse)
         env_values = {
             "TARGET": target,
             "MODEL": model,

@@ -86,6 +86,9 @@ class RunContext:
     # by scheme (quant:<scheme>) and the speculators output (spec-decode:<method>).
     quantized: dict[str, Path] = field(default_factory=dict)
     speculators_dir: Path | None = None
+    # How the engine ran the model where that is not the model's own path (sparse
+    # MLA on CPU: "dense-equivalent" and its context bound).
+    path: dict[str, Any] = field(default_factory=dict)
 
     def engine_options(self, **changes: Any) -> EngineOptions:
         """The options of the run's main engine, with ``changes`` applied (e.g.
@@ -160,11 +163,39 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
         "model_code": ctx.model_code,
         "generated_class_instantiated": ctx.plugin is not None and not problems,
         "prompts": ctx.prompt_note,
+        **ctx.path,
         "timings": dict(ctx.timings),
     }
     details = "\n".join([verdict.details, *problems])
     status = "passed" if verdict.passed and not problems else "failed"
     return Check(name, status, metrics, details)
+
+
+def dense_equivalent(
+    config: dict[str, Any],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    note: str,
+) -> tuple[list[list[int]], int, str, dict[str, Any], dict[str, Any]]:
+    """Sparse MLA on the CPU engine: vLLM's CPU platform has no sparse attention
+    ("Sparse Attention is not supported on CPU"), so the engine runs the generated
+    model with the config's index_topk set to 0, which the generated model reads
+    as dense MLA (0, not null: transformers' own configs of the families,
+    strict dataclasses, take an int only), on contexts (prompt
+    plus generated tokens) no longer than index_topk, where the top-k holds every
+    token and sparse attention is dense attention. The reference keeps its
+    indexer. Returns the prompts, max_new_tokens, the prompt note, the engine's
+    extra arguments and the accuracy check's path metrics."""
+    topk = int(config["index_topk"])
+    new = max(1, min(max_new_tokens, topk // 2))
+    prompts = [p[: topk - new] for p in prompts]
+    note = (
+        f"{note}; cut to {topk - new} tokens + {new} generated <= index_topk "
+        f"{topk} (dense-equivalent)"
+    )
+    extra = {"hf_overrides": {"index_topk": 0}}
+    path = {"path": "dense-equivalent", "context_bound": topk}
+    return prompts, new, note, extra, path
 
 
 def _load_failure_check(ctx: RunContext, name: str) -> Check:
@@ -240,6 +271,7 @@ CHECKS: dict[str, CheckRunner | str] = {
     "kv-cache": "onboard.validate.check_kv_cache:run",
     "speed": "onboard.validate.check_speed:run",
     "tensor-parallel": "onboard.validate.check_tensor_parallel:run",
+    "indexer": "onboard.validate.check_indexer:run",
     "quant:": "onboard.validate.check_quant:run",
     "spec-decode:": "onboard.validate.check_spec_decode:run",
 }
@@ -247,10 +279,13 @@ _PARAMS = {"quant:": QUANT_SCHEMES, "spec-decode:": SPEC_METHODS}
 
 
 def checks_for_spec(spec: ModelSpec) -> list[str]:
-    """The checks `onboard new-model` runs: accuracy, the KV-cache accounting, one
-    per quantization scheme and speculative method the spec lists, then tensor
-    parallelism and speed."""
+    """The checks `onboard new-model` runs: accuracy, the KV-cache accounting, the
+    indexer of sparse MLA, one per quantization scheme and speculative method the
+    spec lists, then tensor parallelism and speed."""
     names = ["accuracy", "kv-cache"]
+    if spec.attention.indexer is not None:
+        # Sparse MLA beyond the top-k, tensor by tensor (the CPU engine runs dense).
+        names.append("indexer")
     names += [f"quant:{scheme}" for scheme in spec.quantization]
     names += [f"spec-decode:{s.method}" for s in spec.speculators]
     names += ["tensor-parallel", "speed"]
@@ -457,6 +492,12 @@ def validate(
         max_pos = int(config.get("max_position_embeddings") or MAX_MODEL_LEN)
         limit = max_pos - max_new_tokens
         prompts = [p[:limit] for p in prompts]
+        extra: dict[str, Any] = {}
+        path: dict[str, Any] = {}
+        if spec.attention.indexer is not None:
+            prompts, max_new_tokens, note, extra, path = dense_equivalent(
+                config, prompts, max_new_tokens, note
+            )
         ctx = RunContext(
             spec=spec,
             model_dir=model_dir,
@@ -475,9 +516,11 @@ def validate(
             plugin=plugin,
             max_model_len=min(max_pos, max(MAX_MODEL_LEN, limit + max_new_tokens)),
             uses_mla=spec.attention.type == "mla",
+            extra=extra,
             **engine_state_options(spec),
         )
         ctx.options = options
+        ctx.path = path
         engine = Engine(options, work_dir / "engine", out_dir / "logs" / "engine.log")
         log(f"starting the vLLM engine (log: {engine.log_path})")
         engine.start()

@@ -164,6 +164,15 @@ def _accuracy(results: Path, thresholds: dict) -> tuple[Check, str]:
             f"mean prompt logprob |diff| {m['prompt_logprob_mean_abs_diff']:.3g} > "
             f"{limits['prompt_logprob_mean_abs_diff']:g} nats"
         )
+    if "min_prompt_tokens" in limits:
+        # Sparse MLA: the run shows the sparse path only on prompts past the top-k.
+        longest = max(len(e.get("prompt_token_ids") or []) for e in engine["prompts"])
+        m["longest_prompt_tokens"] = longest
+        if longest < limits["min_prompt_tokens"]:
+            problems.append(
+                f"no prompt longer than index_topk {limits['index_topk']} (longest "
+                f"{longest} tokens): the sparse attention path was not exercised"
+            )
     # judge_accuracy fails on any failed sequence; the threshold may allow some.
     allowed = limits.get("greedy_failed_sequences", 0)
     failed_ok = m["greedy_failed_sequences"] <= allowed

@@ -17,6 +17,20 @@ MTP_CLASS = "onboard_plugin_kimi_k3_style.kimi_k3_style_mtp:KimiK3StyleMTP"
 MODEL_TYPE = "kimi_k3_style"
 
 
+def _register_mla_cache() -> None:
+    """vLLM 0.32 caches MLA's latent and rope key (one head of kv_lora_rank +
+    qk_rope_head_dim per token) only for the model types its config convertor
+    lists in ``is_deepseek_mla``; this registers a convertor that says so for
+    MODEL_TYPE (an existing entry is left alone)."""
+    from vllm.transformers_utils import model_arch_config_convertor as convertors
+
+    class MLAConvertor(convertors.ModelArchConfigConvertorBase):
+        def is_deepseek_mla(self) -> bool:
+            return True
+
+    convertors.MODEL_ARCH_CONFIG_CONVERTORS.setdefault(MODEL_TYPE, MLAConvertor)
+
+
 def mtp_hf_config_override(hf_config):
     """vLLM's ``SpeculativeConfig.hf_config_override``, extended to MODEL_TYPE.
 
@@ -29,7 +43,8 @@ def mtp_hf_config_override(hf_config):
     _install_mtp_override()  # in a process that has not run the plugins yet
     hf_config = mtp_hf_config_override.__wrapped__(hf_config)
     if hf_config.model_type == MODEL_TYPE:
-        hf_config.model_type = "mtp"
+        # DeepSeek's MTP model type: vLLM caches its draft's layers as MLA too.
+        hf_config.model_type = "deepseek_mtp"
         hf_config.update(
             {
                 "n_predict": hf_config.num_nextn_predict_layers,
@@ -74,3 +89,4 @@ def register() -> None:
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
     _install_mtp_override()
+    _register_mla_cache()

@@ -8,7 +8,9 @@ Multi-head latent attention: keys and values are cached as one compressed latent
 projection; vLLM's MLA wrapper picks the kernels.
 Kimi delta attention on 18 of 24 layers in the spec (the config's layer_types), run
 by vLLM's own layer and kernels: short convolutions and a recurrent state per
-sequence, which vLLM's hybrid cache keeps beside the attention layers' KV cache.
+sequence, which vLLM's hybrid cache keeps beside the attention layers' KV cache
+(vLLM's KDA kernels are Triton-only: on CPU the layer runs the Kimi delta rule in
+plain torch on the same states).
 MoE on 23 of 24 layers in the spec; Routed experts and the shared expert with their
 router, run by vLLM's fused MoE layer. Routing: sigmoid scores, experts chosen by
 score + e_score_correction_bias, top-k weights renormalised, routed output scaled by
@@ -31,6 +33,7 @@ from vllm.distributed import (
     get_pp_group,
     get_tensor_model_parallel_world_size,
 )
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -48,7 +51,9 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateCopyFuncCalculator,
     MambaStateDtypeCalculator,
     MambaStateShapeCalculator,
+    is_conv_state_dim_first,
 )
+from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
 from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
@@ -78,7 +83,9 @@ from vllm.model_executor.models.utils import (
     spec_decode_needs_target_embed,
 )
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 
 
 class KimiK3StyleMLP(nn.Module):
@@ -333,7 +340,9 @@ class KimiK3StyleAttention(nn.Module):
 class KimiK3StyleDeltaAttention(KimiGatedDeltaNetAttention):
     """Kimi delta attention, run by vLLM's KDA layer and kernels: its merged input
     projection takes the checkpoint's q, k, v, beta and forget-gate projections, its
-    one convolution the q, k and v convolutions."""
+    one convolution the q, k and v convolutions. On CPU, where vLLM's KDA kernels
+    (Triton) do not run, the layer runs the Kimi delta rule in plain torch on the
+    same cached states."""
 
     def __init__(
         self, config: PreTrainedConfig, vllm_config: VllmConfig, prefix: str = ""
@@ -381,6 +390,96 @@ class KimiK3StyleDeltaAttention(KimiGatedDeltaNetAttention):
                 param.weight_loader(param, loaded_weight)
             loaded_params.add(name)
         return loaded_params
+
+    def _forward(
+        self,
+        mixed_qkv: torch.Tensor,
+        g1: torch.Tensor,
+        g2: torch.Tensor,
+        beta: torch.Tensor,
+        core_attn_out: torch.Tensor,
+    ) -> None:
+        if not current_platform.is_cpu():
+            super()._forward(mixed_qkv, g1, g2, beta, core_attn_out)
+            return
+        # vLLM's KDA kernels are Triton-only: on CPU the delta rule runs in plain
+        # torch (eagerly, a loop over tokens) on the same cached states.
+        attn_metadata = get_forward_context().attn_metadata
+        if attn_metadata is None or self.prefix not in attn_metadata:
+            # Profile and warmup runs carry no state metadata.
+            return
+        metadata = attn_metadata[self.prefix]
+        assert isinstance(metadata, GDNAttentionMetadata)
+        assert metadata.spec_sequence_masks is None, (
+            "speculative decoding with Kimi delta attention needs vLLM's KDA kernels"
+        )
+        num_tokens = metadata.num_actual_tokens
+        core_attn_out[0, :num_tokens] = self._forward_cpu(
+            mixed_qkv[:num_tokens], g1[0, :num_tokens], beta[0, :num_tokens], metadata
+        )
+        core_attn_out.copy_(self.o_norm(core_attn_out, g2))
+
+    def _forward_cpu(
+        self,
+        mixed_qkv: torch.Tensor,
+        raw_g: torch.Tensor,
+        raw_beta: torch.Tensor,
+        metadata: GDNAttentionMetadata,
+    ) -> torch.Tensor:
+        """The Kimi delta rule, token by token, for the batch's sequences (decodes
+        first, then prefills), reading and writing the conv and recurrent states of
+        each sequence's cache slot as vLLM's CPU Gated DeltaNet op does."""
+        num_seqs = metadata.num_decodes + metadata.num_prefills
+        query_start_loc = metadata.non_spec_query_start_loc[: num_seqs + 1]
+        state_indices = metadata.non_spec_state_indices_tensor[:num_seqs]
+        has_initial_state = metadata.has_initial_state
+        if has_initial_state is None:
+            # A batch of decodes only: every sequence continues its state.
+            has_initial_state = torch.ones(num_seqs, dtype=torch.bool)
+        conv_state, recurrent_state = self.kv_cache
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        conv_weight = self.conv1d.weight.view(self.conv1d.weight.size(0), -1)
+        mixed_qkv = causal_conv1d_fn_cpu(
+            mixed_qkv.transpose(0, 1),
+            conv_weight,
+            None,
+            conv_state,
+            query_start_loc,
+            cache_indices=state_indices,
+            has_initial_state=has_initial_state,
+            activation="silu",
+        ).transpose(0, 1)
+        q, k, v = (
+            x.float().view(-1, self.local_num_heads, self.head_dim)
+            for x in mixed_qkv.split(self.local_projection_size, dim=-1)
+        )
+        q = _l2_normalize(q) * self.head_dim**-0.5
+        k = _l2_normalize(k)
+        # The log decay per key channel, and the delta rule's step size.
+        g = -self.A_log.exp()[:, None] * nn.functional.softplus(
+            raw_g.float() + self.dt_bias.view(self.local_num_heads, self.head_dim)
+        )
+        beta = raw_beta.float().sigmoid()
+        out = torch.empty_like(v)
+        bounds = query_start_loc.tolist()
+        for seq, slot in enumerate(state_indices.tolist()):
+            start, end = bounds[seq], bounds[seq + 1]
+            # [heads, value_dim, key_dim], the layout of vLLM's KDA kernels.
+            state = recurrent_state[slot].float()
+            if not has_initial_state[seq]:
+                state.zero_()
+            for t in range(start, end):
+                state = state * g[t, :, None, :].exp()
+                error = v[t] - (state * k[t, :, None, :]).sum(dim=-1)
+                state = state + (beta[t, :, None] * error)[..., None] * k[t, :, None, :]
+                out[t] = (state * q[t, :, None, :]).sum(dim=-1)
+            recurrent_state[slot] = state.to(recurrent_state.dtype)
+        return out.to(mixed_qkv.dtype)
+
+
+def _l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 class KimiK3StyleDecoderLayer(nn.Module):

@@ -1,0 +1,171 @@
+"""Kimi delta attention on vLLM's CPU engine: the generated model of a KDA + gqa
+hybrid against the float32 Hugging Face reference.
+
+vLLM's KDA kernels are Triton-only, so on CPU the generated KDA layer runs the
+Kimi delta rule in plain torch inside vLLM's state framework (its convolution
+and recurrent states in the layer's hybrid-cache slots, by the attention
+metadata). One engine start serves the module: its greedy outputs and prompt
+logprobs match the reference by the accuracy check's rule, the reference of a
+checkpoint with every A_log sign-flipped does not, and vLLM's cache report
+holds the plan's state bytes per sequence. What this proves: the KDA math and
+its state handling (prefill, decode, continued states) in the engine, beside
+gqa attention; not vLLM's Triton kernels, and not KDA beside MLA (which the CPU
+engine cannot start, see onboard.targets.cpu_kernels.cpu_engine_limit).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onboard.arch import build_plan
+from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.plan.kv import kv_report
+from onboard.spec.loader import load_spec, parse_spec_text
+from onboard.targets.cpu_kernels import cpu_engine_limit
+
+# KDA layers and a gqa attention layer (bfloat16 on the engine, head dims of 32
+# for vLLM's CPU attention), at the eps vLLM's KDA output norm uses; the tiny
+# checkpoint keeps one layer of each kind.
+KDA_GQA = """
+name: kda-gqa
+architecture: KdaGqaForCausalLM
+model_type: kda_gqa
+vocab_size: 256
+hidden_size: 64
+num_hidden_layers: 4
+max_position_embeddings: 256
+norm: {eps: 1.0e-5}
+attention:
+  num_heads: 4
+  num_kv_heads: 2
+  head_dim: 32
+  layer_types: [linear_attention, linear_attention, linear_attention, full_attention]
+linear_attention:
+  type: kimi_delta
+  num_key_heads: 2
+  num_value_heads: 2
+  key_head_dim: 32
+  value_head_dim: 32
+mlp:
+  intermediate_size: 96
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_run(tmp_path_factory):
+    """The tiny KDA + gqa checkpoint through the generated plugin on vLLM's CPU
+    engine (bfloat16, float32 states): greedy outputs and prompt logprobs of the
+    validation prompts, and the engine's cache report."""
+    from onboard.generate import write_model_code
+    from onboard.runtime.engine import (
+        Engine,
+        EngineOptions,
+        engine_state_options,
+        read_plugin,
+    )
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+
+    work = tmp_path_factory.mktemp("engine")
+    ckpt = work / "ckpt"
+    write_tiny_checkpoint(parse_spec_text(KDA_GQA), ckpt, seed=0)
+    spec = load_spec(ckpt / "spec.yaml")
+    assert cpu_engine_limit(spec) is None
+    write_model_code(spec, work / "gen")
+    prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
+    # Every other validation prompt (8 to 23 tokens): the token loop of the CPU
+    # path and the float32 reference both cost per token.
+    prompts = prompts[::2]
+    options = EngineOptions(
+        model_dir=ckpt,
+        plugin=read_plugin(work / "gen" / "plugin"),
+        **engine_state_options(spec),
+    )
+    engine = Engine(options, work / "engine", work / "engine.log")
+    engine.start()
+    try:
+        info = engine.wait_ready()
+        reply = engine.generate(
+            prompts,
+            temperature=0.0,
+            max_tokens=16,
+            logprobs=5,
+            prompt_logprobs=5,
+            ignore_eos=True,
+        )
+    finally:
+        engine.close()
+    return spec, ckpt, work, prompts, info, reply["outputs"]
+
+
+@pytest.mark.engine
+def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
+    """The generated model (vLLM's KDA layer on its CPU path, gqa attention) on
+    the CPU engine against the float32 reference, by the accuracy check's rule
+    with the bfloat16 tolerance, over six prompts and 16 decode steps each; the
+    same engine outputs against the reference of the checkpoint with every A_log
+    sign-flipped fail it."""
+    from onboard.runtime.compare import (
+        ROUNDING_QUANTILE,
+        GreedyOutput,
+        judge_accuracy,
+        prompt_atol,
+        rounding_gap,
+    )
+    from onboard.runtime.reference import load_reference, run_prompts_in, run_reference
+
+    spec, ckpt, work, prompts, info, outputs = engine_run
+    assert info["model_class"].startswith("onboard_plugin_kda_gqa.")
+    ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
+    low = run_prompts_in(ref.model, prompts, "bfloat16")
+
+    def verdict():
+        outs = [run_reference(ref.model, p, 16) for p in prompts]
+        gap = rounding_gap(low, [lp for lp, _ in outs])
+        return judge_accuracy(
+            [o["prompt_logprobs"] for o in outputs],
+            [lp for lp, _ in outs],
+            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
+            [g for _, g in outs],
+            atol=prompt_atol(gap),
+            quantile=ROUNDING_QUANTILE,
+        ), gap
+
+    good, gap = verdict()
+    assert good.passed, good.details
+    assert good.metrics["prompt_logprob_judged_abs_diff"] <= prompt_atol(gap)
+    assert good.metrics["greedy_failed_sequences"] == 0
+
+    # The reference of a checkpoint with every A_log sign-flipped (flipped in
+    # place: the same weights as loading the edited checkpoint).
+    flipped_tensors = [
+        t for n, t in ref.model.named_parameters() if n.endswith("A_log")
+    ]
+    assert len(flipped_tensors) == sum(build_plan(spec).linear_layers) > 0
+    with torch.no_grad():
+        for tensor in flipped_tensors:
+            tensor.neg_()
+    flipped, _ = verdict()
+    assert not flipped.passed
+    assert flipped.metrics["prompt_logprob_judged_abs_diff"] > 10 * prompt_atol(gap)
+
+
+@pytest.mark.engine
+def test_engine_state_accounting_equals_the_spec(engine_run):
+    """vLLM's own cache report: each KDA layer's state (three convolutions'
+    inputs in bfloat16, a float32 [head_dim, head_dim] state per head) and the
+    attention layer's KV bytes per token equal the plan's arithmetic."""
+    from onboard.validate.check_kv_cache import compare
+
+    spec, *_, info, _ = engine_run
+    plan = kv_report(spec, "bfloat16", model_dtype="bfloat16", state_dtype="float32")
+    check = compare(info["kv_cache"], plan)
+    assert check.status == "passed", check.details
+    # Per KDA layer: the convolutions' last 3 inputs of 3 x (2 heads x 32)
+    # channels in bfloat16, and 2 heads' 32 x 32 states in float32.
+    assert plan.state_bytes_per_sequence == 3 * 64 * 3 * 2 + 2 * 32 * 32 * 4
+    assert check.metrics["state_bytes_per_sequence"] == plan.state_bytes_per_sequence
+    layers = check.metrics["state_layers"]
+    assert layers and {s["kind"] for s in layers} == {"kimi_delta"}
+    assert all(s["engine_state_bytes"] == 9344 for s in layers)
