@@ -59,6 +59,8 @@ ALLOWED_EXACT = {
     "vllm.transformers_utils": {"model_arch_config_convertor"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
+    # The plugin's CPU MLA block patch (MLA beside linear attention).
+    "vllm.v1.attention.backends.mla.cpu_mla": {"CPUMLABackend"},
 }
 # The plugin's runtime patch of the released vLLM (MLA layers sharing a latent
 # cache, docs/generate.md) imports what it patches; no other file may.

@@ -1,9 +1,9 @@
 """The generated vLLM model for Kimi delta attention layers (model_specs/
 kimi-k3-style.yaml): vLLM's own KDA layer beside MLA full attention (and beside gqa
 attention), its loading of the checkpoint's KDA tensors, its plain-torch CPU path,
-the specs it refuses, and validation on the cpu target (KDA beside MLA cannot run
-there: an engine error is not-run, with vLLM's own error recorded). The KDA model
-beside gqa attention on the CPU engine is in test_kda_engine."""
+the specs it refuses, and kimi-k3-style's tiny checkpoint on the CPU engine (KDA
+beside MLA, through the plugin's CPU MLA block patch). The KDA model beside gqa
+attention on the CPU engine is in test_kda_engine."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from onboard.generate import render_model
 from onboard.spec import load_spec
 from onboard.spec.layouts import KIMI_DELTA_ROLES, LAYOUT_PRESETS, PARAM_ROLES
 from onboard.spec.loader import parse_spec_text
-from onboard.targets.cpu_kernels import cpu_engine_limit
+from onboard.targets.cpu_kernels import cpu_speculation_limit
 from onboard.templating import GenerationError
-from onboard.validate import harness
-from onboard.validate.results import Check
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_PATH = ROOT / "model_specs" / "kimi-k3-style.yaml"
@@ -172,73 +170,46 @@ def test_serving_plan_counts_the_kda_states(spec):
     assert len(kv.states) == 18
 
 
-def test_cpu_engine_limit_names_kda_beside_mla_only(spec):
-    assert "CPU MLA backend takes 16-token blocks only" in cpu_engine_limit(spec)
+def test_speculation_limit_names_kda_only(spec):
+    """Speculative decoding on the CPU engine is refused for KDA (beside MLA or
+    gqa), where the CPU path keeps one state per sequence; Gated DeltaNet's CPU
+    kernels verify drafts."""
+    assert "Triton-only" in cpu_speculation_limit(spec)
     beside_gqa = parse_spec_text(_beside_gqa(SPEC_PATH.read_text()))
-    assert cpu_engine_limit(beside_gqa) is None
-    assert (
-        cpu_engine_limit(load_spec(ROOT / "model_specs/qwen3-next-style.yaml")) is None
-    )
+    assert cpu_speculation_limit(beside_gqa) == cpu_speculation_limit(spec)
+    qwen3_next = load_spec(ROOT / "model_specs/qwen3-next-style.yaml")
+    assert cpu_speculation_limit(qwen3_next) is None
 
 
-def _ctx(spec, tmp_path):
-    return harness.RunContext(
-        spec=spec,
-        model_dir=tmp_path,
-        out_dir=tmp_path,
-        work_dir=tmp_path,
-        plugin=None,
-        hf_dir=None,
-        prompts=[],
-        prompt_note="",
-    )
+def test_the_plugin_splits_cpu_mla_blocks_for_kda_beside_mla_only(spec):
+    """The plugin lets vLLM's CPU MLA backend take the hybrid cache's blocks only
+    where MLA sits beside linear attention (vLLM aligns those blocks to 128)."""
+    from onboard.generate.plugin import plugin_files
+
+    def init(s):
+        files = plugin_files(s, "")
+        return next(v for k, v in files.items() if k.endswith("/__init__.py"))
+
+    source = init(spec)
+    assert "_split_cpu_mla_blocks()" in source
+    assert "block_size % 16 == 0" in source
+    beside_gqa = parse_spec_text(_beside_gqa(SPEC_PATH.read_text()))
+    assert "_split_cpu_mla_blocks" not in init(beside_gqa)
+    glm5 = load_spec(ROOT / "model_specs/glm-5-style.yaml")
+    assert "_split_cpu_mla_blocks" not in init(glm5)
 
 
-def test_engine_errors_of_a_kda_model_are_not_run(spec, tmp_path, monkeypatch):
-    """On cpu an engine error of a KDA model is not-run with vLLM's own error;
-    a check that failed on its own terms (no engine error) stays failed, and a
-    model without the limit keeps its engine errors as failures."""
-    outcomes = {
-        "died": RuntimeError("engine worker died"),
-        "refused": Check("refused", "failed", {"engine_error": "ValueError: no"}),
-        "wrong": Check("wrong", "failed", {"max_logprob_diff": 3.0}, "differs"),
-    }
-
-    def runner(ctx, name):
-        outcome = outcomes[name]
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    monkeypatch.setattr(harness, "_runner", lambda name: runner)
-    ctx = _ctx(spec, tmp_path)
-    died = harness._run_check(ctx, "died")
-    assert died.status == "not-run"
-    assert "CPU MLA" in died.details and "engine worker died" in died.details
-    refused = harness._run_check(ctx, "refused")
-    assert refused.status == "not-run"
-    assert refused.metrics["engine_error"] == "ValueError: no"
-    assert harness._run_check(ctx, "wrong").status == "failed"
-
-    ctx.engine_failure = {"error": "RuntimeError: Unsupported block size"}
-    load = harness._load_failure_check(ctx, "accuracy")
-    assert load.status == "not-run"
-    assert "Unsupported block size" in load.details
-
-    other = _ctx(load_spec(ROOT / "model_specs/qwen3-next-style.yaml"), tmp_path)
-    assert harness._run_check(other, "died").status == "failed"
-    assert harness._run_check(other, "refused").status == "failed"
-
-
-# ---- on the CPU engine (acceptance tier) -------------------------------------------
+# ---- on the CPU engine ---------------------------------------------------------
 
 
 @pytest.mark.engine
-@pytest.mark.acceptance
-def test_cpu_engine_checks_are_not_run_with_vllms_error(spec, tmp_path):
-    """The tiny kimi-k3-style checkpoint through the generated plugin on vLLM's
-    CPU engine: accuracy and kv-cache are not-run (never failed) with the limit
-    and the error vLLM itself gave."""
+def test_kda_beside_mla_runs_on_the_cpu_engine(spec, tmp_path):
+    """The tiny kimi-k3-style checkpoint (dense KDA, MoE KDA, MoE MLA layers)
+    through the generated plugin on vLLM's CPU engine, in float32: accuracy
+    against the float32 reference and the engine's cache accounting (MLA latent
+    bytes per token, KDA state bytes per sequence) against the arithmetic; the
+    MTP check is not-run with the reason (no KDA state per draft position on
+    CPU), never failed."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.validate import validate
 
@@ -248,11 +219,19 @@ def test_cpu_engine_checks_are_not_run_with_vllms_error(spec, tmp_path):
         ckpt / "spec.yaml",
         "cpu",
         tmp_path / "out",
-        checks="accuracy,kv-cache",
+        checks="accuracy,kv-cache,spec-decode:mtp",
     )
-    assert [c.status for c in result.checks] == ["not-run", "not-run"]
-    accuracy = result.check("accuracy")
-    assert accuracy.metrics["cpu_limit"] == cpu_engine_limit(spec)
-    assert accuracy.metrics["engine_error"]
-    assert "vLLM's own error: " in accuracy.details
-    assert not result.passed
+    accuracy, kv, mtp = result.checks
+    assert accuracy.status == "passed", accuracy.details
+    assert accuracy.metrics["engine_dtype"] == "float32"
+    assert accuracy.metrics["greedy_failed_sequences"] == 0
+    assert accuracy.metrics["prompt_logprob_max_abs_diff"] < 1e-3
+    assert kv.status == "passed", kv.details
+    # (512 + 64) float32 per MLA layer; per KDA layer three convolutions' last 3
+    # inputs of 2 heads x 128 channels and 2 heads' 128 x 128 states, float32.
+    assert kv.metrics["bytes_per_token"] == 576 * 4
+    per_kda = 3 * 256 * 3 * 4 + 2 * 128 * 128 * 4
+    assert kv.metrics["state_bytes_per_sequence"] == 2 * per_kda
+    assert mtp.status == "not-run"
+    assert mtp.details == f"not run on cpu: {cpu_speculation_limit(spec)}"
+    assert result.passed

@@ -155,6 +155,7 @@ def test_last_line_is_the_verdict_with_what_was_not_covered(tmp_path):
         "novel-launch",
         "gpt-oss-style",
         "qwen3-next-style",
+        "kimi-k3-style",
         "glm-5-style",
         "mistral-large-4-style",
     ],

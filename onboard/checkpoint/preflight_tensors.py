@@ -421,27 +421,16 @@ def _note_cpu_gdn(run: PreflightRun) -> None:
     lin = run.plan.linear
     if lin is None:
         return
-    if isinstance(lin, KimiDeltaAttention) and run.spec.attention.type == "mla":
-        run.add(
-            "warning" if "cpu" in run.spec.targets else "note",
-            "cpu-kda",
-            "linear_attention",
-            "vLLM's CPU engine cannot run Kimi delta attention beside MLA layers: "
-            "its hybrid cache aligns an MLA model's block size to a multiple of 128 "
-            "tokens, and the CPU MLA backend takes 16-token blocks only",
-            "validate on a GPU target; the Hugging Face reference runs on the CPU",
-            spec_fields=["linear_attention.type", "attention.type"],
-        )
-        return
     if isinstance(lin, KimiDeltaAttention):
         run.add(
             "note",
             "cpu-kda",
             "linear_attention",
             "vLLM's KDA kernels are Triton-only: on the CPU engine the generated "
-            "layer runs the Kimi delta rule in plain torch, token by token (the "
-            "CPU checks cover its math and state handling, not vLLM's kernels)",
-            "validate on a GPU target to check vLLM's KDA kernels",
+            "layer runs the Kimi delta rule in plain torch, token by token, with "
+            "no speculative decoding (the CPU checks cover its math and state "
+            "handling, not vLLM's kernels)",
+            "validate on a GPU target to check vLLM's KDA kernels and speculation",
             spec_fields=["linear_attention.type"],
         )
         return

@@ -68,6 +68,10 @@ def plugin_files(
         "mtp_module": mtp_module_name(spec),
         "num_mtp_field": _num_mtp_field(spec) if mtp_source is not None else None,
         "mla_kv_sharing": needs_mla_kv_sharing_patch(spec),
+        # Linear-attention states beside MLA: the CPU MLA backend must take the
+        # larger blocks vLLM aligns such a hybrid cache to.
+        "hybrid_mla": spec.attention.type == "mla"
+        and spec.linear_attention is not None,
         "vllm_series": vllm_series(),
     }
     files = {

@@ -159,12 +159,17 @@ class EngineOptions:
             kwargs["attention_config"] = {"backend": "CPU_MLA"}
         if self.mamba_ssm_cache_dtype is not None:
             kwargs["mamba_ssm_cache_dtype"] = self.mamba_ssm_cache_dtype
-            if self.extra.get("speculative_config"):
-                # Prefix caching puts a hybrid model's states in vLLM's "align"
-                # mode, whose state copy for draft tokens is a Triton kernel that
-                # the CPU build cannot launch ('function' object is not
-                # subscriptable, vllm/v1/worker/mamba_utils.py run_fused_precopy);
-                # without it speculation keeps one state per draft position.
+            if self.uses_mla or self.extra.get("speculative_config"):
+                # vLLM's CPU platform turns prefix caching off for MLA models
+                # after the hybrid config has sized the states' blocks for it
+                # ('--mamba-block-size can only be set with
+                # --enable-prefix-caching'): off from the start instead.
+                # With speculation, prefix caching puts a hybrid model's states
+                # in vLLM's "align" mode, whose state copy for draft tokens is a
+                # Triton kernel that the CPU build cannot launch ('function'
+                # object is not subscriptable, vllm/v1/worker/mamba_utils.py
+                # run_fused_precopy); without it speculation keeps one state per
+                # draft position.
                 kwargs["enable_prefix_caching"] = False
         return {**kwargs, **self.extra}
 
@@ -172,8 +177,10 @@ class EngineOptions:
 def engine_dtype(spec: ModelSpec) -> str:
     """The dtype the CPU engine runs ``spec`` in: float32, where the reference
     runs, unless a kernel needs otherwise. vLLM's CPU Gated DeltaNet kernels take
-    bfloat16 only ('CPU GDN attention requires BF16.')."""
-    if any(spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)):
+    bfloat16 only ('CPU GDN attention requires BF16.'); the generated Kimi delta
+    attention layer's CPU path is plain torch and runs float32."""
+    lin = spec.linear_attention
+    if lin is not None and lin.type == "gated_deltanet":
         return "bfloat16"
     return "float32"
 

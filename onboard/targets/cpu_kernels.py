@@ -48,25 +48,21 @@ def cpu_gdn_problems(
     return problems
 
 
-def cpu_engine_limit(spec: ModelSpec) -> str | None:
-    """Why vLLM's CPU engine cannot run ``spec``'s model at all (None: it can).
+def cpu_speculation_limit(spec: ModelSpec) -> str | None:
+    """Why vLLM's CPU engine cannot run speculative decoding on ``spec``'s model
+    (None: it can).
 
-    Kimi delta attention beside MLA layers: vLLM's hybrid cache aligns an MLA
-    model's attention block to a multiple of 128 tokens (for its GPU MLA decode
-    kernels; ``Platform._align_hybrid_block_size``), and the CPU MLA backend takes
-    16-token blocks only, so the engine stops at start-up ('Aligned KV cache block
-    size 256 is not supported by attention backend(s): CPU_MLA', measured on
-    kimi-k3-style's tiny checkpoint). vLLM's KDA kernels are Triton-only as well;
-    the generated KDA layer's plain-torch CPU path covers that, and KDA beside gqa
-    attention runs. The engine's own error is recorded beside this reason by the
-    checks that meet it.
+    Kimi delta attention: vLLM's KDA kernels are Triton-only (the CPU build's
+    Triton has no CPU backend). The generated KDA layer's plain-torch CPU path
+    runs prefill and decode, one state per sequence; verifying draft tokens needs
+    a state per draft position, which vLLM keeps in those kernels only.
     """
     lin = spec.linear_attention
-    if lin is None or lin.type != "kimi_delta" or spec.attention.type != "mla":
+    if lin is None or lin.type != "kimi_delta":
         return None
     return (
-        "vLLM's CPU build cannot run Kimi delta attention beside MLA layers: its "
-        "hybrid cache aligns an MLA model's block size to a multiple of 128 tokens "
-        "and the CPU MLA backend takes 16-token blocks only; the GPU targets' "
-        "emitted run script covers this check"
+        "speculative decoding with Kimi delta attention needs vLLM's KDA "
+        "kernels, which are Triton-only: the generated KDA layer's CPU path "
+        "keeps one state per sequence, not one per draft position; the GPU "
+        "targets' emitted run script covers this check"
     )

@@ -56,6 +56,7 @@ from onboard.speculators.methods import (
     speculative_config,
 )
 from onboard.speculators.tiny_draft import lossless
+from onboard.targets.cpu_kernels import cpu_speculation_limit
 from onboard.validate.results import Check
 
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
@@ -108,6 +109,9 @@ def run(ctx, name: str) -> Check:
     if ctx.engine is None:
         return Check.not_run(name, "the main engine did not start (see accuracy)")
     spec: ModelSpec = ctx.spec
+    limit = cpu_speculation_limit(spec)
+    if limit is not None:
+        return Check.not_run(name, f"not run on cpu: {limit}", method=method)
     entry = entry_for(spec, method)
     problems = refusals(spec.model_copy(update={"speculators": [entry]}))
     if problems:

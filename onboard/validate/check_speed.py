@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.runtime.engine import EngineOptions
+from onboard.targets.cpu_kernels import cpu_speculation_limit
 from onboard.validate.results import Check
 from onboard.validate.serve import Server, parse_prometheus, spec_decode_counters
 
@@ -194,7 +195,10 @@ def _variants(ctx) -> tuple[list[Variant], list[str]]:
     entry = next(
         (s for s in ctx.spec.speculators if s.method in _CPU_SPEC_METHODS), None
     )
-    if entry is not None:
+    limit = cpu_speculation_limit(ctx.spec)
+    if entry is not None and limit is not None:
+        notes.append(f"no speculative variant: {limit}")
+    elif entry is not None:
         config = speculative_config(entry, None)
         backend = (base.engine_kwargs().get("attention_config") or {}).get("backend")
         if entry.method == "mtp" and backend:

@@ -51,7 +51,6 @@ from onboard.runtime.reference import (
     tokenize_prompts,
 )
 from onboard.spec.model import QUANT_SCHEMES, SPEC_METHODS, TARGETS, ModelSpec
-from onboard.targets.cpu_kernels import cpu_engine_limit
 from onboard.validate.results import Check, ValidationResult
 
 MAX_NEW_TOKENS = 32
@@ -200,9 +199,6 @@ def dense_equivalent(
 
 def _load_failure_check(ctx: RunContext, name: str) -> Check:
     failure = ctx.engine_failure or {}
-    limit = cpu_engine_limit(ctx.spec)
-    if limit is not None:
-        return _cpu_limit_check(name, limit, failure.get("error"))
     lines = [f"vLLM could not load {ctx.model_dir} through {ctx.model_code}:"]
     lines.append(f"  {failure.get('error')}")
     metrics: dict[str, Any] = {"engine_error": failure.get("error")}
@@ -246,13 +242,6 @@ def _load_failure_check(ctx: RunContext, name: str) -> Check:
         lines.append("Engine traceback (last lines):")
         lines += ["  " + s for s in failure["log_excerpt"].splitlines()[-12:]]
     return Check(name, "failed", metrics, "\n".join(lines))
-
-
-def _cpu_limit_check(name: str, limit: str, error: str | None) -> Check:
-    """A check the CPU engine cannot run for this model: not-run, with the known
-    limit and the error vLLM itself gave."""
-    details = f"{limit}.\nvLLM's own error: {error or 'none recorded'}"
-    return Check.not_run(name, details, engine_error=error, cpu_limit=limit)
 
 
 def _first(items, n: int = 20):
@@ -326,22 +315,12 @@ def _runner(name: str) -> CheckRunner:
 
 def _run_check(ctx: RunContext, name: str) -> Check:
     # A check that breaks (e.g. the engine dies mid-request) is a failed check with
-    # the reason, not a traceback; the engine log says more. A model the CPU
-    # engine cannot run at all (cpu_engine_limit) makes every engine error not-run.
-    limit = cpu_engine_limit(ctx.spec)
+    # the reason, not a traceback; the engine log says more.
     try:
-        check = _runner(name)(ctx, name)
-        error = check.metrics.get("engine_error")
-        if limit is not None and check.status == "failed" and error:
-            return _cpu_limit_check(name, limit, error)
-        return check
+        return _runner(name)(ctx, name)
     except (EngineDied, TimeoutError, RuntimeError) as exc:
         log = ctx.engine.log_path if ctx.engine else None
         cause = engine_error(log) if log else None
-        if limit is not None:
-            return _cpu_limit_check(
-                name, limit, cause or f"{type(exc).__name__}: {exc}"
-            )
         metrics = {"error": f"{type(exc).__name__}: {exc}"}
         if cause:
             metrics["engine_error"] = cause

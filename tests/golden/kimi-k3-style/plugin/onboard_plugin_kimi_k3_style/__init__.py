@@ -8,6 +8,8 @@ model (``kimi_k3_style.py`` in this package).
 The MTP draft (``kimi_k3_style_mtp.py``) is what vLLM builds for
 ``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
 KimiK3StyleMTPModel.
+On vLLM's CPU build ``register`` lets the CPU MLA backend take the hybrid
+cache's blocks (``_split_cpu_mla_blocks``); nothing changes on other platforms.
 """
 
 ARCHITECTURE = "KimiK3StyleForCausalLM"
@@ -29,6 +31,26 @@ def _register_mla_cache() -> None:
             return True
 
     convertors.MODEL_ARCH_CONFIG_CONVERTORS.setdefault(MODEL_TYPE, MLAConvertor)
+
+
+def _split_cpu_mla_blocks() -> None:
+    """vLLM 0.32 aligns the cache blocks of a model with MLA
+    beside linear attention to a multiple of 128 tokens (for its GPU MLA decode
+    kernels), and its CPU MLA backend accepts 16-token blocks only ('Aligned KV
+    cache block size 256 is not supported by attention backend(s): CPU_MLA').
+    Its kernel takes 16-token blocks (``get_supported_kernel_block_sizes``), and
+    the model runner splits a larger cache block into kernel blocks of that
+    size: so the backend may accept any multiple of 16."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size is None or block_size % 16 == 0
+
+    CPUMLABackend.supports_block_size = classmethod(supports_block_size)
 
 
 def mtp_hf_config_override(hf_config):
@@ -90,3 +112,4 @@ def register() -> None:
     ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
     _install_mtp_override()
     _register_mla_cache()
+    _split_cpu_mla_blocks()
