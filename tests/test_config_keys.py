@@ -160,6 +160,11 @@ def _unread(name: str) -> dict[str, list[str]]:
     # the generated model does.
     family = FAMILIES.get(spec.model_type)
     written -= set(family.vllm_keys if family else ())
+    moe = spec.mlp.moe
+    if moe is not None and moe.router.num_groups is None:
+        # One group of all experts, for vLLM's in-tree DeepSeek MoE (which always
+        # routes grouped); the generated model routes without groups.
+        written -= {"n_group", "topk_group"}
     files = generate_files(spec)
     vllm = {
         p: t for p, t in files.items() if p.startswith("plugin/") and p.endswith(".py")

@@ -19,6 +19,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import installed_plugin_env
 from generate_variants import ALL, BUNDLED, any_spec, bundled, variant
 
 from onboard.generate import generate_files, model_class_path
@@ -291,12 +292,13 @@ def test_features_appear_only_where_the_spec_has_them(outputs):
         "kv_sharing_target_layer_name",
         "e_score_correction_bias",
     } <= novel
-    # Sigmoid routing without groups runs as one group of all experts (the
-    # router vLLM's CPU build supports for sigmoid scores), as the config's
-    # n_group = topk_group = 1 say; no shared-expert gate.
+    # Sigmoid routing without groups is vLLM's biased top-k, as vLLM's own
+    # models write it (no expert groups: the CPU router's softmax-only plain
+    # path is onboard.runtime.compat's business, not the model's); no
+    # shared-expert gate.
     novel_src = model_source(outputs["novel-launch"], "novel-launch")
-    assert "num_expert_group=config.n_group," in novel_src
-    assert "topk_group=config.topk_group," in novel_src
+    assert "scoring_func=config.scoring_func," in novel_src
+    assert "use_grouped_topk" not in novel_src
     assert not novel & {
         "GatedSharedExpert",
         "shared_expert_gate",
@@ -416,7 +418,8 @@ def test_plugin_metadata(outputs):
 
 
 def test_plugin_installs_and_registers_idempotently(tmp_path):
-    """pip-installable; register() overrides vLLM's in-tree Llama, twice over."""
+    """pip-installable; register() leaves vLLM's in-tree Llama in place until
+    ONBOARD_OVERRIDE_ARCHITECTURES names it, then overrides it, twice over."""
     spec = bundled("dense-gqa")
     generate_all(spec, tmp_path / "gen")
     src = tmp_path / "src"
@@ -450,24 +453,32 @@ before = ModelRegistry.models["LlamaForCausalLM"]
          if e.name == "onboard_plugin_dense_gqa"]
 register = ep.load()
 register()
+kept = ModelRegistry.models["LlamaForCausalLM"]
+import os
+os.environ["ONBOARD_OVERRIDE_ARCHITECTURES"] = "LlamaForCausalLM"
+register()
 first = ModelRegistry.models["LlamaForCausalLM"]
 register()
 second = ModelRegistry.models["LlamaForCausalLM"]
 cls = second.load_model_cls()
 print(json.dumps({
     "before": before.module_name if isinstance(before, _LazyRegisteredModel) else "",
+    "kept": kept is before,
     "first": [first.module_name, first.class_name],
     "same": first == second,
     "cls": cls.__module__ + "." + cls.__qualname__,
 }))
 """
     env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("ONBOARD_OVERRIDE_ARCHITECTURES", None)
     run = subprocess.run(
         [PY, "-c", script], capture_output=True, text=True, env=env, timeout=600
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["before"] == "vllm.model_executor.models.llama"
+    assert result["kept"]
+    assert "this plugin leaves it in place" in run.stdout + run.stderr
     assert result["first"] == ["onboard_plugin_dense_gqa.dense_gqa", "LlamaForCausalLM"]
     assert result["same"]
     assert result["cls"] == "onboard_plugin_dense_gqa.dense_gqa.LlamaForCausalLM"
@@ -511,15 +522,8 @@ def install_plugin(plugin_dir: Path, site: Path) -> None:
     assert pip.returncode == 0, pip.stderr
 
 
-def run_engine_compare(model_dir: Path, site: Path, out: Path, **flags) -> dict:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(site),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        # apply_model sends a function to the engine process.
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-    }
-    env.pop("VLLM_PLUGINS", None)
+def run_engine_compare(spec, model_dir: Path, site: Path, out: Path, **flags) -> dict:
+    env = installed_plugin_env(site, spec, out.parent)
     args = []
     for key, value in flags.items():
         flag = f"--{key.replace('_', '-')}"
@@ -632,7 +636,12 @@ def test_generated_plugin_on_engine_matches_vllm_and_transformers(family, tmp_pa
     generate_all(spec, tmp_path / "gen")
     install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
     report = run_engine_compare(
-        ckpt, tmp_path / "site", tmp_path / "report.json", prompts=6, max_tokens=24
+        spec,
+        ckpt,
+        tmp_path / "site",
+        tmp_path / "report.json",
+        prompts=6,
+        max_tokens=24,
     )
     _check_report(report, spec)
 
@@ -650,7 +659,12 @@ def test_bundled_spec_runs_on_its_tiny_checkpoint(name, tmp_path):
     generate_all(spec, tmp_path / "gen")
     install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
     report = run_engine_compare(
-        ckpt, tmp_path / "site", tmp_path / "report.json", prompts=4, max_tokens=16
+        spec,
+        ckpt,
+        tmp_path / "site",
+        tmp_path / "report.json",
+        prompts=4,
+        max_tokens=16,
     )
     _check_report(report, spec)
 
@@ -698,6 +712,7 @@ def test_novel_launch_runs_and_shares_kv(tmp_path):
     generate_all(spec, tmp_path / "gen")
     install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
     report = run_engine_compare(
+        spec,
         ckpt,
         tmp_path / "site",
         tmp_path / "report.json",
@@ -739,6 +754,7 @@ def test_compressed_tensors_fp8_checkpoint_loads_through_plugin(tmp_path):
     generate_all(spec, tmp_path / "gen")
     install_plugin(tmp_path / "gen" / "plugin", tmp_path / "site")
     report = run_engine_compare(
+        spec,
         Path(fp8),
         tmp_path / "site",
         tmp_path / "report.json",

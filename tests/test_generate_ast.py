@@ -26,7 +26,6 @@ ALLOWED_PREFIXES = (
     "vllm.compilation",
     "vllm.config",
     "vllm.distributed",
-    "vllm.platforms",
     "vllm.sequence",
     "vllm.model_executor.layers",
     "vllm.model_executor.models.interfaces",
@@ -45,12 +44,6 @@ ALLOWED_EXACT = {
         "sharded_weight_loader",
         "default_weight_loader",
     },
-    # The config view vLLM's KDA layer reads (Kimi Linear's nested keys).
-    "types": {"SimpleNamespace"},
-    # The KDA layer's CPU path: the platform, and the state metadata of the step.
-    "vllm.platforms": {"current_platform"},
-    "vllm.forward_context": {"get_forward_context"},
-    "vllm.v1.attention.backends.gdn_attn": {"GDNAttentionMetadata"},
     # Sparse MLA's index-key cache layer (a layer, not a model: vLLM's own
     # DeepSeek-V3.2 indexer's) and the indexer's prefill buffer size.
     "vllm.model_executor.models.deepseek_v2": {"DeepseekV32IndexerCache"},
@@ -59,9 +52,10 @@ ALLOWED_EXACT = {
     "vllm.transformers_utils": {"model_arch_config_convertor"},
     # The typed config class, as transformers' own configs declare theirs.
     "huggingface_hub.dataclasses": {"strict"},
-    # The plugin's CPU MLA block patch (MLA beside linear attention).
-    "vllm.v1.attention.backends.mla.cpu_mla": {"CPUMLABackend"},
 }
+# What the plugin's register() may import besides: the environment variable that
+# lets it replace an architecture vLLM serves, and vLLM's logger that says so.
+INIT_IMPORTS = {"os": None, "vllm.logger": {"init_logger"}}
 # The plugin's runtime patch of the released vLLM (MLA layers sharing a latent
 # cache, docs/generate.md) imports what it patches; no other file may.
 PATCH_FILE = "mla_kv_sharing.py"
@@ -105,6 +99,8 @@ def check_file(path: str, source: str, module_name: str = "") -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
+                if path.endswith("__init__.py") and alias.name in INIT_IMPORTS:
+                    continue
                 if not (_allowed_module(alias.name) or alias.name in patch_imports):
                     problems.append(f"{path}:{node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
@@ -114,6 +110,10 @@ def check_file(path: str, source: str, module_name: str = "") -> list[str]:
                 sibling = node.level == 1 and module == module_name
                 if not (sibling and path.endswith(f"/{module_name}_mtp.py")):
                     problems.append(f"{path}:{node.lineno}: relative import .{module}")
+            elif path.endswith("__init__.py") and INIT_IMPORTS.get(module):
+                bad = {a.name for a in node.names} - INIT_IMPORTS[module]
+                if bad:
+                    problems.append(f"{path}:{node.lineno}: from {module} import ...")
             elif module in ALLOWED_EXACT:
                 bad = {a.name for a in node.names} - ALLOWED_EXACT[module]
                 if bad:
@@ -215,3 +215,86 @@ def test_only_the_mtp_draft_imports_only_its_own_model_file():
     assert check_file("p/m.py", sibling, "m")  # not the MTP file
     assert check_file("p/m_mtp.py", "from .llama import X\n", "m")
     assert check_file("p/m_mtp.py", "from ..m import X\n", "m")
+
+
+# ---- PR model files hold only what vLLM would merge ------------------------------
+
+PLATFORM_CHECKS = {"is_cpu", "is_cuda", "is_rocm", "is_xpu", "is_tpu", "is_cuda_alike"}
+
+
+def model_file_problems(path: str, source: str) -> list[str]:
+    """What a generated model file may not hold: a platform branch
+    (``current_platform``, ``is_cpu()``) or a monkeypatch (an assignment to, or a
+    ``setattr`` on, something the file imported). What vLLM's CPU build needs for
+    validation is onboard.runtime.compat's, installed into the engine only."""
+    tree = ast.parse(source, filename=path)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    problems = []
+
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        where = f"{path}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Name) and node.id == "current_platform":
+            problems.append(f"{where}: current_platform")
+        elif isinstance(node, ast.Attribute) and node.attr in PLATFORM_CHECKS:
+            problems.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and root(target) in imported:
+                    problems.append(f"{where}: patches {ast.unparse(target)}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and node.args
+            and root(node.args[0]) in imported
+        ):
+            problems.append(f"{where}: setattr on {ast.unparse(node.args[0])}")
+    return problems
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_pr_model_files_have_no_platform_branch_or_patch(name):
+    """The model files of the PR tree (the plugin's, with vLLM's header) branch
+    on no platform and patch nothing of vLLM's."""
+    spec = any_spec(name)
+    files = generate_files(spec)
+    package = f"plugin/onboard_plugin_{spec.module_name}"
+    models = [f"{package}/{spec.module_name}.py"]
+    if spec.mtp is not None:
+        models.append(f"{package}/{spec.module_name}_mtp.py")
+    problems = [p for path in models for p in model_file_problems(path, files[path])]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (
+            "from vllm.platforms import current_platform\n"
+            "if current_platform.is_cpu():\n    pass\n",
+            "current_platform",
+        ),
+        ("def f(p):\n    return p.is_cpu()\n", ".is_cpu"),
+        (
+            "from vllm.x import Backend\nBackend.supports = classmethod(f)\n",
+            "patches Backend.supports",
+        ),
+        ("import vllm\nsetattr(vllm.x, 'y', 1)\n", "setattr on vllm.x"),
+    ],
+)
+def test_the_model_file_checker_can_fail(source, expected):
+    problems = model_file_problems("m.py", source)
+    assert any(expected in p for p in problems), problems
+    # An attribute of the module's own objects is no patch.
+    assert not model_file_problems(
+        "m.py", "class A:\n    def f(self):\n        self.x = 1\n"
+    )

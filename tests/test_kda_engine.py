@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import generated_engine_run
 
 from onboard.arch import build_plan
-from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.plan.kv import kv_report
-from onboard.spec.loader import load_spec, parse_spec_text
+from onboard.spec.loader import parse_spec_text
 
 # KDA layers and a gqa attention layer (head dims of 32 for vLLM's CPU
 # attention), at the eps vLLM's KDA output norm uses; the tiny checkpoint keeps
@@ -56,45 +56,10 @@ def engine_run(tmp_path_factory):
     """The tiny KDA + gqa checkpoint through the generated plugin on vLLM's CPU
     engine (float32): greedy outputs and prompt logprobs of the
     validation prompts, and the engine's cache report."""
-    from onboard.generate import write_model_code
-    from onboard.runtime.engine import (
-        Engine,
-        EngineOptions,
-        engine_state_options,
-        read_plugin,
-    )
-    from onboard.runtime.prompts import PROMPTS
-    from onboard.runtime.reference import tokenize_prompts
-
     work = tmp_path_factory.mktemp("engine")
-    ckpt = work / "ckpt"
-    write_tiny_checkpoint(parse_spec_text(KDA_GQA), ckpt, seed=0)
-    spec = load_spec(ckpt / "spec.yaml")
-    write_model_code(spec, work / "gen")
-    prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
     # Every other validation prompt (8 to 23 tokens): the token loop of the CPU
     # path and the float32 reference both cost per token.
-    prompts = prompts[::2]
-    options = EngineOptions(
-        model_dir=ckpt,
-        plugin=read_plugin(work / "gen" / "plugin"),
-        **engine_state_options(spec),
-    )
-    engine = Engine(options, work / "engine", work / "engine.log")
-    engine.start()
-    try:
-        info = engine.wait_ready()
-        reply = engine.generate(
-            prompts,
-            temperature=0.0,
-            max_tokens=16,
-            logprobs=5,
-            prompt_logprobs=5,
-            ignore_eos=True,
-        )
-    finally:
-        engine.close()
-    return spec, ckpt, work, prompts, info, reply["outputs"]
+    return generated_engine_run(parse_spec_text(KDA_GQA), work, every=2)
 
 
 @pytest.mark.engine

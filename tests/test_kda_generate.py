@@ -1,9 +1,9 @@
 """The generated vLLM model for Kimi delta attention layers (model_specs/
 kimi-k3-style.yaml): vLLM's own KDA layer beside MLA full attention (and beside gqa
-attention), its loading of the checkpoint's KDA tensors, its plain-torch CPU path,
-the specs it refuses, and kimi-k3-style's tiny checkpoint on the CPU engine (KDA
-beside MLA, through the plugin's CPU MLA block patch). The KDA model beside gqa
-attention on the CPU engine is in test_kda_engine."""
+attention), its loading of the checkpoint's KDA tensors, the specs it refuses,
+and kimi-k3-style's tiny checkpoint on the CPU engine (KDA beside MLA, through
+onboard's CPU shims for the KDA kernels and the MLA block size). The KDA model
+beside gqa attention on the CPU engine is in test_kda_engine."""
 
 from __future__ import annotations
 
@@ -41,23 +41,18 @@ def _class(source: str, name: str) -> ast.ClassDef:
 
 
 def test_kda_layers_are_vllms_kda_layer(spec, source):
-    """The KDA mixer subclasses vLLM's KDA layer (no Gated DeltaNet layer; its
-    own mixer code is the CPU path only, the other platforms run vLLM's
-    _forward), sits at self_attn beside the MLA attention, and the hybrid cache is
-    sized by vLLM's KDA calculators."""
+    """The KDA mixer subclasses vLLM's KDA layer and adds only its checkpoint
+    loading (no platform branch: vLLM's CPU build lacks the KDA kernels, which
+    onboard.runtime.compat supplies to validation), sits at self_attn beside the
+    MLA attention, and the hybrid cache is sized by vLLM's KDA calculators."""
     kda = _class(source, "KimiK3StyleDeltaAttention")
     assert [ast.unparse(b) for b in kda.bases] == ["KimiGatedDeltaNetAttention"]
     assert {f.name for f in kda.body if isinstance(f, ast.FunctionDef)} == {
         "__init__",
         "load_weights",
-        "_forward",
-        "_forward_cpu",
     }
-    assert (
-        "        if not current_platform.is_cpu():\n"
-        "            super()._forward(mixed_qkv, g1, g2, beta, core_attn_out)\n"
-        "            return\n"
-    ) in source
+    assert "super().__init__(config, vllm_config, prefix)" in source
+    assert "current_platform" not in source and "SimpleNamespace" not in source
     assert "QwenGatedDeltaNetAttention" not in source
     assert "self.linear_attn" not in source
     for call in (
@@ -68,13 +63,31 @@ def test_kda_layers_are_vllms_kda_layer(spec, source):
         'linear_attention=config.layer_types[layer_idx] == "linear_attention"',
     ):
         assert call in source, call
-    # vLLM's layer reads Kimi Linear's nested config, fed from the flat keys.
-    for key, attr in (
-        ("num_heads", "linear_num_heads"),
-        ("head_dim", "linear_head_dim"),
-        ("short_conv_kernel_size", "linear_conv_kernel_dim"),
-    ):
-        assert f'"{key}": config.{attr},' in source
+
+
+def test_the_config_class_nests_kda_sizes_as_vllms_layer_reads_them(spec, tmp_path):
+    """vLLM's KDA layer reads Kimi Linear's nested linear_attn_config: the config
+    class generated for the new model type gives it from the flat keys
+    config.json has (and config.json itself stays flat)."""
+    import importlib.util
+
+    from onboard.generate import generate_files
+
+    files = generate_files(spec)
+    path = tmp_path / "config.py"
+    path.write_text(files["plugin/onboard_plugin_kimi_k3_style/config.py"])
+    module_spec = importlib.util.spec_from_file_location("kda_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.KimiK3StyleConfig(linear_num_heads=2, linear_head_dim=64)
+    assert config.linear_attn_config == {
+        "num_heads": 2,
+        "head_dim": 64,
+        "short_conv_kernel_size": spec.linear_attention.conv_kernel_size,
+    }
+    assert "linear_attn_config" not in config.to_dict()
+    for key in ("hidden_size", "hidden_act", "rms_norm_eps"):
+        assert hasattr(config, key), key
 
 
 def test_every_kda_tensor_has_a_home(spec, source):
@@ -181,22 +194,24 @@ def test_speculation_limit_names_kda_only(spec):
     assert cpu_speculation_limit(qwen3_next) is None
 
 
-def test_the_plugin_splits_cpu_mla_blocks_for_kda_beside_mla_only(spec):
-    """The plugin lets vLLM's CPU MLA backend take the hybrid cache's blocks only
-    where MLA sits beside linear attention (vLLM aligns those blocks to 128)."""
+def test_cpu_shims_for_kda_beside_mla(spec):
+    """What vLLM's CPU build needs to run the model lives in
+    onboard.runtime.compat, not in the plugin: the KDA kernels in torch, and the
+    CPU MLA backend taking the hybrid cache's blocks only where MLA sits beside
+    linear attention (vLLM aligns those blocks to 128)."""
     from onboard.generate.plugin import plugin_files
+    from onboard.runtime.compat import shims_for
 
-    def init(s):
-        files = plugin_files(s, "")
-        return next(v for k, v in files.items() if k.endswith("/__init__.py"))
-
-    source = init(spec)
-    assert "_split_cpu_mla_blocks()" in source
-    assert "block_size % 16 == 0" in source
+    assert {"kda_torch", "mla_blocks"} <= set(shims_for(spec))
     beside_gqa = parse_spec_text(_beside_gqa(SPEC_PATH.read_text()))
-    assert "_split_cpu_mla_blocks" not in init(beside_gqa)
+    assert "mla_blocks" not in shims_for(beside_gqa)
+    assert "kda_torch" in shims_for(beside_gqa)
     glm5 = load_spec(ROOT / "model_specs/glm-5-style.yaml")
-    assert "_split_cpu_mla_blocks" not in init(glm5)
+    assert not {"mla_blocks", "kda_torch"} & set(shims_for(glm5))
+    init = next(
+        v for k, v in plugin_files(spec, "").items() if k.endswith("/__init__.py")
+    )
+    assert "CPUMLABackend" not in init and "is_cpu" not in init
 
 
 # ---- on the CPU engine ---------------------------------------------------------

@@ -86,12 +86,7 @@ checkpoint:
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def kda_spec(text: str = KDA_SPEC) -> ModelSpec:

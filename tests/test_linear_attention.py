@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import generated_engine_run
 from safetensors.torch import load_file, save_file
 
 from onboard.arch import build_plan
@@ -77,12 +78,7 @@ checkpoint: {layout: qwen}
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def hybrid(projections: str = "grouped") -> ModelSpec:
@@ -458,42 +454,7 @@ def engine_run(tmp_path_factory):
     """The tiny hybrid checkpoint through the generated plugin on vLLM's CPU
     engine (bfloat16, float32 states): greedy outputs and prompt logprobs of the
     validation prompts, and the engine's cache report."""
-    from onboard.generate import write_model_code
-    from onboard.runtime.engine import (
-        Engine,
-        EngineOptions,
-        engine_state_options,
-        read_plugin,
-    )
-    from onboard.runtime.prompts import PROMPTS
-    from onboard.runtime.reference import tokenize_prompts
-
-    work = tmp_path_factory.mktemp("engine")
-    ckpt = work / "ckpt"
-    write_tiny_checkpoint(hybrid(), ckpt, seed=0)
-    spec = load_spec(ckpt / "spec.yaml")
-    write_model_code(spec, work / "gen")
-    prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
-    options = EngineOptions(
-        model_dir=ckpt,
-        plugin=read_plugin(work / "gen" / "plugin"),
-        **engine_state_options(spec),
-    )
-    engine = Engine(options, work / "engine", work / "engine.log")
-    engine.start()
-    try:
-        info = engine.wait_ready()
-        reply = engine.generate(
-            prompts,
-            temperature=0.0,
-            max_tokens=16,
-            logprobs=5,
-            prompt_logprobs=5,
-            ignore_eos=True,
-        )
-    finally:
-        engine.close()
-    return spec, ckpt, work, prompts, info, reply["outputs"]
+    return generated_engine_run(hybrid(), tmp_path_factory.mktemp("engine"))
 
 
 def _reference_outputs(spec, ckpt: Path, work: Path, prompts, max_tokens: int):

@@ -43,6 +43,7 @@ def _perturbed(src: Path, dst: Path, name: str) -> Path:
 def checks(tmp_path_factory) -> dict:
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.pipeline.generate import generate_all
+    from onboard.runtime.compat import shims_for
     from onboard.runtime.engine import EngineOptions, read_plugin
     from onboard.runtime.prompts import PROMPTS
     from onboard.runtime.reference import (
@@ -79,7 +80,13 @@ def checks(tmp_path_factory) -> dict:
         return work, reference, [run_reference(reference.model, p, 32) for p in prompts]
 
     work, reference, outputs = reference_of(good, "good")
-    options = EngineOptions(good, plugin, max_model_len=MAX_MODEL_LEN, uses_mla=True)
+    options = EngineOptions(
+        good,
+        plugin,
+        max_model_len=MAX_MODEL_LEN,
+        uses_mla=True,
+        compat=shims_for(tiny),
+    )
     ctx = RunContext(
         spec=tiny,
         model_dir=good,

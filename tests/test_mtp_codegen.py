@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import installed_plugin_env
 from generate_variants import ALL, any_spec, bundled
 
 from onboard.generate import generate_files, model_class_path
@@ -35,6 +36,7 @@ from onboard.spec.mtp import (
     mtp_draft,
     speculative_config,
 )
+from onboard.spec.naming import OVERRIDE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -299,19 +301,28 @@ print(json.dumps(out))
 """
 
 
+def _register(spec, plugin_dir: Path, override: bool) -> tuple[dict, str]:
+    env = {**os.environ}
+    env.pop(OVERRIDE_ENV, None)
+    if override:
+        env[OVERRIDE_ENV] = "all"
+    package = f"onboard_plugin_{spec.module_name}"
+    run = subprocess.run(
+        [PY, "-c", _REGISTER_SCRIPT, str(plugin_dir), package],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("name", ["novel-launch", "deepseek-v3-style"])
 def test_registration_is_idempotent_and_selects_the_generated_class(name, tmp_path):
     spec = bundled(name)
     generate_all(spec, tmp_path)
-    package = f"onboard_plugin_{spec.module_name}"
-    run = subprocess.run(
-        [PY, "-c", _REGISTER_SCRIPT, str(tmp_path / "plugin"), package],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out, _ = _register(spec, tmp_path / "plugin", override=True)
     module, cls = mtp_class_path(spec).split(":")
     assert out["registered"] == [module, cls]
     assert out["draft_class"] == cls
@@ -323,6 +334,23 @@ def test_registration_is_idempotent_and_selects_the_generated_class(name, tmp_pa
         assert out["draft"] == ["mtp", 2, ["NovelLaunchMTPModel"]]
     else:
         assert not out["patched"]
+
+
+def test_an_in_tree_architecture_is_replaced_only_when_asked(tmp_path):
+    """deepseek-v3-style's architectures are vLLM's own (DeepseekV3ForCausalLM,
+    DeepSeekMTPModel): installed, its plugin leaves them to vLLM and says so in
+    vLLM's log; with ONBOARD_OVERRIDE_ARCHITECTURES it serves them, and says
+    that too."""
+    spec = bundled("deepseek-v3-style")
+    generate_all(spec, tmp_path)
+    kept, log = _register(spec, tmp_path / "plugin", override=False)
+    assert kept["registered"][0] == "vllm.model_executor.models.deepseek_mtp"
+    assert f"vLLM already serves {spec.architecture}; this plugin leaves it" in log
+    assert f"set {OVERRIDE_ENV}={spec.architecture} to serve" in log
+    taken, log = _register(spec, tmp_path / "plugin", override=True)
+    module = f"onboard_plugin_{spec.module_name}.{spec.module_name}_mtp"
+    assert taken["registered"][0] == module
+    assert f"serving {spec.architecture} with onboard_plugin_" in log
 
 
 # ---- on the CPU engine ---------------------------------------------------------------
@@ -347,13 +375,7 @@ def run_mtp_engine(name: str, tmp: Path, k: int) -> dict:
     ckpt = write_tiny_checkpoint(spec, tmp / "ckpt", seed=0, dtype="float32")
     generate_all(spec, tmp / "gen")
     install_plugin(tmp / "gen" / "plugin", tmp / "site")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tmp / "site"),
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a function
-    }
-    env.pop("VLLM_PLUGINS", None)
+    env = installed_plugin_env(tmp / "site", spec, tmp)
     out = tmp / "report.json"
     run = subprocess.run(
         [PY, str(ROOT / "tests" / "mtp_engine.py"), str(ckpt), str(out), "--k",

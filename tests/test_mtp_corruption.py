@@ -43,6 +43,7 @@ def corrupt(src: Path, dst: Path, name: str, value) -> Path:
 def checks(tmp_path_factory) -> dict:
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.pipeline.generate import generate_all
+    from onboard.runtime.compat import shims_for
     from onboard.runtime.engine import EngineOptions, read_plugin
     from onboard.runtime.prompts import PROMPTS
     from onboard.runtime.reference import (
@@ -78,7 +79,9 @@ def checks(tmp_path_factory) -> dict:
     # The oracle is the intact checkpoint, for every run below.
     reference = load_reference(good, tiny, root / "gen" / "hf", work)
     outputs = [run_reference(reference.model, ids, 32) for ids in prompts]
-    options = EngineOptions(good, plugin, max_model_len=MAX_MODEL_LEN)
+    options = EngineOptions(
+        good, plugin, max_model_len=MAX_MODEL_LEN, compat=shims_for(tiny)
+    )
     ctx = RunContext(
         spec=tiny,
         model_dir=good,

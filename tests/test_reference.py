@@ -43,14 +43,7 @@ SMALL = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models gain nothing from threads, and on a shared 2-core machine OpenMP
-    # threads waiting for each other make generate() 20x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_reference(ckpt: Path) -> torch.nn.Module:

@@ -18,13 +18,7 @@ from onboard.spec.hf import spec_from_hf_config
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def dsa_spec(model_type: str = "deepseek_v32") -> ModelSpec:

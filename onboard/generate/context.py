@@ -715,6 +715,8 @@ def _linear_context(
         ]
     for concept, value in (*sizes, ("linear_conv_kernel_dim", lin.conv_kernel_size)):
         cfg[concept] = f.need(concept, value)
+    if kda:
+        _check_kda_config(spec, f, cfg)
     kinds = f.need("layer_types", list(arch.attention_types))
     cfg["layer_types"] = kinds
     expr = f'config.{kinds}[layer_idx] == "linear_attention"'
@@ -731,6 +733,31 @@ def _linear_context(
         and "qkv_proj" not in spec.checkpoint.fused,
         layer_expr=expr,
     )
+
+
+def _check_kda_config(spec: ModelSpec, f: ConfigKeys, cfg: dict[str, Any]) -> None:
+    """vLLM's KDA layer reads the model's config itself: ``hidden_size``,
+    ``hidden_act``, ``rms_norm_eps`` and Kimi Linear's nested
+    ``linear_attn_config`` (which the config class onboard generates for a new
+    model type has as a property, and vLLM's own Kimi Linear config class has)."""
+    where = f"{spec.name}: linear_attention.type kimi_delta"
+    expected = {
+        "hidden_size": cfg.get("hidden_size"),
+        "hidden_act": f.find("hidden_act", spec.activation),
+        "rms_norm_eps": cfg.get("norm_eps"),
+    }
+    for key, found in expected.items():
+        if found != key:
+            raise GenerationError(
+                f"{where}: vLLM's Kimi delta attention layer reads config.{key}, "
+                f"which this model's config.json does not have"
+            )
+    if transformers_knows(spec.model_type) and spec.model_type != "kimi_linear":
+        raise GenerationError(
+            f"{where}: vLLM's Kimi delta attention layer reads "
+            f"config.linear_attn_config, which {spec.model_type}'s config class "
+            "does not have"
+        )
 
 
 def _norm_class(norms) -> str:
@@ -920,24 +947,6 @@ def _moe_context(
         cfg["routed_scaling_factor"] = f.need(
             "routed_scaling_factor", router.routed_scaling_factor
         )
-    # Ungrouped routing that needs more than plain softmax top-k runs as one
-    # group of all experts (same math).
-    needs = [
-        what
-        for what, on in (
-            ("sigmoid scores", router.scoring == "sigmoid"),
-            ("the bias correction", router.bias_correction),
-            ("the routed scaling", scaled),
-        )
-        if on
-    ]
-    one_group = not grouped and bool(needs)
-    if one_group:
-        # The config onboard writes for a new model type says so itself:
-        # n_group = topk_group = 1. A known type's config may leave them unset.
-        new_type = not transformers_knows(spec.model_type)
-        cfg["n_group"] = f.find("n_group", 1) if new_type else None
-        cfg["topk_group"] = f.find("topk_group", 1) if new_type else None
     if moe.swiglu_limit is not None:
         cfg["swiglu_alpha"] = f.need("swiglu_alpha", moe.swiglu_alpha)
         cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
@@ -946,13 +955,6 @@ def _moe_context(
         "gpt_oss_experts": gpt_oss_experts(spec),
         "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
-        "one_group": one_group,
-        "one_group_comment": textwrap.wrap(
-            "All experts in one group (the same routing): vLLM's grouped "
-            f"router is the one that takes {_listed(needs)} on every "
-            "platform; the CPU's plain top-k path is softmax-only.",
-            width=72,
-        ),
         "layer_expr": _moe_layer_expr(spec, arch, f),
         "scoring": router.scoring,
         "renormalize": router.norm_topk_prob,

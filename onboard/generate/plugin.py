@@ -21,7 +21,7 @@ from onboard.arch import build_plan
 from onboard.reference.context import config_class_context
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.mtp import mtp_draft, mtp_module_name
-from onboard.spec.naming import dist_name, package_name
+from onboard.spec.naming import OVERRIDE_ENV, dist_name, package_name
 from onboard.templating import render_python, render_template
 
 PLUGIN_VERSION = "0.1.0"
@@ -68,10 +68,7 @@ def plugin_files(
         "mtp_module": mtp_module_name(spec),
         "num_mtp_field": _num_mtp_field(spec) if mtp_source is not None else None,
         "mla_kv_sharing": needs_mla_kv_sharing_patch(spec),
-        # Linear-attention states beside MLA: the CPU MLA backend must take the
-        # larger blocks vLLM aligns such a hybrid cache to.
-        "hybrid_mla": spec.attention.type == "mla"
-        and spec.linear_attention is not None,
+        "override_env": OVERRIDE_ENV,
         "vllm_series": vllm_series(),
     }
     files = {

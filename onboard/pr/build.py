@@ -256,33 +256,36 @@ def _core_changes(spec: ModelSpec, notes: list[str]) -> list[Edit]:
 
 
 def linear_attention_notes(spec: ModelSpec) -> list[str]:
-    """What a reviewer must know about a model with linear-attention layers."""
+    """What a reviewer must know about a model with linear-attention layers: which
+    vLLM layer runs them and how vLLM caches their state (vLLM's behaviour, not a
+    measurement: the measured checks are in the Test Result section)."""
     lin = spec.linear_attention
     n = sum(spec.is_linear_layer(i) for i in range(spec.num_hidden_layers))
     if lin is None or not n:
         return []
+    kind, layer = (
+        ("Kimi delta attention", "KimiGatedDeltaNetAttention")
+        if lin.type == "kimi_delta"
+        else ("Gated DeltaNet linear attention", "QwenGatedDeltaNetAttention")
+    )
     return [
-        f"{n} of {spec.num_hidden_layers} layers are Gated DeltaNet linear "
-        "attention, built with vLLM's own `QwenGatedDeltaNetAttention` and its "
-        "kernels; the model is `IsHybrid` / `HasInnerState`, so vLLM keeps a "
-        "recurrent state per sequence beside the attention layers' KV cache. "
-        f"Serve with `--mamba-ssm-cache-dtype {lin.state_dtype}` (the spec's "
+        f"{n} of {spec.num_hidden_layers} layers are {kind}, built with vLLM's own "
+        f"`{layer}` and its kernels; the model is `IsHybrid` / `HasInnerState`, so "
+        "vLLM keeps a recurrent state per sequence beside the attention layers' KV "
+        f"cache. Serve with `--mamba-ssm-cache-dtype {lin.state_dtype}` (the spec's "
         "state dtype).",
         PREFIX_CACHING_NOTE,
     ]
 
 
-# Prefix caching of linear-attention layers on vLLM 0.32, as measured on the CPU
-# engine (docs/validation.md, "Prefix caching of linear-attention layers").
+# How vLLM 0.32 caches prefixes of a hybrid model (its behaviour, not a
+# measurement of this model).
 PREFIX_CACHING_NOTE = (
-    "Prefix caching: on vLLM 0.32 a hybrid model caches prefixes in `align` mode "
+    "Prefix caching: vLLM 0.32 caches a hybrid model's prefixes in `align` mode "
     "(`mamba_cache_mode`, set when prefix caching is on, the default): the "
     "linear-attention states are kept at the attention block boundaries, so a "
     "cached prefix is reused in whole blocks (vLLM sizes a block so that its "
-    "attention page holds a state). Measured with this generated model on the "
-    "CPU engine: a 900-token prompt repeated hits its two cached 384-token "
-    "blocks, and the greedy output equals the output without prefix caching "
-    "and the reference's."
+    "attention page holds a state)."
 )
 
 

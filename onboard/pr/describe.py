@@ -87,6 +87,8 @@ def _validation_summary(path: Path, expected: list[str]) -> dict[str, Any]:
         "target": data.get("target", "?"),
         "passed": data.get("passed"),
         "model_class": data.get("vllm_model_class", ""),
+        "in_tree": str(data.get("vllm_model_class", "")).startswith("vllm."),
+        "compat": ", ".join(data.get("cpu_compat") or []),
         "rows": rows,
         "missing": [name for name in expected if name not in seen],
     }

@@ -514,6 +514,24 @@ def config_class_context(spec: ModelSpec, hf: dict | None = None) -> dict[str, A
         # Qwen2's switch: the window applies only with use_sliding_window.
         "window_switch": {"use_sliding_window", "sliding_window"} <= names,
         "any_untyped": any(field["type"] == "Any | None" for field in fields),
+        "kda_view": _kda_view(spec),
+    }
+
+
+def _kda_view(spec: ModelSpec) -> dict[str, str] | None:
+    """Kimi delta attention's sizes as Kimi Linear's config nests them
+    (``linear_attn_config``, which vLLM's KDA layer reads): entry -> the flat
+    config key holding it. None without Kimi delta attention."""
+    lin = spec.linear_attention
+    if lin is None or lin.type != "kimi_delta":
+        return None
+    keys = build_plan(spec).config
+    return {
+        "num_heads": keys.need("linear_num_heads", lin.num_key_heads),
+        "head_dim": keys.need("linear_head_dim", lin.key_head_dim),
+        "short_conv_kernel_size": keys.need(
+            "linear_conv_kernel_dim", lin.conv_kernel_size
+        ),
     }
 
 

@@ -53,6 +53,8 @@ class RunView:
     reference: str
     checks: list[CheckView] = field(default_factory=list)
     source: str = ""  # the file it was read from, when known
+    # onboard's CPU shims the engine ran with (validation.json's cpu_compat).
+    cpu_compat: tuple[str, ...] = ()
 
     def check(self, name: str) -> CheckView | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -96,6 +98,7 @@ def runs(results: Any) -> list[RunView]:
             vllm_model_class=str(data.get("vllm_model_class") or ""),
             reference=str(data.get("reference") or ""),
             source=source,
+            cpu_compat=tuple(data.get("cpu_compat") or ()),
         )
         for j, c in enumerate(data.get("checks") or []):
             run.checks.append(

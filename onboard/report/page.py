@@ -115,12 +115,14 @@ def _model_section(spec: ModelSpec | None, runs: Sequence[D.RunView]) -> str:
         f"<tr><td>{esc(r.target)}</td><td>{_verdict(r)}</td>"
         f"<td class='long'>{esc(r.model_dir)}</td>"
         f"<td><code>{esc(r.vllm_model_class or '(none)')}</code></td>"
+        f"<td>{esc(', '.join(r.cpu_compat) or '(none)')}</td>"
         f"<td class='long'>{esc(r.reference or '(none)')}</td></tr>"
         for r in runs
     )
     runs_table = (
         "<table><tr><th>target</th><th>verdict</th><th>model</th>"
-        "<th>vLLM class instantiated</th><th>reference</th></tr>"
+        "<th>vLLM class instantiated</th><th>onboard CPU shims</th>"
+        "<th>reference</th></tr>"
         f"{runs_rows}</table>"
     )
     if spec is None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
+from onboard.spec.naming import OVERRIDE_ENV
 
 PLUGIN_GROUP = "vllm.general_plugins"
 START_TIMEOUT_S = 1800.0
@@ -111,6 +112,22 @@ def installed_plugin(dist_name: str) -> Plugin:
     )
 
 
+def compat_plugin() -> Plugin:
+    """onboard's CPU shims (:mod:`onboard.runtime.compat`) as a general plugin of
+    their own, beside the generated one."""
+    from onboard import __version__
+    from onboard.runtime import compat
+
+    return Plugin(
+        root=Path(__file__).resolve().parents[2],
+        package="onboard",
+        dist_name="onboard-cpu-compat",
+        version=__version__,
+        entry_point=compat.ENTRY_POINT,
+        target=compat.TARGET,
+    )
+
+
 def plugin_site(plugin: Plugin, site_dir: Path) -> Path:
     """Write the plugin's ``.dist-info`` (METADATA + entry_points.txt) in site_dir."""
     dist = plugin.dist_name.replace("-", "_")
@@ -141,6 +158,9 @@ class EngineOptions:
     extra: dict[str, Any] = field(default_factory=dict)
     # Environment for the engine's processes (e.g. VLLM_CPU_OMP_THREADS_BIND).
     env: dict[str, str] = field(default_factory=dict)
+    # The CPU shims the model needs (onboard.runtime.compat.shims_for): what
+    # vLLM's CPU build lacks, installed into the engine's processes only.
+    compat: tuple[str, ...] = ()
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -186,12 +206,16 @@ def engine_dtype(spec: ModelSpec) -> str:
 
 
 def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
-    """EngineOptions fields a spec's layers need: the engine dtype and, with
-    linear-attention layers, their recurrent state's dtype."""
+    """EngineOptions fields a spec's layers need: the engine dtype, with
+    linear-attention layers their recurrent state's dtype, and the CPU shims
+    vLLM's CPU build needs for them."""
+    from onboard.runtime.compat import shims_for
+
     lin = spec.linear_attention
     return {
         "dtype": engine_dtype(spec),
         "mamba_ssm_cache_dtype": None if lin is None else lin.state_dtype,
+        "compat": shims_for(spec),
     }
 
 
@@ -228,6 +252,9 @@ class Engine:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         paths = []
+        # Only ours: another installed plugin must not register over them (none:
+        # vLLM's own classes, even where a plugin is installed).
+        plugins = []
         if self.options.plugin is not None:
             plugin = self.options.plugin
             if not plugin.installed:
@@ -235,10 +262,19 @@ class Engine:
                     str(plugin.root),
                     str(plugin_site(plugin, self.work_dir / "site")),
                 ]
-            # Only our plugin: another installed one must not register over it.
-            env["VLLM_PLUGINS"] = plugin.entry_point
-        else:
-            env["VLLM_PLUGINS"] = ""  # none: vLLM's own classes, even if installed
+            plugins.append(plugin.entry_point)
+            # The engine runs the generated class, also for an architecture
+            # vLLM serves in-tree (its plugin's register() logs the switch).
+            env[OVERRIDE_ENV] = "all"
+        if self.options.compat:
+            from onboard.runtime import compat
+
+            site = plugin_site(compat_plugin(), self.work_dir / "site")
+            if str(site) not in paths:
+                paths.append(str(site))
+            plugins.append(compat.ENTRY_POINT)
+            env[compat.ENV] = ",".join(self.options.compat)
+        env["VLLM_PLUGINS"] = ",".join(plugins)
         # The helper functions the worker ships into vLLM's processes live in
         # onboard; make sure those processes can import it.
         paths.append(str(Path(__file__).resolve().parents[2]))

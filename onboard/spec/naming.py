@@ -17,3 +17,9 @@ def package_name(spec: ModelSpec) -> str:
 def model_class_path(spec: ModelSpec) -> str:
     """What the plugin registers: ``package.module:Class``."""
     return f"{package_name(spec)}.{spec.module_name}:{spec.architecture}"
+
+
+# The environment variable that lets an installed generated plugin replace an
+# architecture vLLM already serves (comma-separated architectures, or "all"):
+# without it the plugin leaves vLLM's class in place.
+OVERRIDE_ENV = "ONBOARD_OVERRIDE_ARCHITECTURES"

@@ -46,6 +46,7 @@ def run_with_speculation(
     plugin: Plugin | None = None,
     max_model_len: int = 256,
     dtype: str = "float32",
+    compat: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Greedy continuations of ``prompts`` (with top-k logprobs) and the acceptance
     counters, from one engine built with ``speculative_config``."""
@@ -55,6 +56,7 @@ def run_with_speculation(
         max_model_len=max_model_len,
         uses_mla=uses_mla,
         extra={"speculative_config": speculative_config, "dtype": dtype},
+        compat=compat,
     )
     work_dir = Path(work_dir)
     engine = Engine(options, work_dir / "engine", work_dir / "engine.log")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.runtime.compare import GreedyOutput, compare_greedy
+from onboard.runtime.compat import shims_for
 from onboard.runtime.cpu_draft import full_window_draft, needs_full_window
 from onboard.runtime.engine import Plugin
 from onboard.spec.model import ModelSpec
@@ -57,6 +58,7 @@ def _run(model_dir, spec, speculative, prompts, work, plugin) -> dict[str, Any]:
         work,
         uses_mla=spec.attention.type == "mla",
         plugin=plugin,
+        compat=shims_for(spec),
     )
 
 

@@ -500,6 +500,7 @@ def validate(
         )
         ctx.options = options
         ctx.path = path
+        result.cpu_compat = list(options.compat)
         engine = Engine(options, work_dir / "engine", out_dir / "logs" / "engine.log")
         log(f"starting the vLLM engine (log: {engine.log_path})")
         engine.start()

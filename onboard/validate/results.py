@@ -1,7 +1,7 @@
 """The validation.json model (contract in docs/architecture.md).
 
-``{"passed", "target", "model_dir", "vllm_model_class", "reference", "checks":
-[{"name", "status", "passed", "metrics", "details"}]}``. A check that could not run
+``{"passed", "target", "model_dir", "vllm_model_class", "reference", "cpu_compat",
+"checks": [{"name", "status", "passed", "metrics", "details"}]}``. A check that could not run
 is ``not-run`` (never passed); the run passes when no check failed and ``accuracy``
 passed.
 """
@@ -51,6 +51,9 @@ class ValidationResult:
     vllm_model_class: str = ""
     reference: str = ""
     checks: list[Check] = field(default_factory=list)
+    # onboard's CPU shims the engine ran with (onboard.runtime.compat): what
+    # vLLM's CPU build lacks, installed into the engine only.
+    cpu_compat: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -68,6 +71,7 @@ class ValidationResult:
             "model_dir": self.model_dir,
             "vllm_model_class": self.vllm_model_class,
             "reference": self.reference,
+            "cpu_compat": list(self.cpu_compat),
             "checks": [c.to_dict() for c in self.checks],
         }
 

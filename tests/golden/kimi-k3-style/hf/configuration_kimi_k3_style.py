@@ -91,3 +91,13 @@ class KimiK3StyleConfig(PreTrainedConfig):
         if self.mlp_only_layers is None:
             self.mlp_only_layers = []
         super().__post_init__(**kwargs)
+
+    @property
+    def linear_attn_config(self) -> dict[str, int]:
+        """Kimi delta attention's sizes, nested as Kimi Linear's config has them
+        (vLLM's Kimi delta attention layer reads them there)."""
+        return {
+            "num_heads": self.linear_num_heads,
+            "head_dim": self.linear_head_dim,
+            "short_conv_kernel_size": self.linear_conv_kernel_dim,
+        }

@@ -267,8 +267,6 @@ class DeepseekV3Attention(nn.Module):
         mla_modules = MLAModules(
             kv_a_layernorm=self.kv_a_layernorm,
             kv_b_proj=self.kv_b_proj,
-            # DeepSeek's YaRN rope runs vLLM's PyTorch implementation on CPU,
-            # which takes [tokens, heads, dim] as they are.
             rotary_emb=self.rotary_emb,
             o_proj=self.o_proj,
             fused_qkv_a_proj=self.fused_qkv_a_proj,

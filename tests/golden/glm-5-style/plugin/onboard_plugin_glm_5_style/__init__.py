@@ -8,6 +8,10 @@ model (``glm_5_style.py`` in this package).
 The MTP draft (``glm_5_style_mtp.py``) is what vLLM builds for
 ``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
 Glm5StyleMTPModel.
+
+An architecture vLLM already serves (in-tree, or from another plugin) is left to
+vLLM unless the environment variable ``ONBOARD_OVERRIDE_ARCHITECTURES`` names
+it (comma-separated, or ``all``); when the plugin replaces one, vLLM's log says so.
 """
 
 ARCHITECTURE = "Glm5StyleForCausalLM"
@@ -15,6 +19,8 @@ MODEL_CLASS = "onboard_plugin_glm_5_style.glm_5_style:Glm5StyleForCausalLM"
 MTP_ARCHITECTURE = "Glm5StyleMTPModel"
 MTP_CLASS = "onboard_plugin_glm_5_style.glm_5_style_mtp:Glm5StyleMTP"
 MODEL_TYPE = "glm5_style"
+# Names the architectures this plugin may take from vLLM (see the docstring).
+OVERRIDE_ENV = "ONBOARD_OVERRIDE_ARCHITECTURES"
 
 
 def _register_mla_cache() -> None:
@@ -77,16 +83,46 @@ def register() -> None:
     from transformers import AutoConfig
 
     from onboard_plugin_glm_5_style.config import Glm5StyleConfig
-    from vllm import ModelRegistry
 
     # A transformers that knows the model type refuses (ValueError): its own
     # config class then wins.
     with contextlib.suppress(ValueError):
         AutoConfig.register(Glm5StyleConfig.model_type, Glm5StyleConfig)
-    # register_model replaces an existing entry, so this also overrides an
-    # architecture vLLM ships in-tree; registering the same lazy class again
-    # leaves the registry as it was.
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
+    _register(ARCHITECTURE, MODEL_CLASS)
+    _register(MTP_ARCHITECTURE, MTP_CLASS)
     _install_mtp_override()
     _register_mla_cache()
+
+
+def _register(architecture: str, model_class: str) -> None:
+    """Register ``model_class`` under ``architecture``, unless vLLM serves that
+    architecture with another class and OVERRIDE_ENV does not name it."""
+    import os
+
+    from vllm import ModelRegistry
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    module = model_class.split(":")[0]
+    current = ModelRegistry.models.get(architecture)
+    if current is not None and getattr(current, "module_name", None) != module:
+        allowed = os.environ.get(OVERRIDE_ENV, "").split(",")
+        if architecture not in allowed and "all" not in allowed:
+            logger.warning(
+                "%s: vLLM already serves %s; this plugin leaves it in place "
+                "(set %s=%s to serve %s instead)",
+                __name__,
+                architecture,
+                OVERRIDE_ENV,
+                architecture,
+                model_class,
+            )
+            return
+        logger.warning(
+            "%s: serving %s with %s instead of the class vLLM has for it",
+            __name__,
+            architecture,
+            model_class,
+        )
+    # Registering the same lazy class again leaves the registry as it was.
+    ModelRegistry.register_model(architecture, model_class)

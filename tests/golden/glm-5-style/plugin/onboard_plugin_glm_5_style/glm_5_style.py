@@ -67,7 +67,6 @@ from vllm.model_executor.models.utils import (
     maybe_prefix,
     spec_decode_needs_target_embed,
 )
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
@@ -170,12 +169,6 @@ class Glm5StyleMoE(nn.Module):
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
-            # All experts in one group (the same routing): vLLM's grouped router is
-            # the one that takes sigmoid scores, the bias correction and the routed
-            # scaling on every platform; the CPU's plain top-k path is softmax-only.
-            use_grouped_topk=True,
-            num_expert_group=config.n_group,
-            topk_group=config.topk_group,
             scoring_func=config.scoring_func,
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,
@@ -190,28 +183,6 @@ class Glm5StyleMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # The fused layer runs the router itself (it holds the gate).
         return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
-
-
-class Glm5StyleRotaryOnFlatHeads(nn.Module):
-    """Applies the rotary embedding to ``[tokens, heads * dim]`` views.
-
-    vLLM 0.32's CPU rotary kernel rotates the strided ``[tokens, heads, dim]`` rope
-    slice of the MLA query wrongly when there is more than one head; flattening
-    the heads first gives the exact rotation on every platform.
-    """
-
-    def __init__(self, rotary_emb: nn.Module) -> None:
-        super().__init__()
-        self.rotary_emb = rotary_emb
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens = q.shape[0]
-        q_rot, k_rot = self.rotary_emb(
-            positions, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
-        )
-        return q_rot.view(q.shape), k_rot.view(k.shape)
 
 
 class Glm5StyleIndexer(nn.Module):
@@ -417,7 +388,7 @@ class Glm5StyleAttention(nn.Module):
         mla_modules = MLAModules(
             kv_a_layernorm=self.kv_a_layernorm,
             kv_b_proj=self.kv_b_proj,
-            rotary_emb=Glm5StyleRotaryOnFlatHeads(self.rotary_emb),
+            rotary_emb=self.rotary_emb,
             o_proj=self.o_proj,
             fused_qkv_a_proj=self.fused_qkv_a_proj,
             kv_a_proj_with_mqa=None,
@@ -540,7 +511,7 @@ class Glm5StyleModel(nn.Module, EagleModelMixin):
                 vllm_config.scheduler_config.max_num_batched_tokens,
                 config.index_topk,
                 dtype=torch.int32,
-                device=current_platform.device_type,
+                device=vllm_config.device_config.device_type,
             )
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,

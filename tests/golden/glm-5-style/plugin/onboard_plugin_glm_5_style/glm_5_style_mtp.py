@@ -37,7 +37,6 @@ from vllm.model_executor.models.utils import (
     make_empty_intermediate_tensors_factory,
     maybe_prefix,
 )
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from .glm_5_style import Glm5StyleDecoderLayer
@@ -135,7 +134,7 @@ class Glm5StyleMultiTokenPredictor(nn.Module):
                 vllm_config.scheduler_config.max_num_batched_tokens,
                 config.index_topk,
                 dtype=torch.int32,
-                device=current_platform.device_type,
+                device=vllm_config.device_config.device_type,
             )
         self.layers = nn.ModuleDict(
             {

@@ -5,17 +5,52 @@
 vLLM runs ``register`` through this package's ``vllm.general_plugins`` entry point
 in every process it starts; the model class is imported only when vLLM builds the
 model (``gpt_oss_style.py`` in this package).
+
+An architecture vLLM already serves (in-tree, or from another plugin) is left to
+vLLM unless the environment variable ``ONBOARD_OVERRIDE_ARCHITECTURES`` names
+it (comma-separated, or ``all``); when the plugin replaces one, vLLM's log says so.
 """
 
 ARCHITECTURE = "GptOssForCausalLM"
 MODEL_CLASS = "onboard_plugin_gpt_oss_style.gpt_oss_style:GptOssForCausalLM"
+# Names the architectures this plugin may take from vLLM (see the docstring).
+OVERRIDE_ENV = "ONBOARD_OVERRIDE_ARCHITECTURES"
 
 
 def register() -> None:
     """Register the architecture with vLLM; calling it again changes nothing."""
-    from vllm import ModelRegistry
+    _register(ARCHITECTURE, MODEL_CLASS)
 
-    # register_model replaces an existing entry, so this also overrides an
-    # architecture vLLM ships in-tree; registering the same lazy class again
-    # leaves the registry as it was.
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+
+def _register(architecture: str, model_class: str) -> None:
+    """Register ``model_class`` under ``architecture``, unless vLLM serves that
+    architecture with another class and OVERRIDE_ENV does not name it."""
+    import os
+
+    from vllm import ModelRegistry
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    module = model_class.split(":")[0]
+    current = ModelRegistry.models.get(architecture)
+    if current is not None and getattr(current, "module_name", None) != module:
+        allowed = os.environ.get(OVERRIDE_ENV, "").split(",")
+        if architecture not in allowed and "all" not in allowed:
+            logger.warning(
+                "%s: vLLM already serves %s; this plugin leaves it in place "
+                "(set %s=%s to serve %s instead)",
+                __name__,
+                architecture,
+                OVERRIDE_ENV,
+                architecture,
+                model_class,
+            )
+            return
+        logger.warning(
+            "%s: serving %s with %s instead of the class vLLM has for it",
+            __name__,
+            architecture,
+            model_class,
+        )
+    # Registering the same lazy class again leaves the registry as it was.
+    ModelRegistry.register_model(architecture, model_class)

@@ -8,8 +8,10 @@ model (``kimi_k3_style.py`` in this package).
 The MTP draft (``kimi_k3_style_mtp.py``) is what vLLM builds for
 ``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
 KimiK3StyleMTPModel.
-On vLLM's CPU build ``register`` lets the CPU MLA backend take the hybrid
-cache's blocks (``_split_cpu_mla_blocks``); nothing changes on other platforms.
+
+An architecture vLLM already serves (in-tree, or from another plugin) is left to
+vLLM unless the environment variable ``ONBOARD_OVERRIDE_ARCHITECTURES`` names
+it (comma-separated, or ``all``); when the plugin replaces one, vLLM's log says so.
 """
 
 ARCHITECTURE = "KimiK3StyleForCausalLM"
@@ -17,6 +19,8 @@ MODEL_CLASS = "onboard_plugin_kimi_k3_style.kimi_k3_style:KimiK3StyleForCausalLM
 MTP_ARCHITECTURE = "KimiK3StyleMTPModel"
 MTP_CLASS = "onboard_plugin_kimi_k3_style.kimi_k3_style_mtp:KimiK3StyleMTP"
 MODEL_TYPE = "kimi_k3_style"
+# Names the architectures this plugin may take from vLLM (see the docstring).
+OVERRIDE_ENV = "ONBOARD_OVERRIDE_ARCHITECTURES"
 
 
 def _register_mla_cache() -> None:
@@ -31,26 +35,6 @@ def _register_mla_cache() -> None:
             return True
 
     convertors.MODEL_ARCH_CONFIG_CONVERTORS.setdefault(MODEL_TYPE, MLAConvertor)
-
-
-def _split_cpu_mla_blocks() -> None:
-    """vLLM 0.32 aligns the cache blocks of a model with MLA
-    beside linear attention to a multiple of 128 tokens (for its GPU MLA decode
-    kernels), and its CPU MLA backend accepts 16-token blocks only ('Aligned KV
-    cache block size 256 is not supported by attention backend(s): CPU_MLA').
-    Its kernel takes 16-token blocks (``get_supported_kernel_block_sizes``), and
-    the model runner splits a larger cache block into kernel blocks of that
-    size: so the backend may accept any multiple of 16."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
-
-    def supports_block_size(cls, block_size: int | None) -> bool:
-        return block_size is None or block_size % 16 == 0
-
-    CPUMLABackend.supports_block_size = classmethod(supports_block_size)
 
 
 def mtp_hf_config_override(hf_config):
@@ -99,17 +83,46 @@ def register() -> None:
     from transformers import AutoConfig
 
     from onboard_plugin_kimi_k3_style.config import KimiK3StyleConfig
-    from vllm import ModelRegistry
 
     # A transformers that knows the model type refuses (ValueError): its own
     # config class then wins.
     with contextlib.suppress(ValueError):
         AutoConfig.register(KimiK3StyleConfig.model_type, KimiK3StyleConfig)
-    # register_model replaces an existing entry, so this also overrides an
-    # architecture vLLM ships in-tree; registering the same lazy class again
-    # leaves the registry as it was.
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
+    _register(ARCHITECTURE, MODEL_CLASS)
+    _register(MTP_ARCHITECTURE, MTP_CLASS)
     _install_mtp_override()
     _register_mla_cache()
-    _split_cpu_mla_blocks()
+
+
+def _register(architecture: str, model_class: str) -> None:
+    """Register ``model_class`` under ``architecture``, unless vLLM serves that
+    architecture with another class and OVERRIDE_ENV does not name it."""
+    import os
+
+    from vllm import ModelRegistry
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    module = model_class.split(":")[0]
+    current = ModelRegistry.models.get(architecture)
+    if current is not None and getattr(current, "module_name", None) != module:
+        allowed = os.environ.get(OVERRIDE_ENV, "").split(",")
+        if architecture not in allowed and "all" not in allowed:
+            logger.warning(
+                "%s: vLLM already serves %s; this plugin leaves it in place "
+                "(set %s=%s to serve %s instead)",
+                __name__,
+                architecture,
+                OVERRIDE_ENV,
+                architecture,
+                model_class,
+            )
+            return
+        logger.warning(
+            "%s: serving %s with %s instead of the class vLLM has for it",
+            __name__,
+            architecture,
+            model_class,
+        )
+    # Registering the same lazy class again leaves the registry as it was.
+    ModelRegistry.register_model(architecture, model_class)

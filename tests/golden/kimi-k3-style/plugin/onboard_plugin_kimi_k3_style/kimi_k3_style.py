@@ -20,7 +20,6 @@ routed_scaling_factor.
 
 from collections.abc import Iterable
 from itertools import islice
-from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -33,7 +32,6 @@ from vllm.distributed import (
     get_pp_group,
     get_tensor_model_parallel_world_size,
 )
-from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -51,9 +49,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateCopyFuncCalculator,
     MambaStateDtypeCalculator,
     MambaStateShapeCalculator,
-    is_conv_state_dim_first,
 )
-from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
 from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
@@ -83,9 +79,7 @@ from vllm.model_executor.models.utils import (
     spec_decode_needs_target_embed,
 )
 from vllm.model_executor.utils import set_weight_attrs
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
-from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 
 
 class KimiK3StyleMLP(nn.Module):
@@ -186,12 +180,6 @@ class KimiK3StyleMoE(nn.Module):
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
-            # All experts in one group (the same routing): vLLM's grouped router is
-            # the one that takes sigmoid scores, the bias correction and the routed
-            # scaling on every platform; the CPU's plain top-k path is softmax-only.
-            use_grouped_topk=True,
-            num_expert_group=config.n_group,
-            topk_group=config.topk_group,
             scoring_func=config.scoring_func,
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,
@@ -206,28 +194,6 @@ class KimiK3StyleMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # The fused layer runs the router itself (it holds the gate).
         return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
-
-
-class KimiK3StyleRotaryOnFlatHeads(nn.Module):
-    """Applies the rotary embedding to ``[tokens, heads * dim]`` views.
-
-    vLLM 0.32's CPU rotary kernel rotates the strided ``[tokens, heads, dim]`` rope
-    slice of the MLA query wrongly when there is more than one head; flattening
-    the heads first gives the exact rotation on every platform.
-    """
-
-    def __init__(self, rotary_emb: nn.Module) -> None:
-        super().__init__()
-        self.rotary_emb = rotary_emb
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_tokens = q.shape[0]
-        q_rot, k_rot = self.rotary_emb(
-            positions, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
-        )
-        return q_rot.view(q.shape), k_rot.view(k.shape)
 
 
 class KimiK3StyleAttention(nn.Module):
@@ -303,7 +269,7 @@ class KimiK3StyleAttention(nn.Module):
         mla_modules = MLAModules(
             kv_a_layernorm=self.kv_a_layernorm,
             kv_b_proj=self.kv_b_proj,
-            rotary_emb=KimiK3StyleRotaryOnFlatHeads(self.rotary_emb),
+            rotary_emb=self.rotary_emb,
             o_proj=self.o_proj,
             fused_qkv_a_proj=self.fused_qkv_a_proj,
             kv_a_proj_with_mqa=None,
@@ -340,25 +306,13 @@ class KimiK3StyleAttention(nn.Module):
 class KimiK3StyleDeltaAttention(KimiGatedDeltaNetAttention):
     """Kimi delta attention, run by vLLM's KDA layer and kernels: its merged input
     projection takes the checkpoint's q, k, v, beta and forget-gate projections, its
-    one convolution the q, k and v convolutions. On CPU, where vLLM's KDA kernels
-    (Triton) do not run, the layer runs the Kimi delta rule in plain torch on the
-    same cached states."""
+    one convolution the q, k and v convolutions."""
 
     def __init__(
         self, config: PreTrainedConfig, vllm_config: VllmConfig, prefix: str = ""
     ) -> None:
         # vLLM's layer reads Kimi Linear's nested linear_attn_config.
-        kda_config = SimpleNamespace(
-            hidden_size=config.hidden_size,
-            hidden_act=config.hidden_act,
-            rms_norm_eps=config.rms_norm_eps,
-            linear_attn_config={
-                "num_heads": config.linear_num_heads,
-                "head_dim": config.linear_head_dim,
-                "short_conv_kernel_size": config.linear_conv_kernel_dim,
-            },
-        )
-        super().__init__(kda_config, vllm_config, prefix)
+        super().__init__(config, vllm_config, prefix)
         # The gated norm's weight is a plain parameter.
         set_weight_attrs(self.o_norm.weight, {"weight_loader": default_weight_loader})
 
@@ -390,96 +344,6 @@ class KimiK3StyleDeltaAttention(KimiGatedDeltaNetAttention):
                 param.weight_loader(param, loaded_weight)
             loaded_params.add(name)
         return loaded_params
-
-    def _forward(
-        self,
-        mixed_qkv: torch.Tensor,
-        g1: torch.Tensor,
-        g2: torch.Tensor,
-        beta: torch.Tensor,
-        core_attn_out: torch.Tensor,
-    ) -> None:
-        if not current_platform.is_cpu():
-            super()._forward(mixed_qkv, g1, g2, beta, core_attn_out)
-            return
-        # vLLM's KDA kernels are Triton-only: on CPU the delta rule runs in plain
-        # torch (eagerly, a loop over tokens) on the same cached states.
-        attn_metadata = get_forward_context().attn_metadata
-        if attn_metadata is None or self.prefix not in attn_metadata:
-            # Profile and warmup runs carry no state metadata.
-            return
-        metadata = attn_metadata[self.prefix]
-        assert isinstance(metadata, GDNAttentionMetadata)
-        assert metadata.spec_sequence_masks is None, (
-            "speculative decoding with Kimi delta attention needs vLLM's KDA kernels"
-        )
-        num_tokens = metadata.num_actual_tokens
-        core_attn_out[0, :num_tokens] = self._forward_cpu(
-            mixed_qkv[:num_tokens], g1[0, :num_tokens], beta[0, :num_tokens], metadata
-        )
-        core_attn_out.copy_(self.o_norm(core_attn_out, g2))
-
-    def _forward_cpu(
-        self,
-        mixed_qkv: torch.Tensor,
-        raw_g: torch.Tensor,
-        raw_beta: torch.Tensor,
-        metadata: GDNAttentionMetadata,
-    ) -> torch.Tensor:
-        """The Kimi delta rule, token by token, for the batch's sequences (decodes
-        first, then prefills), reading and writing the conv and recurrent states of
-        each sequence's cache slot as vLLM's CPU Gated DeltaNet op does."""
-        num_seqs = metadata.num_decodes + metadata.num_prefills
-        query_start_loc = metadata.non_spec_query_start_loc[: num_seqs + 1]
-        state_indices = metadata.non_spec_state_indices_tensor[:num_seqs]
-        has_initial_state = metadata.has_initial_state
-        if has_initial_state is None:
-            # A batch of decodes only: every sequence continues its state.
-            has_initial_state = torch.ones(num_seqs, dtype=torch.bool)
-        conv_state, recurrent_state = self.kv_cache
-        if not is_conv_state_dim_first():
-            conv_state = conv_state.transpose(-1, -2)
-        conv_weight = self.conv1d.weight.view(self.conv1d.weight.size(0), -1)
-        mixed_qkv = causal_conv1d_fn_cpu(
-            mixed_qkv.transpose(0, 1),
-            conv_weight,
-            None,
-            conv_state,
-            query_start_loc,
-            cache_indices=state_indices,
-            has_initial_state=has_initial_state,
-            activation="silu",
-        ).transpose(0, 1)
-        q, k, v = (
-            x.float().view(-1, self.local_num_heads, self.head_dim)
-            for x in mixed_qkv.split(self.local_projection_size, dim=-1)
-        )
-        q = _l2_normalize(q) * self.head_dim**-0.5
-        k = _l2_normalize(k)
-        # The log decay per key channel, and the delta rule's step size.
-        g = -self.A_log.exp()[:, None] * nn.functional.softplus(
-            raw_g.float() + self.dt_bias.view(self.local_num_heads, self.head_dim)
-        )
-        beta = raw_beta.float().sigmoid()
-        out = torch.empty_like(v)
-        bounds = query_start_loc.tolist()
-        for seq, slot in enumerate(state_indices.tolist()):
-            start, end = bounds[seq], bounds[seq + 1]
-            # [heads, value_dim, key_dim], the layout of vLLM's KDA kernels.
-            state = recurrent_state[slot].float()
-            if not has_initial_state[seq]:
-                state.zero_()
-            for t in range(start, end):
-                state = state * g[t, :, None, :].exp()
-                error = v[t] - (state * k[t, :, None, :]).sum(dim=-1)
-                state = state + (beta[t, :, None] * error)[..., None] * k[t, :, None, :]
-                out[t] = (state * q[t, :, None, :]).sum(dim=-1)
-            recurrent_state[slot] = state.to(recurrent_state.dtype)
-        return out.to(mixed_qkv.dtype)
-
-
-def _l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 class KimiK3StyleDecoderLayer(nn.Module):

@@ -65,7 +65,6 @@ from vllm.model_executor.models.utils import (
     maybe_prefix,
     spec_decode_needs_target_embed,
 )
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
@@ -174,32 +173,6 @@ class MistralLarge4StyleMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # The fused layer runs the router itself (it holds the gate).
         return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
-
-
-class MistralLarge4StyleRotaryOnFlatHeads(nn.Module):
-    """Applies the rotary embedding to ``[tokens, heads * dim]`` views.
-
-    vLLM 0.32's CPU rotary kernel rotates the strided ``[tokens, heads, dim]`` rope
-    slice of the MLA query wrongly when there is more than one head; flattening
-    the heads first gives the exact rotation on every platform.
-    """
-
-    def __init__(self, rotary_emb: nn.Module) -> None:
-        super().__init__()
-        self.rotary_emb = rotary_emb
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # k is None in a layer that reads another layer's (rotated) keys.
-        num_tokens = q.shape[0]
-        if k is None:
-            q_rot, _ = self.rotary_emb(positions, q.reshape(num_tokens, -1), None)
-            return q_rot.view(q.shape), None
-        q_rot, k_rot = self.rotary_emb(
-            positions, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1)
-        )
-        return q_rot.view(q.shape), k_rot.view(k.shape)
 
 
 class MistralLarge4StyleIndexer(nn.Module):
@@ -386,14 +359,12 @@ class MistralLarge4StyleAttention(nn.Module):
             prefix=f"{prefix}.o_proj",
         )
         rope_parameters = config.rope_parameters
-        self.rotary_emb = MistralLarge4StyleRotaryOnFlatHeads(
-            get_rope(
-                self.qk_rope_head_dim,
-                max_position=config.max_position_embeddings,
-                rope_parameters=rope_parameters,
-                # Interleaved pairs (GPT-J style) rotate where the config says so.
-                is_neox_style=not config.rope_interleave,
-            )
+        self.rotary_emb = get_rope(
+            self.qk_rope_head_dim,
+            max_position=config.max_position_embeddings,
+            rope_parameters=rope_parameters,
+            # Interleaved pairs (GPT-J style) rotate where the config says so.
+            is_neox_style=not config.rope_interleave,
         )
 
         # Sparse MLA where the config has an index top-k; with index_topk 0 or
@@ -604,7 +575,7 @@ class MistralLarge4StyleModel(nn.Module, EagleModelMixin):
                 vllm_config.scheduler_config.max_num_batched_tokens,
                 config.index_topk,
                 dtype=torch.int32,
-                device=current_platform.device_type,
+                device=vllm_config.device_config.device_type,
             )
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,

@@ -8,6 +8,10 @@ model (``novel_launch.py`` in this package).
 The MTP draft (``novel_launch_mtp.py``) is what vLLM builds for
 ``speculative_config={"method": "mtp", ...}``: vLLM looks it up as
 NovelLaunchMTPModel.
+
+An architecture vLLM already serves (in-tree, or from another plugin) is left to
+vLLM unless the environment variable ``ONBOARD_OVERRIDE_ARCHITECTURES`` names
+it (comma-separated, or ``all``); when the plugin replaces one, vLLM's log says so.
 """
 
 ARCHITECTURE = "NovelLaunchForCausalLM"
@@ -15,6 +19,8 @@ MODEL_CLASS = "onboard_plugin_novel_launch.novel_launch:NovelLaunchForCausalLM"
 MTP_ARCHITECTURE = "NovelLaunchMTPModel"
 MTP_CLASS = "onboard_plugin_novel_launch.novel_launch_mtp:NovelLaunchMTP"
 MODEL_TYPE = "novel_launch"
+# Names the architectures this plugin may take from vLLM (see the docstring).
+OVERRIDE_ENV = "ONBOARD_OVERRIDE_ARCHITECTURES"
 
 
 def mtp_hf_config_override(hf_config):
@@ -62,15 +68,45 @@ def register() -> None:
     from transformers import AutoConfig
 
     from onboard_plugin_novel_launch.config import NovelLaunchConfig
-    from vllm import ModelRegistry
 
     # A transformers that knows the model type refuses (ValueError): its own
     # config class then wins.
     with contextlib.suppress(ValueError):
         AutoConfig.register(NovelLaunchConfig.model_type, NovelLaunchConfig)
-    # register_model replaces an existing entry, so this also overrides an
-    # architecture vLLM ships in-tree; registering the same lazy class again
-    # leaves the registry as it was.
-    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_CLASS)
+    _register(ARCHITECTURE, MODEL_CLASS)
+    _register(MTP_ARCHITECTURE, MTP_CLASS)
     _install_mtp_override()
+
+
+def _register(architecture: str, model_class: str) -> None:
+    """Register ``model_class`` under ``architecture``, unless vLLM serves that
+    architecture with another class and OVERRIDE_ENV does not name it."""
+    import os
+
+    from vllm import ModelRegistry
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    module = model_class.split(":")[0]
+    current = ModelRegistry.models.get(architecture)
+    if current is not None and getattr(current, "module_name", None) != module:
+        allowed = os.environ.get(OVERRIDE_ENV, "").split(",")
+        if architecture not in allowed and "all" not in allowed:
+            logger.warning(
+                "%s: vLLM already serves %s; this plugin leaves it in place "
+                "(set %s=%s to serve %s instead)",
+                __name__,
+                architecture,
+                OVERRIDE_ENV,
+                architecture,
+                model_class,
+            )
+            return
+        logger.warning(
+            "%s: serving %s with %s instead of the class vLLM has for it",
+            __name__,
+            architecture,
+            model_class,
+        )
+    # Registering the same lazy class again leaves the registry as it was.
+    ModelRegistry.register_model(architecture, model_class)

@@ -162,12 +162,6 @@ class NovelLaunchMoE(nn.Module):
             hidden_size=self.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
-            # All experts in one group (the same routing): vLLM's grouped router is
-            # the one that takes sigmoid scores, the bias correction and the routed
-            # scaling on every platform; the CPU's plain top-k path is softmax-only.
-            use_grouped_topk=True,
-            num_expert_group=config.n_group,
-            topk_group=config.topk_group,
             scoring_func=config.scoring_func,
             e_score_correction_bias=self.gate.e_score_correction_bias,
             routed_scaling_factor=config.routed_scaling_factor,

@@ -1,0 +1,96 @@
+"""Fixtures and helpers the test modules share."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread: tiny models gain nothing from threads, and on a
+    shared 2-core machine OpenMP threads waiting for each other make generate()
+    20x slower. Modules use it with ``pytestmark = usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def generated_engine_run(spec, work: Path, *, every: int = 1, max_tokens: int = 16):
+    """A tiny checkpoint of ``spec`` through its generated plugin on vLLM's CPU
+    engine (the engine options validation gives the spec: dtype, state dtype,
+    CPU shims): greedy outputs with top-5 logprobs and prompt logprobs of every
+    ``every``-th validation prompt, and the engine's cache report.
+
+    Returns (spec as the checkpoint has it, checkpoint dir, work dir, prompts,
+    engine info, outputs)."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import write_model_code
+    from onboard.runtime.engine import (
+        Engine,
+        EngineOptions,
+        engine_state_options,
+        read_plugin,
+    )
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+    from onboard.spec import load_spec
+
+    ckpt = work / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0)
+    spec = load_spec(ckpt / "spec.yaml")
+    write_model_code(spec, work / "gen")
+    prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
+    prompts = prompts[::every]
+    options = EngineOptions(
+        model_dir=ckpt,
+        plugin=read_plugin(work / "gen" / "plugin"),
+        **engine_state_options(spec),
+    )
+    engine = Engine(options, work / "engine", work / "engine.log")
+    engine.start()
+    try:
+        info = engine.wait_ready()
+        reply = engine.generate(
+            prompts,
+            temperature=0.0,
+            max_tokens=max_tokens,
+            logprobs=5,
+            prompt_logprobs=5,
+            ignore_eos=True,
+        )
+    finally:
+        engine.close()
+    return spec, ckpt, work, prompts, info, reply["outputs"]
+
+
+def installed_plugin_env(site: Path, spec, work: Path) -> dict[str, str]:
+    """The environment of a vLLM process that finds a generated plugin
+    pip-installed into ``site`` as a user's vLLM would (every plugin on the
+    path loads), lets it serve an architecture vLLM has in-tree (as a user opts
+    in), and installs onboard's CPU shims for ``spec`` as validation does."""
+    from onboard.runtime import compat
+    from onboard.runtime.engine import compat_plugin, plugin_site
+    from onboard.spec.naming import OVERRIDE_ENV
+
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # apply_model / collective_rpc send a function to the engine process.
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        OVERRIDE_ENV: "all",
+    }
+    env.pop("VLLM_PLUGINS", None)
+    paths = [str(site)]
+    shims = compat.shims_for(spec)
+    if shims:
+        paths += [str(plugin_site(compat_plugin(), work / "compat-site")), str(ROOT)]
+        env[compat.ENV] = ",".join(shims)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
