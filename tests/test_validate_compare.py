@@ -253,6 +253,7 @@ def test_result_verdict_and_json_shape(tmp_path):
         "model_dir",
         "vllm_model_class",
         "reference",
+        "cpu_compat",
         "checks",
     ]
     assert data["passed"] is False

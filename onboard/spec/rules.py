@@ -861,6 +861,8 @@ GENERATED_NAMES = frozenset(
         "SharedHead", "SiluAndMul", "SpeculativeConfig", "StackedExperts",
         "StackedLinear", "SupportsEagle3", "SupportsLoRA", "SupportsPP",
         "SupportsQuant", "VllmConfig", "VocabParallelEmbedding", "WeightsMapper",
+        # the plugin's opt-in to replace an architecture vLLM serves
+        "OVERRIDE_ENV",
         # linear attention (Gated DeltaNet)
         "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",
         "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
@@ -868,16 +870,14 @@ GENERATED_NAMES = frozenset(
         "QwenGatedDeltaNetAttention",
         # linear attention (Kimi delta attention, the reference's classes)
         "KimiDeltaAttention", "KimiGatedRMSNorm",
-        # ... and the vLLM model's (vLLM's KDA layer, fed a config view)
-        "KimiGatedDeltaNetAttention", "SimpleNamespace",
-        # ... and its CPU path
-        "GDNAttentionMetadata",
+        # ... and the vLLM model's (vLLM's KDA layer)
+        "KimiGatedDeltaNetAttention",
         # sparse MLA (the reference's lightning indexer)
         "Indexer",
         # MLA layers sharing a latent cache (vLLM's layer; the plugin's patch)
         "MLAAttention", "VLLM_SERIES",
         # ... and the vLLM model's (vLLM's indexer op, key cache and helpers)
-        "SparseAttnIndexer", "DeepseekV32IndexerCache", "current_platform",
+        "SparseAttnIndexer", "DeepseekV32IndexerCache",
         "get_current_vllm_config", "get_max_prefill_buffer_size",
         "per_token_group_quant_fp8",
     }
@@ -888,7 +888,7 @@ CLASS_SUFFIXES = (
     "HeadNorm", "Indexer", "MLP",
     "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",
-    "RotaryOnFlatHeads", "SharedHead",
+    "SharedHead",
 )  # fmt: skip
 
 
