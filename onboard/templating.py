@@ -38,7 +38,6 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
     "re": ("re", None),
     "Iterable": ("collections.abc", "Iterable"),
     "islice": ("itertools", "islice"),
-    "SimpleNamespace": ("types", "SimpleNamespace"),
     "torch": ("torch", None),
     "nn": ("torch", "nn"),
     "PreTrainedConfig": ("transformers", "PreTrainedConfig"),
@@ -162,20 +161,6 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         "sharded_weight_loader",
     ),
     "IntermediateTensors": ("vllm.sequence", "IntermediateTensors"),
-    "current_platform": ("vllm.platforms", "current_platform"),
-    "get_forward_context": ("vllm.forward_context", "get_forward_context"),
-    "GDNAttentionMetadata": (
-        "vllm.v1.attention.backends.gdn_attn",
-        "GDNAttentionMetadata",
-    ),
-    "is_conv_state_dim_first": (
-        "vllm.model_executor.layers.mamba.mamba_utils",
-        "is_conv_state_dim_first",
-    ),
-    "causal_conv1d_fn_cpu": (
-        "vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d",
-        "causal_conv1d_fn_cpu",
-    ),
     # Sparse MLA's lightning indexer: vLLM's indexer op, its key cache layer, the
     # FP8 quantization of its queries.
     "SparseAttnIndexer": (

@@ -115,14 +115,13 @@ def installed_plugin(dist_name: str) -> Plugin:
 def compat_plugin() -> Plugin:
     """onboard's CPU shims (:mod:`onboard.runtime.compat`) as a general plugin of
     their own, beside the generated one."""
-    from onboard import __version__
     from onboard.runtime import compat
 
     return Plugin(
         root=Path(__file__).resolve().parents[2],
         package="onboard",
         dist_name="onboard-cpu-compat",
-        version=__version__,
+        version="0",  # the metadata vLLM's plugin lookup needs, nothing more
         entry_point=compat.ENTRY_POINT,
         target=compat.TARGET,
     )
