@@ -1,9 +1,9 @@
 """The validation.json model (contract in docs/architecture.md).
 
-``{"passed", "target", "model_dir", "vllm_model_class", "reference", "cpu_compat",
-"checks": [{"name", "status", "passed", "metrics", "details"}]}``. A check that could not run
-is ``not-run`` (never passed); the run passes when no check failed and ``accuracy``
-passed.
+``{"passed", "target", "model_dir", "vllm_model_class", "reference",
+"cpu_compat", "checks": [{"name", "status", "passed", "metrics", "details"}]}``.
+A check that could not run is ``not-run`` (never passed); the run passes when no
+check failed and ``accuracy`` passed.
 """
 
 from __future__ import annotations
