@@ -9,12 +9,9 @@ from pathlib import Path
 import vllm
 
 from onboard.arch import build_plan
-from onboard.arch.config_keys import (
-    ALIASES,
-    MOE_FREQUENCY_RULES,
-    ConfigKeys,
-)
+from onboard.arch.config_keys import MOE_FREQUENCY_RULES, ConfigKeys
 from onboard.generate.context import _moe_layer_expr
+from onboard.spec.config_aliases import ALIASES
 from onboard.spec.hf import (
     hf_config_from_spec,
     spec_from_hf_config,

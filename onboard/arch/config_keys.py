@@ -17,110 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from onboard.spec.config_aliases import read_keys
 from onboard.spec.model import MULTIPLIERS, ModelSpec
 from onboard.templating import GenerationError
-
-# concept -> candidate config attributes, preferred first. The same concept is
-# spelled differently across families (DeepSeek n_routed_experts, Qwen3-MoE
-# num_local_experts, Mixtral num_local_experts, ...).
-ALIASES: dict[str, tuple[str, ...]] = {
-    "vocab_size": ("vocab_size",),
-    "hidden_size": ("hidden_size",),
-    "num_hidden_layers": ("num_hidden_layers",),
-    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
-    "logit_scale": ("logit_scale",),
-    "num_attention_heads": ("num_attention_heads",),
-    "num_key_value_heads": ("num_key_value_heads",),
-    "head_dim": ("head_dim",),
-    # Llama-style configs have one attention_bias for all four projections.
-    "qkv_bias": ("qkv_bias", "attention_bias"),
-    "o_bias": ("o_bias", "attention_out_bias", "attention_bias"),
-    "norm_eps": ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"),
-    "partial_rotary_factor": ("partial_rotary_factor",),
-    "query_pre_attn_scalar": ("query_pre_attn_scalar",),
-    "attn_logit_softcapping": ("attn_logit_softcapping",),
-    "final_logit_softcapping": ("final_logit_softcapping",),
-    # Granite's multipliers (the logits are divided by logits_scaling).
-    "attention_multiplier": ("attention_multiplier",),
-    "embedding_multiplier": ("embedding_multiplier",),
-    "residual_multiplier": ("residual_multiplier",),
-    "logits_scaling": ("logits_scaling",),
-    "intermediate_size": ("intermediate_size",),
-    "hidden_act": ("hidden_act", "hidden_activation"),
-    "mlp_bias": ("mlp_bias",),
-    "sliding_window": ("sliding_window",),
-    "layer_types": ("layer_types",),
-    "sliding_window_pattern": ("sliding_window_pattern",),
-    "rope_parameters": ("rope_parameters",),
-    "rope_interleave": ("rope_interleave",),
-    "no_rope_layers": ("no_rope_layers",),
-    # MLA
-    "q_lora_rank": ("q_lora_rank",),
-    "kv_lora_rank": ("kv_lora_rank",),
-    "qk_nope_head_dim": ("qk_nope_head_dim",),
-    "qk_rope_head_dim": ("qk_rope_head_dim",),
-    "v_head_dim": ("v_head_dim",),
-    # sparse MLA's lightning indexer
-    "index_n_heads": ("index_n_heads",),
-    "index_head_dim": ("index_head_dim",),
-    "index_topk": ("index_topk",),
-    "indexer_types": ("indexer_types",),  # "full" / "shared" per layer (GLM)
-    "indexer_rope_interleave": ("indexer_rope_interleave",),  # the index rope's pairs
-    # MoE
-    "num_experts": (
-        "n_routed_experts",
-        "num_experts",
-        "num_local_experts",
-        "moe_num_experts",
-    ),
-    "num_experts_per_tok": (
-        "num_experts_per_tok",
-        "moe_k",
-        "moe_topk",
-        "num_experts_per_token",  # Kimi Linear
-    ),
-    # Mixtral keeps the expert width in intermediate_size (it has no dense layers).
-    "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
-    "n_shared_experts": (
-        "n_shared_experts",
-        "num_shared_experts",
-        "moe_num_shared_experts",
-    ),
-    "shared_expert_intermediate_size": (
-        "shared_expert_intermediate_size",
-        "shared_intermediate_size",
-    ),
-    "n_group": ("n_group", "num_expert_group"),
-    "topk_group": ("topk_group",),
-    "routed_scaling_factor": ("routed_scaling_factor",),
-    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
-    "scoring_func": ("scoring_func",),
-    "swiglu_alpha": ("swiglu_alpha",),
-    "swiglu_limit": ("swiglu_limit",),
-    "first_k_dense": ("first_k_dense_replace", "moe_layer_start_index"),
-    # Two families, two rules (see MOE_FREQUENCY_RULES): never aliases.
-    "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),
-    "moe_layer_freq": ("moe_layer_freq",),
-    "mlp_only_layers": ("mlp_only_layers",),
-    "mlp_layer_types": ("mlp_layer_types",),
-    "moe_layer_end_index": ("moe_layer_end_index",),
-    # gated attention and linear attention (Qwen3-Next's names)
-    "attn_output_gate": ("attn_output_gate",),
-    "linear_num_key_heads": ("linear_num_key_heads",),
-    "linear_num_value_heads": ("linear_num_value_heads",),
-    "linear_key_head_dim": ("linear_key_head_dim",),
-    "linear_value_head_dim": ("linear_value_head_dim",),
-    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
-    # Kimi delta attention (Kimi Linear's names): its heads are key and value heads
-    "linear_num_heads": ("linear_num_heads",),
-    # the MLA latent norms' eps where it is not rms_norm_eps
-    "mla_norm_eps": ("mla_norm_eps",),
-    "linear_head_dim": ("linear_head_dim",),
-    # MTP
-    "num_mtp_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
-    # cross-layer KV sharing
-    "kv_sharing": ("kv_sharing_layers", "kv_sharing", "kv_sharing_target_layers"),
-}
 
 # Which layers are MoE, by the family's own arithmetic: Qwen's decoder_sparse_step
 # counts layers from 1 (layer i is MoE when (i + 1) % N == 0), DeepSeek's
@@ -129,6 +28,12 @@ MOE_FREQUENCY_RULES: dict[str, str] = {
     "decoder_sparse_step": "(layer_idx + 1) % config.{name} == 0",
     "moe_layer_freq": "layer_idx % config.{name} == 0",
 }
+
+
+def eps_concept(spec: ModelSpec) -> str:
+    """The concept of the norms' eps: the key families use for the spec's norm
+    kind."""
+    return "layer_norm_eps" if spec.norm.type == "layernorm" else "rms_norm_eps"
 
 
 def _is_int(value: Any) -> bool:
@@ -182,7 +87,7 @@ class ConfigKeys:
         check: Callable[[Any], bool] | None = None,
     ) -> str | None:
         """The first alias present in the config (whose value matches), or None."""
-        for name in ALIASES[concept]:
+        for name in read_keys(concept):
             if name not in self.hf or self.hf[name] is None:
                 continue
             got = self.hf[name]
@@ -203,7 +108,7 @@ class ConfigKeys:
         if name is not None:
             return [f'config.{name}[{var}] == "sparse"']
         terms = []
-        if (name := self.find("first_k_dense", check=_is_int)) is not None:
+        if (name := self.find("first_k_dense_replace", check=_is_int)) is not None:
             terms.append(f"{var} >= config.{name}")
         if (name := self.find("moe_layer_end_index", check=_is_int)) is not None:
             terms.append(f"{var} <= config.{name}")
@@ -257,7 +162,7 @@ class ConfigKeys:
         """Like :meth:`find`, but the concept must be in the config."""
         name = self.find(concept, value, check)
         if name is None:
-            present = [a for a in ALIASES[concept] if a in self.hf]
+            present = [a for a in read_keys(concept) if a in self.hf]
             detail = (
                 f"; {', '.join(f'{a}={self.hf[a]!r}' for a in present)} "
                 f"does not match the spec's {value!r}"
@@ -267,7 +172,7 @@ class ConfigKeys:
             raise GenerationError(
                 f"{self.spec.name}: the Hugging Face config written for this spec "
                 f"has no field for {concept} (looked for "
-                f"{', '.join(ALIASES[concept])}){detail}; the generated files read "
+                f"{', '.join(read_keys(concept))}){detail}; the generated files read "
                 "its dimensions from config.json, so the config writer "
                 "(onboard.spec.hf) and the generator must agree"
             )

@@ -57,7 +57,7 @@ def render_mtp(spec: ModelSpec) -> str:
         "vllm/mtp.py.j2",
         context,
         f"{mtp_module_name(spec)}.py",
-        body_template="vllm/components/mtp.py.j2",
+        body_template="components/mtp/vllm.py.j2",
         local_imports={f"{context['P']}DecoderLayer": f".{spec.module_name}"},
     )
 

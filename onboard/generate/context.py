@@ -16,7 +16,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
-from onboard.arch.config_keys import ConfigKeys, GenerationError, unset_keys
+from onboard.arch.config_keys import (
+    ConfigKeys,
+    GenerationError,
+    eps_concept,
+    unset_keys,
+)
 from onboard.spec.hf import MLA_WHOLE_HEAD, transformers_knows
 from onboard.spec.layouts import (
     LAYER_NORM_ROLES,
@@ -555,7 +560,7 @@ def build_context(
     kv_sharing = bool(att.kv_sharing)
     moe_ctx = _moe_context(spec, arch, f, cfg, mlp)
     if spec.mtp is not None:
-        cfg["num_mtp_layers"] = f.need("num_mtp_layers", spec.mtp.num_heads)
+        cfg["num_mtp_layers"] = f.need("num_nextn_predict_layers", spec.mtp.num_heads)
 
     vllm_paths = _vllm_paths(spec, mlp)
     ckpt = spec.checkpoint
@@ -816,7 +821,7 @@ def _model_config_keys(
             "max_position_embeddings", spec.max_position_embeddings
         ),
         "num_attention_heads": f.need("num_attention_heads", att.num_heads),
-        "norm_eps": f.need("norm_eps", spec.norm.eps),
+        "norm_eps": f.need(eps_concept(spec), spec.norm.eps),
     }
     sliding = _sliding(arch)
     if sliding != "none":
@@ -902,7 +907,7 @@ def _moe_context(
     moe = spec.mlp.moe
     if moe is None or not mlp.has_moe:
         return {}
-    cfg["num_experts"] = f.need("num_experts", moe.num_experts)
+    cfg["num_experts"] = f.need("n_routed_experts", moe.num_experts)
     cfg["num_experts_per_tok"] = f.need("num_experts_per_tok", moe.num_experts_per_tok)
     cfg["moe_intermediate_size"] = f.need(
         "moe_intermediate_size", moe.expert_intermediate_size
@@ -1152,7 +1157,7 @@ def _kv_sharing_field(spec: ModelSpec, f: ConfigKeys) -> str:
             return {i: t for i, t in enumerate(value) if t is not None} == want
         return False
 
-    return f.need("kv_sharing", check=same)
+    return f.need("kv_sharing_target_layers", check=same)
 
 
 def _kv_target_expr(name: str, value: Any) -> str:

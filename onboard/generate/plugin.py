@@ -109,4 +109,4 @@ def vllm_series() -> str:
 def _num_mtp_field(spec: ModelSpec) -> str:
     """The config attribute holding the number of MTP heads."""
     assert spec.mtp is not None
-    return build_plan(spec).config.need("num_mtp_layers", spec.mtp.num_heads)
+    return build_plan(spec).config.need("num_nextn_predict_layers", spec.mtp.num_heads)

@@ -44,7 +44,7 @@ API_CHANGES: tuple[ApiChange, ...] = (
         "GateLinear`; the factory returns a `MoERunner` that owns the "
         "`GateLinear` router and the shared experts; `FusedMoE` is no longer "
         "exported",
-        "templates/vllm/components/moe.py.j2",
+        "templates/components/moe/vllm.py.j2",
     ),
     ApiChange(
         PINNED_VLLM,
@@ -55,7 +55,7 @@ API_CHANGES: tuple[ApiChange, ...] = (
         "into `FusedMoE`",
         "`FusedMoEFactory(shared_experts=..., gate=...)`; the `MoERunner` runs "
         "them (`vllm.model_executor.layers.fused_moe.runner.shared_experts`)",
-        "templates/vllm/components/moe.py.j2",
+        "templates/components/moe/vllm.py.j2",
     ),
     ApiChange(
         PINNED_VLLM,
@@ -64,7 +64,7 @@ API_CHANGES: tuple[ApiChange, ...] = (
         "`weight_loader` calls in the model's `load_weights`",
         "`AutoWeightsLoader` reaches the `MoERunner`'s own `load_weights` (the "
         "mapping helper is module-level: `fused_moe_make_expert_params_mapping`)",
-        "templates/vllm/components/causal_lm.py.j2",
+        "templates/vllm/causal_lm.py.j2",
     ),
     ApiChange(
         PINNED_VLLM,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
-from onboard.arch.config_keys import ConfigKeys
+from onboard.arch.config_keys import ConfigKeys, eps_concept
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
@@ -188,13 +188,13 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
             plan["sliding"] = "pattern"
             c["window_pattern"] = keys.need("sliding_window_pattern")
     if f["kv_sharing"]:
-        c["kv_sharing"] = keys.need("kv_sharing")
+        c["kv_sharing"] = keys.need("kv_sharing_target_layers")
     if f["nope"]:
         plan["rope"] = _rope_rule(spec, keys, arch)
     if moe is not None:
         plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
-        c["n_mtp"] = keys.need("num_mtp_layers")
+        c["n_mtp"] = keys.need("num_nextn_predict_layers")
     if f["linear"]:
         plan["linear"] = _linear_keys(spec, keys, arch, c)
 
@@ -245,7 +245,7 @@ def _linear_flags(arch) -> dict[str, bool]:
 def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
     """The norms' eps and the MLA latent norms' (a config key where the config
     has one, else the family's fixed value)."""
-    eps = keys.find("norm_eps")
+    eps = keys.find(eps_concept(spec))
     out = {"eps": f"config.{eps}" if eps else repr(spec.norm.eps)}
     att = spec.attention
     latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
@@ -411,7 +411,7 @@ def _moe_keys(
     (of ``config`` and ``i``), checked against the plan's MoE layers."""
     moe, hf = spec.mlp.moe, keys.hf
     assert moe is not None
-    c["n_experts"] = keys.need("num_experts")
+    c["n_experts"] = keys.need("n_routed_experts")
     c["top_k"] = keys.need("num_experts_per_tok")
     # Mixtral keeps the experts' width in intermediate_size (no dense layers).
     c["expert_width"] = f"config.{keys.need('moe_intermediate_size')}"

@@ -1,7 +1,7 @@
 """The MTP draft model on vLLM 0.32: how it is selected, and which heads vLLM runs.
 
 ``onboard generate`` writes ``<module_name>_mtp.py`` next to the model file for a
-spec with MTP heads (``templates/vllm/components/mtp.py.j2``): the MTP classes
+spec with MTP heads (``templates/components/mtp/vllm.py.j2``): the MTP classes
 only, each head's block being the model file's decoder layer, imported with
 ``from .<module_name> import ...`` (as vLLM's deepseek_mtp.py imports
 deepseek_v2.py). vLLM builds the draft of

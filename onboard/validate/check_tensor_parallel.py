@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from onboard.arch.config_keys import ALIASES
 from onboard.runtime.compare import (
     ROUNDING_QUANTILE,
     TOP_K,
@@ -33,6 +32,7 @@ from onboard.runtime.compare import (
     prompt_atol,
 )
 from onboard.runtime.engine import EngineLoadError
+from onboard.spec.config_aliases import read_keys
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import (
     TPDims,
@@ -55,7 +55,7 @@ def dims_for_checkpoint(spec: ModelSpec, config: dict[str, Any]) -> TPDims:
     def read(concept: str, current: int | None) -> int | None:
         if current is None:  # the spec has no such layer: nothing to split
             return None
-        for key in ALIASES[concept]:
+        for key in read_keys(concept):
             if isinstance(config.get(key), int):
                 return config[key]
         return current
@@ -67,7 +67,7 @@ def dims_for_checkpoint(spec: ModelSpec, config: dict[str, Any]) -> TPDims:
         "expert_intermediate_size": read(
             "moe_intermediate_size", dims.expert_intermediate_size
         ),
-        "num_experts": read("num_experts", dims.num_experts),
+        "num_experts": read("n_routed_experts", dims.num_experts),
         "vocab_size": read("vocab_size", dims.vocab_size),
     }
     if dims.shared_expert_intermediate_size is not None:

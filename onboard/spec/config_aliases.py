@@ -1,0 +1,161 @@
+"""The one config-alias table.
+
+For each concept (its canonical key), every config.json key that model families
+use for it, the canonical key first: ``spec from-hf`` reads a config through it
+(:mod:`onboard.spec.hf`), the config onboard writes uses the canonical keys, and the
+generated files name the key each setting is read from
+(:mod:`onboard.arch.config_keys`, :func:`read_keys`).
+"""
+
+from __future__ import annotations
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    # identity and dimensions
+    "vocab_size": ("vocab_size",),
+    "hidden_size": ("hidden_size",),
+    "num_hidden_layers": ("num_hidden_layers",),
+    # Kimi Linear's config maps max_position_embeddings to model_max_length.
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+    "tie_word_embeddings": ("tie_word_embeddings",),
+    "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
+    "hidden_act": ("hidden_act", "hidden_activation"),
+    "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
+    "final_logit_softcapping": ("final_logit_softcapping",),
+    "rms_norm_eps": ("rms_norm_eps",),
+    "layer_norm_eps": ("layer_norm_eps",),
+    "norm_placement": ("norm_placement",),
+    "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
+    "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
+    # Granite's multipliers (HyperCLOVAX's keys too)
+    "embedding_multiplier": ("embedding_multiplier",),
+    "residual_multiplier": ("residual_multiplier",),
+    "logits_scaling": ("logits_scaling",),  # the logits are divided by it
+    # attention
+    "num_attention_heads": ("num_attention_heads",),
+    "num_key_value_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "qk_norm": ("qk_norm", "use_qk_norm"),
+    "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
+    "qk_norm_after_rope": ("qk_norm_after_rope",),
+    "attention_sinks": ("attention_sinks",),  # a learned sink logit per head
+    "attention_bias": ("attention_bias",),  # q, k, v and o projections
+    "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
+    "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
+    "partial_rotary_factor": ("partial_rotary_factor",),
+    "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
+    "attn_logit_softcapping": ("attn_logit_softcapping",),
+    "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
+    "rope_parameters": ("rope_parameters",),
+    "rope_theta": ("rope_theta",),  # legacy (transformers 4)
+    "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)
+    # Phi-3 keeps it beside rope_parameters; only a scaling reads it.
+    "original_max_position_embeddings": ("original_max_position_embeddings",),
+    "rope_interleave": ("rope_interleave",),
+    "no_rope_layers": ("no_rope_layers",),  # per layer: 1 rotates, 0 is NoPE
+    "no_rope_layer_interval": ("no_rope_layer_interval",),  # SmolLM3's default
+    "sliding_window": ("sliding_window",),
+    "use_sliding_window": ("use_sliding_window",),
+    "layer_types": ("layer_types",),
+    "sliding_window_pattern": ("sliding_window_pattern",),
+    "max_window_layers": ("max_window_layers",),
+    "kv_sharing_target_layers": ("kv_sharing_target_layers",),
+    # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
+    "attn_output_gate": ("attn_output_gate",),
+    # linear attention (Gated DeltaNet, Qwen3-Next's names)
+    "linear_num_key_heads": ("linear_num_key_heads",),
+    "linear_num_value_heads": ("linear_num_value_heads",),
+    "linear_key_head_dim": ("linear_key_head_dim",),
+    "linear_value_head_dim": ("linear_value_head_dim",),
+    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
+    "linear_projections": ("linear_projections",),  # grouped | split
+    # gated_deltanet | kimi_delta (a family's code fixes it: Kimi Linear's)
+    "linear_attention_type": ("linear_attention_type",),
+    # Kimi delta attention (Kimi Linear's names): one kind of head
+    "linear_num_heads": ("linear_num_heads",),
+    # the MLA latent norms' eps where it is not rms_norm_eps
+    "mla_norm_eps": ("mla_norm_eps",),
+    "linear_head_dim": ("linear_head_dim",),
+    "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
+    # multi-head latent attention
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_nope_head_dim": ("qk_nope_head_dim",),
+    "qk_rope_head_dim": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
+    # sparse MLA's lightning indexer (DeepSeek-V3.2, GLM-5)
+    "index_n_heads": ("index_n_heads",),
+    "index_head_dim": ("index_head_dim",),
+    "index_topk": ("index_topk",),
+    # the index rope's pairs (vLLM's name; transformers' GLM-5 hard-codes them)
+    "indexer_rope_interleave": ("indexer_rope_interleave",),
+    # GLM-5: per layer, "full" runs the indexer, "shared" reuses the previous one's
+    "indexer_types": ("indexer_types",),
+    # MLP and mixture of experts
+    "intermediate_size": ("intermediate_size",),
+    "n_routed_experts": (
+        "n_routed_experts",
+        "num_experts",
+        "num_local_experts",
+        "moe_num_experts",
+    ),
+    "num_experts_per_tok": (
+        "num_experts_per_tok",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",  # Kimi Linear
+    ),
+    "moe_intermediate_size": ("moe_intermediate_size",),
+    "n_shared_experts": (
+        "n_shared_experts",
+        "num_shared_experts",
+        "moe_num_shared_experts",
+    ),
+    "shared_expert_intermediate_size": (
+        "shared_expert_intermediate_size",
+        "shared_intermediate_size",  # Granite-MoE-Shared (0: none)
+    ),
+    "shared_expert_gate": ("shared_expert_gate",),
+    "first_k_dense_replace": ("first_k_dense_replace", "moe_layer_start_index"),
+    # MoE when (i + 1) % N == 0
+    "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),
+    "moe_layer_freq": ("moe_layer_freq",),  # DeepSeek: MoE when i % N == 0
+    "mlp_only_layers": ("mlp_only_layers",),
+    "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
+    "moe_layer_end_index": ("moe_layer_end_index",),  # ERNIE: dense after it
+    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
+    "scoring_func": ("scoring_func",),
+    "topk_method": ("topk_method",),
+    "n_group": ("n_group", "num_expert_group"),
+    "topk_group": ("topk_group",),
+    "routed_scaling_factor": ("routed_scaling_factor",),
+    "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
+    "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
+    "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
+    "swiglu_limit": ("swiglu_limit",),
+    # multi-token prediction
+    "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
+    "mtp_mlp": ("mtp_mlp",),
+}
+
+# Where a family keeps a concept under another concept's key, the generated files
+# may read it there: Llama's one attention_bias for all four projections,
+# Mixtral's expert width in intermediate_size (it has no dense layers), a norm's
+# eps under the other norm kind's key.
+STAND_INS: dict[str, tuple[str, ...]] = {
+    "qkv_bias": ("attention_bias",),
+    "o_bias": ("attention_bias",),
+    "moe_intermediate_size": ("intermediate_size",),
+    "rms_norm_eps": ("layer_norm_eps",),
+    "layer_norm_eps": ("rms_norm_eps",),
+}
+
+
+def read_keys(concept: str) -> tuple[str, ...]:
+    """The keys the generated files may read ``concept`` from, preferred first:
+    its aliases, then those of the concepts standing in for it. A concept the
+    table does not list is its own one key (``mlp_bias``)."""
+    keys = list(ALIASES.get(concept, (concept,)))
+    for other in STAND_INS.get(concept, ()):
+        keys += [key for key in ALIASES[other] if key not in keys]
+    return tuple(keys)
