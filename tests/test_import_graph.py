@@ -22,6 +22,7 @@ LAYERS = [
     "safetensors_header",
     "threads",
     "templating",
+    "components",
     "spec",
     "arch",
     "targets",
@@ -63,7 +64,10 @@ def _imports(module: str) -> list[tuple[str, str | None, int]]:
     path, is_package = MODULES[module]
     package = module if is_package else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if _unit(module) == "components" and id(node) in _annotation_only(tree):
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -85,6 +89,23 @@ def _imports(module: str) -> list[tuple[str, str | None, int]]:
             target = target.rpartition(".")[0]
         out.append((target, name, line))
     return out
+
+
+def _annotation_only(tree: ast.Module) -> set[int]:
+    """The import nodes under ``if TYPE_CHECKING:`` at module level.
+
+    The one exception to the layers: a component module (onboard/components/)
+    names, for its reader, the types of what the stages hand its hooks (the
+    spec, a plan layer, the config keys) under TYPE_CHECKING, and imports
+    nothing of theirs: the stages build those objects from the components'
+    fields and call the components, never the reverse at run time."""
+    return {
+        id(child)
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        for child in ast.walk(node)
+        if isinstance(child, ast.Import | ast.ImportFrom)
+    }
 
 
 def _unit(module: str) -> str:

@@ -20,13 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
+from onboard.components import present
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import gpt_oss_experts, parameter_experts, used_roles
 from onboard.templating import GenerationError
+
+T = TypeVar("T")
 
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
 # built under these, and a checkpoint that names a role otherwise is renamed.
@@ -90,8 +93,15 @@ class Attention:
     sinks: bool = False
     # Sparse MLA: the indexer that picks the keys each query attends to.
     indexer: Indexer | None = None
+    # The plan nodes of the components this attention has (onboard.components),
+    # in registry order; read one by its type with part().
+    parts: tuple[Any, ...] = ()
 
     linear = False  # caches K/V per token, not a recurrent state
+
+    def part(self, kind: type[T]) -> T | None:
+        """This attention's plan node of type ``kind`` (None: it has none)."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
 
     @property
     def sliding(self) -> bool:
@@ -607,6 +617,11 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             topk=att.indexer.topk,
             rope_interleave=att.indexer.rope_interleave,
             own=layer not in att.indexer.shared_layers,
+        ),
+        parts=tuple(
+            node
+            for component in present(spec)
+            if (node := component.plan(spec, layer)) is not None
         ),
         mla=None
         if mla is None

@@ -8,8 +8,9 @@ weight sizes, the proof's name check) reads it here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from onboard import components
 from onboard.arch.plan import (
     DenseMLP,
     GatedDeltaNet,
@@ -18,26 +19,9 @@ from onboard.arch.plan import (
     MoEMLP,
     build_plan,
 )
+from onboard.components import TensorPlan
 from onboard.spec.layouts import PARAM_ROLES, gpt_oss_param
 from onboard.spec.model import ModelSpec
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """One checkpoint tensor: its name, shape and how it is initialised.
-
-    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
-    that scales by 1 + weight), ``bias``, ``a_log`` (a linear-attention layer's log
-    decay rates), ``conv`` (its convolution), ``router_bias``, ``sinks``, ``head``
-    (scaled output head), ``head_norm`` (a norm carrying the head's scale, tied
-    embeddings; with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same
-    values as another tensor, e.g. MTP heads sharing the output head).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    init: str
-    layer: int | None  # decoder layer (MTP heads count on), None for global tensors
 
 
 def tensor_param(
@@ -187,6 +171,9 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             add("k_norm", shapes[1], qk_init)
         if att.sinks:
             add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
+    if not att.linear:
+        for component in components.present(spec):
+            out += component.tensors(spec, block)
     norm(norms.at("attention_output"), h)
     norm(norms.at("mlp_input"), h)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from onboard import components
 from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import (
     ConfigKeys,
@@ -468,6 +469,11 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     mla = spec.attention.mla
     if spec.attention.type == "mla" and spec.attention.kv_sharing:
         _refuse_mla_kv_sharing(spec, mla)
+    elif (
+        spec.attention.type == "mla"
+        and components.fragments(spec, "vllm")["mla.output"]
+    ):
+        _refuse_direct_mla(spec)
     if spec.attention.type == "mla" and arch.nope:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
@@ -498,6 +504,23 @@ def _refuse_mla_kv_sharing(spec: ModelSpec, mla) -> None:
             raise GenerationError(
                 f"{where}: the vLLM model of MLA layers that share another layer's "
                 f"latent cache is generated without {what} only"
+            )
+
+
+def _refuse_direct_mla(spec: ModelSpec) -> None:
+    """MLA whose output a component changes before o_proj calls vLLM's
+    MLAAttention directly; that form is generated for the plain rope only."""
+    absent = [
+        (spec.rope.scaling is not None, "rope.scaling"),
+        (spec.attention.llama_4_scaling is not None, "attention.llama_4_scaling"),
+        (spec.model_type in MLA_WHOLE_HEAD, f"{spec.model_type}'s whole-head rope"),
+    ]
+    for present, what in absent:
+        if present:
+            names = ", ".join(c.name for c in components.present(spec))
+            raise GenerationError(
+                f"{spec.name}: the vLLM model of MLA with {names} calls vLLM's "
+                f"MLAAttention itself, which is generated without {what} only"
             )
 
 
@@ -558,6 +581,7 @@ def build_context(
     cfg = _model_config_keys(spec, arch, f)
     sliding = _sliding(arch)
     kv_sharing = bool(att.kv_sharing)
+
     moe_ctx = _moe_context(spec, arch, f, cfg, mlp)
     if spec.mtp is not None:
         cfg["num_mtp_layers"] = f.need("num_nextn_predict_layers", spec.mtp.num_heads)
@@ -632,6 +656,7 @@ def build_context(
         "kv_sharing": kv_sharing,
         # MLA layers reading an earlier layer's latent: the model hands it on.
         "mla_kv_sharing": is_mla and kv_sharing,
+        **_components_context(spec, arch, f),
         **_norm_context(spec, arch, cfg, mlp, norm_names),
         "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
@@ -1181,11 +1206,16 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             if mla.q_lora_rank is not None
             else "a full-rank query projection"
         )
-        return (
+        direct = bool(att.kv_sharing) or bool(
+            components.fragments(spec, "vllm")["mla.output"]
+        )
+        doc = (
             "Multi-head latent attention: keys and values are cached as one "
             f"compressed latent (kv_lora_rank) plus a shared rope key, with {q}; "
-            "vLLM's MLA wrapper picks the kernels."
+            + ("vLLM's MLAAttention" if direct else "vLLM's MLA wrapper")
+            + " picks the kernels."
         )
+        return " ".join([doc, *_part_docs(spec, arch)])
     parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
     form = _qk_norm_form(att)
     if form is not None:
@@ -1227,6 +1257,33 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
     if att.kv_sharing:
         parts.append("KV-cache sharing across layers")
     return "Attention: " + ", ".join(parts) + "."
+
+
+def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
+    """The components' fragments by slot and what each prints (its context);
+    whether MLA calls vLLM's MLAAttention itself: to share a latent cache, or
+    for a component acting on the attention output before o_proj."""
+    slots = components.fragments(spec, "vllm")
+    return {
+        "vllm_slots": slots,
+        "parts": {
+            c.name: c.vllm_context(arch.attention.part(c.Node), f)
+            for c in components.present(spec)
+            if c.Node is not None
+        },
+        "mla_direct": spec.attention.type == "mla"
+        and (bool(spec.attention.kv_sharing) or bool(slots["mla.output"])),
+    }
+
+
+def _part_docs(spec: ModelSpec, arch: ArchPlan) -> list[str]:
+    """What the attention's components say of themselves, a sentence each."""
+    return [
+        doc
+        for c in components.present(spec)
+        if c.Node is not None
+        and (doc := c.describe(arch.attention.part(c.Node))) is not None
+    ]
 
 
 def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:

@@ -14,6 +14,7 @@ import textwrap
 from types import SimpleNamespace
 from typing import Any
 
+from onboard import components
 from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
 from onboard.errors import InputError
@@ -200,6 +201,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
+        **_components_context(spec, arch, keys),
         "spec": spec,
         "doc": docstring,
         "module": spec.module_name,
@@ -217,15 +219,32 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
         "shared_cls": role_class.get("shared", "MLP"),
-        "bias_zeros": (
-            f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
-            if f["bias_at"]
-            else None
-        ),
+        "bias_zeros": _bias_zeros(f, c),
         "lm_head": names.get("lm_head", "lm_head"),
         "tied_head": names.get("lm_head", "lm_head"),
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
+    }
+
+
+def _bias_zeros(f: dict[str, Any], c: dict[str, str | None]) -> str | None:
+    """The router bias's initial value (None: the router corrects no score)."""
+    if not f["bias_at"]:
+        return None
+    return f"torch.zeros({'1, ' if f['bias_2d'] else ''}config.{c['n_experts']})"
+
+
+def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, Any]:
+    """The components' fragments by slot, what each prints, and what each says
+    of itself in the attention's docstring."""
+    present = [c for c in components.present(spec) if c.Node is not None]
+    nodes = {c.name: arch.attention.part(c.Node) for c in present}
+    return {
+        "hf_slots": components.fragments(spec, "hf"),
+        "parts": {c.name: c.reference_context(nodes[c.name], keys) for c in present},
+        "part_docs": [
+            doc for c in present if (doc := c.describe(nodes[c.name])) is not None
+        ],
     }
 
 

@@ -9,6 +9,8 @@ generated files name the key each setting is read from
 
 from __future__ import annotations
 
+from onboard import components
+
 ALIASES: dict[str, tuple[str, ...]] = {
     # identity and dimensions
     "vocab_size": ("vocab_size",),
@@ -137,6 +139,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
     "mtp_mlp": ("mtp_mlp",),
 }
+
+# The concepts components add (onboard.components), each with its keys.
+ALIASES.update(components.config_aliases())
 
 # Where a family keeps a concept under another concept's key, the generated files
 # may read it there: Llama's one attention_bias for all four projections,

@@ -13,6 +13,14 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from onboard.components.base import (
+    MAX_EXPERTS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_WIDTH,
+)
 from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
 from onboard.spec.loader import (
     MAX_DEPTH,
@@ -22,15 +30,7 @@ from onboard.spec.loader import (
     MAX_SPEC_BYTES,
     VALUE_ECHO_CHARS,
 )
-from onboard.spec.model import (
-    MAX_EXPERTS,
-    MAX_HEAD_DIM,
-    MAX_HEADS,
-    MAX_HIDDEN,
-    MAX_LAYERS,
-    MAX_WIDTH,
-    ModelSpec,
-)
+from onboard.spec.model import ModelSpec
 from onboard.spec.rules import GENERATED_NAMES
 
 _INTRO = """\

@@ -30,6 +30,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from onboard import components
+from onboard.components import Component
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
 from onboard.spec.config_aliases import ALIASES
@@ -700,7 +702,25 @@ def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]
     n_mtp = r.get("num_nextn_predict_layers", 0) or 0
     mtp_mlp = r.get("mtp_mlp", "moe" if spec["mlp"].get("moe") else "dense")
     spec["mtp"] = {"num_heads": n_mtp, "mlp": mtp_mlp} if n_mtp else None
+    for component in components.every():
+        _read_component(spec, component, r)
     return spec, r
+
+
+def _read_component(spec: dict, component: Component, r: _Reader) -> None:
+    """A component's fields, read from the config into its spec section (a
+    section the config does not have, e.g. MLA's for a GQA model, takes none)."""
+    fields = component.read(r.get)
+    if not fields or component.extends is None:
+        return
+    section: Any = spec
+    for key in component.extends.split("."):
+        section = section.get(key) if isinstance(section, dict) else None
+    if not isinstance(section, dict):
+        names = ", ".join(fields)
+        r.bad(f"{names}: set, but the config has no {component.extends} for it")
+        return
+    section.update(fields)
 
 
 def _factor(r: _Reader, concept: str, default: float | None) -> Any:
@@ -1930,6 +1950,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
+    for component in components.present(spec):
+        c.update(component.config(spec))
     return c
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from onboard import components
+
 _LAYER = "model.layers.{layer}"
 
 # Roles shared by every preset (the Llama/DeepSeek naming).
@@ -111,6 +113,9 @@ _BASE: dict[str, str] = {
     "mtp_head_norm": f"{_LAYER}.shared_head.norm",
     "mtp_head": f"{_LAYER}.shared_head.head",
 }
+
+# The roles components add (onboard.components), at the same path in every preset.
+_BASE.update({role: r.path for role, r in components.roles().items()})
 
 LAYOUT_PRESETS: dict[str, dict[str, str]] = {
     "llama": dict(_BASE),
@@ -339,6 +344,8 @@ LINEAR_ROLES: tuple[str, ...] = (
     # Kimi delta attention's output projection; its q/k/v, low-rank gates and
     # beta projection stay in 16 bits.
     "kda_o_proj",
+    # the components' Linear roles that quantization may compress
+    *(role for role, r in components.roles().items() if r.linear),
 )
 # Linear-attention Linear layers quantization keeps in 16 bits: the b/a
 # projections give each value head's decay and update rate (two numbers per head

@@ -10,7 +10,22 @@ from __future__ import annotations
 import keyword
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from onboard.components import section_fields
+from onboard.components.base import (
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    ExpertCount,
+    HeadCount,
+    HeadDim,
+    LayerCount,
+    LayerIndex,
+    PositiveInt,
+    Width,
+)
+from onboard.components.base import Section as _Section
 
 SPEC_VERSION = 1
 
@@ -28,25 +43,7 @@ LayerAttention = Literal["full_attention", "sliding_attention", "linear_attentio
 # 1.0 leaves the model as it is.
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
-# Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
-# in vLLM; counts and widths stop at a few times the largest released model, so a
-# typo cannot make a stage loop for hours or allocate terabytes.
-INT32_MAX = 2**31 - 1
-MAX_LAYERS = 1024
-MAX_HEADS = 1024
-MAX_HEAD_DIM = 1024
-MAX_HIDDEN = 65536
-MAX_WIDTH = 1 << 20  # MLP and expert widths, latent ranks
-MAX_EXPERTS = 4096
 MAX_MTP_HEADS = 16
-
-PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
-LayerIndex = Annotated[int, Field(ge=0, lt=MAX_LAYERS)]
-LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
-HeadCount = Annotated[int, Field(gt=0, le=MAX_HEADS)]
-HeadDim = Annotated[int, Field(gt=0, le=MAX_HEAD_DIM)]
-Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
-ExpertCount = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
 
 
 def _check_identifier(value: str, what: str) -> str:
@@ -67,17 +64,8 @@ def class_prefix(architecture: str) -> str:
     return architecture
 
 
-class _Section(BaseModel):
-    # Unknown keys are errors (with a did-you-mean from the loader), never ignored.
-    # Infinity and NaN mean nothing in a spec and would reach generated code.
-    model_config = ConfigDict(
-        extra="forbid", validate_default=True, allow_inf_nan=False
-    )
-
-
-class Norm(_Section):
-    """Normalisation layers used throughout the model."""
-
+class _NormFields(_Section):
+    # Norm's own fields; components add theirs (onboard.components).
     type: Literal["rmsnorm", "layernorm"] = Field(
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
@@ -104,6 +92,10 @@ class Norm(_Section):
         "RMSNorm of the model, q/k norms included, but the linear-attention "
         "layers' gated norm, which scales by its weight (Qwen3-Next's).",
     )
+
+
+class Norm(*section_fields("norm"), _NormFields):
+    """Normalisation layers used throughout the model."""
 
 
 class RopeScaling(_Section):
@@ -148,9 +140,8 @@ class SlidingRope(_Section):
     )
 
 
-class Rope(_Section):
-    """Rotary position embedding."""
-
+class _RopeFields(_Section):
+    # Rope's own fields; components add theirs (onboard.components).
     theta: float = Field(10000.0, gt=0, description="Rotary base frequency.")
     scaling: RopeScaling | None = Field(
         None, description="Context-extension scaling; null for plain rope."
@@ -174,9 +165,12 @@ class Rope(_Section):
     )
 
 
-class MLA(_Section):
-    """Multi-head latent attention (DeepSeek-V2/V3 style)."""
+class Rope(*section_fields("rope"), _RopeFields):
+    """Rotary position embedding."""
 
+
+class _MLAFields(_Section):
+    # MLA's own fields; components add theirs (onboard.components).
     q_lora_rank: Width | None = Field(
         None, description="Rank of the query down-projection; null for a full q_proj."
     )
@@ -197,18 +191,12 @@ class MLA(_Section):
     )
 
 
-class Indexer(_Section):
-    """The lightning indexer of sparse MLA (DeepSeek Sparse Attention: DeepSeek-V3.2,
-    GLM-5): per layer, index heads score every cached token and MLA attends only to
-    the top-k of them.
+class MLA(*section_fields("attention.mla"), _MLAFields):
+    """Multi-head latent attention (DeepSeek-V2/V3 style)."""
 
-    Fixed by the families, not fields: the index query is projected from MLA's
-    normalised query latent (`wq_b`), the one index key from the hidden state
-    (`wk`) through a LayerNorm with bias (`k_norm`, eps 1e-6); rope turns the
-    first qk_rope_head_dim dims of each; a token's score is the sum over heads of
-    weight x relu(q.k / sqrt(head_dim)), the per-head weights projected from the
-    hidden state (`weights_proj`) and scaled by num_heads**-0.5."""
 
+class _IndexerFields(_Section):
+    # Indexer's own fields; components add theirs (onboard.components).
     num_heads: HeadCount = Field(description="Index heads (`index_n_heads`).")
     head_dim: HeadDim = Field(
         description="Dims of each index head and of the index key "
@@ -231,6 +219,19 @@ class Indexer(_Section):
     )
 
 
+class Indexer(*section_fields("attention.indexer"), _IndexerFields):
+    """The lightning indexer of sparse MLA (DeepSeek Sparse Attention: DeepSeek-V3.2,
+    GLM-5): per layer, index heads score every cached token and MLA attends only to
+    the top-k of them.
+
+    Fixed by the families, not fields: the index query is projected from MLA's
+    normalised query latent (`wq_b`), the one index key from the hidden state
+    (`wk`) through a LayerNorm with bias (`k_norm`, eps 1e-6); rope turns the
+    first qk_rope_head_dim dims of each; a token's score is the sum over heads of
+    weight x relu(q.k / sqrt(head_dim)), the per-head weights projected from the
+    hidden state (`weights_proj`) and scaled by num_heads**-0.5."""
+
+
 class Llama4Scaling(_Section):
     """Position-dependent query scaling (Llama-4's attention temperature as
     Mistral-4 has it)."""
@@ -242,9 +243,8 @@ class Llama4Scaling(_Section):
     )
 
 
-class Attention(_Section):
-    """Attention for every layer; `layer_types` and `kv_sharing` vary it per layer."""
-
+class _AttentionFields(_Section):
+    # Attention's own fields; components add theirs (onboard.components).
     type: Literal["gqa", "mla"] = Field(
         "gqa", description="`gqa` (covers MHA and MQA) or `mla` (latent attention)."
     )
@@ -344,10 +344,12 @@ class Attention(_Section):
     )
 
 
-class LinearAttention(_Section):
-    """The linear-attention token mixer of the layers `attention.layer_types` marks
-    `linear_attention`: a recurrent state per sequence instead of a KV cache."""
+class Attention(*section_fields("attention"), _AttentionFields):
+    """Attention for every layer; `layer_types` and `kv_sharing` vary it per layer."""
 
+
+class _LinearAttentionFields(_Section):
+    # LinearAttention's own fields; components add theirs (onboard.components).
     type: Literal["gated_deltanet", "kimi_delta"] = Field(
         "gated_deltanet",
         description="`gated_deltanet`: Gated DeltaNet as Qwen3-Next has it. q, k and "
@@ -393,9 +395,13 @@ class LinearAttention(_Section):
     )
 
 
-class Router(_Section):
-    """How tokens pick experts."""
+class LinearAttention(*section_fields("linear_attention"), _LinearAttentionFields):
+    """The linear-attention token mixer of the layers `attention.layer_types` marks
+    `linear_attention`: a recurrent state per sequence instead of a KV cache."""
 
+
+class _RouterFields(_Section):
+    # Router's own fields; components add theirs (onboard.components).
     scoring: Literal["softmax", "sigmoid"] = Field(
         "softmax", description="Expert scoring function."
     )
@@ -424,9 +430,12 @@ class Router(_Section):
     )
 
 
-class MoE(_Section):
-    """Mixture of experts; layers not excluded below are MoE layers."""
+class Router(*section_fields("mlp.moe.router"), _RouterFields):
+    """How tokens pick experts."""
 
+
+class _MoEFields(_Section):
+    # MoE's own fields; components add theirs (onboard.components).
     num_experts: ExpertCount = Field(description="Routed experts per MoE layer.")
     num_experts_per_tok: ExpertCount = Field(
         description="Experts each token uses (top-k)."
@@ -471,9 +480,12 @@ class MoE(_Section):
     router: Router = Field(default_factory=Router, description="Routing function.")
 
 
-class MLP(_Section):
-    """Feed-forward blocks."""
+class MoE(*section_fields("mlp.moe"), _MoEFields):
+    """Mixture of experts; layers not excluded below are MoE layers."""
 
+
+class _MLPFields(_Section):
+    # MLP's own fields; components add theirs (onboard.components).
     intermediate_size: Width | None = Field(
         None, description="Width of dense MLP layers (required if any layer is dense)."
     )
@@ -482,15 +494,22 @@ class MLP(_Section):
     )
 
 
-class MTP(_Section):
-    """Multi-token-prediction heads (DeepSeek-V3 style), used as speculative drafts."""
+class MLP(*section_fields("mlp"), _MLPFields):
+    """Feed-forward blocks."""
 
+
+class _MTPFields(_Section):
+    # MTP's own fields; components add theirs (onboard.components).
     num_heads: Annotated[int, Field(gt=0, le=MAX_MTP_HEADS)] = Field(
         description="Number of MTP heads (draft depth)."
     )
     mlp: Literal["moe", "dense"] = Field(
         "moe", description="MLP of each head's decoder block."
     )
+
+
+class MTP(*section_fields("mtp"), _MTPFields):
+    """Multi-token-prediction heads (DeepSeek-V3 style), used as speculative drafts."""
 
 
 # A dotted module path (checkpoint.language_model_prefix), printed into code.

@@ -11,6 +11,7 @@ runs it, so a spec that passes has a reference every later stage can write.
 
 from __future__ import annotations
 
+from onboard import components
 from onboard.errors import InputError
 from onboard.spec.layouts import (
     INDEXER_ROLES,
@@ -103,6 +104,8 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "mtp_eh_proj": (),
     "mtp_head_norm": ("shared_head",),
     "mtp_head": ("shared_head",),
+    # the roles components add (onboard.components)
+    **{role: r.slot for role, r in components.roles().items()},
 }
 
 
@@ -192,6 +195,8 @@ def used_roles(spec: ModelSpec) -> list[str]:
                 roles.append("shared_expert_gate")
     if spec.mtp is not None:
         roles += ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"]
+    for component in components.present(spec):
+        roles += component.roles
     return roles
 
 

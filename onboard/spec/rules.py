@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from onboard import components
 from onboard.spec.layouts import ROLES, STACKED_EXPERT_ROLES, required_placeholders
 from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
 from onboard.spec.module_tree import (
@@ -49,6 +50,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _keep_unquantized_rules,
     ):
         rule(spec, lambda path, message: problems.append((path, message)))
+    for component in components.present(spec):
+        component.rules(spec, lambda path, message: problems.append((path, message)))
     return problems
 
 

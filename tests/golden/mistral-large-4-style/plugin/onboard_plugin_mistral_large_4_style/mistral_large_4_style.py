@@ -5,7 +5,7 @@
 
 Multi-head latent attention: keys and values are cached as one compressed latent
 (kv_lora_rank) plus a shared rope key, with queries through a low-rank q_a/q_b
-projection; vLLM's MLA wrapper picks the kernels.
+projection; vLLM's MLAAttention picks the kernels.
 MoE on 62 of 64 layers in the spec; Routed experts and the shared expert with their
 router, run by vLLM's fused MoE layer. Routing: softmax scores, top-k weights
 renormalised.
@@ -287,7 +287,7 @@ class MistralLarge4StyleIndexer(nn.Module):
 class MistralLarge4StyleAttention(nn.Module):
     """Multi-head latent attention: keys and values are cached as one compressed latent
     (kv_lora_rank) plus a shared rope key, with queries through a low-rank q_a/q_b
-    projection; vLLM's MLA wrapper picks the kernels.
+    projection; vLLM's MLAAttention picks the kernels.
     """
 
     def __init__(

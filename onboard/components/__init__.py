@@ -1,0 +1,91 @@
+"""The components: one module per primitive of an architecture
+(:mod:`onboard.components.base` says what a component owns).
+
+Every module of this package but ``base`` defines one component as ``COMPONENT``;
+the registry finds them here, so adding a primitive is its module (with its
+template fragments under ``templates/components/<name>/`` and its tests), and
+nothing else changes. The stages ask the registry:
+
+- the spec: :func:`section_fields` (the fields components add to a section);
+- its rules, the config.json mapping, the checkpoint roles, the plan, the
+  tensors and the two generated models: :func:`present` (the components a spec
+  has) and :func:`every` (all of them, for what a spec may name).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections import defaultdict
+from collections.abc import Mapping
+from functools import cache
+from typing import TYPE_CHECKING
+
+from onboard.components.base import Component, Role, Section, TensorPlan
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
+
+__all__ = [
+    "Component",
+    "Role",
+    "Section",
+    "TensorPlan",
+    "config_aliases",
+    "every",
+    "fragments",
+    "present",
+    "roles",
+    "section_fields",
+]
+
+
+@cache
+def every() -> tuple[Component, ...]:
+    """Every component, in a fixed order (by module name)."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found.append(module.COMPONENT)
+    return tuple(found)
+
+
+def present(spec: ModelSpec) -> tuple[Component, ...]:
+    """The components ``spec`` has."""
+    return tuple(c for c in every() if c.present(spec))
+
+
+def fragments(spec: ModelSpec, model: str) -> dict[str, list[str]]:
+    """The template fragments the components of ``spec`` print at each slot of
+    the ``model`` ("vllm" or "hf") templates: slot -> fragment templates, in
+    registry order; a slot no component fills has none."""
+    slots: dict[str, list[str]] = defaultdict(list)
+    for component in present(spec):
+        own = component.vllm_fragments if model == "vllm" else component.hf_fragments
+        for slot, template in own.items():
+            slots[slot].append(template)
+    return slots
+
+
+def section_fields(section: str) -> tuple[type[Section], ...]:
+    """The field mixins components add to spec section ``section``
+    (``attention.mla``), in registry order."""
+    return tuple(c.Fields for c in every() if c.extends == section and c.Fields)
+
+
+def roles() -> Mapping[str, Role]:
+    """Every checkpoint role a component adds."""
+    out: dict[str, Role] = {}
+    for component in every():
+        out.update(component.roles)
+    return out
+
+
+def config_aliases() -> Mapping[str, tuple[str, ...]]:
+    """The config.json concepts components add, each with its keys."""
+    out: dict[str, tuple[str, ...]] = {}
+    for component in every():
+        out.update(component.config_aliases)
+    return out

@@ -1,0 +1,160 @@
+"""What a component is: one primitive of an architecture, and everything about it.
+
+A component owns, for its primitive: its spec fields (a pydantic mixin of the spec
+section it extends) and the rules across them; its plan node (frozen, typed, built
+once from the spec); the config.json keys it writes and reads; its checkpoint
+roles and tensors (shapes and tiny initialisation, which the tiny writer,
+preflight and the proof read); whether quantization may compress them; and its
+code: template fragments for the vLLM model and the Hugging Face reference,
+printed at the slots its host component's templates offer, from a typed context.
+
+The stages call the hooks of the components a spec has
+(:func:`onboard.components.present`). A component module is found by its
+package (one ``COMPONENT`` per module of :mod:`onboard.components`): adding a
+primitive is its module, its fragments and its tests.
+
+Component modules import nothing of the stages. A hook receives what the stage
+hands it (the spec, a plan layer, the config keys), named by type under
+``TYPE_CHECKING`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
+    from onboard.arch.plan import Layer
+    from onboard.spec.model import ModelSpec
+
+
+# A cross-field rule reports (path in the spec, message), as onboard.spec.rules.
+Report = Callable[[tuple[str | int, ...], str], None]
+
+
+class Section(BaseModel):
+    """A spec section: unknown keys are errors (with a did-you-mean from the
+    loader), never ignored; infinity and NaN mean nothing in a spec and would
+    reach generated code."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_default=True, allow_inf_nan=False
+    )
+
+
+# Upper bounds (docs/spec.md, "Limits"): token ids, positions and windows are int32
+# in vLLM; counts and widths stop at a few times the largest released model, so a
+# typo cannot make a stage loop for hours or allocate terabytes.
+INT32_MAX = 2**31 - 1
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 1024
+MAX_HIDDEN = 65536
+MAX_WIDTH = 1 << 20  # MLP and expert widths, latent ranks
+MAX_EXPERTS = 4096
+
+PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
+LayerIndex = Annotated[int, Field(ge=0, lt=MAX_LAYERS)]
+LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+HeadCount = Annotated[int, Field(gt=0, le=MAX_HEADS)]
+HeadDim = Annotated[int, Field(gt=0, le=MAX_HEAD_DIM)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+ExpertCount = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+
+
+@dataclass(frozen=True)
+class Role:
+    """A checkpoint module a component adds to each decoder layer."""
+
+    path: str  # its path in every layout preset, with {layer}
+    # Its place in the reference's module tree below a decoder layer: the
+    # containers it sits in (("attn",): the attention module).
+    slot: tuple[str, ...]
+    # A Linear that quantization may compress (else it stays 16-bit).
+    linear: bool = True
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One checkpoint tensor: its name, shape and how it is initialised.
+
+    ``init`` is ``normal`` (std ``WEIGHT_STD``), ``ones``, ``zeros`` (a norm
+    that scales by 1 + weight), ``bias``, ``a_log`` (a linear-attention layer's log
+    decay rates), ``conv`` (its convolution), ``router_bias``, ``sinks``, ``head``
+    (scaled output head), ``head_norm`` (a norm carrying the head's scale, tied
+    embeddings; with ``+1`` appended, of a 1 + weight norm) or ``copy:<name>`` (same
+    values as another tensor, e.g. MTP heads sharing the output head).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    init: str
+    layer: int | None  # decoder layer (MTP heads count on), None for global tensors
+
+
+class Component:
+    """One primitive. Subclasses set the class attributes they need and override
+    the hooks their primitive has; the defaults contribute nothing."""
+
+    # Its name: the key of its plan node, config concepts and template contexts.
+    name: ClassVar[str]
+    # The spec section whose fields it adds ("attention.mla"), and those fields.
+    extends: ClassVar[str | None] = None
+    Fields: ClassVar[type[Section] | None] = None
+    # Its plan node's type (attention.part(Node) finds the node in a layer).
+    Node: ClassVar[type | None] = None
+    # Checkpoint roles: role name -> Role.
+    roles: ClassVar[Mapping[str, Role]] = MappingProxyType({})
+    # config.json: concept -> every key families use for it, canonical first.
+    config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    # Template fragments: slot of the host's template -> fragment template.
+    vllm_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    hf_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    def present(self, spec: ModelSpec) -> bool:
+        """Whether ``spec`` has this primitive."""
+        return False
+
+    def rules(self, spec: ModelSpec, report: Report) -> None:
+        """Report what the primitive cannot be beside the rest of ``spec``."""
+
+    def plan(self, spec: ModelSpec, layer: int | None) -> Any:
+        """Its plan node in decoder layer ``layer``'s attention (None: an MTP
+        block), or None where the layer does not have it."""
+        return None
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        """What config.json holds for it: concept -> value (written under the
+        concept's canonical key)."""
+        return {}
+
+    def read(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Its spec fields from a config.json (canonical keys): field -> value;
+        empty where the config says nothing of it."""
+        return {}
+
+    def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
+        """Its tensors in one decoder block."""
+        return []
+
+    def vllm_context(self, node: Any, keys: ConfigKeys) -> Any:
+        """What its vLLM fragments print, from its plan node."""
+        return node
+
+    def reference_context(self, node: Any, keys: ConfigKeys) -> Any:
+        """What its reference fragments print, from its plan node."""
+        return node
+
+    def describe(self, node: Any) -> str | None:
+        """A sentence on it for the docstring of the generated module that has it
+        (None: nothing to say)."""
+        return None
+
+    def tensor_name(self, spec: ModelSpec, role: str, layer: int) -> str:
+        """The checkpoint module path of one of its roles at ``layer``."""
+        return spec.tensor_path(role).format(layer=layer)
