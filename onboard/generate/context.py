@@ -1066,6 +1066,8 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles.append("shared_expert_gate")
     if mtp:
         roles += list(MTP_ROLES)
+    for component in components.present(spec):
+        roles += component.roles
     return roles
 
 
