@@ -110,6 +110,9 @@ class Component:
     Node: ClassVar[type | None] = None
     # Checkpoint roles: role name -> Role.
     roles: ClassVar[Mapping[str, Role]] = MappingProxyType({})
+    # Plain attributes its reference code sets on a module (no module may take
+    # one of these names).
+    attributes: ClassVar[tuple[str, ...]] = ()
     # config.json: concept -> every key families use for it, canonical first.
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     # Template fragments: slot of the host's template -> fragment template.
@@ -133,9 +136,10 @@ class Component:
         concept's canonical key)."""
         return {}
 
-    def read(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Its spec fields from a config.json (canonical keys): field -> value;
-        empty where the config says nothing of it."""
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        """Its spec fields from a config.json: field -> value (empty where the
+        config says nothing of it). ``get(concept, default)`` reads a concept
+        under any of its keys, and marks them read."""
         return {}
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:

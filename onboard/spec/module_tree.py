@@ -119,6 +119,8 @@ RESERVED = frozenset(
         "residual_multiplier", "act_fn", "sinks", "topk", "interleaved",
     }
 )  # fmt: skip
+# ... and those the components' reference code sets.
+RESERVED |= {name for c in components.every() for name in c.attributes}
 
 
 # The attributes of torch.nn.Module (and the ones it sets in __init__), kept here so
