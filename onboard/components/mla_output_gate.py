@@ -1,0 +1,135 @@
+"""MLA's output gate (HY-V4, Dots3): a sigmoid gate on the attention output.
+
+Each MLA layer projects a gate from its input, ``gate_proj(x)``, and multiplies
+the attention output by ``sigmoid(gate)`` before ``o_proj``: one gate per head
+and value dim (``element``: HY-V4's ``gate_proj``, ``[heads * v_head_dim,
+hidden]``) or one per head (``head``: Dots3's headwise gate, ``[heads,
+hidden]``). transformers' ``hy_v4`` is the reference (``HYV4Attention``);
+vLLM's ``hy_v4`` and ``dots3_note`` gate the output of vLLM's ``MLAAttention``
+the same way, which is the form the generated model takes (MLA's direct form).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from onboard.components.base import Component, Report, Role, Section, TensorPlan
+
+if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
+    from onboard.arch.plan import Layer
+    from onboard.spec.model import ModelSpec
+
+Per = Literal["element", "head"]
+
+
+class MLAOutputGateFields(Section):
+    output_gate: Per | None = Field(
+        None,
+        description="A sigmoid gate on the attention output before o_proj, "
+        "projected from the layer input by its own `gate_proj`: `element`, one "
+        "gate per head and value dim (HY-V4; gate_proj [num_heads * v_head_dim, "
+        "hidden]); `head`, one gate per head (Dots3's headwise gate; gate_proj "
+        "[num_heads, hidden]). Null: none.",
+    )
+
+
+@dataclass(frozen=True)
+class MLAOutputGate:
+    """The output gate of one MLA layer."""
+
+    per: Per
+    num_heads: int
+    v_head_dim: int
+
+    @property
+    def width(self) -> int:
+        """Gates per head."""
+        return self.v_head_dim if self.per == "element" else 1
+
+
+class _MLAOutputGate(Component):
+    name = "mla_output_gate"
+    extends = "attention.mla"
+    Fields = MLAOutputGateFields
+    Node = MLAOutputGate
+    roles = MappingProxyType(
+        {"mla_gate_proj": Role("model.layers.{layer}.self_attn.gate_proj", ("attn",))}
+    )
+    config_aliases = MappingProxyType({"mla_output_gate": ("mla_output_gate",)})
+    # Plain attributes its reference code sets (no module may take the name).
+    attributes = ("gate_width",)
+    vllm_fragments = MappingProxyType(
+        {
+            "mla.init": "components/mla_output_gate/vllm_init.py.j2",
+            "mla.output": "components/mla_output_gate/vllm_output.py.j2",
+        }
+    )
+    hf_fragments = MappingProxyType(
+        {
+            "mla.init": "components/mla_output_gate/hf_init.py.j2",
+            "mla.output": "components/mla_output_gate/hf_output.py.j2",
+        }
+    )
+
+    def present(self, spec: ModelSpec) -> bool:
+        mla = spec.attention.mla
+        return (
+            spec.attention.type == "mla" and mla is not None and bool(mla.output_gate)
+        )
+
+    def rules(self, spec: ModelSpec, report: Report) -> None:
+        path = ("attention", "mla", "output_gate")
+        att = spec.attention
+        for present, what in (
+            (bool(att.kv_sharing), "attention.kv_sharing"),
+            (att.indexer is not None, "attention.indexer"),
+            (att.llama_4_scaling is not None, "attention.llama_4_scaling"),
+            (spec.rope.scaling is not None, "rope.scaling"),
+        ):
+            if present:
+                report(path, f"not expressible beside {what} yet")
+
+    def plan(self, spec: ModelSpec, layer: int | None) -> MLAOutputGate:
+        mla = spec.attention.mla
+        assert mla is not None and mla.output_gate is not None
+        return MLAOutputGate(mla.output_gate, spec.attention.num_heads, mla.v_head_dim)
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        assert spec.attention.mla is not None
+        return {"mla_output_gate": spec.attention.mla.output_gate}
+
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        per = get("mla_output_gate", None)
+        return {} if per is None else {"output_gate": per}
+
+    def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
+        gate = layer.mixer.part(MLAOutputGate)
+        assert gate is not None
+        name = self.tensor_name(spec, "mla_gate_proj", layer.index)
+        shape = (gate.num_heads * gate.width, spec.hidden_size)
+        return [TensorPlan(f"{name}.weight", shape, "normal", layer.index)]
+
+    def vllm_context(self, node: MLAOutputGate, keys: ConfigKeys) -> Mapping[str, Any]:
+        # Both models read the gate's kind from the config, as vLLM's hy_v4 does.
+        return {"key": keys.need("mla_output_gate", node.per)}
+
+    def reference_context(
+        self, node: MLAOutputGate, keys: ConfigKeys
+    ) -> Mapping[str, Any]:
+        return {"key": keys.need("mla_output_gate", node.per)}
+
+    def describe(self, node: MLAOutputGate) -> str:
+        per = "per head and value dim" if node.per == "element" else "per head"
+        return (
+            "The attention output is gated by sigmoid(gate_proj(x)), one gate "
+            f"{per}, before o_proj."
+        )
+
+
+COMPONENT = _MLAOutputGate()
