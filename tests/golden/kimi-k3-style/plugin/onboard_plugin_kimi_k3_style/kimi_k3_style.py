@@ -233,6 +233,7 @@ class KimiK3StyleAttention(nn.Module):
             disable_tp=True,
             prefix=f"{prefix}.fused_qkv_a_proj",
         )
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=eps)
         self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=eps)
         self.q_b_proj = ColumnParallelLinear(
             self.q_lora_rank,
@@ -241,7 +242,6 @@ class KimiK3StyleAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.q_b_proj",
         )
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=eps)
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank,
             self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),

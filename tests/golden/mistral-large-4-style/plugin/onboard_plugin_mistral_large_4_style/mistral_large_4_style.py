@@ -358,6 +358,7 @@ class MistralLarge4StyleAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
+
         rope_parameters = config.rope_parameters
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
