@@ -244,8 +244,8 @@ def test_chunked_form_matches_the_recurrence(tmp_path, seq):
     g = -torch.rand(b, h, seq, dk, generator=gen) * 2  # log decays in (-2, 0]
     beta = torch.rand(b, h, seq, generator=gen)
     state = torch.randn(b, h, dk, dv, generator=gen)
-    want, want_state = module.recurrent_kimi_delta_rule(q, k, v, g, beta, state)
-    got, got_state = module.chunked_kimi_delta_rule(q, k, v, g, beta, state)
+    want, want_state = module.recurrent_delta_rule(q, k, v, g, beta, state)
+    got, got_state = module.chunked_delta_rule(q, k, v, g, beta, state)
     assert (got - want).abs().max().item() < 1e-4
     assert (got_state - want_state).abs().max().item() < 1e-4
 
@@ -265,7 +265,7 @@ def test_reference_rule_matches_transformers_torch_forms(tmp_path):
     kn = module.l2_normalize(k)
     heads_first = [x.transpose(1, 2) for x in (qn, kn, v, g, beta)]
     state = torch.zeros(b, h, d, d)
-    got, got_state = module.recurrent_kimi_delta_rule(*heads_first, state)
+    got, got_state = module.recurrent_delta_rule(*heads_first, state)
     got = got.transpose(1, 2)
     for form in (kimi.chunk_kimi_delta_attention, kimi.recurrent_kimi_delta_attention):
         want, want_state = form(

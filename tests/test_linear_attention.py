@@ -250,15 +250,16 @@ def test_chunked_form_matches_the_recurrence(tmp_path, seq):
     q = torch.nn.functional.normalize(torch.randn(b, h, seq, dk, generator=gen), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(b, h, seq, dk, generator=gen), dim=-1)
     v = torch.randn(b, h, seq, dv, generator=gen)
-    g = -torch.rand(b, h, seq, generator=gen) * 2  # log decays in (-2, 0]
+    # log decays in (-2, 0], one per head (broadcast over the key channels)
+    g = -torch.rand(b, h, seq, 1, generator=gen) * 2
     beta = torch.rand(b, h, seq, generator=gen)
     state = torch.randn(b, h, dk, dv, generator=gen)
-    want, want_state = module.recurrent_gated_delta_rule(q, k, v, g, beta, state)
-    got, got_state = module.chunked_gated_delta_rule(q, k, v, g, beta, state)
+    want, want_state = module.recurrent_delta_rule(q, k, v, g, beta, state)
+    got, got_state = module.chunked_delta_rule(q, k, v, g, beta, state)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
     assert torch.allclose(got_state, want_state, atol=1e-5, rtol=1e-4)
     # A wrong decay shows: the chunked form is not trivially equal to anything.
-    _, other = module.chunked_gated_delta_rule(q, k, v, g * 2, beta, state)
+    _, other = module.chunked_delta_rule(q, k, v, g * 2, beta, state)
     assert not torch.allclose(other, want_state, atol=1e-3)
 
 

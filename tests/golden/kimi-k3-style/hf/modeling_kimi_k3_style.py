@@ -200,7 +200,7 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def recurrent_kimi_delta_rule(
+def recurrent_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -208,11 +208,12 @@ def recurrent_kimi_delta_rule(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Kimi delta rule, one token at a time (its definition).
+    """The delta rule with decay, one token at a time (its definition).
 
-    q, k and g (the log decay per key channel, <= 0): [batch, heads, seq,
-    key_dim]; v: [batch, heads, seq, value_dim]; beta: [batch, heads, seq];
-    state: [batch, heads, key_dim, value_dim]. For each token t:
+    q, k: [batch, heads, seq, key_dim]; v: [batch, heads, seq, value_dim]; g, the
+    log decay (<= 0), per key channel [batch, heads, seq, key_dim] (Kimi delta
+    attention) or per head [batch, heads, seq, 1] (Gated DeltaNet); beta: [batch,
+    heads, seq]; state: [batch, heads, key_dim, value_dim]. For each token t:
 
         S = diag(exp(g_t)) S;  S = S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
 
@@ -228,7 +229,7 @@ def recurrent_kimi_delta_rule(
     return out, state
 
 
-def chunked_kimi_delta_rule(
+def chunked_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -237,7 +238,7 @@ def chunked_kimi_delta_rule(
     state: torch.Tensor,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """recurrent_kimi_delta_rule over chunks of chunk_size tokens (same arguments
+    """recurrent_delta_rule over chunks of chunk_size tokens (same arguments
     and results, to float rounding).
 
     With G the log decay accumulated per key channel from the chunk's start, the
@@ -304,8 +305,8 @@ class KimiDeltaAttention(nn.Module):
     gated by sigmoid(g_b(g_a(x))) and projected by o_proj.
 
     The cache holds, per sequence, the convolutions' last inputs and the states,
-    whatever the length: prompts run chunked_kimi_delta_rule, single decode steps
-    recurrent_kimi_delta_rule."""
+    whatever the length: prompts run chunked_delta_rule, single decode steps
+    recurrent_delta_rule."""
 
     def __init__(self, config: KimiK3StyleConfig, layer_idx: int) -> None:
         super().__init__()
@@ -387,9 +388,9 @@ class KimiDeltaAttention(nn.Module):
         else:
             state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_dim)
         if s == 1:
-            out, state = recurrent_kimi_delta_rule(q, k, v, g, beta, state)
+            out, state = recurrent_delta_rule(q, k, v, g, beta, state)
         else:
-            out, state = chunked_kimi_delta_rule(q, k, v, g, beta, state)
+            out, state = chunked_delta_rule(q, k, v, g, beta, state)
         if cache is not None:
             cache.update_recurrent_state(state, self.layer_idx)
         out = out.transpose(1, 2).to(x.dtype)  # [batch, seq, heads, head_dim]

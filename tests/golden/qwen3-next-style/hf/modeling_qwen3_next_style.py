@@ -197,7 +197,7 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def recurrent_gated_delta_rule(
+def recurrent_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -205,19 +205,20 @@ def recurrent_gated_delta_rule(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule, one token at a time (its definition).
+    """The delta rule with decay, one token at a time (its definition).
 
-    q, k: [batch, heads, seq, key_dim]; v: [batch, heads, seq, value_dim]; g (the
-    log decay, <= 0) and beta: [batch, heads, seq]; state: [batch, heads, key_dim,
-    value_dim]. For each token t:
+    q, k: [batch, heads, seq, key_dim]; v: [batch, heads, seq, value_dim]; g, the
+    log decay (<= 0), per key channel [batch, heads, seq, key_dim] (Kimi delta
+    attention) or per head [batch, heads, seq, 1] (Gated DeltaNet); beta: [batch,
+    heads, seq]; state: [batch, heads, key_dim, value_dim]. For each token t:
 
-        S = exp(g_t) S;  S = S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+        S = diag(exp(g_t)) S;  S = S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
 
     Returns o [batch, heads, seq, value_dim] and the final state.
     """
     out = torch.zeros_like(v)
     for t in range(q.shape[2]):
-        state = state * g[:, :, t, None, None].exp()
+        state = state * g[:, :, t, :, None].exp()
         k_t = k[:, :, t]
         error = v[:, :, t] - (state * k_t[..., None]).sum(dim=-2)
         state = state + k_t[..., None] * (beta[:, :, t, None] * error)[..., None, :]
@@ -225,7 +226,7 @@ def recurrent_gated_delta_rule(
     return out, state
 
 
-def chunked_gated_delta_rule(
+def chunked_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -234,45 +235,44 @@ def chunked_gated_delta_rule(
     state: torch.Tensor,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """recurrent_gated_delta_rule over chunks of chunk_size tokens (same arguments
+    """recurrent_delta_rule over chunks of chunk_size tokens (same arguments
     and results, to float rounding).
 
-    Within a chunk, the delta-rule updates are solved together: with the decays
-    accumulated from the chunk's start, the corrections u = beta (v - S^T k) of
-    all its tokens satisfy a unit lower-triangular system (the UT transform), so
-    one triangular solve replaces the token loop; the state then passes from
-    chunk to chunk.
+    With G the log decay accumulated per key channel from the chunk's start, the
+    decay from token j to token i is exp(G_i - G_j) channel by channel, so the
+    scores between tokens weigh each channel by it. The corrections u = beta (v -
+    S^T k) of the chunk's tokens then satisfy a unit lower-triangular system (the
+    UT transform), and one triangular solve replaces the token loop; the state
+    passes from chunk to chunk.
     """
     b, h, seq, _ = q.shape
     pad = -seq % chunk_size
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = (F.pad(x, (0, pad)) for x in (g, beta))
+    q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+    beta = F.pad(beta, (0, pad))
     n = (seq + pad) // chunk_size
-    q, k, v = (x.reshape(b, h, n, chunk_size, -1) for x in (q, k, v))
-    g, beta = (x.reshape(b, h, n, chunk_size) for x in (g, beta))
-    decay = g.cumsum(dim=-1)  # log decay from the chunk's start to each token
-    # exp(decay_i - decay_j): the decay from token j to token i (i >= j), else 0.
+    q, k, v, g = (x.reshape(b, h, n, chunk_size, -1) for x in (q, k, v, g))
+    beta = beta.reshape(b, h, n, chunk_size)
+    decay = g.cumsum(dim=-2)  # [b, h, n, chunk, key_dim]
+    # exp(decay_i - decay_j) per channel: the decay from token j to token i
+    # (i >= j), else 0.
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device)
     causal = causal.tril()
-    pairwise = (decay[..., :, None] - decay[..., None, :]).masked_fill(~causal, -1e9)
-    pairwise = pairwise.exp()
+    pairwise = decay[..., :, None, :] - decay[..., None, :, :]
+    pairwise = pairwise.masked_fill(~causal[..., None], float("-inf")).exp()
     k_beta = k * beta[..., None]
     # The UT system: (I + A) u = beta (v - (decay-scaled S)^T k), A strictly lower.
-    system = (k_beta @ k.transpose(-1, -2)) * pairwise
+    system = (k_beta[..., :, None, :] * k[..., None, :, :] * pairwise).sum(dim=-1)
     system = system.tril(-1) + torch.eye(chunk_size, dtype=q.dtype, device=q.device)
     values = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False)
-    keys = torch.linalg.solve_triangular(
-        system, k_beta * decay.exp()[..., None], upper=False
-    )
-    within = (q @ k.transpose(-1, -2)) * pairwise
+    keys = torch.linalg.solve_triangular(system, k_beta * decay.exp(), upper=False)
+    within = (q[..., :, None, :] * k[..., None, :, :] * pairwise).sum(dim=-1)
     out = torch.zeros_like(v)
     for i in range(n):
         u = values[:, :, i] - keys[:, :, i] @ state
-        q_i = q[:, :, i] * decay[:, :, i, :, None].exp()
-        out[:, :, i] = q_i @ state + within[:, :, i] @ u
-        last = decay[:, :, i, -1:]
-        k_i = k[:, :, i] * (last - decay[:, :, i]).exp()[..., None]
-        state = state * last.exp()[..., None] + k_i.transpose(-1, -2) @ u
+        out[:, :, i] = (q[:, :, i] * decay[:, :, i].exp()) @ state + within[:, :, i] @ u
+        last = decay[:, :, i, -1:]  # [b, h, 1, key_dim]
+        k_i = k[:, :, i] * (last - decay[:, :, i]).exp()
+        state = state * last.transpose(-1, -2).exp() + k_i.transpose(-1, -2) @ u
     out = out.reshape(b, h, n * chunk_size, -1)[:, :, :seq]
     return out, state
 
@@ -301,8 +301,8 @@ class GatedDeltaNet(nn.Module):
     output is normalised per head, gated by SiLU(z) and projected by out_proj.
 
     The cache holds, per sequence, the convolution's last inputs and the states,
-    whatever the length: prompts run chunked_gated_delta_rule, single decode
-    steps recurrent_gated_delta_rule."""
+    whatever the length: prompts run chunked_delta_rule, single decode
+    steps recurrent_delta_rule."""
 
     def __init__(self, config: Qwen3NextStyleConfig, layer_idx: int) -> None:
         super().__init__()
@@ -391,7 +391,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(b, s, self.num_value_heads, -1).transpose(1, 2).float()
         beta = beta_logits.float().sigmoid().transpose(1, 2)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        g = g.transpose(1, 2)
+        g = g.transpose(1, 2)[..., None]  # one decay per head, over its key channels
         if continuing:
             state = cache.layers[self.layer_idx].recurrent_states[0]
         else:
@@ -399,9 +399,9 @@ class GatedDeltaNet(nn.Module):
                 b, self.num_value_heads, self.key_head_dim, self.value_head_dim
             )
         if s == 1:
-            out, state = recurrent_gated_delta_rule(q, k, v, g, beta, state)
+            out, state = recurrent_delta_rule(q, k, v, g, beta, state)
         else:
-            out, state = chunked_gated_delta_rule(q, k, v, g, beta, state)
+            out, state = chunked_delta_rule(q, k, v, g, beta, state)
         if cache is not None:
             cache.update_recurrent_state(state, self.layer_idx)
         out = out.transpose(1, 2).to(x.dtype)  # [batch, seq, value heads, dim]
