@@ -280,6 +280,47 @@ def chunked_delta_rule(
     return out, state
 
 
+def prior_state(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
+    """The recurrent state the cache holds for the layer (None: a new sequence)."""
+    if cache is None or not cache.has_previous_state(layer_idx):
+        return None
+    return cache.layers[layer_idx].recurrent_states[0]
+
+
+def convolve(
+    x: torch.Tensor, weight: torch.Tensor, cache: Cache | None, layer_idx: int
+) -> torch.Tensor:
+    """The causal depthwise convolution (SiLU) of x [batch, channels, seq], the
+    cached inputs of the last steps in front: [batch, seq, channels]."""
+    s, kernel = x.shape[-1], weight.shape[-1]
+    if cache is not None:
+        x = cache.update_conv_state(x, layer_idx, conv_kernel_size=kernel)
+    length = x.shape[-1]
+    x = F.conv1d(x, weight, padding=kernel - 1, groups=x.shape[1])[..., :length]
+    return F.silu(x)[..., -s:].transpose(1, 2)
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    cache: Cache | None,
+    layer_idx: int,
+) -> torch.Tensor:
+    """The delta rule from ``state`` (None: zeros): chunked over a prompt,
+    recurrent on one decode step; the cache keeps the final state."""
+    if state is None:
+        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    rule = recurrent_delta_rule if q.shape[2] == 1 else chunked_delta_rule
+    out, state = rule(q, k, v, g, beta, state)
+    if cache is not None:
+        cache.update_recurrent_state(state, layer_idx)
+    return out
+
+
 class KimiGatedRMSNorm(nn.Module):
     """RMS norm of each head's output (in float32), then times sigmoid(gate)."""
 
@@ -352,13 +393,8 @@ class KimiDeltaAttention(nn.Module):
                 self.v_proj(x),
             ],
             dim=-1,
-        ).transpose(1, 2)  # [batch, channels, seq]
-        continuing = cache is not None and cache.has_previous_state(self.layer_idx)
-        if cache is not None:
-            # The cached inputs of the last steps go in front of these.
-            qkv = cache.update_conv_state(
-                qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size
-            )
+        )
+        state = prior_state(cache, self.layer_idx)
         # The three convolutions as one over q, k and v's channels.
         weight = torch.cat(
             [
@@ -367,11 +403,7 @@ class KimiDeltaAttention(nn.Module):
                 self.v_conv1d.weight,
             ]
         )
-        length = qkv.shape[-1]
-        qkv = F.conv1d(
-            qkv, weight, padding=self.conv_kernel_size - 1, groups=qkv.shape[1]
-        )
-        qkv = F.silu(qkv[..., :length])[..., -s:].transpose(1, 2)
+        qkv = convolve(qkv.transpose(1, 2), weight, cache, self.layer_idx)
         # [batch, heads, seq, head_dim], in float32.
         q, k, v = (
             t.reshape(b, s, self.num_heads, -1).transpose(1, 2).float()
@@ -383,16 +415,7 @@ class KimiDeltaAttention(nn.Module):
         gate = gate.view(b, s, self.num_heads, -1).transpose(1, 2)
         g = -self.A_log.float().view(1, -1, 1, 1).exp() * F.softplus(gate)
         beta = self.b_proj(x).float().sigmoid().transpose(1, 2)
-        if continuing:
-            state = cache.layers[self.layer_idx].recurrent_states[0]
-        else:
-            state = q.new_zeros(b, self.num_heads, self.head_dim, self.head_dim)
-        if s == 1:
-            out, state = recurrent_delta_rule(q, k, v, g, beta, state)
-        else:
-            out, state = chunked_delta_rule(q, k, v, g, beta, state)
-        if cache is not None:
-            cache.update_recurrent_state(state, self.layer_idx)
+        out = delta_rule(q, k, v, g, beta, state, cache, self.layer_idx)
         out = out.transpose(1, 2).to(x.dtype)  # [batch, seq, heads, head_dim]
         o_gate = self.g_b_proj(self.g_a_proj(x))
         out = self.o_norm(out, o_gate.view(out.shape))

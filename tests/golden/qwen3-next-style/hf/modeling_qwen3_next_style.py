@@ -277,6 +277,47 @@ def chunked_delta_rule(
     return out, state
 
 
+def prior_state(cache: Cache | None, layer_idx: int) -> torch.Tensor | None:
+    """The recurrent state the cache holds for the layer (None: a new sequence)."""
+    if cache is None or not cache.has_previous_state(layer_idx):
+        return None
+    return cache.layers[layer_idx].recurrent_states[0]
+
+
+def convolve(
+    x: torch.Tensor, weight: torch.Tensor, cache: Cache | None, layer_idx: int
+) -> torch.Tensor:
+    """The causal depthwise convolution (SiLU) of x [batch, channels, seq], the
+    cached inputs of the last steps in front: [batch, seq, channels]."""
+    s, kernel = x.shape[-1], weight.shape[-1]
+    if cache is not None:
+        x = cache.update_conv_state(x, layer_idx, conv_kernel_size=kernel)
+    length = x.shape[-1]
+    x = F.conv1d(x, weight, padding=kernel - 1, groups=x.shape[1])[..., :length]
+    return F.silu(x)[..., -s:].transpose(1, 2)
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    cache: Cache | None,
+    layer_idx: int,
+) -> torch.Tensor:
+    """The delta rule from ``state`` (None: zeros): chunked over a prompt,
+    recurrent on one decode step; the cache keeps the final state."""
+    if state is None:
+        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    rule = recurrent_delta_rule if q.shape[2] == 1 else chunked_delta_rule
+    out, state = rule(q, k, v, g, beta, state)
+    if cache is not None:
+        cache.update_recurrent_state(state, layer_idx)
+    return out
+
+
 class GatedRMSNorm(nn.Module):
     """RMS norm of each value head's output, then times SiLU(z) (the gate)."""
 
@@ -370,15 +411,9 @@ class GatedDeltaNet(nn.Module):
             # Padding tokens must not enter the states.
             x = x * attention_mask[:, -s:, None].to(x.dtype)
         qkv, z, beta_logits, a = self.project(x)
-        qkv = qkv.transpose(1, 2)  # [batch, channels, seq]
-        continuing = cache is not None and cache.has_previous_state(self.layer_idx)
-        if cache is not None:
-            # The cached inputs of the last steps go in front of these.
-            qkv = cache.update_conv_state(
-                qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size
-            )
-        length = qkv.shape[-1]
-        qkv = F.silu(self.conv1d(qkv)[..., :length])[..., -s:].transpose(1, 2)
+        state = prior_state(cache, self.layer_idx)
+        weight = self.conv1d.weight
+        qkv = convolve(qkv.transpose(1, 2), weight, cache, self.layer_idx)
         key_dim = self.num_key_heads * self.key_head_dim
         q, k, v = qkv.split([key_dim, key_dim, qkv.shape[-1] - 2 * key_dim], dim=-1)
         per_key = self.num_value_heads // self.num_key_heads
@@ -392,18 +427,7 @@ class GatedDeltaNet(nn.Module):
         beta = beta_logits.float().sigmoid().transpose(1, 2)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         g = g.transpose(1, 2)[..., None]  # one decay per head, over its key channels
-        if continuing:
-            state = cache.layers[self.layer_idx].recurrent_states[0]
-        else:
-            state = q.new_zeros(
-                b, self.num_value_heads, self.key_head_dim, self.value_head_dim
-            )
-        if s == 1:
-            out, state = recurrent_delta_rule(q, k, v, g, beta, state)
-        else:
-            out, state = chunked_delta_rule(q, k, v, g, beta, state)
-        if cache is not None:
-            cache.update_recurrent_state(state, self.layer_idx)
+        out = delta_rule(q, k, v, g, beta, state, cache, self.layer_idx)
         out = out.transpose(1, 2).to(x.dtype)  # [batch, seq, value heads, dim]
         out = self.norm(out, z.reshape(out.shape))
         return self.out_proj(out.reshape(b, s, -1))
