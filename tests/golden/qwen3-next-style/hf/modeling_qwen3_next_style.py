@@ -136,11 +136,7 @@ class Attention(nn.Module):
     channel by sigmoid(gate), which q_proj gives beside each head's query.
     """
 
-    def __init__(
-        self,
-        config: Qwen3NextStyleConfig,
-        layer_idx: int,
-    ) -> None:
+    def __init__(self, config: Qwen3NextStyleConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.rope_interleave = config.rope_interleave
