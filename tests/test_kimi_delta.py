@@ -404,7 +404,7 @@ def test_gated_norm_is_vllms(tmp_path):
     x = torch.randn(3, 7, 2, 32, generator=gen)
     gate = torch.randn(3, 7, 2, 32, generator=gen)
     weight = torch.randn(32, generator=gen)
-    ours = module.KimiGatedRMSNorm(32, 1e-5)
+    ours = module.GatedRMSNorm(32, 1e-5, torch.sigmoid)
     with set_current_vllm_config(VllmConfig()):  # a CustomOp reads it
         theirs = FusedRMSNormGated(32, activation="sigmoid")
     assert theirs.eps == 1e-5

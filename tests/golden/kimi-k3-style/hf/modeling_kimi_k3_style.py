@@ -321,20 +321,22 @@ def delta_rule(
     return out
 
 
-class KimiGatedRMSNorm(nn.Module):
-    """RMS norm of each head's output (in float32), then times sigmoid(gate)."""
+class GatedRMSNorm(nn.Module):
+    """RMS norm of each head's output, then times the gate's activation: SiLU
+    (Gated DeltaNet's z) or sigmoid (Kimi delta attention's low-rank gate)."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, activation=F.silu) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.activation = activation
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        x = self.weight.float() * x * torch.sigmoid(gate.float())
-        return x.to(dtype)
+        x = self.weight * x.to(dtype)
+        return (x * self.activation(gate.float())).to(dtype)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -373,7 +375,7 @@ class KimiDeltaAttention(nn.Module):
         # The output gate: low rank (head_dim).
         self.g_a_proj = nn.Linear(hidden, self.head_dim, bias=False)
         self.g_b_proj = nn.Linear(self.head_dim, dim, bias=False)
-        self.o_norm = KimiGatedRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.o_norm = GatedRMSNorm(self.head_dim, config.rms_norm_eps, torch.sigmoid)
         self.o_proj = nn.Linear(dim, hidden, bias=False)
 
     def forward(

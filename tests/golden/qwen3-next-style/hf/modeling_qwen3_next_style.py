@@ -315,19 +315,21 @@ def delta_rule(
 
 
 class GatedRMSNorm(nn.Module):
-    """RMS norm of each value head's output, then times SiLU(z) (the gate)."""
+    """RMS norm of each head's output, then times the gate's activation: SiLU
+    (Gated DeltaNet's z) or sigmoid (Kimi delta attention's low-rank gate)."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, activation=F.silu) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.activation = activation
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         x = self.weight * x.to(dtype)
-        return (x * F.silu(gate.float())).to(dtype)
+        return (x * self.activation(gate.float())).to(dtype)
 
 
 class GatedDeltaNet(nn.Module):
