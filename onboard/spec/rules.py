@@ -867,7 +867,7 @@ GENERATED_NAMES = frozenset(
         # the plugin's opt-in to replace an architecture vLLM serves
         "OVERRIDE_ENV",
         # linear attention (Gated DeltaNet)
-        "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid",
+        "GatedDeltaNet", "GatedRMSNorm", "HasInnerState", "IsHybrid", "LinearMixer",
         "MambaStateCopyFunc", "MambaStateCopyFuncCalculator",
         "MambaStateDtypeCalculator", "MambaStateShapeCalculator",
         "QwenGatedDeltaNetAttention",

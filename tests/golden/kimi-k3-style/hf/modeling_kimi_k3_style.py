@@ -339,7 +339,22 @@ class GatedRMSNorm(nn.Module):
         return (x * self.activation(gate.float())).to(dtype)
 
 
-class KimiDeltaAttention(nn.Module):
+class LinearMixer(nn.Module):
+    """A linear-attention layer: its mix() reads and writes the cache's states,
+    which padding tokens must not enter."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        if attention_mask is not None:
+            x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
+        return self.mix(x, cache)
+
+
+class KimiDeltaAttention(LinearMixer):
     """Kimi delta attention (Kimi Linear's linear attention): q, k and v pass a
     causal depthwise convolution each (SiLU); q and k are L2-normalised, and each
     head keeps a [head_dim, head_dim] state updated by the delta rule with a
@@ -378,16 +393,8 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = GatedRMSNorm(self.head_dim, config.rms_norm_eps, torch.sigmoid)
         self.o_proj = nn.Linear(dim, hidden, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-    ) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, cache: Cache | None) -> torch.Tensor:
         b, s, _ = x.shape
-        if attention_mask is not None:
-            # Padding tokens must not enter the states.
-            x = x * attention_mask[:, -s:, None].to(x.dtype)
         qkv = torch.cat(
             [
                 self.q_proj(x),

@@ -332,7 +332,22 @@ class GatedRMSNorm(nn.Module):
         return (x * self.activation(gate.float())).to(dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class LinearMixer(nn.Module):
+    """A linear-attention layer: its mix() reads and writes the cache's states,
+    which padding tokens must not enter."""
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> torch.Tensor:
+        if attention_mask is not None:
+            x = x * attention_mask[:, -x.shape[1] :, None].to(x.dtype)
+        return self.mix(x, cache)
+
+
+class GatedDeltaNet(LinearMixer):
     """Gated DeltaNet (Qwen3-Next's linear attention): q, k and v pass a causal
     depthwise convolution (SiLU); q and k are L2-normalised, and each value head
     keeps a [key_dim, value_dim] state updated by the gated delta rule, with decay
@@ -398,16 +413,8 @@ class GatedDeltaNet(nn.Module):
             a.reshape(b, s, -1),
         )
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        cache: Cache | None,
-    ) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, cache: Cache | None) -> torch.Tensor:
         b, s, _ = x.shape
-        if attention_mask is not None:
-            # Padding tokens must not enter the states.
-            x = x * attention_mask[:, -s:, None].to(x.dtype)
         qkv, z, beta_logits, a = self.project(x)
         state = prior_state(cache, self.layer_idx)
         weight = self.conv1d.weight
