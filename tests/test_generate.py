@@ -300,12 +300,12 @@ def test_features_appear_only_where_the_spec_has_them(outputs):
     assert "scoring_func=config.scoring_func," in novel_src
     assert "use_grouped_topk" not in novel_src
     assert not novel & {
-        "GatedSharedExpert",
+        "expert_gate",
         "shared_expert_gate",
         "ReplicatedLinear",
     }
     gated = _identifiers(model_source(outputs["var-qwen-gated"], "var-qwen-gated"))
-    assert {"shared_expert_gate", "VarQwenGatedGatedSharedExpert"} <= gated
+    assert {"shared_expert_gate", "expert_gate"} <= gated
     assert "e_score_correction_bias" not in gated
     # Softmax, as its config says (a new model type writes scoring_func).
     gated_src = model_source(outputs["var-qwen-gated"], "var-qwen-gated")

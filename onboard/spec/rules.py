@@ -887,7 +887,7 @@ GENERATED_NAMES = frozenset(
 )  # fmt: skip
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
-    "Attention", "Config", "DecoderLayer", "DeltaAttention", "GatedSharedExpert",
+    "Attention", "Config", "DecoderLayer", "DeltaAttention",
     "HeadNorm", "Indexer", "MLP",
     "MTP", "MoE",
     "Model", "MultiTokenPredictor", "MultiTokenPredictorLayer", "PreTrainedModel",

@@ -88,6 +88,7 @@ class Qwen3NextStyleMLP(nn.Module):
         hidden_act: str,
         quant_config: QuantizationConfig | None = None,
         reduce_results: bool = True,
+        expert_gate: ReplicatedLinear | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -112,40 +113,17 @@ class Qwen3NextStyleMLP(nn.Module):
                 f"Unsupported activation: {hidden_act}. Only silu is supported for now."
             )
         self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.gate_up_proj(x)
-        x = self.act_fn(gate_up)
-        x, _ = self.down_proj(x)
-        return x
-
-
-class Qwen3NextStyleGatedSharedExpert(Qwen3NextStyleMLP):
-    """The shared expert, its output scaled per token by a sigmoid gate."""
-
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        hidden_act: str,
-        expert_gate: ReplicatedLinear,
-        quant_config: QuantizationConfig | None = None,
-        reduce_results: bool = True,
-        prefix: str = "",
-    ) -> None:
-        super().__init__(
-            hidden_size,
-            intermediate_size,
-            hidden_act,
-            quant_config=quant_config,
-            reduce_results=reduce_results,
-            prefix=prefix,
-        )
+        # The shared expert's output is scaled per token by a sigmoid gate.
         self.expert_gate = expert_gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, _ = self.expert_gate(x)
-        return torch.sigmoid(gate) * super().forward(x)
+        gate_up, _ = self.gate_up_proj(x)
+        out = self.act_fn(gate_up)
+        out, _ = self.down_proj(out)
+        if self.expert_gate is not None:
+            gate, _ = self.expert_gate(x)
+            out = torch.sigmoid(gate) * out
+        return out
 
 
 class Qwen3NextStyleMoE(nn.Module):
@@ -190,14 +168,14 @@ class Qwen3NextStyleMoE(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.shared_expert_gate",
         )
-        self.shared_expert = Qwen3NextStyleGatedSharedExpert(
+        self.shared_expert = Qwen3NextStyleMLP(
             hidden_size=self.hidden_size,
             intermediate_size=config.shared_expert_intermediate_size,
             hidden_act=config.hidden_act,
-            expert_gate=self.shared_expert_gate,
             quant_config=quant_config,
             # The fused MoE layer all-reduces routed and shared output together.
             reduce_results=False,
+            expert_gate=self.shared_expert_gate,
             prefix=f"{prefix}.shared_expert",
         )
         self.experts = FusedMoEFactory(
