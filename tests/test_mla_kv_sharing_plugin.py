@@ -171,3 +171,64 @@ def test_the_patch_lets_two_mla_layers_share_one_cache(plugin, tmp_path):
     )
     # One cache of the latent (512) and the rope key (64) in bfloat16.
     assert "bytes per token: 1152" in out
+
+
+# What vLLM's MLA layers do with a sharing target, observed the same way on the
+# released vLLM with the plugin's runtime patch and on a vLLM tree with the PR's
+# core change (onboard/pr/mla_kv_sharing.py): the two forms of one change.
+BEHAVIOUR = PROBE[PROBE.index("config = VllmConfig()") :]
+RUNTIME_PREAMBLE = """
+import tempfile
+from types import SimpleNamespace
+
+import torch
+
+from onboard_plugin_mla_share import mla_kv_sharing
+
+mla_kv_sharing.patch()
+"""
+TREE_PREAMBLE = """
+import tempfile
+from types import SimpleNamespace
+
+import torch
+"""
+IMPORTS = """
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.layers.attention import MLAAttention
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+"""
+
+
+def _behaviour(preamble: str, path: Path, tmp: Path) -> list[str]:
+    script = tmp / "behaviour.py"
+    script.write_text(preamble + IMPORTS + BEHAVIOUR)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+def test_the_runtime_patch_behaves_as_the_pr_core_change(plugin, tmp_path):
+    """The plugin's runtime patch on the released vLLM and the PR tree's core
+    change give vLLM's MLA layers the same behaviour, line for line: which
+    targets they take or refuse (and why), what a sharing layer writes to the
+    cache, and the KV-cache spec the model runner builds."""
+    from test_pr_mla_kv_sharing import _patched_tree
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runtime = _behaviour(RUNTIME_PREAMBLE, plugin, tmp_path / "a")
+    tree = _behaviour(TREE_PREAMBLE, _patched_tree(tmp_path / "tree"), tmp_path / "b")
+    assert any(line.startswith("refused:") for line in runtime)
+    assert "bytes per token: 1152" in runtime
+    assert runtime == tree

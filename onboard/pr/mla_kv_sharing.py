@@ -8,8 +8,10 @@ change wires MLA the way vLLM wires GQA sharing:
 
 - ``MLAAttention`` takes ``kv_sharing_target_layer_name``, checks that it names
   an earlier ``MLAAttention`` with the same latent width, and then writes no
-  cache: its ``forward`` skips ``update_kv_cache`` (direct call) or the
-  ``unified_mla_kv_cache_update`` op. The caller passes the target's
+  cache: its ``update_kv_cache`` returns at once (the one place both of its
+  write paths, the direct call and the ``unified_mla_kv_cache_update`` op, go
+  through; the plugin's runtime patch of the released vLLM wraps the same
+  method). The caller passes the target's
   ``kv_c_normed`` and ``k_pe`` of the current tokens (the prefill path reads
   them; the decode path reads the shared cache). The layer's own ``kv_b_proj``
   (its W_UK / W_UV) is untouched: each layer expands the shared latent with its
@@ -89,57 +91,18 @@ _TARGET_CHECK_NEW = """\
         compilation_config.static_forward_context[prefix] = self
 """
 
-_DIRECT_WRITE_OLD = """\
-            self.prepare_kv_cache_update(attn_metadata)
-            self.update_kv_cache(
-                kv_c_normed,
-                k_pe,
-                self_kv_cache,
-                layer_slot_mapping,
-                attn_metadata,
-                self.kv_cache_dtype,
-                self._k_scale,
-            )
+_UPDATE_OLD = """\
+        k_scale: torch.Tensor,
+    ) -> None:
+        cache = self.hisparse_cache
 """
-_DIRECT_WRITE_NEW = """\
-            self.prepare_kv_cache_update(attn_metadata)
-            # A KV-sharing layer reads its target's cache as written.
-            if self.kv_sharing_target_layer_name is None:
-                self.update_kv_cache(
-                    kv_c_normed,
-                    k_pe,
-                    self_kv_cache,
-                    layer_slot_mapping,
-                    attn_metadata,
-                    self.kv_cache_dtype,
-                    self._k_scale,
-                )
-"""
-
-_OP_WRITE_OLD = """\
-            encoded = _encode_layer_name(self.layer_name)
-            kv_cache_dummy_dep = torch.ops.vllm.unified_mla_kv_cache_update(
-                kv_c_normed,
-                k_pe,
-                encoded,
-                self.kv_cache_dtype,
-                self._k_scale,
-            )
-"""
-_OP_WRITE_NEW = """\
-            encoded = _encode_layer_name(self.layer_name)
-            kv_cache_dummy_dep = None
-            # A KV-sharing layer reads its target's cache as written.
-            if self.kv_sharing_target_layer_name is None:
-                kv_cache_dummy_dep = (
-                    torch.ops.vllm.unified_mla_kv_cache_update(
-                        kv_c_normed,
-                        k_pe,
-                        encoded,
-                        self.kv_cache_dtype,
-                        self._k_scale,
-                    )
-                )
+_UPDATE_NEW = """\
+        k_scale: torch.Tensor,
+    ) -> None:
+        # A KV-sharing layer reads its target's cache as written.
+        if self.kv_sharing_target_layer_name is not None:
+            return
+        cache = self.hisparse_cache
 """
 
 _IMPL_REFUSAL_OLD = """\
@@ -182,8 +145,7 @@ def _edit(path: str, name: str, key: str) -> Edit:
 _OLD = {
     "SIGNATURE": _SIGNATURE_OLD,
     "TARGET_CHECK": _TARGET_CHECK_OLD,
-    "DIRECT_WRITE": _DIRECT_WRITE_OLD,
-    "OP_WRITE": _OP_WRITE_OLD,
+    "UPDATE": _UPDATE_OLD,
     "IMPL_REFUSAL": _IMPL_REFUSAL_OLD,
     "RUNNER_SPEC": _RUNNER_SPEC_OLD,
     "RUNNER_IMPORT": _RUNNER_IMPORT_OLD,
@@ -191,8 +153,7 @@ _OLD = {
 _NEW = {
     "SIGNATURE": _SIGNATURE_NEW,
     "TARGET_CHECK": _TARGET_CHECK_NEW,
-    "DIRECT_WRITE": _DIRECT_WRITE_NEW,
-    "OP_WRITE": _OP_WRITE_NEW,
+    "UPDATE": _UPDATE_NEW,
     "IMPL_REFUSAL": _IMPL_REFUSAL_NEW,
     "RUNNER_SPEC": _RUNNER_SPEC_NEW,
     "RUNNER_IMPORT": _RUNNER_IMPORT_NEW,
@@ -217,11 +178,11 @@ def mla_kv_sharing_edits() -> list[Edit]:
         ),
         _edit(
             MLA_ATTENTION,
-            "DIRECT_WRITE",
-            "            if self.kv_sharing_target_layer_name is None:\n"
-            "                self.update_kv_cache(",
+            "UPDATE",
+            "        if self.kv_sharing_target_layer_name is not None:\n"
+            "            return\n"
+            "        cache = self.hisparse_cache",
         ),
-        _edit(MLA_ATTENTION, "OP_WRITE", "            kv_cache_dummy_dep = None\n"),
         _edit(
             MLA_ATTENTION,
             "IMPL_REFUSAL",
