@@ -22,7 +22,7 @@ Fitted per scheme, by least squares over the runs with N <= the machine's cores
 ends. The 4-node runs share this machine's 2 cores: measured, and compared with
 the model at min(N, cores). Prints a table with each run's residual (measured -
 model), the fitted constants and the fit's RMS residual (JSON with --json);
-docs/benchmarks.md has a run. `onboard plan --node-gbps` (onboard/plan/
+docs/benchmarks.md has a run. `onboard plan --node-gbps` (onboard/serving/
 quantize_time.py) uses the fitted per-task cost.
 """
 
@@ -65,11 +65,11 @@ def checkpoint(base: Path, name: str) -> Path:
 def count_tasks(ckpt: Path, scheme: str) -> tuple[int, int]:
     """(input bytes, tasks) of quantizing ``ckpt`` with ``scheme``."""
     from onboard.quantize import own_spec
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import get_scheme
+    from onboard.quantize.selection import make_selection
     from onboard.quantize.worker import make_tasks
 
-    plan = make_plan(ckpt, own_spec(ckpt, None), get_scheme(scheme))
+    plan = make_selection(ckpt, own_spec(ckpt, None), get_scheme(scheme))
     tasks = make_tasks(plan, [s.name for s in plan.shards])
     # (the shards' finishes are units too)
     return sum(t.nbytes for t in tasks), len(tasks) + len(plan.shards)

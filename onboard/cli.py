@@ -903,15 +903,15 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan serving SPEC on TARGET: weights, KV cache, layout, capacity, command."""
-    from onboard.plan import make_plan
-    from onboard.plan.disagg import Figures
-    from onboard.plan.quantize_time import quantize_time
-    from onboard.plan.render import render_plan
+    from onboard.serving import make_deployment
+    from onboard.serving.disagg import Figures
+    from onboard.serving.quantize_time import quantize_time
+    from onboard.serving.render import render_plan
     from onboard.spec import load_spec
 
     loaded = load_spec(spec)
     figures = Figures(link_gbps, device_tflops, hbm_tbps)
-    result = make_plan(
+    result = make_deployment(
         loaded,
         target,
         scheme,

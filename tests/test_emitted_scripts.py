@@ -172,12 +172,14 @@ def test_emitted_gpu_run_with_hostile_paths(tmp_path, stubs):
 
 
 def test_plan_command_with_a_hostile_model(tmp_path, stubs):
-    from onboard.plan import make_plan
-    from onboard.plan.serve import shell
+    from onboard.serving import make_deployment
+    from onboard.serving.serve import shell
     from onboard.spec import load_spec
 
     model = str(tmp_path / HOSTILE / "model")
-    plan = make_plan(load_spec(BUNDLED / "dense-gqa.yaml"), "b200", "bf16", model=model)
+    plan = make_deployment(
+        load_spec(BUNDLED / "dense-gqa.yaml"), "b200", "bf16", model=model
+    )
     snippet = shell({"VLLM_X": HOSTILE, **plan.env}, plan.argv)
     proc = subprocess.run(
         ["bash", "-c", snippet + '\nprintf %s "$VLLM_X" >"$STUB_LOG/env"'],

@@ -31,7 +31,7 @@ LAYERS = [
     "generate",
     "pr",
     "checkpoint",
-    "plan",
+    "serving",
     "report",
     "quantize",
     "speculators",

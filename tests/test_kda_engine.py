@@ -20,7 +20,7 @@ import torch
 from conftest import generated_engine_run
 
 from onboard.arch import build_plan
-from onboard.plan.kv import kv_report
+from onboard.serving.kv import kv_report
 from onboard.spec.loader import parse_spec_text
 
 # KDA layers and a gqa attention layer (head dims of 32 for vLLM's CPU

@@ -173,9 +173,9 @@ def test_serving_plan_counts_the_kda_states(spec):
     """onboard plan (and the new-model report's KV budget) sizes KDA states by
     the same arithmetic: 3 convolutions of 32 x 128 channels, 3 inputs each, in
     bf16, and a 128 x 128 float32 state per head."""
-    from onboard.plan import make_plan
+    from onboard.serving import make_deployment
 
-    kv = make_plan(spec, "b200").kv
+    kv = make_deployment(spec, "b200").kv
     assert kv.state_formula == (
         "Kimi delta attention: conv (3 x 32 x 128) x 3 x 2 B + state 32 x 128 x "
         "128 x 4 B = 2,170,880 B per sequence"

@@ -375,12 +375,12 @@ def test_quantize_keeps_the_recurrence_in_16_bits(tmp_path):
     Linear with beta and f_a in vLLM's KDA layer), the convolutions, A_log,
     dt_bias, the gated norm, the low-rank gates and beta stay 16-bit (and the
     kept Linears' modules go to the ignore list)."""
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import get_scheme
+    from onboard.quantize.selection import make_selection
 
     spec = kda_spec()
     as_kda_checkpoint(kimi_linear(), spec, tmp_path)
-    plan = make_plan(tmp_path, spec, get_scheme("nvfp4"))
+    plan = make_selection(tmp_path, spec, get_scheme("nvfp4"))
     attn = "model.layers.0.self_attn"
     assert f"{attn}.o_proj.weight" in plan.quantized
     for name in ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d",

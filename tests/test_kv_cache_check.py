@@ -6,7 +6,7 @@ worker's, agreeing and disagreeing. With the engine (one per model, through
 checkpoint (cross-layer KV sharing) and dense-gqa's (none) pass, with the numbers
 the spec's arithmetic gives. Those run in `make test-all`: `make test` already
 holds the same engine numbers equal to the plan's for every bundled spec
-(tests/test_plan.py), and the comparison itself is tested here without an engine.
+(tests/test_serving.py), and the comparison itself is tested here without an engine.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.plan.kv import kv_report
+from onboard.serving.kv import kv_report
 from onboard.spec import load_spec
 from onboard.validate.check_kv_cache import compare, kv_dtype, layer_index
 

@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from onboard.arch import build_plan
 from onboard.checkpoint.preflight import preflight
 from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.plan.kv import kv_report
 from onboard.reference import generate_hf_reference, install_reference
+from onboard.serving.kv import kv_report
 from onboard.spec.hf import hf_config_from_spec, spec_from_hf_config
 from onboard.spec.loader import load_spec, parse_spec_text
 from onboard.spec.model import ModelSpec

@@ -1279,12 +1279,12 @@ def test_full_size_nvfp4_headers(full_size, tmp_path) -> None:
     """NVFP4 at full size, laid out by onboard's quantizer planner (which reads the
     bf16 headers only): ~136k tensors, every weight_packed / weight_scale /
     weight_global_scale checked against compressed-tensors' rules."""
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import SCHEMES as QSCHEMES
     from onboard.quantize.schemes import quantization_config
+    from onboard.quantize.selection import make_selection
 
     spec = load_spec(SPECS / f"{DS}.yaml")
-    plan = make_plan(full_size, spec, QSCHEMES["nvfp4a16"])
+    plan = make_selection(full_size, spec, QSCHEMES["nvfp4a16"])
     shards = {
         s.name: [(o.name, o.dtype, o.shape) for o in s.outputs] for s in plan.shards
     }

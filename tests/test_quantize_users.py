@@ -3,7 +3,7 @@
 
 Without a spec, quantize reads the layout from the checkpoint's tensor names and
 config.json (onboard/quantize/layout.py) instead of inferring a spec through
-transformers. These tests hold that path to the spec-inferred one: the same plan
+transformers. These tests hold that path to the spec-inferred one: the same selection
 for every family `onboard spec from-hf` maps, byte-identical outputs on every
 shape a user's checkpoint takes (``dtype`` or ``torch_dtype``, one file without an
 index, tied embeddings, unequal shards), and no transformers import.
@@ -21,8 +21,8 @@ import torch
 
 from onboard.errors import InputError
 from onboard.quantize import inferred_spec, quantize_checkpoint
-from onboard.quantize.plan import STACKED_EXPERTS_KEPT, make_plan
 from onboard.quantize.schemes import SCHEMES
+from onboard.quantize.selection import STACKED_EXPERTS_KEPT, make_selection
 from onboard.validate.check_quant import GUARDED
 
 # Weight-only and dynamic schemes: calibrated nvfp4 runs the reference model.
@@ -106,13 +106,13 @@ def save_family(family: str, out: Path, **save) -> Path:
     return out
 
 
-def decisions(plan) -> dict:
+def decisions(selection) -> dict:
     return {
-        "quantized": sorted(plan.quantized),
-        "kept": plan.kept,
-        "ignore": plan.ignore,
-        "fused": sorted(sorted(names) for names in plan.fused.values()),
-        "outputs": {s.name: s.outputs for s in plan.shards},
+        "quantized": sorted(selection.quantized),
+        "kept": selection.kept,
+        "ignore": selection.ignore,
+        "fused": sorted(sorted(names) for names in selection.fused.values()),
+        "outputs": {s.name: s.outputs for s in selection.shards},
     }
 
 
@@ -131,8 +131,8 @@ def test_layout_from_names_plans_what_the_inferred_spec_plans(family_dirs, famil
     model_dir = family_dirs[family]
     spec = inferred_spec(model_dir)
     for scheme in SCHEMES.values():
-        from_names = make_plan(model_dir, None, scheme)
-        from_spec = make_plan(model_dir, spec, scheme)
+        from_names = make_selection(model_dir, None, scheme)
+        from_spec = make_selection(model_dir, spec, scheme)
         assert decisions(from_names) == decisions(from_spec), (family, scheme.name)
         assert from_names.quantized, family
 
@@ -259,20 +259,20 @@ def test_stacked_experts_stay_16_bit_and_are_ignored_per_expert(family_dirs, fam
     # the layer unquantized. The router stays 16-bit; the shared expert, a
     # fused but ordinary Linear, is quantized.
     model_dir = family_dirs[family]
-    plan = make_plan(model_dir, None, SCHEMES["fp8-dynamic"])
-    assert plan.layout.layout == "granite"
+    selection = make_selection(model_dir, None, SCHEMES["fp8-dynamic"])
+    assert selection.layout.layout == "granite"
     block = "model.layers.1.block_sparse_moe"
     for name in ("input_linear.weight", "output_linear.weight"):
-        assert plan.kept[f"{block}.{name}"] == STACKED_EXPERTS_KEPT
+        assert selection.kept[f"{block}.{name}"] == STACKED_EXPERTS_KEPT
     # The quant check requires them unchanged (tests/test_quant_check.py style).
     assert GUARDED["stacked experts"] == (STACKED_EXPERTS_KEPT,)
     projections = ("gate_proj", "up_proj", "down_proj")
     experts = {f"{block}.experts.{e}.{p}" for e in range(4) for p in projections}
-    assert experts <= set(plan.ignore)
-    assert f"{block}.router.layer" in plan.ignore
-    assert f"{block}.router.layer.weight" in plan.kept
+    assert experts <= set(selection.ignore)
+    assert f"{block}.router.layer" in selection.ignore
+    assert f"{block}.router.layer.weight" in selection.kept
     shared = "model.layers.1.shared_mlp.input_linear.weight"
-    assert (shared in plan.quantized) == (family == "granitemoeshared")
+    assert (shared in selection.quantized) == (family == "granitemoeshared")
 
 
 # The router's bias kept on a module of its own (transformers' save_pretrained
@@ -339,11 +339,11 @@ def test_a_router_bias_at_its_own_module_stays_16_bit(family, tmp_path):
     spec = ModelSpec.model_validate(data)
     for scheme in SCHEMES.values():
         for used in (None, spec):
-            plan = make_plan(tmp_path / family, used, scheme)
-            assert not set(biases) & set(plan.quantized), (family, scheme.name)
+            selection = make_selection(tmp_path / family, used, scheme)
+            assert not set(biases) & set(selection.quantized), (family, scheme.name)
             why = "no role of the spec's layout" if used is None else "role router_bias"
-            assert {plan.kept[b] for b in biases} == {why}
-            assert not {b.rpartition(".")[0] for b in biases} & set(plan.ignore)
+            assert {selection.kept[b] for b in biases} == {why}
+            assert not {b.rpartition(".")[0] for b in biases} & set(selection.ignore)
     out = quantize_checkpoint(tmp_path / family, "fp8-dynamic", tmp_path / "q")
     from safetensors.torch import load_file
 

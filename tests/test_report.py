@@ -2,7 +2,7 @@
 
 The page's numbers are read back from the HTML (``data-path`` / ``data-value`` of
 every number and plot mark) and compared with the validation.json files they came
-from; the plan's numbers with ``onboard.plan``. The page is rendered in a real
+from; the plan's numbers with ``onboard.serving``. The page is rendered in a real
 headless Chromium (Debian's ``/usr/bin/chromium``, driven over the DevTools
 protocol): no console errors, nothing fetched, every plot visible; the screenshots
 are kept in ``test-artifacts/`` (or ``$ONBOARD_TEST_ARTIFACTS``).
@@ -30,11 +30,11 @@ from report_browser import WIDTH, render_page
 from report_samples import accuracy_check, full_result
 from validate_fixtures import LLAMA_SPEC, write_llama, write_spec
 
-from onboard.plan import make_plan
-from onboard.plan.weights import weight_report
 from onboard.report import markdown_summary, render_report, write_report
 from onboard.report.data import PLAN_CONCURRENCY, kv_budgets, verdict_lines
 from onboard.report.svg import fmt
+from onboard.serving import make_deployment
+from onboard.serving.weights import weight_report
 from onboard.spec import load_spec, parse_spec_text
 from onboard.validate.results import Check, ValidationResult
 
@@ -205,7 +205,7 @@ def test_plan_numbers_are_the_plans(tmp_path):
             assert int(item["value"]) == expected
             continue
         if target not in plans:
-            plans[target] = make_plan(
+            plans[target] = make_deployment(
                 spec, target, "bf16", concurrency=PLAN_CONCURRENCY
             )
         plan = plans[target]

@@ -177,11 +177,11 @@ def test_preflight_knows_the_indexer_tensors(tmp_path):
 def test_quantize_keeps_the_indexer_in_16_bits(tmp_path):
     """NVFP4 quantizes MLA's projections; the indexer's wq_b, wk, weights_proj
     and k_norm stay 16-bit, its Linear layers on the ignore list."""
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import get_scheme
+    from onboard.quantize.selection import make_selection
 
     spec = _saved(tmp_path)
-    plan = make_plan(tmp_path, spec, get_scheme("nvfp4"))
+    plan = make_selection(tmp_path, spec, get_scheme("nvfp4"))
     attn = "model.layers.0.self_attn"
     assert f"{attn}.q_b_proj.weight" in plan.quantized
     for name in ("wq_b", "wk", "weights_proj", "k_norm"):
@@ -323,7 +323,7 @@ def test_kv_plan_counts_the_index_keys():
     """vLLM's indexer cache holds each token's index key in FP8 with a float32
     scale per 128 dims beside MLA's latent: DeepSeek-V3.2's 128-dim key adds
     132 bytes to the 576 latent entries."""
-    from onboard.plan.kv import kv_report
+    from onboard.serving.kv import kv_report
 
     config = transformers_config("deepseek_v32", index_head_dim=128).to_dict()
     report = kv_report(spec_from_hf_config(config), dtype="bfloat16")
@@ -412,8 +412,8 @@ def test_kv_sharing_layers_keep_an_indexer_of_their_own(tmp_path):
 
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.generate import generate_files
-    from onboard.plan.kv import kv_report
     from onboard.reference import install_reference
+    from onboard.serving.kv import kv_report
     from onboard.spec import load_spec
 
     root = Path(__file__).resolve().parents[1]

@@ -258,9 +258,9 @@ def test_cpu_fp8_moe_takes_block_fp8_only():
         for f in target_findings(novel)
     )
     with pytest.raises(InputError, match="cpu cannot run fp8-dynamic"):
-        from onboard.plan import make_plan
+        from onboard.serving import make_deployment
 
-        make_plan(novel, "cpu", "fp8-dynamic")
+        make_deployment(novel, "cpu", "fp8-dynamic")
 
 
 # ---- `onboard targets` ------------------------------------------------------------

@@ -601,7 +601,7 @@ def build_context(
     # What differs between decoder layers (or between a layer and an MTP block):
     # the decoder layer's constructor arguments.
     layer_expr = moe_ctx["layer_expr"] if moe_ctx else None
-    plan = SimpleNamespace(
+    per_layer = SimpleNamespace(
         moe=has_moe and has_dense,
         # The model's `moe` per layer: its MoE layer rule, or None where every
         # layer is MoE (then the dense MLP serves the MTP blocks only).
@@ -612,14 +612,20 @@ def build_context(
         # Each layer's token mixer: linear attention or attention.
         linear=arch.linear is not None,
     )
-    plan.any = plan.moe or plan.sliding or plan.kv_sharing or plan.nope or plan.linear
-    rope_expr = _rope_layer_expr(spec, arch, f) if plan.nope else None
+    per_layer.any = (
+        per_layer.moe
+        or per_layer.sliding
+        or per_layer.kv_sharing
+        or per_layer.nope
+        or per_layer.linear
+    )
+    rope_expr = _rope_layer_expr(spec, arch, f) if per_layer.nope else None
     layer_idx_needed = (
         sliding == "mixed"
         or kv_sharing
-        or plan.nope
-        or plan.linear
-        or bool(plan.moe and layer_expr)
+        or per_layer.nope
+        or per_layer.linear
+        or bool(per_layer.moe and layer_expr)
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     rope_by_kind = arch.rope_by_kind(f.hf[f.need("rope_parameters")])
@@ -645,9 +651,9 @@ def build_context(
         "rope_expr": rope_expr,
         "layer_idx_needed": layer_idx_needed,
         # The model's layer factory reads the config.
-        "plan_reads_config": layer_idx_needed or plan.sliding,
-        "plan": plan,
-        "layer_doc": _layer_doc(spec, plan) if plan.any else "",
+        "per_layer_reads_config": layer_idx_needed or per_layer.sliding,
+        "per_layer": per_layer,
+        "layer_doc": _layer_doc(spec, per_layer) if per_layer.any else "",
         "summary": _summary(spec, arch),
         "rope_comment": _rope_comment(spec, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
@@ -669,7 +675,7 @@ def build_context(
         "mtp": spec.mtp is not None,
         "mtp_doc": _mtp_doc(spec) if mtp else "",
         "mtp_block_moe": mtp_mlp == "moe",
-        "mtp_block_comment": _mtp_block_comment(plan) if mtp else [],
+        "mtp_block_comment": _mtp_block_comment(per_layer) if mtp else [],
         "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
         "mtp_prefixes": _mtp_prefixes(spec),
         "names": SimpleNamespace(**names),
@@ -1288,39 +1294,40 @@ def _part_docs(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     ]
 
 
-def _layer_doc(spec: ModelSpec, plan: SimpleNamespace) -> str:
+def _layer_doc(spec: ModelSpec, per_layer: SimpleNamespace) -> str:
     parts = []
-    if plan.moe:
+    if per_layer.moe:
         parts.append("whether its MLP is the MoE block (else the dense MLP)")
-    if plan.sliding:
+    if per_layer.sliding:
         parts.append("its sliding window (None: full attention)")
-    if plan.kv_sharing:
+    if per_layer.kv_sharing:
         parts.append("the earlier layer whose KV cache it reads (None: its own)")
-    if plan.nope:
+    if per_layer.nope:
         parts.append("whether its attention applies rope (False: NoPE)")
-    if plan.linear:
+    if per_layer.linear:
         parts.append("whether its token mixer is linear attention (else attention)")
     if spec.mtp is None:
         return (
-            "A decoder layer. Its plan comes from the caller (the model reads it "
-            f"per layer from the config): {_listed(parts)}."
+            "A decoder layer. What differs by layer comes from the caller (the "
+            f"model reads it per layer from the config): {_listed(parts)}."
         )
     return (
-        f"A decoder layer. Its plan comes from the caller: {_listed(parts)}. The "
-        "model reads it per layer from the config; the MTP draft sets it for its "
-        "blocks, whose layer indices lie past the config's per-layer fields."
+        "A decoder layer. What differs by layer comes from the caller: "
+        f"{_listed(parts)}. The model reads it per layer from the config; the MTP "
+        "draft sets it for its blocks, whose layer indices lie past the config's "
+        "per-layer fields."
     )
 
 
-def _mtp_block_comment(plan: SimpleNamespace) -> list[str]:
+def _mtp_block_comment(per_layer: SimpleNamespace) -> list[str]:
     """Comment lines on the MTP block in the MTP file."""
     defaults = [
         what
         for what, on in (
-            ("full attention", plan.sliding),
-            ("its own KV cache", plan.kv_sharing),
-            ("rope on q and k", plan.nope),
-            ("attention as its token mixer", plan.linear),
+            ("full attention", per_layer.sliding),
+            ("its own KV cache", per_layer.kv_sharing),
+            ("rope on q and k", per_layer.nope),
+            ("attention as its token mixer", per_layer.linear),
         )
         if on
     ]

@@ -88,8 +88,8 @@ def quantize_checkpoint(
     local worker processes; the output is the same, byte for byte.
     """
     from onboard.quantize.ct_import import import_compressed_tensors
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.run import execute
+    from onboard.quantize.selection import make_selection
 
     import_compressed_tensors()  # before anything imports it the slow way
 
@@ -115,8 +115,8 @@ def quantize_checkpoint(
     resolved = own_spec(model_dir, spec)
     if resolved is not None:
         _preflight(resolved, model_dir)
-    plan = make_plan(model_dir, resolved, sch, include_mtp=include_mtp)
-    for warning in plan.warnings:
+    selection = make_selection(model_dir, resolved, sch, include_mtp=include_mtp)
+    for warning in selection.warnings:
         (log or (lambda msg: None))(f"warning: {warning}")
     if sch.calibrated and include_mtp:
         raise InputError(
@@ -135,7 +135,7 @@ def quantize_checkpoint(
 
         def calibration() -> dict[str, float]:
             reference = resolved or inferred_spec(model_dir)
-            return calibrate.calibrate(plan, reference, samples, seq_len, log=log)
+            return calibrate.calibrate(selection, reference, samples, seq_len, log=log)
 
     log = log or (lambda msg: None)
     cluster = None
@@ -145,7 +145,7 @@ def quantize_checkpoint(
         cluster = connect(ray, log)
     try:
         return execute(
-            plan,
+            selection,
             out_dir,
             options=options,
             workers=workers,

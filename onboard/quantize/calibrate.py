@@ -30,7 +30,7 @@ import torch
 from onboard.arch import ArchPlan, build_plan
 from onboard.errors import InputError
 from onboard.quantize import st_io
-from onboard.quantize.plan import Plan
+from onboard.quantize.selection import Selection
 from onboard.spec.model import ModelSpec
 
 NUM_SAMPLES = 16
@@ -63,9 +63,9 @@ def calibration_ids(model_dir: Path, vocab: int, samples: int, seq_len: int):
 class _Reader:
     """Tensors of the checkpoint by name (one pread each)."""
 
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        self.infos = {t.name: (s.name, t) for s in plan.shards for t in s.tensors}
+    def __init__(self, selection: Selection):
+        self.selection = selection
+        self.infos = {t.name: (s.name, t) for s in selection.shards for t in s.tensors}
 
     def has(self, name: str) -> bool:
         return name in self.infos
@@ -74,32 +74,32 @@ class _Reader:
         import os
 
         shard, info = self.infos[name]
-        fd = os.open(self.plan.model_dir / shard, os.O_RDONLY)
+        fd = os.open(self.selection.model_dir / shard, os.O_RDONLY)
         try:
             return st_io.read_tensor(fd, info)
         finally:
             os.close(fd)
 
 
-def _knows_model_type(plan: Plan) -> bool:
+def _knows_model_type(selection: Selection) -> bool:
     from onboard.spec.hf import transformers_knows
 
-    config = json.loads((plan.model_dir / "config.json").read_text())
+    config = json.loads((selection.model_dir / "config.json").read_text())
     return transformers_knows(config.get("model_type", ""))
 
 
-def _reference(plan: Plan):
+def _reference(selection: Selection):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(plan.model_dir)
+        config = AutoConfig.from_pretrained(selection.model_dir)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
                 config, dtype=torch.float32, attn_implementation="sdpa"
             )
     except (ValueError, KeyError, OSError) as exc:
         raise InputError(
-            f"{plan.model_dir}: nvfp4 calibration needs the reference model, and "
+            f"{selection.model_dir}: nvfp4 calibration needs the reference model, and "
             f"transformers cannot build it from config.json: {exc}"
         ) from None
     return config, model
@@ -149,7 +149,7 @@ def _materialize(
 
 
 def plan_dir(reader: _Reader):
-    return reader.plan.model_dir
+    return reader.selection.model_dir
 
 
 def _expert(arch: ArchPlan, role: str, layer: int, expert: int) -> str:
@@ -158,7 +158,7 @@ def _expert(arch: ArchPlan, role: str, layer: int, expert: int) -> str:
 
 @torch.no_grad()
 def calibrate(
-    plan: Plan,
+    selection: Selection,
     spec: ModelSpec,
     samples: int = NUM_SAMPLES,
     seq_len: int = SEQ_LEN,
@@ -172,17 +172,17 @@ def calibrate(
 
     log = log or (lambda msg: None)
     arch = build_plan(spec)
-    if not _knows_model_type(plan):
-        return _calibrate_generated_reference(plan, arch, samples, seq_len, log)
-    config, model = _reference(plan)
-    reader = _Reader(plan)
+    if not _knows_model_type(selection):
+        return _calibrate_generated_reference(selection, arch, samples, seq_len, log)
+    config, model = _reference(selection)
+    reader = _Reader(selection)
     inner = model.model
-    wanted = {q.module for q in plan.quantized.values()}
+    wanted = {q.module for q in selection.quantized.values()}
     stats: dict[str, float] = {}
 
     embed_path = arch.tensors.checkpoint_name("embed")
     _materialize(inner.embed_tokens, embed_path, reader, arch, None)
-    ids = calibration_ids(plan.model_dir, config.vocab_size, samples, seq_len)
+    ids = calibration_ids(selection.model_dir, config.vocab_size, samples, seq_len)
     hidden = inner.embed_tokens(ids)
     inner.embed_tokens.to_empty(device="meta")
     log(f"calibrating on {samples} samples x {seq_len} tokens, layer by layer")
@@ -237,7 +237,8 @@ def calibrate(
     missing = sorted(m for m in wanted if m not in stats)
     if missing:
         raise InputError(
-            f"{plan.model_dir}: calibration: the reference model has no module for "
+            f"{selection.model_dir}: calibration: the reference model has no module "
+            "for "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
             "(the spec's layout and the transformers class disagree)"
         )
@@ -291,7 +292,7 @@ def _expert_stats(experts, x, arch: ArchPlan, layer, config, stats) -> None:
 
 
 def _calibrate_generated_reference(
-    plan: Plan,
+    selection: Selection,
     arch: ArchPlan,
     samples: int,
     seq_len: int,
@@ -306,19 +307,19 @@ def _calibrate_generated_reference(
 
     from onboard.reference.overlay import overlay_with_remote_code
 
-    config = json.loads((plan.model_dir / "config.json").read_text())
-    wanted = {q.module for q in plan.quantized.values()}
+    config = json.loads((selection.model_dir / "config.json").read_text())
+    wanted = {q.module for q in selection.quantized.values()}
     stats: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onboard-calibrate-") as tmp:
         overlay = overlay_with_remote_code(
-            plan.model_dir, arch.spec, None, config, Path(tmp)
+            selection.model_dir, arch.spec, None, config, Path(tmp)
         )
         model = AutoModelForCausalLM.from_pretrained(
             overlay, dtype=torch.float32, trust_remote_code=True
         )
     model.eval()
     hooks = _attach_generated(model, arch, wanted, stats)
-    ids = calibration_ids(plan.model_dir, config["vocab_size"], samples, seq_len)
+    ids = calibration_ids(selection.model_dir, config["vocab_size"], samples, seq_len)
     log(f"calibrating on {samples} samples x {seq_len} tokens (generated reference)")
     with torch.no_grad():
         for b in range(0, samples, BATCH):
@@ -328,7 +329,8 @@ def _calibrate_generated_reference(
     missing = sorted(m for m in wanted if m not in stats)
     if missing:
         raise InputError(
-            f"{plan.model_dir}: calibration: the generated reference ran no module "
+            f"{selection.model_dir}: calibration: the generated reference ran no "
+            "module "
             f"for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
     return {m: stats[m] for m in sorted(stats)}

@@ -95,7 +95,7 @@ def _check_reachable(address: str) -> None:
 
 @dataclass
 class Cluster:
-    """A connected Ray cluster that runs a plan's units (``run``)."""
+    """A connected Ray cluster that runs a selection's units (``run``)."""
 
     address: str
     nodes: int
@@ -182,7 +182,7 @@ def _alive_nodes(ray) -> list[dict]:
 
 # ---- on the nodes ----------------------------------------------------------------
 
-# The job a worker process last ran units of, by key: the plan and its offsets are
+# The job a worker process last ran units of, by key: the selection and its offsets are
 # fetched and unpickled once per process, not once per unit.
 _WORKER_JOB: dict = {}
 
@@ -197,7 +197,7 @@ def _unit_task(key: str, job_ref: list, item):
     if job is None:
         from onboard.quantize.ct_import import import_compressed_tensors
 
-        import_compressed_tensors()  # (before the plan's unpickling imports it)
+        import_compressed_tensors()  # (before the selection's unpickling imports it)
         _WORKER_JOB.clear()
         job = ray.get(job_ref[0])
         _WORKER_JOB[key] = job
@@ -237,7 +237,7 @@ def _probe(paths: list[str], token_file: str, token: str) -> dict:
 # ---- the driver ------------------------------------------------------------------
 
 
-def _check_nodes(ray, plan, partial: Path, log) -> None:
+def _check_nodes(ray, selection, partial: Path, log) -> None:
     """Every node must run this onboard and see MODEL_DIR and the output directory
     at the driver's paths; refuse (exit 2) naming the node otherwise."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -247,7 +247,10 @@ def _check_nodes(ray, plan, partial: Path, log) -> None:
     token = uuid.uuid4().hex
     token_file = partial / f".probe-{token}"
     token_file.write_text(token)
-    paths = [str(plan.model_dir / "config.json"), *(str(s.path) for s in plan.shards)]
+    paths = [
+        str(selection.model_dir / "config.json"),
+        *(str(s.path) for s in selection.shards),
+    ]
     probe = ray.remote(_probe)
     try:
         refs = {
@@ -317,8 +320,8 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
 
     ray = import_ray()
     job = local._JOB
-    plan = job["plan"]
-    _check_nodes(ray, plan, job["partial"], log)
+    selection = job["selection"]
+    _check_nodes(ray, selection, job["partial"], log)
     key = uuid.uuid4().hex
     job_ref = ray.put(dict(job))
     unit = ray.remote(_unit_task).options(
@@ -327,7 +330,7 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
         retry_exceptions=False,
         scheduling_strategy="SPREAD",
     )
-    schedule = local._Schedule(plan, pending)
+    schedule = local._Schedule(selection, pending)
     total = sum(t.nbytes for t in job["tasks"])
     columns = (
         TextColumn("quantize {task.fields[scheme]} on {task.fields[nodes]} nodes"),
@@ -348,7 +351,7 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
         task = bar.add_task(
             "",
             total=total,
-            scheme=plan.scheme.name,
+            scheme=selection.scheme.name,
             nodes=nodes,
             shards=f"0/{len(pending)}",
         )

@@ -1,4 +1,4 @@
-"""Run a plan: tasks in parallel worker processes, resumable, atomically published.
+"""Run a selection: tasks in parallel worker processes, resumable, atomically published.
 
 Output goes to ``.<out>.partial/`` beside the output directory, which is renamed to
 ``<out>`` only once every shard, the index, config.json and the manifest are in
@@ -8,7 +8,7 @@ copied tensors each) that any worker takes as it becomes free; once every task o
 a shard is done, the shard is fsynced, hashed, renamed into the partial directory
 and recorded in its ``state.json`` (size and sha256), so a killed run resumes with
 the unfinished shards; a state written for other inputs or options is discarded.
-Workers are forked (sharing the imported libraries and the plan), use one torch
+Workers are forked (sharing the imported libraries and the selection), use one torch
 thread per core they are given, and die with their parent. On a Ray cluster
 (cluster.py) the same units run as Ray tasks on the cluster's nodes instead, and
 everything else here is shared: the state, the resume and the files around the
@@ -34,8 +34,8 @@ from pathlib import Path
 from onboard.errors import InputError
 from onboard.fsutil import atomic_write_text
 from onboard.quantize import st_io
-from onboard.quantize.plan import INDEX_FILE, Plan, ShardPlan
 from onboard.quantize.schemes import quantization_config
+from onboard.quantize.selection import INDEX_FILE, Selection, ShardSelection
 from onboard.threads import torch_threads
 
 STATE_FILE = "state.json"
@@ -52,12 +52,12 @@ WEIGHT_SUFFIXES = {
     ".h5",
 }  # the "+ 1 GB" of the memory bound, for the parent & libs
 
-# The plan and calibration of the running job, inherited by forked workers.
+# The selection and calibration of the running job, inherited by forked workers.
 _JOB: dict = {}
 _PROGRESS: mp.Queue | None = None
 
 
-def default_workers(pending: list[ShardPlan], tasks: int) -> int:
+def default_workers(pending: list[ShardSelection], tasks: int) -> int:
     """One worker per core, no more than tasks, and within memory.
 
     A worker holds at most a few copies of its largest tensor, far below a shard;
@@ -80,12 +80,12 @@ def _available_memory() -> int:
     return 1 << 62
 
 
-def fingerprint(plan: Plan, options: dict) -> dict:
+def fingerprint(selection: Selection, options: dict) -> dict:
     """What a resumed run must share with the interrupted one.
 
     Everything the output depends on: onboard's version, the scheme and options,
     config.json, each input shard's identity (size, modification time and its
-    header: names, dtypes, shapes, offsets) and the plan's decisions (which
+    header: names, dtypes, shapes, offsets) and the selection's decisions (which
     tensors are quantized, fused, kept, ignored: what the spec's layout and
     keep_unquantized decide). Tensor data is not hashed: that would read the whole
     checkpoint before the first shard is written.
@@ -93,21 +93,21 @@ def fingerprint(plan: Plan, options: dict) -> dict:
     import onboard
 
     decisions = {
-        "quantized": sorted(plan.quantized),
-        "fused": sorted(sorted(names) for names in plan.fused.values()),
-        "kept": sorted(plan.kept.items()),
-        "ignore": plan.ignore,
+        "quantized": sorted(selection.quantized),
+        "fused": sorted(sorted(names) for names in selection.fused.values()),
+        "kept": sorted(selection.kept.items()),
+        "ignore": selection.ignore,
         "outputs": {
             s.name: [[t.name, t.dtype, list(t.shape)] for t in s.outputs]
-            for s in plan.shards
+            for s in selection.shards
         },
     }
     return {
         "format_version": FORMAT_VERSION,
         "onboard_version": onboard.__version__,
-        "scheme": plan.scheme.name,
+        "scheme": selection.scheme.name,
         "options": options,
-        "config_sha256": _sha256_json(plan.config),
+        "config_sha256": _sha256_json(selection.config),
         "inputs": [
             [
                 s.name,
@@ -115,7 +115,7 @@ def fingerprint(plan: Plan, options: dict) -> dict:
                 s.path.stat().st_mtime_ns,
                 _sha256_json([[t.name, t.dtype, t.shape, t.start] for t in s.tensors]),
             ]
-            for s in plan.shards
+            for s in selection.shards
         ],
         "plan_sha256": _sha256_json(decisions),
     }
@@ -127,7 +127,7 @@ def _sha256_json(value) -> str:
 
 
 def execute(
-    plan: Plan,
+    selection: Selection,
     out_dir: Path,
     *,
     options: dict,
@@ -137,7 +137,7 @@ def execute(
     log: Callable[[str], None],
     cluster=None,
 ) -> Path:
-    """Run ``plan`` into ``out_dir``: with local worker processes, or, given a
+    """Run ``selection`` into ``out_dir``: with local worker processes, or, given a
     connected ``cluster`` (cluster.py), as Ray tasks across its nodes."""
     out_dir = Path(out_dir)
     partial = out_dir.with_name(f".{out_dir.name}.partial")
@@ -152,7 +152,7 @@ def execute(
             ) from None
         try:
             result = _execute_locked(
-                plan,
+                selection,
                 out_dir,
                 partial,
                 options,
@@ -179,9 +179,9 @@ class ResumableError(InputError):
 
 
 def _execute_locked(
-    plan, out_dir, partial, options, workers, calibration, progress, log, cluster
+    selection, out_dir, partial, options, workers, calibration, progress, log, cluster
 ):
-    fp = fingerprint(plan, options)
+    fp = fingerprint(selection, options)
     state = _load_state(partial, fp, log)
     if state is None:
         shutil.rmtree(partial, ignore_errors=True)
@@ -189,27 +189,28 @@ def _execute_locked(
         state = {"fingerprint": fp, "calibration": None, "shards": {}}
         _save_state(partial, state)
 
-    if plan.scheme.calibrated and state["calibration"] is None:
+    if selection.scheme.calibrated and state["calibration"] is None:
         assert calibration is not None
         state["calibration"] = calibration()
         _save_state(partial, state)
-    pending = [s for s in plan.shards if s.name not in state["shards"]]
-    if len(pending) < len(plan.shards):
+    pending = [s for s in selection.shards if s.name not in state["shards"]]
+    if len(pending) < len(selection.shards):
         log(
-            f"resuming: {len(plan.shards) - len(pending)} of {len(plan.shards)} "
+            f"resuming: {len(selection.shards) - len(pending)} of "
+            f"{len(selection.shards)} "
             "shards already done"
         )
     if pending:
         from onboard.quantize.worker import make_tasks, temp_path
 
-        tasks = make_tasks(plan, [s.name for s in pending])
+        tasks = make_tasks(selection, [s.name for s in pending])
         offsets = {
             s.name: st_io.create_file(temp_path(partial, s.name), s.outputs)
             for s in pending
         }
         _JOB.clear()
         _JOB.update(
-            plan=plan,
+            selection=selection,
             partial=partial,
             calib=state["calibration"],
             tasks=tasks,
@@ -224,7 +225,7 @@ def _execute_locked(
             state["shards"][name] = {"size": size, "sha256": sha}
             _save_state(partial, state)
 
-    _finish(plan, partial, state)
+    _finish(selection, partial, state)
     os.replace(partial, out_dir)
     return out_dir
 
@@ -345,7 +346,7 @@ def _unit(
     if kind == "finish":
         return finish_shard(job["partial"], what)
     return run_task(
-        job["plan"],
+        job["selection"],
         job["tasks"][what],
         job["partial"],
         job["offsets"],
@@ -358,7 +359,7 @@ class _Schedule:
     """Which unit runs next: a finished shard's flush and hash first, then the
     tasks in order; and which shards are complete."""
 
-    def __init__(self, plan: Plan, pending: list[ShardPlan]):
+    def __init__(self, selection: Selection, pending: list[ShardSelection]):
         tasks = _JOB["tasks"]
         self.ready: deque = deque(("task", i) for i in range(len(tasks)))
         self.left = {s.name: 0 for s in pending}
@@ -384,7 +385,7 @@ class _Schedule:
         return None
 
 
-def _run(pending: list[ShardPlan], workers: int, show: bool):
+def _run(pending: list[ShardSelection], workers: int, show: bool):
     """Run every task; yield (shard, size, sha256) as shards are finished."""
     from rich.console import Console
     from rich.progress import (
@@ -397,7 +398,7 @@ def _run(pending: list[ShardPlan], workers: int, show: bool):
     )
 
     global _PROGRESS
-    plan: Plan = _JOB["plan"]
+    selection: Selection = _JOB["selection"]
     total = sum(t.nbytes for t in _JOB["tasks"])
     columns = (
         TextColumn("quantize {task.fields[scheme]}"),
@@ -407,9 +408,9 @@ def _run(pending: list[ShardPlan], workers: int, show: bool):
         TimeRemainingColumn(),
     )
     console = Console(stderr=True)
-    schedule = _Schedule(plan, pending)
+    schedule = _Schedule(selection, pending)
     with Progress(*columns, console=console, disable=not show, transient=False) as bar:
-        task = bar.add_task("", total=total, scheme=plan.scheme.name)
+        task = bar.add_task("", total=total, scheme=selection.scheme.name)
         if workers <= 1:
             _PROGRESS = None
             _keep_freed_memory()
@@ -471,13 +472,15 @@ def _drain(q, bar, task) -> None:
 # ---- the files around the shards ----------------------------------------------
 
 
-def _finish(plan: Plan, partial: Path, state: dict) -> None:
-    config = dict(plan.config)
-    config["quantization_config"] = quantization_config(plan.scheme, plan.ignore)
+def _finish(selection: Selection, partial: Path, state: dict) -> None:
+    config = dict(selection.config)
+    config["quantization_config"] = quantization_config(
+        selection.scheme, selection.ignore
+    )
     _write_json(partial / "config.json", config)
     weight_map = {}
     total = 0
-    for shard in plan.shards:
+    for shard in selection.shards:
         for t in shard.outputs:
             weight_map[t.name] = shard.name
             total += t.nbytes
@@ -488,8 +491,8 @@ def _finish(plan: Plan, partial: Path, state: dict) -> None:
             "weight_map": dict(sorted(weight_map.items())),
         },
     )
-    skip = {s.name for s in plan.shards} | {INDEX_FILE, "config.json"}
-    for src in sorted(plan.model_dir.iterdir()):
+    skip = {s.name for s in selection.shards} | {INDEX_FILE, "config.json"}
+    for src in sorted(selection.model_dir.iterdir()):
         if src.name in skip or src.name.startswith(".") or not src.is_file():
             continue  # subdirectories (e.g. original/ consolidated weights) too
         if src.suffix in WEIGHT_SUFFIXES:
@@ -499,10 +502,10 @@ def _finish(plan: Plan, partial: Path, state: dict) -> None:
         partial / MANIFEST_FILE,
         {
             "format_version": FORMAT_VERSION,
-            "scheme": plan.scheme.name,
+            "scheme": selection.scheme.name,
             "options": state["fingerprint"]["options"],
-            "quantized_modules": len(plan.quantized),
-            "kept_tensors": dict(sorted(plan.kept.items())),
+            "quantized_modules": len(selection.quantized),
+            "kept_tensors": dict(sorted(selection.kept.items())),
             "calibration": state["calibration"],
             "shards": {k: state["shards"][k] for k in sorted(state["shards"])},
         },

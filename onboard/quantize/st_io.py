@@ -3,7 +3,7 @@
 The quantizer never holds a whole shard: it reads one tensor at a time with
 ``pread``, copies unquantized tensors file-to-file in the kernel
 (``copy_file_range``), and writes each output tensor at an offset computed from
-the plan before any data exists. That is also why output files are byte-for-byte
+the selection before any data exists. That is also why output files are byte-for-byte
 reproducible whatever order the tensors are produced in.
 
 Layout of a written file (the safetensors format): 8-byte little-endian header

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from onboard.errors import InputError
 from onboard.quantize import st_io
-from onboard.quantize.plan import Plan
+from onboard.quantize.selection import Selection
 
 SMALL_COPY = 1 << 20  # unchanged tensors below this size are copied in batches
 
@@ -31,7 +31,7 @@ class Task:
     nbytes: int  # input bytes (its cost, roughly)
 
 
-def make_tasks(plan: Plan, pending: list[str]) -> list[Task]:
+def make_tasks(selection: Selection, pending: list[str]) -> list[Task]:
     """The tasks that write the ``pending`` shards, in the order to run them.
 
     Shard by shard (a shard's file can be finished while the next is worked on),
@@ -41,15 +41,15 @@ def make_tasks(plan: Plan, pending: list[str]) -> list[Task]:
     """
     todo = set(pending)
     rank = {name: i for i, name in enumerate(pending)}
-    infos = {t.name: t for s in plan.shards for t in s.tensors}
+    infos = {t.name: t for s in selection.shards for t in s.tensors}
     tasks: list[Task] = []
     seen: set[str] = set()
-    for shard in plan.shards:
+    for shard in selection.shards:
         if shard.name not in todo:
             continue
         small: list[str] = []
         for t in shard.tensors:
-            if t.name not in plan.quantized:
+            if t.name not in selection.quantized:
                 if t.nbytes < SMALL_COPY:
                     small.append(t.name)
                 else:
@@ -57,10 +57,12 @@ def make_tasks(plan: Plan, pending: list[str]) -> list[Task]:
                 continue
             if t.name in seen:
                 continue
-            members = tuple(plan.fused_partners(t.name))
+            members = tuple(selection.fused_partners(t.name))
             seen.update(members)
             shards = tuple(
-                sorted({plan.quantized[m].shard for m in members} & todo, key=rank.get)
+                sorted(
+                    {selection.quantized[m].shard for m in members} & todo, key=rank.get
+                )
             )
             size = sum(infos[m].nbytes for m in members)
             tasks.append(Task(members, shards, True, size))
@@ -76,7 +78,7 @@ def temp_path(partial: Path, shard: str) -> Path:
 
 
 def run_task(
-    plan: Plan,
+    selection: Selection,
     task: Task,
     partial: Path,
     offsets: dict[str, dict[str, int]],
@@ -86,8 +88,8 @@ def run_task(
     """Do ``task``; return the (shard, output tensor) pairs it wrote."""
     from onboard.quantize import kernels
 
-    scheme = plan.scheme
-    planned = {s: {t.name: t for t in plan.shard(s).outputs} for s in task.shards}
+    scheme = selection.scheme
+    planned = {s: {t.name: t for t in selection.shard(s).outputs} for s in task.shards}
     fds: dict[Path, int] = {}
 
     def fd_of(path: Path, flags: int) -> int:
@@ -96,8 +98,8 @@ def run_task(
         return fds[path]
 
     def source(name: str) -> tuple[int, st_io.TensorInfo]:
-        shard = plan.tensor_shard[name]
-        return fd_of(plan.model_dir / shard, os.O_RDONLY), plan.info(name)
+        shard = selection.tensor_shard[name]
+        return fd_of(selection.model_dir / shard, os.O_RDONLY), selection.info(name)
 
     written: list[tuple[str, str]] = []
 
@@ -111,7 +113,7 @@ def run_task(
 
     def non_finite(name: str) -> InputError:
         return InputError(
-            f"{plan.model_dir / plan.tensor_shard[name]}: {name} has NaN or "
+            f"{selection.model_dir / selection.tensor_shard[name]}: {name} has NaN or "
             "infinite values (a corrupt shard?); nothing was written"
         )
 
@@ -148,7 +150,7 @@ def run_task(
                 [kernels.absmax(stats) for _, stats in weights.values()]
             )
         for m in task.names:
-            q = plan.quantized[m]
+            q = selection.quantized[m]
             if q.shard not in task.shards:
                 continue
             w, stats = weights.pop(m)

@@ -177,27 +177,27 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     if f["dense"]:
         c["inter"] = keys.need("intermediate_size")
 
-    plan: dict[str, Any] = {}
+    per_layer: dict[str, Any] = {}
     if f["sliding"]:
         c["window"] = keys.need("sliding_window")
         if keys.find("layer_types") is not None:
-            plan["sliding"] = "layer_types"
+            per_layer["sliding"] = "layer_types"
             c["layer_types"] = keys.need("layer_types")
         elif "full_attention" not in types:
-            plan["sliding"] = "all"
+            per_layer["sliding"] = "all"
         else:
-            plan["sliding"] = "pattern"
+            per_layer["sliding"] = "pattern"
             c["window_pattern"] = keys.need("sliding_window_pattern")
     if f["kv_sharing"]:
         c["kv_sharing"] = keys.need("kv_sharing_target_layers")
     if f["nope"]:
-        plan["rope"] = _rope_rule(spec, keys, arch)
+        per_layer["rope"] = _rope_rule(spec, keys, arch)
     if moe is not None:
-        plan["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
+        per_layer["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
     if f["linear"]:
-        plan["linear"] = _linear_keys(spec, keys, arch, c)
+        per_layer["linear"] = _linear_keys(spec, keys, arch, c)
 
     mlp_classes, role_class = _mlp_classes(names, f)
     return {
@@ -209,7 +209,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "n": names,
         "f": f,
         "c": c,
-        "plan": plan,
+        "per_layer": per_layer,
         "summary": _summary(spec, f),
         "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),

@@ -3,7 +3,7 @@
 Numbers about the run come only from validation.json (each with the JSON pointer
 where it lives: ``/<file index>/checks/<i>/metrics/...``); numbers about the model
 come from the spec; the KV-cache budget per target is the serving plan's
-arithmetic (:func:`onboard.plan.make_plan`), labelled as such.
+arithmetic (:func:`onboard.serving.make_deployment`), labelled as such.
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ class WeightsRow:
 
 def weight_rows(spec: ModelSpec) -> list[WeightsRow]:
     """Checkpoint bytes per scheme (the plan's arithmetic)."""
-    from onboard.plan.weights import weight_report
+    from onboard.serving.weights import weight_report
 
     rows = []
     for scheme in (PLAN_SCHEME, *spec.quantization):
@@ -337,13 +337,15 @@ def kv_budgets(
     full context: layout, per-device memory split, KV bytes per token, the
     maximum context at that concurrency and the maximum concurrency at the full
     context."""
-    from onboard.plan import make_plan
+    from onboard.serving import make_deployment
 
     out = []
     for target in targets if targets is not None else spec.targets:
         row = TargetBudget(target)
         try:
-            plan = make_plan(spec, target, PLAN_SCHEME, concurrency=PLAN_CONCURRENCY)
+            plan = make_deployment(
+                spec, target, PLAN_SCHEME, concurrency=PLAN_CONCURRENCY
+            )
         except InputError as exc:
             row.error = str(exc)
             out.append(row)

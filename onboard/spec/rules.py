@@ -926,7 +926,7 @@ def _name_rules(spec: ModelSpec, report: Report) -> None:
 
 
 def _keep_unquantized_rules(spec: ModelSpec, report: Report) -> None:
-    # The same reading as quantize's (onboard/quantize/plan.py), so an entry that
+    # The same reading as quantize's (onboard/quantize/selection.py), so an entry that
     # passes here cannot fail there.
     for i, entry in enumerate(spec.keep_unquantized):
         where: Path = ("keep_unquantized", i)

@@ -4,7 +4,7 @@ The main engine reports, when it is ready, the KV-cache spec vLLM gave each
 attention layer (``engine_probes.kv_cache_info``: page bytes / block size per
 layer, and the layers that read another layer's cache), and each linear-attention
 layer's state spec (its shapes, dtypes and bytes per sequence). The same numbers
-follow from the spec alone (``onboard.plan.kv.kv_report``, the serving plan's
+follow from the spec alone (``onboard.serving.kv.kv_report``, the serving plan's
 arithmetic) at the engine's dtypes. The check passes when they agree exactly:
 per layer (bytes per token, cache kind, which layer a KV-sharing layer reads;
 state bytes per sequence and shapes) and in total, with and without sharing.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from onboard.plan.kv import KV_DTYPE_BYTES, KVReport, kv_report
+from onboard.serving.kv import KV_DTYPE_BYTES, KVReport, kv_report
 from onboard.validate.results import Check
 
 # vLLM's KV-cache spec class per cache kind of the plan.

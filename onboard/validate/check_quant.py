@@ -112,7 +112,7 @@ GUARDED = {
     # Sparse MLA's indexer: its projections pick the tokens MLA attends to.
     "indexer": ("role indexer_wq_b", "role indexer_wk", "role indexer_weights_proj",
                 "role indexer_k_norm"),
-    # checkpoint.fused: experts (onboard.quantize.plan.STACKED_EXPERTS_KEPT)
+    # checkpoint.fused: experts (onboard.quantize.selection.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
 
@@ -394,15 +394,17 @@ def untouched_tensors(
     count embeddings, output head, norms and routers among them."""
     from safetensors import safe_open
 
-    from onboard.quantize.plan import make_plan
     from onboard.quantize.schemes import get_scheme
+    from onboard.quantize.selection import make_selection
 
     manifest = qdir / "onboard-quantize.json"
     include_mtp = False
     if manifest.is_file():
         options = json.loads(manifest.read_text()).get("options", {})
         include_mtp = bool(options.get("include_mtp"))
-    plan = make_plan(base_dir, spec, get_scheme(scheme), include_mtp=include_mtp)
+    selection = make_selection(
+        base_dir, spec, get_scheme(scheme), include_mtp=include_mtp
+    )
     located = {}
     for shard in sorted(qdir.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
@@ -410,11 +412,11 @@ def untouched_tensors(
     problems: list[str] = []
     counts = dict.fromkeys(GUARDED, 0)
     counts["other"] = 0
-    for name, why in sorted(plan.kept.items()):
+    for name, why in sorted(selection.kept.items()):
         if name not in located:
             problems.append(f"{name} ({why}) is missing from the quantized checkpoint")
             continue
-        same = _read(plan.model_dir / plan.tensor_shard[name], name) == _read(
+        same = _read(selection.model_dir / selection.tensor_shard[name], name) == _read(
             located[name], name
         )
         if not same:
@@ -434,7 +436,7 @@ def untouched_tensors(
         f"no {g} found among the unchanged tensors" for g in must if not counts[g]
     ]
     # Modules whose weight is kept (a quantized projection keeps its bias).
-    modules = {n.rsplit(".", 1)[0] for n in plan.kept if n.endswith(".weight")}
+    modules = {n.rsplit(".", 1)[0] for n in selection.kept if n.endswith(".weight")}
     leaked = [
         n for n in located if n.rsplit(".", 1)[0] in modules and n.endswith("_scale")
     ]

@@ -119,10 +119,10 @@ def _serve_flags(
     """The serving plan's `vllm serve` flags (layout, limits) for the target, and
     with ``disaggregate`` ("P:D") the prefill/decode layout: each side's flags
     (its --port left to run.sh) and the plan's P/D record."""
-    from onboard.plan import make_plan
+    from onboard.serving import make_deployment
 
     context = min(spec.max_position_embeddings, MAX_CONTEXT)
-    plan = make_plan(
+    plan = make_deployment(
         spec,
         profile,
         "bf16",
@@ -144,7 +144,7 @@ def _serve_flags(
     pd = plan.pd_layout
     sides = {}
     for role in (pd.prefill, pd.decode):
-        flags = list(role.plan.argv[3:])
+        flags = list(role.deployment.argv[3:])
         i = flags.index("--port")
         sides[role.role] = {"flags": flags[:i] + flags[i + 2 :], "port": role.port}
     return argv[3:], {"split": disaggregate, "sides": sides, "plan": pd.to_dict()}
@@ -154,7 +154,7 @@ def _pd_env(pd: dict[str, Any] | None) -> dict[str, Any]:
     """manifest.env's P/D entries: PD_SPLIT empty for a single deployment."""
     if pd is None:
         return {"PD_SPLIT": ""}
-    from onboard.plan.disagg import PROXY_URL
+    from onboard.serving.disagg import PROXY_URL
 
     out: dict[str, Any] = {"PD_SPLIT": pd["split"], "PD_PROXY_URL": PROXY_URL}
     for role, side in pd["sides"].items():

@@ -424,10 +424,10 @@ class Glm5StyleAttention(nn.Module):
 
 
 class Glm5StyleDecoderLayer(nn.Module):
-    """A decoder layer. Its plan comes from the caller: whether its MLP is the MoE block
-    (else the dense MLP). The model reads it per layer from the config; the MTP draft
-    sets it for its blocks, whose layer indices lie past the config's per-layer
-    fields.
+    """A decoder layer. What differs by layer comes from the caller: whether its MLP is
+    the MoE block (else the dense MLP). The model reads it per layer from the config;
+    the MTP draft sets it for its blocks, whose layer indices lie past the config's
+    per-layer fields.
     """
 
     def __init__(

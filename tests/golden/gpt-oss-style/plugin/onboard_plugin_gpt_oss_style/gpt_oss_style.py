@@ -226,8 +226,8 @@ class GptOssAttention(nn.Module):
 
 
 class GptOssDecoderLayer(nn.Module):
-    """A decoder layer. Its plan comes from the caller (the model reads it per layer
-    from the config): its sliding window (None: full attention).
+    """A decoder layer. What differs by layer comes from the caller (the model reads it
+    per layer from the config): its sliding window (None: full attention).
     """
 
     def __init__(

@@ -483,9 +483,9 @@ class MistralLarge4StyleAttention(nn.Module):
 
 
 class MistralLarge4StyleDecoderLayer(nn.Module):
-    """A decoder layer. Its plan comes from the caller (the model reads it per layer
-    from the config): whether its MLP is the MoE block (else the dense MLP) and the
-    earlier layer whose KV cache it reads (None: its own).
+    """A decoder layer. What differs by layer comes from the caller (the model reads it
+    per layer from the config): whether its MLP is the MoE block (else the dense MLP)
+    and the earlier layer whose KV cache it reads (None: its own).
     """
 
     def __init__(

@@ -77,17 +77,18 @@ def _init(init, mla_attention: type):
         target = forward_context.get(target_name)
         problem = None
         if not isinstance(target, mla_attention) or target is self:
-            problem = "is not an earlier MLA attention layer"
+            problem = (
+                f"KV sharing target {target_name} of {self.layer_name} is not an "
+                "earlier MLA attention layer"
+            )
         elif target.head_size != self.head_size:
             problem = (
-                f"caches {target.head_size} values per token, {self.layer_name} "
-                f"expects {self.head_size}"
+                f"KV sharing target {target_name} caches {target.head_size} values "
+                f"per token, {self.layer_name} expects {self.head_size}"
             )
         if problem is not None:
             del forward_context[self.layer_name]  # a refused layer leaves no trace
-            raise ValueError(
-                f"KV sharing target {target_name} of {self.layer_name} {problem}"
-            )
+            raise ValueError(problem)
 
     return __init__
 

@@ -317,11 +317,11 @@ class NovelLaunchAttention(nn.Module):
 
 
 class NovelLaunchDecoderLayer(nn.Module):
-    """A decoder layer. Its plan comes from the caller: whether its MLP is the MoE block
-    (else the dense MLP), its sliding window (None: full attention) and the earlier
-    layer whose KV cache it reads (None: its own). The model reads it per layer from
-    the config; the MTP draft sets it for its blocks, whose layer indices lie past
-    the config's per-layer fields.
+    """A decoder layer. What differs by layer comes from the caller: whether its MLP is
+    the MoE block (else the dense MLP), its sliding window (None: full attention) and
+    the earlier layer whose KV cache it reads (None: its own). The model reads it per
+    layer from the config; the MTP draft sets it for its blocks, whose layer indices
+    lie past the config's per-layer fields.
     """
 
     def __init__(

@@ -294,10 +294,10 @@ class Qwen3NextStyleAttention(nn.Module):
 
 
 class Qwen3NextStyleDecoderLayer(nn.Module):
-    """A decoder layer. Its plan comes from the caller: whether its token mixer is
-    linear attention (else attention). The model reads it per layer from the config;
-    the MTP draft sets it for its blocks, whose layer indices lie past the config's
-    per-layer fields.
+    """A decoder layer. What differs by layer comes from the caller: whether its token
+    mixer is linear attention (else attention). The model reads it per layer from the
+    config; the MTP draft sets it for its blocks, whose layer indices lie past the
+    config's per-layer fields.
     """
 
     def __init__(

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from onboard.plan import make_plan
-from onboard.plan.kv import kv_report
-from onboard.plan.render import render_plan
-from onboard.plan.weights import LINEAR_ROLES, quantized_bytes, weight_report
+from onboard.serving import make_deployment
+from onboard.serving.kv import kv_report
+from onboard.serving.render import render_plan
+from onboard.serving.weights import LINEAR_ROLES, quantized_bytes, weight_report
 from onboard.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_deepseek_kv_cache_by_hand(deepseek):
 def test_deepseek_b200_fp8_block_by_hand(deepseek):
     """8 x B200: TP8 x EP8 with DCP8. Four devices cannot hold the weights; TP8
     alone holds 8 copies of the latent cache, too many for 16 full contexts."""
-    plan = make_plan(
+    plan = make_deployment(
         deepseek, "b200", "fp8-block", context=CONTEXT, concurrency=CONCURRENCY
     )
     groups = hand_groups(fp8_block)
@@ -219,7 +219,7 @@ def test_deepseek_b200_fp8_block_by_hand(deepseek):
 
 def test_deepseek_b200_nvfp4_by_hand(deepseek):
     """NVFP4 halves the bytes again: four B200s, TP4 x EP4 with DCP4."""
-    plan = make_plan(
+    plan = make_deployment(
         deepseek, "b200", "nvfp4", context=CONTEXT, concurrency=CONCURRENCY
     )
     groups = hand_groups(nvfp4)
@@ -241,7 +241,7 @@ def test_deepseek_b200_nvfp4_by_hand(deepseek):
 def test_deepseek_mi355x_mxfp4_by_hand(deepseek):
     """288 GB MI355X: two devices hold the MXFP4 weights but not 16 full contexts
     (even with DCP2 or DP attention); four do, TP4 x EP4 with DCP4."""
-    plan = make_plan(
+    plan = make_deployment(
         deepseek, "mi355x", "mxfp4", context=CONTEXT, concurrency=CONCURRENCY
     )
     groups = hand_groups(mxfp4)
@@ -279,7 +279,7 @@ def test_deepseek_mi355x_fp8_block_by_hand(deepseek):
     """The same FP8-block checkpoint as on 8 x B200 fits four 288 GB MI355X:
     TP4 x EP4 holds the weights; 16 full contexts need DCP4 (four latent copies
     otherwise)."""
-    plan = make_plan(
+    plan = make_deployment(
         deepseek, "mi355x", "fp8-block", context=CONTEXT, concurrency=CONCURRENCY
     )
     groups = hand_groups(fp8_block)
@@ -318,7 +318,7 @@ def test_dense_gqa_on_h100_by_hand():
         + h  # norms
     )
     assert params == 8_030_261_248
-    plan = make_plan(spec, "h100", context=131072, concurrency=1)
+    plan = make_deployment(spec, "h100", context=131072, concurrency=1)
     assert plan.weights.total_bytes == 2 * params
     per_token = n * 2 * kv_heads * hd * 2  # 2 (K and V) x heads x dim x bf16
     assert plan.kv.bytes_per_token == per_token == 131_072
@@ -357,8 +357,8 @@ def test_dcp_rule():
     num_kv_heads; refused with sliding windows (vLLM asserts); long or
     non-fitting contexts otherwise."""
     from onboard.arch import build_plan
-    from onboard.plan import dcp_decision
-    from onboard.plan.layout import Layout
+    from onboard.serving import dcp_decision
+    from onboard.serving.layout import Layout
     from onboard.targets import get_target
 
     b200 = get_target("b200")
@@ -384,13 +384,13 @@ def test_dcp_rule():
     assert dcp_decision(arch2, kv2, b200, Layout(tp=8), False, 8192).pays
     rocm = dcp_decision(arch2, kv2, get_target("mi355x"), Layout(tp=8), False, 8192)
     assert not rocm.pays and "LSE" in rocm.reason
-    plan = make_plan(novel, "b200", "fp8-dynamic", context=262144, concurrency=8)
+    plan = make_deployment(novel, "b200", "fp8-dynamic", context=262144, concurrency=8)
     assert plan.layout is not None and plan.layout.dcp == 1
 
 
 def test_pd_disaggregation_rule():
     spec = load_spec(SPECS / "deepseek-v3-style.yaml")
-    long = make_plan(spec, "b200", "nvfp4", context=131072, concurrency=8)
+    long = make_deployment(spec, "b200", "nvfp4", context=131072, concurrency=8)
     # 131,072 - 1,024 = 130,048 prompt tokens: 8 prefill steps of 16,384.
     assert long.pd.pays and "8 prefill step(s)" in long.pd.reason
     assert [role for role, _ in long.pd_commands] == [
@@ -400,20 +400,20 @@ def test_pd_disaggregation_rule():
     for _, argv in long.pd_commands:
         config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
         assert config == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    short = make_plan(spec, "b200", "nvfp4", context=8192, concurrency=64)
+    short = make_deployment(spec, "b200", "nvfp4", context=8192, concurrency=64)
     assert not short.pd.pays and not short.pd_commands
 
 
 def test_multi_node_layouts():
     spec = load_spec(SPECS / "deepseek-v3-style.yaml")
-    plan = make_plan(spec, "h100", context=4096, concurrency=1)  # bf16, 1.34 TB
+    plan = make_deployment(spec, "h100", context=4096, concurrency=1)  # bf16, 1.34 TB
     lay = plan.layout
     assert lay.tp == 8 and lay.ep and lay.devices > 8 and plan.nodes == lay.devices // 8
     assert "--data-parallel-size" in plan.argv
     assert any("--headless" in note for note in plan.notes)
     dense = load_spec(SPECS / "dense-gqa.yaml")
     big = dense.model_copy(update={"num_hidden_layers": 1400})  # ~300 B params
-    plan = make_plan(big, "h100", context=8192)
+    plan = make_deployment(big, "h100", context=8192)
     assert plan.layout.pp > 1 and plan.layout.tp == 8
     assert "--pipeline-parallel-size" in plan.argv
 
@@ -422,7 +422,7 @@ def test_nodes_gives_the_ray_multi_node_commands():
     """--nodes N: exactly N nodes' devices, served as vLLM's multi-node docs do it,
     through a Ray cluster (ray start on every node, one command on the head)."""
     spec = load_spec(SPECS / "deepseek-v3-style.yaml")
-    plan = make_plan(spec, "b300", "nvfp4", context=8192, nodes=2)
+    plan = make_deployment(spec, "b300", "nvfp4", context=8192, nodes=2)
     lay = plan.layout
     assert lay.devices == 16 and plan.nodes == 2 and lay.ep and lay.dp > 1
     argv = plan.argv
@@ -443,13 +443,13 @@ def test_nodes_gives_the_ray_multi_node_commands():
     # A dense model over 3 nodes: TP8 x PP3 through the Ray executor.
     dense = load_spec(SPECS / "dense-gqa.yaml")
     big = dense.model_copy(update={"num_hidden_layers": 1400})
-    plan = make_plan(big, "b300", context=8192, nodes=3)
+    plan = make_deployment(big, "b300", context=8192, nodes=3)
     assert (plan.layout.tp, plan.layout.pp, plan.nodes) == (8, 3, 3)
     argv = plan.argv
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "3"
     # One node: no cluster to start.
-    one = make_plan(spec, "b300", "nvfp4", context=8192, nodes=1)
+    one = make_deployment(spec, "b300", "nvfp4", context=8192, nodes=1)
     assert one.layout.devices == 8 and not one.ray_commands
     assert "ray" not in one.argv
 
@@ -459,9 +459,9 @@ def test_nodes_refusals():
 
     spec = load_spec(SPECS / "dense-gqa.yaml")
     with pytest.raises(InputError, match="serves from one node"):
-        make_plan(spec, "cpu", nodes=2)
+        make_deployment(spec, "cpu", nodes=2)
     with pytest.raises(InputError, match="--nodes must be at least 1"):
-        make_plan(spec, "b300", nodes=0)
+        make_deployment(spec, "b300", nodes=0)
     # Too few nodes for the model: no layout, exit 1 from the CLI.
     ds = str(SPECS / "deepseek-v3-style.yaml")
     res = _plan_cli(ds, "--target", "h100", "--context", "4096", "--nodes", "1")
@@ -472,11 +472,11 @@ def test_nodes_refusals():
 
 
 def test_linear_roles_and_scheme_bytes_match_onboard_quantize():
-    from onboard.quantize import plan as qplan
+    from onboard.quantize import selection as qselection
     from onboard.quantize.kernels import output_tensors
     from onboard.quantize.schemes import SCHEMES
 
-    assert LINEAR_ROLES == qplan.LINEAR_ROLES
+    assert LINEAR_ROLES == qselection.LINEAR_ROLES
     size = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4}
     for name, scheme in SCHEMES.items():
         for shape in ((2048, 7168), (576, 7168), (7168, 2048), (130, 96), (1, 32)):
@@ -575,8 +575,8 @@ def engine_and_plan(request):
     """ONE vLLM CPU engine per tiny checkpoint, built as the cpu plan says: float32,
     the plan's context, concurrency, batch size and VLLM_CPU_KVCACHE_SPACE."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
-    from onboard.plan.serve import vllm_knows
     from onboard.runtime.engine import Engine, EngineOptions, read_plugin
+    from onboard.serving.serve import vllm_knows
 
     name = request.param
     # Its own directory: pytest prunes old base temp dirs when other sessions of
@@ -588,7 +588,7 @@ def engine_and_plan(request):
         load_spec(SPECS / f"{name}.yaml"), work / "ckpt", dtype="float32"
     )
     spec = load_spec(ckpt / "spec.yaml")
-    plan = make_plan(
+    plan = make_deployment(
         spec, "cpu", context=256, concurrency=2, dtype="float32", model=str(ckpt)
     )
     plugin = None

@@ -6,7 +6,7 @@ rank (expert parallel, EP; MoE models only), pipeline stages (PP; dense models
 across domains) and decode context parallelism (DCP: the KV cache of each request
 sharded over the TP ranks that would otherwise hold copies of it).
 
-Per device: weights (see :class:`onboard.plan.weights.WeightReport`), a reserve
+Per device: weights (see :class:`onboard.serving.weights.WeightReport`), a reserve
 (non-torch memory, activations, logits) and the KV cache of the requests that
 rank serves. The rules are written out in :func:`reserve_bytes` and
 :meth:`Layout.kv_bytes_per_request`.
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 
 from onboard.arch import ArchPlan
-from onboard.plan.kv import KVReport
-from onboard.plan.weights import WeightReport
+from onboard.serving.kv import KVReport
+from onboard.serving.weights import WeightReport
 from onboard.spec.model import ModelSpec
 
 GiB = 1 << 30

@@ -3,7 +3,7 @@
 Every tensor comes from :func:`onboard.checkpoint.tiny.plan_tensors` (the same
 list the checkpoint writer uses, at the spec's real dimensions) and is judged
 quantized or kept exactly as ``onboard quantize`` judges it
-(:mod:`onboard.quantize.plan`): decoder linear projections are quantized;
+(:mod:`onboard.quantize.selection`): decoder linear projections are quantized;
 embeddings, the output head, norms, routers, the shared-expert gate, MTP heads and
 the spec's ``keep_unquantized`` stay 16-bit. A quantized weight's bytes are those
 of the tensors ``onboard quantize`` writes for it (packed values, scales, global
@@ -113,7 +113,7 @@ class WeightReport:
     # Tensors `onboard quantize` gives a task of their own (quantized weights and
     # kept tensors of at least SMALL_COPY bytes in the 16-bit checkpoint); with
     # source_bytes (the 16-bit checkpoint, MTP heads included), what
-    # onboard.plan.quantize_time predicts from.
+    # onboard.serving.quantize_time predicts from.
     own_tasks: int = 0
     source_bytes: int = 0
 
@@ -282,7 +282,7 @@ def _qkv_parts(
 
 class _Marks:
     """The spec's keep_unquantized entries (roles, module paths, ``re:`` regexes),
-    read as onboard.quantize.plan reads them."""
+    read as onboard.quantize.selection reads them."""
 
     def __init__(self, spec: ModelSpec):
         self.roles: set[str] = set()

@@ -11,7 +11,7 @@ gated norm and b/a projections, MTP heads
 in 16 bits are listed in the config's ``ignore`` so that vLLM builds them
 unquantized.
 
-The plan also fixes the output files before any data is read: the same shard
+The selection also fixes the output files before any data is read: the same shard
 names as the input, and in each, every output tensor's dtype, shape and offset.
 """
 
@@ -85,7 +85,7 @@ class Quantized:
 
 
 @dataclass
-class ShardPlan:
+class ShardSelection:
     name: str
     path: Path
     tensors: list[st_io.TensorInfo]
@@ -97,10 +97,10 @@ class ShardPlan:
 
 
 @dataclass
-class Plan:
+class Selection:
     model_dir: Path
     scheme: Scheme
-    shards: list[ShardPlan]
+    shards: list[ShardSelection]
     quantized: dict[str, Quantized]  # by tensor name (module + ".weight")
     ignore: list[str]  # Linear modules kept in 16 bits
     kept: dict[str, str]  # tensor name -> why it is copied unchanged
@@ -116,7 +116,7 @@ class Plan:
             return [name]
         return self.fused[q.fused_key]
 
-    def shard(self, name: str) -> ShardPlan:
+    def shard(self, name: str) -> ShardSelection:
         return self._shards_by_name[name]
 
     def info(self, tensor: str) -> st_io.TensorInfo:
@@ -124,7 +124,7 @@ class Plan:
         return self._infos[tensor]
 
     @cached_property
-    def _shards_by_name(self) -> dict[str, ShardPlan]:
+    def _shards_by_name(self) -> dict[str, ShardSelection]:
         return {s.name: s for s in self.shards}
 
     @cached_property
@@ -157,7 +157,7 @@ def _marks(layout: TensorLayout) -> tuple[set[str], set[str], list[re.Pattern]]:
     return roles, paths, regexes
 
 
-def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
+def read_checkpoint(model_dir: Path) -> tuple[list[ShardSelection], dict]:
     """Shard files (validated headers) and config.json of a checkpoint directory."""
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: not a directory")
@@ -186,7 +186,7 @@ def read_checkpoint(model_dir: Path) -> tuple[list[ShardPlan], dict]:
         if not path.is_file():
             raise InputError(f"{index_path}: names {name}, which is missing")
         infos, _meta = st_io.read_header(path)
-        shards.append(ShardPlan(name, path, infos))
+        shards.append(ShardSelection(name, path, infos))
     if weight_map is not None:
         have = {t.name: s.name for s in shards for t in s.tensors}
         for tensor, shard in weight_map.items():
@@ -208,14 +208,14 @@ def _kda_layers(spec: ModelSpec | None) -> frozenset[int]:
     return frozenset(i for i, k in enumerate(kinds) if k == "linear_attention")
 
 
-def make_plan(
+def make_selection(
     model_dir: Path,
     spec: ModelSpec | None,
     scheme: Scheme,
     *,
     include_mtp: bool = False,
-) -> Plan:
-    """The plan for ``spec``'s checkpoint in ``model_dir``; without a spec, for the
+) -> Selection:
+    """The selection for ``spec``'s checkpoint in ``model_dir``; without a spec, for the
     layout the checkpoint's names and config.json show (see layout.py)."""
     shards, config = read_checkpoint(model_dir)
     if spec is not None:
@@ -309,7 +309,7 @@ def make_plan(
                 )
             else:
                 shard.outputs.append(st_io.OutTensor(t.name, t.dtype, t.shape))
-    return Plan(
+    return Selection(
         model_dir,
         scheme,
         shards,
@@ -395,7 +395,7 @@ def _fused_parts(role: str, rows: int, config: dict) -> list[tuple[str, int]]:
 
 
 def _check_quantizable(
-    t: st_io.TensorInfo, shard: ShardPlan, scheme: Scheme, role: str
+    t: st_io.TensorInfo, shard: ShardSelection, scheme: Scheme, role: str
 ) -> None:
     where = f"{shard.path}: {t.name}"
     if t.dtype not in st_io.FLOAT_INPUTS:

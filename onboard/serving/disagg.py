@@ -1,8 +1,8 @@
 """Prefill/decode disaggregation over N nodes: which nodes prefill, which decode.
 
-``onboard plan --nodes N --disaggregate P:D`` splits the N nodes into P prefill
+``onboard deployment --nodes N --disaggregate P:D`` splits the N nodes into P prefill
 and D decode nodes (P + D = N). Each role is one vLLM deployment planned as
-``onboard plan --nodes P`` (and ``--nodes D``) plans one: the first layout of
+``onboard deployment --nodes P`` (and ``--nodes D``) plans one: the first layout of
 exactly that many nodes' devices that holds the weights and the requested KV
 cache (TP inside a node, DP x EP or PP across nodes, through a Ray cluster of the
 role's nodes when it spans several). Both serve with vLLM's NIXL connector
@@ -100,18 +100,19 @@ class PDEstimate:
         return dict(self.__dict__)
 
 
-def active_params(plan) -> int:
+def active_params(deployment) -> int:
     """Parameters one token runs through: all but the routed experts it skips."""
-    w = plan.weights
+    w = deployment.weights
     routed = w.groups.get("routed experts")
-    if routed is None or not plan.arch.moe:
+    if routed is None or not deployment.arch.moe:
         return w.total_params
-    k, e = plan.arch.moe.num_experts_per_tok, plan.arch.moe.num_experts
+    k, e = deployment.arch.moe.num_experts_per_tok, deployment.arch.moe.num_experts
     return w.total_params - routed.params + routed.params * k // e
 
 
 def estimate(prefill, decode, p_nodes: int, d_nodes: int, figures: Figures):
-    """PDEstimate of a prefill plan on p_nodes and a decode plan on d_nodes."""
+    """PDEstimate of a prefill deployment on p_nodes and a decode deployment on
+    d_nodes."""
     prompt = max(0, prefill.context - prefill.output_len)
     kv = prefill.kv
     est = PDEstimate(
@@ -151,11 +152,11 @@ def estimate(prefill, decode, p_nodes: int, d_nodes: int, figures: Figures):
 class PDRole:
     role: str  # "prefill" | "decode"
     first_node: int
-    plan: object  # the role's ServingPlan (nodes_requested = its node count)
+    deployment: object  # the role's Deployment (nodes_requested = its node count)
 
     @property
     def nodes(self) -> range:
-        return range(self.first_node, self.first_node + self.plan.nodes)
+        return range(self.first_node, self.first_node + self.deployment.nodes)
 
     @property
     def port(self) -> int:
@@ -164,27 +165,27 @@ class PDRole:
     def commands(self) -> list[tuple[str, dict[str, str], list[str]]]:
         """(where, env, argv) of this role, in order: its Ray cluster (when it
         spans several nodes), then vllm serve on its first node."""
-        plan = self.plan
+        deployment = self.deployment
         head = f"node {self.first_node}"
         out: list[tuple[str, dict[str, str], list[str]]] = []
-        for where, argv in plan.ray_commands:
+        for where, argv in deployment.ray_commands:
             if where == "on the head node":
                 where = f"{self.role}: on {head} (its Ray head)"
             else:
                 where = f"{self.role}: on {_nodes_text(self.nodes[1:])}"
                 argv = [a.replace("<head node IP>", f"<{head} IP>") for a in argv]
             out.append((where, {}, argv))
-        env = {**plan.env, "VLLM_NIXL_SIDE_CHANNEL_HOST": f"<{head} IP>"}
-        out.append((f"{self.role}: on {head}", env, list(plan.argv)))
+        env = {**deployment.env, "VLLM_NIXL_SIDE_CHANNEL_HOST": f"<{head} IP>"}
+        out.append((f"{self.role}: on {head}", env, list(deployment.argv)))
         return out
 
     def describe(self) -> str:
-        layout = self.plan.layout
+        layout = self.deployment.layout
         ep = (
             f"EP {layout.tp * layout.dp}"
             if layout.ep
             else "no EP (dense)"
-            if not self.plan.arch.moe
+            if not self.deployment.arch.moe
             else "experts split over TP"
         )
         return (
@@ -203,7 +204,7 @@ class PDLayout:
     def to_dict(self) -> dict:
         roles = {}
         for r in (self.prefill, self.decode):
-            layout = r.plan.layout
+            layout = r.deployment.layout
             roles[r.role] = {
                 "nodes": list(r.nodes),
                 "layout": layout.name,
@@ -230,7 +231,7 @@ class PDLayout:
 
 def add_nixl(role: PDRole, nixl_config: str) -> None:
     """The role's serve command with the NIXL connector on its own port."""
-    role.plan.argv += [
+    role.deployment.argv += [
         "--kv-transfer-config",
         nixl_config,
         "--port",

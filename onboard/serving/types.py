@@ -1,6 +1,7 @@
-"""The serving plan :func:`onboard.plan.make_plan` computes: a record of its own
-module so that the modules filling and writing it (``serve``, ``render``) import
-it from below instead of from the package that imports them."""
+"""The deployment :func:`onboard.serving.make_deployment` computes: a record of
+its own module so that the modules filling and writing it (``serve``,
+``render``) import it from below instead of from the package that imports
+them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onboard.arch import ArchPlan
-from onboard.plan.kv import KVReport
-from onboard.plan.layout import DeviceMemory, Layout
-from onboard.plan.weights import WeightReport
+from onboard.serving.kv import KVReport
+from onboard.serving.layout import DeviceMemory, Layout
+from onboard.serving.weights import WeightReport
 from onboard.spec.model import ModelSpec
 from onboard.targets import SchemeSupport, TargetProfile
 
@@ -23,9 +24,9 @@ class Decision:
 
 
 @dataclass
-class ServingPlan:
+class Deployment:
     spec: ModelSpec
-    arch: ArchPlan  # the spec's architecture plan
+    arch: ArchPlan  # the spec's architecture deployment
     target: TargetProfile
     scheme: str
     support: SchemeSupport
@@ -58,8 +59,8 @@ class ServingPlan:
     # whose start commands (where to run, argv) come first.
     nodes_requested: int | None = None
     ray_commands: list[tuple[str, list[str]]] = field(default_factory=list)
-    # --disaggregate: the prefill/decode layout (onboard.plan.disagg.PDLayout);
-    # --node-gbps: the quantize-time prediction (onboard.plan.quantize_time).
+    # --disaggregate: the prefill/decode layout (onboard.serving.disagg.PDLayout);
+    # --node-gbps: the quantize-time prediction (onboard.serving.quantize_time).
     pd_layout: Any = None
     quantize_time: Any = None
 
@@ -74,7 +75,7 @@ class ServingPlan:
         return math.ceil(self.layout.devices / self.target.devices_per_node)
 
     def to_dict(self) -> dict:
-        """The plan's numbers, for JSON output and reports."""
+        """The deployment's numbers, for JSON output and reports."""
         layout = self.layout
         return {
             "spec": self.spec.name,

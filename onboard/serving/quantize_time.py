@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from onboard.errors import InputError
-from onboard.plan.weights import weight_report
+from onboard.serving.weights import weight_report
 from onboard.spec.model import ModelSpec
 
 # benchmarks/ray_scaling.py, run of 4 December 2026 on a 2-core machine (table and

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 
 from onboard.errors import InputError
-from onboard.plan import make_plan
-from onboard.plan.disagg import (
+from onboard.serving import make_deployment
+from onboard.serving.disagg import (
     DECODE_PORT,
     PREFILL_PORT,
     Figures,
     active_params,
     parse_ratio,
 )
-from onboard.plan.quantize_time import RAY_FIT, SHARD_BYTES, quantize_time
-from onboard.plan.render import render_plan
-from onboard.plan.weights import weight_report
+from onboard.serving.quantize_time import RAY_FIT, SHARD_BYTES, quantize_time
+from onboard.serving.render import render_plan
+from onboard.serving.weights import weight_report
 from onboard.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +69,8 @@ def test_quantize_task_count_matches_the_worker(tmp_path):
     tiny checkpoint: one per quantized weight (fp8-dynamic fuses nothing), the
     kept tensors batched per shard."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
-    from onboard.quantize.plan import make_plan as quant_plan
     from onboard.quantize.schemes import get_scheme
+    from onboard.quantize.selection import make_selection as quant_plan
     from onboard.quantize.worker import make_tasks
 
     spec = load_spec(SPECS / "dense-gqa.yaml")
@@ -134,17 +134,17 @@ def test_quantize_time_cli_and_refusals():
 
 def test_disaggregated_layout_and_commands():
     spec = load_spec(DSV3)
-    plan = make_plan(
+    plan = make_deployment(
         spec, "b300", "nvfp4", context=8192, concurrency=64, disaggregate="1:3"
     )
     pd = plan.pd_layout
     assert list(pd.prefill.nodes) == [0] and list(pd.decode.nodes) == [1, 2, 3]
-    assert pd.prefill.plan.layout.devices == 8
-    assert pd.decode.plan.layout.devices == 24 and pd.decode.plan.layout.ep
-    assert plan is pd.decode.plan  # the decode side holds the requested load
+    assert pd.prefill.deployment.layout.devices == 8
+    assert pd.decode.deployment.layout.devices == 24 and pd.decode.deployment.layout.ep
+    assert plan is pd.decode.deployment  # the decode side holds the requested load
     nixl = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
     for role, port in ((pd.prefill, PREFILL_PORT), (pd.decode, DECODE_PORT)):
-        argv = role.plan.argv
+        argv = role.deployment.argv
         assert argv[argv.index("--kv-transfer-config") + 1] == nixl
         assert argv[argv.index("--port") + 1] == str(port)
         commands = role.commands()
@@ -170,7 +170,7 @@ def test_disaggregated_layout_and_commands():
 def test_disaggregated_estimates_by_hand():
     spec = load_spec(DSV3)
     figures = Figures(link_gbps=50, device_tflops=2000, hbm_tbps=8)
-    plan = make_plan(
+    plan = make_deployment(
         spec,
         "b300",
         "nvfp4",
@@ -212,18 +212,18 @@ def test_disaggregate_refusals():
         with pytest.raises(InputError, match="--disaggregate: expected P:D"):
             parse_ratio(ratio)
     with pytest.raises(InputError, match="but --nodes is 3"):
-        make_plan(spec, "b300", context=8192, nodes=3, disaggregate="1:3")
+        make_deployment(spec, "b300", context=8192, nodes=3, disaggregate="1:3")
     with pytest.raises(InputError, match="no NIXL transfer"):
-        make_plan(load_spec(SPECS / "dense-gqa.yaml"), "cpu", disaggregate="1:1")
+        make_deployment(load_spec(SPECS / "dense-gqa.yaml"), "cpu", disaggregate="1:1")
     with pytest.raises(InputError, match="give them with --disaggregate"):
-        make_plan(spec, "b300", context=8192, figures=Figures(link_gbps=50))
+        make_deployment(spec, "b300", context=8192, figures=Figures(link_gbps=50))
     with pytest.raises(InputError, match="--hbm-tbps must be a positive"):
-        make_plan(
+        make_deployment(
             spec, "b300", context=8192, disaggregate="1:1", figures=Figures(hbm_tbps=-1)
         )
     # bf16 DeepSeek-V3 (1.34 TB) does not fit one h100 node: that side is named.
     with pytest.raises(InputError, match="prefill side's 1 node"):
-        make_plan(spec, "h100", context=4096, disaggregate="1:2")
+        make_deployment(spec, "h100", context=4096, disaggregate="1:2")
     res = _cli(str(DSV3), "--target", "b300", "--disaggregate", "3")
     assert res.returncode == 2 and "expected P:D" in res.stderr + res.stdout
     assert "Traceback" not in res.stderr

@@ -1,12 +1,12 @@
-"""`onboard plan`: how to serve a spec on a hardware target, with the arithmetic.
+"""`onboard deployment`: how to serve a spec on a hardware target, with the arithmetic.
 
-``make_plan`` computes, from the spec and the target profile: weight bytes for the
-scheme (:mod:`onboard.plan.weights`), KV-cache bytes per token
-(:mod:`onboard.plan.kv`), the smallest layout whose devices hold weights, reserve
+``make_deployment`` computes, from the spec and the target profile: weight bytes for the
+scheme (:mod:`onboard.serving.weights`), KV-cache bytes per token
+(:mod:`onboard.serving.kv`), the smallest layout whose devices hold weights, reserve
 and the KV cache of ``concurrency`` requests of ``context`` tokens
-(:mod:`onboard.plan.layout`), the maximum context at that concurrency, whether
+(:mod:`onboard.serving.layout`), the maximum context at that concurrency, whether
 decode context parallelism or prefill/decode disaggregation pays, and the
-``vllm serve`` command with its environment (:mod:`onboard.plan.serve`).
+``vllm serve`` command with its environment (:mod:`onboard.serving.serve`).
 ``render_plan`` writes it all out so that a reader can redo it by hand.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from onboard.arch import ArchPlan, build_plan
 from onboard.errors import InputError
-from onboard.plan.disagg import (
+from onboard.serving.disagg import (
     Figures,
     PDLayout,
     PDRole,
@@ -26,8 +26,8 @@ from onboard.plan.disagg import (
     estimate,
     parse_ratio,
 )
-from onboard.plan.kv import KV_DTYPE_BYTES, KVReport, kv_report
-from onboard.plan.layout import (
+from onboard.serving.kv import KV_DTYPE_BYTES, KVReport, kv_report
+from onboard.serving.layout import (
     DeviceMemory,
     GiB,
     Layout,
@@ -37,9 +37,9 @@ from onboard.plan.layout import (
     max_context,
     reserve_bytes,
 )
-from onboard.plan.serve import NIXL_CONFIG, fill_commands
-from onboard.plan.types import Decision, ServingPlan
-from onboard.plan.weights import DTYPE_BYTES, weight_report
+from onboard.serving.serve import NIXL_CONFIG, fill_commands
+from onboard.serving.types import Decision, Deployment
+from onboard.serving.weights import DTYPE_BYTES, weight_report
 from onboard.spec.model import ModelSpec
 from onboard.targets import SCHEMES, TargetProfile, get_target
 
@@ -53,7 +53,7 @@ MAX_GPU_DEVICES = 64
 DEFAULT_OUTPUT_LEN = 1024
 
 
-def make_plan(
+def make_deployment(
     spec: ModelSpec,
     target: str | TargetProfile,
     scheme: str = "bf16",
@@ -68,13 +68,13 @@ def make_plan(
     nodes: int | None = None,
     disaggregate: str | None = None,
     figures: Figures | None = None,
-) -> ServingPlan:
+) -> Deployment:
     """Plan serving ``spec`` on ``target`` (see the module docstring).
 
     ``nodes``: use exactly that many nodes' devices (the first layout of that
     size that fits), served through a Ray cluster (serve.py).
-    ``disaggregate``: "P:D", P prefill and D decode nodes (onboard.plan.disagg);
-    the plan returned is the decode deployment's, with ``pd_layout`` set."""
+    ``disaggregate``: "P:D", P prefill and D decode nodes (onboard.serving.disagg);
+    the deployment returned is the decode deployment's, with ``pd_layout`` set."""
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
     if disaggregate is not None:
@@ -125,8 +125,8 @@ def _single(
     model: str | None,
     host_memory_bytes: int | None,
     nodes: int | None,
-) -> ServingPlan:
-    """One deployment's plan (make_plan without --disaggregate)."""
+) -> Deployment:
+    """One deployment's deployment (make_deployment without --disaggregate)."""
     if scheme not in SCHEMES:
         raise InputError(
             f"--scheme: unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}"
@@ -219,9 +219,9 @@ def _single(
             pd = Decision(
                 False,
                 f"{pd.reason}, but vLLM 0.32 runs NIXL P/D with DCP for MLA models "
-                "only, and this plan needs DCP",
+                "only, and this deployment needs DCP",
             )
-    plan = ServingPlan(
+    deployment = Deployment(
         spec=spec,
         arch=arch,
         target=profile,
@@ -246,12 +246,12 @@ def _single(
     )
     if chosen is not None:
         if not profile.is_gpu:
-            _cpu_kv_cache(plan)
+            _cpu_kv_cache(deployment)
         else:
-            plan.max_context = max_context(arch, kv, chosen, concurrency)
-            plan.max_concurrency = max_concurrency(arch, kv, chosen, context)
-    fill_commands(plan, model)
-    return plan
+            deployment.max_context = max_context(arch, kv, chosen, concurrency)
+            deployment.max_concurrency = max_concurrency(arch, kv, chosen, context)
+    fill_commands(deployment, model)
+    return deployment
 
 
 def _disaggregated(
@@ -261,8 +261,8 @@ def _disaggregated(
     nodes: int | None,
     figures: Figures,
     **load,
-) -> ServingPlan:
-    """The decode deployment's plan with the P/D layout (onboard.plan.disagg):
+) -> Deployment:
+    """The decode deployment's deployment with the P/D layout (onboard.serving.disagg):
     each role planned on exactly its nodes, for the same load (a prefill
     instance holds each prompt's KV cache until the decode instance pulls it)."""
     p, d = parse_ratio(ratio)
@@ -279,14 +279,14 @@ def _disaggregated(
     figures.check()
     roles = {}
     for role, count in (("prefill", p), ("decode", d)):
-        role_plan = make_plan(spec, profile, nodes=count, **load)
+        role_plan = make_deployment(spec, profile, nodes=count, **load)
         if role_plan.chosen is None:
             devices = count * profile.devices_per_node
             raise InputError(
                 f"--disaggregate {ratio}: no layout of the {role} side's {count} "
                 f"node(s) ({devices} {profile.name} devices) holds {spec.name} and "
                 "the requested KV cache; give that side more nodes (see `onboard "
-                f"plan --nodes {count}`)"
+                f"deployment --nodes {count}`)"
             )
         if role_plan.layout.dcp > 1 and role_plan.arch.attention.kind != "mla":
             # VllmConfig: "PD with decode_context_parallel_size > 1 is only
@@ -300,22 +300,25 @@ def _disaggregated(
         roles[role] = role_plan
     prefill = PDRole("prefill", 0, roles["prefill"])
     decode = PDRole("decode", p, roles["decode"])
-    if prefill.plan.nodes != p or decode.plan.nodes != d:
+    if prefill.deployment.nodes != p or decode.deployment.nodes != d:
         raise InputError(
-            f"--disaggregate {ratio}: the layouts span {prefill.plan.nodes} and "
-            f"{decode.plan.nodes} node(s)"
+            f"--disaggregate {ratio}: the layouts span {prefill.deployment.nodes} and "
+            f"{decode.deployment.nodes} node(s)"
         )
     config = json.dumps(NIXL_CONFIG, separators=(",", ":"))
     for role in (prefill, decode):
         add_nixl(role, config)
-    plan = decode.plan
-    plan.pd_layout = PDLayout(
-        prefill, decode, estimate(prefill.plan, plan, p, d, figures), figures
+    deployment = decode.deployment
+    deployment.pd_layout = PDLayout(
+        prefill,
+        decode,
+        estimate(prefill.deployment, deployment, p, d, figures),
+        figures,
     )
-    plan.pd_commands = []
-    plan.notes = [n for n in plan.notes if not n.startswith("P/D:")]
-    plan.nodes_requested = p + d
-    return plan
+    deployment.pd_commands = []
+    deployment.notes = [n for n in deployment.notes if not n.startswith("P/D:")]
+    deployment.nodes_requested = p + d
+    return deployment
 
 
 def dcp_decision(
@@ -428,24 +431,24 @@ def _host_memory() -> int:
     raise InputError("cannot read the host's memory (/proc/meminfo) for the cpu target")
 
 
-def _cpu_kv_cache(plan: ServingPlan) -> None:
+def _cpu_kv_cache(deployment: Deployment) -> None:
     """The CPU engine gets exactly VLLM_CPU_KVCACHE_SPACE GiB of KV cache: the
     smallest whole GiB that holds the requested load (at least 1). vLLM then makes
     floor(space / bytes per block) blocks (see KVReport.bytes_per_block)."""
-    arch, kv = plan.arch, plan.kv
-    need = plan.concurrency * kv.bytes_per_request(plan.context)
-    plan.cpu_kv_space_gib = max(1, math.ceil(need / GiB))
-    space = plan.cpu_kv_space_gib * GiB
-    assert plan.target.kv_block_size is not None
+    arch, kv = deployment.arch, deployment.kv
+    need = deployment.concurrency * kv.bytes_per_request(deployment.context)
+    deployment.cpu_kv_space_gib = max(1, math.ceil(need / GiB))
+    space = deployment.cpu_kv_space_gib * GiB
+    assert deployment.target.kv_block_size is not None
     kind = "mla" if arch.attention.kind == "mla" else "attention"
-    plan.kv_block_size = plan.target.kv_block_size[kind]
+    deployment.kv_block_size = deployment.target.kv_block_size[kind]
     if kv.states:
         # A hybrid model's attention page must hold a whole state: vLLM raises
         # the block size to the smallest multiple that does.
-        plan.kv_block_size = kv.hybrid_block_size(plan.kv_block_size)
-    plan.num_blocks = space // kv.bytes_per_block(plan.kv_block_size)
+        deployment.kv_block_size = kv.hybrid_block_size(deployment.kv_block_size)
+    deployment.num_blocks = space // kv.bytes_per_block(deployment.kv_block_size)
     # The chosen rank's KV budget on cpu is the space, not the leftover memory.
-    chosen = plan.chosen
+    chosen = deployment.chosen
     assert chosen is not None
     budget_mem = DeviceMemory(
         chosen.layout,
@@ -454,15 +457,17 @@ def _cpu_kv_cache(plan: ServingPlan) -> None:
         chosen.reserve,
         chosen.kv_needed,
     )
-    plan.max_context = max_context(arch, kv, budget_mem, plan.concurrency)
-    plan.max_concurrency = max_concurrency(arch, kv, budget_mem, plan.context)
+    deployment.max_context = max_context(arch, kv, budget_mem, deployment.concurrency)
+    deployment.max_concurrency = max_concurrency(
+        arch, kv, budget_mem, deployment.context
+    )
 
 
 __all__ = [
     "KV_DTYPE_BYTES",
     "Decision",
-    "ServingPlan",
+    "Deployment",
     "dcp_decision",
-    "make_plan",
+    "make_deployment",
     "pd_decision",
 ]

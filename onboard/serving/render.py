@@ -1,4 +1,4 @@
-"""The plan as text: every number with the arithmetic that produced it."""
+"""The deployment as text: every number with the arithmetic that produced it."""
 
 from __future__ import annotations
 
@@ -6,48 +6,59 @@ import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from onboard.plan.disagg import PROXY_URL, proxy_command
-from onboard.plan.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
-from onboard.plan.serve import shell
-from onboard.plan.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
+from onboard.serving.disagg import PROXY_URL, proxy_command
+from onboard.serving.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
+from onboard.serving.serve import shell
+from onboard.serving.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
 
 if TYPE_CHECKING:
-    from onboard.plan.types import ServingPlan
+    from onboard.serving.types import Deployment
 
 
 def gib(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
-def render_plan(plan: ServingPlan) -> str:
-    sections = [_header(plan), _weights(plan), _kv_cache(plan), _memory(plan)]
-    if plan.chosen is not None:
-        sections += [_capacity(plan), _parallelism(plan), _serve(plan)]
-    if plan.quantize_time is not None:
-        sections.append(["8. Quantizing the checkpoint", *plan.quantize_time.lines()])
+def render_plan(deployment: Deployment) -> str:
+    sections = [
+        _header(deployment),
+        _weights(deployment),
+        _kv_cache(deployment),
+        _memory(deployment),
+    ]
+    if deployment.chosen is not None:
+        sections += [
+            _capacity(deployment),
+            _parallelism(deployment),
+            _serve(deployment),
+        ]
+    if deployment.quantize_time is not None:
+        sections.append(
+            ["8. Quantizing the checkpoint", *deployment.quantize_time.lines()]
+        )
     return "\n\n".join("\n".join(lines) for lines in sections)
 
 
-def _header(plan: ServingPlan) -> list[str]:
+def _header(deployment: Deployment) -> list[str]:
     """The target, scheme and load."""
-    spec, t, kv = plan.spec, plan.target, plan.kv
-    note = f": {plan.support.note}" if plan.support.note else ""
+    spec, t, kv = deployment.spec, deployment.target, deployment.kv
+    note = f": {deployment.support.note}" if deployment.support.note else ""
     return [
-        f"onboard plan: {spec.name} on {t.name} ({t.description})",
-        f"scheme {plan.scheme} ({plan.support.support} on {t.name}{note}), "
-        f"dtype {plan.dtype}, KV cache {kv.dtype}",
-        f"load: {plan.concurrency} request(s) of {plan.context:,} tokens "
-        f"({plan.output_len:,} of them output)",
+        f"onboard deployment: {spec.name} on {t.name} ({t.description})",
+        f"scheme {deployment.scheme} ({deployment.support.support} on {t.name}{note}), "
+        f"dtype {deployment.dtype}, KV cache {kv.dtype}",
+        f"load: {deployment.concurrency} request(s) of {deployment.context:,} tokens "
+        f"({deployment.output_len:,} of them output)",
     ]
 
 
-def _weights(plan: ServingPlan) -> list[str]:
+def _weights(deployment: Deployment) -> list[str]:
     """1. Weights per group."""
-    w = plan.weights
+    w = deployment.weights
     out: list[str] = []
     add = out.append
-    add(f"1. Weights ({plan.scheme}; unquantized tensors in {w.dtype})")
-    add(_weight_rule(plan.scheme))
+    add(f"1. Weights ({deployment.scheme}; unquantized tensors in {w.dtype})")
+    add(_weight_rule(deployment.scheme))
     add(f"   {'group':<40} {'params':>17} {'bytes':>19}  split over")
     for g in w.groups.values():
         add(
@@ -66,9 +77,9 @@ def _weights(plan: ServingPlan) -> list[str]:
     return out
 
 
-def _kv_cache(plan: ServingPlan) -> list[str]:
+def _kv_cache(deployment: Deployment) -> list[str]:
     """2. KV cache per token and per request."""
-    kv = plan.kv
+    kv = deployment.kv
     out: list[str] = []
     add = out.append
     add(f"2. KV cache per token ({kv.dtype}, {kv.dtype_bytes} B per value)")
@@ -92,63 +103,67 @@ def _kv_cache(plan: ServingPlan) -> list[str]:
         )
     )
     if kv.states:
-        return out + _states(plan)
+        return out + _states(deployment)
     windowed = [x for x in owning if x.window]
     if windowed:
         full = [x for x in owning if not x.window]
         win = windowed[0].window
         add(
-            f"   one request of {plan.context:,} tokens: {len(full)} x {per_layer:,} x "
-            f"{plan.context:,} + {len(windowed)} x {per_layer:,} x min("
-            f"{plan.context:,}, window {win:,}) = "
-            f"{kv.bytes_per_request(plan.context):,} B"
+            f"   one request of {deployment.context:,} tokens: {len(full)} x "
+            f"{per_layer:,} x "
+            f"{deployment.context:,} + {len(windowed)} x {per_layer:,} x min("
+            f"{deployment.context:,}, window {win:,}) = "
+            f"{kv.bytes_per_request(deployment.context):,} B"
         )
     else:
         add(
-            f"   one request of {plan.context:,} tokens: {kv.bytes_per_token:,} x "
-            f"{plan.context:,} = {kv.bytes_per_request(plan.context):,} B = "
-            f"{gib(kv.bytes_per_request(plan.context))}"
+            f"   one request of {deployment.context:,} tokens: "
+            f"{kv.bytes_per_token:,} x "
+            f"{deployment.context:,} = {kv.bytes_per_request(deployment.context):,} "
+            "B = "
+            f"{gib(kv.bytes_per_request(deployment.context))}"
         )
     return out
 
 
-def _states(plan: ServingPlan) -> list[str]:
+def _states(deployment: Deployment) -> list[str]:
     """The linear-attention layers' states, and one request's total."""
-    kv = plan.kv
+    kv = deployment.kv
     idx = [s.index for s in kv.states]
     state = kv.state_bytes_per_sequence
-    request = kv.bytes_per_request(plan.context)
+    request = kv.bytes_per_request(deployment.context)
     return [
         f"   linear-attention layers ({len(idx)}): {_ranges(idx)}, no KV cache: one "
         f"state per sequence ({kv.state_dtype} recurrent state)",
         f"   per layer: {kv.state_formula}",
-        f"   one request of {plan.context:,} tokens: KV {kv.bytes_per_token:,} x "
-        f"{plan.context:,} + states {len(idx)} x {kv.states[0].bytes:,} = "
-        f"{kv.kv_bytes_per_request(plan.context):,} + {state:,} = {request:,} B = "
+        f"   one request of {deployment.context:,} tokens: KV {kv.bytes_per_token:,} x "
+        f"{deployment.context:,} + states {len(idx)} x {kv.states[0].bytes:,} = "
+        f"{kv.kv_bytes_per_request(deployment.context):,} + {state:,} = {request:,} "
+        "B = "
         f"{gib(request)}",
     ]
 
 
-def _memory(plan: ServingPlan) -> list[str]:
+def _memory(deployment: Deployment) -> list[str]:
     """3. Memory per device and the layouts tried."""
-    spec, t, kv = plan.spec, plan.target, plan.kv
+    spec, t, kv = deployment.spec, deployment.target, deployment.kv
     out: list[str] = []
     add = out.append
     add("3. Memory per device")
     mem_src = f"{t.memory_gb:g} GB" if t.memory_gb is not None else "host memory"
     add(
-        f"   usable = {mem_src} ({plan.memory_per_device:,} B) x "
-        f"{t.memory_utilization:g} = {plan.usable:,} B = {gib(plan.usable)}"
+        f"   usable = {mem_src} ({deployment.memory_per_device:,} B) x "
+        f"{t.memory_utilization:g} = {deployment.usable:,} B = {gib(deployment.usable)}"
     )
-    act = plan.reserve_items
+    act = deployment.reserve_items
     add(
         f"   reserve = {act['non-torch overhead']:,} "
         f"(non-torch, {t.overhead_gib:g} GiB)"
         f" + {act['activations']:,} (activations: {ACTIVATION_BUFFERS} x "
         f"{t.max_num_batched_tokens:,} tokens x hidden {spec.hidden_size:,} x "
-        f"{2 if plan.dtype != 'float32' else 4} B)"
-        f" + {act['logits']:,} (logits: {plan.concurrency} seqs x vocab "
-        f"{spec.vocab_size:,} x {LOGIT_BYTES} B) = {plan.reserve:,} B"
+        f"{2 if deployment.dtype != 'float32' else 4} B)"
+        f" + {act['logits']:,} (logits: {deployment.concurrency} seqs x vocab "
+        f"{spec.vocab_size:,} x {LOGIT_BYTES} B) = {deployment.reserve:,} B"
     )
     add(
         "   layouts tried (weights per device from section 1; KV = requests per "
@@ -158,7 +173,7 @@ def _memory(plan: ServingPlan) -> list[str]:
         f"   {'devices':>7}  {'layout':<24} {'weights/dev':>17} {'KV needed/dev':>17}"
         f" {'KV budget/dev':>18}  fits"
     )
-    for c in plan.candidates:
+    for c in deployment.candidates:
         status = (
             f"no: {c.problem}"
             if c.problem
@@ -170,50 +185,53 @@ def _memory(plan: ServingPlan) -> list[str]:
             f"   {c.layout.devices:>7}  {c.layout.name:<24} {c.weights:>17,} "
             f"{c.kv_needed:>17,} {c.kv_budget:>18,}  {status}"
         )
-    if plan.chosen is None:
-        add("   no layout fits: the plan stops here")
+    if deployment.chosen is None:
+        add("   no layout fits: the deployment stops here")
         return out
-    c = plan.chosen
+    c = deployment.chosen
     lay = c.layout
     add(
-        f"   chosen: {lay.name} on {lay.devices} device(s) ({plan.nodes} node(s) of "
+        f"   chosen: {lay.name} on {lay.devices} device(s) ({deployment.nodes} "
+        "node(s) of "
         f"{t.devices_per_node}) - the first that fits, fewest devices first"
     )
     add(
-        f"   per device: weights {gib(c.weights)} + reserve {gib(plan.reserve)} + KV "
-        f"{gib(c.kv_needed)} = {gib(c.weights + plan.reserve + c.kv_needed)} of "
-        f"{gib(plan.usable)} usable"
+        f"   per device: weights {gib(c.weights)} + reserve "
+        f"{gib(deployment.reserve)} + KV "
+        f"{gib(c.kv_needed)} = {gib(c.weights + deployment.reserve + c.kv_needed)} of "
+        f"{gib(deployment.usable)} usable"
     )
-    split = lay.tp / lay.kv_replicas(plan.arch)
+    split = lay.tp / lay.kv_replicas(deployment.arch)
     states = (
         f" + states {kv.state_bytes_per_sequence:,} / (TP {lay.tp} x PP {lay.pp})"
         if kv.states
         else ""
     )
     add(
-        f"   KV per request per rank = {kv.kv_bytes_per_request(plan.context):,} / "
+        "   KV per request per rank = "
+        f"{kv.kv_bytes_per_request(deployment.context):,} / "
         f"(TP split {split:g} x DCP {lay.dcp} x PP {lay.pp}){states} = "
-        f"{lay.kv_bytes_per_request(plan.arch, kv, plan.context):,.0f} B; "
-        f"requests per rank = ceil({plan.concurrency} / DP {lay.dp}) = "
-        f"{lay.requests_per_rank(plan.concurrency)}"
+        f"{lay.kv_bytes_per_request(deployment.arch, kv, deployment.context):,.0f} B; "
+        f"requests per rank = ceil({deployment.concurrency} / DP {lay.dp}) = "
+        f"{lay.requests_per_rank(deployment.concurrency)}"
     )
     return out
 
 
-def _capacity(plan: ServingPlan) -> list[str]:
+def _capacity(deployment: Deployment) -> list[str]:
     """4. Capacity of the chosen layout."""
-    spec, kv = plan.spec, plan.kv
-    c = plan.chosen
+    spec, kv = deployment.spec, deployment.kv
+    c = deployment.chosen
     assert c is not None
     owning = kv.owning_layers
     out: list[str] = []
     add = out.append
     add("4. Capacity")
-    if plan.cpu_kv_space_gib is not None:
+    if deployment.cpu_kv_space_gib is not None:
         add(
-            f"   VLLM_CPU_KVCACHE_SPACE = ceil({plan.concurrency} x "
-            f"{kv.bytes_per_request(plan.context):,} B / 1 GiB) = "
-            f"{plan.cpu_kv_space_gib} GiB (at least 1)"
+            f"   VLLM_CPU_KVCACHE_SPACE = ceil({deployment.concurrency} x "
+            f"{kv.bytes_per_request(deployment.context):,} B / 1 GiB) = "
+            f"{deployment.cpu_kv_space_gib} GiB (at least 1)"
         )
         groups = kv.cache_groups()
         add(
@@ -221,22 +239,23 @@ def _capacity(plan: ServingPlan) -> list[str]:
             + "; ".join(",".join(map(str, g)) for g in groups)
         )
         page = (
-            f"{kv.state_page_bytes(plan.kv_block_size):,} B page"
+            f"{kv.state_page_bytes(deployment.kv_block_size):,} B page"
             if kv.states
-            else f"{plan.kv_block_size} tokens x {owning[0].bytes_per_token:,} B"
+            else f"{deployment.kv_block_size} tokens x {owning[0].bytes_per_token:,} B"
         )
         if kv.states:
             add(
                 f"   hybrid block size: the smallest multiple of the kernel's block "
-                f"whose attention page holds a state: {plan.kv_block_size} tokens; "
+                f"whose attention page holds a state: {deployment.kv_block_size} "
+                "tokens; "
                 "each state is padded to that page"
             )
         add(
-            f"   KV blocks = {plan.cpu_kv_space_gib} GiB // ({len(groups[0])} "
-            f"layer(s) x {page}) = {plan.num_blocks:,} blocks of "
-            f"{plan.kv_block_size} tokens, shared by the groups"
+            f"   KV blocks = {deployment.cpu_kv_space_gib} GiB // ({len(groups[0])} "
+            f"layer(s) x {page}) = {deployment.num_blocks:,} blocks of "
+            f"{deployment.kv_block_size} tokens, shared by the groups"
         )
-        budget = plan.cpu_kv_space_gib * GiB
+        budget = deployment.cpu_kv_space_gib * GiB
     else:
         budget = c.kv_budget
         add(
@@ -244,38 +263,44 @@ def _capacity(plan: ServingPlan) -> list[str]:
             f"= {gib(budget)}"
         )
     add(
-        f"   max context at {plan.concurrency} concurrent request(s): "
-        f"{plan.max_context:,} tokens"
+        f"   max context at {deployment.concurrency} concurrent request(s): "
+        f"{deployment.max_context:,} tokens"
         + (
             " (the spec's maximum)"
-            if plan.max_context == spec.max_position_embeddings
+            if deployment.max_context == spec.max_position_embeddings
             else ""
         )
     )
     add(
-        f"   max concurrency at {plan.context:,} tokens: {plan.max_concurrency:,} "
+        f"   max concurrency at {deployment.context:,} tokens: "
+        f"{deployment.max_concurrency:,} "
         "request(s)"
     )
     return out
 
 
-def _parallelism(plan: ServingPlan) -> list[str]:
+def _parallelism(deployment: Deployment) -> list[str]:
     """5-6. DCP and prefill/decode disaggregation."""
-    kv = plan.kv
+    kv = deployment.kv
     out: list[str] = []
     add = out.append
     add("5. Decode context parallelism (DCP)")
-    add(f"   {'pays' if plan.dcp.pays else 'does not pay'}: {plan.dcp.reason}")
+    add(
+        f"   {'pays' if deployment.dcp.pays else 'does not pay'}: "
+        f"{deployment.dcp.reason}"
+    )
     add("6. Prefill/decode disaggregation (NIXL connector)")
-    add(f"   {'pays' if plan.pd.pays else 'does not pay'}: {plan.pd.reason}")
-    if plan.pd.pays:
-        prompt = plan.context - plan.output_len
+    add(
+        f"   {'pays' if deployment.pd.pays else 'does not pay'}: {deployment.pd.reason}"
+    )
+    if deployment.pd.pays:
+        prompt = deployment.context - deployment.output_len
         add(
             f"   KV sent per request: {kv.bytes_per_token:,} B x {prompt:,} prompt "
             f"tokens = {gib(kv.bytes_per_request(prompt))}"
         )
-    if plan.pd_layout is not None:
-        out += _pd_layout(plan.pd_layout)
+    if deployment.pd_layout is not None:
+        out += _pd_layout(deployment.pd_layout)
     return out
 
 
@@ -303,14 +328,14 @@ def _pd_layout(pd) -> list[str]:
     if est.prefill_tokens_per_s is not None:
         out.append(
             f"   prefill at peak (--device-tflops {fig.device_tflops:g}): "
-            f"{pd.prefill.plan.layout.devices} devices x {fig.device_tflops:g} TFLOPS"
-            f" / (2 x {est.active_params / 1e9:,.1f} B active params) = "
+            f"{pd.prefill.deployment.layout.devices} devices x "
+            f"{fig.device_tflops:g} TFLOPS / (2 x {est.active_params / 1e9:,.1f} B active params) = "
             f"{est.prefill_tokens_per_s:,.0f} tokens/s (linear layers only)"
         )
     if est.decode_tokens_per_s is not None:
         out.append(
-            f"   decode (--hbm-tbps {fig.hbm_tbps:g}): {pd.decode.plan.concurrency} "
-            f"tokens per step, each device reading {gib(est.decode_step_bytes)} "
+            f"   decode (--hbm-tbps {fig.hbm_tbps:g}): "
+            f"{pd.decode.deployment.concurrency} tokens per step, each device reading {gib(est.decode_step_bytes)} "
             f"(weights + full-context KV) = {est.decode_tokens_per_s:,.0f} tokens/s"
         )
     if est.balanced_ratio is not None:
@@ -328,15 +353,18 @@ def _pd_layout(pd) -> list[str]:
     return out
 
 
-def _serve(plan: ServingPlan) -> list[str]:
+def _serve(deployment: Deployment) -> list[str]:
     """7. The serve command (one per role with prefill/decode disaggregation)."""
-    out = [f"7. Serve ({plan.target.vllm.install})", "   backends: " + _backends(plan)]
-    for where, argv in [] if plan.pd_layout else plan.ray_commands:
+    out = [
+        f"7. Serve ({deployment.target.vllm.install})",
+        "   backends: " + _backends(deployment),
+    ]
+    for where, argv in [] if deployment.pd_layout else deployment.ray_commands:
         out += [f"# {where}", shlex.join(argv)]
-    if plan.ray_commands and plan.pd_layout is None:
+    if deployment.ray_commands and deployment.pd_layout is None:
         out.append("# then on the head node")
-    if plan.pd_layout is not None:
-        pd = plan.pd_layout
+    if deployment.pd_layout is not None:
+        pd = deployment.pd_layout
         for role in (pd.prefill, pd.decode):
             for where, env, argv in role.commands():
                 text = shell(env, argv) if argv[0] == "vllm" else shlex.join(argv)
@@ -345,12 +373,12 @@ def _serve(plan: ServingPlan) -> list[str]:
             f"# proxy, on any host that reaches both (vLLM's NIXL proxy: {PROXY_URL})",
             shlex.join(proxy_command(pd.prefill, pd.decode)),
         ]
-    elif plan.pd_commands:
-        for role, argv in plan.pd_commands:
-            out += [f"# {role}", shell(plan.env, argv)]
+    elif deployment.pd_commands:
+        for role, argv in deployment.pd_commands:
+            out += [f"# {role}", shell(deployment.env, argv)]
     else:
-        out.append(shell(plan.env, plan.argv))
-    return out + [f"# note: {note}" for note in plan.notes]
+        out.append(shell(deployment.env, deployment.argv))
+    return out + [f"# note: {note}" for note in deployment.notes]
 
 
 def _weight_rule(scheme: str) -> str:
@@ -374,12 +402,12 @@ def _shard_text(shard: str) -> str:
     }.get(shard, "replicated")
 
 
-def _backends(plan: ServingPlan) -> str:
-    b = plan.target.backends
-    attention = b.mla if plan.arch.attention.kind == "mla" else b.attention
-    moe = plan.support.moe or b.moe
-    parts = [f"attention {attention}", f"linear {plan.support.linear}"]
-    if plan.arch.has_moe:
+def _backends(deployment: Deployment) -> str:
+    b = deployment.target.backends
+    attention = b.mla if deployment.arch.attention.kind == "mla" else b.attention
+    moe = deployment.support.moe or b.moe
+    parts = [f"attention {attention}", f"linear {deployment.support.linear}"]
+    if deployment.arch.has_moe:
         parts.append(f"MoE {moe}")
     return "; ".join(parts)
 
