@@ -329,13 +329,15 @@ def _pd_layout(pd) -> list[str]:
         out.append(
             f"   prefill at peak (--device-tflops {fig.device_tflops:g}): "
             f"{pd.prefill.deployment.layout.devices} devices x "
-            f"{fig.device_tflops:g} TFLOPS / (2 x {est.active_params / 1e9:,.1f} B active params) = "
+            f"{fig.device_tflops:g} TFLOPS / (2 x "
+            f"{est.active_params / 1e9:,.1f} B active params) = "
             f"{est.prefill_tokens_per_s:,.0f} tokens/s (linear layers only)"
         )
     if est.decode_tokens_per_s is not None:
         out.append(
             f"   decode (--hbm-tbps {fig.hbm_tbps:g}): "
-            f"{pd.decode.deployment.concurrency} tokens per step, each device reading {gib(est.decode_step_bytes)} "
+            f"{pd.decode.deployment.concurrency} tokens per step, each device "
+            f"reading {gib(est.decode_step_bytes)} "
             f"(weights + full-context KV) = {est.decode_tokens_per_s:,.0f} tokens/s"
         )
     if est.balanced_ratio is not None:
