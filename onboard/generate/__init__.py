@@ -16,11 +16,12 @@ from pathlib import Path
 from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.generate.context import build_context
+from onboard.generate.modular import render_modular
 from onboard.generate.plugin import plugin_files
 from onboard.reference import render_reference
-from onboard.spec.hf import transformers_knows
+from onboard.spec.hf import find_base, transformers_knows
 from onboard.spec.model import ModelSpec
-from onboard.spec.mtp import mtp_module_name
+from onboard.spec.mtp import mtp_draft, mtp_module_name
 from onboard.spec.naming import model_class_path, package_name
 from onboard.templating import GenerationError, RenderError, render_python
 
@@ -37,8 +38,13 @@ __all__ = [
 ]
 
 
-def render_model(spec: ModelSpec) -> str:
-    """Source of the vLLM model file for ``spec`` (formatted, lint-checked)."""
+def render_model(spec: ModelSpec, standalone: bool = False) -> str:
+    """Source of the vLLM model file for ``spec`` (formatted, lint-checked): a
+    subclass of vLLM's class where ``spec`` is a family vLLM ships under a new
+    name (onboard.spec.bases), unless ``standalone``."""
+    match = None if standalone else find_base(spec)
+    if match is not None:
+        return render_modular(spec, match)
     return render_python(
         "vllm/model.py.j2",
         build_context(spec),
@@ -47,11 +53,14 @@ def render_model(spec: ModelSpec) -> str:
     )
 
 
-def render_mtp(spec: ModelSpec) -> str:
+def render_mtp(spec: ModelSpec, standalone: bool = False) -> str | None:
     """Source of the MTP draft file for a spec with MTP heads (formatted,
     lint-checked); see :mod:`onboard.spec.mtp`. Its blocks are the model
     file's decoder layer, imported from the sibling module (a relative import,
-    which holds in the plugin package and in vLLM's models package alike)."""
+    which holds in the plugin package and in vLLM's models package alike).
+    None where vLLM's own draft class serves the heads (a renamed family)."""
+    if mtp_draft(spec, standalone).class_name is None:
+        return None
     context = build_context(spec, mtp=True)
     return render_python(
         "vllm/mtp.py.j2",
@@ -62,12 +71,17 @@ def render_mtp(spec: ModelSpec) -> str:
     )
 
 
-def generate_files(spec: ModelSpec) -> dict[str, str]:
-    """Relative path (under the output directory) -> text, for every output file."""
-    mtp_source = render_mtp(spec) if spec.mtp is not None else None
+def generate_files(spec: ModelSpec, standalone: bool = False) -> dict[str, str]:
+    """Relative path (under the output directory) -> text, for every output file.
+    ``standalone``: the whole model file even where a family vLLM ships is the
+    base (see :func:`render_model`)."""
+    mtp_source = render_mtp(spec, standalone) if spec.mtp is not None else None
+    model_source = render_model(spec, standalone)
     files = {
         f"plugin/{path}": text
-        for path, text in plugin_files(spec, render_model(spec), mtp_source).items()
+        for path, text in plugin_files(
+            spec, model_source, mtp_source, standalone
+        ).items()
     }
     if not transformers_knows(spec.model_type):
         try:

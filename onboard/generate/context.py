@@ -676,7 +676,7 @@ def build_context(
         "mtp_doc": _mtp_doc(spec) if mtp else "",
         "mtp_block_moe": mtp_mlp == "moe",
         "mtp_block_comment": _mtp_block_comment(per_layer) if mtp else [],
-        "mtp_draft": mtp_draft(spec) if spec.mtp is not None else None,
+        "mtp_draft": mtp_draft(spec, standalone=True) if spec.mtp is not None else None,
         "mtp_prefixes": _mtp_prefixes(spec),
         "names": SimpleNamespace(**names),
         "renames": renames,
@@ -1486,7 +1486,7 @@ def _sliding_scaling(spec: ModelSpec):
 def _mtp_doc(spec: ModelSpec) -> str:
     """Module docstring body of the MTP draft file."""
     assert spec.mtp is not None
-    draft = mtp_draft(spec)
+    draft = mtp_draft(spec, standalone=True)
     mlp = "an MoE" if spec.mtp.mlp == "moe" else "a dense"
     paragraphs = [
         f"{_heads(spec.mtp.num_heads, 'multi-token-prediction head')}, stored in the "

@@ -19,6 +19,7 @@ from __future__ import annotations
 from onboard import VLLM_VERSION
 from onboard.arch import build_plan
 from onboard.reference.context import config_class_context
+from onboard.spec.hf import find_base
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.mtp import mtp_draft, mtp_module_name
 from onboard.spec.naming import OVERRIDE_ENV, dist_name, package_name
@@ -47,11 +48,16 @@ def transformers_knows(model_type: str) -> bool:
 
 
 def plugin_files(
-    spec: ModelSpec, model_source: str, mtp_source: str | None = None
+    spec: ModelSpec,
+    model_source: str,
+    mtp_source: str | None = None,
+    standalone: bool = False,
 ) -> dict[str, str]:
-    """Relative path -> text of every file of the plugin directory."""
+    """Relative path -> text of every file of the plugin directory
+    (``standalone``: as :func:`onboard.generate.render_model`)."""
     package = package_name(spec)
     new_model_type = not transformers_knows(spec.model_type)
+    base = None if standalone else find_base(spec)
     context = {
         "spec": spec,
         "package": package,
@@ -64,11 +70,13 @@ def plugin_files(
         "mla_cache": spec.attention.type == "mla"
         and spec.model_type not in VLLM_MLA_MODEL_TYPES,
         "config_class": f"{class_prefix(spec.architecture)}Config",
-        "mtp": mtp_draft(spec) if mtp_source is not None else None,
+        "mtp": mtp_draft(spec, standalone) if spec.mtp is not None else None,
         "mtp_module": mtp_module_name(spec),
-        "num_mtp_field": _num_mtp_field(spec) if mtp_source is not None else None,
+        "num_mtp_field": _num_mtp_field(spec) if spec.mtp is not None else None,
         "mla_kv_sharing": needs_mla_kv_sharing_patch(spec),
         "override_env": OVERRIDE_ENV,
+        "base": base.base if base is not None else None,
+        "renames": bool(base.renames) if base is not None else False,
         "vllm_series": vllm_series(),
     }
     files = {
@@ -87,10 +95,18 @@ def plugin_files(
         )
     if new_model_type:
         # Without it vLLM cannot even read config.json of a new model type.
-        files[f"{package}/config.py"] = render_python(
-            "plugin/config.py.j2",
-            {**context, **config_class_context(spec)},
-            f"{package}/config.py",
+        files[f"{package}/config.py"] = (
+            render_python(
+                "modular/config.py.j2",
+                context,
+                f"{package}/config.py",
+            )
+            if base is not None
+            else render_python(
+                "plugin/config.py.j2",
+                {**context, **config_class_context(spec)},
+                f"{package}/config.py",
+            )
         )
     return files
 

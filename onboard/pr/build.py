@@ -119,65 +119,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
             mode="replace",
         )
     ]
-    mtp_source = plugin_files.get(f"{package}/{module}_mtp.py")
-    mtp_arch = None
-    new_mtp_type = False  # the draft gets a model type vLLM does not know
-    if spec.mtp is not None and mtp_source is None:
-        notes.append(
-            f"The spec has {spec.mtp.num_heads} MTP head(s) but the generator wrote "
-            f"no `{module}_mtp.py` yet: this tree has no MTP draft model."
-        )
-    if mtp_source is not None:
-        # The draft's registry name and class, as the MTP generator decided them
-        # (vLLM's own name for a model type vLLM maps to an MTP draft).
-        from onboard.spec.mtp import mtp_draft
-
-        draft = mtp_draft(spec)
-        mtp_arch, mtp_class = draft.architecture, draft.class_name
-        files[f"{MODELS}/{module}_mtp.py"] = vllm_source(mtp_source)
-        new_mtp_type = draft.override
-        if draft.override:
-            mtp_type = f"{spec.model_type}_mtp"
-            layers_key = _mtp_layers_key(spec)
-            edits += [
-                Edit(
-                    SPECULATIVE,
-                    "append",
-                    r"^MTPModelTypes = Literal\[$",
-                    mtp_type,
-                    f'    "{mtp_type}",',
-                ),
-                Edit(
-                    SPECULATIVE,
-                    "before",
-                    r"^        return hf_config$",
-                    f'hf_config.model_type = "{mtp_type}"',
-                    "\n".join(
-                        [
-                            f'        if hf_config.model_type == "{spec.model_type}":',
-                            f'            hf_config.model_type = "{mtp_type}"',
-                            "            n_predict = getattr(hf_config, "
-                            f'"{layers_key}", None)',
-                            "            hf_config.update(",
-                            f'                {{"n_predict": n_predict, '
-                            f'"architectures": ["{mtp_arch}"]}}',
-                            "            )",
-                            "",
-                        ]
-                    ),
-                    within=r"def hf_config_override\(",
-                ),
-            ]
-        edits.append(
-            Edit(
-                REGISTRY,
-                "entry",
-                "_SPECULATIVE_DECODING_MODELS",
-                mtp_arch,
-                _dict_entry(mtp_arch, f'("{module}_mtp", "{mtp_class}")'),
-                mode="replace",
-            )
-        )
+    mtp_arch, new_mtp_type = _mtp_changes(spec, plugin_files, files, edits, notes)
     if new_model_type:
         config_class = f"{class_prefix(arch)}Config"
         files[f"{CONFIGS}/{module}.py"] = vllm_source(
@@ -238,6 +180,87 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
     )
     notes += linear_attention_notes(spec)
     return PrPlan(dict(sorted(files.items())), edits, notes, mtp_arch)
+
+
+def _mtp_changes(
+    spec: ModelSpec,
+    plugin_files: dict[str, str],
+    files: dict[str, str],
+    edits: list[Edit],
+    notes: list[str],
+) -> tuple[str | None, bool]:
+    """Add the MTP draft's file and edits; return its architecture (None: no
+    draft) and whether its model type is new to vLLM."""
+    from onboard.spec.naming import package_name
+
+    module = spec.module_name
+    package = package_name(spec)
+    mtp_source = plugin_files.get(f"{package}/{module}_mtp.py")
+    mtp_arch = None
+    new_mtp_type = False  # the draft gets a model type vLLM does not know
+    draft = None
+    if spec.mtp is not None:
+        # The draft's registry name and class, as the generator decided them:
+        # vLLM's own name for a model type vLLM maps to an MTP draft, vLLM's own
+        # class for a renamed family (no MTP file then).
+        from onboard.spec.mtp import mtp_draft
+
+        draft = mtp_draft(spec, standalone=mtp_source is not None)
+        if draft.class_name is not None and mtp_source is None:
+            notes.append(
+                f"The spec has {spec.mtp.num_heads} MTP head(s) but the generator "
+                f"wrote no `{module}_mtp.py` yet: this tree has no MTP draft model."
+            )
+            draft = None
+    if draft is not None:
+        mtp_arch, mtp_class = draft.architecture, draft.class_name
+        if mtp_source is not None:
+            files[f"{MODELS}/{module}_mtp.py"] = vllm_source(mtp_source)
+        new_mtp_type = draft.override
+        if draft.override:
+            mtp_type = f"{spec.model_type}_mtp"
+            layers_key = _mtp_layers_key(spec)
+            edits += [
+                Edit(
+                    SPECULATIVE,
+                    "append",
+                    r"^MTPModelTypes = Literal\[$",
+                    mtp_type,
+                    f'    "{mtp_type}",',
+                ),
+                Edit(
+                    SPECULATIVE,
+                    "before",
+                    r"^        return hf_config$",
+                    f'hf_config.model_type = "{mtp_type}"',
+                    "\n".join(
+                        [
+                            f'        if hf_config.model_type == "{spec.model_type}":',
+                            f'            hf_config.model_type = "{mtp_type}"',
+                            "            n_predict = getattr(hf_config, "
+                            f'"{layers_key}", None)',
+                            "            hf_config.update(",
+                            f'                {{"n_predict": n_predict, '
+                            f'"architectures": ["{mtp_arch}"]}}',
+                            "            )",
+                            "",
+                        ]
+                    ),
+                    within=r"def hf_config_override\(",
+                ),
+            ]
+        if mtp_class is not None:
+            edits.append(
+                Edit(
+                    REGISTRY,
+                    "entry",
+                    "_SPECULATIVE_DECODING_MODELS",
+                    mtp_arch,
+                    _dict_entry(mtp_arch, f'("{module}_mtp", "{mtp_class}")'),
+                    mode="replace",
+                )
+            )
+    return mtp_arch, new_mtp_type
 
 
 def _core_changes(spec: ModelSpec, notes: list[str]) -> list[Edit]:

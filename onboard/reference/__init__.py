@@ -16,7 +16,8 @@ from pathlib import Path
 from onboard.errors import InputError
 from onboard.fsutil import atomic_write_text
 from onboard.reference.context import reference_context
-from onboard.spec.model import ModelSpec
+from onboard.spec.hf import find_base
+from onboard.spec.model import ModelSpec, class_prefix
 
 __all__ = [
     "auto_map",
@@ -35,10 +36,19 @@ def file_names(spec: ModelSpec) -> tuple[str, str]:
     )
 
 
-def render_reference(spec: ModelSpec) -> dict[str, str]:
-    """File name -> source of the two generated files (formatted, lint-clean)."""
+def render_reference(spec: ModelSpec, standalone: bool = False) -> dict[str, str]:
+    """File name -> source of the two generated files (formatted, lint-clean).
+
+    A family transformers ships under a new name (onboard.spec.bases) gets
+    subclasses of transformers' classes, unless ``standalone`` or its tensor
+    names need renames transformers cannot state
+    (:func:`onboard.reference.modular.renamings`)."""
+    from onboard.reference.modular import renamings, render_modular_reference
     from onboard.templating import render_template, ruff_clean
 
+    match = None if standalone else find_base(spec)
+    if match is not None and renamings(match) is not None:
+        return render_modular_reference(spec, match, *file_names(spec))
     context = reference_context(spec)
     config_file, modeling_file = file_names(spec)
     return {
@@ -53,19 +63,21 @@ def render_reference(spec: ModelSpec) -> dict[str, str]:
 
 def auto_map(spec: ModelSpec) -> dict[str, str]:
     """config.json ``auto_map`` entries that select the generated classes."""
-    context = reference_context(spec)
     config_file, modeling_file = (name[: -len(".py")] for name in file_names(spec))
     return {
-        "AutoConfig": f"{config_file}.{context['cls']['config']}",
-        "AutoModelForCausalLM": f"{modeling_file}.{context['cls']['causal_lm']}",
+        "AutoConfig": f"{config_file}.{class_prefix(spec.architecture)}Config",
+        "AutoModelForCausalLM": f"{modeling_file}.{spec.architecture}",
     }
 
 
-def generate_hf_reference(spec: ModelSpec, out_dir: Path) -> list[Path]:
-    """Write the configuration and modeling files into ``out_dir``; return them."""
+def generate_hf_reference(
+    spec: ModelSpec, out_dir: Path, standalone: bool = False
+) -> list[Path]:
+    """Write the configuration and modeling files into ``out_dir``; return them
+    (``standalone``: as :func:`render_reference`)."""
     out_dir = Path(out_dir)
     written = []
-    for name, source in render_reference(spec).items():
+    for name, source in render_reference(spec, standalone).items():
         atomic_write_text(out_dir / name, source)
         written.append(out_dir / name)
     return written

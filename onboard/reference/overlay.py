@@ -19,11 +19,17 @@ class ReferenceUnavailable(Exception):
 
 
 def overlay_with_remote_code(
-    model_dir: Path, spec: ModelSpec, hf_dir: Path | None, config: dict, work_dir: Path
+    model_dir: Path,
+    spec: ModelSpec,
+    hf_dir: Path | None,
+    config: dict,
+    work_dir: Path,
+    standalone: bool = False,
 ) -> Path:
     """A directory with the checkpoint's files (linked), the generated reference
-    code (from GEN_DIR/hf, else generated from the spec now) and a config.json whose
-    auto_map points at it; the user's checkpoint is left untouched."""
+    code (from GEN_DIR/hf, else generated from the spec now; ``standalone`` as
+    :func:`onboard.reference.render_reference`) and a config.json whose auto_map
+    points at it; the user's checkpoint is left untouched."""
     overlay = work_dir / "reference-model"
     shutil.rmtree(overlay, ignore_errors=True)
     overlay.mkdir(parents=True)
@@ -41,7 +47,7 @@ def overlay_with_remote_code(
                 f"model_type {config.get('model_type')!r} is unknown to transformers "
                 "and no generated Hugging Face reference is available"
             ) from None
-        generate_hf_reference(spec, overlay)
+        generate_hf_reference(spec, overlay, standalone)
     config = dict(config, auto_map=_auto_map(spec, overlay, config))
     (overlay / "config.json").write_text(json.dumps(config, indent=2))
     return overlay

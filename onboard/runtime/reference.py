@@ -94,6 +94,21 @@ def load_reference(
         description = f"transformers {transformers.__version__} {name}"
     else:
         description = f"generated Hugging Face reference {name} (trust_remote_code)"
+        # A renamed family's reference (onboard.reference.modular) is
+        # transformers' own class underneath: say which.
+        family = next(
+            (
+                f"{k.__module__}.{k.__qualname__}"
+                for k in type(model).__mro__[1:]
+                if k.__module__.startswith("transformers.models.")
+            ),
+            None,
+        )
+        if family is not None and not type(model).__module__.startswith(
+            "transformers.models."
+        ):
+            description += f", a subclass of transformers {transformers.__version__} "
+            description += family
     return Reference(model, description, kind)
 
 

@@ -34,6 +34,7 @@ from onboard import components
 from onboard.components import Component
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
+from onboard.spec.bases import BASES, Base, BaseMatch
 from onboard.spec.config_aliases import ALIASES
 from onboard.spec.model import MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
@@ -1999,6 +2000,70 @@ def _rope_params(
     return rope
 
 
+# ---- renamed families (onboard.spec.bases) ----------------------------------------
+
+
+def find_base(spec: ModelSpec) -> BaseMatch | None:
+    """The family vLLM and transformers ship that ``spec`` is a renamed copy of,
+    or None (see onboard.spec.bases)."""
+    return _find_base(spec.model_dump_json())
+
+
+@cache
+def _find_base(spec_json: str) -> BaseMatch | None:
+    spec = ModelSpec.model_validate_json(spec_json)
+    if transformers_knows(spec.model_type):
+        return None  # the family itself (or a type transformers already has)
+    if spec.checkpoint.language_model_prefix is not None:
+        return None
+    for base in BASES:
+        match = _match(spec, base)
+        if match is not None:
+            return match
+    return None
+
+
+def _match(spec: ModelSpec, base: Base) -> BaseMatch | None:
+    from onboard.spec.module_tree import used_roles
+
+    data = spec.model_dump(mode="json")
+    data.update(model_type=base.model_type, architecture=base.architecture)
+    stored = _family_checkpoint(FAMILIES[base.model_type], data)
+    checkpoint = data["checkpoint"]
+    # Stacked or fused tensors, their storage and the router bias's shape must be
+    # the family's: a rename cannot split or reshape a tensor.
+    fused = sorted(checkpoint["fused"])
+    if fused != sorted(stored.get("fused", [])):
+        return None
+    if "experts" in fused and checkpoint["experts_format"] != stored.get(
+        "experts_format", "linear"
+    ):
+        return None
+    if checkpoint["router_bias_2d"] != stored.get("router_bias_2d", False):
+        return None
+    checkpoint.update(
+        layout=stored["layout"], tensor_names=stored.get("tensor_names", {})
+    )
+    try:
+        as_base = ModelSpec.model_validate(data)
+        with quiet_transformers():
+            hf_config_from_spec(as_base)
+    except (InputError, ValueError):
+        return None
+    if spec.mtp is not None and base.mtp_architecture is None:
+        return None
+    renames = {
+        role: (spec.tensor_path(role), as_base.tensor_path(role))
+        for role in used_roles(spec)
+        if spec.tensor_path(role) != as_base.tensor_path(role)
+    }
+    if spec.mtp is not None and renames:
+        # The family's MTP loader reads its own names only (the heads' blocks
+        # included).
+        return None
+    return BaseMatch(base, as_base, renames)
+
+
 def hf_config_from_spec(spec: ModelSpec) -> dict:
     """The config.json content for a spec.
 
@@ -2015,7 +2080,16 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     known, family = _family(spec.model_type)
     facts = spec_facts(spec, open_concepts(spec.model_type))
     concepts = _concepts(spec)
-    if known is None:
+    if known is None and (base := find_base(spec)) is not None:
+        # A renamed copy of a family vLLM ships: that family's keys, which its
+        # classes read (onboard.spec.bases).
+        cfg = hf_config_from_spec(base.as_base)
+        cfg.update(architectures=[spec.architecture], model_type=spec.model_type)
+        # What the family's code fixes without a key (Qwen3's q/k norms) is
+        # stated, so that the new model type reads back as the spec.
+        fixed = FAMILIES[base.base.model_type].facts
+        cfg.update({c: concepts[c] for c in fixed if c in concepts and c not in cfg})
+    elif known is None:
         cfg = {
             "architectures": [spec.architecture],
             "model_type": spec.model_type,

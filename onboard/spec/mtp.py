@@ -55,15 +55,29 @@ GENERIC_MTP_MODEL_TYPE = "mtp"
 @dataclass(frozen=True)
 class MTPDraft:
     architecture: str  # the name vLLM looks up in its model registry
-    class_name: str  # the generated class
+    # The generated class; None where the draft is vLLM's own class (a renamed
+    # copy of a family vLLM ships, onboard.spec.bases).
+    class_name: str | None
     override: bool  # the plugin extends hf_config_override for this model type
     returns_tuple: bool  # forward returns (logits hidden, next-step hidden)
 
 
-def mtp_draft(spec: ModelSpec) -> MTPDraft:
+def mtp_draft(spec: ModelSpec, standalone: bool = False) -> MTPDraft:
+    """The draft of ``spec``'s MTP heads; ``standalone``: as the generated
+    standalone model file has it, even where a family vLLM ships is the base."""
+    from onboard.spec.hf import find_base
     from onboard.spec.model import class_prefix
 
     prefix = class_prefix(spec.architecture)
+    base = None if standalone else find_base(spec)
+    if base is not None and base.base.mtp_architecture is not None:
+        architecture = base.base.mtp_architecture
+        return MTPDraft(
+            architecture=architecture,
+            class_name=None,
+            override=True,
+            returns_tuple=architecture in TUPLE_ARCHITECTURES,
+        )
     known = VLLM_MTP_ARCHITECTURES.get(spec.model_type)
     architecture = known or f"{prefix}MTPModel"
     return MTPDraft(
@@ -82,7 +96,7 @@ def mtp_class_path(spec: ModelSpec) -> str:
     """What the plugin registers for the draft: ``package.module:Class``."""
     from onboard.spec.naming import package_name
 
-    draft = mtp_draft(spec)
+    draft = mtp_draft(spec, standalone=True)
     return f"{package_name(spec)}.{mtp_module_name(spec)}:{draft.class_name}"
 
 
@@ -118,19 +132,26 @@ def heads_run_by_vllm(spec: ModelSpec, k: int) -> list[int]:
     return [0] * k
 
 
-def in_tree_change(spec: ModelSpec) -> list[str]:
+def in_tree_change(spec: ModelSpec, standalone: bool = False) -> list[str]:
     """What vLLM itself needs so that method "mtp" selects the draft of a new
     model type without the plugin's override (empty for a type vLLM maps)."""
-    draft = mtp_draft(spec)
+    draft = mtp_draft(spec, standalone)
     if not draft.override:
         return []
     mtp_type = f"{spec.model_type}_mtp"
+    registry = (
+        []
+        if draft.class_name is None
+        else [
+            "vllm/model_executor/models/registry.py: _SPECULATIVE_DECODING_MODELS["
+            f'"{draft.architecture}"] = ("{spec.module_name}_mtp", '
+            f'"{draft.class_name}").'
+        ]
+    )
     return [
         f'vllm/config/speculative.py: add "{mtp_type}" to MTPModelTypes.',
         "vllm/config/speculative.py: SpeculativeConfig.hf_config_override: "
         f'model_type "{spec.model_type}" -> "{mtp_type}", update n_predict = '
         f'num_nextn_predict_layers and architectures = ["{draft.architecture}"].',
-        "vllm/model_executor/models/registry.py: _SPECULATIVE_DECODING_MODELS["
-        f'"{draft.architecture}"] = ("{spec.module_name}_mtp", '
-        f'"{draft.class_name}").',
+        *registry,
     ]

@@ -130,7 +130,11 @@ def load_mtp_reference(checkpoint_dir: Path, spec: ModelSpec, work_dir: Path):
     if spec.mtp is None:
         raise InputError(f"{spec.name}: the spec has no MTP heads")
     config = json.loads((checkpoint_dir / "config.json").read_text())
-    overlay = overlay_with_remote_code(checkpoint_dir, spec, None, config, work_dir)
+    # The generated reference itself (standalone): a renamed family's modular
+    # reference is transformers' class, which has no MTP heads.
+    overlay = overlay_with_remote_code(
+        checkpoint_dir, spec, None, config, work_dir, standalone=True
+    )
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:

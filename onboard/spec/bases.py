@@ -1,0 +1,83 @@
+"""The families vLLM ships that a new architecture can be built on.
+
+A new model type whose model equals one of these families, layer for layer, needs
+no model code of its own: its vLLM file subclasses the family's class and maps the
+checkpoint's tensor names onto the family's (as vLLM's ``mistral_large_3.py``
+builds on DeepSeek-V3), and its reference subclasses transformers' class in the
+style of transformers' ``modular_*.py`` files, and its config.json has the
+family's keys. :func:`onboard.spec.hf.find_base` decides, by writing the spec as
+the family's own config.json and reading it back: where transformers' class of
+the family reads back exactly the spec, the family computes the spec's model (the
+same proof onboard runs for every family it knows). Everything else about the
+checkpoint must be stored the family's way too, except the tensor names: stacked
+or fused tensors and MTP heads are not renamed.
+
+tests/test_modular.py checks every entry against the installed vLLM's registry and
+transformers' auto classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onboard.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Base:
+    """One family vLLM serves with a model file of its own."""
+
+    model_type: str  # transformers' model type (onboard.spec.hf.FAMILIES)
+    architecture: str  # the class vLLM registers (and transformers names)
+    vllm_module: str  # under vllm.model_executor.models
+    config_class: str  # transformers' config class
+    # The architecture vLLM drafts MTP heads of this family with, if any.
+    mtp_architecture: str | None = None
+    # vLLM's class has an hf_to_vllm_mapper of its own (for its checkpoints'
+    # names), which a subclass's renames come before.
+    mapper: bool = True
+
+    @property
+    def vllm_import(self) -> str:
+        return f"vllm.model_executor.models.{self.vllm_module}"
+
+
+# In order of preference: the first family that reads back as the spec wins (a
+# plain Llama block also reads back as Mistral's).
+BASES: tuple[Base, ...] = (
+    Base("llama", "LlamaForCausalLM", "llama", "LlamaConfig"),
+    Base("qwen2", "Qwen2ForCausalLM", "qwen2", "Qwen2Config"),
+    Base("qwen3", "Qwen3ForCausalLM", "qwen3", "Qwen3Config"),
+    Base("mixtral", "MixtralForCausalLM", "mixtral", "MixtralConfig"),
+    Base("qwen2_moe", "Qwen2MoeForCausalLM", "qwen2_moe", "Qwen2MoeConfig"),
+    Base("qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3MoeConfig"),
+    Base(
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        "deepseek_v2",
+        "DeepseekV3Config",
+        mtp_architecture="DeepSeekMTPModel",
+        mapper=False,
+    ),
+    Base("gpt_oss", "GptOssForCausalLM", "gpt_oss", "GptOssConfig"),
+    Base(
+        "qwen3_next",
+        "Qwen3NextForCausalLM",
+        "qwen3_next",
+        "Qwen3NextConfig",
+        mtp_architecture="Qwen3NextMTP",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class BaseMatch:
+    """A spec that is ``base`` under a new name."""
+
+    base: Base
+    # The spec as the family itself would state it (its model type, class and
+    # checkpoint naming): what the family's classes are proven against.
+    as_base: ModelSpec
+    # role -> (the checkpoint's module path, the family's), for the roles whose
+    # names differ.
+    renames: dict[str, tuple[str, str]]
