@@ -276,6 +276,27 @@ def test_the_modular_reference_is_transformers_class_with_the_names_renamed(
     assert (bad - want).abs().max().item() > 1e-2
 
 
+def test_the_modular_reference_converts_the_familys_checkpoint_without_renames(
+    tmp_path,
+):
+    """transformers applies DeepSeek-V3's expert stacking to remote code only where
+    it is registered for the model type: with no name to map, the reference still
+    registers the family's conversions and loads every tensor."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+
+    spec = renamed("deepseek-v3-style", "ds_same", {}, mtp=None)
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0)
+    tiny = load_spec(ckpt / "spec.yaml")
+    ids = torch.tensor([[1, 5, 9, 200, 3, 77, 41, 8]])
+    with torch.no_grad():
+        got = _load(ckpt, render_reference(tiny), tmp_path / "modular")(ids).logits
+        want = _load(
+            ckpt, render_reference(tiny, standalone=True), tmp_path / "standalone"
+        )(ids).logits
+    assert (got - want).abs().max().item() < 1e-4
+
+
 # ---- the engine ------------------------------------------------------------------
 
 
@@ -308,3 +329,39 @@ def test_the_modular_model_passes_validation_on_the_cpu_engine(tmp_path):
     assert "modeling_renamed_ds.RenamedDsForCausalLM" in data["reference"]
     assert "a subclass of transformers" in data["reference"]
     assert data["reference"].endswith("DeepseekV3ForCausalLM")
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_a_renamed_family_with_mtp_heads_drafts_with_vllms_own_class(tmp_path):
+    """DeepSeek-V3 under a new name with its MTP head: no MTP file is generated;
+    vLLM's DeepSeekMTP drafts (the plugin maps the model type to it) and the
+    spec-decode check passes, as does accuracy."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import write_model_code
+    from onboard.speculators.mtp_train import train_mtp_heads
+    from onboard.validate.harness import validate
+
+    spec = renamed("deepseek-v3-style", "ds_plain", {})
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(spec, ckpt, seed=0)
+    tiny = load_spec(ckpt / "spec.yaml")
+    # Trained with the standalone reference's mtp_forward (the modular reference
+    # is transformers' class, which has no MTP heads).
+    train_mtp_heads(ckpt, tiny)
+    write_model_code(tiny, tmp_path / "gen")
+    result = validate(
+        ckpt,
+        ckpt / "spec.yaml",
+        "cpu",
+        tmp_path / "out",
+        generated=tmp_path / "gen",
+        checks="accuracy,spec-decode:mtp",
+    )
+    data = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert result.passed, data
+    (mtp,) = [c for c in data["checks"] if c["name"] == "spec-decode:mtp"]
+    drafter = mtp["metrics"]["drafter"]
+    assert drafter["draft_model_class"] == (
+        "vllm.model_executor.models.deepseek_mtp.DeepSeekMTP"
+    )
