@@ -109,6 +109,12 @@ def test_nvfp4a16_is_dequantized_where_the_engine_refuses(run):
     assert "Marlin FP4 not available" in check["details"]
     assert 0 < m["kl_divergence"] <= THRESHOLDS["nvfp4a16"].kl_divergence
     assert m["top1_agreement"] >= THRESHOLDS["nvfp4a16"].top1_agreement
+    # The weights probe: the generated model consumes every tensor of it.
+    load = m["weights_load"]
+    assert load["passed"], load["summary"]
+    assert load["model_class"].startswith("onboard_plugin_")
+    assert load["consumed"] == load["tensors"] > 0
+    assert "weights load on CPU:" in check["details"]
 
 
 def test_bad_quantized_option_is_bad_input(tmp_path):

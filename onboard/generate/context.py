@@ -989,6 +989,8 @@ def _moe_context(
     return {
         # Stacked as gpt-oss stores them: its MoE block loads them itself.
         "gpt_oss_experts": gpt_oss_experts(spec),
+        # gpt-oss's own MXFP4 experts format, which its checkpoints ship.
+        "mxfp4_experts": gpt_oss_experts(spec) and "mxfp4" in spec.quantization,
         "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
         "layer_expr": _moe_layer_expr(spec, arch, f),

@@ -94,9 +94,15 @@ def _reference(selection: Selection):
     try:
         config = AutoConfig.from_pretrained(selection.model_dir)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32, attn_implementation="sdpa"
-            )
+            try:
+                model = AutoModelForCausalLM.from_config(
+                    config, dtype=torch.float32, attn_implementation="sdpa"
+                )
+            except ValueError:
+                # A family without an SDPA path (gpt-oss: its attention sinks).
+                model = AutoModelForCausalLM.from_config(
+                    config, dtype=torch.float32, attn_implementation="eager"
+                )
     except (ValueError, KeyError, OSError) as exc:
         raise InputError(
             f"{selection.model_dir}: nvfp4 calibration needs the reference model, and "
@@ -311,8 +317,11 @@ def _calibrate_generated_reference(
     wanted = {q.module for q in selection.quantized.values()}
     stats: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="onboard-calibrate-") as tmp:
+        # The standalone reference: its modules carry the checkpoint's names,
+        # which the hooks below find (a renamed family's modular reference
+        # would carry the family's).
         overlay = overlay_with_remote_code(
-            selection.model_dir, arch.spec, None, config, Path(tmp)
+            selection.model_dir, arch.spec, None, config, Path(tmp), standalone=True
         )
         model = AutoModelForCausalLM.from_pretrained(
             overlay, dtype=torch.float32, trust_remote_code=True

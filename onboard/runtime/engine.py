@@ -218,6 +218,49 @@ def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
+def vllm_environment(options: EngineOptions, work_dir: Path) -> dict[str, str]:
+    """The environment of a process that runs vLLM with ``options``' plugin and
+    CPU shims only (the engine's, and the weights probe's)."""
+    env = dict(os.environ)
+    paths = []
+    # Only ours: another installed plugin must not register over them (none:
+    # vLLM's own classes, even where a plugin is installed).
+    plugins = []
+    if options.plugin is not None:
+        plugin = options.plugin
+        if not plugin.installed:
+            paths += [
+                str(plugin.root),
+                str(plugin_site(plugin, work_dir / "site")),
+            ]
+        plugins.append(plugin.entry_point)
+        # The engine runs the generated class, also for an architecture
+        # vLLM serves in-tree (its plugin's register() logs the switch).
+        env[OVERRIDE_ENV] = "all"
+    if options.compat:
+        from onboard.runtime import compat
+
+        site = plugin_site(compat_plugin(), work_dir / "site")
+        if str(site) not in paths:
+            paths.append(str(site))
+        plugins.append(compat.ENTRY_POINT)
+        env[compat.ENV] = ",".join(options.compat)
+    env["VLLM_PLUGINS"] = ",".join(plugins)
+    # The helper functions the worker ships into vLLM's processes live in
+    # onboard; make sure those processes can import it.
+    paths.append(str(Path(__file__).resolve().parents[2]))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # apply_model/collective_rpc ship a function to the engine processes, which
+    # vLLM only allows with pickle enabled; set for this worker tree only.
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env.update(options.env)
+    return env
+
+
 class EngineLoadError(Exception):
     """vLLM could not build the model; ``failure`` is the worker's report."""
 
@@ -249,44 +292,7 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        paths = []
-        # Only ours: another installed plugin must not register over them (none:
-        # vLLM's own classes, even where a plugin is installed).
-        plugins = []
-        if self.options.plugin is not None:
-            plugin = self.options.plugin
-            if not plugin.installed:
-                paths += [
-                    str(plugin.root),
-                    str(plugin_site(plugin, self.work_dir / "site")),
-                ]
-            plugins.append(plugin.entry_point)
-            # The engine runs the generated class, also for an architecture
-            # vLLM serves in-tree (its plugin's register() logs the switch).
-            env[OVERRIDE_ENV] = "all"
-        if self.options.compat:
-            from onboard.runtime import compat
-
-            site = plugin_site(compat_plugin(), self.work_dir / "site")
-            if str(site) not in paths:
-                paths.append(str(site))
-            plugins.append(compat.ENTRY_POINT)
-            env[compat.ENV] = ",".join(self.options.compat)
-        env["VLLM_PLUGINS"] = ",".join(plugins)
-        # The helper functions the worker ships into vLLM's processes live in
-        # onboard; make sure those processes can import it.
-        paths.append(str(Path(__file__).resolve().parents[2]))
-        if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        # apply_model/collective_rpc ship a function to the engine processes, which
-        # vLLM only allows with pickle enabled; set for this worker tree only.
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-        env["TOKENIZERS_PARALLELISM"] = "false"
-        env.update(self.options.env)
-        return env
+        return vllm_environment(self.options, self.work_dir)
 
     def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,11 @@ next prompt token, so both models see the same contexts):
   plugin, asked for the logprobs of the whole vocabulary (``max_logprobs=-1``). Where
   vLLM's CPU build refuses the scheme, the engine's own error is recorded and Q
   comes from the reference model (transformers, float32) run on the checkpoint's
-  weights dequantized by compressed-tensors instead.
+  weights dequantized by compressed-tensors instead; and the weights probe
+  (onboard.runtime.weights_probe) builds the model vLLM would serve with the
+  checkpoint's quantization config and checks that it consumes every tensor into
+  a parameter of the stored shape and dtype (``weights_load``; a failure fails
+  the check).
 
 Metrics (names in docs/architecture.md): ``kl_divergence`` (mean over positions of
 KL(P||Q),
@@ -157,6 +161,9 @@ def run(ctx, name: str) -> Check:
         "the full KL"
     )
     metrics["time_s"] = round(time.perf_counter() - t0, 2)
+    load = metrics.get("weights_load")
+    if load is not None and not load["passed"]:
+        problems.append(f"the model vLLM builds does not load it: {load['summary']}")
     if stats["kl_divergence"] > threshold.kl_divergence:
         problems.append(
             f"KL divergence {stats['kl_divergence']:.4g} nats is above the "
@@ -175,6 +182,7 @@ def run(ctx, name: str) -> Check:
         f"{threshold.top1_agreement}) over {stats['positions']} prompt positions",
         "16-bit tensors byte-identical: "
         + ", ".join(f"{k} {v}" for k, v in untouched.items()),
+        *([f"weights load on CPU: {load['summary']}"] if load is not None else []),
         *problems,
     ]
     return Check(name, "failed" if problems else "passed", metrics, "\n".join(lines))
@@ -252,6 +260,7 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
             "cpu_features": cpu_features(),
         }
         side["cpu_lacks"] = lacking_note(error, side["cpu_features"])
+        side["weights_load"] = _weights_load(ctx, scheme, qdir)
         return rows, side
     vocab = ctx.spec.vocab_size
     rows = [_dense(o["prompt_logprobs"][1:], vocab) for o in reply["outputs"]]
@@ -263,6 +272,21 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
             f"generated class from {ctx.plugin.package}"
         )
     return rows, side
+
+
+def _weights_load(ctx, scheme: str, qdir: Path) -> dict[str, Any]:
+    """Where the engine cannot run the scheme: does the model vLLM builds (the
+    generated one) consume every tensor of the checkpoint into a parameter of the
+    stored shape and dtype? (onboard.runtime.weights_probe)"""
+    from onboard.runtime.weights_probe import probe_weights
+
+    (result,) = probe_weights(
+        [qdir],
+        ctx.work_dir / f"weights-{scheme}",
+        ctx.engine_options(model_dir=qdir),
+        ctx.spec,
+    )
+    return result.to_dict() | {"summary": result.summary()}
 
 
 def _dense(steps: list[dict[int, float]], vocab: int) -> np.ndarray:
