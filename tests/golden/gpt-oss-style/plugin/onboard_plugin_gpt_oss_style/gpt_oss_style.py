@@ -114,6 +114,10 @@ class GptOssMoE(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, weight in weights:
+            if name.startswith("experts.") and routed.w13_weight.dtype == torch.uint8:
+                # MXFP4 experts (gpt-oss's checkpoints ship them so)
+                loaded.add(self._load_mxfp4(name, weight[experts]))
+                continue
             if name == "experts.gate_up_proj":
                 routed.w13_weight.copy_(weight[experts, :, gate_up].transpose(1, 2))
                 loaded.add("experts.routed_experts.w13_weight")
@@ -136,6 +140,41 @@ class GptOssMoE(nn.Module):
                 param.weight_loader(param, weight)
                 loaded.add(name)
         return loaded
+
+    def _load_mxfp4(self, name: str, weight: torch.Tensor) -> str:
+        """One tensor of gpt-oss's MXFP4 experts (``quant_method: mxfp4``), output
+        dim first, 32 values a block: ``gate_up_proj_blocks`` [experts, 2 x width,
+        hidden / 32, 16] (two 4-bit values a byte) and ``_scales`` [experts, 2 x
+        width, hidden / 32] (E8M0), ``down_proj_blocks`` [experts, hidden, width /
+        32, 16] and ``_scales``, and the biases. As vLLM's gpt_oss.py does, a
+        tensor-parallel rank takes its share of the width in whole blocks, and
+        vLLM's loader copies it into the parameter (which may be padded)."""
+        parallel = self.experts.moe_config.moe_parallel_config
+        full = self.experts.moe_config.intermediate_size
+        lo, hi = 0, full
+        if not parallel.use_ep:
+            per_rank = -(-full // 32 // parallel.tp_size) * 32
+            lo = parallel.tp_rank * per_rank
+            hi = min(lo + per_rank, full)
+        stem, kind = name.removeprefix("experts.").rsplit("_", 1)
+        target = "w13" if stem == "gate_up_proj" else "w2"
+        suffix = {"blocks": "weight", "scales": "weight_scale", "bias": "bias"}[kind]
+        param_name = f"{target}_{suffix}"
+        if kind == "blocks":
+            weight = weight.flatten(2)  # the 16-byte blocks of each row, joined
+        if target == "w13":
+            weight = weight[:, 2 * lo : 2 * hi]  # gate, up pairs
+        elif kind == "blocks":
+            weight = weight[..., lo // 2 : hi // 2]
+        elif kind == "scales":
+            weight = weight[..., lo // 32 : hi // 32]
+        elif not parallel.use_ep and parallel.tp_rank != 0:
+            weight = torch.zeros_like(weight)  # down_proj's bias: the first rank
+        param = getattr(self.experts.routed_experts, param_name)
+        param.weight_loader(
+            param, weight, weight_name=param_name, shard_id=None, expert_id=None
+        )
+        return f"experts.routed_experts.{param_name}"
 
 
 class GptOssAttention(nn.Module):
