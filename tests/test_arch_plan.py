@@ -90,7 +90,7 @@ def test_generated_model_and_reference_follow_the_plans_moe_layers(name):
         assert "reference" in str(exc)
         return
     if ref["f"]["moe"]:
-        assert ref["plan"]["moe"]
+        assert ref["per_layer"]["moe"]
 
 
 def test_a_reference_moe_rule_that_disagrees_with_the_plan_is_refused():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -297,7 +298,7 @@ def _router_bias_at(spec: ModelSpec) -> str:
     return "moe" if rel is not None and "." not in rel else "gate"
 
 
-def _rename(role: str, source: str, target: str) -> Rename:
+def rename_rule(role: str, source: str, target: str) -> Rename:
     """Regex rename of one role's module path (with its parameter suffixes)."""
     pattern = ""
     for piece in re.split(r"(\{layer\}|\{expert\})", source):
@@ -323,7 +324,7 @@ def _renames(
     gpt_oss_module = "experts_gate_up_proj" if gpt_oss_experts(spec) else None
     parameters = parameter_experts(spec)
     out = [
-        _rename(
+        rename_rule(
             role,
             spec.tensor_path(role) + RENAMED_PARAM.get(role, ""),
             vllm_paths[role] + RENAMED_PARAM.get(role, ""),
@@ -339,26 +340,33 @@ def _renames(
             # Mistral-4's stacks: parameters of one module, named after the roles.
             stored = f"{spec.tensor_path(role)}.{gpt_oss_param(role)}"
             if stored != vllm_paths[role]:
-                out.append(_rename(role, stored, vllm_paths[role]))
+                out.append(rename_rule(role, stored, vllm_paths[role]))
         elif role in roles and gpt_oss_module is None:
             # The fused MoE layer takes a stacked tensor by its own name, without
             # the checkpoint's ".weight" (as vLLM's granitemoe.py maps them).
-            rename = _rename(role, spec.tensor_path(role), vllm_paths[role])
+            rename = rename_rule(role, spec.tensor_path(role), vllm_paths[role])
             rename.pattern = rename.pattern.removesuffix("(?=\\.|$)") + r"\.weight$"
             out.append(rename)
-    # Renames run one after another: none may match a path another one produced
-    # (e.g. two roles swapping names).
-    for a in out:
-        produced = (vllm_paths[a.role] + RENAMED_PARAM.get(a.role, "")).format(
+    check_renames(spec, out, lambda role: vllm_paths[role])
+    return out
+
+
+def check_renames(
+    spec: ModelSpec, renames: list[Rename], target: Callable[[str], str]
+) -> None:
+    """Renames run one after another: none may match a path another one produced
+    (e.g. two roles swapping names). ``target(role)``: the path a role's rename
+    produces."""
+    for a in renames:
+        produced = (target(a.role) + RENAMED_PARAM.get(a.role, "")).format(
             layer=0, expert=0
         )
-        for b in out:
+        for b in renames:
             if b is not a and re.search(b.pattern, produced):
                 raise GenerationError(
                     f"{spec.name}: checkpoint.tensor_names: renaming {a.role} to "
                     f"{produced!r} collides with the checkpoint path of {b.role}"
                 )
-    return out
 
 
 # ---- config-driven per-layer plans -----------------------------------------------

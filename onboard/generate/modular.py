@@ -3,12 +3,15 @@ vLLM's class that reads the checkpoint's own tensor names (onboard.spec.bases)."
 
 from __future__ import annotations
 
-import re
-
-from onboard.generate.context import RENAMED_PARAM, Rename, _rename
+from onboard.generate.context import (
+    RENAMED_PARAM,
+    Rename,
+    check_renames,
+    rename_rule,
+)
 from onboard.spec.bases import BaseMatch
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.templating import GenerationError, render_python
+from onboard.templating import render_python
 
 
 def renames(spec: ModelSpec, match: BaseMatch) -> list[Rename]:
@@ -17,18 +20,9 @@ def renames(spec: ModelSpec, match: BaseMatch) -> list[Rename]:
     out: dict[str, Rename] = {}
     for role, (ours, theirs) in match.renames.items():
         suffix = RENAMED_PARAM.get(role, "")
-        out.setdefault(ours + suffix, _rename(role, ours + suffix, theirs + suffix))
+        out.setdefault(ours + suffix, rename_rule(role, ours + suffix, theirs + suffix))
     rules = list(out.values())
-    # Renames run one after another: none may match a path another one produced.
-    for a in rules:
-        theirs = match.renames[a.role][1] + RENAMED_PARAM.get(a.role, "")
-        produced = theirs.format(layer=0, expert=0)
-        for b in rules:
-            if b is not a and re.search(b.pattern, produced):
-                raise GenerationError(
-                    f"{spec.name}: checkpoint.tensor_names: renaming {a.role} to "
-                    f"{produced!r} collides with the checkpoint path of {b.role}"
-                )
+    check_renames(spec, rules, lambda role: match.renames[role][1])
     return rules
 
 

@@ -85,38 +85,44 @@ def install() -> None:
                     return kernel
             raise
 
-    def init_nvfp4_linear_kernel(use_a16: bool = False):
+    def emulated(original: Callable, label: str, build: Callable) -> Callable:
+        """``original``, or where it finds no kernel, vLLM's emulation kernel of
+        the format (``build``: its instance, from the same arguments)."""
+
+        def select(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except ValueError as exc:
+                TAKEN.append(f"{label}: emulation ({_first_line(exc)})")
+                return build(*args, **kwargs)
+
+        return select
+
+    def nvfp4_emulation(use_a16: bool = False):
         # No CPU entry among vLLM's NVFP4 linear kernels (W4A16 forces Marlin).
-        try:
-            return init_nvfp4(use_a16=use_a16)
-        except ValueError as exc:
-            from vllm.model_executor.kernels.linear.nvfp4.base import (
-                NvFp4LinearLayerConfig,
-            )
-            from vllm.model_executor.kernels.linear.nvfp4.emulation import (
-                EmulationNvFp4LinearKernel,
-            )
+        from vllm.model_executor.kernels.linear.nvfp4.base import (
+            NvFp4LinearLayerConfig,
+        )
+        from vllm.model_executor.kernels.linear.nvfp4.emulation import (
+            EmulationNvFp4LinearKernel,
+        )
 
-            TAKEN.append(f"NVFP4 linear: emulation ({_first_line(exc)})")
-            return _without_checks(EmulationNvFp4LinearKernel, NvFp4LinearLayerConfig())
+        return _without_checks(EmulationNvFp4LinearKernel, NvFp4LinearLayerConfig())
 
-    def init_mxfp4_linear_kernel(activation_quant_key=None):
+    def mxfp4_emulation(activation_quant_key=None):
         # No CPU entry among vLLM's MXFP4 linear kernels.
-        try:
-            return init_mxfp4(activation_quant_key=activation_quant_key)
-        except ValueError as exc:
-            from vllm.model_executor.kernels.linear.mxfp4.base import (
-                MxFp4LinearLayerConfig,
-            )
-            from vllm.model_executor.kernels.linear.mxfp4.emulation import (
-                EmulationMxfp4LinearKernel,
-            )
+        from vllm.model_executor.kernels.linear.mxfp4.base import (
+            MxFp4LinearLayerConfig,
+        )
+        from vllm.model_executor.kernels.linear.mxfp4.emulation import (
+            EmulationMxfp4LinearKernel,
+        )
 
-            TAKEN.append(f"MXFP4 linear: emulation ({_first_line(exc)})")
-            return _without_checks(
-                EmulationMxfp4LinearKernel,
-                MxFp4LinearLayerConfig(activation_quant_key=activation_quant_key),
-            )
+        config = MxFp4LinearLayerConfig(activation_quant_key=activation_quant_key)
+        return _without_checks(EmulationMxfp4LinearKernel, config)
+
+    init_nvfp4_linear_kernel = emulated(init_nvfp4, "NVFP4 linear", nvfp4_emulation)
+    init_mxfp4_linear_kernel = emulated(init_mxfp4, "MXFP4 linear", mxfp4_emulation)
 
     def select_nvfp4_moe_backend(config, weight_key, activation_key):
         # No NVFP4 fused-MoE backend on CPU.
