@@ -161,7 +161,7 @@ def test_the_model_file_subclasses_vllms_class_and_maps_the_names():
     )
 
 
-def test_config_json_has_the_familys_keys_and_loads_with_the_generated_class():
+def test_config_json_loads_with_the_families_config_class_as_the_spec():
     spec = renamed_deepseek()
     cfg = hf_config_from_spec(spec)
     assert cfg["model_type"] == "renamed_ds"

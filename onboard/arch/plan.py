@@ -89,8 +89,6 @@ class Attention:
     output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
-    # A learned logit per query head joins each softmax (attention sinks).
-    sinks: bool = False
     # Sparse MLA: the indexer that picks the keys each query attends to.
     indexer: Indexer | None = None
     # The plan nodes of the components this attention has (onboard.components),
@@ -608,7 +606,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
-        sinks=att.sinks,
         indexer=None
         if att.indexer is None
         else Indexer(

@@ -20,7 +20,7 @@ from onboard.arch.plan import (
     build_plan,
 )
 from onboard.components import TensorPlan
-from onboard.spec.layouts import PARAM_ROLES, gpt_oss_param
+from onboard.spec.layouts import gpt_oss_param
 from onboard.spec.model import ModelSpec
 
 
@@ -169,8 +169,6 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             qk_init = _norm_init(spec, "ones")
             add("q_norm", shapes[0], qk_init)
             add("k_norm", shapes[1], qk_init)
-        if att.sinks:
-            add("sinks", (att.num_heads,), "sinks", suffix=PARAM_ROLES["sinks"])
     if not att.linear:
         for component in components.present(spec):
             out += component.tensors(spec, block)

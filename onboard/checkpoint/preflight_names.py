@@ -335,6 +335,9 @@ def _unexpected_problem(
 ) -> None:
     spec = run.spec
     where = describe(pattern, names)
+    # A parameter role (the attention's sinks) is told by its parameter, not by
+    # the module another role may share.
+    role = {p: r for r, p in PARAM_ROLES.items()}.get(param, role)
     idx = [abstract(n)[1] for n in names]
     layers = {i[0] for i in idx if i}
     severity: Severity = "error"

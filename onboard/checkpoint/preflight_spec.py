@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from functools import cache
+from typing import Any
 
+from onboard import components
 from onboard.arch import ArchPlan, KimiDeltaAttention
 from onboard.spec.layouts import (
     EXPERT_ROLES,
@@ -19,6 +21,8 @@ from onboard.spec.layouts import (
     gpt_oss_param,
     required_placeholders,
 )
+from onboard.spec.model import ModelSpec
+from onboard.spec.module_tree import used_roles
 
 PLACEHOLDERS = ("{layer}", "{expert}")
 
@@ -75,12 +79,20 @@ def split_name(name: str) -> tuple[str, str]:
     return module, param
 
 
+def _roles_spec_first(plan: ArchPlan) -> list[str]:
+    """Every role, those the spec uses first."""
+    used = used_roles(plan.spec)
+    return [*used, *(role for role in ROLES if role not in used)]
+
+
 def role_index(plan: ArchPlan) -> dict[str, str]:
-    """Module path -> role, for every module the spec's layout can name."""
+    """Module path -> role, for every module the spec's layout can name (a path
+    two roles share, e.g. the attention module of the sinks and of KDA, is the
+    spec's own role's)."""
     total = plan.checkpoint_layers
     experts = plan.moe.num_experts if plan.moe else 0
     out: dict[str, str] = {}
-    for role in ROLES:
+    for role in _roles_spec_first(plan):
         path = plan.layout_path(role)
         holes = required_placeholders(role)
         if not holes:
@@ -98,7 +110,7 @@ def role_index(plan: ArchPlan) -> dict[str, str]:
 def canonical_roles(plan: ArchPlan) -> dict[str, str]:
     """Abstract module pattern -> role (as :func:`abstract` writes patterns)."""
     out: dict[str, str] = {}
-    for role in ROLES:
+    for role in _roles_spec_first(plan):
         out.setdefault(
             abstract(plan.layout_path(role).format(layer=0, expert=0))[0], role
         )
@@ -117,8 +129,9 @@ def role_hint(
     want = "false" if missing else "true"
     if role in ("q_norm", "k_norm"):
         return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
-    if role == "sinks":
-        return f"set attention.sinks: {want} in the spec", ["attention.sinks"]
+    field = getattr(components.roles().get(role), "spec_field", None)
+    if field is not None:
+        return f"set {field}: {want} in the spec", [field]
     if role == "router" and param == "bias":
         return (
             f"set mlp.moe.router.bias: {want} in the spec",
@@ -310,7 +323,6 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "o_proj": (h, q),
             "q_norm": (hd,),
             "k_norm": (hd,),
-            "sinks": (("attention.num_heads", nh),),
         }
         if att.qk_norm_scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
@@ -395,6 +407,9 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             both = (f"2 × {ei[0]}", 2 * ei[1])
             return {"gate_up_proj": [ne, both, h], "down_proj": [ne, h, ei]}.get(param)
         return _gpt_oss_dims(h, ne, ei, param)
+    for name, r in components.roles().items():
+        if r.dims:
+            table[name] = tuple((d, _spec_value(plan.spec, d)) for d in r.dims)
     dims = table.get(role or "")
     if dims is None:
         return None
@@ -503,6 +518,14 @@ def fields_in(text: str) -> list[str]:
     return re.findall(r"[a-z_]+(?:\.[a-z_]+)+|hidden_size|vocab_size", text)
 
 
+def _spec_value(spec: ModelSpec, field: str) -> Any:
+    """A spec field's value by its dotted path ("attention.num_heads")."""
+    value = spec
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
+
+
 # config.json concept -> the spec fields it comes from (for the fix).
 _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
@@ -517,7 +540,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),
     "qk_norm": ("attention.qk_norm",),
-    "attention_sinks": ("attention.sinks",),
     "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),
@@ -586,6 +608,9 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "num_nextn_predict_layers": ("mtp.num_heads",),
     "mtp_mlp": ("mtp.mlp",),
 }
+_CONCEPT_FIELDS.update(
+    {k: v for c in components.every() for k, v in c.concept_fields.items()}
+)
 
 
 @cache

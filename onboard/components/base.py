@@ -77,6 +77,21 @@ class Role:
     slot: tuple[str, ...]
     # A Linear that quantization may compress (else it stays 16-bit).
     linear: bool = True
+    # A parameter of the module at ``path`` (the tensor is ``path.param``), not a
+    # module of its own (attention sinks).
+    param: str | None = None
+    # Kept in 16 bits and checked byte for byte by the quant check under this
+    # name (onboard.validate.check_quant); None: nothing to guard.
+    guard: str | None = None
+    # The boolean spec field that decides whether the role's tensor exists (the
+    # fix a checkpoint mismatch suggests), and the spec fields its shape is
+    # made of, dim by dim (what a shape mismatch names).
+    spec_field: str | None = None
+    dims: tuple[str, ...] = ()
+    # The serving plan's weight group and how tensor parallelism lays it out
+    # ("tp": split over the ranks, "replicated": whole on each).
+    group: str = "attention"
+    shard: str = "tp"
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,8 @@ class Component:
 
     # Its name: the key of its plan node, config concepts and template contexts.
     name: ClassVar[str]
+    # What it is, as a noun phrase ("attention sinks"): summaries list it.
+    label: ClassVar[str] = ""
     # The spec section whose fields it adds ("attention.mla"), and those fields.
     extends: ClassVar[str | None] = None
     Fields: ClassVar[type[Section] | None] = None
@@ -113,8 +130,17 @@ class Component:
     # Plain attributes its reference code sets on a module (no module may take
     # one of these names).
     attributes: ClassVar[tuple[str, ...]] = ()
-    # config.json: concept -> every key families use for it, canonical first.
+    # config.json: concept -> every key families use for it, canonical first;
+    # and concept -> the spec fields it comes from (what a mismatch names).
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    # Reference code: what the attention's softmax core takes from the module
+    # beside q, k, v, the mask and the scale (the component's fragment at slot
+    # ``attend`` defines that core).
+    attend_inputs: ClassVar[tuple[str, ...]] = ()
+    # config.json concepts whose value a checkpoint's tensor names show
+    # (spec from-hf finds them from the tensors, onboard.reference.infer).
+    visible: ClassVar[tuple[str, ...]] = ()
     # Template fragments: slot of the host's template -> fragment template.
     vllm_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
     hf_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
@@ -136,6 +162,11 @@ class Component:
         concept's canonical key)."""
         return {}
 
+    def facts(self, spec: ModelSpec) -> dict[str, Any]:
+        """Its config concepts as ``spec`` states them, present or not: what a
+        family's code may fix without a key (concept -> value)."""
+        return {}
+
     def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
         """Its spec fields from a config.json: field -> value (empty where the
         config says nothing of it). ``get(concept, default)`` reads a concept
@@ -155,8 +186,9 @@ class Component:
         return node
 
     def describe(self, node: Any) -> str | None:
-        """A sentence on it for the docstring of the generated module that has it
-        (None: nothing to say)."""
+        """What it does to its attention, as a phrase ("a learned sink logit per
+        head in each softmax"), which the attention's docstrings print (None:
+        nothing to say)."""
         return None
 
     def tensor_name(self, spec: ModelSpec, role: str, layer: int) -> str:

@@ -55,6 +55,7 @@ class MLAOutputGate:
 
 class _MLAOutputGate(Component):
     name = "mla_output_gate"
+    label = "an output gate"
     extends = "attention.mla"
     Fields = MLAOutputGateFields
     Node = MLAOutputGate
@@ -62,6 +63,9 @@ class _MLAOutputGate(Component):
         {"mla_gate_proj": Role("model.layers.{layer}.self_attn.gate_proj", ("attn",))}
     )
     config_aliases = MappingProxyType({"mla_output_gate": ("mla_output_gate",)})
+    concept_fields = MappingProxyType(
+        {"mla_output_gate": ("attention.mla.output_gate",)}
+    )
     # Plain attributes its reference code sets (no module may take the name).
     attributes = ("gate_width",)
     vllm_fragments = MappingProxyType(
@@ -126,10 +130,8 @@ class _MLAOutputGate(Component):
 
     def describe(self, node: MLAOutputGate) -> str:
         per = "per head and value dim" if node.per == "element" else "per head"
-        return (
-            "The attention output is gated by sigmoid(gate_proj(x)), one gate "
-            f"{per}, before o_proj."
-        )
+        gate = "the output gated by sigmoid(gate_proj(x))"
+        return f"{gate}, one gate {per}, before o_proj"
 
 
 COMPONENT = _MLAOutputGate()

@@ -646,7 +646,6 @@ def build_context(
         "attn": att.type,
         # Where q and k are normalised: None, "head", "projection", "after_rope".
         "qk_norm": _qk_norm_form(att),
-        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "output_gate": att.type == "gqa" and att.output_gate,
@@ -1058,8 +1057,6 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles += ["q_proj", "k_proj", "v_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
-        if att.sinks:
-            roles.append("sinks")
     lin = spec.linear_attention
     if lin is not None and not mtp:
         roles += linear_attention_roles(lin.type, lin.projections)
@@ -1233,7 +1230,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             + ("vLLM's MLAAttention" if direct else "vLLM's MLA wrapper")
             + " picks the kernels."
         )
-        return " ".join([doc, *_part_docs(spec, arch)])
+        return " ".join([doc, *(f"With {p}." for p in _part_docs(spec, arch))])
     parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
     form = _qk_norm_form(att)
     if form is not None:
@@ -1246,8 +1243,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 "of its own",
             }[form]
         )
-    if att.sinks:
-        parts.append("with a learned sink logit per head in each softmax")
+    parts += [f"with {phrase}" for phrase in _part_docs(spec, arch)]
     if att.qkv_bias or att.o_bias:
         parts.append(
             "with biases on "
@@ -1295,7 +1291,7 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
 
 
 def _part_docs(spec: ModelSpec, arch: ArchPlan) -> list[str]:
-    """What the attention's components say of themselves, a sentence each."""
+    """What the attention's components say of themselves, a phrase each."""
     return [
         doc
         for c in components.present(spec)

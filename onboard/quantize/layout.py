@@ -25,6 +25,7 @@ from onboard.spec.layouts import (
     STACKED_EXPERT_ROLES,
     role_path,
 )
+from onboard.spec.module_tree import used_roles
 
 # Spellings of the decoder depth in config.json (transformers' attribute maps).
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -40,6 +41,9 @@ class TensorLayout:
     kv_sharing: Mapping[int, int] = field(default_factory=dict)  # layer -> target
     keep_unquantized: tuple[str, ...] = ()
     source: str = "spec"  # what it was read from, for messages
+    # The roles the spec uses, which win a path two roles share (the attention
+    # module: the sinks' and KDA's).
+    used: tuple[str, ...] = ()
 
     @classmethod
     def of_spec(cls, spec) -> TensorLayout:
@@ -50,6 +54,7 @@ class TensorLayout:
             tensor_names=dict(spec.checkpoint.tensor_names),
             kv_sharing=dict(arch.kv_sources),
             keep_unquantized=tuple(spec.keep_unquantized),
+            used=tuple(used_roles(spec)),
         )
 
     def path(self, role: str) -> str:
@@ -58,7 +63,8 @@ class TensorLayout:
 
     def role_patterns(self) -> list[tuple[str, re.Pattern]]:
         """Each role's module path as a regex with ``layer`` / ``expert`` groups."""
-        return [(role, _pattern(self.path(role))) for role in ROLES]
+        order = [*self.used, *(role for role in ROLES if role not in self.used)]
+        return [(role, _pattern(self.path(role))) for role in order]
 
 
 def _pattern(path: str) -> re.Pattern:

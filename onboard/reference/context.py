@@ -100,7 +100,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
         "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
         "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
-        "sinks": att.sinks,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
@@ -200,8 +199,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         per_layer["linear"] = _linear_keys(spec, keys, arch, c)
 
     mlp_classes, role_class = _mlp_classes(names, f)
+    parts = _components_context(spec, arch, keys)
     return {
-        **_components_context(spec, arch, keys),
+        **parts,
         "spec": spec,
         "doc": docstring,
         "module": spec.module_name,
@@ -214,7 +214,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),
         "stacked_doc": _stacked_doc(f),
-        "attention_doc": _attention_doc(f),
+        "attention_doc": _attention_doc(f, parts["part_docs"]),
         "mlp_classes": mlp_classes,
         "dense_cls": role_class.get("dense", "MLP"),
         "expert_cls": role_class.get("expert", "MLP"),
@@ -245,6 +245,10 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
         "part_docs": [
             doc for c in present if (doc := c.describe(nodes[c.name])) is not None
         ],
+        # What they pass to the softmax core (attend), after the scale.
+        "attend_inputs": "".join(
+            f", {name}" for c in components.present(spec) for name in c.attend_inputs
+        ),
     }
 
 
@@ -658,7 +662,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
             name
             for name, on in (
                 ("qk-norm", f["qk_norm"]),
-                ("attention sinks", f["sinks"]),
+                *((c.label, True) for c in components.present(spec)),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
                 ("an output gate", f["output_gate"]),
@@ -803,7 +807,7 @@ def _stacked_doc(f: dict[str, Any]) -> str:
     )
 
 
-def _attention_doc(f: dict[str, Any]) -> str:
+def _attention_doc(f: dict[str, Any], part_docs: list[str]) -> str:
     doc = "Grouped-query attention"
     if f["qk_norm_whole"]:
         doc += ", q and k each RMS-normalised over the whole projection"
@@ -813,8 +817,7 @@ def _attention_doc(f: dict[str, Any]) -> str:
         doc += ", q and k layer-normalised per head, each head with its own weight"
     elif f["qk_norm"]:
         doc += ", q and k RMS-normalised per head"
-    if f["sinks"]:
-        doc += ", a learned sink logit per head in each softmax"
+    doc += "".join(f", {phrase}" for phrase in part_docs)
     if f["output_gate"]:
         doc += (
             ", the output gated per channel by sigmoid(gate), which q_proj gives "

@@ -26,6 +26,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from onboard import components
 from onboard.errors import InputError
 from onboard.reference.prove import FamilyModel, Proof, ProofFailed, family_model
 from onboard.reference.remote import RemoteCode
@@ -47,7 +48,6 @@ from onboard.spec.rules import check_rules
 VISIBLE = (
     "qk_norm",
     "qk_norm_scope",  # the norms' shapes
-    "attention_sinks",
     "qkv_bias",
     "o_bias",
     "norm_placement",
@@ -57,6 +57,7 @@ VISIBLE = (
     "topk_method",
     "moe_router_bias",
     "moe_expert_bias",
+    *(concept for c in components.every() for concept in c.visible),
 )
 _MOE_ONLY = {
     "moe_router_bias",
@@ -71,9 +72,15 @@ _GQA_ONLY = {
     "qk_norm",
     "qk_norm_scope",
     "qk_norm_after_rope",
-    "attention_sinks",
     "qkv_bias",
     "o_bias",
+    # The components of GQA's section (MLA's own section's are MLA's).
+    *(
+        concept
+        for c in components.every()
+        if c.extends == "attention"
+        for concept in c.visible
+    ),
 }
 # The checkpoint's own form, which no config says: its layout preset and the
 # projections it stores as one tensor (checkpoint.fused).

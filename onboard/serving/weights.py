@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from onboard import components
 from onboard.arch import ArchPlan, build_plan
 from onboard.checkpoint.tiny import plan_tensors
 from onboard.errors import InputError
@@ -41,7 +42,6 @@ GROUPS: dict[str, tuple[str, str]] = {
     "o_proj": ("attention", SHARD_TP),
     "q_b_proj": ("attention", SHARD_TP),
     "kv_b_proj": ("attention", SHARD_TP),
-    "sinks": ("attention", SHARD_TP),  # one per query head, split with them
     "k_proj": ("attention k/v (GQA)", SHARD_KV),
     "v_proj": ("attention k/v (GQA)", SHARD_KV),
     "q_a_proj": ("attention, replicated (MLA q_a/kv_a)", SHARD_REPLICATED),
@@ -82,6 +82,9 @@ GROUPS: dict[str, tuple[str, str]] = {
     "indexer_wk": ("indexer (replicated)", SHARD_REPLICATED),
     "indexer_weights_proj": ("indexer (replicated)", SHARD_REPLICATED),
 }
+# The components' roles, as each declares them (onboard.components.Role: the
+# attention's sinks, one per query head, are split with the heads).
+GROUPS.update({role: (r.group, r.shard) for role, r in components.roles().items()})
 NORMS = ("norms", SHARD_REPLICATED)  # every other role is a norm (1-D)
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

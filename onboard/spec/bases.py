@@ -4,13 +4,14 @@ A new model type whose model equals one of these families, layer for layer, need
 no model code of its own: its vLLM file subclasses the family's class and maps the
 checkpoint's tensor names onto the family's (as vLLM's ``mistral_large_3.py``
 builds on DeepSeek-V3), and its reference subclasses transformers' class in the
-style of transformers' ``modular_*.py`` files, and its config.json has the
-family's keys. :func:`onboard.spec.hf.find_base` decides, by writing the spec as
-the family's own config.json and reading it back: where transformers' class of
-the family reads back exactly the spec, the family computes the spec's model (the
-same proof onboard runs for every family it knows). Everything else about the
-checkpoint must be stored the family's way too, except the tensor names: stacked
-or fused tensors and MTP heads are not renamed.
+style of transformers' ``modular_*.py`` files, and its config class is the
+family's. :func:`onboard.spec.hf.find_base` decides, by writing the spec as the
+family's own config.json and reading it back: where transformers' class of the
+family reads back exactly the spec, the family computes the spec's model (the
+same proof onboard runs for every family it knows); and the family's config class
+must read the config.json onboard writes for the new model type as the spec.
+Everything else about the checkpoint must be stored the family's way too, except
+the tensor names: stacked or fused tensors and MTP heads are not renamed.
 
 tests/test_modular.py checks every entry against the installed vLLM's registry and
 transformers' auto classes.

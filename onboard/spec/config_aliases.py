@@ -39,7 +39,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_norm": ("qk_norm", "use_qk_norm"),
     "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
     "qk_norm_after_rope": ("qk_norm_after_rope",),
-    "attention_sinks": ("attention_sinks",),  # a learned sink logit per head
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)

@@ -578,7 +578,6 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             qk_norm=att.qk_norm,
             qk_norm_scope=att.qk_norm_scope,
             qk_norm_after_rope=att.qk_norm_after_rope,
-            attention_sinks=att.sinks,
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
@@ -592,6 +591,8 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             moe_router_bias=moe.router.bias,
             moe_expert_bias=moe.expert_bias,
         )
+    for component in components.every():
+        values.update(component.facts(spec))
     return {c: values[c] for c in concepts if c in values}
 
 
@@ -803,7 +804,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             head_dim=head_dim,
             qk_norm=qk_norm,
             **qk_norm_form,
-            sinks=sinks,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             output_gate=output_gate,
@@ -1843,6 +1843,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             rope["partial_rotary_factor"] = mla.qk_rope_head_dim / whole
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
+        c.update(_component_concepts(spec, attention=True))
         c.update(_indexer_concepts(spec))
         if att.layer_types is not None:
             c["layer_types"] = spec.layer_attention_types()
@@ -1858,8 +1859,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["qk_norm_scope"] = att.qk_norm_scope
         if att.qk_norm_after_rope:
             c["qk_norm_after_rope"] = True
-        if att.sinks:
-            c["attention_sinks"] = True
+        c.update(_component_concepts(spec, attention=True))
         if att.output_gate:
             c["attn_output_gate"] = True
         if att.query_pre_attn_scalar is not None:
@@ -1951,9 +1951,18 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
-    for component in components.present(spec):
-        c.update(component.config(spec))
+    c.update(_component_concepts(spec, attention=False))
     return c
+
+
+def _component_concepts(spec: ModelSpec, *, attention: bool) -> dict[str, Any]:
+    """The config of the components ``spec`` has: those of the attention's
+    sections (written among its keys), or the others."""
+    out: dict[str, Any] = {}
+    for component in components.present(spec):
+        if (component.extends or "").startswith("attention") == attention:
+            out.update(component.config(spec))
+    return out
 
 
 def _indexer_concepts(spec: ModelSpec) -> dict[str, Any]:
@@ -2047,7 +2056,15 @@ def _match(spec: ModelSpec, base: Base) -> BaseMatch | None:
     try:
         as_base = ModelSpec.model_validate(data)
         with quiet_transformers():
+            # The family computes the spec: written as its config, it reads back.
             hf_config_from_spec(as_base)
+            # And its config class reads this model type's config.json (the
+            # canonical keys onboard writes) as the spec: the family's code,
+            # given that config, computes the spec.
+            cfg = hf_config_from_spec(spec)
+            cfg.update(model_type=base.model_type, architectures=[base.architecture])
+            facts = spec_facts(as_base, open_concepts(base.model_type))
+            _check_round_trip(as_base, cfg, f"spec {spec.name!r}", facts)
     except (InputError, ValueError):
         return None
     if spec.mtp is not None and base.mtp_architecture is None:
@@ -2080,16 +2097,7 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     known, family = _family(spec.model_type)
     facts = spec_facts(spec, open_concepts(spec.model_type))
     concepts = _concepts(spec)
-    if known is None and (base := find_base(spec)) is not None:
-        # A renamed copy of a family vLLM ships: that family's keys, which its
-        # classes read (onboard.spec.bases).
-        cfg = hf_config_from_spec(base.as_base)
-        cfg.update(architectures=[spec.architecture], model_type=spec.model_type)
-        # What the family's code fixes without a key (Qwen3's q/k norms) is
-        # stated, so that the new model type reads back as the spec.
-        fixed = FAMILIES[base.base.model_type].facts
-        cfg.update({c: concepts[c] for c in fixed if c in concepts and c not in cfg})
-    elif known is None:
+    if known is None:
         cfg = {
             "architectures": [spec.architecture],
             "model_type": spec.model_type,
@@ -2267,12 +2275,13 @@ def _check_round_trip(
         raise InputError(
             f"{source}: cannot be written as a {spec.model_type} config.json:\n{exc}"
         ) from None
-    ours, theirs = hf_fields(spec), hf_fields(back)
+    ours, theirs = _flatten(hf_fields(spec)), _flatten(hf_fields(back))
+    # Both ways: a section the spec leaves out (an MoE) may come back.
     diff = [
-        f"  - {path}: the spec says {_short(value)}, the {spec.model_type} config "
-        f"would give {_short(_flatten(theirs).get(path))}"
-        for path, value in _flatten(ours).items()
-        if _flatten(theirs).get(path) != value
+        f"  - {path}: the spec says {_short(ours.get(path))}, the "
+        f"{spec.model_type} config would give {_short(theirs.get(path))}"
+        for path in [*ours, *(p for p in theirs if p not in ours)]
+        if ours.get(path) != theirs.get(path)
     ]
     if diff:
         raise InputError(

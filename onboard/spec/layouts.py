@@ -39,8 +39,6 @@ _BASE: dict[str, str] = {
     "qkv_proj": f"{_LAYER}.self_attn.qkv_proj",
     "q_norm": f"{_LAYER}.self_attn.q_norm",
     "k_norm": f"{_LAYER}.self_attn.k_norm",
-    # attention.sinks: a parameter of the attention module itself (PARAM_ROLES)
-    "sinks": f"{_LAYER}.self_attn",
     # MLA attention
     "q_a_proj": f"{_LAYER}.self_attn.q_a_proj",
     "q_a_norm": f"{_LAYER}.self_attn.q_a_layernorm",
@@ -167,11 +165,11 @@ LAYOUT_PRESETS: dict[str, dict[str, str]] = {
 ROLES: tuple[str, ...] = tuple(_BASE)
 
 # Roles that are one parameter of their module, which may hold another role's
-# parameters too (the router's bias on the router's module, by default; the
-# attention's sinks on the attention module).
+# parameters too (the router's bias on the router's module, by default; a
+# component's, e.g. the attention's sinks on the attention module).
 PARAM_ROLES: dict[str, str] = {
     "router_bias": "e_score_correction_bias",
-    "sinks": "sinks",
+    **{role: r.param for role, r in components.roles().items() if r.param},
 }
 
 # Roles whose default path is another role's, wherever that one is (an override of

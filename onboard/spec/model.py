@@ -270,12 +270,6 @@ class _AttentionFields(_Section):
         description="With qk_norm: normalise q and k after rope instead of "
         "before (HunYuan).",
     )
-    sinks: bool = Field(
-        False,
-        description="A learned logit per query head (its `sinks` tensor) joins the "
-        "softmax of every query as one more key with no value: an attention sink "
-        "that takes probability mass from the real keys (gpt-oss).",
-    )
     output_gate: bool = Field(
         False,
         description="Gated attention (Qwen3-Next): q_proj also projects, per head, a "

@@ -104,8 +104,9 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "mtp_eh_proj": (),
     "mtp_head_norm": ("shared_head",),
     "mtp_head": ("shared_head",),
-    # the roles components add (onboard.components)
-    **{role: r.slot for role, r in components.roles().items()},
+    # the module roles components add (onboard.components; a parameter role
+    # sits on its container, checked by _check_param_paths)
+    **{role: r.slot for role, r in components.roles().items() if r.param is None},
 }
 
 
@@ -169,8 +170,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
         if att.qk_norm:
             roles += ["q_norm", "k_norm"]
-        if att.sinks:
-            roles.append("sinks")
     lin = spec.linear_attention
     if lin is not None and any(
         spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
@@ -328,8 +327,7 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
             continue
         claim(role, parts[-1], role, shape)
 
-    if "sinks" in roles:
-        _check_sinks_path(spec, names)
+    _check_param_paths(spec, names, roles)
     if experts_in_one_module(spec):
         _check_gpt_oss_experts_path(spec)
     if names.get("shared_parent") == "layer" and has_dense_mlp(spec):
@@ -355,16 +353,21 @@ def module_names(spec: ModelSpec) -> dict[str, str]:
     return names
 
 
-def _check_sinks_path(spec: ModelSpec, names: dict[str, str]) -> None:
-    """The sinks are a parameter of the attention module: their path is the path
-    of the module that holds q_proj."""
-    attention = f"{names['base']}.{names['layers']}.{{layer}}.{names['attn']}"
-    if spec.tensor_path("sinks") != attention:
-        raise TensorTreeError(
-            "sinks",
-            "the attention sinks are a parameter of the attention module "
-            f"({attention!r}, where q_proj is), got {spec.tensor_path('sinks')!r}",
+def _check_param_paths(spec: ModelSpec, names: dict[str, str], roles: list) -> None:
+    """A component's parameter role (the attention sinks) is a parameter of its
+    container: its path is that module's (the attention's: where q_proj is)."""
+    for role, r in components.roles().items():
+        if r.param is None or role not in roles:
+            continue
+        module = ".".join(
+            [names["base"], names["layers"], "{layer}", *(names[s] for s in r.slot)]
         )
+        if spec.tensor_path(role) != module:
+            raise TensorTreeError(
+                role,
+                f"{role} is a parameter of the module {module!r}, got "
+                f"{spec.tensor_path(role)!r}",
+            )
 
 
 def _check_gpt_oss_experts_path(spec: ModelSpec) -> None:

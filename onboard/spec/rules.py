@@ -163,8 +163,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
             "a norm over the whole projection comes before rope (rope works per "
             "head); qk_norm_after_rope needs qk_norm_scope: head",
         )
-    if att.sinks and att.type == "mla":
-        report(a + ("sinks",), "attention sinks are not expressible for MLA")
     if att.type == "gqa":
         if att.llama_4_scaling is not None:
             report(

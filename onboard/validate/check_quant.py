@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from onboard import components
 from onboard.errors import InputError
 from onboard.runtime.cpu_draft import cpu_features, lacking_note
 from onboard.runtime.engine import EngineLoadError
@@ -100,7 +101,6 @@ GUARDED = {
               "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
               "role linear_norm", "role kda_o_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
-    "sinks": ("role sinks",),
     # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
     "linear attention": ("role linear_conv1d", "role linear_attn",
                          "role linear_in_proj_ba", "role linear_in_proj_b",
@@ -119,6 +119,10 @@ GUARDED = {
     # checkpoint.fused: experts (onboard.quantize.selection.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
+# The components' roles kept in 16 bits (onboard.components.Role.guard).
+for _role, _r in components.roles().items():
+    if _r.guard:
+        GUARDED[_r.guard] = (*GUARDED.get(_r.guard, ()), f"role {_role}")
 
 
 def run(ctx, name: str) -> Check:
@@ -449,7 +453,10 @@ def untouched_tensors(
         group = next((g for g, reasons in GUARDED.items() if why in reasons), "other")
         counts[group] += 1
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
-    must += ["sinks"] if spec.attention.sinks else []
+    # The components' guarded roles (onboard.components.Role.guard).
+    must += [
+        r.guard for c in components.present(spec) for r in c.roles.values() if r.guard
+    ]
     if spec.linear_attention is not None:
         kda = spec.linear_attention.type == "kimi_delta"
         must.append("kimi delta attention" if kda else "linear attention")

@@ -170,7 +170,7 @@ class GptOssMoE(nn.Module):
             weight = weight[..., lo // 32 : hi // 32]
         elif not parallel.use_ep and parallel.tp_rank != 0:
             weight = torch.zeros_like(weight)  # down_proj's bias: the first rank
-        param = getattr(self.experts.routed_experts, param_name)
+        param = dict(self.experts.routed_experts.named_parameters())[param_name]
         param.weight_loader(
             param, weight, weight_name=param_name, shard_id=None, expert_id=None
         )
