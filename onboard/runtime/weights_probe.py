@@ -353,9 +353,9 @@ def _probe(model_dir: str, left: dict[str, str], kwargs: dict) -> WeightsLoad:
             result.left[why] = result.left.get(why, 0) + 1
     result.tensors = len(stored)
     fixed = {"enforce_eager": True, "skip_tokenizer_init": True}
-    config = EngineArgs(
-        model=model_dir, **{"dtype": "bfloat16", **kwargs, **fixed}
-    ).create_engine_config()
+    args = {"dtype": "bfloat16", **kwargs, **fixed}
+    args["dtype"] = _activation_dtype(EngineArgs(model=model_dir, **args))
+    config = EngineArgs(model=model_dir, **args).create_engine_config()
     config.load_config.use_tqdm_on_load = False
     kernel_fallbacks.TAKEN.clear()
     with set_current_vllm_config(config):
@@ -398,6 +398,24 @@ def _probe(model_dir: str, left: dict[str, str], kwargs: dict) -> WeightsLoad:
     took = {w["tensor"] for w in tracker.writes}
     result.consumed = len((took & set(stored)) - skipped)
     return result
+
+
+def _activation_dtype(args: Any) -> str:
+    """The engine's dtype, unless the checkpoint's quantization method takes
+    other activations (vLLM's MXFP4 configs: bfloat16 only), where its first:
+    the model is built as vLLM would serve the scheme. Loading compares dtype
+    kinds (16/32-bit floats are one), so this changes no verdict."""
+    import torch
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    model_config = args.create_model_config()
+    if model_config.quantization is None:
+        return args.dtype
+    supported = get_quantization_config(model_config.quantization)
+    dtypes = supported.get_supported_act_dtypes()
+    if model_config.dtype in dtypes:
+        return args.dtype
+    return str(dtypes[0]).removeprefix("torch.")
 
 
 def _problems(
