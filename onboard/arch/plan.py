@@ -76,10 +76,6 @@ class Attention:
     rope: bool  # False: no rotary embedding in this layer (NoPE)
     rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
     rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
-    qk_norm: bool
-    # per head, all heads at once, or per head with a weight per head
-    qk_norm_scope: Literal["head", "projection", "head_weights"]
-    qk_norm_after_rope: bool
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
@@ -596,9 +592,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         rope=layer is None or spec.uses_rope(layer),
         rope_theta=theta,
         rope_scaling=scaling.type if scaling else None,
-        qk_norm=att.qk_norm,
-        qk_norm_scope=att.qk_norm_scope,
-        qk_norm_after_rope=att.qk_norm_after_rope,
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,

@@ -160,15 +160,6 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             linear("k_proj", kv * hd, h, att.qkv_bias)
             linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
-        if att.qk_norm:
-            shapes = {
-                "head": ((hd,), (hd,)),
-                "projection": ((att.num_heads * hd,), (kv * hd,)),
-                "head_weights": ((att.num_heads, hd), (kv, hd)),
-            }[att.qk_norm_scope]
-            qk_init = _norm_init(spec, "ones")
-            add("q_norm", shapes[0], qk_init)
-            add("k_norm", shapes[1], qk_init)
     if not att.linear:
         for component in components.present(spec):
             out += component.tensors(spec, block)

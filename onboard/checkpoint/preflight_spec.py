@@ -11,6 +11,7 @@ from typing import Any
 
 from onboard import components
 from onboard.arch import ArchPlan, KimiDeltaAttention
+from onboard.components.qk_norm import QkNorm
 from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
@@ -127,8 +128,6 @@ def role_hint(
     """The spec field that decides whether a role's tensor exists, and its fix."""
     att, moe = plan.attention, plan.moe
     want = "false" if missing else "true"
-    if role in ("q_norm", "k_norm"):
-        return f"set attention.qk_norm: {want} in the spec", ["attention.qk_norm"]
     field = getattr(components.roles().get(role), "spec_field", None)
     if field is not None:
         return f"set {field}: {want} in the spec", [field]
@@ -324,9 +323,10 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             "q_norm": (hd,),
             "k_norm": (hd,),
         }
-        if att.qk_norm_scope == "projection":
+        scope = None if (norm := att.part(QkNorm)) is None else norm.scope
+        if scope == "projection":
             table |= {"q_norm": (q,), "k_norm": (kv,)}
-        elif att.qk_norm_scope == "head_weights":
+        elif scope == "head_weights":
             table |= {
                 "q_norm": (("attention.num_heads", nh), hd),
                 "k_norm": ((kvh, att.num_kv_heads), hd),
@@ -539,7 +539,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("attention.num_heads",),
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),
-    "qk_norm": ("attention.qk_norm",),
     "attention_bias": ("attention.qkv_bias", "attention.o_bias"),
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),

@@ -10,6 +10,7 @@ and renamed tensors are in ``preflight_names``.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from onboard.arch import KimiDeltaAttention
 from onboard.checkpoint.preflight_ct import FLOATS, CTConfig
@@ -34,6 +35,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
+from onboard.components.qk_norm import QkNorm
 from onboard.spec.layouts import STACKED_EXPERT_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
@@ -325,26 +327,27 @@ def _qk_norm_scope(
 ) -> bool:
     """A q/k norm the shape of the other scope's (per head, or over all heads):
     the spec's qk_norm_scope is wrong, not its head sizes."""
-    att = run.plan.attention
-    if att.kind != "gqa" or att.head_dim is None or att.num_kv_heads is None:
+    norm = run.plan.attention.part(QkNorm)
+    if norm is None:
         return False
-    heads = att.num_heads if role == "q_norm" else att.num_kv_heads
-    shapes = {
-        "head": ((att.head_dim,), "per head"),
-        "projection": ((heads * att.head_dim,), "over all heads of the projection"),
-        "head_weights": ((heads, att.head_dim), "with a weight per head"),
+    which = 0 if role == "q_norm" else 1
+    scopes = {
+        "head": "per head",
+        "projection": "over all heads of the projection",
+        "head_weights": "with a weight per head",
     }
     other = next(
-        (s for s, (shape, _) in shapes.items() if shape == got), att.qk_norm_scope
+        (s for s in scopes if replace(norm, scope=s).shapes()[which] == got),
+        norm.scope,
     )
-    if other == att.qk_norm_scope:
+    if other == norm.scope:
         return False
     run.add(
         "error",
         "shape",
         where,
-        f"shape {list(got)}: a {role} {shapes[other][1]}"
-        + f", where the spec's attention.qk_norm_scope is {att.qk_norm_scope}",
+        f"shape {list(got)}: a {role} {scopes[other]}"
+        + f", where the spec's attention.qk_norm_scope is {norm.scope}",
         f"set attention.qk_norm_scope: {other} in the spec",
         tensors=names,
         spec_fields=["attention.qk_norm_scope"],

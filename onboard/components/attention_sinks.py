@@ -82,7 +82,7 @@ class _AttentionSinks(Component):
         return spec.attention.sinks
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
-        if spec.attention.type == "mla":
+        if self.present(spec) and spec.attention.type == "mla":
             message = "attention sinks are not expressible for MLA"
             report(("attention", "sinks"), message)
 

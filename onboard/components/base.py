@@ -150,7 +150,9 @@ class Component:
         return False
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
-        """Report what the primitive cannot be beside the rest of ``spec``."""
+        """Report what the primitive cannot be beside the rest of ``spec``, and
+        its fields that ``spec`` sets without the primitive (called for every
+        component, present or not)."""
 
     def plan(self, spec: ModelSpec, layer: int | None) -> Any:
         """Its plan node in decoder layer ``layer``'s attention (None: an MTP

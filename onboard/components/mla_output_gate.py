@@ -88,6 +88,8 @@ class _MLAOutputGate(Component):
         )
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
+        if not self.present(spec):
+            return
         path = ("attention", "mla", "output_gate")
         att = spec.attention
         for present, what in (

@@ -392,14 +392,6 @@ def _check_expr(
         )
 
 
-def _qk_norm_form(att) -> str | None:
-    if not att.qk_norm:
-        return None
-    if att.qk_norm_scope in ("projection", "head_weights"):
-        return att.qk_norm_scope
-    return "after_rope" if att.qk_norm_after_rope else "head"
-
-
 def _rope_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str:
     """Expression (of ``config`` and ``layer_idx``) true on the layers that apply
     rope, checked against the plan's NoPE layers."""
@@ -645,7 +637,6 @@ def build_context(
         "cfg": cfg,
         "attn": att.type,
         # Where q and k are normalised: None, "head", "projection", "after_rope".
-        "qk_norm": _qk_norm_form(att),
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "output_gate": att.type == "gqa" and att.output_gate,
@@ -1055,8 +1046,6 @@ def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[s
             roles += ["qkv_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj"]
-        if att.qk_norm:
-            roles += ["q_norm", "k_norm"]
     lin = spec.linear_attention
     if lin is not None and not mtp:
         roles += linear_attention_roles(lin.type, lin.projections)
@@ -1232,17 +1221,6 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
         )
         return " ".join([doc, *(f"With {p}." for p in _part_docs(spec, arch))])
     parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
-    form = _qk_norm_form(att)
-    if form is not None:
-        parts.append(
-            {
-                "head": "with per-head RMS norm on q and k",
-                "after_rope": "with per-head RMS norm on q and k after rope",
-                "projection": "with RMS norm on the whole q and k projections",
-                "head_weights": "with a norm on each head of q and k, its weight "
-                "of its own",
-            }[form]
-        )
     parts += [f"with {phrase}" for phrase in _part_docs(spec, arch)]
     if att.qkv_bias or att.o_bias:
         parts.append(

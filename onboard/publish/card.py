@@ -24,6 +24,7 @@ import jinja2
 import yaml
 
 import onboard
+from onboard import components
 from onboard.arch import build_plan
 from onboard.publish.checkpoint import Checkpoint
 
@@ -221,8 +222,12 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
             text += f", sliding window {spec.attention.sliding_window}"
         if arch.kv_sources:
             text += f", KV shared across {len(arch.kv_sources)} layers"
-        if a.qk_norm:
-            text += ", QK norm"
+        # What the attention's components add (q/k norms, sinks).
+        text += "".join(
+            f", {c.label}"
+            for c in components.present(spec)
+            if c.Node is not None and a.part(c.Node) is not None
+        )
         rows.append(("attention", text))
     rope = f"theta {fmt(spec.rope.theta)}"
     if spec.rope.scaling is not None:

@@ -17,6 +17,7 @@ from typing import Any
 from onboard import components
 from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
+from onboard.components.qk_norm import QkNorm
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
@@ -60,6 +61,17 @@ def _check_layer_plan(
         )
 
 
+def _qk_norm_flags(norm: QkNorm | None) -> dict[str, bool]:
+    """The q/k norms' form, as the attention template branches on it."""
+    form = None if norm is None else norm.form
+    return {
+        "qk_norm": form is not None,
+        "qk_norm_whole": form == "projection",
+        "qk_norm_heads": form == "head_weights",
+        "qk_norm_after_rope": form == "after_rope",
+    }
+
+
 def _uses_rope(arch) -> bool:
     """Some attention layer or an MTP head rotates q and k."""
     return arch.mtp is not None or True in arch.rope_layers
@@ -96,10 +108,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         # Mistral-4's position-dependent query scaling.
         "llama_4_scaling": att.llama_4_scaling is not None,
-        "qk_norm": att.qk_norm,
-        "qk_norm_whole": att.qk_norm and att.qk_norm_scope == "projection",
-        "qk_norm_heads": att.qk_norm and att.qk_norm_scope == "head_weights",
-        "qk_norm_after_rope": att.qk_norm and att.qk_norm_after_rope,
+        **_qk_norm_flags(arch.attention.part(QkNorm)),
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
@@ -661,7 +670,6 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         extras = [
             name
             for name, on in (
-                ("qk-norm", f["qk_norm"]),
                 *((c.label, True) for c in components.present(spec)),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
@@ -809,14 +817,6 @@ def _stacked_doc(f: dict[str, Any]) -> str:
 
 def _attention_doc(f: dict[str, Any], part_docs: list[str]) -> str:
     doc = "Grouped-query attention"
-    if f["qk_norm_whole"]:
-        doc += ", q and k each RMS-normalised over the whole projection"
-    elif f["qk_norm_after_rope"]:
-        doc += ", q and k RMS-normalised per head after rope"
-    elif f["qk_norm_heads"]:
-        doc += ", q and k layer-normalised per head, each head with its own weight"
-    elif f["qk_norm"]:
-        doc += ", q and k RMS-normalised per head"
     doc += "".join(f", {phrase}" for phrase in part_docs)
     if f["output_gate"]:
         doc += (

@@ -46,8 +46,6 @@ from onboard.spec.rules import check_rules
 
 # Concepts a checkpoint's tensor names show (the rest need the forward pass).
 VISIBLE = (
-    "qk_norm",
-    "qk_norm_scope",  # the norms' shapes
     "qkv_bias",
     "o_bias",
     "norm_placement",
@@ -69,9 +67,6 @@ _MOE_ONLY = {
     "norm_topk_prob",
 }
 _GQA_ONLY = {
-    "qk_norm",
-    "qk_norm_scope",
-    "qk_norm_after_rope",
     "qkv_bias",
     "o_bias",
     # The components of GQA's section (MLA's own section's are MLA's).
@@ -79,7 +74,7 @@ _GQA_ONLY = {
         concept
         for c in components.every()
         if c.extends == "attention"
-        for concept in c.visible
+        for concept in c.config_aliases
     ),
 }
 # The checkpoint's own form, which no config says: its layout preset and the

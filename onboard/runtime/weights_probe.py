@@ -405,7 +405,6 @@ def _activation_dtype(args: Any) -> str:
     other activations (vLLM's MXFP4 configs: bfloat16 only), where its first:
     the model is built as vLLM would serve the scheme. Loading compares dtype
     kinds (16/32-bit floats are one), so this changes no verdict."""
-    import torch
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     model_config = args.create_model_config()

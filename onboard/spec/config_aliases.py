@@ -36,9 +36,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
-    "qk_norm": ("qk_norm", "use_qk_norm"),
-    "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
-    "qk_norm_after_rope": ("qk_norm_after_rope",),
     "attention_bias": ("attention_bias",),  # q, k, v and o projections
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)

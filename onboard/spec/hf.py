@@ -574,13 +574,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
         NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
     if att.type == "gqa":
-        values.update(
-            qk_norm=att.qk_norm,
-            qk_norm_scope=att.qk_norm_scope,
-            qk_norm_after_rope=att.qk_norm_after_rope,
-            qkv_bias=att.qkv_bias,
-            o_bias=att.o_bias,
-        )
+        values.update(qkv_bias=att.qkv_bias, o_bias=att.o_bias)
     if moe is not None:
         values.update(
             n_shared_experts=moe.num_shared_experts,
@@ -752,12 +746,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
     softmax_scale = _softmax_scale(r, head_dim)
-    qk_norm = bool(r.get("qk_norm", False))
     sinks = bool(r.get("attention_sinks", False))
-    qk_norm_form = {
-        "qk_norm_scope": r.get("qk_norm_scope", "head"),
-        "qk_norm_after_rope": r.get("qk_norm_after_rope", False),
-    }
     output_gate = bool(r.get("attn_output_gate", False))
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
@@ -802,8 +791,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             type="gqa",
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            qk_norm=qk_norm,
-            **qk_norm_form,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             output_gate=output_gate,
@@ -856,11 +843,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         and qk_head_dim != mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     ):
         r.bad(f"qk_head_dim={qk_head_dim}: must be qk_nope_head_dim + qk_rope_head_dim")
-    if qk_norm or qk_norm_form != {
-        "qk_norm_scope": "head",
-        "qk_norm_after_rope": False,
-    }:
-        r.bad("qk_norm: not expressible for MLA attention")
     if qkv_bias or o_bias:
         r.bad("attention_bias: biased MLA projections are not expressible")
     if sinks:
@@ -1851,14 +1833,9 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         c.update(
             num_key_value_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
-            qk_norm=att.qk_norm,
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
-        if att.qk_norm_scope != "head":
-            c["qk_norm_scope"] = att.qk_norm_scope
-        if att.qk_norm_after_rope:
-            c["qk_norm_after_rope"] = True
         c.update(_component_concepts(spec, attention=True))
         if att.output_gate:
             c["attn_output_gate"] = True

@@ -37,8 +37,6 @@ _BASE: dict[str, str] = {
     "o_proj": f"{_LAYER}.self_attn.o_proj",
     # checkpoint.fused: q, k and v stored as one tensor (Phi-3)
     "qkv_proj": f"{_LAYER}.self_attn.qkv_proj",
-    "q_norm": f"{_LAYER}.self_attn.q_norm",
-    "k_norm": f"{_LAYER}.self_attn.k_norm",
     # MLA attention
     "q_a_proj": f"{_LAYER}.self_attn.q_a_proj",
     "q_a_norm": f"{_LAYER}.self_attn.q_a_layernorm",

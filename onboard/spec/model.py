@@ -255,21 +255,6 @@ class _AttentionFields(_Section):
     head_dim: HeadDim | None = Field(
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
-    qk_norm: bool = Field(False, description="RMS-normalise q and k per head (Qwen3).")
-    qk_norm_scope: Literal["head", "projection", "head_weights"] = Field(
-        "head",
-        description="With qk_norm: `head` normalises each head (Qwen3); "
-        "`projection` normalises the whole q and the whole k projection, one "
-        "weight per channel of all heads (OLMo-2, OLMoE); `head_weights` "
-        "normalises each head with a weight of its own ([heads, head_dim]), a "
-        "LayerNorm without bias (Cohere's use_qk_norm, as vLLM's commandr.py; "
-        "needs norm.type layernorm).",
-    )
-    qk_norm_after_rope: bool = Field(
-        False,
-        description="With qk_norm: normalise q and k after rope instead of "
-        "before (HunYuan).",
-    )
     output_gate: bool = Field(
         False,
         description="Gated attention (Qwen3-Next): q_proj also projects, per head, a "

@@ -52,8 +52,6 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
             "v_proj",
             "o_proj",
             "qkv_proj",
-            "q_norm",
-            "k_norm",
             "q_a_proj",
             "q_a_norm",
             "q_b_proj",
@@ -168,8 +166,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["qkv_proj", "o_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
-        if att.qk_norm:
-            roles += ["q_norm", "k_norm"]
     lin = spec.linear_attention
     if lin is not None and any(
         spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)

@@ -50,7 +50,8 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _keep_unquantized_rules,
     ):
         rule(spec, lambda path, message: problems.append((path, message)))
-    for component in components.present(spec):
+    # Every component's: a field set without its primitive is a problem too.
+    for component in components.every():
         component.rules(spec, lambda path, message: problems.append((path, message)))
     return problems
 
@@ -130,39 +131,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
     a: Path = ("attention",)
     _output_gate_rules(spec, report)
     _indexer_rules(spec, report)
-    for field, default in (("qk_norm_scope", "head"), ("qk_norm_after_rope", False)):
-        if getattr(att, field) != default and not att.qk_norm:
-            report(a + (field,), f"{field} applies only with qk_norm: true")
-    if att.qk_norm_scope == "projection" and att.kv_sharing:
-        report(
-            a + ("qk_norm_scope",),
-            "a q/k norm over the whole projection is not generated for layers "
-            "that share another layer's KV cache",
-        )
-    if att.qk_norm_scope == "head_weights" and att.kv_sharing:
-        report(
-            a + ("qk_norm_scope",),
-            "q/k norms with a weight per head are not generated for layers that "
-            "share another layer's KV cache",
-        )
-    if att.qk_norm_scope == "head_weights" and spec.norm.type != "layernorm":
-        report(
-            a + ("qk_norm_scope",),
-            "q/k norms with a weight per head are LayerNorms (Cohere); they need "
-            "norm.type layernorm",
-        )
-    if att.qk_norm_scope == "head_weights" and att.qk_norm_after_rope:
-        report(
-            a + ("qk_norm_after_rope",),
-            "q/k norms with a weight per head come before rope (Cohere); "
-            "qk_norm_after_rope needs qk_norm_scope: head",
-        )
-    if att.qk_norm_scope == "projection" and att.qk_norm_after_rope:
-        report(
-            a + ("qk_norm_after_rope",),
-            "a norm over the whole projection comes before rope (rope works per "
-            "head); qk_norm_after_rope needs qk_norm_scope: head",
-        )
     if att.type == "gqa":
         if att.llama_4_scaling is not None:
             report(
@@ -209,11 +177,8 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
     if att.layer_types is not None and "sliding_attention" in att.layer_types:
         # MLA layers attend fully; linear-attention layers may sit between them.
         report(a + ("layer_types",), "MLA attention has no sliding_attention layers")
-    if att.qk_norm or att.qkv_bias:
-        report(
-            a + ("qk_norm" if att.qk_norm else "qkv_bias",),
-            "qk_norm and qkv_bias do not apply to MLA attention",
-        )
+    if att.qkv_bias:
+        report(a + ("qkv_bias",), "qkv_bias does not apply to MLA attention")
     if att.output_gate:
         report(a + ("output_gate",), "output_gate does not apply to MLA attention")
 

@@ -98,7 +98,7 @@ GUARDED = {
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_input_norm",
               "role mlp_output_norm",
-              "role q_norm", "role k_norm", "role q_a_norm", "role kv_a_norm",
+              "role q_a_norm", "role kv_a_norm",
               "role linear_norm", "role kda_o_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
     # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.

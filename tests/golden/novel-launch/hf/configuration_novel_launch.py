@@ -26,9 +26,9 @@ class NovelLaunchConfig(PreTrainedConfig):
     num_attention_heads: int | None = 64
     num_key_value_heads: int | None = 8
     head_dim: int | None = 128
-    qk_norm: bool | None = True
     qkv_bias: bool | None = False
     o_bias: bool | None = False
+    qk_norm: bool | None = True
     sliding_window: int | None = 4096
     use_sliding_window: bool | None = True
     layer_types: list[str] | None = None

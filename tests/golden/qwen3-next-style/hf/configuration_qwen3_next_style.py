@@ -26,9 +26,9 @@ class Qwen3NextStyleConfig(PreTrainedConfig):
     num_attention_heads: int | None = 16
     num_key_value_heads: int | None = 2
     head_dim: int | None = 256
-    qk_norm: bool | None = True
     qkv_bias: bool | None = False
     o_bias: bool | None = False
+    qk_norm: bool | None = True
     attn_output_gate: bool | None = True
     partial_rotary_factor: float | int | None = 0.25
     sliding_window: Any | None = None
