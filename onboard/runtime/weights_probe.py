@@ -405,13 +405,15 @@ def _activation_dtype(args: Any) -> str:
     other activations (vLLM's MXFP4 configs: bfloat16 only), where its first:
     the model is built as vLLM would serve the scheme. Loading compares dtype
     kinds (16/32-bit floats are one), so this changes no verdict."""
-    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.model_loader.weight_utils import get_quant_config
 
     model_config = args.create_model_config()
     if model_config.quantization is None:
         return args.dtype
-    supported = get_quantization_config(model_config.quantization)
-    dtypes = supported.get_supported_act_dtypes()
+    # The config instance, as VllmConfig asks it (some classes answer per
+    # instance, compressed-tensors' among them).
+    quant = get_quant_config(model_config, args.create_load_config())
+    dtypes = quant.get_supported_act_dtypes()
     if model_config.dtype in dtypes:
         return args.dtype
     return str(dtypes[0]).removeprefix("torch.")
