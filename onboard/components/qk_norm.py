@@ -128,7 +128,16 @@ class _QkNorm(Component):
             "gqa.q_only_skip": "components/qk_norm/vllm_skip_k_norm.py.j2",
         }
     )
-    # The reference's q/k norm code is its GQA template's (norm_module, rotated).
+    hf_fragments = MappingProxyType(
+        {
+            "norms.classes": "components/qk_norm/hf_classes.py.j2",
+            "gqa.k_init": "components/qk_norm/hf_k_init.py.j2",
+            "gqa.q_init": "components/qk_norm/hf_q_init.py.j2",
+            "gqa.inputs": "components/qk_norm/hf_inputs.py.j2",
+            "gqa.before_rope": "components/qk_norm/hf_before_rope.py.j2",
+            "gqa.after_rope": "components/qk_norm/hf_after_rope.py.j2",
+        }
+    )
 
     def present(self, spec: ModelSpec) -> bool:
         return spec.attention.qk_norm

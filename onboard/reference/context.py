@@ -61,17 +61,6 @@ def _check_layer_plan(
         )
 
 
-def _qk_norm_flags(norm: QkNorm | None) -> dict[str, bool]:
-    """The q/k norms' form, as the attention template branches on it."""
-    form = None if norm is None else norm.form
-    return {
-        "qk_norm": form is not None,
-        "qk_norm_whole": form == "projection",
-        "qk_norm_heads": form == "head_weights",
-        "qk_norm_after_rope": form == "after_rope",
-    }
-
-
 def _uses_rope(arch) -> bool:
     """Some attention layer or an MTP head rotates q and k."""
     return arch.mtp is not None or True in arch.rope_layers
@@ -108,7 +97,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         # Mistral-4's position-dependent query scaling.
         "llama_4_scaling": att.llama_4_scaling is not None,
-        **_qk_norm_flags(arch.attention.part(QkNorm)),
+        # Its layers that read another's KV cache leave k's norm (_ignore_unexpected).
+        "qk_norm": arch.attention.part(QkNorm) is not None,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
