@@ -82,9 +82,11 @@ class Attention:
     query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
     logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
-    output_gate: bool  # q_proj also gives a sigmoid gate on the output
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
+    # head_dim-wide row slices per query head in q_proj: the query, then a
+    # component's (the output gate's).
+    query_slices: int = 1
     # Sparse MLA: the indexer that picks the keys each query attends to.
     indexer: Indexer | None = None
     # The plan nodes of the components this attention has (onboard.components),
@@ -595,7 +597,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
-        output_gate=att.output_gate,
+        query_slices=1 + sum(c.q_slices for c in present(spec)),
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,

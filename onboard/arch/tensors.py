@@ -151,8 +151,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     else:
         hd, kv = att.head_dim, att.num_kv_heads
         assert hd is not None and kv is not None
-        # With an output gate, each head's query is followed by its gate.
-        q_rows = att.num_heads * hd * (2 if att.output_gate else 1)
+        # Each head's query, then what a component adds (the output gate's).
+        q_rows = att.num_heads * hd * att.query_slices
         if "qkv_proj" in fused:
             linear("qkv_proj", q_rows + 2 * kv * hd, h, att.qkv_bias)
         else:

@@ -309,7 +309,8 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         q = (f"attention.num_heads × {hd[0]}", nh * hd[1])
         kv = (f"{kvh} × {hd[0]}", att.num_kv_heads * hd[1])
         # With the output gate, q_proj also holds each head's gate.
-        q_rows = (f"2 × {q[0]}", 2 * q[1]) if att.output_gate else q
+        n = att.query_slices
+        q_rows = (f"{n} × {q[0]}", n * q[1]) if n > 1 else q
         qkv = (
             f"({q_rows[0]} + 2 × {kvh} × {hd[0]})",
             q_rows[1] + 2 * att.num_kv_heads * hd[1],
@@ -586,7 +587,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "moe_expert_bias": ("mlp.moe.expert_bias",),
     "swiglu_alpha": ("mlp.moe.swiglu_alpha",),
     "swiglu_limit": ("mlp.moe.swiglu_limit",),
-    "attn_output_gate": ("attention.output_gate",),
     "linear_num_key_heads": ("linear_attention.num_key_heads",),
     "linear_num_value_heads": ("linear_attention.num_value_heads",),
     "linear_key_head_dim": ("linear_attention.key_head_dim",),

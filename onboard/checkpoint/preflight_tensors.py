@@ -35,6 +35,7 @@ from onboard.checkpoint.preflight_spec import (
     split_name,
 )
 from onboard.checkpoint.tiny import plan_tensors
+from onboard.components.output_gate import OutputGate
 from onboard.components.qk_norm import QkNorm
 from onboard.spec.layouts import STACKED_EXPERT_ROLES
 from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
@@ -277,7 +278,7 @@ def _output_gate(
     """A q_proj of twice (or half) the spec's rows: the output gate it holds."""
     if run.plan.attention.kind != "gqa" or len(got) != 2 or got[1:] != want[1:]:
         return False
-    gate = run.plan.attention.output_gate
+    gate = run.plan.attention.part(OutputGate) is not None
     if got[0] * 2 == want[0] and gate:
         said = "q_proj has one row per query channel, no output gate"
     elif got[0] == want[0] * 2 and not gate:

@@ -127,6 +127,9 @@ class Component:
     Node: ClassVar[type | None] = None
     # Checkpoint roles: role name -> Role.
     roles: ClassVar[Mapping[str, Role]] = MappingProxyType({})
+    # Slices of head_dim rows each query head's q_proj rows carry after the
+    # query (the output gate's: 1).
+    q_slices: ClassVar[int] = 0
     # Plain attributes its reference code sets on a module (no module may take
     # one of these names).
     attributes: ClassVar[tuple[str, ...]] = ()

@@ -639,7 +639,6 @@ def build_context(
         # Where q and k are normalised: None, "head", "projection", "after_rope".
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
-        "output_gate": att.type == "gqa" and att.output_gate,
         "linear": _linear_context(spec, arch, f, cfg),
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
@@ -1229,8 +1228,6 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
                 n for n, on in (("q/k/v", att.qkv_bias), ("o", att.o_bias)) if on
             )
         )
-    if att.output_gate:
-        parts.append("the output gated by sigmoid(gate), which q_proj gives per head")
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     if att.query_pre_attn_scalar is not None:

@@ -121,7 +121,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp": spec.mtp is not None,
         "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
         **_moe_flags(spec, keys),
-        "output_gate": att.type == "gqa" and att.output_gate,
         **_linear_flags(arch),
     }
 
@@ -663,7 +662,6 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
                 *((c.label, True) for c in components.present(spec)),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
-                ("an output gate", f["output_gate"]),
             )
             if on
         ]
@@ -808,11 +806,6 @@ def _stacked_doc(f: dict[str, Any]) -> str:
 def _attention_doc(f: dict[str, Any], part_docs: list[str]) -> str:
     doc = "Grouped-query attention"
     doc += "".join(f", {phrase}" for phrase in part_docs)
-    if f["output_gate"]:
-        doc += (
-            ", the output gated per channel by sigmoid(gate), which q_proj gives "
-            "beside each head's query"
-        )
     doc += "."
     if f["kv_sharing"]:
         doc += (

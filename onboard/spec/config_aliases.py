@@ -58,7 +58,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_window_layers": ("max_window_layers",),
     "kv_sharing_target_layers": ("kv_sharing_target_layers",),
     # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
-    "attn_output_gate": ("attn_output_gate",),
     # linear attention (Gated DeltaNet, Qwen3-Next's names)
     "linear_num_key_heads": ("linear_num_key_heads",),
     "linear_num_value_heads": ("linear_num_value_heads",),

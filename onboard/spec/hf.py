@@ -747,7 +747,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     head_dim = r.get("head_dim")
     softmax_scale = _softmax_scale(r, head_dim)
     sinks = bool(r.get("attention_sinks", False))
-    output_gate = bool(r.get("attn_output_gate", False))
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
@@ -793,7 +792,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             head_dim=head_dim,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
-            output_gate=output_gate,
             query_pre_attn_scalar=scalar,
             logit_softcap=softcap,
             kv_sharing=sharing,
@@ -847,8 +845,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_bias: biased MLA projections are not expressible")
     if sinks:
         r.bad("attention_sinks: not expressible for MLA attention")
-    if output_gate:
-        r.bad("attn_output_gate: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
     for key, value in (
@@ -1837,8 +1833,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             o_bias=att.o_bias,
         )
         c.update(_component_concepts(spec, attention=True))
-        if att.output_gate:
-            c["attn_output_gate"] = True
         if att.query_pre_attn_scalar is not None:
             c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
         if att.logit_softcap is not None:

@@ -255,12 +255,6 @@ class _AttentionFields(_Section):
     head_dim: HeadDim | None = Field(
         None, description="Per-head dims (gqa); null means hidden_size / num_heads."
     )
-    output_gate: bool = Field(
-        False,
-        description="Gated attention (Qwen3-Next): q_proj also projects, per head, a "
-        "gate beside the query (each head's query then its gate); the attention "
-        "output is multiplied by sigmoid(gate) before o_proj.",
-    )
     qkv_bias: bool = Field(False, description="Bias on the q/k/v projections.")
     o_bias: bool = Field(False, description="Bias on the output projection.")
     partial_rotary_factor: float = Field(

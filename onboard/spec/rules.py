@@ -129,7 +129,6 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
-    _output_gate_rules(spec, report)
     _indexer_rules(spec, report)
     if att.type == "gqa":
         if att.llama_4_scaling is not None:
@@ -179,8 +178,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("layer_types",), "MLA attention has no sliding_attention layers")
     if att.qkv_bias:
         report(a + ("qkv_bias",), "qkv_bias does not apply to MLA attention")
-    if att.output_gate:
-        report(a + ("output_gate",), "output_gate does not apply to MLA attention")
 
     if att.partial_rotary_factor != 1.0:
         report(
@@ -263,20 +260,6 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
             where + ("shared_layers",),
             "MTP heads beside shared indexer layers are not expressible yet",
         )
-
-
-def _output_gate_rules(spec: ModelSpec, report: Report) -> None:
-    """Gated attention as Qwen3-Next has it, and nothing no family has."""
-    att = spec.attention
-    where: Path = ("attention", "output_gate")
-    if not att.output_gate or att.type == "mla":
-        return
-    if att.qk_norm and att.qk_norm_scope != "head":
-        report(where, "with an output gate the q/k norm must be per head")
-    if att.kv_sharing:
-        report(where, "an output gate is not generated for KV-sharing layers")
-    if "qkv_proj" in spec.checkpoint.fused:
-        report(where, "an output gate is not generated for a fused qkv_proj")
 
 
 def _layer_type_rules(spec: ModelSpec, report: Report) -> None:

@@ -2,7 +2,7 @@
 # Change the spec (or onboard's templates) and regenerate instead of editing.
 """PyTorch reference implementation of Qwen3NextStyleForCausalLM.
 
-Architecture: grouped-query attention with qk-norm, an output gate, Gated DeltaNet
+Architecture: grouped-query attention with an output gate, qk-norm, Gated DeltaNet
 linear-attention layers, partial rope (0.25 of each head), mixture of experts (softmax
 routing, shared experts), rmsnorm, 1 multi-token-prediction head.
 
@@ -132,8 +132,8 @@ def attend(
 
 
 class Attention(nn.Module):
-    """Grouped-query attention, q and k RMS-normalised per head, the output gated per
-    channel by sigmoid(gate), which q_proj gives beside each head's query.
+    """Grouped-query attention, the output gated per channel by sigmoid(gate), which
+    q_proj gives beside each head's query, q and k RMS-normalised per head.
     """
 
     def __init__(self, config: Qwen3NextStyleConfig, layer_idx: int) -> None:

@@ -34,8 +34,8 @@ class Qwen3NextStyleConfig(PreTrainedConfig):
     head_dim: int | None = 256
     qkv_bias: bool | None = False
     o_bias: bool | None = False
-    qk_norm: bool | None = True
     attn_output_gate: bool | None = True
+    qk_norm: bool | None = True
     partial_rotary_factor: float | int | None = 0.25
     sliding_window: Any | None = None
     use_sliding_window: bool | None = False
