@@ -62,6 +62,19 @@ def test_rope_shim_makes_the_cpu_kernel_exact_on_several_heads(
         positions, query[..., 128:].reshape(5, -1).clone(), key.reshape(5, -1).clone()
     )
     torch.testing.assert_close(flat_q.view(5, 4, 64), want_q)
+    # One token, its rope key a slice of the latent row as MLA passes it: the
+    # flattened key is a view of the key with other strides (an engine step
+    # with a single token failed on writing it back onto itself).
+    latent = torch.randn(1, 512 + 64)
+    one_q = query[:1].clone()
+    want_q, want_k = rope.forward_native(
+        positions[:1], one_q[..., 128:].clone(), latent[:, 512:].clone().view(1, 1, 64)
+    )
+    got_q, got_k = rope.forward_cpu(
+        positions[:1], one_q[..., 128:], latent[:, 512:].unsqueeze(1)
+    )
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(latent[:, 512:].view(1, 1, 64), want_k)  # in place
 
 
 def _biased_topk(logits, bias, k, scale):

@@ -33,10 +33,19 @@ def install() -> None:
         flat_k = None if key is None else key.reshape(tokens, -1)
         flat_q, flat_k = original(self, positions, flat_q, flat_k)
         # In place, as the kernel works: callers may read the tensors they passed.
-        query.copy_(flat_q.view(query.shape))
+        _write_back(query, flat_q)
         if key is not None:
-            key.copy_(flat_k.view(key.shape))
+            _write_back(key, flat_k)
         return query, key
 
     forward_cpu.onboard_shim = True
     RotaryEmbedding.forward_cpu = forward_cpu
+
+
+def _write_back(dst, flat) -> None:
+    """``flat``'s values into ``dst``, unless ``flat`` is ``dst``'s own memory (its
+    reshape was a view, rotated in place): copying a tensor onto a view of itself
+    with other strides (one token: its size-1 dims' strides differ) is refused
+    as an overlapping write."""
+    if flat.data_ptr() != dst.data_ptr():
+        dst.copy_(flat.view(dst.shape))
