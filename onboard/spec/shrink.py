@@ -19,7 +19,9 @@ One rule for every spec (documented in docs/checkpoints.md):
   with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
-  widths to 64, q_lora_rank to at most 128, index heads to at most 4 and the
+  widths to 64 (128 where the spec ships fp8-block and its experts are whole
+  128-row blocks: vLLM builds block-quantized layers only from whole blocks per
+  partition), q_lora_rank to at most 128, index heads to at most 4 and the
   indexer's top-k to at most 32 (so a 64-token test context outgrows it, and the
   CPU engine's dense-equivalent run has 16 prompt + 16 generated tokens within
   it; the index head dim is kept), linear-attention key heads to at
@@ -53,6 +55,10 @@ TINY_SLIDING_WINDOW = 16
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
 TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
+# Schemes whose vLLM layers need every weight partition in whole blocks (fp8-block's
+# 128 x 128; vLLM's validate_fp8_block_shape and validate_fp8_block_shape_moe
+# refuse narrower experts), and that block's rows.
+SCHEME_WIDTH_MULTIPLE = {"fp8-block": 128}
 TINY_Q_LORA_RANK = 128
 MAX_KV_HEADS = 2
 MAX_HEADS_PER_KV = 2
@@ -179,13 +185,24 @@ def _shrink_moe(spec: ModelSpec, moe: dict) -> None:
         new_e = min(e, MAX_EXPERTS)
         new_k = new_e if k == e else min(k, MAX_TOP_K, new_e - 1)
     moe["num_experts"], moe["num_experts_per_tok"] = new_e, new_k
-    moe["expert_intermediate_size"] = TINY_EXPERT_WIDTH
+    # Whole blocks where the spec's own width is (where it is not, vLLM refuses
+    # the full-size checkpoint too, and the tiny one should show it).
+    width = max(
+        [TINY_EXPERT_WIDTH]
+        + [
+            multiple
+            for scheme in spec.quantization
+            if (multiple := SCHEME_WIDTH_MULTIPLE.get(scheme))
+            and src.expert_intermediate_size % multiple == 0
+        ]
+    )
+    moe["expert_intermediate_size"] = width
     moe["num_shared_experts"] = min(src.num_shared_experts, MAX_SHARED_EXPERTS)
     if src.shared_expert_intermediate_size is not None:
         ratio = round(
             src.shared_expert_intermediate_size / src.expert_intermediate_size
         )
-        moe["shared_expert_intermediate_size"] = TINY_EXPERT_WIDTH * max(1, ratio)
+        moe["shared_expert_intermediate_size"] = width * max(1, ratio)
 
 
 # ---- layer selection --------------------------------------------------------------
