@@ -19,11 +19,12 @@ import pkgutil
 from collections import defaultdict
 from collections.abc import Mapping
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from onboard.components.base import Component, Role, Section, TensorPlan
 
 if TYPE_CHECKING:
+    from onboard.arch.plan import Attention
     from onboard.spec.model import ModelSpec
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "config_aliases",
     "every",
     "fragments",
+    "parts",
     "present",
     "roles",
     "section_fields",
@@ -55,6 +57,16 @@ def every() -> tuple[Component, ...]:
 def present(spec: ModelSpec) -> tuple[Component, ...]:
     """The components ``spec`` has."""
     return tuple(c for c in every() if c.present(spec))
+
+
+def parts(attention: Attention) -> tuple[tuple[Component, Any], ...]:
+    """The plan nodes of ``attention`` (an architecture plan's attention), each
+    with its component, in registry order."""
+    return tuple(
+        (c, node)
+        for c in every()
+        if c.Node is not None and (node := attention.part(c.Node)) is not None
+    )
 
 
 def fragments(spec: ModelSpec, model: str) -> dict[str, list[str]]:

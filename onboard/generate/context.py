@@ -1218,9 +1218,9 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             + ("vLLM's MLAAttention" if direct else "vLLM's MLA wrapper")
             + " picks the kernels."
         )
-        return " ".join([doc, *(f"With {p}." for p in _part_docs(spec, arch))])
+        return " ".join([doc, *(f"With {p}." for p in _part_docs(arch))])
     parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
-    parts += [f"with {phrase}" for phrase in _part_docs(spec, arch)]
+    parts += [f"with {phrase}" for phrase in _part_docs(arch)]
     if att.qkv_bias or att.o_bias:
         parts.append(
             "with biases on "
@@ -1256,22 +1256,20 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
     return {
         "vllm_slots": slots,
         "parts": {
-            c.name: c.vllm_context(arch.attention.part(c.Node), f)
-            for c in components.present(spec)
-            if c.Node is not None
+            c.name: c.vllm_context(node, f)
+            for c, node in components.parts(arch.attention)
         },
         "mla_direct": spec.attention.type == "mla"
         and (bool(spec.attention.kv_sharing) or bool(slots["mla.output"])),
     }
 
 
-def _part_docs(spec: ModelSpec, arch: ArchPlan) -> list[str]:
+def _part_docs(arch: ArchPlan) -> list[str]:
     """What the attention's components say of themselves, a phrase each."""
     return [
         doc
-        for c in components.present(spec)
-        if c.Node is not None
-        and (doc := c.describe(arch.attention.part(c.Node))) is not None
+        for c, node in components.parts(arch.attention)
+        if (doc := c.describe(node)) is not None
     ]
 
 

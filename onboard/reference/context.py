@@ -235,13 +235,12 @@ def _bias_zeros(f: dict[str, Any], c: dict[str, str | None]) -> str | None:
 def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, Any]:
     """The components' fragments by slot, what each prints, and what each says
     of itself in the attention's docstring."""
-    present = [c for c in components.present(spec) if c.Node is not None]
-    nodes = {c.name: arch.attention.part(c.Node) for c in present}
+    parts = components.parts(arch.attention)
     return {
         "hf_slots": components.fragments(spec, "hf"),
-        "parts": {c.name: c.reference_context(nodes[c.name], keys) for c in present},
+        "parts": {c.name: c.reference_context(node, keys) for c, node in parts},
         "part_docs": [
-            doc for c in present if (doc := c.describe(nodes[c.name])) is not None
+            doc for c, node in parts if (doc := c.describe(node)) is not None
         ],
         # What they pass to the softmax core (attend), after the scale.
         "attend_inputs": "".join(
