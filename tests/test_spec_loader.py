@@ -120,6 +120,24 @@ def test_mla_accepts_kv_sharing_under_the_same_rules():
     assert any("itself shares" in x for x in lines)
 
 
+def test_attention_softcap_rules():
+    """The soft-cap applies to GQA only, and not beside sinks (each has its own
+    softmax core in the reference)."""
+    ok = BASE.replace(
+        "  num_kv_heads: 2\n", "  num_kv_heads: 2\n  logit_softcap: 50.0\n"
+    )
+    assert parse_spec_text(ok, "s.yaml").attention.logit_softcap == 50.0
+    sinks = ok.replace(
+        "  logit_softcap: 50.0\n", "  logit_softcap: 50.0\n  sinks: true\n"
+    )
+    [line] = problems(sinks)
+    assert "attention.logit_softcap" in line and "attention sinks" in line
+    spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    mla = spec.replace("  type: mla\n", "  type: mla\n  logit_softcap: 30.0\n")
+    [line] = problems(mla)
+    assert "attention.logit_softcap: logit_softcap does not apply to MLA" in line
+
+
 def test_llama_4_scaling_rules():
     spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
     scaling = "  llama_4_scaling: {beta: 0.1, original_max_position_embeddings: %d}\n"

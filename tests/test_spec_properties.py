@@ -302,7 +302,7 @@ def gemma_parts(draw, data: dict, is_mla: bool) -> None:
     att = data["attention"]
     if draw(st.booleans()):
         att["query_pre_attn_scalar"] = draw(st.sampled_from([8, 144, 256.0, 0.5]))
-    if draw(st.booleans()):
+    if not att.get("sinks") and draw(st.booleans()):  # (not beside sinks)
         att["logit_softcap"] = draw(floats)
     spec = ModelSpec.model_validate({**data, "mlp": {"intermediate_size": 8}})
     if "sliding_attention" in spec.layer_attention_types() and draw(st.booleans()):

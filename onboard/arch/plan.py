@@ -80,7 +80,6 @@ class Attention:
     o_bias: bool
     partial_rotary_factor: float
     query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
-    logit_softcap: float | None  # cap * tanh(scores / cap) before the softmax
     mla: MLADims | None
     # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
     softmax_scale: float | None = None
@@ -599,7 +598,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         partial_rotary_factor=att.partial_rotary_factor,
         query_slices=1 + sum(c.q_slices for c in present(spec)),
         query_pre_attn_scalar=att.query_pre_attn_scalar,
-        logit_softcap=att.logit_softcap,
         softmax_scale=att.softmax_scale,
         indexer=None
         if att.indexer is None

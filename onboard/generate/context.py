@@ -896,10 +896,9 @@ def _model_config_keys(
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", spec.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
-    # Gemma's softmax scale and soft-caps, where the spec has them.
+    # Gemma's softmax scale and final soft-cap, where the spec has them.
     for concept, value in (
         ("query_pre_attn_scalar", att.query_pre_attn_scalar),
-        ("attn_logit_softcapping", att.logit_softcap),
         ("final_logit_softcapping", spec.final_logit_softcap),
     ):
         cfg[concept] = None if value is None else f.need(concept, value)
@@ -1232,8 +1231,6 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     if att.query_pre_attn_scalar is not None:
         parts.append("softmax scale query_pre_attn_scalar**-0.5")
-    if att.logit_softcap is not None:
-        parts.append("soft-capped scores")
     if spec.rope.sliding is not None:
         parts.append("the sliding layers with their own rope")
     kinds = set(arch.attention_types)

@@ -279,23 +279,21 @@ def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
 
 def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
     """Gemma's parts the reference has: sandwich and 1 + weight norms, scaled
-    embeddings, its softmax scale and soft-caps."""
+    embeddings, its softmax scale and final soft-cap."""
     att, norms = spec.attention, arch.layers[0].norms
     return {
         "sandwich": norms.placement == "sandwich",
         "unit_offset": norms.unit_offset,
         "scale_embedding": spec.scale_embedding,
         "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
-        "softcap": att.type == "gqa" and att.logit_softcap is not None,
         "final_softcap": spec.final_logit_softcap is not None,
     }
 
 
 def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
-    """The config keys of Gemma's softmax scale and soft-caps, where used."""
+    """The config keys of Gemma's softmax scale and final soft-cap, where used."""
     concepts = {
         "scalar": "query_pre_attn_scalar",
-        "softcap": "attn_logit_softcapping",
         "final_softcap": "final_logit_softcapping",
     }
     return {flag: keys.need(concept) for flag, concept in concepts.items() if f[flag]}

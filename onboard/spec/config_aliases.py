@@ -41,7 +41,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
     "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
-    "attn_logit_softcapping": ("attn_logit_softcapping",),
     "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)

@@ -752,7 +752,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     o_bias = r.get("o_bias", both if both is not None else False)
     partial = r.get("partial_rotary_factor")
     scalar = r.get("query_pre_attn_scalar")
-    softcap = r.get("attn_logit_softcapping")
     rope, rope_partial = _read_rope(r)
     llama_4 = rope.pop(LLAMA_4_SCALING, None)
     if partial is not None and rope_partial is not None and partial != rope_partial:
@@ -793,7 +792,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             query_pre_attn_scalar=scalar,
-            logit_softcap=softcap,
             kv_sharing=sharing,
             softmax_scale=softmax_scale,
             **windows,
@@ -847,12 +845,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_sinks: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
-    for key, value in (
-        ("query_pre_attn_scalar", scalar),
-        ("attn_logit_softcapping", softcap),
-    ):
-        if value is not None:
-            r.bad(f"{key}={value!r}: not expressible for MLA attention")
+    if scalar is not None:
+        r.bad(f"query_pre_attn_scalar={scalar!r}: not expressible for MLA attention")
     if softmax_scale is not None:
         r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
@@ -1835,8 +1829,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         c.update(_component_concepts(spec, attention=True))
         if att.query_pre_attn_scalar is not None:
             c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
-        if att.logit_softcap is not None:
-            c["attn_logit_softcapping"] = att.logit_softcap
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             for params in (rope, sliding_rope or {}):

@@ -265,12 +265,6 @@ class _AttentionFields(_Section):
         description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
         "head_dim**-0.5 (Gemma-2/3); null: head_dim. Not beside softmax_scale.",
     )
-    logit_softcap: float | None = Field(
-        None,
-        gt=0,
-        description="Soft-cap of the attention scores before the softmax: "
-        "cap * tanh(scores / cap) (Gemma-2); null: none.",
-    )
     softmax_scale: float | None = Field(
         None,
         gt=0,

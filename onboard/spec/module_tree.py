@@ -114,7 +114,7 @@ RESERVED = frozenset(
         "layer_idx", "window", "kv_source", "head_dim", "num_heads", "nope_dim",
         "rope_dim", "v_dim", "kv_lora_rank", "scale", "is_moe", "top_k",
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
-        "e_score_correction_bias", "config", "lm_head_name", "softcap",
+        "e_score_correction_bias", "config", "lm_head_name",
         "residual_multiplier", "act_fn", "sinks", "topk", "interleaved",
     }
 )  # fmt: skip

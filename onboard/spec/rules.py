@@ -169,7 +169,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         "sliding_window",
         "sliding_window_pattern",
         "query_pre_attn_scalar",
-        "logit_softcap",
     ):
         if getattr(att, field) is not None:
             report(a + (field,), f"{field} does not apply to MLA attention")
