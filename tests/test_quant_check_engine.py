@@ -80,6 +80,7 @@ def test_fp8_dynamic_runs_in_the_engine_through_the_plugin(run):
     m = check["metrics"]
     assert check["status"] == "passed", check["details"]
     assert m["path"] == "engine" and m["engine_dtype"] == "float32"
+    assert m["judged_against"] == "engine" and "vs_unquantized_engine" not in m
     assert m["vllm_model_class"].startswith("onboard_plugin_")
     limit = THRESHOLDS["fp8-dynamic"]
     assert 0 < m["kl_divergence"] <= limit.kl_divergence
@@ -109,6 +110,13 @@ def test_nvfp4a16_is_dequantized_where_the_engine_refuses(run):
     assert "Marlin FP4 not available" in check["details"]
     assert 0 < m["kl_divergence"] <= THRESHOLDS["nvfp4a16"].kl_divergence
     assert m["top1_agreement"] >= THRESHOLDS["nvfp4a16"].top1_agreement
+    # Both sides are the reference (same code, same precision): the verdict's
+    # figures are the full-vocabulary ones, the engine's stay beside them.
+    assert m["judged_against"] == "reference"
+    assert m["kl_divergence"] == m["kl_divergence_vs_reference"]["mean"]
+    assert m["top1_agreement"] == m["kl_divergence_vs_reference"]["top1_agreement"]
+    assert m["vs_unquantized_engine"]["positions"] == m["positions"]
+    assert "KL(the 16-bit reference || quantized)" in check["details"]
     # The weights probe: the generated model consumes every tensor of it.
     load = m["weights_load"]
     assert load["passed"], load["summary"]

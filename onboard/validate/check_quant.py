@@ -21,15 +21,20 @@ next prompt token, so both models see the same contexts):
   the check).
 
 Metrics (names in docs/architecture.md): ``kl_divergence`` (mean over positions of
-KL(P||Q),
-nats), ``kl_divergence_max``, ``top1_agreement`` (share of positions where both
-sides' most likely token is the same). The KL is computed exactly over the tokens
-P was returned for, with all other tokens merged into one outcome (P's and Q's
-remaining mass): the KL of the two distributions coarsened that way. That is a
-lower bound of the full KL (log-sum inequality) and equals it when P's returned
-tokens hold all of its mass; ``p_top_k_mass`` says how much they held. Where the
-reference ran, ``kl_divergence_vs_reference`` is the full-vocabulary KL with the
-float32 transformers reference as P (no truncation), as a cross-check.
+KL(P||Q), nats), ``kl_divergence_max``, ``top1_agreement`` (share of positions
+where both sides' most likely token is the same). The KL is computed exactly over
+the tokens P was returned for, with all other tokens merged into one outcome (P's
+and Q's remaining mass): the KL of the two distributions coarsened that way. That
+is a lower bound of the full KL (log-sum inequality) and equals it when P's
+returned tokens hold all of its mass; ``p_top_k_mass`` says how much they held.
+Where the reference ran, ``kl_divergence_vs_reference`` is the full-vocabulary KL
+with the float32 transformers reference as P (no truncation). Where the reference
+also ran Q (the dequantized path), P is that reference (``judged_against:
+reference``): both sides are then the same code at the same precision, and the
+metrics measure the quantization alone, not the engine's distance from the
+reference (which the accuracy check judges; a bfloat16 engine, as Gated
+DeltaNet's, adds its rounding); the engine-side figures stay under
+``vs_unquantized_engine``.
 
 The check also asserts that embeddings, the output head, every norm, the MoE
 routers (weights and bias) and the attention sinks are byte-for-byte the 16-bit
@@ -74,12 +79,16 @@ class Threshold:
 # KL / top-1 of the dequantized weights (dense-gqa, deepseek-v3-style): fp8-dynamic
 # 0.049 / 0.92, 0.062 / 0.90; fp8-block 0.078 / 0.89, 0.070 / 0.88; nvfp4a16
 # 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. A broken checkpoint
-# (wrong scales, nibble order, transposed weights) is at several nats.
+# (wrong scales, nibble order, transposed weights) is at several nats. The NVFP4
+# weights of qwen3-next-style's tiny checkpoint (Gated DeltaNet; experts 128 wide)
+# are at 1.57 / 0.60; there its expert scales' rows reversed give 2.41 / 0.50, a
+# doubled global scale 11.5 / 0.09, swapped nibbles 24.8 / 0.005
+# (tests/test_quant_check_acceptance.py).
 THRESHOLDS: dict[str, Threshold] = {
     "fp8-dynamic": Threshold(kl_divergence=0.2, top1_agreement=0.8),
     "fp8-block": Threshold(kl_divergence=0.2, top1_agreement=0.8),
-    "nvfp4": Threshold(kl_divergence=1.5, top1_agreement=0.55),
-    "nvfp4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
+    "nvfp4": Threshold(kl_divergence=2.0, top1_agreement=0.55),
+    "nvfp4a16": Threshold(kl_divergence=2.0, top1_agreement=0.55),
     "mxfp4": Threshold(kl_divergence=1.8, top1_agreement=0.5),
 }
 
@@ -151,18 +160,36 @@ def run(ctx, name: str) -> Check:
     rows, side = _quantized_rows(ctx, scheme, qdir)
     metrics.update(side)
     stats = compare(base, rows)
-    metrics.update(stats)
     if ctx.reference_outputs:
         ref = [lp for lp, _ in ctx.reference_outputs]
         metrics["kl_divergence_vs_reference"] = full_kl(ref, rows)
+    if side["path"] == "dequantized-reference" and ctx.reference_outputs:
+        # The reference ran Q, so P is the reference too: the same code at the
+        # same precision on both sides measures the quantization alone, not the
+        # engine's own distance from the reference (the accuracy check's). The
+        # engine-side figures stay beside it.
+        metrics["judged_against"] = "reference"
+        metrics["vs_unquantized_engine"] = stats
+        vs = metrics["kl_divergence_vs_reference"]
+        stats = {
+            **stats,
+            "kl_divergence": vs["mean"],
+            "kl_divergence_max": vs["max"],
+            "top1_agreement": vs["top1_agreement"],
+        }
+    else:
+        metrics["judged_against"] = "engine"
+    metrics.update(stats)
     metrics["thresholds"] = {
         "kl_divergence": threshold.kl_divergence,
         "top1_agreement": threshold.top1_agreement,
     }
     metrics["kl_estimator"] = (
-        f"exact over the unquantized engine's top-{P_TOP_K} tokens (and the prompt "
-        "token) per position, the rest merged into one outcome: a lower bound of "
-        "the full KL"
+        "exact over the whole vocabulary"
+        if metrics["judged_against"] == "reference"
+        else f"exact over the unquantized engine's top-{P_TOP_K} tokens (and the "
+        "prompt token) per position, the rest merged into one outcome: a lower "
+        "bound of the full KL"
     )
     metrics["time_s"] = round(time.perf_counter() - t0, 2)
     load = metrics.get("weights_load")
@@ -178,12 +205,18 @@ def run(ctx, name: str) -> Check:
             f"top-1 agreement {stats['top1_agreement']:.3f} is below the {scheme} "
             f"threshold {threshold.top1_agreement}"
         )
+    unquantized = (
+        "the 16-bit reference"
+        if metrics["judged_against"] == "reference"
+        else "the unquantized engine"
+    )
     lines = [
         f"{scheme} checkpoint {qdir}, run by {_path_text(metrics)}",
-        f"KL(unquantized || quantized): mean {stats['kl_divergence']:.4g} nats "
-        f"(threshold {threshold.kl_divergence}), max {stats['kl_divergence_max']:.4g}; "
-        f"top-1 agreement {stats['top1_agreement']:.3f} (threshold "
-        f"{threshold.top1_agreement}) over {stats['positions']} prompt positions",
+        f"KL({unquantized} || quantized): mean {stats['kl_divergence']:.4g} nats "
+        f"(threshold {threshold.kl_divergence}), max "
+        f"{stats['kl_divergence_max']:.4g}; top-1 agreement "
+        f"{stats['top1_agreement']:.3f} (threshold {threshold.top1_agreement}) over "
+        f"{stats['positions']} prompt positions",
         "16-bit tensors byte-identical: "
         + ", ".join(f"{k} {v}" for k, v in untouched.items()),
         *([f"weights load on CPU: {load['summary']}"] if load is not None else []),
@@ -404,12 +437,18 @@ def compare(
 
 
 def full_kl(reference_rows: list[np.ndarray], rows: list[np.ndarray]) -> dict:
-    """Full-vocabulary KL(R||Q), R the float32 reference's prompt log-softmax rows."""
-    kls = []
+    """Full-vocabulary KL(R||Q), R the float32 reference's prompt log-softmax rows,
+    and top-1 agreement of the two."""
+    kls, agree = [], []
     for r, q in zip(reference_rows, rows, strict=True):
         r = np.asarray(r, dtype=np.float64)[: len(q)]
         kls.extend(np.sum(np.exp(r) * (r - q[: len(r)]), axis=-1).tolist())
-    return {"mean": float(np.mean(kls)), "max": float(np.max(kls))}
+        agree.extend((r.argmax(-1) == q[: len(r)].argmax(-1)).tolist())
+    return {
+        "mean": float(np.mean(kls)),
+        "max": float(np.max(kls)),
+        "top1_agreement": float(np.mean(agree)),
+    }
 
 
 # ---- what must stay 16-bit ------------------------------------------------------
