@@ -20,6 +20,8 @@ from onboard.validate.check_speed import (
     headline,
     histogram_totals,
     sweep_problems,
+    unmeasured_levels,
+    verdict,
 )
 from onboard.validate.serve import serve_flags, spec_decode_counters
 
@@ -130,13 +132,24 @@ def test_tokens_in_bursts_are_flagged_not_reported():
     )
     assert 41 < level["engine_tpot_ms"] < 43
     assert 41 < level["engine_itl_ms"] < 43 and 200 < level["engine_ttft_ms"] < 215
-    (problem,) = sweep_problems("baseline", [level])
+    # Not a fault of the model: a measurement the machine could not take.
+    assert sweep_problems("baseline", [level]) == []
+    (problem,) = unmeasured_levels("baseline", [level])
     assert (
         "baseline at concurrency 1: the benchmark's median TPOT 0.00484 ms" in problem
     )
     assert "in bursts" in problem
-    # A per-token figure near the engine's passes.
-    assert sweep_problems("baseline", [{**level, "tpot_ms": 35.0}]) == []
+    # A per-token figure near the engine's is measured.
+    assert unmeasured_levels("baseline", [{**level, "tpot_ms": 35.0}]) == []
+
+
+def test_a_busy_machine_is_not_run_and_a_failed_request_is_failed():
+    base = {"sweep": []}
+    assert verdict(base, [], []) == "passed"
+    assert verdict(base, [], ["baseline at concurrency 1: ... in bursts"]) == "not-run"
+    failed = ["baseline at concurrency 2: 3 of 4 requests completed (1 failed)"]
+    assert verdict(base, failed, ["... in bursts"]) == "failed"
+    assert verdict(None, [], []) == "failed"  # the baseline never ran
 
 
 def _context(root: Path, spec_text: str, quantized: dict | None = None):
