@@ -81,6 +81,9 @@ THRESHOLDS: dict[str, Threshold] = {
     "nvfp4": Threshold(kl_divergence=1.5, top1_agreement=0.55),
     "nvfp4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
     "mxfp4": Threshold(kl_divergence=1.8, top1_agreement=0.5),
+    "w4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
+    "w4a16-asym": Threshold(kl_divergence=1.2, top1_agreement=0.6),
+    "w8a8-int8": Threshold(kl_divergence=0.2, top1_agreement=0.8),
 }
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
@@ -89,8 +92,11 @@ P_TOP_K = 20
 # its layers need it), so that the comparison measures the quantization alone,
 # except where vLLM's CPU kernel takes 16-bit
 # activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
-# half", measured); there it runs in bfloat16, and the KL includes bf16 rounding.
-ENGINE_DTYPE = {"fp8-block": "bfloat16"}
+# half", measured) and INT4's cpu_gemm_wna16 ('"cpu_gemm_wna16" not implemented
+# for 'Float'', measured: CPUWNA16LinearKernel, vllm/model_executor/kernels/
+# linear/mixed_precision/cpu.py); there it runs in bfloat16, and the KL includes
+# bf16 rounding.
+ENGINE_DTYPE = {"fp8-block": "bfloat16", "w4a16": "bfloat16", "w4a16-asym": "bfloat16"}
 # Roles that must stay byte-identical, by the reason onboard.quantize keeps them.
 GUARDED = {
     "embeddings": ("role embed",),
