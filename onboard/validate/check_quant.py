@@ -73,16 +73,20 @@ class Threshold:
 # FP8 checkpoints of real models are at KL ~0.001-0.01). Measured full-vocabulary
 # KL / top-1 of the dequantized weights (dense-gqa, deepseek-v3-style): fp8-dynamic
 # 0.049 / 0.92, 0.062 / 0.90; fp8-block 0.078 / 0.89, 0.070 / 0.88; nvfp4a16
-# 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. A broken checkpoint
-# (wrong scales, nibble order, transposed weights) is at several nats.
+# 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. On the CPU engine
+# (dense-gqa, 5 December 2026): w4a16 1.02 / 0.58 and w4a16-asym 0.99 / 0.60
+# (bfloat16; INT4 in groups of 128 errs as much as MXFP4 on these weights:
+# 11% and 10% relative weight error, MXFP4 11%), w8a8-int8 0.010 / 0.96
+# (float32). A broken checkpoint (wrong scales, nibble order, transposed
+# weights) is at several nats.
 THRESHOLDS: dict[str, Threshold] = {
     "fp8-dynamic": Threshold(kl_divergence=0.2, top1_agreement=0.8),
     "fp8-block": Threshold(kl_divergence=0.2, top1_agreement=0.8),
     "nvfp4": Threshold(kl_divergence=1.5, top1_agreement=0.55),
     "nvfp4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
     "mxfp4": Threshold(kl_divergence=1.8, top1_agreement=0.5),
-    "w4a16": Threshold(kl_divergence=1.2, top1_agreement=0.6),
-    "w4a16-asym": Threshold(kl_divergence=1.2, top1_agreement=0.6),
+    "w4a16": Threshold(kl_divergence=1.6, top1_agreement=0.5),
+    "w4a16-asym": Threshold(kl_divergence=1.6, top1_agreement=0.5),
     "w8a8-int8": Threshold(kl_divergence=0.2, top1_agreement=0.8),
 }
 
