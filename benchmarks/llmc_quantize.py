@@ -2,7 +2,8 @@
 
     llmc_quantize.py MODEL_DIR OUT_DIR SCHEME {model_free,oneshot} [IGNORE_JSON]
 
-SCHEME is onboard's name (fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4), mapped
+SCHEME is onboard's name (fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4, w4a16,
+w4a16-asym, w8a8-int8), mapped
 to the same compressed-tensors preset. IGNORE_JSON is a JSON list of module names
 (or ``re:`` patterns) to leave unquantized. ``model_free`` is llm-compressor's
 ``model_free_ptq`` (safetensors in, safetensors out, no model class);
@@ -26,6 +27,9 @@ PRESETS = {
     "nvfp4": "NVFP4",
     "nvfp4a16": "NVFP4A16",
     "mxfp4": "MXFP4",
+    "w4a16": "W4A16",
+    "w4a16-asym": "W4A16_ASYM",
+    "w8a8-int8": "W8A8",
 }
 
 

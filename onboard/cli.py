@@ -298,7 +298,10 @@ def quantize(
     ],
     scheme: Annotated[
         str,
-        typer.Option(help="fp8-dynamic, fp8-block, nvfp4, nvfp4a16 or mxfp4."),
+        typer.Option(
+            help="fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4, w4a16, w4a16-asym "
+            "or w8a8-int8."
+        ),
     ],
     out_dir: OutOpt,
     spec: Annotated[
@@ -831,7 +834,11 @@ def plan(
     spec: SpecArg,
     target: Annotated[str, typer.Option(help="Hardware target (`onboard targets`).")],
     scheme: Annotated[
-        str, typer.Option(help="bf16, fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4.")
+        str,
+        typer.Option(
+            help="bf16, fp8-dynamic, fp8-block, nvfp4, nvfp4a16, mxfp4, w4a16, "
+            "w4a16-asym, w8a8-int8."
+        ),
     ] = "bf16",
     context: Annotated[
         int | None,

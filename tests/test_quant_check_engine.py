@@ -1,10 +1,11 @@
 """`onboard validate BF16_DIR --quantized SCHEME=DIR`: the quant:<scheme> check on
 the real vLLM CPU engine, through the generated plugin.
 
-One run (three engines: the 16-bit model, then one per quantized checkpoint) on
-the bundled dense-gqa spec's tiny checkpoint: fp8-dynamic, which vLLM's CPU build
-runs (the engine path), and nvfp4a16, which it refuses (its error is recorded and
-the checkpoint is dequantized into the reference instead). The full per-scheme
+One run (five engines: the 16-bit model, then one per quantized checkpoint) on
+the bundled dense-gqa spec's tiny checkpoint: fp8-dynamic, w4a16 and w8a8-int8,
+which vLLM's CPU build runs (the engine path: its CPU FP8, INT4 and INT8
+kernels), and nvfp4a16, which it refuses (its error is recorded and the
+checkpoint is dequantized into the reference instead). The full per-scheme
 sweep on the DeepSeek-V3-style checkpoint is tests/test_quant_check_acceptance.py.
 """
 
@@ -26,6 +27,7 @@ from onboard.validate.check_quant import THRESHOLDS
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "model_specs" / "dense-gqa.yaml"
 ONBOARD = str(Path(sys.executable).with_name("onboard"))
+SCHEMES = ("fp8-dynamic", "nvfp4a16", "w4a16", "w8a8-int8")
 
 
 def _validate(*args: str) -> subprocess.CompletedProcess:
@@ -41,9 +43,7 @@ def _validate(*args: str) -> subprocess.CompletedProcess:
 def run(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("quant-check-engine")
     bf16 = write_tiny_checkpoint(load_spec(SPEC), root / "bf16", seed=0)
-    quantized = {
-        s: quantize_checkpoint(bf16, s, root / s) for s in ("fp8-dynamic", "nvfp4a16")
-    }
+    quantized = {s: quantize_checkpoint(bf16, s, root / s) for s in SCHEMES}
     t0 = time.perf_counter()
     proc = _validate(
         bf16,
@@ -51,26 +51,25 @@ def run(tmp_path_factory) -> dict:
         "--out", root / "validation",
         *[a for s, d in quantized.items() for a in ("--quantized", f"{s}={d}")],
     )  # fmt: skip
-    print(f"\nvalidate with two quant checks: {time.perf_counter() - t0:.0f} s")
+    print(f"\nvalidate with four quant checks: {time.perf_counter() - t0:.0f} s")
     print(f"validation.json: {root / 'validation' / 'validation.json'}")
     path = root / "validation" / "validation.json"
     assert path.is_file(), proc.stdout + proc.stderr
     result = json.loads(path.read_text())
     checks = {c["name"]: c for c in result["checks"]}
-    for name in ("quant:fp8-dynamic", "quant:nvfp4a16"):
+    for name in (f"quant:{s}" for s in SCHEMES):
         m = checks[name]["metrics"]
         print(name, m.get("path"), m.get("kl_divergence"), m.get("top1_agreement"))
     return {"proc": proc, "result": result, "checks": checks, "quantized": quantized}
 
 
 @pytest.mark.engine
-def test_run_passes_with_both_quant_checks(run):
+def test_run_passes_with_every_quant_check(run):
     assert run["proc"].returncode == 0, run["proc"].stdout + run["proc"].stderr
     assert run["result"]["passed"] is True
     assert [c["name"] for c in run["result"]["checks"]] == [
         "accuracy",
-        "quant:fp8-dynamic",
-        "quant:nvfp4a16",
+        *(f"quant:{s}" for s in SCHEMES),
     ]
 
 
@@ -98,6 +97,28 @@ def test_fp8_dynamic_runs_in_the_engine_through_the_plugin(run):
             (run["quantized"]["fp8-dynamic"] / "onboard-quantize.json").read_text()
         )["shards"].items()
     }
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("scheme", ["w4a16", "w8a8-int8"])
+def test_int_schemes_run_in_the_engine_through_the_plugin(run, scheme):
+    # vLLM's CPU kernels: CPUWNA16LinearKernel (INT4 weights, 16-bit activations;
+    # bfloat16 only, so the KL includes bf16 rounding) and
+    # CPUInt8ScaledMMLinearKernel (INT8 weights, dynamic per-token INT8
+    # activations; float32 like the 16-bit side).
+    check = run["checks"][f"quant:{scheme}"]
+    m = check["metrics"]
+    assert check["status"] == "passed", check["details"]
+    dtype = "bfloat16" if scheme == "w4a16" else "float32"
+    assert m["path"] == "engine" and m["engine_dtype"] == dtype
+    assert "engine_error" not in m
+    assert m["vllm_model_class"].startswith("onboard_plugin_")
+    limit = THRESHOLDS[scheme]
+    assert 0 < m["kl_divergence"] <= limit.kl_divergence
+    assert limit.top1_agreement <= m["top1_agreement"] < 1
+    assert m["positions"] >= 100
+    assert m["untouched_tensors"]["embeddings"] >= 1
+    assert m["untouched_tensors"]["lm_head"] >= 1
 
 
 @pytest.mark.engine

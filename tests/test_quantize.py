@@ -20,6 +20,7 @@ from onboard.quantize.st_io import file_sha256
 sys.path.insert(0, str(Path(__file__).parent))
 from quantize_helpers import (  # noqa: E402
     write_bundled_dsv3_checkpoint,
+    write_dsv3_checkpoint,
     write_llama_checkpoint,
 )
 
@@ -125,7 +126,7 @@ def _weights(shape, seed):
 
 
 @pytest.mark.parametrize("scheme", ALL)
-@pytest.mark.parametrize("shape", [(576, 256), (100, 64), (300, 160)])
+@pytest.mark.parametrize("shape", [(576, 256), (100, 64), (300, 160), (300, 384)])
 def test_quantize_weight_is_byte_identical_to_compressed_tensors(scheme, shape):
     sch = SCHEMES[scheme]
     if shape[1] % sch.input_multiple:
@@ -197,7 +198,9 @@ def test_fp4_code_table_matches_the_loop_and_the_library(scheme, dtype, monkeypa
         assert same_bytes(table["m.weight_packed"], ref["weight_packed"])
 
 
-@pytest.mark.parametrize("scheme", ["fp8-dynamic", "fp8-block", "nvfp4a16"])
+@pytest.mark.parametrize(
+    "scheme", ["fp8-dynamic", "fp8-block", "nvfp4a16", "w4a16-asym", "w8a8-int8"]
+)
 def test_quantize_weight_float16_and_block_sink_match_library(scheme):
     # float16 weights (the FP8 table of float16), and the sink path the workers
     # use (blocks handed over as made) gives the same bytes as the whole tensor.
@@ -231,8 +234,9 @@ def test_quantize_weight_float16_and_block_sink_match_library(scheme):
 
 @pytest.mark.parametrize(
     "scheme,limit",
-    [("fp8-dynamic", 0.04), ("fp8-block", 0.04), ("nvfp4a16", 0.13), ("mxfp4", 0.16)],
-)
+    [("fp8-dynamic", 0.04), ("fp8-block", 0.04), ("nvfp4a16", 0.13), ("mxfp4", 0.16),
+     ("w4a16", 0.13), ("w4a16-asym", 0.11), ("w8a8-int8", 0.01)],
+)  # fmt: skip
 def test_dequantized_weights_are_close(scheme, limit):
     sch = SCHEMES[scheme]
     w = (torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(
@@ -249,6 +253,48 @@ def test_dequantized_weights_are_close(scheme, limit):
     assert 0 < rel < limit
 
 
+@pytest.mark.parametrize("scheme", ["w4a16", "w4a16-asym"])
+def test_int4_packing_is_the_layout_vllm_unpacks(scheme):
+    # Written out by hand: value j of a row, offset to unsigned (+8), sits in
+    # bits 4 (j % 8) of int32 j // 8 (vLLM's pack_factor 8, GPTQ order); the
+    # asymmetric zero points are packed the same way down the rows.
+    sch = SCHEMES[scheme]
+    levels = torch.arange(-8, 8).repeat(16)  # 256 inputs, two groups
+    w = torch.stack([levels * 0.5, -levels * 0.25] * 5).to(torch.bfloat16)
+    out = kernels.quantize_weight(w, sch, "m")
+    scale = out["m.weight_scale"].float().repeat_interleave(128, dim=1)
+    zp = torch.zeros_like(scale)
+    if not sch.symmetric:
+        packed_zp = out["m.weight_zero_point"]
+        assert tuple(packed_zp.shape) == (2, 2)  # ceil(10 rows / 8), groups
+        bits = (packed_zp.unsqueeze(1) >> (4 * torch.arange(8)).view(1, 8, 1)) & 15
+        zp = (bits.reshape(16, 2)[:10] - 8).float().repeat_interleave(128, dim=1)
+    q = torch.round(w.float() / scale + zp).clamp(-8, 7).to(torch.int64) + 8
+    words = (q.view(10, 32, 8) << (4 * torch.arange(8))).sum(-1)
+    assert torch.equal(out["m.weight_packed"], words.to(torch.int32))
+    assert out["m.weight_shape"].tolist() == [10, 256]
+    deq = kernels.dequantize(out, sch, "m").float()
+    assert torch.equal(deq, ((q - 8 - zp) * scale).to(torch.bfloat16).float())
+
+
+def test_int8_weights_are_per_channel():
+    sch = SCHEMES["w8a8-int8"]
+    w = (torch.arange(-127, 128).float() / 127).repeat(4, 1) * torch.tensor(
+        [[1.0], [2.0], [0.5], [0.0]]
+    )
+    w = w.to(torch.bfloat16)
+    out = kernels.quantize_weight(w, sch, "m")
+    q, scale = out["m.weight"], out["m.weight_scale"]
+    assert q.dtype == torch.int8 and scale.dtype == torch.bfloat16
+    # One scale per row, absmax / 127.5 (compressed-tensors' symmetric range);
+    # the all-zero row gets the library's eps and quantizes to zeros.
+    assert torch.equal(scale[:3, 0], (w[:3].abs().amax(1) / 127.5))
+    assert scale[3, 0] > 0 and not q[3].any()
+    assert q[:3, -1].tolist() == [127] * 3 and q[:3, 0].tolist() == [-127] * 3
+    err = (q.float() * scale.float() - w.float()).abs()
+    assert (err <= scale.float() * 0.5 + 1e-3).all()
+
+
 # ---- whole checkpoints ---------------------------------------------------------
 
 
@@ -258,13 +304,30 @@ def dsv3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def quantized(dsv3, tmp_path_factory):
+def dsv3_wide(tmp_path_factory) -> Path:
+    """The same model with 128-wide experts: INT4's groups of 128 inputs fit the
+    experts' down_proj (the bundled tiny checkpoint's are 64 wide)."""
+    out = write_dsv3_checkpoint(tmp_path_factory.mktemp("wide") / "bf16", 0, "1MB", 128)
+    # Read without a spec, as saved by transformers (its MTP layer has an
+    # embed_tokens copy the helper's spec does not list).
+    (out / "spec.yaml").unlink()
+    return out
+
+
+def source(scheme: str, dsv3: Path, dsv3_wide: Path) -> Path:
+    """The DeepSeek-V3-style checkpoint a scheme is tested on."""
+    return dsv3_wide if SCHEMES[scheme].input_multiple > 64 else dsv3
+
+
+@pytest.fixture(scope="session")
+def quantized(dsv3, dsv3_wide, tmp_path_factory):
     root = tmp_path_factory.mktemp("dsv3-q")
     cache: dict[str, Path] = {}
 
     def get(scheme: str) -> Path:
         if scheme not in cache:
-            cache[scheme] = quantize_checkpoint(dsv3, scheme, root / scheme, workers=2)
+            src = source(scheme, dsv3, dsv3_wide)
+            cache[scheme] = quantize_checkpoint(src, scheme, root / scheme, workers=2)
         return cache[scheme]
 
     return get
@@ -280,11 +343,12 @@ LINEARS = (
 
 
 @pytest.mark.parametrize("scheme", ALL)
-def test_scheme_on_deepseek_v3_style_checkpoint(scheme, dsv3, quantized):
+def test_scheme_on_deepseek_v3_style_checkpoint(scheme, dsv3, dsv3_wide, quantized):
     from compressed_tensors.quantization import QuantizationConfig
 
     sch = SCHEMES[scheme]
     out = quantized(scheme)
+    dsv3 = source(scheme, dsv3, dsv3_wide)
     src, dst = load_all(dsv3), load_all(out)
     config = json.loads((out / "config.json").read_text())
     qc = config["quantization_config"]
@@ -463,7 +527,9 @@ def test_corrupt_or_truncated_shard_is_refused(small, tmp_path, damage):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("scheme,multiple", [("nvfp4a16", 16), ("mxfp4", 32)])
+@pytest.mark.parametrize(
+    "scheme,multiple", [("nvfp4a16", 16), ("mxfp4", 32), ("w4a16", 128)]
+)
 def test_input_dimension_the_scheme_cannot_take(tmp_path, scheme, multiple):
     ckpt = write_llama_checkpoint(
         tmp_path / "bf16",

@@ -7,7 +7,8 @@ A missing environment fails these tests; it does not skip them.
 
 What "the same" means, per scheme and llm-compressor entry point:
 
-* tensors llm-compressor also wrote are byte-identical, or (model_free_ptq's NVFP4,
+* tensors llm-compressor also wrote are byte-identical (INT4 and INT8 too: both
+  tools are data-free there, min/max weight observers), or (model_free_ptq's NVFP4,
   which does not share global scales across MLA's q_a/kv_a or the experts' gate/up
   that vLLM fuses) dequantize to within one quantization step of each other;
 * the same modules are quantized, with the same quantization arguments and format
@@ -30,7 +31,10 @@ import torch
 from onboard.quantize import SCHEMES, kernels, quantize_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quantize_helpers import write_bundled_dsv3_checkpoint  # noqa: E402
+from quantize_helpers import (  # noqa: E402
+    write_bundled_dsv3_checkpoint,
+    write_dsv3_checkpoint,
+)
 from test_quantize import load_all, same_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,22 +54,33 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def outputs(ckpt, tmp_path_factory):
+def ckpt_wide(tmp_path_factory) -> Path:
+    """128-wide experts (the tiny checkpoint's 64 are less than one INT4 group),
+    as transformers saves it, read without a spec by onboard."""
+    out = tmp_path_factory.mktemp("interop-wide") / "bf16"
+    write_dsv3_checkpoint(out, expert_width=128)
+    (out / "spec.yaml").unlink()
+    return out
+
+
+@pytest.fixture(scope="module")
+def outputs(ckpt, ckpt_wide, tmp_path_factory):
     root = tmp_path_factory.mktemp("interop-out")
     cache: dict = {}
 
     def get(scheme: str, method: str) -> tuple[Path, Path]:
         if (scheme, method) not in cache:
+            src = ckpt_wide if SCHEMES[scheme].input_multiple > 64 else ckpt
             ours = root / f"onboard-{scheme}"
             if not ours.exists():
-                quantize_checkpoint(ckpt, scheme, ours)
+                quantize_checkpoint(src, scheme, ours)
             theirs = root / f"llmc-{scheme}-{method}"
             # The modules onboard keeps, as llm-compressor's ignore patterns (its
             # model-free path would otherwise quantize embeddings and MTP heads).
             ignore = ["lm_head", "model.embed_tokens", r"re:.*mlp\.gate$",
                       r"re:^model\.layers\.2\."]  # fmt: skip
             r = subprocess.run(
-                [LLMC_PYTHON, RUNNER, ckpt, theirs, scheme, method, json.dumps(ignore)],
+                [LLMC_PYTHON, RUNNER, src, theirs, scheme, method, json.dumps(ignore)],
                 capture_output=True,
                 text=True,
                 timeout=1800,
@@ -112,6 +127,10 @@ def check_same_modules(mine: dict, theirs: dict) -> set[str]:
         ("nvfp4a16", "oneshot"),
         ("mxfp4", "model_free"),
         ("nvfp4", "oneshot"),
+        ("w4a16", "model_free"),
+        ("w4a16-asym", "model_free"),
+        ("w4a16-asym", "oneshot"),
+        ("w8a8-int8", "model_free"),
     ],
 )
 def test_same_as_llm_compressor(outputs, scheme, method):

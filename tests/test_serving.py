@@ -477,7 +477,7 @@ def test_linear_roles_and_scheme_bytes_match_onboard_quantize():
     from onboard.quantize.schemes import SCHEMES
 
     assert LINEAR_ROLES == qselection.LINEAR_ROLES
-    size = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4}
+    size = {"U8": 1, "F8_E4M3": 1, "I8": 1, "BF16": 2, "F32": 4, "I32": 4, "I64": 8}
     for name, scheme in SCHEMES.items():
         for shape in ((2048, 7168), (576, 7168), (7168, 2048), (130, 96), (1, 32)):
             written = sum(
@@ -509,7 +509,8 @@ def test_weight_bytes_equal_the_quantized_checkpoints(tmp_path, name):
     report = weight_report(tiny, "bf16")
     assert _tensor_bytes(src) == report.total_bytes + report.mtp.bytes
     # nvfp4 calibrates through a transformers model, which novel_launch has not.
-    schemes = ["fp8-dynamic", "fp8-block", "nvfp4a16", "mxfp4"]
+    # (w4a16: the tiny experts' 64 inputs are less than one group of 128)
+    schemes = ["fp8-dynamic", "fp8-block", "nvfp4a16", "mxfp4", "w8a8-int8"]
     schemes += ["nvfp4"] if name == "deepseek-v3-style" else []
     for scheme in schemes:
         out = quantize_checkpoint(src, scheme, tmp_path / scheme, workers=1)

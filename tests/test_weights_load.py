@@ -30,7 +30,8 @@ from onboard.spec.model import ModelSpec
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4")
+SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4", "w4a16",
+           "w4a16-asym", "w8a8-int8")  # fmt: skip
 # vLLM's refusal of fp8-block partitions that are not whole 128-row blocks.
 NARROW_FP8_BLOCK = "is not divisible by weight quantization block_n = 128"
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -150,6 +151,27 @@ def test_fp8_block_experts_load_where_the_spec_has_whole_blocks(tmp_path):
     assert ok.consumed == ok.tensors - ok.skipped
     assert not refused.passed
     assert NARROW_FP8_BLOCK in refused.error, refused.summary()
+
+
+def test_int4_and_int8_moe_experts_load_where_the_cpu_has_no_amx(tmp_path):
+    """INT4 (w4a16, w4a16-asym) and INT8 (w8a8-int8) DeepSeek-V3-style
+    checkpoints, experts included, load into the generated model. vLLM's CPU
+    INT4 / INT8 experts need AMX tiles (CPUExpertsInt4 / CPUExpertsInt8); the
+    probe builds them without that check where the CPU lacks AMX. The experts
+    are 128 wide (one INT4 group; the tiny checkpoint keeps whole groups and
+    blocks where the spec ships INT4 or fp8-block, as this one does)."""
+    spec, ckpt, plugin = tiny("deepseek-v3-style", tmp_path)
+    assert spec.mlp.moe.expert_intermediate_size == 128
+    schemes = ("w4a16", "w4a16-asym", "w8a8-int8")
+    written = [quantize_checkpoint(ckpt, s, tmp_path / s, spec=spec) for s in schemes]
+    results = probe(spec, plugin, written, tmp_path / "probe")
+    for scheme, result in zip(schemes, results, strict=True):
+        assert result.passed, (scheme, result.summary())
+        assert result.consumed == result.tensors - result.skipped > 0
+        experts = "Int8" if scheme == "w8a8-int8" else "WNA16"
+        assert any(experts in m for m in result.quant_methods), result.quant_methods
+        if not torch.cpu._is_amx_tile_supported():
+            assert any("MoE: CPUExperts" in f for f in result.fallbacks), scheme
 
 
 @pytest.fixture(scope="module")

@@ -333,7 +333,8 @@ def _scheme(config: dict[str, Any], record: dict[str, Any] | None) -> str | None
 
 def describe_scheme(qc: dict[str, Any]) -> str:
     """A short name for a compressed-tensors config: fp8-dynamic, fp8-block,
-    nvfp4, nvfp4a16, mxfp4; else the method's own name."""
+    nvfp4, nvfp4a16, mxfp4, w4a16, w4a16-asym, w8a8-int8; else the method's own
+    name."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         return str(qc.get("quant_method") or "quantized")
@@ -347,4 +348,8 @@ def describe_scheme(qc: dict[str, Any]) -> str:
         if weights.get("group_size") == 32:
             return "mxfp4"
         return "nvfp4" if acts else "nvfp4a16"
+    if bits == 4 and kind == "int" and not acts:
+        return "w4a16" if weights.get("symmetric", True) else "w4a16-asym"
+    if bits == 8 and kind == "int" and acts:
+        return "w8a8-int8"
     return str(qc.get("quant_method") or "quantized")

@@ -1,8 +1,9 @@
 """Quantized checkpoints in the compressed-tensors format vLLM loads, streamed.
 
 ``quantize_checkpoint(model_dir, scheme, out_dir)`` writes ``out_dir`` with the same
-shard names as the input, quantized Linear weights (FP8, NVFP4, NVFP4A16, MXFP4),
-everything else byte-for-byte copied, and config.json's ``quantization_config``.
+shard names as the input, quantized Linear weights (FP8, NVFP4, NVFP4A16, MXFP4,
+INT4, INT8), everything else byte-for-byte copied, and config.json's
+``quantization_config``.
 See docs/quantize.md.
 """
 

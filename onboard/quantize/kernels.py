@@ -15,6 +15,10 @@ onto the FP4 grid, the same nibble order. ``check_against_library`` compares the
 byte for byte with the library's compressor, on every tensor's first rows at run
 time and on random and boundary values in the tests, so a change of convention in
 compressed-tensors fails loudly instead of writing a wrong checkpoint.
+
+The integer schemes (INT4, INT8) run the library's own ``quantize`` and
+``pack_to_int32``, a row block at a time: a few passes per value, about as fast
+as the FP4 loops here, so nothing of their own is needed.
 """
 
 from __future__ import annotations
@@ -65,7 +69,22 @@ def output_tensors(
     rows, cols = shape
     w = scheme.ct_scheme.weights
     out: list[tuple[str, str, tuple[int, ...]]] = []
-    if scheme.packed:
+    if scheme.integer:
+        # compressed-tensors' pack-quantized (INT4: eight to an int32, the first
+        # column in the lowest bits; zero points packed down the rows) and
+        # int-quantized (INT8) layouts.
+        scale_cols = cols // w.group_size if w.strategy == "group" else 1
+        if scheme.packed:
+            out.append((f"{module}.weight_packed", "I32", (rows, cols // 8)))
+            out.append((f"{module}.weight_scale", dtype, (rows, scale_cols)))
+            out.append((f"{module}.weight_shape", "I64", (2,)))
+            if not scheme.symmetric:
+                zp_shape = (math.ceil(rows / 8), scale_cols)
+                out.append((f"{module}.weight_zero_point", "I32", zp_shape))
+        else:
+            out.append((f"{module}.weight", "I8", (rows, cols)))
+            out.append((f"{module}.weight_scale", dtype, (rows, scale_cols)))
+    elif scheme.packed:
         out.append((f"{module}.weight_packed", "U8", (rows, cols // 2)))
         scale_dtype = "F8_E4M3" if scheme.global_scale else "U8"
         out.append(
@@ -139,6 +158,7 @@ def observes_by_block(scheme: Scheme, dtype: torch.dtype) -> bool:
         args.strategy == "channel"
         and args.symmetric
         and not scheme.global_scale
+        and not scheme.integer
         and dtype in _BITS
         and dtype.itemsize == 2
     )
@@ -533,10 +553,13 @@ def quantize_weight(
         scale = torch.empty(rows, 1, dtype=_fixed_scale_table(scheme, w.dtype).dtype)
     else:
         stats = stats or observe(w, scheme)
-        scale = scales(stats, scheme, gscale)
+        if not scheme.integer:  # (int_qparams: scales and zero points)
+            scale = scales(stats, scheme, gscale)
     step = _block_rows(cols)
     out: dict[str, torch.Tensor] = {}
-    if scheme.packed:
+    if scheme.integer:
+        name, head = _int_weight(w, scheme, module, stats, out, sink)
+    elif scheme.packed:
         name = f"{module}.weight_packed"
         group = args.group_size
         scratch = _Fp4Scratch(min(step, rows), cols, group)
@@ -602,6 +625,51 @@ def quantize_weight(
     if check:
         check_against_library(w, scheme, module, gscale, {**out, name: head()})
     return out
+
+
+def int_qparams(
+    stats: tuple[torch.Tensor, torch.Tensor], scheme: Scheme
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compressed-tensors' ``calculate_qparams`` scales and int8 zero points of an
+    integer scheme (zero points None where symmetric: all zero, and the format
+    stores none)."""
+    if scheme.symmetric:
+        return scales(stats, scheme, None), None
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    return calculate_qparams(*stats, scheme.ct_scheme.weights)
+
+
+def _int_weight(w, scheme, module, stats, out, sink) -> tuple[str, Callable]:
+    """INT4 / INT8 weights into ``out`` (or the sink): the library's own
+    ``quantize`` (divide in the weight dtype, add the zero point, clamp, round
+    half to even) and, for INT4, its ``pack_to_int32``, a row block at a time
+    (both work row by row, so the blocks' results are the whole's). Returns the
+    quantized weight's name and ``_emitter``'s ``head`` for the check.
+    """
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+
+    args = scheme.ct_scheme.weights
+    rows, cols = w.shape
+    scale, zp = int_qparams(stats, scheme)
+    if scheme.packed:
+        name, shape, dtype = f"{module}.weight_packed", (rows, cols // 8), torch.int32
+    else:
+        name, shape, dtype = f"{module}.weight", (rows, cols), torch.int8
+    emit, head = _emitter(name, shape, dtype, sink, out)
+    step = _block_rows(cols)
+    for i in range(0, rows, step):
+        rows_zp = None if zp is None else zp[i : i + step]
+        q = quantize(w[i : i + step], scale[i : i + step], rows_zp, args, torch.int8)
+        emit(i, pack_to_int32(q, args.num_bits) if scheme.packed else q)
+    out[f"{module}.weight_scale"] = scale
+    if scheme.packed:
+        out[f"{module}.weight_shape"] = torch.tensor([rows, cols])
+    if zp is not None:
+        zp = pack_to_int32(zp, args.num_bits, packed_dim=0)
+        out[f"{module}.weight_zero_point"] = zp.contiguous()
+    return name, head
 
 
 def _emitter(name, shape, dtype, sink, out):
@@ -672,13 +740,16 @@ def check_against_library(
 ) -> None:
     """Byte-compare the first rows of ``out`` with compressed-tensors' compressor."""
     rows = max(1, min(CHECK_ROWS, CHECK_VALUES // w.shape[1]))
+    if scheme.integer and not scheme.symmetric:
+        rows = -(-rows // 8) * 8  # whole int32s of zero points packed down the rows
     n = min(w.shape[0], scheme.block[0] if scheme.block else rows)
     # (a copy: ``w`` may be a read-only file mapping, the library gets its own rows)
     ref = library_compress(w[:n].clone(), scheme, gscale)
+    ref.pop("weight_shape", None)  # the first rows' shape (ours: the whole's)
     for local, value in ref.items():
         mine = out[f"{module}.{local}"][: value.shape[0]]
         if mine.dtype != value.dtype or not torch.equal(
-            mine.contiguous().view(torch.uint8), value.contiguous().view(torch.uint8)
+            mine.reshape(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8)
         ):
             raise AssertionError(
                 f"{module}.{local}: onboard's quantizer disagrees with "

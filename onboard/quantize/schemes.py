@@ -1,4 +1,4 @@
-"""The five schemes, as compressed-tensors presets, and their ``quantization_config``.
+"""The eight schemes, as compressed-tensors presets, and their ``quantization_config``.
 
 Each onboard scheme name maps to one compressed-tensors preset (the library's own
 ``QuantizationArgs``: bits, strategy, group or block size, scale dtype) and to the
@@ -50,7 +50,20 @@ class Scheme:
 
     @property
     def packed(self) -> bool:
+        """4-bit weights, several to a stored element (FP4: two per byte; INT4:
+        eight per int32)."""
         return self.ct_scheme.weights.num_bits == 4
+
+    @property
+    def integer(self) -> bool:
+        """Integer weights (INT4 packed into int32, INT8), compressed-tensors'
+        ``pack-quantized`` and ``int-quantized`` formats."""
+        return self.ct_scheme.weights.type == "int"
+
+    @property
+    def symmetric(self) -> bool:
+        """Scales only; else a zero point per scale too (``w4a16-asym``)."""
+        return bool(self.ct_scheme.weights.symmetric)
 
 
 SCHEMES: dict[str, Scheme] = {
@@ -94,6 +107,30 @@ SCHEMES: dict[str, Scheme] = {
             "mxfp4-pack-quantized",
             False,
             "FP4 e2m1 weights and activations with E8M0 (power-of-two) scales per 32",
+        ),
+        Scheme(
+            "w4a16",
+            "W4A16",
+            "pack-quantized",
+            False,
+            "INT4 weights, symmetric, one scale per group of 128 inputs, eight "
+            "to an int32; 16-bit activations",
+        ),
+        Scheme(
+            "w4a16-asym",
+            "W4A16_ASYM",
+            "pack-quantized",
+            False,
+            "INT4 weights, asymmetric: a scale and an int4 zero point per group "
+            "of 128 inputs; 16-bit activations",
+        ),
+        Scheme(
+            "w8a8-int8",
+            "W8A8",
+            "int-quantized",
+            False,
+            "INT8 weights, one scale per output channel; activations INT8 per "
+            "token, scaled at run time",
         ),
     )
 }

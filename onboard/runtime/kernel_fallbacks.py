@@ -3,7 +3,8 @@ kernels the CPU cannot run (the weights probe, :mod:`onboard.runtime.weights_pro
 
 vLLM 0.32's CPU build refuses to *build* a layer of some quantization formats: it
 finds no kernel for it (NVFP4, MXFP4), or its kernel needs AMX tiles (FP8-block,
-and the CPU experts of gpt-oss's MXFP4 on a CPU without AMX). Building is all the
+and the CPU experts of gpt-oss's MXFP4, of INT4 and of INT8 on a CPU without
+AMX). Building is all the
 probe needs: it loads the checkpoint into the parameters and runs nothing. Each
 fallback wraps one of vLLM's selection functions: vLLM's own choice runs first, and
 only where it raises does the wrapper return a kernel class vLLM itself has for
@@ -56,6 +57,8 @@ def install() -> None:
     if getattr(install, "done", False):
         return
     import vllm.model_executor.kernels.linear as linear
+    import vllm.model_executor.layers.fused_moe.oracle.int8 as moe_int8
+    import vllm.model_executor.layers.fused_moe.oracle.int_wna16 as moe_wna16
     import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as moe_mxfp4
     import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as moe_nvfp4
 
@@ -64,6 +67,8 @@ def install() -> None:
     import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_mxfp4  # noqa: F401, E501
     import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4  # noqa: F401, E501
     import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w8a8_fp8  # noqa: F401, E501
+    import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w8a8_int8  # noqa: F401, E501
+    import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_wna16  # noqa: F401, E501
     import vllm.model_executor.layers.quantization.mxfp4  # noqa: F401
     from vllm.platforms import current_platform
 
@@ -72,6 +77,8 @@ def install() -> None:
     init_mxfp4 = linear.init_mxfp4_linear_kernel
     select_nvfp4_moe = moe_nvfp4.select_nvfp4_moe_backend
     select_mxfp4_moe = moe_mxfp4.select_mxfp4_moe_backend
+    select_int8_moe = moe_int8.select_int8_moe_backend
+    select_wna16_moe = moe_wna16.select_wna16_moe_backend
 
     def choose_scaled_mm_linear_kernel(config, possible_kernels, *args, **kwargs):
         # FP8 (block) and INT8: the CPU block kernel refuses without AMX tiles.
@@ -137,15 +144,34 @@ def install() -> None:
             TAKEN.append(f"NVFP4 MoE: emulation ({_first_line(exc)})")
             return backend, experts
 
-    def select_mxfp4_moe_backend(config, activation_key=None):
-        # gpt-oss's MXFP4 experts: the CPU experts need AMX tiles; vLLM picks
-        # them (and their padding) on a CPU that has them.
-        try:
-            return select_mxfp4_moe(config, activation_key)
-        except (ValueError, NotImplementedError) as exc:
-            backend = moe_mxfp4.Mxfp4MoeBackend.CPU
-            TAKEN.append(f"MXFP4 MoE: CPU experts ({_first_line(exc)})")
-            return backend, moe_mxfp4.backend_to_kernel_cls(backend)[0]
+    def cpu_experts(original: Callable, label: str, oracle, backend, experts: str):
+        """``original``, or where it finds no backend, vLLM's x86 CPU experts
+        (``experts``, a class of ``oracle``'s CPU backend), which need AMX tiles:
+        vLLM picks them (and their padding) on a CPU that has them."""
+
+        def select(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except (ValueError, NotImplementedError) as exc:
+                TAKEN.append(f"{label}: {experts} ({_first_line(exc)})")
+                classes = oracle.backend_to_kernel_cls(backend)
+                return backend, next(c for c in classes if c.__name__ == experts)
+
+        return select
+
+    # gpt-oss's MXFP4 experts; INT4 (W4A16) and INT8 (W8A8) experts.
+    select_mxfp4_moe_backend = cpu_experts(
+        select_mxfp4_moe, "MXFP4 MoE", moe_mxfp4, moe_mxfp4.Mxfp4MoeBackend.CPU,
+        "CPUExpertsMxfp4",
+    )  # fmt: skip
+    select_int8_moe_backend = cpu_experts(
+        select_int8_moe, "INT8 MoE", moe_int8, moe_int8.Int8MoeBackend.CPU,
+        "CPUExpertsInt8",
+    )  # fmt: skip
+    select_wna16_moe_backend = cpu_experts(
+        select_wna16_moe, "WNA16 MoE", moe_wna16, moe_wna16.WNA16MoEBackend.CPU,
+        "CPUExpertsInt4",
+    )  # fmt: skip
 
     for original, replacement in (
         (choose_scaled_mm, choose_scaled_mm_linear_kernel),
@@ -153,6 +179,8 @@ def install() -> None:
         (init_mxfp4, init_mxfp4_linear_kernel),
         (select_nvfp4_moe, select_nvfp4_moe_backend),
         (select_mxfp4_moe, select_mxfp4_moe_backend),
+        (select_int8_moe, select_int8_moe_backend),
+        (select_wna16_moe, select_wna16_moe_backend),
     ):
         _replace_everywhere(original, replacement)
     install.done = True  # type: ignore[attr-defined]

@@ -392,6 +392,9 @@ def _weight_rule(scheme: str) -> str:
         "nvfp4": "quantized: params / 2 + params / 16 scales + 8 B global scales",
         "nvfp4a16": "quantized: params / 2 + params / 16 scales + 4 B global scale",
         "mxfp4": "quantized: params / 2 + params / 32 scales",
+        "w4a16": "quantized: params / 2 + params / 128 x 2 B scales + 16 B shape",
+        "w4a16-asym": "quantized: as w4a16 + params / 128 x 0.5 B zero points",
+        "w8a8-int8": "quantized: params x 1 B + rows x 2 B scales",
     }
     return f"   bytes = {rules[scheme]}; others: params x dtype bytes"
 

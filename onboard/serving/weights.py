@@ -174,6 +174,11 @@ def quantized_bytes(scheme: str, rows: int, cols: int) -> int:
                    and input global scales
       nvfp4a16     as nvfp4 without the input global scale
       mxfp4        rows*cols/2 packed FP4 + one E8M0 (uint8) scale per 32
+      w4a16        rows*cols/2 packed INT4 + one bf16 scale per 128 + the
+                   int64 [rows, cols] weight_shape
+      w4a16-asym   as w4a16 + one int4 zero point per 128, packed eight to an
+                   int32 down the rows
+      w8a8-int8    rows*cols INT8 + one bf16 scale per output row
     """
     if scheme == "fp8-dynamic":
         return rows * cols + rows * 2
@@ -185,11 +190,17 @@ def quantized_bytes(scheme: str, rows: int, cols: int) -> int:
         return rows * cols // 2 + rows * cols // 16 + 4
     if scheme == "mxfp4":
         return rows * cols // 2 + rows * cols // 32
+    if scheme in ("w4a16", "w4a16-asym"):
+        groups = cols // 128
+        zero_points = math.ceil(rows / 8) * groups * 4 if scheme == "w4a16-asym" else 0
+        return rows * cols // 2 + rows * groups * 2 + 16 + zero_points
+    if scheme == "w8a8-int8":
+        return rows * cols + rows * 2
     raise InputError(f"--scheme: unknown scheme {scheme!r}")
 
 
-# FP4 schemes quantize input features in groups (onboard.quantize.schemes).
-GROUP_SIZE = {"nvfp4": 16, "nvfp4a16": 16, "mxfp4": 32}
+# FP4 and INT4 schemes quantize input features in groups (onboard.quantize.schemes).
+GROUP_SIZE = {"nvfp4": 16, "nvfp4a16": 16, "mxfp4": 32, "w4a16": 128, "w4a16-asym": 128}
 
 
 def weight_report(

@@ -29,11 +29,17 @@ from onboard.components.base import Section as _Section
 
 SPEC_VERSION = 1
 
-QUANT_SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4")
+QUANT_SCHEMES = (
+    "fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4",
+    "w4a16", "w4a16-asym", "w8a8-int8",
+)  # fmt: skip
 SPEC_METHODS = ("ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix")
 TARGETS = ("cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x")
 
-QuantScheme = Literal["fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4"]
+QuantScheme = Literal[
+    "fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4",
+    "w4a16", "w4a16-asym", "w8a8-int8",
+]  # fmt: skip
 SpecMethod = Literal[
     "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"
 ]

@@ -19,9 +19,9 @@ One rule for every spec (documented in docs/checkpoints.md):
   with head_dim explicit), dense MLP to 2 x hidden,
   experts to at most 8 (two per group when routing is grouped, keeping the share of
   groups kept per token), top-k to at most 2, shared experts to at most 2, expert
-  widths to 64 (128 where the spec ships fp8-block and its experts are whole
-  128-row blocks: vLLM builds block-quantized layers only from whole blocks per
-  partition), q_lora_rank to at most 128, index heads to at most 4 and the
+  widths to 64 (128 where the spec ships fp8-block or INT4 and its experts are
+  whole 128-wide blocks or groups: vLLM builds those layers only from whole
+  ones), q_lora_rank to at most 128, index heads to at most 4 and the
   indexer's top-k to at most 32 (so a 64-token test context outgrows it, and the
   CPU engine's dense-equivalent run has 16 prompt + 16 generated tokens within
   it; the index head dim is kept), linear-attention key heads to at
@@ -55,10 +55,12 @@ TINY_SLIDING_WINDOW = 16
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
 TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
-# Schemes whose vLLM layers need every weight partition in whole blocks (fp8-block's
-# 128 x 128; vLLM's validate_fp8_block_shape and validate_fp8_block_shape_moe
-# refuse narrower experts), and that block's rows.
-SCHEME_WIDTH_MULTIPLE = {"fp8-block": 128}
+# Schemes whose layers need expert widths in whole blocks or groups, and that
+# multiple: fp8-block's 128 x 128 blocks (vLLM's validate_fp8_block_shape and
+# validate_fp8_block_shape_moe refuse narrower partitions) and INT4's groups of
+# 128 along the input (down_proj's input is the expert width; compressed-tensors
+# and vLLM refuse a narrower one).
+SCHEME_WIDTH_MULTIPLE = {"fp8-block": 128, "w4a16": 128, "w4a16-asym": 128}
 TINY_Q_LORA_RANK = 128
 MAX_KV_HEADS = 2
 MAX_HEADS_PER_KV = 2

@@ -78,18 +78,24 @@ class Threshold:
 # FP8 checkpoints of real models are at KL ~0.001-0.01). Measured full-vocabulary
 # KL / top-1 of the dequantized weights (dense-gqa, deepseek-v3-style): fp8-dynamic
 # 0.049 / 0.92, 0.062 / 0.90; fp8-block 0.078 / 0.89, 0.070 / 0.88; nvfp4a16
-# 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. A broken checkpoint
-# (wrong scales, nibble order, transposed weights) is at several nats. The NVFP4
-# weights of qwen3-next-style's tiny checkpoint (Gated DeltaNet; experts 128 wide)
-# are at 1.57 / 0.60; there its expert scales' rows reversed give 2.41 / 0.50, a
-# doubled global scale 11.5 / 0.09, swapped nibbles 24.8 / 0.005
-# (tests/test_quant_check_acceptance.py).
+# 0.66 / 0.71, 0.78 / 0.66; mxfp4 1.18 / 0.59, 1.15 / 0.67. On the CPU engine
+# (dense-gqa, 5 December 2026): w4a16 1.02 / 0.58 and w4a16-asym 0.99 / 0.60
+# (bfloat16; INT4 in groups of 128 errs as much as MXFP4 on these weights:
+# 11% and 10% relative weight error, MXFP4 11%), w8a8-int8 0.010 / 0.96
+# (float32). A broken checkpoint (wrong scales, nibble order, transposed
+# weights) is at several nats. The NVFP4 weights of qwen3-next-style's tiny
+# checkpoint (Gated DeltaNet; experts 128 wide) are at 1.57 / 0.60; there its
+# expert scales' rows reversed give 2.41 / 0.50, a doubled global scale
+# 11.5 / 0.09, swapped nibbles 24.8 / 0.005 (tests/test_quant_check_acceptance.py).
 THRESHOLDS: dict[str, Threshold] = {
     "fp8-dynamic": Threshold(kl_divergence=0.2, top1_agreement=0.8),
     "fp8-block": Threshold(kl_divergence=0.2, top1_agreement=0.8),
     "nvfp4": Threshold(kl_divergence=2.0, top1_agreement=0.55),
     "nvfp4a16": Threshold(kl_divergence=2.0, top1_agreement=0.55),
     "mxfp4": Threshold(kl_divergence=1.8, top1_agreement=0.5),
+    "w4a16": Threshold(kl_divergence=1.6, top1_agreement=0.5),
+    "w4a16-asym": Threshold(kl_divergence=1.6, top1_agreement=0.5),
+    "w8a8-int8": Threshold(kl_divergence=0.2, top1_agreement=0.8),
 }
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
@@ -98,8 +104,11 @@ P_TOP_K = 20
 # its layers need it), so that the comparison measures the quantization alone,
 # except where vLLM's CPU kernel takes 16-bit
 # activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
-# half", measured); there it runs in bfloat16, and the KL includes bf16 rounding.
-ENGINE_DTYPE = {"fp8-block": "bfloat16"}
+# half", measured) and INT4's cpu_gemm_wna16 ('"cpu_gemm_wna16" not implemented
+# for 'Float'', measured: CPUWNA16LinearKernel, vllm/model_executor/kernels/
+# linear/mixed_precision/cpu.py); there it runs in bfloat16, and the KL includes
+# bf16 rounding.
+ENGINE_DTYPE = {"fp8-block": "bfloat16", "w4a16": "bfloat16", "w4a16-asym": "bfloat16"}
 # Roles that must stay byte-identical, by the reason onboard.quantize keeps them.
 GUARDED = {
     "embeddings": ("role embed",),
