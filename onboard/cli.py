@@ -168,7 +168,10 @@ def _proven(
         spec, proof = infer_spec(config, name=name, source=source, remote=remote)
         why = proof.header()
     lines = textwrap.wrap(
-        f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
+        f"Inferred by `onboard spec from-hf`; {why}. config.json states no "
+        "licence: set `license:` to the weights' own before publishing.",
+        86,
+        break_on_hyphens=False,
     )
     return "".join(f"# {line}\n" for line in lines), spec
 
@@ -724,6 +727,14 @@ def publish(
         str | None,
         typer.Option(help="Base model repo for the card (default: the spec's)."),
     ] = None,
+    license: Annotated[
+        str | None,
+        typer.Option(
+            "--license",
+            help="The weights' licence id for the card (default: the spec's "
+            "`license`; one of the two is required).",
+        ),
+    ] = None,
 ) -> None:
     """Upload a checkpoint and its model card to the Hugging Face Hub, verified."""
     from onboard.publish import publish as run_publish
@@ -746,6 +757,7 @@ def publish(
         force=force,
         validation=validation,
         base_model=base_model,
+        license=license,
         log=lambda line: err.print(line, markup=False),
         on_plan=show,
     )

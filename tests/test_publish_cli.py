@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,6 +100,30 @@ def test_refusals_exit_2_with_the_reason(fp8, hub, env, tmp_path):
     assert result.returncode == 2
     assert "not a complete checkpoint" in result.stderr
     assert "model-00002-of-00002.safetensors: listed in" in result.stderr
+    assert hub.log == []
+
+
+def test_a_card_gets_no_licence_the_inputs_do_not_state(fp8, hub, env):
+    """A spec without `license:` (as `spec from-hf` writes one: config.json
+    states none) is refused until --license names the weights' licence."""
+    del env["HF_TOKEN"]
+    # (beside it: the validation.json _args names is found from there)
+    unstated = shutil.copytree(fp8, fp8.parent / "unstated-licence")
+    spec = unstated / "spec.yaml"
+    text = spec.read_text()
+    assert "\nlicense: " in text
+    spec.write_text(
+        "".join(
+            line for line in text.splitlines(True) if not line.startswith("license: ")
+        )
+    )
+    result = _run(_args(unstated, hub, "--dry-run"), env)
+    assert result.returncode == 2
+    assert "no licence for the model card: its spec.yaml states none" in result.stderr
+    assert "--license" in result.stderr
+    result = _run(_args(unstated, hub, "--dry-run", "--license", "llama3.1"), env)
+    assert result.returncode == 0, result.stderr
+    assert "license: llama3.1" in result.stdout
     assert hub.log == []
 
 

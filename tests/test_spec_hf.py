@@ -821,6 +821,11 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "DeepseekV3ForCausalLM" in result.stdout
     assert load_spec(out).name == "ds"
+    # config.json states no licence: the spec does not invent one.
+    assert load_spec(out).license is None
+    assert "set `license:` to the weights' own" in " ".join(
+        line.lstrip("# ") for line in out.read_text().splitlines()
+    )
     assert run_cli("spec", "check", out).returncode == 0
 
 

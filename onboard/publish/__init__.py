@@ -125,6 +125,25 @@ def _marker(target: Target, files: list[LocalFile]) -> str:
     return f"onboard:{digest.hexdigest()[:16]}"
 
 
+def _license(given: str | None, spec) -> str:
+    """The card's licence: --license, else the spec's; never a default, since a
+    card that names the wrong licence misstates what users may do."""
+    if given is not None:
+        if not re.match(r"^[a-z0-9][a-z0-9.\-]*$", given):
+            raise InputError(
+                f"--license: expected a licence id such as apache-2.0, got {given!r}"
+            )
+        return given
+    if spec is not None and spec.license is not None:
+        return spec.license
+    where = "its spec.yaml states none" if spec is not None else "it has no spec.yaml"
+    raise InputError(
+        f"no licence for the model card: {where} (config.json carries none). Pass "
+        "--license with the weights' own licence id (e.g. apache-2.0, llama3.1, "
+        "gemma), or set `license:` in the spec"
+    )
+
+
 def plan_publish(
     checkpoint_dir: str | Path,
     repo_id: str,
@@ -136,6 +155,7 @@ def plan_publish(
     force: bool = False,
     validation: str | Path | None = None,
     base_model: str | None = None,
+    license: str | None = None,
     hashed: bool = True,
 ) -> Plan:
     """Check everything locally and build the card; touches no network."""
@@ -169,6 +189,7 @@ def plan_publish(
             "(--force publishes it anyway, and the card says so)"
         )
     spec = _load_spec(ckpt_dir)
+    license = _license(license, spec)
     tiny = _is_tiny(spec)
     if base_model is None and checkpoint.scheme and spec is not None and not tiny:
         base_model = spec.base_checkpoint
@@ -183,6 +204,7 @@ def plan_publish(
             base_model=base_model,
             speculators=speculators_for(spec, checkpoint.config, layout_root(ckpt_dir)),
             tiny=tiny,
+            license=license,
         )
     )
     files = [*checkpoint.files, LocalFile.from_bytes(CARD, card.encode("utf-8"))]
@@ -232,6 +254,7 @@ def publish(
     force: bool = False,
     validation: str | Path | None = None,
     base_model: str | None = None,
+    license: str | None = None,
     retries: int = 5,
     backoff: float = 1.0,
     log: Callable[[str], None] = lambda line: None,
@@ -253,6 +276,7 @@ def publish(
         force=force,
         validation=validation,
         base_model=base_model,
+        license=license,
         hashed=not dry_run,
     )
     on_plan(plan)  # e.g. show what will be uploaded before the upload starts

@@ -133,6 +133,8 @@ class CardInputs:
     base_model: str | None = None
     speculators: list[Speculator] = field(default_factory=list)
     tiny: bool = False
+    # The weights' licence (onboard publish requires one); None: "unknown".
+    license: str | None = None
 
 
 def fmt(value: Any) -> str:
@@ -155,13 +157,13 @@ def hub_license(spec_license: str) -> dict[str, str]:
 
 
 def metadata(inputs: CardInputs) -> dict[str, Any]:
-    ckpt, spec = inputs.checkpoint, inputs.spec
+    ckpt = inputs.checkpoint
     meta: dict[str, Any] = {}
     if inputs.base_model:
         meta["base_model"] = inputs.base_model
         if ckpt.scheme:
             meta["base_model_relation"] = "quantized"
-    meta.update(hub_license(spec.license if spec else "unknown"))
+    meta.update(hub_license(inputs.license or "unknown"))
     meta["library_name"] = "vllm"
     meta["pipeline_tag"] = "text-generation"
     meta["tags"] = tags(inputs)

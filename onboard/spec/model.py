@@ -586,10 +586,13 @@ class ModelSpec(_Section):
         description="Architecture class name, e.g. `NovelLaunchForCausalLM`."
     )
     model_type: str = Field(description="config.json `model_type`, snake_case.")
-    license: str = Field(
-        "apache-2.0",
+    license: str | None = Field(
+        None,
         pattern=r"^[a-z0-9][a-z0-9.\-]*$",
-        description="SPDX-style licence id for the Hub card.",
+        description="The weights' licence, an SPDX-style id for the Hub card "
+        "(`apache-2.0`, `llama3.1`, `gemma`). null: not stated (config.json carries "
+        "none, so `spec from-hf` leaves it null); `onboard publish` then needs "
+        "`--license`.",
     )
     base_checkpoint: str | None = Field(
         None,
