@@ -368,3 +368,91 @@ def test_layer_selection_is_quick_on_the_largest_layer_count():
     with within(5):
         keep = select_layers(spec)
     assert keep == list(range(7))  # six sliding layers, then the full one
+
+
+# ---- the newer features (linear attention, the indexer, sinks, MLA KV sharing,
+# norm placement, tensor names of their roles): the spec fuzz's findings ---------
+
+
+def bundled(name: str, **changes) -> dict:
+    """A bundled spec as data, under a model type transformers does not know (so
+    generate writes the reference too)."""
+    data = yaml.safe_load((ROOT / "model_specs" / f"{name}.yaml").read_text())
+    data["model_type"] = "onb_" + data["model_type"]
+    data["architecture"] = "Onb" + data["architecture"]
+    data.update(changes)
+    return data
+
+
+def text_of(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def without_mtp(data: dict) -> dict:
+    data.pop("mtp", None)
+    data["speculators"] = [s for s in data["speculators"] if s["method"] != "mtp"]
+    return data
+
+
+def glm(**indexer) -> dict:
+    data = without_mtp(bundled("glm-5-style"))
+    data["attention"]["indexer"].update(indexer)
+    return data
+
+
+def plain_mla_sharing() -> dict:
+    """DeepSeek-V3-style with one MLA KV-sharing pair, as generated (no rope
+    scaling, no MTP)."""
+    data = without_mtp(bundled("deepseek-v3-style"))
+    data["rope"].pop("scaling")
+    data["max_position_embeddings"] = 4096
+    data["attention"]["kv_sharing"] = {5: 4}
+    return data
+
+
+def at(lines: list[str], path: str, says: str = "") -> bool:
+    return any(f": {path}: " in line and says in line for line in lines)
+
+
+def test_short_layer_types_beside_linear_attention_and_names_is_located():
+    # used_roles() read layer_types past its end (IndexError) before the length
+    # rule could report.
+    data = bundled("qwen3-next-style")
+    data["attention"]["layer_types"] = ["full_attention", "full_attention"]
+    data["checkpoint"]["tensor_names"] = {"o_proj": "model.layers.{layer}.attn.out"}
+    lines = refused(text_of(data))
+    assert at(lines, "attention.layer_types", "has 2 entries"), lines
+
+
+def test_shrink_never_starts_on_a_shared_indexer_layer():
+    # GLM-5-style, MoE every third layer from layer 0, layer 3 reusing layer 2's
+    # top-k: the shortest aligned run started at layer 3, which became tiny layer
+    # 0, a shared layer with no earlier indexer (AssertionError in generate's
+    # and tiny's shrink).
+    from onboard.spec.shrink import shrink_spec
+
+    data = glm(shared_layers=[3])
+    data["mlp"]["moe"].update(first_k_dense=0, layer_frequency=3)
+    tiny = shrink_spec(parse_spec_text(text_of(data)))
+    assert tiny.attention.indexer.shared_layers
+    assert 0 not in tiny.attention.indexer.shared_layers
+
+
+@pytest.mark.parametrize("where", ["kv_sharing", "shared_layers"])
+def test_tiny_keeps_the_sharing_layers_of_the_dense_head(where):
+    # A sharing layer (or a shared-indexer layer) among the first_k_dense layers
+    # had no aligned selection: every layer was kept and tiny refused the spec
+    # ("would have N M parameters").
+    from onboard.spec.shrink import select_layers, shrink_spec
+
+    if where == "kv_sharing":
+        data = plain_mla_sharing()
+        data["attention"]["kv_sharing"] = {1: 0}
+    else:
+        data = glm(shared_layers=[1, 2, 4])
+    spec = parse_spec_text(text_of(data))
+    with within(5):
+        keep = select_layers(spec)
+    assert len(keep) <= 4, keep
+    tiny = shrink_spec(spec)
+    assert tiny.attention.kv_sharing or tiny.attention.indexer.shared_layers

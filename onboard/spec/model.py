@@ -712,11 +712,15 @@ class ModelSpec(_Section):
         return self.attention.num_kv_heads or self.attention.num_heads
 
     def layer_attention_types(self) -> list[str]:
-        """Per decoder layer: ``full_attention`` or ``sliding_attention``."""
+        """Per decoder layer: ``full_attention``, ``sliding_attention`` or
+        ``linear_attention``; one entry per layer even where ``layer_types`` has
+        another length (which the rules refuse: the rules that run beside that
+        refusal read full attention for the missing layers)."""
         att = self.attention
         n = self.num_hidden_layers
         if att.layer_types is not None:
-            return list(att.layer_types)
+            types = list(att.layer_types[:n])
+            return types + ["full_attention"] * (n - len(types))
         if att.sliding_window is None:
             return ["full_attention"] * n
         if att.sliding_window_pattern is None:
@@ -728,9 +732,14 @@ class ModelSpec(_Section):
         ]
 
     def is_linear_layer(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` mixes tokens by linear attention."""
+        """Whether decoder layer ``layer`` mixes tokens by linear attention (False
+        past the end of a layer_types list the rules refuse as too short)."""
         types = self.attention.layer_types
-        return types is not None and types[layer] == "linear_attention"
+        return (
+            types is not None
+            and layer < len(types)
+            and types[layer] == "linear_attention"
+        )
 
     def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
         """Theta and scaling of decoder layer ``layer``'s rotary embedding (MTP
