@@ -22,6 +22,7 @@ from onboard.components.base import (
     HeadDim,
     LayerCount,
     LayerIndex,
+    LayerKey,
     PositiveInt,
     Width,
 )
@@ -44,6 +45,16 @@ LayerAttention = Literal["full_attention", "sliding_attention", "linear_attentio
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 MAX_MTP_HEADS = 16
+# The indexer's top-k (docs/spec.md, "Limits"): the released sparse-MLA models
+# pick 2048 tokens; the generated model allocates max_num_batched_tokens x
+# index_topk int32 for the picks, so a typo of 2**31 - 1 would ask for terabytes.
+MAX_INDEX_TOPK = 16384
+# The vLLM indexer quantizes each index query to FP8 in groups of this many dims
+# (per_token_group_quant_fp8) and asserts whole groups on a GPU.
+INDEX_QUANT_BLOCK = 128
+# Model types whose config's rope_parameters.partial_rotary_factor is relative to
+# the whole q/k head (Mistral-4), not to qk_rope_head_dim.
+MLA_WHOLE_HEAD = ("mistral4",)
 
 
 def _check_identifier(value: str, what: str) -> str:
@@ -200,11 +211,15 @@ class _IndexerFields(_Section):
     num_heads: HeadCount = Field(description="Index heads (`index_n_heads`).")
     head_dim: HeadDim = Field(
         description="Dims of each index head and of the index key "
-        "(`index_head_dim`); the first qk_rope_head_dim of them rotate."
+        "(`index_head_dim`); the first qk_rope_head_dim of them rotate. A "
+        f"multiple of {INDEX_QUANT_BLOCK} for a GPU target (vLLM's indexer "
+        f"quantizes the index queries to FP8 in groups of {INDEX_QUANT_BLOCK} "
+        "dims; `spec check` refuses other dims beside a GPU target)."
     )
-    topk: PositiveInt = Field(
+    topk: Annotated[int, Field(gt=0, le=MAX_INDEX_TOPK)] = Field(
         description="Tokens each query attends to (`index_topk`); a context no "
-        "longer than it attends densely."
+        "longer than it attends densely. The generated model keeps a buffer of "
+        "that many token ids per batched token."
     )
     rope_interleave: bool = Field(
         False,
@@ -215,7 +230,7 @@ class _IndexerFields(_Section):
         default_factory=list,
         description="Layers that run no indexer of their own and attend to the "
         "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
-        "`shared`); layer 0 always runs its own.",
+        "`shared`), each once, in increasing order; layer 0 always runs its own.",
     )
 
 
@@ -299,7 +314,7 @@ class _AttentionFields(_Section):
         "or `linear_attention` (one entry per layer; a linear-attention layer's "
         "token mixer is the `linear_attention` section's instead of attention).",
     )
-    kv_sharing: dict[LayerIndex, LayerIndex] = Field(
+    kv_sharing: dict[LayerKey, LayerIndex] = Field(
         default_factory=dict,
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
         "reuses the KV cache of the earlier target layer and computes queries only "

@@ -116,6 +116,10 @@ RESERVED = frozenset(
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
         "e_score_correction_bias", "config", "lm_head_name", "softcap",
         "residual_multiplier", "act_fn", "sinks", "topk", "interleaved",
+        # a linear-attention mixer's own parameters (Gated DeltaNet, KDA): a
+        # module of that name would be replaced by the parameter, and the vLLM
+        # model's rename of it would take the parameter's tensors too
+        "A_log", "dt_bias",
     }
 )  # fmt: skip
 # ... and those the components' reference code sets.
