@@ -633,3 +633,34 @@ def test_accepted_sharing_specs_generate_and_shrink(spec, tmp_path):
     assert any(name.startswith("hf/modeling_") for name in files), sorted(files)
     with within(60):
         write_tiny_checkpoint(parsed, tmp_path / "tiny")
+
+
+@pytest.mark.parametrize("key", ["0x21", "041", "3_3", "true"])
+def test_a_key_written_in_another_integer_form_is_located_at_the_key(key):
+    # kv_sharing {0x21: 0}: YAML reads 33; the location fell back to the mapping.
+    data = yaml.safe_load(NO_CHECKPOINT)
+    data["attention"]["kv_sharing"] = {}
+    # After a good pair, so the mapping's own location is another line.
+    text = text_of(data).replace(
+        "kv_sharing: {}", f"kv_sharing:\n    2: 1\n    {key}: 0"
+    )
+    (line,) = refused(text)
+    row = next(
+        i for i, x in enumerate(text.splitlines(), 1) if x.strip().startswith(key)
+    )
+    assert f":{row}:5: attention.kv_sharing[" in line, line
+
+
+def test_a_merge_key_then_an_override_is_no_duplicate():
+    data = yaml.safe_load(NO_CHECKPOINT)
+    heads = data["attention"].pop("num_kv_heads")
+    text = text_of(data).replace(
+        "attention:\n",
+        f"attention:\n  <<: {{num_kv_heads: {heads * 2}, qkv_bias: false}}\n"
+        f"  num_kv_heads: {heads}\n",
+    )
+    assert parse_spec_text(text).attention.num_kv_heads == heads
+    twice = text.replace(
+        f"  num_kv_heads: {heads}\n", f"  num_kv_heads: {heads}\n  num_kv_heads: 1\n"
+    )
+    assert any("duplicate key" in line for line in refused(twice))
