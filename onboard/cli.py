@@ -64,6 +64,19 @@ def spec_check(
     # at all raises a located SpecError (exit 2).
     for warning in check_spec_targets(spec, loaded):
         err.print(f"warning: {warning}", markup=False)
+    from onboard.spec.hf import transformers_knows
+    from onboard.spec.loader import Problem, spec_locator
+    from onboard.spec.rules import reference_tree_problem
+
+    tree = reference_tree_problem(loaded)
+    if tree is not None and not transformers_knows(loaded.model_type):
+        # generate writes hf/README.md with this reason instead of a reference.
+        line, col = spec_locator(spec)(tree[0])
+        where = ".".join(map(str, tree[0]))
+        text = f"no Hugging Face reference will be generated: {tree[1]}"
+        err.print(
+            f"warning: {Problem(str(spec), line, col, where, text)}", markup=False
+        )
     if checkpoint is not None:
         from onboard.checkpoint.preflight import preflight
 

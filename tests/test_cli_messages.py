@@ -166,3 +166,75 @@ def test_usage_lines_name_arguments_in_capitals():
         assert "{" not in usage and not any(c.islower() for c in usage.split()[-1])
         if name in (("generate",), ("spec", "check"), ("checkpoint", "tiny")):
             assert usage.split()[-1] == "SPEC", usage
+
+
+# ---- the spec fuzz's findings, through the CLI ------------------------------------
+
+LOCATED_LINE = r"^(error|warning): [^\n]+?:\d+:\d+: \S+: .+$"
+
+
+def _spec(tmp_path: Path, name: str, edit) -> Path:
+    import yaml
+
+    data = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
+    data["model_type"] = "onb_" + data["model_type"]
+    data["architecture"] = "Onb" + data["architecture"]
+    edit(data)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _glm_shared(data):
+    data.pop("mtp")
+    data["speculators"] = []
+    data["mlp"]["moe"].update(first_k_dense=0, layer_frequency=3)
+    data["attention"]["indexer"]["shared_layers"] = [3]
+
+
+def test_check_locates_a_short_layer_types_beside_linear_attention(tmp_path):
+    def edit(data):
+        data["attention"]["layer_types"] = ["full_attention", "full_attention"]
+        data["checkpoint"]["tensor_names"] = {"o_proj": "model.layers.{layer}.a.o"}
+
+    r = onboard("spec", "check", _spec(tmp_path, "qwen3-next-style", edit))
+    refused(r, "attention.layer_types: has 2 entries")
+
+
+def test_generate_and_tiny_take_a_shared_indexer_layer_off_layer_0(tmp_path):
+    # AssertionError: shrunk spec breaks the spec rules ... shared_layers
+    spec = _spec(tmp_path, "glm-5-style", _glm_shared)
+    r = onboard("generate", spec, "--out", tmp_path / "gen")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "gen" / "hf").is_dir()
+    r = onboard("checkpoint", "tiny", spec, "--out", tmp_path / "tiny")
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_refuses_an_index_head_dim_off_the_fp8_groups_beside_a_gpu(tmp_path):
+    import re
+
+    def edit(data):
+        data["attention"]["indexer"]["head_dim"] = 96
+
+    r = onboard("spec", "check", _spec(tmp_path, "glm-5-style", edit))
+    refused(r, "attention.indexer.head_dim: head_dim 96 is not a multiple of 128")
+    assert all(re.match(LOCATED_LINE, line) for line in r.stderr.splitlines())
+
+
+def test_check_warns_where_no_reference_will_be_generated(tmp_path):
+    def edit(data):
+        data["checkpoint"]["tensor_names"] = {"q_proj": "model.layers.{layer}.a.q"}
+
+    r = onboard("spec", "check", _spec(tmp_path, "dense-gqa", edit))
+    assert r.returncode == 0, r.stderr
+    assert "checkpoint.tensor_names.q_proj: no Hugging Face reference" in r.stderr
+
+
+def test_check_warns_of_gdn_dims_the_cpu_kernels_refuse(tmp_path):
+    def edit(data):
+        data["linear_attention"].update(key_head_dim=96, value_head_dim=96)
+
+    r = onboard("spec", "check", _spec(tmp_path, "qwen3-next-style", edit))
+    assert r.returncode == 0, r.stderr
+    assert "linear_attention.key_head_dim: the cpu engine's Gated DeltaNet" in r.stderr

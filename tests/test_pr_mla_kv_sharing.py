@@ -140,28 +140,40 @@ def test_patched_tree_shares_one_mla_cache_between_two_layers(tmp_path):
     assert "bytes per token: 1152" in out
 
 
-def _mla_sharing_spec(tmp: Path):
-    from onboard.spec import load_spec
-
+def _mla_sharing_text() -> str:
     root = Path(__file__).resolve().parents[1]
     text = (root / "model_specs" / "deepseek-v3-style.yaml").read_text()
     text = text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3}\n")
     text = text.replace("model_type: deepseek_v3", "model_type: mla_share")
-    text = text.replace("DeepseekV3ForCausalLM", "MlaShareForCausalLM")
+    return text.replace("DeepseekV3ForCausalLM", "MlaShareForCausalLM")
+
+
+def _mla_sharing_spec(tmp: Path):
+    """DeepSeek-V3-style with a sharing layer, in the generated form: no rope
+    scaling, no MTP heads."""
+    import yaml
+
+    from onboard.spec import load_spec
+
+    data = yaml.safe_load(_mla_sharing_text())
+    data["rope"].pop("scaling")
+    data.pop("mtp")
+    data["speculators"] = []
     path = tmp / "mla-share.yaml"
-    path.write_text(text)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return load_spec(path)
 
 
-def test_generation_refuses_the_forms_not_validated_on_the_engine(tmp_path):
-    # DeepSeek-V3's YaRN rope beside sharing layers is not generated; its MLA
-    # projections are (tests/test_mla_kv_sharing_*).
-    from onboard.arch.config_keys import GenerationError
-    from onboard.generate import generate_files
+def test_the_forms_not_validated_on_the_engine_are_refused_at_check():
+    # DeepSeek-V3's YaRN rope and MTP heads beside sharing layers are not
+    # generated; its MLA projections are (tests/test_mla_kv_sharing_*). A spec
+    # rule, located at the field, so generate never sees them.
+    from onboard.spec import SpecError, parse_spec_text
 
-    spec = _mla_sharing_spec(tmp_path)
-    with pytest.raises(GenerationError, match="without rope.scaling"):
-        generate_files(spec)
+    with pytest.raises(SpecError) as info:
+        parse_spec_text(_mla_sharing_text(), "mla-share.yaml")
+    assert "rope.scaling: MLA layers that share" in str(info.value)
+    assert "mtp: MLA layers that share" in str(info.value)
 
 
 def test_pr_plan_of_an_mla_sharing_spec_carries_the_core_change(tmp_path):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from safetensors import safe_open
 
 from onboard.checkpoint.preflight import (
@@ -1313,13 +1314,17 @@ def test_mla_kv_sharing_layers_may_omit_their_latent_projection(tmp_path) -> Non
     """An MLA layer that reads an earlier layer's latent cache never runs its own
     kv_a_proj_with_mqa / kv_a_layernorm (its kv_b_proj it does): a checkpoint
     without them passes; the target still needs its own."""
-    text = (SPECS / "deepseek-v3-style.yaml").read_text()
-    text = text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3}\n")
+    data = yaml.safe_load((SPECS / "deepseek-v3-style.yaml").read_text())
+    data["attention"]["kv_sharing"] = {4: 3}
+    # Generated without rope scaling and MTP heads (spec rules).
+    data["rope"].pop("scaling")
+    data.pop("mtp")
+    data["speculators"] = []
     # transformers' deepseek_v3 class has no KV sharing: a model type of its own.
-    text = text.replace("model_type: deepseek_v3", "model_type: mla_share")
-    text = text.replace("DeepseekV3ForCausalLM", "MlaShareForCausalLM")
+    data["model_type"] = "mla_share"
+    data["architecture"] = "MlaShareForCausalLM"
     path = tmp_path / "mla-share.yaml"
-    path.write_text(text)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     ckpt = write_tiny_checkpoint(load_spec(path), tmp_path / "ckpt")
     spec = spec_of(ckpt)
     assert spec.attention.kv_sharing  # read back from config.json

@@ -659,11 +659,16 @@ def test_cpu_plan_kv_cache_equals_vllm_accounting(engine_and_plan):
 def test_mla_kv_sharing_by_hand(tmp_path):
     """DeepSeek-V3's 61 MLA layers, layers 4 and 5 reading layer 3's latent
     cache: 59 caches of (512 + 64) bf16 values per token."""
-    text = (SPECS / "deepseek-v3-style.yaml").read_text()
+    import yaml
+
+    data = yaml.safe_load((SPECS / "deepseek-v3-style.yaml").read_text())
+    data["attention"]["kv_sharing"] = {4: 3, 5: 3}
+    # Generated without rope scaling and MTP heads (spec rules).
+    data["rope"].pop("scaling")
+    data.pop("mtp")
+    data["speculators"] = []
     path = tmp_path / "mla-share.yaml"
-    path.write_text(
-        text.replace("  type: mla\n", "  type: mla\n  kv_sharing: {4: 3, 5: 3}\n")
-    )
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     kv = kv_report(load_spec(path))
     per_layer = (512 + 64) * 2
     assert kv.bytes_per_token == 59 * per_layer == 67_968

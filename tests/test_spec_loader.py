@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from onboard.arch import build_plan
 from onboard.spec import SpecError, dump_spec, load_spec, parse_spec_text
@@ -111,13 +112,24 @@ def test_identifiers_cannot_inject_code(value):
 
 
 def test_mla_accepts_kv_sharing_under_the_same_rules():
-    spec = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    full = (ROOT / "model_specs" / "deepseek-v3-style.yaml").read_text()
+    # Generated without rope scaling and MTP heads (docs/spec.md): rules, located.
+    data = yaml.safe_load(full)
+    data.pop("mtp")
+    data["rope"].pop("scaling")
+    data["speculators"] = []
+    spec = yaml.safe_dump(data, sort_keys=False)
     ok = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 4, 6: 4}\n")
     assert parse_spec_text(ok, "s.yaml").attention.kv_sharing == {5: 4, 6: 4}
     bad = spec.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 6, 7: 5}\n")
     lines = problems(bad)
     assert any("must come before layer 5" in x for x in lines)
     assert any("itself shares" in x for x in lines)
+    limits = problems(
+        full.replace("  type: mla\n", "  type: mla\n  kv_sharing: {5: 4}\n")
+    )
+    assert any(": rope.scaling: MLA layers that share" in x for x in limits), limits
+    assert any(": mtp: MLA layers that share" in x for x in limits), limits
 
 
 def test_attention_softcap_rules():

@@ -368,3 +368,299 @@ def test_layer_selection_is_quick_on_the_largest_layer_count():
     with within(5):
         keep = select_layers(spec)
     assert keep == list(range(7))  # six sliding layers, then the full one
+
+
+# ---- the newer features (linear attention, the indexer, sinks, MLA KV sharing,
+# norm placement, tensor names of their roles): the spec fuzz's findings ---------
+
+
+def bundled(name: str, **changes) -> dict:
+    """A bundled spec as data, under a model type transformers does not know (so
+    generate writes the reference too)."""
+    data = yaml.safe_load((ROOT / "model_specs" / f"{name}.yaml").read_text())
+    data["model_type"] = "onb_" + data["model_type"]
+    data["architecture"] = "Onb" + data["architecture"]
+    data.update(changes)
+    return data
+
+
+def text_of(data: dict) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def without_mtp(data: dict) -> dict:
+    data.pop("mtp", None)
+    data["speculators"] = [s for s in data["speculators"] if s["method"] != "mtp"]
+    return data
+
+
+def glm(**indexer) -> dict:
+    data = without_mtp(bundled("glm-5-style"))
+    data["attention"]["indexer"].update(indexer)
+    return data
+
+
+def plain_mla_sharing() -> dict:
+    """DeepSeek-V3-style with one MLA KV-sharing pair, as generated (no rope
+    scaling, no MTP)."""
+    data = without_mtp(bundled("deepseek-v3-style"))
+    data["rope"].pop("scaling")
+    data["max_position_embeddings"] = 4096
+    data["attention"]["kv_sharing"] = {5: 4}
+    return data
+
+
+def at(lines: list[str], path: str, says: str = "") -> bool:
+    return any(f": {path}: " in line and says in line for line in lines)
+
+
+def test_short_layer_types_beside_linear_attention_and_names_is_located():
+    # used_roles() read layer_types past its end (IndexError) before the length
+    # rule could report.
+    data = bundled("qwen3-next-style")
+    data["attention"]["layer_types"] = ["full_attention", "full_attention"]
+    data["checkpoint"]["tensor_names"] = {"o_proj": "model.layers.{layer}.attn.out"}
+    lines = refused(text_of(data))
+    assert at(lines, "attention.layer_types", "has 2 entries"), lines
+
+
+def test_shrink_never_starts_on_a_shared_indexer_layer():
+    # GLM-5-style, MoE every third layer from layer 0, layer 3 reusing layer 2's
+    # top-k: the shortest aligned run started at layer 3, which became tiny layer
+    # 0, a shared layer with no earlier indexer (AssertionError in generate's
+    # and tiny's shrink).
+    from onboard.spec.shrink import shrink_spec
+
+    data = glm(shared_layers=[3])
+    data["mlp"]["moe"].update(first_k_dense=0, layer_frequency=3)
+    tiny = shrink_spec(parse_spec_text(text_of(data)))
+    assert tiny.attention.indexer.shared_layers
+    assert 0 not in tiny.attention.indexer.shared_layers
+
+
+@pytest.mark.parametrize("where", ["kv_sharing", "shared_layers"])
+def test_tiny_keeps_the_sharing_layers_of_the_dense_head(where):
+    # A sharing layer (or a shared-indexer layer) among the first_k_dense layers
+    # had no aligned selection: every layer was kept and tiny refused the spec
+    # ("would have N M parameters").
+    from onboard.spec.shrink import select_layers, shrink_spec
+
+    if where == "kv_sharing":
+        data = plain_mla_sharing()
+        data["attention"]["kv_sharing"] = {1: 0}
+    else:
+        data = glm(shared_layers=[1, 2, 4])
+    spec = parse_spec_text(text_of(data))
+    with within(5):
+        keep = select_layers(spec)
+    assert len(keep) <= 4, keep
+    tiny = shrink_spec(spec)
+    assert tiny.attention.kv_sharing or tiny.attention.indexer.shared_layers
+
+
+@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
+def test_a_linear_attention_mixer_parameter_is_no_module_name(name):
+    # A module named A_log beside the mixer's A_log parameter: the reference set
+    # a Conv1d and then a Parameter on one attribute, and the vLLM rename regex
+    # took the real A_log's tensors too.
+    data = bundled("qwen3-next-style")
+    data["checkpoint"]["tensor_names"] = {
+        "linear_conv1d": f"model.layers.{{layer}}.linear_attn.{name}"
+    }
+    lines = refused(text_of(data))
+    assert at(lines, "checkpoint.tensor_names.linear_conv1d", repr(name)), lines
+
+
+@pytest.mark.parametrize(
+    "spec, role, path, says",
+    [
+        ("glm-5-style", "indexer_wk", "model.layers.{layer}.self_attn.wk", "shaped"),
+        ("glm-5-style", "indexer_wq_b", "model.layers.{layer}.indexer.wq_b", "shaped"),
+        ("glm-5-style", "indexer_k_norm", "model.layers.{layer}.self_attn.idx.k_norm",
+         "one module per block"),
+        ("qwen3-next-style", "linear_conv1d", "model.layers.{layer}.conv1d", "shaped"),
+        ("qwen3-next-style", "linear_out_proj", "model.layers.{layer}.mixer.out_proj",
+         "one module per block"),
+        ("gpt-oss-style", "sinks", "model.layers.{layer}", "parameter of the module"),
+    ],
+)  # fmt: skip
+def test_a_path_outside_the_reference_module_tree_is_refused_at_check(
+    spec, role, path, says
+):
+    # generate dropped the reference for these (hf/README.md alone); a sink on
+    # the decoder layer wrote a tiny checkpoint transformers' GptOss does not load.
+    data = bundled(spec)
+    data["checkpoint"]["tensor_names"] = {role: path}
+    lines = refused(text_of(data))
+    assert at(lines, f"checkpoint.tensor_names.{role}", says), lines
+
+
+def test_an_override_of_a_role_the_model_lacks_is_refused():
+    data = yaml.safe_load(NO_CHECKPOINT)
+    data["checkpoint"] = {
+        "tensor_names": {"indexer_wk": "model.layers.{layer}.self_attn.indexer.wk"}
+    }
+    lines = refused(text_of(data))
+    assert at(lines, "checkpoint.tensor_names.indexer_wk", "has no indexer_wk"), lines
+
+
+def test_the_indexer_top_k_is_bounded():
+    # The generated model allocates max_num_batched_tokens x index_topk int32.
+    from onboard.spec.model import MAX_INDEX_TOPK
+
+    lines = refused(text_of(glm(topk=2**31 - 1)))
+    assert at(lines, "attention.indexer.topk", str(MAX_INDEX_TOPK)), lines
+    parse_spec_text(text_of(glm(topk=MAX_INDEX_TOPK)))
+
+
+def test_an_index_head_dim_off_the_fp8_groups_is_refused_beside_a_gpu_target():
+    from onboard.targets.check import target_findings
+
+    def findings(data):
+        found = target_findings(parse_spec_text(text_of(data)))
+        return [f for f in found if f.path == ("attention", "indexer", "head_dim")]
+
+    assert not findings(glm())
+    (finding,) = findings(glm(head_dim=96))
+    assert finding.level == "error" and "b200" in finding.message
+    data = glm(head_dim=96)
+    data["targets"] = ["cpu"]  # the cpu engine runs sparse MLA densely
+    (finding,) = findings(data)
+    assert finding.level == "warning"
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        (lambda d: d["attention"]["indexer"].update(topk=True),
+         "attention.indexer.topk"),
+        (lambda d: d["attention"]["indexer"].update(rope_interleave=1),
+         "attention.indexer.rope_interleave"),
+        (lambda d: d["attention"].update(kv_sharing={True: 0}), "attention.kv_sharing"),
+        (lambda d: d["norm"].update(eps=True), "norm.eps"),
+        (lambda d: d.update(vocab_size="512"), "vocab_size"),
+    ],
+)  # fmt: skip
+def test_booleans_are_not_numbers(change, path):
+    data = glm()
+    change(data)
+    lines = refused(text_of(data))
+    assert any(f": {path}" in line for line in lines), lines
+
+
+def test_a_union_field_is_refused_once():
+    data = yaml.safe_load(NO_CHECKPOINT)
+    data["attention"]["query_pre_attn_scalar"] = True
+    (line,) = refused(text_of(data))
+    assert ": attention.query_pre_attn_scalar: " in line, line
+    assert "constrained" not in line
+
+
+@pytest.mark.parametrize("architecture", ["ValueError", "RuntimeError", "Exception"])
+def test_architecture_may_not_shadow_a_python_builtin(architecture):
+    text = NO_CHECKPOINT.replace(
+        "architecture: LlamaForCausalLM", f"architecture: {architecture}"
+    )
+    assert at(refused(text), "architecture", "builtin")
+
+
+# ---- what check accepted and a later stage refused, unlocated --------------------
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        (lambda d: d.update(mtp={"num_heads": 1, "mlp": "moe"}), "mtp"),
+        (lambda d: d["rope"].update(scaling={"type": "yarn", "factor": 4.0}),
+         "rope.scaling"),
+        (lambda d: d["norm"].update(placement="post"), "norm.placement"),
+        (lambda d: d["attention"].update(
+            llama_4_scaling={"beta": 0.1, "original_max_position_embeddings": 8192}),
+         "attention.llama_4_scaling"),
+        (lambda d: d.update(residual_multiplier=0.5), "residual_multiplier"),
+    ],
+    ids=["mtp", "rope-scaling", "post-norm", "llama-4-scaling", "residual-multiplier"],
+)  # fmt: skip
+def test_mla_kv_sharing_limits_are_rules(change, path):
+    data = plain_mla_sharing()
+    parse_spec_text(text_of(data))  # the plain form is accepted (and generated)
+    change(data)
+    lines = refused(text_of(data))
+    assert at(lines, path, "latent cache"), lines
+
+
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        (lambda d: d["linear_attention"].update(state_dtype="bfloat16"),
+         "linear_attention.state_dtype"),
+        (lambda d: d["norm"].update(eps=1e-6), "norm.eps"),
+    ],
+)  # fmt: skip
+def test_kimi_delta_limits_are_rules(change, path):
+    data = bundled("kimi-k3-style")
+    change(data)
+    assert at(refused(text_of(data)), path, "Kimi delta"), path
+
+
+@pytest.mark.parametrize("shared", [[5, 4], [4, 4], [0], [78]])
+def test_shared_indexer_layers_are_listed_once_in_order(shared):
+    lines = refused(text_of(glm(shared_layers=shared)))
+    assert at(lines, "attention.indexer.shared_layers"), lines
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["mla_kv_sharing", "mla_kv_sharing_in_head", "glm_shared", "glm_shared_in_head"],
+)
+def test_accepted_sharing_specs_generate_and_shrink(spec, tmp_path):
+    """What the rules now accept of these features, generate writes (with the
+    reference) and tiny writes within its size cap."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import generate_files
+
+    data = {
+        "mla_kv_sharing": plain_mla_sharing,
+        "mla_kv_sharing_in_head": lambda: {
+            **plain_mla_sharing(),
+            "attention": {**plain_mla_sharing()["attention"], "kv_sharing": {1: 0}},
+        },
+        "glm_shared": lambda: glm(shared_layers=[4, 9]),
+        "glm_shared_in_head": lambda: glm(shared_layers=[1, 2, 4]),
+    }[spec]()
+    parsed = parse_spec_text(text_of(data))
+    files = generate_files(parsed)
+    assert any(name.startswith("hf/modeling_") for name in files), sorted(files)
+    with within(60):
+        write_tiny_checkpoint(parsed, tmp_path / "tiny")
+
+
+@pytest.mark.parametrize("key", ["0x21", "041", "3_3", "true"])
+def test_a_key_written_in_another_integer_form_is_located_at_the_key(key):
+    # kv_sharing {0x21: 0}: YAML reads 33; the location fell back to the mapping.
+    data = yaml.safe_load(NO_CHECKPOINT)
+    data["attention"]["kv_sharing"] = {}
+    # After a good pair, so the mapping's own location is another line.
+    text = text_of(data).replace(
+        "kv_sharing: {}", f"kv_sharing:\n    2: 1\n    {key}: 0"
+    )
+    (line,) = refused(text)
+    row = next(
+        i for i, x in enumerate(text.splitlines(), 1) if x.strip().startswith(key)
+    )
+    assert f":{row}:5: attention.kv_sharing[" in line, line
+
+
+def test_a_merge_key_then_an_override_is_no_duplicate():
+    data = yaml.safe_load(NO_CHECKPOINT)
+    heads = data["attention"].pop("num_kv_heads")
+    text = text_of(data).replace(
+        "attention:\n",
+        f"attention:\n  <<: {{num_kv_heads: {heads * 2}, qkv_bias: false}}\n"
+        f"  num_kv_heads: {heads}\n",
+    )
+    assert parse_spec_text(text).attention.num_kv_heads == heads
+    twice = text.replace(
+        f"  num_kv_heads: {heads}\n", f"  num_kv_heads: {heads}\n  num_kv_heads: 1\n"
+    )
+    assert any("duplicate key" in line for line in refused(twice))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -40,10 +40,12 @@ Report = Callable[[tuple[str | int, ...], str], None]
 class Section(BaseModel):
     """A spec section: unknown keys are errors (with a did-you-mean from the
     loader), never ignored; infinity and NaN mean nothing in a spec and would
-    reach generated code."""
+    reach generated code. Values are strict: a boolean is no integer (`topk:
+    true` is not 1), a number no string and 0/1 no boolean; an integer is a
+    float where a float is wanted."""
 
     model_config = ConfigDict(
-        extra="forbid", validate_default=True, allow_inf_nan=False
+        extra="forbid", validate_default=True, allow_inf_nan=False, strict=True
     )
 
 
@@ -65,6 +67,19 @@ HeadCount = Annotated[int, Field(gt=0, le=MAX_HEADS)]
 HeadDim = Annotated[int, Field(gt=0, le=MAX_HEAD_DIM)]
 Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
 ExpertCount = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a layer index, not a boolean")
+    return value
+
+
+# A layer index as a mapping key (attention.kv_sharing): strict but for the
+# string a JSON dump makes of an integer key ("5"); never a boolean.
+LayerKey = Annotated[
+    int, BeforeValidator(_not_a_boolean), Strict(False), Field(ge=0, lt=MAX_LAYERS)
+]
 
 
 @dataclass(frozen=True)

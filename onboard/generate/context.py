@@ -38,6 +38,7 @@ from onboard.spec.layouts import (
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import gpt_oss_experts, parameter_experts
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
+from onboard.spec.rules import KDA_OUTPUT_NORM_EPS
 from onboard.templating import py_str
 
 # The module tree the generated model builds is vLLM's usual one (the Llama /
@@ -54,10 +55,6 @@ LAYER_ATTRIBUTES = (
     "post_attention_layernorm",
     "post_feedforward_layernorm",
 )
-
-# vLLM's Kimi delta attention layer builds its output norm (FusedRMSNormGated)
-# with that class's default eps, not the config's rms_norm_eps.
-KDA_OUTPUT_NORM_EPS = 1e-5
 
 ACTIVATIONS = {
     # spec activation -> (dense MLP layer expression, fused-MoE activation name)

@@ -30,7 +30,7 @@ from onboard.spec.loader import (
     MAX_SPEC_BYTES,
     VALUE_ECHO_CHARS,
 )
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import MAX_INDEX_TOPK, ModelSpec
 from onboard.spec.rules import GENERATED_NAMES
 
 _INTRO = """\
@@ -47,7 +47,11 @@ Bundled examples: `model_specs/dense-gqa.yaml`, `model_specs/deepseek-v3-style.y
 `model_specs/novel-launch.yaml`.
 
 Unknown keys are errors (with a did-you-mean). Strings that reach generated Python
-(`architecture`, `model_type`, `name`) must be plain identifiers.
+(`architecture`, `model_type`, `name`) must be plain identifiers. Values are
+strict: `true`/`false` only where a boolean is meant (a boolean is no number, so
+`topk: true` is refused, not read as 1), numbers unquoted (an integer is taken
+where a float is meant). A merge key (`<<: *anchor`) may be followed by keys that
+override the merged ones; a key written twice in one mapping is refused.
 
 This page is generated from `onboard/spec/model.py` by
 `python -m onboard.spec.docs > docs/spec.md`.
@@ -75,7 +79,19 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   of a shared latent need no other change). Released vLLM 0.32 refuses it: the
   vLLM core change is in the PR tree (docs/pr.md) and the generated plugin
   patches the released engine at import (docs/generate.md); generated for MLA
-  without rope scaling, in a pre-norm RMSNorm block, without MTP.
+  without rope scaling, in a pre-norm RMSNorm block, without MTP (and without an
+  output gate, a residual_multiplier, linear-attention layers,
+  `llama_4_scaling` or a whole-head rope model type): `spec check` refuses the
+  rest at the field that makes it.
+- Sparse MLA's indexer: MLA with a `q_lora_rank`; `head_dim` at least
+  `qk_rope_head_dim` (and, beside a GPU target, a multiple of 128: `spec check`'s
+  target check); `shared_layers` each once, in increasing order, among layers
+  1..num_hidden_layers-1; not beside linear attention, NoPE layers, or (with
+  shared layers) KV sharing or MTP heads.
+- Linear attention: `layer_types` marks its layers (not all of them); Gated
+  DeltaNet's value heads a multiple of its key heads; Kimi delta attention has
+  one kind of head and one head dim, `norm.eps` 1e-5 and a float32 state
+  (vLLM's KDA layer fixes both); rmsnorm, silu, `placement: pre`.
 - MoE: top-k <= experts; at least one MoE layer; `dense_layers` exist; grouped top-k
   needs both `num_groups` (dividing `num_experts`) and `topk_groups` (<= groups,
   keeping at least top-k experts); shared-expert options need a shared expert.
@@ -93,15 +109,20 @@ Checked after the fields themselves (`onboard/spec/rules.py`), all reported at o
   two agree (Mistral-4's config holds one).
 - Dense layers (including a dense MTP block) need `mlp.intermediate_size`.
 - MTP: `mtp.mlp: moe` needs `mlp.moe`.
-- Checkpoint overrides: known role, exactly the placeholders the role needs, a dotted
-  module path of letters, digits and `_` (no format specs such as `{layer:04}`, no
-  Python keywords, no leading `_`), at most 200 characters, and no path shared by
-  two roles the model uses.
+- Checkpoint overrides: known role, one the model has (an override of a role the
+  model lacks is refused, not ignored), exactly the placeholders the role needs, a
+  dotted module path of letters, digits and `_` (no format specs such as
+  `{layer:04}`, no Python keywords, no leading `_`, no attribute the reference's
+  modules set, such as a linear-attention mixer's `A_log` and `dt_bias`), at
+  most 200 characters, no path shared by two roles the model uses, and every
+  path fitting the module tree of the generated Hugging Face reference (a role
+  inside its block's module, e.g. an indexer role inside the indexer; an
+  attention sink on the attention module itself).
 - `keep_unquantized`: each entry a role, a module path or `re:` with a regular
   expression that compiles.
 - Names: the architecture, and the classes named after its prefix
   (`<Prefix>Model`, `<Prefix>Config`, `<Prefix>Attention`, ...), may not be a name
-  the generated files import: RESERVED.
+  the generated files import, nor a Python builtin (`ValueError`, ...): RESERVED.
 - Speculators: each method once; `mtp` needs an `mtp` section and a draft length
   that is a multiple of the heads (or at most their number).
 """
@@ -120,7 +141,9 @@ milliseconds instead of looping for hours or allocating terabytes:
 - numbers: the ranges in the tables above (token ids, positions and windows fit
   int32, as vLLM stores them; layers up to {MAX_LAYERS}, heads up to {MAX_HEADS},
   head dims up to {MAX_HEAD_DIM}, hidden size up to {MAX_HIDDEN}, widths up to
-  {MAX_WIDTH}, experts up to {MAX_EXPERTS}); no `.inf` or `.nan` anywhere;
+  {MAX_WIDTH}, experts up to {MAX_EXPERTS}, the indexer's top-k up to
+  {MAX_INDEX_TOPK}: the generated model keeps that many token ids per batched
+  token); no `.inf` or `.nan` anywhere;
 - messages: at most {MAX_PROBLEMS} problems are listed, then a count of the rest;
   a value is echoed up to {VALUE_ECHO_CHARS} characters; control characters
   (terminal escapes, newlines) in keys and values are printed escaped.

@@ -36,7 +36,7 @@ from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
 from onboard.spec.config_aliases import ALIASES
-from onboard.spec.model import MULTIPLIERS, ModelSpec, RopeScaling
+from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
 # Keys that do not change the forward pass: ignored when read, never refused.
@@ -392,8 +392,8 @@ LINEAR_FIELDS = {
     "linear_conv_kernel_dim": "conv_kernel_size",
 }
 # MLA families whose config class sets head_dim to the whole q/k head (nope +
-# rope) and rope_parameters.partial_rotary_factor to the rope's share of it.
-MLA_WHOLE_HEAD = ("mistral4",)
+# rope) and rope_parameters.partial_rotary_factor to the rope's share of it:
+# MLA_WHOLE_HEAD (onboard.spec.model, which the rules read too).
 # _rope_entry's key for Mistral-4's query scaling (attention.llama_4_scaling).
 LLAMA_4_SCALING = "_llama_4_scaling"
 ROPE_FIELDS = {

@@ -65,6 +65,8 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to
         self._total = 0  # nodes so far, each alias use counted as its expansion
+        # id() of each mapping -> id() of the keys the text writes in it
+        self.explicit_keys: dict[int, set[int]] = {}
 
     def _count(self, nodes: int, mark) -> None:
         self._total += nodes
@@ -101,6 +103,10 @@ class _BoundedLoader(yaml.SafeLoader):
             )
         node = super().compose_node(parent, index)
         self._depth -= 1
+        if isinstance(node, yaml.MappingNode):
+            # Its own keys, before construction inlines those a merge key (<<)
+            # brings: an own key may override a merged one, not repeat an own one.
+            self.explicit_keys[id(node)] = {id(k) for k, _ in node.value}
         size = 1
         if isinstance(node, yaml.SequenceNode):
             size += sum(self._sizes[id(item)] for item in node.value)
@@ -132,15 +138,17 @@ class _BoundedLoader(yaml.SafeLoader):
             ) from None
 
 
-def _compose(text: str) -> tuple[yaml.Node | None, object]:
-    """The document's node tree and its Python value, under the loader's bounds."""
+def _compose(text: str) -> tuple[yaml.Node | None, object, dict[int, set[int]]]:
+    """The document's node tree, its Python value and, per mapping, the id() of
+    the keys the text writes in it (not those a merge key brings), under the
+    loader's bounds."""
     loader = _BoundedLoader(text)
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     finally:
         loader.dispose()
-    return root, data
+    return root, data, loader.explicit_keys
 
 
 def _index_nodes(
@@ -148,21 +156,29 @@ def _index_nodes(
     loc: Loc,
     out: dict[Loc, yaml.Node],
     dupes: list[tuple[Loc, yaml.Node]],
+    explicit: dict[int, set[int]] | None = None,
 ) -> None:
-    """Map each value's path to its YAML node (keys of mappings map to the key node)."""
+    """Map each value's path to its YAML node (keys of mappings map to the key node).
+
+    A key written twice in one mapping is a duplicate; with ``explicit`` (the
+    keys the text writes in their own mapping), a key a merge key (<<) brought
+    and the mapping then sets again is an override, as YAML means it (the later
+    node, the override, is the one located)."""
     out[loc] = node
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key_node, value_node in node.value:
             key = _scalar_key(key_node)
-            if key in seen:
+            own = explicit is None or id(key_node) in explicit.get(id(node), ())
+            if key in seen and own:
                 dupes.append((loc + (key,), key_node))
-            seen.add(key)
+            if own:
+                seen.add(key)
             out[loc + (key, "__key__")] = key_node
-            _index_nodes(value_node, loc + (key,), out, dupes)
+            _index_nodes(value_node, loc + (key,), out, dupes, explicit)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_nodes(item, loc + (i,), out, dupes)
+            _index_nodes(item, loc + (i,), out, dupes, explicit)
 
 
 def _scalar_key(node: yaml.Node) -> str | int:
@@ -171,11 +187,12 @@ def _scalar_key(node: yaml.Node) -> str | int:
         # refuses it (unhashable) or pydantic reports it.
         return f"<{node.id} key>"
     value = node.value
-    # Integer keys (kv_sharing: {5: 3}) come back as ints so paths match pydantic's.
-    if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":int"):
+    # Integer keys (kv_sharing: {5: 3}, also written 07, 0x21 or 1_0) and boolean
+    # ones come back as YAML reads them, so paths match pydantic's.
+    if node.tag.endswith((":int", ":bool")):
         try:
-            return int(value)
-        except ValueError:
+            return yaml.constructor.SafeConstructor().construct_object(node)
+        except (yaml.YAMLError, ValueError):
             pass
     return value
 
@@ -260,7 +277,7 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
             [Problem(file, 1, 1, "<root>", f"larger than {MAX_SPEC_BYTES} bytes")]
         )
     try:
-        root, data = _compose(text)
+        root, data, explicit = _compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -273,7 +290,7 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
         )
     nodes: dict[Loc, yaml.Node] = {}
     dupes: list[tuple[Loc, yaml.Node]] = []
-    _index_nodes(root, (), nodes, dupes)
+    _index_nodes(root, (), nodes, dupes, explicit)
     problems = [
         Problem(
             file,
@@ -287,8 +304,17 @@ def parse_spec_text(text: str, file: str = "<spec>") -> ModelSpec:
     try:
         spec = ModelSpec.model_validate(data)
     except ValidationError as exc:
+        said: dict[str, Problem] = {}
         for err in exc.errors():
-            problems.append(_problem_from_pydantic(file, nodes, err))
+            problem, member = _problem_from_pydantic(file, nodes, err)
+            if member:
+                # One value that no member of a union takes: one problem (the
+                # last member's, the widest: "a valid number" over "a valid
+                # integer"), not one per member.
+                said[problem.path] = problem
+            elif problem not in problems:
+                problems.append(problem)
+        problems += [p for p in said.values() if p not in problems]
         if _looks_like_hf_config(data):
             problems.insert(0, Problem(file, 1, 1, "<root>", HF_CONFIG_HINT))
         raise SpecError(_sorted(problems)) from None
@@ -318,13 +344,29 @@ def _sorted(problems: list[Problem]) -> list[Problem]:
 
 def _problem_from_pydantic(
     file: str, nodes: dict[Loc, yaml.Node], err: dict
-) -> Problem:
-    # Drop pydantic's markers such as "[key]" so the path matches the YAML (a key
-    # the YAML holds, brackets and all, stays).
+) -> tuple[Problem, bool]:
+    """The problem of one pydantic error, and whether the error is one member's
+    of a union (``query_pre_attn_scalar: PositiveInt | float``)."""
+    # Drop pydantic's markers such as "[key]" and a union member's tag
+    # ("constrained-int") so the path matches the YAML (a key the YAML holds,
+    # brackets and all, stays).
     loc: Loc = ()
+    member = at_key = False
     for part in err["loc"]:
-        if isinstance(part, str) and "[" in part and loc + (part,) not in nodes:
-            continue
+        if isinstance(part, str) and loc + (part,) not in nodes:
+            if "[" in part:
+                at_key = at_key or part == "[key]"
+                continue
+            owner = (
+                _model_for(loc)
+                if isinstance(nodes.get(loc), yaml.MappingNode)
+                else None
+            )
+            if loc in nodes and (owner is None or part not in owner.model_fields):
+                # Neither a key the YAML holds nor a field of the section the
+                # value is (a missing one): a union member's tag.
+                member = True
+                continue
         loc += (part,)
     message = err["msg"]
     if err["type"] == "extra_forbidden" and loc:
@@ -343,14 +385,15 @@ def _problem_from_pydantic(
         line, col = _locate(file, nodes, loc[:-1])
         message = "required field is missing"
     else:
-        line, col = _locate(file, nodes, loc)
+        # A mapping key pydantic refuses (kv_sharing's `true:`): at the key.
+        line, col = _locate(file, nodes, loc, key=at_key)
         if "input" in err and err["type"] not in (
             "model_type",
             "dict_type",
             "value_error",
         ):
             message += f" (got {printable(repr(err['input']), VALUE_ECHO_CHARS)})"
-    return Problem(file, line, col, _dotted(loc), message)
+    return Problem(file, line, col, _dotted(loc), message), member
 
 
 def load_spec(path: str | Path) -> ModelSpec:

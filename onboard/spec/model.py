@@ -22,6 +22,7 @@ from onboard.components.base import (
     HeadDim,
     LayerCount,
     LayerIndex,
+    LayerKey,
     PositiveInt,
     Width,
 )
@@ -50,6 +51,16 @@ LayerAttention = Literal["full_attention", "sliding_attention", "linear_attentio
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 MAX_MTP_HEADS = 16
+# The indexer's top-k (docs/spec.md, "Limits"): the released sparse-MLA models
+# pick 2048 tokens; the generated model allocates max_num_batched_tokens x
+# index_topk int32 for the picks, so a typo of 2**31 - 1 would ask for terabytes.
+MAX_INDEX_TOPK = 16384
+# The vLLM indexer quantizes each index query to FP8 in groups of this many dims
+# (per_token_group_quant_fp8) and asserts whole groups on a GPU.
+INDEX_QUANT_BLOCK = 128
+# Model types whose config's rope_parameters.partial_rotary_factor is relative to
+# the whole q/k head (Mistral-4), not to qk_rope_head_dim.
+MLA_WHOLE_HEAD = ("mistral4",)
 
 
 def _check_identifier(value: str, what: str) -> str:
@@ -206,11 +217,15 @@ class _IndexerFields(_Section):
     num_heads: HeadCount = Field(description="Index heads (`index_n_heads`).")
     head_dim: HeadDim = Field(
         description="Dims of each index head and of the index key "
-        "(`index_head_dim`); the first qk_rope_head_dim of them rotate."
+        "(`index_head_dim`); the first qk_rope_head_dim of them rotate. A "
+        f"multiple of {INDEX_QUANT_BLOCK} for a GPU target (vLLM's indexer "
+        f"quantizes the index queries to FP8 in groups of {INDEX_QUANT_BLOCK} "
+        "dims; `spec check` refuses other dims beside a GPU target)."
     )
-    topk: PositiveInt = Field(
+    topk: Annotated[int, Field(gt=0, le=MAX_INDEX_TOPK)] = Field(
         description="Tokens each query attends to (`index_topk`); a context no "
-        "longer than it attends densely."
+        "longer than it attends densely. The generated model keeps a buffer of "
+        "that many token ids per batched token."
     )
     rope_interleave: bool = Field(
         False,
@@ -221,7 +236,7 @@ class _IndexerFields(_Section):
         default_factory=list,
         description="Layers that run no indexer of their own and attend to the "
         "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
-        "`shared`); layer 0 always runs its own.",
+        "`shared`), each once, in increasing order; layer 0 always runs its own.",
     )
 
 
@@ -299,7 +314,7 @@ class _AttentionFields(_Section):
         "or `linear_attention` (one entry per layer; a linear-attention layer's "
         "token mixer is the `linear_attention` section's instead of attention).",
     )
-    kv_sharing: dict[LayerIndex, LayerIndex] = Field(
+    kv_sharing: dict[LayerKey, LayerIndex] = Field(
         default_factory=dict,
         description="Cross-layer KV sharing: `layer: target_layer` means the layer "
         "reuses the KV cache of the earlier target layer and computes queries only "
@@ -715,11 +730,15 @@ class ModelSpec(_Section):
         return self.attention.num_kv_heads or self.attention.num_heads
 
     def layer_attention_types(self) -> list[str]:
-        """Per decoder layer: ``full_attention`` or ``sliding_attention``."""
+        """Per decoder layer: ``full_attention``, ``sliding_attention`` or
+        ``linear_attention``; one entry per layer even where ``layer_types`` has
+        another length (which the rules refuse: the rules that run beside that
+        refusal read full attention for the missing layers)."""
         att = self.attention
         n = self.num_hidden_layers
         if att.layer_types is not None:
-            return list(att.layer_types)
+            types = list(att.layer_types[:n])
+            return types + ["full_attention"] * (n - len(types))
         if att.sliding_window is None:
             return ["full_attention"] * n
         if att.sliding_window_pattern is None:
@@ -731,9 +750,14 @@ class ModelSpec(_Section):
         ]
 
     def is_linear_layer(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` mixes tokens by linear attention."""
+        """Whether decoder layer ``layer`` mixes tokens by linear attention (False
+        past the end of a layer_types list the rules refuse as too short)."""
         types = self.attention.layer_types
-        return types is not None and types[layer] == "linear_attention"
+        return (
+            types is not None
+            and layer < len(types)
+            and types[layer] == "linear_attention"
+        )
 
     def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
         """Theta and scaling of decoder layer ``layer``'s rotary embedding (MTP

@@ -6,7 +6,11 @@ checkpoint layout: ``model.layers.{layer}.self_attn.q_proj`` becomes attribute
 ``self_attn`` of a decoder layer holding attribute ``q_proj``. This module splits
 each role's path (:meth:`ModelSpec.tensor_path`) into those attribute names and
 rejects, with the role named, a path that does not fit the tree. ``spec check``
-runs it, so a spec that passes has a reference every later stage can write.
+runs it (onboard.spec.rules): a path of the newer features' roles (indexer,
+linear attention, the components' roles such as attention sinks) that does not
+fit is refused there; for the other roles ``spec check`` warns, and generate
+writes ``hf/README.md`` with the reason instead of a reference (the vLLM model
+renames what it loads).
 """
 
 from __future__ import annotations
@@ -116,6 +120,10 @@ RESERVED = frozenset(
         "num_groups", "topk_groups", "scaling_factor", "eps", "weight", "bias",
         "e_score_correction_bias", "config", "lm_head_name",
         "residual_multiplier", "act_fn", "sinks", "topk", "interleaved",
+        # a linear-attention mixer's own parameters (Gated DeltaNet, KDA): a
+        # module of that name would be replaced by the parameter, and the vLLM
+        # model's rename of it would take the parameter's tensors too
+        "A_log", "dt_bias",
     }
 )  # fmt: skip
 # ... and those the components' reference code sets.

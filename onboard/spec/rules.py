@@ -6,6 +6,7 @@ field validation, so one ``spec check`` reports every problem at once.
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import keyword
 import re
@@ -13,13 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from onboard import components
-from onboard.spec.layouts import ROLES, STACKED_EXPERT_ROLES, required_placeholders
-from onboard.spec.model import MULTIPLIERS, ModelSpec, class_prefix
+from onboard.spec.layouts import (
+    INDEXER_ROLES,
+    KIMI_DELTA_ROLES,
+    ROLES,
+    STACKED_EXPERT_ROLES,
+    linear_attention_roles,
+    required_placeholders,
+)
+from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, class_prefix
 from onboard.spec.module_tree import (
     NN_MODULE_ATTRIBUTES,
+    TensorTreeError,
     experts_in_one_module,
     gpt_oss_experts,
     has_dense_mlp,
+    module_names,
     used_roles,
 )
 from onboard.spec.module_tree import RESERVED as REFERENCE_ATTRIBUTES
@@ -43,6 +53,7 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _mtp_rules,
         _multiplier_rules,
         _checkpoint_rules,
+        _module_tree_rules,
         _fused_rules,
         _norm_rules,
         _speculator_rules,
@@ -237,7 +248,10 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
         report(
             where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible"
         )
-    for layer in idx.shared_layers:
+    shared = idx.shared_layers
+    if len(set(shared)) != len(shared) or shared != sorted(shared):
+        report(where + ("shared_layers",), "list each layer once, in increasing order")
+    for layer in sorted(set(shared)):
         if layer == 0 or layer >= spec.num_hidden_layers:
             report(
                 where + ("shared_layers",),
@@ -356,6 +370,11 @@ def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
             )
 
 
+# vLLM's Kimi delta attention layer builds its output norm (FusedRMSNormGated)
+# with that class's default eps, not the config's rms_norm_eps.
+KDA_OUTPUT_NORM_EPS = 1e-5
+
+
 def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
     """Kimi delta attention's heads are key and value heads at once."""
     lin = spec.linear_attention
@@ -372,6 +391,19 @@ def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
             where + ("value_head_dim",),
             f"kimi_delta has one head dim: value_head_dim ({lin.value_head_dim}) must "
             f"equal key_head_dim ({lin.key_head_dim})",
+        )
+    if spec.norm.eps != KDA_OUTPUT_NORM_EPS:
+        report(
+            ("norm", "eps"),
+            f"vLLM's Kimi delta attention layer normalises its output with eps "
+            f"{KDA_OUTPUT_NORM_EPS} whatever rms_norm_eps says; kimi_delta needs "
+            f"norm.eps {KDA_OUTPUT_NORM_EPS:g}",
+        )
+    if lin.state_dtype != "float32":
+        report(
+            where + ("state_dtype",),
+            "vLLM's Kimi delta attention layer keeps its recurrent state in "
+            "float32; kimi_delta needs state_dtype float32",
         )
     if lin.projections != "grouped":
         report(
@@ -417,6 +449,56 @@ def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
                 f"layer {layer} is {types[layer]} but its target {target} is "
                 f"{types[target]}: vLLM shares caches only between layers of the same "
                 "window type",
+            )
+    if att.type == "mla":
+        _mla_kv_sharing_rules(spec, report)
+
+
+def _mla_kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
+    """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
+    directly, the plugin's patch on released vLLM) for the plain MLA block that
+    the CPU engine validates: docs/spec.md's limits, which generate asserts."""
+    att = spec.attention
+    for present, path, what in (
+        (spec.rope.scaling is not None, ("rope", "scaling"), "rope scaling"),
+        (spec.mtp is not None, ("mtp",), "MTP heads"),
+        (spec.norm.type != "rmsnorm", ("norm", "type"), f"{spec.norm.type} norms"),
+        (
+            spec.norm.placement != "pre",
+            ("norm", "placement"),
+            f"norm.placement {spec.norm.placement}",
+        ),
+        (
+            bool(getattr(att, "output_gate", False)),
+            ("attention", "output_gate"),
+            "an output gate",
+        ),
+        (
+            spec.residual_multiplier != 1.0,
+            ("residual_multiplier",),
+            "a residual_multiplier",
+        ),
+        (
+            spec.linear_attention is not None,
+            ("linear_attention",),
+            "linear-attention layers",
+        ),
+        (
+            att.llama_4_scaling is not None,
+            ("attention", "llama_4_scaling"),
+            "llama_4_scaling",
+        ),
+        (
+            spec.model_type in MLA_WHOLE_HEAD,
+            ("model_type",),
+            f"{spec.model_type}'s whole-head rope",
+        ),
+    ):
+        if present:
+            report(
+                path,
+                f"MLA layers that share another layer's latent cache "
+                f"(attention.kv_sharing) are generated without {what} only",
             )
 
 
@@ -707,6 +789,59 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
                 ("checkpoint", "tensor_names", role),
                 f"{names[role]!r} is also the path of {', '.join(others)}",
             )
+    unused = [role for role in names if role not in roles]
+    for role in unused:
+        report(
+            ("checkpoint", "tensor_names", role),
+            f"the model has no {role} (no checkpoint tensor of it is written or "
+            "read): drop the override or the option that makes the role",
+        )
+
+
+# Roles of the features only the generated Hugging Face reference computes for a
+# new model type (sparse MLA's indexer, linear attention, the components' own:
+# attention sinks, ...): a path of theirs that does not fit the reference's
+# module tree is refused. For the other roles the vLLM model renames what it
+# loads, and generate writes hf/README.md with the reason instead of a reference
+# (`spec check` warns: reference_tree_problem).
+FEATURE_TREE_ROLES = frozenset(
+    {*INDEXER_ROLES, *KIMI_DELTA_ROLES, *components.roles()}
+    | {r for kind in ("grouped", "split")
+       for r in linear_attention_roles("gated_deltanet", kind)}
+)  # fmt: skip
+
+
+def reference_tree_problem(spec: ModelSpec) -> Problem | None:
+    """Why the generated Hugging Face reference cannot follow the spec's tensor
+    paths (located at the role), or None where it can."""
+    names = spec.checkpoint.tensor_names
+    if any(
+        role not in ROLES or _template_problem(role, path)
+        for role, path in names.items()
+    ):
+        return None  # reported by _checkpoint_rules
+    if spec.attention.type == "mla" and spec.attention.mla is None:
+        return None  # reported by _attention_rules
+    try:
+        module_names(spec)
+    except TensorTreeError as exc:
+        return exc.path, exc.reason
+    return None
+
+
+def _module_tree_rules(spec: ModelSpec, report: Report) -> None:
+    """The newer features' roles fit the module tree of the generated Hugging
+    Face reference (onboard.spec.module_tree): the tree the reference builds,
+    the tensor names a tiny checkpoint writes and transformers' own class loads
+    (an attention sink is a parameter of the attention module itself)."""
+    problem = reference_tree_problem(spec)
+    if problem is None:
+        return
+    path, message = problem
+    role = path[2] if len(path) > 2 else None
+    overridden = set(spec.checkpoint.tensor_names)
+    if role in FEATURE_TREE_ROLES or (role is None and overridden & FEATURE_TREE_ROLES):
+        report(path, message)
 
 
 def _fused_rules(spec: ModelSpec, report: Report) -> None:
@@ -830,6 +965,9 @@ GENERATED_NAMES = frozenset(
         "per_token_group_quant_fp8",
     }
 )  # fmt: skip
+# Python's builtins (ValueError, RuntimeError, ...): the generated files raise and
+# call them, so a class of one of these names would shadow it.
+PYTHON_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_"))
 # Classes the generated files name after the architecture's prefix.
 CLASS_SUFFIXES = (
     "Attention", "Config", "DecoderLayer", "DeltaAttention",
@@ -854,6 +992,13 @@ def _name_rules(spec: ModelSpec, report: Report) -> None:
             "(docs/spec.md lists the reserved names)",
         )
         return
+    if arch in PYTHON_BUILTINS:
+        report(
+            ("architecture",),
+            f"{arch!r} is a Python builtin the generated files use (raise "
+            f"{arch}(...)) and a class of that name would shadow; choose another",
+        )
+        return
     derived = generated_class_names(arch)
     if arch in derived:
         report(
@@ -861,7 +1006,7 @@ def _name_rules(spec: ModelSpec, report: Report) -> None:
             f"{arch!r} is also the name of a class generated beside it; end the "
             "architecture in ForCausalLM",
         )
-    clashes = sorted(derived & GENERATED_NAMES)
+    clashes = sorted(derived & (GENERATED_NAMES | PYTHON_BUILTINS))
     if clashes:
         report(
             ("architecture",),

@@ -33,8 +33,10 @@ One rule for every spec (documented in docs/checkpoints.md):
   spec has (attention type, linear attention included, x dense/MoE x KV-shared x
   explicitly dense) and, per
   attention type, one KV-sharing pair: the first dense layers (as many as keep the
-  layer count aligned to the patterns' period, at least one) and the shortest run
-  of later layers that is aligned to the period and holds the rest. KV-sharing
+  layer count aligned to the patterns' period, at least one, more where the dense
+  head holds a kind no later layer has) and the shortest run of later layers that
+  is aligned to the period and holds the rest; the first kept layer runs its own
+  indexer. KV-sharing
   pairs, explicit dense-layer lists and explicit layer types are remapped to the
   kept layers; pattern fields are unchanged because the selection keeps each
   layer's position within the period.
@@ -130,8 +132,8 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
     if spec.mlp.moe is not None:
         _shrink_moe(spec, mlp["moe"])
 
-    keep = select_layers(spec)
-    _remap_layers(spec, data, keep)
+    head, keep = _selection(spec)
+    _remap_layers(spec, data, keep, head)
     tiny = ModelSpec.model_validate(data)
 
     problems = check_rules(tiny)
@@ -250,56 +252,100 @@ def _head_count(spec: ModelSpec, period: int) -> int:
     return 0 if first_k == 0 else (first_k - 1) % period + 1
 
 
-def select_layers(spec: ModelSpec) -> list[int]:
-    """Original indices of the layers the tiny model keeps, in order.
+def _head_counts(
+    spec: ModelSpec, period: int, full: list[tuple], types: list[str]
+) -> list[int]:
+    """The head sizes worth trying: the smallest (:func:`_head_count`), and for
+    each layer of the dense head whose kind or KV-sharing pair the smaller heads
+    miss (a sharing layer, a shared-indexer layer sitting among the first_k
+    dense layers), the smallest aligned head that holds it. Never more than
+    first_k, so the kept head stays dense; a few sizes, not one per layer."""
+    first_k = spec.mlp.moe.first_k_dense if spec.mlp.moe is not None else 0
+    smallest = _head_count(spec, period)
+    heads = [smallest]
+    seen = {full[i] for i in range(smallest)}
+    sharing = spec.attention.kv_sharing
+    pairs = {types[i] for i in range(smallest) if i in sharing}
+    for i in range(smallest, first_k):
+        pair = i in sharing and types[i] not in pairs
+        if full[i] in seen and not pair:
+            continue
+        seen.add(full[i])
+        if pair:
+            pairs.add(types[i])
+        h = smallest + -(-(i + 1 - smallest) // period) * period
+        if h <= first_k and h not in heads:
+            heads.append(h)
+    return heads
 
-    The kept layers are the first ``h`` layers (``h`` from :func:`_head_count`) and a
-    run ``[a, b]`` with ``a`` congruent to ``h`` modulo the patterns' period, so
-    kept layer ``j`` sits where original layer ``keep[j]`` sat in every pattern and
-    the pattern fields need no change. The run is the shortest (then the earliest)
-    that keeps every layer kind and one KV-sharing pair per attention type.
+
+def select_layers(spec: ModelSpec) -> list[int]:
+    """Original indices of the layers the tiny model keeps, in order."""
+    return _selection(spec)[1]
+
+
+def _selection(spec: ModelSpec) -> tuple[int, list[int]]:
+    """The tiny model's dense head size and the original indices of its layers.
+
+    The kept layers are the first ``h`` layers (``h`` from :func:`_head_counts`,
+    congruent to first_k modulo the patterns' period) and a run ``[a, b]`` with
+    ``a`` congruent to ``h`` modulo the period, so kept layer ``j`` sits where
+    original layer ``keep[j]`` sat in every pattern and the pattern fields need no
+    change. The run is the shortest (then the earliest) that keeps every layer
+    kind and one KV-sharing pair per attention type. The first kept layer runs
+    its own indexer (a shared-indexer layer reuses an earlier layer's top-k).
     """
     n = spec.num_hidden_layers
     period = _period(spec)
-    head = _head_count(spec, period)
     first_k = spec.mlp.moe.first_k_dense if spec.mlp.moe is not None else 0
     types = spec.layer_attention_types()
     full = [layer_kind(spec, i, types=types) for i in range(n)]
     want_kinds = set(full)
     sharing = spec.attention.kv_sharing
     want_pair_types = {types[layer] for layer in sharing}
+    shared_index = set(
+        spec.attention.indexer.shared_layers if spec.attention.indexer else ()
+    )
     need = min(MIN_LAYERS, n)
 
-    def kind(i: int, a: int) -> tuple[str, bool, bool, bool, bool, bool]:
-        # In a selection head + [a, b], a layer's target (always earlier) is kept
-        # when it is a head layer or at least a: that does not depend on b.
-        target = sharing.get(i)
-        kept = target is not None and (target < head or target >= a)
-        return full[i][:2] + (kept,) + full[i][3:]
-
     best: list[int] | None = None
-    for a in range(first_k, n):
-        if (a - head) % period:
-            continue
-        kinds = {kind(i, a) for i in range(head)}
-        pair_types = {types[i] for i in range(head) if i in sharing}
-        size = head
-        for b in range(a, n):
-            size += 1
-            if best is not None and size >= len(best):
-                break
-            kinds.add(kind(b, a))
-            if kind(b, a)[2]:
-                pair_types.add(types[b])
-            if size >= need and kinds == want_kinds and pair_types == want_pair_types:
-                best = list(range(head)) + list(range(a, b + 1))
-                break
+    best_head = _head_count(spec, period)
+    for head in _head_counts(spec, period, full, types):
+
+        def kind(i: int, a: int, head: int = head) -> tuple:
+            # In a selection head + [a, b], a layer's target (always earlier) is
+            # kept when it is a head layer or at least a: that does not depend on b.
+            target = sharing.get(i)
+            kept = target is not None and (target < head or target >= a)
+            return full[i][:2] + (kept,) + full[i][3:]
+
+        for a in range(max(first_k, head), n):
+            if (a - head) % period or (head == 0 and a in shared_index):
+                continue
+            kinds = {kind(i, a) for i in range(head)}
+            pair_types = {types[i] for i in range(head) if kind(i, a)[2]}
+            size = head
+            for b in range(a, n):
+                size += 1
+                if best is not None and size >= len(best):
+                    break
+                kinds.add(kind(b, a))
+                if kind(b, a)[2]:
+                    pair_types.add(types[b])
+                if (
+                    size >= need
+                    and kinds == want_kinds
+                    and pair_types == want_pair_types
+                ):
+                    best = list(range(head)) + list(range(a, b + 1))
+                    best_head = head
+                    break
     if best is None:  # no aligned run keeps everything: keep every layer
-        best = list(range(n))
-    return best
+        return first_k, list(range(n))
+    return best_head, best
 
 
-def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
+def _remap_layers(spec: ModelSpec, data: dict, keep: list[int], head: int) -> None:
     """Rewrite per-layer fields of ``data`` for the kept layers."""
     position = {orig: new for new, orig in enumerate(keep)}
     data["num_hidden_layers"] = len(keep)
@@ -322,8 +368,7 @@ def _remap_layers(spec: ModelSpec, data: dict, keep: list[int]) -> None:
     if moe is not None:
         if keep == list(range(spec.num_hidden_layers)):
             return
-        period = _period(spec)
-        moe["first_k_dense"] = _head_count(spec, period)
+        moe["first_k_dense"] = head
         moe["dense_layers"] = [
             position[i] for i in moe["dense_layers"] if i in position
         ]

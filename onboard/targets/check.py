@@ -17,7 +17,14 @@ like every other spec problem. The rules:
   that checkpoint);
 * MLA whose latent (kv_lora_rank + qk_rope_head_dim) is not 576 with the cpu
   target -> warning (the CPU MLA decode kernel takes 576 only), or an error when
-  cpu is the only target.
+  cpu is the only target;
+* Gated DeltaNet head dims or convolution width vLLM's CPU kernels refuse, with
+  the cpu target -> warning (the cpu engine cannot run the model; generate,
+  tiny and the GPU targets can);
+* an index head dim that is not a multiple of 128 -> error beside a GPU target
+  (vLLM's indexer quantizes the index queries to FP8 in groups of 128 dims and
+  asserts it), warning with cpu alone (the cpu engine runs sparse MLA densely,
+  without the indexer op).
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import INDEX_QUANT_BLOCK, ModelSpec
 from onboard.targets import load_profiles
-from onboard.targets.cpu_kernels import CPU_MLA_LATENT
+from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
 
 Loc = tuple[str | int, ...]
 
@@ -113,6 +120,52 @@ def target_findings(spec: ModelSpec) -> list[TargetFinding]:
                     ),
                 )
             )
+    out += _linear_and_indexer_findings(spec, profiles)
+    return out
+
+
+def _linear_and_indexer_findings(spec: ModelSpec, profiles) -> list[TargetFinding]:
+    out: list[TargetFinding] = []
+    lin = spec.linear_attention
+    if lin is not None and lin.type == "gated_deltanet" and "cpu" in spec.targets:
+        problems = cpu_gdn_problems(
+            lin.key_head_dim, lin.value_head_dim, lin.conv_kernel_size
+        )
+        if problems:
+            field = (
+                "conv_kernel_size"
+                if lin.key_head_dim == lin.value_head_dim
+                and lin.key_head_dim in (64, 128)
+                else "key_head_dim"
+            )
+            out.append(
+                TargetFinding(
+                    "warning",
+                    ("linear_attention", field),
+                    "the cpu engine's Gated DeltaNet kernels cannot run this "
+                    f"model: {'; '.join(problems)}",
+                )
+            )
+    idx = spec.attention.indexer
+    if idx is not None and idx.head_dim % INDEX_QUANT_BLOCK:
+        gpus = [t for t in spec.targets if profiles[t].is_gpu]
+        message = (
+            f"head_dim {idx.head_dim} is not a multiple of {INDEX_QUANT_BLOCK}: "
+            "vLLM's indexer quantizes the index queries to FP8 in groups of "
+            f"{INDEX_QUANT_BLOCK} dims and asserts whole groups"
+        )
+        out.append(
+            TargetFinding(
+                "error" if gpus else "warning",
+                ("attention", "indexer", "head_dim"),
+                message
+                + (
+                    f", so {', '.join(gpus)} cannot run it"
+                    if gpus
+                    else " on a GPU (the cpu engine runs the model densely)"
+                ),
+            )
+        )
     return out
 
 
