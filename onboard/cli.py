@@ -180,12 +180,13 @@ def _proven(
         err.print(f"proving the spec against {against} ...", markup=False)
         spec, proof = infer_spec(config, name=name, source=source, remote=remote)
         why = proof.header()
-    lines = textwrap.wrap(
-        f"Inferred by `onboard spec from-hf`; {why}. config.json states no "
-        "licence: set `license:` to the weights' own before publishing.",
-        86,
-        break_on_hyphens=False,
-    )
+    lines = [
+        *textwrap.wrap(
+            f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
+        ),
+        "config.json states no licence: set `license:` to the weights' own before",
+        "publishing.",
+    ]
     return "".join(f"# {line}\n" for line in lines), spec
 
 

@@ -26,6 +26,7 @@ specs) and a tiny checkpoint, with no later-stage refusal at all.
 from __future__ import annotations
 
 import collections
+import copy
 import re
 import resource
 import signal
@@ -93,7 +94,8 @@ def hostile_spec_text(draw) -> str:
         ]))  # fmt: skip
         if kind == "value":
             path = draw(st.sampled_from([p for p in _paths(data) if p]))
-            _put(data, path, draw(st.sampled_from(HOSTILE_VALUES)))
+            # (a copy: the same list put twice could end up inside itself)
+            _put(data, path, copy.deepcopy(draw(st.sampled_from(HOSTILE_VALUES))))
         elif kind == "key":
             sections = [p for p in _paths(data) if isinstance(_get(data, p), dict)]
             section = _get(data, draw(st.sampled_from(sections)))
