@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import itertools
 import math
 import re
 import subprocess
@@ -213,6 +214,45 @@ def commentwrap(text: str, indent: int) -> str:
     return f"\n{' ' * indent}# ".join(lines)
 
 
+def _prose_kind(line: str) -> str:
+    """What :func:`fit` may reflow a line with: the licence line stays alone."""
+    if line.startswith("# SPDX-License-Identifier"):
+        return "keep"
+    return "comment" if line.startswith("# ") else "text"
+
+
+def fit(text: str) -> str:
+    """Prose at the top of a file (the header comment, the module docstring)
+    whose lines a long spec name pushed past line length 88: each run of comment
+    lines or paragraph of text holding such a line is reflowed, the others kept
+    as written."""
+
+    def wrap(words: str, prefix: str) -> list[str]:
+        return textwrap.wrap(
+            " ".join(words.split()),
+            88,
+            initial_indent=prefix,
+            subsequent_indent=prefix,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+
+    out = []
+    for para in text.split("\n\n"):
+        lines: list[str] = []
+        for kind, run in itertools.groupby(para.split("\n"), key=_prose_kind):
+            run = list(run)
+            is_comment = kind == "comment"
+            if kind == "keep" or all(len(line) <= 88 for line in run):
+                lines += run
+            elif is_comment:
+                lines += wrap(" ".join(line[2:] for line in run), "# ")
+            else:
+                lines += wrap(" ".join(run), "")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 class GenerationError(InputError):
     """The spec cannot be turned into a model file (reported with exit code 2)."""
 
@@ -272,6 +312,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters["docwrap"] = docwrap
     env.filters["commentwrap"] = commentwrap
+    env.filters["fit"] = fit
     env.filters["py_str"] = py_str
     env.filters["config_or"] = config_or
     env.filters["py_literal"] = py_literal

@@ -96,6 +96,37 @@ def test_same_spec_same_bytes(tmp_path):
         assert a.read_bytes() == b.read_bytes(), a
 
 
+@pytest.mark.parametrize("name", BUNDLED)
+def test_the_longest_names_the_spec_takes_generate_lint_clean_files(name):
+    """Names at the spec's length bounds (MAX_NAME, MAX_ARCHITECTURE): every
+    generated line still fits line length 88 (the header comment and module
+    docstrings reflowed, the registration strings split); past them the spec
+    refuses the name rather than generate a file that is not lint-clean."""
+    from onboard.reference import render_reference
+    from onboard.spec.model import MAX_ARCHITECTURE, MAX_NAME
+
+    long_name = ("a" + "bcdefghij" * 5)[:MAX_NAME]
+    architecture = "A" + "b" * (MAX_ARCHITECTURE - len("ForCausalLM") - 1)
+    data = bundled(name).model_dump(mode="json")
+    data.update(
+        name=long_name,
+        model_type=long_name,
+        architecture=architecture + "ForCausalLM",
+    )
+    spec = type(bundled(name)).model_validate(data)
+    files = {**generate_files(spec), **render_reference(spec)}  # lint-checked
+    longest = max(
+        len(line)
+        for path, text in files.items()
+        if path.endswith(".py")
+        for line in text.splitlines()
+    )
+    assert longest <= 88
+    data["name"] = long_name + "a"
+    with pytest.raises(ValueError, match="at most 40 characters"):
+        type(spec).model_validate(data)
+
+
 def test_generate_all_writes_the_plugin_layout(tmp_path):
     spec = bundled("dense-gqa")
     written = generate_all(spec, tmp_path)

@@ -30,7 +30,12 @@ from onboard.spec.loader import (
     MAX_SPEC_BYTES,
     VALUE_ECHO_CHARS,
 )
-from onboard.spec.model import MAX_INDEX_TOPK, ModelSpec
+from onboard.spec.model import (
+    MAX_ARCHITECTURE,
+    MAX_INDEX_TOPK,
+    MAX_NAME,
+    ModelSpec,
+)
 from onboard.spec.rules import GENERATED_NAMES
 
 _INTRO = """\
@@ -144,6 +149,10 @@ milliseconds instead of looping for hours or allocating terabytes:
   {MAX_WIDTH}, experts up to {MAX_EXPERTS}, the indexer's top-k up to
   {MAX_INDEX_TOPK}: the generated model keeps that many token ids per batched
   token); no `.inf` or `.nan` anywhere;
+- names: `name` and `model_type` at most {MAX_NAME} characters, `architecture` at
+  most {MAX_ARCHITECTURE}: the generated module, package and class names derive
+  from them, and past that an import or class line of the generated files cannot
+  fit vLLM's line length 88;
 - messages: at most {MAX_PROBLEMS} problems are listed, then a count of the rest;
   a value is echoed up to {VALUE_ECHO_CHARS} characters; control characters
   (terminal escapes, newlines) in keys and values are printed escaped.

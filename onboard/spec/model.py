@@ -48,6 +48,8 @@ Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi35
 LayerAttention = Literal["full_attention", "sliding_attention", "linear_attention"]
 # Granite's whole-model multipliers (spec fields and config.json keys alike);
 # 1.0 leaves the model as it is.
+MAX_NAME = 40  # name, model_type
+MAX_ARCHITECTURE = 48
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 MAX_MTP_HEADS = 16
@@ -592,15 +594,22 @@ class ModelSpec(_Section):
     """A whole model: identity, dimensions, blocks and the launch wishes."""
 
     spec_version: Literal[1] = Field(1, description="Version of this spec format.")
+    # Lengths: the generated module, package and class names derive from these,
+    # and past them a generated line (an import, a class statement) cannot fit
+    # vLLM's line length 88.
     name: str = Field(
         pattern=r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$",
+        max_length=MAX_NAME,
         description="Short lowercase name (dashes allowed); the generated module is "
         "its snake_case form.",
     )
     architecture: str = Field(
-        description="Architecture class name, e.g. `NovelLaunchForCausalLM`."
+        max_length=MAX_ARCHITECTURE,
+        description="Architecture class name, e.g. `NovelLaunchForCausalLM`.",
     )
-    model_type: str = Field(description="config.json `model_type`, snake_case.")
+    model_type: str = Field(
+        max_length=MAX_NAME, description="config.json `model_type`, snake_case."
+    )
     license: str | None = Field(
         None,
         pattern=r"^[a-z0-9][a-z0-9.\-]*$",

@@ -15,7 +15,8 @@ the released vLLM (``mla_kv_sharing.py``), which ``register`` applies.
 
 ARCHITECTURE = "MistralLarge4StyleForCausalLM"
 MODEL_CLASS = (
-    "onboard_plugin_mistral_large_4_style.mistral_large_4_style"
+    "onboard_plugin_mistral_large_4_style."
+    "mistral_large_4_style"
     ":MistralLarge4StyleForCausalLM"
 )
 MODEL_TYPE = "mistral_large_4_style"
