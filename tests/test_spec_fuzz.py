@@ -314,25 +314,9 @@ def drive_features(text: str, tmp: Path) -> None:
     from onboard.generate import generate_files
     from onboard.spec.shrink import shrink_spec
 
-    FIGURES["tried"] += 1
-    try:
-        with Guard("spec check"):
-            spec = parse_spec_text(text, "fuzz.yaml")
-    except SpecError as exc:
-        FIGURES["refused"] += 1
-        bad = [
-            line
-            for line in str(exc).split("\n")
-            if not (line.isprintable() and LOCATED.match(line))
-            and not line.startswith("... and ")
-        ]
-        FIGURES["unlocated"] += len(bad)
-        assert not bad, bad
+    spec = _checked(text)
+    if spec is None:
         return
-    except BaseException:
-        FIGURES["tracebacks"] += 1
-        raise
-    FIGURES["accepted"] += 1
     stage = "generate"
     try:
         with Guard("generate"):
@@ -357,6 +341,31 @@ def drive_features(text: str, tmp: Path) -> None:
     except BaseException:
         FIGURES["tracebacks"] += 1
         raise
+
+
+def _checked(text: str):
+    """`spec check` on ``text``: the spec, or None where it refused it (every
+    line of the refusal located); counted in FIGURES."""
+    FIGURES["tried"] += 1
+    try:
+        with Guard("spec check"):
+            spec = parse_spec_text(text, "fuzz.yaml")
+    except SpecError as exc:
+        FIGURES["refused"] += 1
+        bad = [
+            line
+            for line in str(exc).split("\n")
+            if not (line.isprintable() and LOCATED.match(line))
+            and not line.startswith("... and ")
+        ]
+        FIGURES["unlocated"] += len(bad)
+        assert not bad, bad
+        return None
+    except BaseException:
+        FIGURES["tracebacks"] += 1
+        raise
+    FIGURES["accepted"] += 1
+    return spec
 
 
 def _get(data, path):
@@ -392,27 +401,8 @@ class Guard:
 
 def drive(text: str, stages: bool, tmp: Path) -> None:
     """Run check, then (with ``stages``) generate and tiny on what check accepts."""
-    FIGURES["tried"] += 1
-    try:
-        with Guard("spec check"):
-            spec = parse_spec_text(text, "fuzz.yaml")
-    except SpecError as exc:
-        FIGURES["refused"] += 1
-        lines = str(exc).split("\n")
-        bad = [
-            line
-            for line in lines
-            if not (line.isprintable() and LOCATED.match(line))
-            and not line.startswith("... and ")
-        ]
-        FIGURES["unlocated"] += len(bad)
-        assert not bad, bad
-        return
-    except BaseException:
-        FIGURES["tracebacks"] += 1
-        raise
-    FIGURES["accepted"] += 1
-    if not stages:
+    spec = _checked(text)
+    if spec is None or not stages:
         return
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.generate import generate_files
