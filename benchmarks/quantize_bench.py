@@ -1,7 +1,8 @@
 """Benchmark `onboard quantize` against llm-compressor and a plain read+write.
 
     .venv/bin/python benchmarks/quantize_bench.py [--dir DIR] [--runs 3] [--warmup 1]
-        [--checkpoints transformers onboard] [--only NAME ...] [--json OUT.json]
+        [--checkpoints transformers onboard] [--schemes SCHEME ...] [--only NAME ...]
+        [--json OUT.json]
 
 On two ~1 GB bf16 checkpoints of the same Llama architecture in two shards
 (benchmarks/make_checkpoint.py, made on first use in DIR): ``transformers``, as a
@@ -23,8 +24,9 @@ Commands (named CHECKPOINT/COMMAND, e.g. transformers/onboard-nvfp4a16):
   llmc-model_free-<scheme>  llm-compressor's model_free_ptq (.venv-llmc)
   llmc-oneshot-<scheme>     llm-compressor's oneshot + save_pretrained (.venv-llmc)
   plain-read-write          safetensors load_file + save_file of every shard
-for the schemes fp8-dynamic and nvfp4a16. Every command writes its own output
-directory, removed before each run.
+for each of ``--schemes`` (default fp8-dynamic and nvfp4a16; any scheme
+llm-compressor has a preset for: benchmarks/llmc_quantize.py). Every command
+writes its own output directory, removed before each run.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from llmc_quantize import PRESETS  # noqa: E402  (the schemes both tools have)
+
 PY = ROOT / ".venv" / "bin" / "python"
 LLMC = ROOT / ".venv-llmc" / "bin" / "python"
 ONBOARD = ROOT / ".venv" / "bin" / "onboard"
@@ -62,9 +67,9 @@ CHECKPOINTS = {"transformers": "hf-bf16", "onboard": "bf16"}
 IGNORE = json.dumps(["lm_head", "model.embed_tokens"])
 
 
-def commands(ckpt: Path, out: Path) -> dict[str, list[str]]:
+def commands(ckpt: Path, out: Path, schemes: list[str]) -> dict[str, list[str]]:
     cmds = {}
-    for scheme in ("fp8-dynamic", "nvfp4a16"):
+    for scheme in schemes:
         cmds[f"onboard-{scheme}"] = [
             str(ONBOARD), "quantize", str(ckpt), "--scheme", scheme,
             "--out", str(out / f"onboard-{scheme}"),
@@ -142,9 +147,11 @@ def run_once(cmd: list[str], out_dir: Path, sample_memory: bool = False) -> dict
     }
 
 
-def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None]]:
-    """Round by round, per checkpoint: llm-compressor's fastest path / onboard,
-    onboard / plain."""
+def paired_ratios(
+    results: dict[str, list[dict]], schemes: list[str]
+) -> dict[str, list[float | None]]:
+    """Round by round, per checkpoint and scheme: llm-compressor's fastest path /
+    onboard, onboard / plain."""
 
     def wall(name: str, r: int) -> float | None:
         runs = results.get(name, [])
@@ -156,7 +163,7 @@ def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None
     kinds = dict.fromkeys(name.partition("/")[0] for name in results)
     ratios: dict[str, list[float | None]] = {}
     for kind in kinds:
-        for scheme in ("fp8-dynamic", "nvfp4a16"):
+        for scheme in schemes:
             speedup, vs_plain = [], []
             for r in range(rounds):
                 mine = wall(f"{kind}/onboard-{scheme}", r)
@@ -174,7 +181,10 @@ def paired_ratios(results: dict[str, list[dict]]) -> dict[str, list[float | None
 
 
 def make_report(
-    results: dict[str, list[dict]], memory: dict[str, int], sizes: dict[str, dict]
+    results: dict[str, list[dict]],
+    memory: dict[str, int],
+    sizes: dict[str, dict],
+    schemes: list[str],
 ) -> dict:
     table = []
     for name, runs in results.items():
@@ -212,7 +222,7 @@ def make_report(
             ]
             for name, runs in results.items()
         },
-        "ratios": paired_ratios(results),
+        "ratios": paired_ratios(results, schemes),
     }
 
 
@@ -227,6 +237,9 @@ def main() -> None:
     ap.add_argument("--preset", default="1gb", help="checkpoint size (1gb, small)")
     ap.add_argument(
         "--checkpoints", nargs="+", choices=CHECKPOINTS, default=list(CHECKPOINTS)
+    )
+    ap.add_argument(
+        "--schemes", nargs="+", choices=PRESETS, default=["fp8-dynamic", "nvfp4a16"]
     )
     ap.add_argument("--only", nargs="*", help="command names to run (default: all)")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -253,7 +266,7 @@ def main() -> None:
             "shard_bytes": [f.stat().st_size for f in files],
             "spec_yaml": (ckpt / "spec.yaml").exists(),
         }
-        for name, cmd in commands(ckpt, out / kind).items():
+        for name, cmd in commands(ckpt, out / kind, args.schemes).items():
             cmds[f"{kind}/{name}"] = cmd
     if args.only:
         cmds = {k: v for k, v in cmds.items() if k.partition("/")[2] in args.only}
@@ -289,10 +302,10 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         if args.json:  # after every round: a cut-short run keeps what it measured
-            report = make_report(results, memory, sizes)
+            report = make_report(results, memory, sizes, args.schemes)
             args.json.write_text(json.dumps(report))
 
-    report = make_report(results, memory, sizes)
+    report = make_report(results, memory, sizes, args.schemes)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text)

@@ -92,6 +92,39 @@ def test_fp4_rounding_and_packing_match_library_at_every_boundary(dtype):
     assert torch.equal(mine, ref)
 
 
+@pytest.mark.parametrize(
+    ("scheme", "limit"), [("w4a16", 8.0), ("w4a16-asym", 8.0), ("w8a8-int8", 128.0)]
+)
+def test_integer_rounding_and_packing_match_library_on_every_bfloat16_value(
+    scheme, limit
+):
+    """Every bfloat16 value on a grid of scale 1 (each row's absmax, or for the
+    asymmetric scheme its min and max, pins the scale to 1.0 and the zero point
+    to 0): the quotients are the values themselves, so the ties of
+    round-half-to-even, the clamp (-limit + 0.5 rounds to -limit, limit - 0.5 to
+    limit, clamped), and the nibble order of the INT4 packing are all met, and
+    compared byte for byte with the library."""
+    sch = SCHEMES[scheme]
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = every.view(torch.bfloat16)
+    anchors = [limit - 0.5] if sch.symmetric else [-limit, limit - 1]
+    low, high = (-anchors[0], anchors[0]) if sch.symmetric else anchors
+    values = values[(values >= low) & (values <= high)]
+    cols = 128
+    per_row = cols - len(anchors)
+    rows = -(-values.numel() // per_row)
+    rows = -(-rows // 8) * 8  # (whole int32s of packed zero points)
+    body = torch.zeros(rows * per_row, dtype=torch.bfloat16)
+    body[: values.numel()] = values
+    anchor = torch.tensor(anchors, dtype=torch.bfloat16).expand(rows, -1)
+    w = torch.cat([anchor, body.view(rows, per_row)], dim=1).contiguous()
+    out = kernels.quantize_weight(w, sch, "m", check=False)
+    ref = kernels.library_compress(w, sch, None)
+    assert torch.all(ref["weight_scale"] == 1.0)
+    for local, value in ref.items():
+        assert same_bytes(out[f"m.{local}"], value), local
+
+
 def test_fp4_codes_match_library_on_every_bfloat16_value_and_near_midpoints():
     from compressed_tensors.compressors.nvfp4.helpers import pack_fp4_to_uint8
     from compressed_tensors.quantization.quant_args import FP4_E2M1_DATA

@@ -16,9 +16,10 @@ byte for byte with the library's compressor, on every tensor's first rows at run
 time and on random and boundary values in the tests, so a change of convention in
 compressed-tensors fails loudly instead of writing a wrong checkpoint.
 
-The integer schemes (INT4, INT8) run the library's own ``quantize`` and
-``pack_to_int32``, a row block at a time: a few passes per value, about as fast
-as the FP4 loops here, so nothing of their own is needed.
+The integer schemes (INT4, INT8) take the library's own passes (divide, add the
+zero point, clamp, round; INT4 packed eight to an int32), fused the same way: in
+place on a cache-sized row block, where the library allocates a fresh full-size
+tensor for each.
 """
 
 from __future__ import annotations
@@ -129,11 +130,13 @@ def observe(
         if not torch.isfinite(mx).all():
             raise NonFiniteWeights("NaN or infinite values")
         return _AbsMax((-mx, mx))
+    # (two reductions are faster than one torch.aminmax: 1.1 against 2.5 ns per
+    # bf16 value in groups of 128, one thread)
     if args.strategy == "channel":
-        # (two reductions are faster than torch.aminmax along rows here)
         mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
     elif args.strategy in ("group", "tensor_group"):
-        mn, mx = torch.aminmax(w.unflatten(-1, (-1, args.group_size)), dim=-1)
+        groups = w.unflatten(-1, (-1, args.group_size))
+        mn, mx = groups.amin(dim=-1), groups.amax(dim=-1)
     elif args.strategy == "block":
         bh, bw = args.block_structure
         # Zero padding, as compressed-tensors pads: it cannot raise a max or lower a
@@ -641,14 +644,12 @@ def int_qparams(
 
 
 def _int_weight(w, scheme, module, stats, out, sink) -> tuple[str, Callable]:
-    """INT4 / INT8 weights into ``out`` (or the sink): the library's own
-    ``quantize`` (divide in the weight dtype, add the zero point, clamp, round
-    half to even) and, for INT4, its ``pack_to_int32``, a row block at a time
-    (both work row by row, so the blocks' results are the whole's). Returns the
-    quantized weight's name and ``_emitter``'s ``head`` for the check.
+    """INT4 / INT8 weights into ``out`` (or the sink), a row block at a time:
+    compressed-tensors' ``quantize`` and, for INT4, ``pack_to_int32``, fused
+    (``_int_rows``, ``_pack_int4_into``). Returns the quantized weight's name and
+    ``_emitter``'s ``head`` for the check.
     """
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
-    from compressed_tensors.quantization.lifecycle.forward import quantize
 
     args = scheme.ct_scheme.weights
     rows, cols = w.shape
@@ -659,10 +660,19 @@ def _int_weight(w, scheme, module, stats, out, sink) -> tuple[str, Callable]:
         name, shape, dtype = f"{module}.weight", (rows, cols), torch.int8
     emit, head = _emitter(name, shape, dtype, sink, out)
     step = _block_rows(cols)
+    first = min(step, rows)
+    buf = torch.empty(first, cols, dtype=torch.result_type(w, scale))
+    q = torch.empty(first, cols, dtype=torch.int8)
+    block = torch.empty(first, *shape[1:], dtype=dtype) if scheme.packed else q
+    half = 2.0 ** (args.num_bits - 1)
     for i in range(0, rows, step):
-        rows_zp = None if zp is None else zp[i : i + step]
-        q = quantize(w[i : i + step], scale[i : i + step], rows_zp, args, torch.int8)
-        emit(i, pack_to_int32(q, args.num_bits) if scheme.packed else q)
+        n = min(step, rows - i)
+        rows_zp = None if zp is None else zp[i : i + n]
+        rows_scale = scale[i : i + n]
+        _int_rows(w[i : i + n], rows_scale, rows_zp, args.group_size, half, q[:n], buf)
+        if scheme.packed:
+            _pack_int4_into(q[:n], block[:n])
+        emit(i, block[:n])
     out[f"{module}.weight_scale"] = scale
     if scheme.packed:
         out[f"{module}.weight_shape"] = torch.tensor([rows, cols])
@@ -670,6 +680,43 @@ def _int_weight(w, scheme, module, stats, out, sink) -> tuple[str, Callable]:
         zp = pack_to_int32(zp, args.num_bits, packed_dim=0)
         out[f"{module}.weight_zero_point"] = zp.contiguous()
     return name, head
+
+
+def _int_rows(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    group: int | None,
+    half: float,
+    out: torch.Tensor,
+    buf: torch.Tensor,
+) -> None:
+    """compressed-tensors' integer ``quantize`` of a row block into ``out``
+    (int8), in ``buf``: divide (in the weight's and scale's dtype), add the zero
+    point (in the weight's dtype), clamp to [-half, half - 1], round half to even;
+    the library's passes, in place on a block that stays in cache."""
+    n, cols = w.shape
+    buf = buf[:n]
+    if group:  # the library's grouped shape: [rows, groups, group]
+        w, buf = w.view(n, -1, group), buf.view(n, -1, group)
+        scale = scale.unsqueeze(-1)
+        zero_point = None if zero_point is None else zero_point.unsqueeze(-1)
+    torch.div(w, scale, out=buf)
+    if zero_point is not None:
+        buf.add_(zero_point.to(w.dtype))
+    buf.clamp_(-half, half - 1).round_()
+    out.copy_(buf.view(n, cols))
+
+
+def _pack_int4_into(q: torch.Tensor, out: torch.Tensor) -> None:
+    """compressed-tensors' ``pack_to_int32`` of INT4 values ``q`` (int8 in
+    [-8, 7], overwritten) into ``out`` (int32: value j of each 8 at bits 4j):
+    offset to [0, 15], two values to a byte (the first in the low nibble), four
+    bytes to a little-endian int32."""
+    u = q.add_(8).view(torch.uint8).view(q.shape[0], -1, 2)
+    byte = out.view(torch.uint8)
+    torch.bitwise_left_shift(u[..., 1], 4, out=byte)
+    byte.bitwise_or_(u[..., 0])
 
 
 def _emitter(name, shape, dtype, sink, out):
