@@ -25,9 +25,13 @@ from onboard.validate.check_quant import THRESHOLDS, dequantize_checkpoint, full
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "model_specs" / "deepseek-v3-style.yaml"
-SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4")
+SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4", "w4a16",
+           "w4a16-asym", "w8a8-int8")  # fmt: skip
 # vLLM 0.32's CPU build on this checkpoint (docs/quantize.md): every scheme is
-# refused, for these reasons, so each is dequantized into the reference.
+# refused, for these reasons, so each is dequantized into the reference. The
+# INT4 and INT8 experts need AMX (fused_moe/experts/cpu_moe.py,
+# CPUExpertsInt4/Int8._supports_current_device); on a CPU with AMX they run in the
+# engine.
 REFUSALS = {
     "fp8-dynamic": "Unsupported FP8 MoE backend: NONE",
     # (CPUs with AMX run it in the engine)
@@ -35,6 +39,9 @@ REFUSALS = {
     "nvfp4": "Failed to find a kernel that can implement the NVFP4 linear layer",
     "nvfp4a16": "Marlin FP4 not available",
     "mxfp4": "Failed to find a kernel that can implement the MXFP4 linear layer",
+    "w4a16": "No WNA16 MoE backend supports the deployment configuration",
+    "w4a16-asym": "No WNA16 MoE backend supports the deployment configuration",
+    "w8a8-int8": "No Int8 MoE backend supports the deployment configuration",
 }
 
 
