@@ -153,6 +153,14 @@ FAULTS: tuple[Fault, ...] = (
         ),
     ),
     Fault(
+        "indexer_head_weights_reversed",
+        "the sparse-MLA indexer weighs each head's scores by another head's weight",
+        _sub_first(
+            r"^(\s+)return q, k, weights \* ",
+            r"\1return q, k, weights.flip(-1) * ",
+        ),
+    ),
+    Fault(
         "linear_decay_negated",
         "linear attention's log decay rates (A_log) loaded negated",
         _on_weights(
@@ -189,7 +197,11 @@ def _figures(result) -> dict:
     m = check.metrics
     keys = ("prompt_logprob_max_abs_diff", "prompt_top1_agreement",
             "greedy_identical_sequences", "greedy_failed_sequences")  # fmt: skip
-    return {k: m.get(k) for k in keys if k in m} | {"status": check.status}
+    figures = {k: m.get(k) for k in keys if k in m} | {"status": check.status}
+    indexer = result.check("indexer")
+    if indexer is not None:
+        figures["indexer"] = indexer.status
+    return figures
 
 
 def run(spec_path: Path, work: Path, faults: list[str] | None = None) -> dict:
@@ -206,9 +218,13 @@ def run(spec_path: Path, work: Path, faults: list[str] | None = None) -> dict:
     shutil.rmtree(generated, ignore_errors=True)
     write_model_code(load_spec(tiny), generated)
 
+    # Sparse MLA's indexer picks tokens only past its top-k, beyond the accuracy
+    # check's prompts: its own check compares it on a longer context.
+    checks = "accuracy,indexer" if load_spec(tiny).attention.indexer else "accuracy"
+
     def verdict(gen: Path, name: str) -> dict:
         result = validate(ckpt, tiny, "cpu", work / "validation" / name,
-                          generated=gen, checks="accuracy")  # fmt: skip
+                          generated=gen, checks=checks)  # fmt: skip
         return {"passed": result.passed, **_figures(result)}
 
     report = {"spec": spec_path.stem, "unmutated": verdict(generated, "unmutated")}
@@ -239,7 +255,9 @@ def table(reports: list[dict]) -> str:
     for r in reports:
         rows = [("unmutated", r["unmutated"])] + list(r["faults"].items())
         for name, f in rows:
-            verdict = "passed" if f["passed"] else "**caught**"
+            status = {"accuracy": f.get("status"), "indexer": f.get("indexer")}
+            failed = [check for check, s in status.items() if s == "failed"]
+            verdict = "passed" if f["passed"] else f"**caught** ({', '.join(failed)})"
             if name == "unmutated":
                 verdict = "passed" if f["passed"] else "FAILED (unmutated)"
             diff = f.get("prompt_logprob_max_abs_diff")

@@ -30,10 +30,10 @@ BUNDLED = sorted(p.stem for p in (ROOT / "model_specs").glob("*.yaml"))
 APPLICABLE = {
     "deepseek-v3-style": {"router_bias_dropped"},
     "dense-gqa": set(),
-    "glm-5-style": {"router_bias_dropped"},
+    "glm-5-style": {"router_bias_dropped", "indexer_head_weights_reversed"},
     "gpt-oss-style": {"sinks_dropped", "sliding_window_dropped"},
     "kimi-k3-style": {"router_bias_dropped", "linear_decay_negated"},
-    "mistral-large-4-style": {"kv_sharing_target"},
+    "mistral-large-4-style": {"kv_sharing_target", "indexer_head_weights_reversed"},
     "novel-launch": {
         "router_bias_dropped",
         "kv_sharing_target",
