@@ -1066,17 +1066,19 @@ def test_wrapper_prefix_rules(change, message):
     assert any(message in m for _, m in problems), problems
 
 
-def test_a_published_qwen3_5_config_is_read_up_to_its_mtp_head():
+def test_a_published_qwen3_5_config_is_read_without_its_mtp_head():
     # Published Qwen3.5 configs state full_attention_interval beside layer_types
-    # (a copy: the class reads layer_types) and Qwen's MTP head, which is refused
-    # naming the key; without the head the wrapper reads.
+    # (a copy: the class reads layer_types) and Qwen's MTP head, which the main
+    # model does not use: the spec has no MTP heads, and the header names it.
     config = _wrapper_config("qwen3_5", "qwen3_5_text")
     text = config["text_config"]
     text.update(full_attention_interval=4, mtp_num_hidden_layers=1)
-    with pytest.raises(InputError, match="(?s)text_config: .*mtp_num_hidden_layers=1"):
-        spec_from_hf_config(config)
-    text["mtp_num_hidden_layers"] = 0
-    assert spec_from_hf_config(config).checkpoint.language_model_prefix
+    spec = spec_from_hf_config(config)
+    assert spec.checkpoint.language_model_prefix
+    assert spec.mtp is None
+    assert "text_config.mtp_num_hidden_layers (Qwen's MTP head" in " ".join(
+        hf.accepted_keys(config)
+    )
     text["full_attention_interval"] = 3
     with pytest.raises(InputError, match="full_attention_interval=3 disagrees"):
         spec_from_hf_config(config)

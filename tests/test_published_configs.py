@@ -66,6 +66,10 @@ ACCEPTED = {
     "google__gemma-3-1b-it": ["cache_implementation"],
     "unsloth__Llama-3.2-1B-Instruct": ["unsloth_fixed"],
     "openai__gpt-oss-20b": ["experts_per_token", "initial_context_length"],
+    "Qwen__Qwen3.5-4B": [
+        "text_config.mtp_num_hidden_layers",
+        "text_config.mtp_use_dedicated_embeddings",
+    ],
     "MiniMaxAI__MiniMax-M2.5": [
         "mtp_transformer_layers",
         "num_mtp_modules",

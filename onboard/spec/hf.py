@@ -63,18 +63,26 @@ IGNORED: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
+_MTP_UNUSED = (
+    "{}: the model's forward pass does not use it, and the spec has no MTP heads for it"
+)
 # Keys published configs carry that do not change the forward pass, with why:
 # accepted, and named in the header `spec from-hf` writes.
 ACCEPTED: dict[str, str] = {
     "cache_implementation": "the generation cache vLLM or transformers allocates",
     "unsloth_fixed": "Unsloth's bookkeeping",
     "unsloth_version": "Unsloth's bookkeeping",
-    # MiniMax-M2's MTP modules: transformers' and vLLM's models run without them.
-    "use_mtp": "MiniMax's MTP modules, which the model's forward pass does not use",
-    "num_mtp_modules": "MiniMax's MTP modules, which the model's forward pass does "
-    "not use",
-    "mtp_transformer_layers": "MiniMax's MTP modules, which the model's forward "
-    "pass does not use",
+    # MTP heads that are not expressible as the spec's (DeepSeek-V3's
+    # model.layers.{num_hidden_layers + i}): transformers' and vLLM's models run
+    # the main model without them, so the spec has none.
+    "use_mtp": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    "num_mtp_modules": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    "mtp_transformer_layers": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    # Qwen3-Next's and Qwen3.5's: the checkpoint's mtp.* tensors (fc,
+    # pre_fc_norm_embedding / pre_fc_norm_hidden, layers.{i}, norm), which vLLM's
+    # qwen3_next_mtp.py loads.
+    "mtp_num_hidden_layers": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
+    "mtp_use_dedicated_embeddings": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
 }
 
 
@@ -265,29 +273,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "moe_norm_min": (1e-12,),
     "is_causal": (True,),
     "use_bidirectional_attention": (False, None),
-}
-
-# Keys transformers' classes do not read but published checkpoints carry, refused
-# with what they mean unless at the value that leaves the model as the spec has
-# it: (accepted values, why refused).
-REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    # Qwen3-Next's and Qwen3.5's MTP head: the checkpoint's mtp.* tensors (fc,
-    # pre_fc_norm_embedding, pre_fc_norm_hidden, layers.{i}, norm), as vLLM's
-    # qwen3_next_mtp.py loads them.
-    "mtp_num_hidden_layers": (
-        (0, None),
-        "Qwen's MTP head (its checkpoint's mtp.* tensors: mtp.fc, "
-        "mtp.pre_fc_norm_embedding / pre_fc_norm_hidden, mtp.layers.{i}, "
-        "mtp.norm, with (1 + weight) norms) is not expressible: the spec's MTP "
-        "heads are DeepSeek-V3's (model.layers.{num_hidden_layers + i}, "
-        "eh_proj / enorm / hnorm), and MTP beside norm.unit_offset is refused by "
-        "the spec rules. The main model does not use it: a checkpoint without "
-        "the mtp.* tensors is inferred with the key at 0",
-    ),
-    "mtp_use_dedicated_embeddings": (
-        (False, None),
-        "an MTP head with embeddings of its own is not expressible",
-    ),
 }
 
 REQUIRED = object()  # marker: a concept the config must state
@@ -1677,10 +1662,7 @@ def spec_from_hf_config(
     ):
         if key.startswith("_"):
             continue
-        if key in REFUSED and cfg[key] not in REFUSED[key][0]:
-            problems.append(f"{key}={cfg[key]!r}: {REFUSED[key][1]}")
-            continue
-        if key in REFUSED or key in ACCEPTED:
+        if key in ACCEPTED:
             continue
         if key in NEUTRAL:
             if cfg[key] not in NEUTRAL[key]:
