@@ -58,8 +58,9 @@ def infer_from_hf(
         notes.append(
             f"model_type {model_type!r} names remote code (auto_map) that is not "
             f"beside the config; its architectures names {config['architectures'][0]}"
-            f", transformers' class for {shipped!r}: read and proven as {shipped!r}"
+            f", transformers' class for {shipped!r}: read as {shipped!r}"
         )
+        name = name or model_type.replace("_", "-")  # the model's own name
         config, model_type = {**config, "model_type": shipped}, shipped
     remote = None
     if verify and config.get("auto_map") and not transformers_knows(model_type):

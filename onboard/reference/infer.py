@@ -103,7 +103,9 @@ def infer_spec(
     # does not read (MiniMax's use_qk_norm), else the first value.
     stated = stated_concepts(config)
     start = {
-        c: stated[c] if stated.get(c) in OPEN_CONCEPTS[c] else OPEN_CONCEPTS[c][0]
+        c: stated[c]
+        if c in stated and stated[c] in OPEN_CONCEPTS[c]
+        else OPEN_CONCEPTS[c][0]
         for c in open_
     }
     base = spec_from_hf_config(config, name=name, source=source, facts=start)

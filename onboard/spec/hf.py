@@ -393,7 +393,8 @@ FAMILIES: dict[str, Family] = {
             "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",
         },
-        vllm_keys=("topk_method", "scoring_func"),
+        # Its class declares no MTP key; vLLM's DeepSeek MTP reads this one.
+        vllm_keys=("topk_method", "scoring_func", "num_nextn_predict_layers"),
     ),
     # GLM-5: the same with an interleaved index rope (vLLM reads
     # indexer_rope_interleave, transformers' class hard-codes it).
@@ -803,7 +804,11 @@ class _Reader:
         values = [self.cfg[k] for k in keys if self.cfg[k] is not None]
         if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
-            self.problems.append(f"{shown}: aliases of one concept disagree")
+            self.problems.append(
+                f"{shown}: aliases of one concept disagree ({concept}): readers "
+                "take either key, and the two values give different models (fix "
+                "the config)"
+            )
         if values:
             return values[0]
         if not keys and concept in self.facts:
@@ -1318,6 +1323,8 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
                 f"layer_types disagrees with sliding_window_pattern={pattern!r}: "
                 f"{where} (which layers slide changes what each layer attends to)"
             )
+        elif pattern == "L" * (len(pattern) - 1) + "G" and n_layers % len(pattern) == 0:
+            out["sliding_window_pattern"] = len(pattern)  # every Nth layer full
         else:
             out["layer_types"] = letters
         return out
@@ -1902,6 +1909,8 @@ def _contradictions(
         _flatten(_kinds_listed(as_class)),
     )
     for path, ours in ours_all.items():
+        if path.startswith("mtp."):
+            continue  # no transformers class computes MTP heads (not proven)
         theirs = theirs_all.get(path)
         if ours != theirs:
             out.append(
