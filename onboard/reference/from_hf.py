@@ -55,10 +55,11 @@ def infer_from_hf(
     notes = []
     shipped = _shipped_model_type(config, model_type, directory)
     if shipped is not None:
+        arch = config["architectures"][0]
         notes.append(
-            f"model_type {model_type!r} names remote code (auto_map) that is not "
-            f"beside the config; its architectures names {config['architectures'][0]}"
-            f", transformers' class for {shipped!r}: read as {shipped!r}"
+            f"the config's model_type {model_type!r} names remote code (auto_map) "
+            f"that is not beside the config; its architectures names {arch}, "
+            f"transformers' class for {shipped!r}: read as {shipped!r}"
         )
         name = name or model_type.replace("_", "-")  # the model's own name
         config, model_type = {**config, "model_type": shipped}, shipped

@@ -805,9 +805,9 @@ class _Reader:
         if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
             self.problems.append(
-                f"{shown}: aliases of one concept disagree ({concept}): readers "
-                "take either key, and the two values give different models (fix "
-                "the config)"
+                f"{shown}: aliases of one concept disagree ({concept}): a reader "
+                "takes either key, and the model it builds differs with the value "
+                "(fix the config)"
             )
         if values:
             return values[0]
@@ -1831,10 +1831,15 @@ def _wrapped_text(
             f"{_known(model_type).cls.__name__} nests a {inner!r} language model"
         )
     if inner not in FAMILIES:
+        why = ""
+        try:  # what of the language model itself is not expressible, if any
+            spec_from_hf_config({**text, "model_type": inner}, source="text_config")
+        except InputError as exc:
+            why = "; read alone, " + " ".join(str(exc).split())
         raise InputError(
             f"{source}: text_config: model_type {model_type!r} wraps a language "
             f"model of model_type {inner!r}, which is not a family onboard proves "
-            "(docs/hf-mapping.md); a wrapper is read only around one that is"
+            f"(docs/hf-mapping.md); a wrapper is read only around one that is{why}"
         )
     return inner, {**text, "model_type": inner}
 

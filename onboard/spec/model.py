@@ -604,8 +604,9 @@ class Checkpoint(_Section):
         None,
         description="The published checkpoint is already quantized (`spec from-hf` "
         "reads it from its quantization_config or hf_quant_config.json): `onboard "
-        "quantize` refuses it, since it quantizes 16-bit weights. Null: 16-bit "
-        "weights.",
+        "quantize` refuses that checkpoint (it quantizes 16-bit weights) and notes "
+        "it beside a 16-bit one of this spec (new-model's tiny checkpoint). Null: "
+        "16-bit weights.",
     )
 
 
