@@ -19,7 +19,7 @@ from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
-from onboard.spec import hf
+from onboard.spec import hf, load_spec
 from onboard.spec.hf import spec_from_hf_config
 from onboard.spec.model import ModelSpec
 
@@ -162,7 +162,7 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     config = transformers_config("deepseek_v3").to_dict()
     config.update(
         model_type="kimi_k2",
-        architectures=["DeepseekV3ForCausalLM"],
+        architectures=["KimiK2ForCausalLM"],
         auto_map={"AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
     )
     config.pop("rope_interleave", None)
@@ -178,6 +178,20 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     r = run_cli("spec", "from-hf", path, "-o", out, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert "not proven (--no-verify)" in out.read_text()
+
+    # As Kimi-K2 publishes it, its architectures names DeepSeek-V3's class, which
+    # transformers ships (and interleaves rope by default): read as that family
+    # and proven against it, and the header says so.
+    config["architectures"] = ["DeepseekV3ForCausalLM"]
+    path.write_text(json.dumps(config))
+    out.unlink()
+    r = run_cli("spec", "from-hf", path, "-o", out)
+    assert r.returncode == 0, r.stderr
+    header = " ".join(out.read_text().replace("# ", "").split())
+    assert "read as 'deepseek_v3'" in header
+    spec = load_spec(out)
+    assert (spec.name, spec.model_type) == ("kimi-k2", "deepseek_v3")
+    assert spec.rope.interleaved
 
 
 REMOTE_CONFIG = """

@@ -83,6 +83,15 @@ ACCEPTED = {
     ],
 }
 
+# What else the header must say.
+NOTES = {
+    # remote code not beside the config, a class transformers ships named
+    "moonshotai__Kimi-K2-Instruct": "its architectures names DeepseekV3ForCausalLM, "
+    "transformers' class for 'deepseek_v3': read as 'deepseek_v3'",
+    "mistralai__Mistral-Small-3.1-24B-Instruct-2503": "on text only: the wrapper's "
+    "multi_modal_projector, vision_tower (vision)",
+}
+
 # `make test`'s sample: one config per kind of fix (quantization_config of each
 # method, ModelOpt's file, accepted and duplicate keys, a letter pattern, remote
 # code routed to a shipped class, a wrapper whose class takes any language model).
@@ -140,6 +149,8 @@ def test_published_config_proves(name, tmp_path):
     else:
         assert quant is None
         assert "already quantized" not in text
+    if name in NOTES:
+        assert NOTES[name] in text, text
     for key in ACCEPTED.get(name, []):
         assert f"{key} (" in text.split("do not change the forward pass: ")[1], text
 
