@@ -248,3 +248,21 @@ def test_an_hf_quant_config_that_is_not_modelopts_is_refused_located(tmp_path):
     (path.parent / "hf_quant_config.json").write_text('{"quantization": {}}')
     with pytest.raises(InputError, match="quantization: expected an object with a "):
         from_hf(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("nvidia__Llama-3.1-70B-Instruct-FP8", "the checkpoint is already quantized "),
+        ("openai__gpt-oss-20b", "quantization_config: the checkpoint is already "),
+    ],
+)
+def test_validate_does_not_quantize_a_quantized_upload(name, says, tmp_path):
+    from types import SimpleNamespace
+
+    from onboard.validate import check_quant
+
+    path = downloaded(name, tmp_path)
+    check = check_quant.run(SimpleNamespace(model_dir=path.parent), "quant:fp8-dynamic")
+    assert check.status == "not-run"
+    assert says in check.details and "validate the 16-bit checkpoint" in check.details
