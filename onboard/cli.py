@@ -11,14 +11,13 @@ import json
 import os
 import shlex
 import sys
-import textwrap
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from onboard.errors import CheckFailed, InputError, printable, printable_lines
+from onboard.errors import CheckFailed, InputError, printable_lines
 
 app = typer.Typer(
     name="onboard",
@@ -133,6 +132,7 @@ def spec_from_hf(
     """Infer a spec from a Hugging Face config.json, and prove it against
     transformers' class for the family (or the family's own code)."""
     from onboard.fsutil import atomic_write_text, check_output_file, same_file
+    from onboard.reference.from_hf import infer_from_hf
     from onboard.spec import dump_spec
     from onboard.spec.hf import read_hf_config
 
@@ -144,81 +144,19 @@ def spec_from_hf(
         )
     check_output_file(output)
     data, where = read_hf_config(config)
-    header, spec = _proven(data, name, where, verify, trust_remote_code)
+    header, spec = infer_from_hf(
+        data,
+        where,
+        name=name,
+        verify=verify,
+        trust_remote_code=trust_remote_code,
+        log=lambda msg: err.print(msg, markup=False),
+    )
     try:
         atomic_write_text(output, header + dump_spec(spec))
     except OSError as exc:  # e.g. a full disk: the user's to fix
         raise InputError(f"{output}: cannot write the spec: {exc}") from None
     out.print(f"wrote {output} ({spec.architecture})", markup=False)
-
-
-def _proven(
-    config: dict, name: str | None, source: str, verify: bool, trust_remote_code: bool
-):
-    """(the spec file's header, the spec): the spec inferred from ``config`` and,
-    unless ``verify`` is off, proven against transformers' class for its family,
-    or the family's own code (``auto_map``) beside the config."""
-    from onboard.spec.hf import model_type_of, spec_from_hf_config, transformers_knows
-
-    model_type = model_type_of(config, source)
-    remote = None
-    if verify and config.get("auto_map") and not transformers_knows(model_type):
-        directory = Path(source).parent
-        remote = _remote_code(config, model_type, directory, source, trust_remote_code)
-    if not verify or (remote is None and not transformers_knows(model_type)):
-        spec = spec_from_hf_config(config, name=name, source=source)
-        why = (
-            "not proven (--no-verify)"
-            if not verify
-            else f"not proven: transformers has no class for model_type "
-            f"{model_type!r}; onboard's generated reference is its reference"
-        )
-    else:
-        from onboard.reference.infer import infer_spec
-
-        against = remote.description if remote else f"transformers' {model_type}"
-        err.print(f"proving the spec against {against} ...", markup=False)
-        spec, proof = infer_spec(config, name=name, source=source, remote=remote)
-        why = proof.header()
-    lines = [
-        *textwrap.wrap(
-            f"Inferred by `onboard spec from-hf`; {why}.", 86, break_on_hyphens=False
-        ),
-        "config.json states no licence: set `license:` to the weights' own before",
-        "publishing.",
-    ]
-    return "".join(f"# {line}\n" for line in lines), spec
-
-
-def _remote_code(
-    config: dict, model_type: str, directory: Path, source: str, trusted: bool
-):
-    """The family's own code that ``config``'s auto_map names, loaded from
-    ``directory`` to prove against; InputError naming what is missing or the flag
-    that loading it needs."""
-    from onboard.reference.remote import load_remote_code, missing_remote_code
-
-    remote = printable(json.dumps(config["auto_map"]), 160)
-    what = (
-        f"{source}: model_type {model_type!r} is remote code (auto_map: {remote}), "
-        "which transformers does not ship, and the config alone does not say what "
-        "that code hard-codes (rope interleaving, norm placement, fused tensors)"
-    )
-    missing = missing_remote_code(config, directory)
-    if missing:
-        raise InputError(
-            f"{what}. Its code is not beside the config ({'; '.join(missing)}), so "
-            "from-hf cannot prove a spec against it: put the model's code files "
-            "there, write the spec by hand, or pass --no-verify to write the "
-            "inferred spec unproven"
-        )
-    if not trusted:
-        raise InputError(
-            f"{what}. Its code is in {directory}: pass --trust-remote-code to prove "
-            "the spec against it (this runs that code), or --no-verify to write "
-            "the inferred spec unproven"
-        )
-    return load_remote_code(config, directory, source)
 
 
 @checkpoint_app.command("tiny")

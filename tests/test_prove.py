@@ -19,7 +19,7 @@ from test_spec_hf import FAMILIES, MOE, SMALL, run_cli, transformers_config
 
 from onboard.errors import InputError
 from onboard.reference.prove import RTOL, ProofFailed, prove_spec
-from onboard.spec import hf
+from onboard.spec import hf, load_spec
 from onboard.spec.hf import spec_from_hf_config
 from onboard.spec.model import ModelSpec
 
@@ -162,7 +162,7 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     config = transformers_config("deepseek_v3").to_dict()
     config.update(
         model_type="kimi_k2",
-        architectures=["DeepseekV3ForCausalLM"],
+        architectures=["KimiK2ForCausalLM"],
         auto_map={"AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
     )
     config.pop("rope_interleave", None)
@@ -178,6 +178,20 @@ def test_remote_code_is_refused_unless_unproven_is_asked_for(tmp_path):
     r = run_cli("spec", "from-hf", path, "-o", out, "--no-verify")
     assert r.returncode == 0, r.stderr
     assert "not proven (--no-verify)" in out.read_text()
+
+    # As Kimi-K2 publishes it, its architectures names DeepSeek-V3's class, which
+    # transformers ships (and interleaves rope by default): read as that family
+    # and proven against it, and the header says so.
+    config["architectures"] = ["DeepseekV3ForCausalLM"]
+    path.write_text(json.dumps(config))
+    out.unlink()
+    r = run_cli("spec", "from-hf", path, "-o", out)
+    assert r.returncode == 0, r.stderr
+    header = " ".join(out.read_text().replace("# ", "").split())
+    assert "read as 'deepseek_v3'" in header
+    spec = load_spec(out)
+    assert (spec.name, spec.model_type) == ("kimi-k2", "deepseek_v3")
+    assert spec.rope.interleaved
 
 
 REMOTE_CONFIG = """
@@ -1066,17 +1080,19 @@ def test_wrapper_prefix_rules(change, message):
     assert any(message in m for _, m in problems), problems
 
 
-def test_a_published_qwen3_5_config_is_read_up_to_its_mtp_head():
+def test_a_published_qwen3_5_config_is_read_without_its_mtp_head():
     # Published Qwen3.5 configs state full_attention_interval beside layer_types
-    # (a copy: the class reads layer_types) and Qwen's MTP head, which is refused
-    # naming the key; without the head the wrapper reads.
+    # (a copy: the class reads layer_types) and Qwen's MTP head, which the main
+    # model does not use: the spec has no MTP heads, and the header names it.
     config = _wrapper_config("qwen3_5", "qwen3_5_text")
     text = config["text_config"]
     text.update(full_attention_interval=4, mtp_num_hidden_layers=1)
-    with pytest.raises(InputError, match="(?s)text_config: .*mtp_num_hidden_layers=1"):
-        spec_from_hf_config(config)
-    text["mtp_num_hidden_layers"] = 0
-    assert spec_from_hf_config(config).checkpoint.language_model_prefix
+    spec = spec_from_hf_config(config)
+    assert spec.checkpoint.language_model_prefix
+    assert spec.mtp is None
+    assert "text_config.mtp_num_hidden_layers (Qwen's MTP head" in " ".join(
+        hf.accepted_keys(config)
+    )
     text["full_attention_interval"] = 3
     with pytest.raises(InputError, match="full_attention_interval=3 disagrees"):
         spec_from_hf_config(config)

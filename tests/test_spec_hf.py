@@ -856,15 +856,6 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
             "attention.logit_softcap: the config says 3.0, but transformers' "
             "DeepseekV3Config (deepseek_v3) computes None",
         ),
-        # Qwen's MTP head (published Qwen3-Next and Qwen3.5 configs state it).
-        (
-            json.dumps(
-                AutoConfig.for_model(
-                    "qwen3_next", **SMALL, mtp_num_hidden_layers=1
-                ).to_dict()
-            ),
-            "mtp_num_hidden_layers=1: Qwen's MTP head (its checkpoint's mtp.* tensors",
-        ),
         # A multimodal wrapper is read around a language model onboard proves.
         (
             json.dumps(AutoConfig.for_model("llama4").to_dict()),

@@ -35,6 +35,29 @@ def own_spec(model_dir: Path, spec: ModelSpec | Path | str | None) -> ModelSpec 
     return spec
 
 
+def _check_not_quantized(model_dir: Path, spec: ModelSpec | None, log) -> None:
+    """Refuse a checkpoint that is already quantized (before its tensors are
+    compared with the spec: a quantized one differs from it everywhere). A spec
+    read from a quantized upload (checkpoint.source_quantization) may describe a
+    16-bit checkpoint of the same architecture (the tiny one `onboard new-model`
+    makes): that is quantized, and the log says so."""
+    from onboard.config_json import read_config_json
+    from onboard.quantize.selection import refuse_quantized
+
+    config_path = model_dir / "config.json"
+    if config_path.is_file():
+        refuse_quantized(model_dir, read_config_json(config_path))
+    quant = spec.checkpoint.source_quantization if spec is not None else None
+    if quant is not None:
+        what = " ".join(v for v in (quant.method, quant.algorithm) if v)
+        log(
+            f"note: the spec's checkpoint.source_quantization says the published "
+            f"checkpoint is already quantized ({what}); {model_dir} holds 16-bit "
+            "weights (its config.json has no quantization_config), which are "
+            "quantized"
+        )
+
+
 def _preflight(spec: ModelSpec, model_dir: Path) -> None:
     """Refuse what `onboard spec check --checkpoint` refuses (but for the config
     keys as transformers reads them: quantize copies those unchanged)."""
@@ -114,6 +137,7 @@ def quantize_checkpoint(
 
         import_ray()  # (before any work: a missing Ray is the user's to fix)
     resolved = own_spec(model_dir, spec)
+    _check_not_quantized(model_dir, resolved, log or (lambda msg: None))
     if resolved is not None:
         _preflight(resolved, model_dir)
     selection = make_selection(model_dir, resolved, sch, include_mtp=include_mtp)

@@ -157,19 +157,39 @@ def _marks(layout: TensorLayout) -> tuple[set[str], set[str], list[re.Pattern]]:
     return roles, paths, regexes
 
 
+def quantized_reason(model_dir: Path, config: dict) -> str | None:
+    """Where the checkpoint says it is already quantized: config.json's
+    quantization_config, or NVIDIA ModelOpt's hf_quant_config.json beside it
+    (its releases state their quantization there only); None if nowhere."""
+    if "quantization_config" in config:
+        qc = config["quantization_config"]
+        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
+        return (
+            f"{model_dir / 'config.json'}: quantization_config: the checkpoint is "
+            f"already quantized ({method})"
+        )
+    if (model_dir / "hf_quant_config.json").is_file():
+        return (
+            f"{model_dir / 'hf_quant_config.json'}: the checkpoint is already "
+            "quantized (NVIDIA ModelOpt)"
+        )
+    return None
+
+
+def refuse_quantized(model_dir: Path, config: dict) -> None:
+    """InputError where the checkpoint is already quantized (quantized_reason)."""
+    reason = quantized_reason(model_dir, config)
+    if reason is not None:
+        raise InputError(f"{reason}; quantize the 16-bit checkpoint")
+
+
 def read_checkpoint(model_dir: Path) -> tuple[list[ShardSelection], dict]:
     """Shard files (validated headers) and config.json of a checkpoint directory."""
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: not a directory")
     config_path = model_dir / "config.json"
     config = read_config_json(config_path)
-    if "quantization_config" in config:
-        qc = config["quantization_config"]
-        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
-        raise InputError(
-            f"{config_path}: the checkpoint is already quantized ({method}); "
-            "quantize the 16-bit checkpoint"
-        )
+    refuse_quantized(model_dir, config)
     index_path = model_dir / INDEX_FILE
     if index_path.exists():
         # Output shards are named after these: only plain names in model_dir.

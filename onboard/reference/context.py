@@ -569,7 +569,11 @@ def _config_fields(hf: dict[str, Any]) -> list[dict[str, Any]]:
         fields.append(
             {
                 "name": key,
-                "type": _field_type(value),
+                # EXAONE-4 publishes its pattern as letters ("LLLG") beside
+                # layer_types, which is what the layers read then.
+                "type": "int | str | None"
+                if key == "sliding_window_pattern"
+                else _field_type(value),
                 "default": "None" if mutable else repr(value),
                 "value": _per_layer(value, hf.get("num_hidden_layers")),
                 "mutable": mutable,

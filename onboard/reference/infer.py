@@ -37,6 +37,7 @@ from onboard.spec.hf import (
     open_concepts,
     quiet_transformers,
     spec_from_hf_config,
+    stated_concepts,
     unstated_concepts,
 )
 from onboard.spec.layouts import FUSED_FORMS, LAYOUT_PRESETS, PARAM_ROLES, preset_roles
@@ -98,19 +99,23 @@ def infer_spec(
         open_ = open_concepts(model_type_of(config, source))
     else:  # what the config does not state, its code may fix
         open_ = unstated_concepts(set(config) | _declared(remote))
-    base = spec_from_hf_config(
-        config,
-        name=name,
-        source=source,
-        facts={c: OPEN_CONCEPTS[c][0] for c in open_},  # what _search starts from
-    )
+    # What _search starts from: what the config says through a key its class
+    # does not read (MiniMax's use_qk_norm), else the first value.
+    stated = stated_concepts(config)
+    start = {
+        c: stated[c]
+        if c in stated and stated[c] in OPEN_CONCEPTS[c]
+        else OPEN_CONCEPTS[c][0]
+        for c in open_
+    }
+    base = spec_from_hf_config(config, name=name, source=source, facts=start)
     concepts = _questions(base, open_)
     with family_model(base, config, remote) as family:
         if base.checkpoint.language_model_prefix is not None:
             base, family = _with_wrapper_modules(base, family)
         if not concepts and not family.misfits(base):
             return base, family.prove(base)
-        return _search(base, config, concepts, family, name, source)
+        return _search(base, config, concepts, family, name, source, start)
 
 
 def _with_wrapper_modules(
@@ -187,6 +192,7 @@ def _search(
     family: FamilyModel,
     name: str | None,
     source: str,
+    start: dict[str, Any],
 ) -> tuple[ModelSpec, Proof]:
     refused: list[InputError] = []
 
@@ -206,7 +212,7 @@ def _search(
         return renamed(spec, family)
 
     visible = [c for c in concepts if c in VISIBLE]
-    facts = {c: OPEN_CONCEPTS[c][0] for c in concepts}
+    facts = {c: start.get(c, OPEN_CONCEPTS[c][0]) for c in concepts}
     ckpt: _Ckpt = (base.checkpoint.layout, tuple(base.checkpoint.fused))
     misfit = family.misfits(base)
     # Each visible concept names its own tensors: move one at a time while the

@@ -116,7 +116,7 @@ def family_model(
     prefix = spec.checkpoint.language_model_prefix
     try:
         with _quiet():
-            tiny = cls.from_dict({k: v for k, v in config.items() if k != "auto_map"})
+            tiny = cls.from_dict(unquantized(config))
             text = tiny.get_text_config() if prefix else tiny
             text.update(overrides)
             torch.manual_seed(0)
@@ -174,6 +174,21 @@ def family_model(
             want=want,
             started=start,
         )
+
+
+# Keys the tiny model is built without: the family's remote code (the proof
+# uses transformers' class or RemoteCode) and the published checkpoint's own
+# quantization (checkpoint.source_quantization), which would make transformers
+# build FP8 or MXFP4 layers; the proof is of the architecture, in float32.
+_NOT_BUILT = ("auto_map", "quantization_config")
+
+
+def unquantized(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without :data:`_NOT_BUILT` (a wrapper's text_config too)."""
+    out = {k: v for k, v in config.items() if k not in _NOT_BUILT}
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = unquantized(out["text_config"])
+    return out
 
 
 @dataclass

@@ -57,10 +57,211 @@ IGNORED: frozenset[str] = frozenset(
         "router_aux_loss_coef", "aux_loss_alpha",
         "seq_aux", "router_jitter_noise", "router_z_loss_coef", "pretraining_tp",
         "ep_size",
-        # checkpoint storage, not architecture (checked by `spec check --checkpoint`)
+        # how the checkpoint's weights are stored: read as the spec's
+        # checkpoint.source_quantization (source_quantization below)
         "quantization_config",
     }
 )  # fmt: skip
+
+_MTP_UNUSED = (
+    "{}: the model's forward pass does not use it, and the spec has no MTP heads for it"
+)
+# Keys published configs carry that do not change the forward pass, with why:
+# accepted, and named in the header `spec from-hf` writes.
+ACCEPTED: dict[str, str] = {
+    "cache_implementation": "the generation cache vLLM or transformers allocates",
+    "unsloth_fixed": "Unsloth's bookkeeping",
+    "unsloth_version": "Unsloth's bookkeeping",
+    # MTP heads that are not expressible as the spec's (DeepSeek-V3's
+    # model.layers.{num_hidden_layers + i}): transformers' and vLLM's models run
+    # the main model without them, so the spec has none.
+    "use_mtp": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    "num_mtp_modules": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    "mtp_transformer_layers": _MTP_UNUSED.format("MiniMax's MTP modules"),
+    # Qwen3-Next's and Qwen3.5's: the checkpoint's mtp.* tensors (fc,
+    # pre_fc_norm_embedding / pre_fc_norm_hidden, layers.{i}, norm), which vLLM's
+    # qwen3_next_mtp.py loads.
+    "mtp_num_hidden_layers": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
+    "mtp_use_dedicated_embeddings": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
+}
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A key that repeats what the spec reads from another (published configs
+    keep both): accepted where it agrees, refused naming both where not."""
+
+    canonical: str  # what it repeats, for messages
+    value: Callable[[dict], Any]  # the spec data -> the value the key should have
+    # The key's spelling -> the spec's (qk_norm_type's "per_layer": "projection").
+    spelled: dict[Any, Any] | None = None
+    # The open concept it states (infer starts from the value it says).
+    concept: str | None = None
+
+
+def _at(data: dict, path: str) -> Any:
+    """The value at a dotted ``path`` of the spec data (None where absent)."""
+    for key in path.split("."):
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _rotary_dim(data: dict) -> Any:
+    head_dim = _at(data, "attention.head_dim") or (
+        _at(data, "hidden_size") // _at(data, "attention.num_heads")
+        if _is_int(_at(data, "hidden_size")) and _at(data, "attention.num_heads")
+        else None
+    )
+    partial = _at(data, "attention.partial_rotary_factor") or 1.0
+    return None if head_dim is None else round(head_dim * partial)
+
+
+DUPLICATES: dict[str, Duplicate] = {
+    # gpt-oss
+    "experts_per_token": Duplicate(
+        "num_experts_per_tok", lambda d: _at(d, "mlp.moe.num_experts_per_tok")
+    ),
+    "initial_context_length": Duplicate(
+        "rope_scaling.original_max_position_embeddings",
+        lambda d: _at(d, "rope.scaling.original_max_position_embeddings"),
+    ),
+    # Gemma-2's legacy spelling
+    "sliding_window_size": Duplicate(
+        "sliding_window", lambda d: _at(d, "attention.sliding_window")
+    ),
+    # MiniMax-M2: transformers' class turns rotary_dim into the rope's partial
+    # factor; its q/k norms span the whole projection; its router adds a bias.
+    "rotary_dim": Duplicate("head_dim x partial_rotary_factor", _rotary_dim),
+    "qk_norm_type": Duplicate(
+        "qk_norm_scope",
+        lambda d: _at(d, "attention.qk_norm_scope") or "head",
+        spelled={"per_layer": "projection", "per_head": "head"},
+        concept="qk_norm_scope",
+    ),
+    "use_routing_bias": Duplicate(
+        "topk_method (noaux_tc: the router's bias correction)",
+        lambda d: "noaux_tc" if _at(d, "mlp.moe.router.bias_correction") else None,
+        spelled={True: "noaux_tc", False: None},
+        concept="topk_method",
+    ),
+}
+
+
+def _duplicates(cfg: dict, data: dict, used: set[str]) -> list[str]:
+    """The :data:`DUPLICATES` keys of ``cfg`` that disagree with what they repeat
+    (``data``: the spec data read from the other keys); marks them used."""
+    out = []
+    for key, dup in DUPLICATES.items():
+        if key not in cfg:
+            continue
+        used.add(key)
+        said = cfg[key]
+        if dup.spelled is not None:
+            if not isinstance(said, str | bool) or said not in dup.spelled:
+                shown = ", ".join(map(repr, dup.spelled))
+                out.append(f"{key}={said!r}: not one of {shown}")
+                continue
+            said = dup.spelled[said]
+        want = dup.value(data)
+        if said != want:
+            out.append(
+                f"{key}={cfg[key]!r} disagrees with {dup.canonical} ({want!r}): "
+                "both keys state one setting of the forward pass, and a reader "
+                "may take either (fix the config)"
+            )
+    return out
+
+
+def stated_concepts(config: dict) -> dict[str, Any]:
+    """The :data:`OPEN_CONCEPTS` a config states, through any alias or a
+    :data:`DUPLICATES` key (MiniMax's use_qk_norm, qk_norm_type,
+    use_routing_bias): where the family's class reads no key for them, the
+    proof starts from what the config says (and must confirm it)."""
+    out: dict[str, Any] = {}
+    for concept in OPEN_CONCEPTS:
+        values = [
+            config[k] for k in ALIASES.get(concept, ()) if config.get(k) is not None
+        ]
+        if values:
+            out[concept] = values[0]
+    for key, dup in DUPLICATES.items():
+        said = config.get(key)
+        if dup.concept and dup.spelled and isinstance(said, str | bool):
+            if said in dup.spelled:
+                out.setdefault(dup.concept, dup.spelled[said])
+    return out
+
+
+def accepted_keys(config: dict) -> list[str]:
+    """The keys of ``config`` (and of a wrapper's ``text_config``) accepted as
+    not changing the forward pass, each with why: for the spec's header."""
+    out = []
+    text = config.get("text_config")
+    for where, cfg in (("", config), ("text_config.", text)):
+        if not isinstance(cfg, dict):
+            continue
+        for key in sorted(cfg):
+            if key in ACCEPTED:
+                out.append(f"{where}{key} ({ACCEPTED[key]})")
+            elif key in DUPLICATES:
+                out.append(f"{where}{key} (repeats {DUPLICATES[key].canonical})")
+    return out
+
+
+_QUANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def source_quantization(
+    config: dict, hf_quant: Any = None, source: str = "config.json"
+) -> dict | None:
+    """How the published checkpoint is already quantized (the spec's
+    checkpoint.source_quantization), from config.json's ``quantization_config``
+    or, for NVIDIA ModelOpt's releases, ``hf_quant_config.json`` beside it
+    (``hf_quant``, parsed); None for 16-bit weights."""
+    qc = config.get("quantization_config")
+    if qc is not None:
+        where, file = f"{source}: quantization_config", "config.json"
+        if not isinstance(qc, dict) or not isinstance(qc.get("quant_method"), str):
+            raise InputError(f"{where}: expected an object with a quant_method")
+        method = qc["quant_method"]
+    elif hf_quant is not None:
+        where, file = "hf_quant_config.json: quantization", "hf_quant_config.json"
+        qc = hf_quant.get("quantization") if isinstance(hf_quant, dict) else None
+        if not isinstance(qc, dict) or not isinstance(qc.get("quant_algo"), str):
+            raise InputError(f"{where}: expected an object with a quant_algo")
+        method = "modelopt"
+    else:
+        return None
+    algorithm = next(
+        (qc[k] for k in ("quant_algo", "format", "fmt") if isinstance(qc.get(k), str)),
+        None,
+    )
+    for name in (method, algorithm):
+        if name is not None and not _QUANT_NAME.match(name):
+            raise InputError(f"{where}: {printable(repr(name), 60)}: not a name")
+    out: dict[str, Any] = {"method": method, "algorithm": algorithm, "file": file}
+    block = qc.get("weight_block_size")
+    if isinstance(block, list) and block and all(_is_int(b) and b > 0 for b in block):
+        out["weight_block_size"] = block
+    return out
+
+
+def source_quantization_note(quant: dict) -> str:
+    """The header's phrase for a checkpoint.source_quantization."""
+    what = " ".join(str(quant[k]) for k in ("method", "algorithm") if quant.get(k))
+    if quant.get("weight_block_size"):
+        what += f", blocks {'x'.join(map(str, quant['weight_block_size']))}"
+    key = (
+        "its quantization_config"
+        if quant["file"] == "config.json"
+        else "hf_quant_config.json beside it"
+    )
+    return (
+        f"the checkpoint is already quantized ({what}, as {key} says): recorded as "
+        "checkpoint.source_quantization, and the proof builds the family's model "
+        "unquantized"
+    )
+
 
 # Keys accepted only at the value that leaves the forward pass as the spec has it.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -72,29 +273,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "moe_norm_min": (1e-12,),
     "is_causal": (True,),
     "use_bidirectional_attention": (False, None),
-}
-
-# Keys transformers' classes do not read but published checkpoints carry, refused
-# with what they mean unless at the value that leaves the model as the spec has
-# it: (accepted values, why refused).
-REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    # Qwen3-Next's and Qwen3.5's MTP head: the checkpoint's mtp.* tensors (fc,
-    # pre_fc_norm_embedding, pre_fc_norm_hidden, layers.{i}, norm), as vLLM's
-    # qwen3_next_mtp.py loads them.
-    "mtp_num_hidden_layers": (
-        (0, None),
-        "Qwen's MTP head (its checkpoint's mtp.* tensors: mtp.fc, "
-        "mtp.pre_fc_norm_embedding / pre_fc_norm_hidden, mtp.layers.{i}, "
-        "mtp.norm, with (1 + weight) norms) is not expressible: the spec's MTP "
-        "heads are DeepSeek-V3's (model.layers.{num_hidden_layers + i}, "
-        "eh_proj / enorm / hnorm), and MTP beside norm.unit_offset is refused by "
-        "the spec rules. The main model does not use it: a checkpoint without "
-        "the mtp.* tensors is inferred with the key at 0",
-    ),
-    "mtp_use_dedicated_embeddings": (
-        (False, None),
-        "an MTP head with embeddings of its own is not expressible",
-    ),
 }
 
 REQUIRED = object()  # marker: a concept the config must state
@@ -215,7 +393,8 @@ FAMILIES: dict[str, Family] = {
             "scoring_func": "sigmoid",
             "topk_method": "noaux_tc",
         },
-        vllm_keys=("topk_method", "scoring_func"),
+        # Its class declares no MTP key; vLLM's DeepSeek MTP reads this one.
+        vllm_keys=("topk_method", "scoring_func", "num_nextn_predict_layers"),
     ),
     # GLM-5: the same with an interleaved index rope (vLLM reads
     # indexer_rope_interleave, transformers' class hard-codes it).
@@ -625,7 +804,11 @@ class _Reader:
         values = [self.cfg[k] for k in keys if self.cfg[k] is not None]
         if len({json.dumps(v, sort_keys=True) for v in values}) > 1:
             shown = ", ".join(f"{k}={self.cfg[k]!r}" for k in keys)
-            self.problems.append(f"{shown}: aliases of one concept disagree")
+            self.problems.append(
+                f"{shown}: aliases of one concept disagree ({concept}): a reader "
+                "takes either key, and the model it builds differs with the value "
+                "(fix the config)"
+            )
         if values:
             return values[0]
         if not keys and concept in self.facts:
@@ -1119,6 +1302,32 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
         # Families disagree on what max_window_layers means without layer_types.
         r.bad("max_window_layers: ambiguous without an explicit layer_types list")
     out: dict[str, Any] = {"sliding_window": window}
+    if isinstance(pattern, str):
+        # EXAONE-4's spelling: "LLLG", one letter per layer (L sliding, G full),
+        # repeated from layer 0; the last layer is full whatever it says.
+        letters = _letter_kinds(pattern, n_layers)
+        if letters is None:
+            r.bad(
+                f"sliding_window_pattern={pattern!r}: expected the letters L "
+                "(sliding) and G (full attention), or an integer"
+            )
+        elif kinds is not None and kinds != letters:
+            pairs = zip(kinds, letters, strict=False)
+            i = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+            where = (
+                f"layer {i} is {kinds[i]} in layer_types, {letters[i]} by the pattern"
+                if i is not None
+                else f"{len(kinds)} layer_types for {n_layers} layers"
+            )
+            r.bad(
+                f"layer_types disagrees with sliding_window_pattern={pattern!r}: "
+                f"{where} (which layers slide changes what each layer attends to)"
+            )
+        elif pattern == "L" * (len(pattern) - 1) + "G" and n_layers % len(pattern) == 0:
+            out["sliding_window_pattern"] = len(pattern)  # every Nth layer full
+        else:
+            out["layer_types"] = letters
+        return out
     if pattern is not None:
         out["sliding_window_pattern"] = pattern
         expect = (
@@ -1134,6 +1343,17 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
     elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
+
+
+def _letter_kinds(pattern: str, n_layers: int) -> list[str] | None:
+    """A letter pattern (``"LLLG"``) as per-layer kinds; None if not one."""
+    if not pattern or set(pattern) - {"L", "G"}:
+        return None
+    kinds = [
+        "full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention"
+        for i in range(n_layers)
+    ]
+    return kinds[:-1] + ["full_attention"] if kinds else kinds
 
 
 def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
@@ -1415,6 +1635,7 @@ def spec_from_hf_config(
         # What every reader sees: all keys, the family's facts only where absent.
         data, reader = _read(cfg, facts, fixed=False)
         problems = list(reader.problems)
+        problems += _duplicates(cfg, data, reader.used)
         if known is not None and not known.rope_by_kind:
             if _by_kind(cfg.get("rope_parameters")):
                 problems.append(
@@ -1448,10 +1669,7 @@ def spec_from_hf_config(
     ):
         if key.startswith("_"):
             continue
-        if key in REFUSED and cfg[key] not in REFUSED[key][0]:
-            problems.append(f"{key}={cfg[key]!r}: {REFUSED[key][1]}")
-            continue
-        if key in REFUSED:
+        if key in ACCEPTED:
             continue
         if key in NEUTRAL:
             if cfg[key] not in NEUTRAL[key]:
@@ -1558,7 +1776,23 @@ def text_model_type(model_type: str) -> str | None:
     sub = getattr(_known(model_type).cls, "sub_configs", None) or {}
     text = sub.get("text_config")
     inner = getattr(text, "model_type", None)
+    if text is not None and not inner:
+        # A class that nests any language model (Mistral-3's AutoConfig): the one
+        # its default config nests.
+        try:
+            with quiet_transformers():
+                inner = _known(model_type).cls().get_text_config().model_type
+        except Exception:  # its own validation: no default to take
+            return None
     return inner if isinstance(inner, str) and inner else None
+
+
+def _nests_any(model_type: str) -> bool:
+    """Whether ``model_type``'s config class takes any language model as its
+    text_config (Mistral-3's), not one family."""
+    sub = getattr(_known(model_type).cls, "sub_configs", None) or {}
+    text = sub.get("text_config")
+    return text is not None and not getattr(text, "model_type", None)
 
 
 def hf_text_config(config: dict) -> dict:
@@ -1581,6 +1815,8 @@ def _wrapped_text(
         raise InputError(f"{source}: text_config: expected a JSON object")
     inner = text_model_type(model_type)
     stated = text.get("model_type")
+    if inner is not None and stated in FAMILIES and _nests_any(model_type):
+        inner = stated  # the language model text_config names (Mistral-3's)
     if inner is None:
         what = f" (here {stated!r})" if isinstance(stated, str) else ""
         raise InputError(
@@ -1595,10 +1831,15 @@ def _wrapped_text(
             f"{_known(model_type).cls.__name__} nests a {inner!r} language model"
         )
     if inner not in FAMILIES:
+        why = ""
+        try:  # what of the language model itself is not expressible, if any
+            spec_from_hf_config({**text, "model_type": inner}, source="text_config")
+        except InputError as exc:
+            why = "; read alone, " + " ".join(str(exc).split())
         raise InputError(
             f"{source}: text_config: model_type {model_type!r} wraps a language "
             f"model of model_type {inner!r}, which is not a family onboard proves "
-            "(docs/hf-mapping.md); a wrapper is read only around one that is"
+            f"(docs/hf-mapping.md); a wrapper is read only around one that is{why}"
         )
     return inner, {**text, "model_type": inner}
 
@@ -1673,6 +1914,8 @@ def _contradictions(
         _flatten(_kinds_listed(as_class)),
     )
     for path, ours in ours_all.items():
+        if path.startswith("mtp."):
+            continue  # no transformers class computes MTP heads (not proven)
         theirs = theirs_all.get(path)
         if ours != theirs:
             out.append(

@@ -506,6 +506,33 @@ class MTP(*section_fields("mtp"), _MTPFields):
 _MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
+_QUANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class SourceQuantization(_Section):
+    """How the published checkpoint's weights are already quantized."""
+
+    method: Annotated[str, Field(pattern=_QUANT_NAME, max_length=64)] = Field(
+        description="config.json's `quantization_config.quant_method` (`fp8`, "
+        "`mxfp4`, `compressed-tensors`, ...), or `modelopt` for NVIDIA ModelOpt's "
+        "`hf_quant_config.json`."
+    )
+    algorithm: Annotated[str, Field(pattern=_QUANT_NAME, max_length=64)] | None = Field(
+        None,
+        description="The format the method names: ModelOpt's `quant_algo` "
+        "(`FP8`, `NVFP4`), compressed-tensors' `format` (`float-quantized`), "
+        "fp8's `fmt` (`e4m3`); null where it names none (`mxfp4`).",
+    )
+    weight_block_size: list[PositiveInt] | None = Field(
+        None, description="The weight scales' block, where stated (fp8: [128, 128])."
+    )
+    file: Literal["config.json", "hf_quant_config.json"] = Field(
+        "config.json",
+        description="Where it is stated: config.json's `quantization_config`, or "
+        "`hf_quant_config.json` beside it (ModelOpt).",
+    )
+
+
 class Checkpoint(_Section):
     """Tensor names (and stored shapes) of the checkpoint."""
 
@@ -572,6 +599,14 @@ class Checkpoint(_Section):
         description="With language_model_prefix: the wrapper's other modules, "
         "whose tensors the generated model does not load (the vision tower, "
         "`model.visual`).",
+    )
+    source_quantization: SourceQuantization | None = Field(
+        None,
+        description="The published checkpoint is already quantized (`spec from-hf` "
+        "reads it from its quantization_config or hf_quant_config.json): `onboard "
+        "quantize` refuses that checkpoint (it quantizes 16-bit weights) and notes "
+        "it beside a 16-bit one of this spec (new-model's tiny checkpoint). Null: "
+        "16-bit weights.",
     )
 
 

@@ -146,6 +146,13 @@ for _role, _r in components.roles().items():
 def run(ctx, name: str) -> Check:
     scheme = name.split(":", 1)[1]
     threshold = THRESHOLDS[scheme]
+    quantized = _already_quantized(Path(ctx.model_dir))
+    if quantized:
+        return Check.not_run(
+            name,
+            f"{quantized}: this check quantizes the 16-bit checkpoint and compares "
+            "the two; validate the 16-bit checkpoint for it",
+        )
     if ctx.engine is None:
         return Check.not_run(
             name,
@@ -232,6 +239,18 @@ def run(ctx, name: str) -> Check:
         *problems,
     ]
     return Check(name, "failed" if problems else "passed", metrics, "\n".join(lines))
+
+
+def _already_quantized(model_dir: Path) -> str | None:
+    """Why ``model_dir`` is already quantized (a published FP8, NVFP4 or MXFP4
+    checkpoint: the spec's checkpoint.source_quantization); None if it is not."""
+    from onboard.config_json import read_config_json
+    from onboard.quantize.selection import quantized_reason
+
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        return None
+    return quantized_reason(model_dir, read_config_json(config_path))
 
 
 def _path_text(metrics: dict[str, Any]) -> str:

@@ -38,7 +38,7 @@ class NovelLaunchConfig(PreTrainedConfig):
     sliding_window: int | None = 4096
     use_sliding_window: bool | None = True
     layer_types: list[str] | None = None
-    sliding_window_pattern: int | None = 4
+    sliding_window_pattern: int | str | None = 4
     kv_sharing_target_layers: list | None = None
     rope_parameters: dict | None = None
     rope_interleave: bool | None = False
