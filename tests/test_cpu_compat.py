@@ -137,6 +137,162 @@ def test_mla_blocks_shim_takes_multiples_of_16(monkeypatch):
     assert not CPUMLABackend.supports_block_size(24)
 
 
+def _bf16(*shape, scale: float = 1.0):
+    return (torch.randn(*shape) * scale).to(torch.bfloat16)
+
+
+def _assert_near(got, want, what: str):
+    """Equal up to bfloat16 rounding: the kernels compute in bfloat16, the shim
+    in float32 on the same (bfloat16-representable) inputs."""
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item()
+    assert err <= 0.02 * scale, f"{what}: {err:.3g} against values up to {scale:.3g}"
+
+
+def test_gdn_float32_shim_computes_what_the_bfloat16_kernels_do():
+    """vLLM's CPU Gated DeltaNet kernels take bfloat16 only (the fault: float32
+    is refused). The shim's float32 counterparts, on the same inputs, agree with
+    each kernel to bfloat16 rounding and update the same cache slots: a prefill
+    of two sequences from non-zero states with two value heads per key head,
+    decode steps, speculative steps from the accepted slots, the packed
+    convolution's prefill, decode and rolling draft update. Read with the state
+    transposed, the same prefill misses by far more: the comparison sees the
+    layout."""
+    import importlib
+
+    from vllm import _custom_ops as ops
+
+    from onboard.runtime.compat import gdn
+
+    torch.manual_seed(0)
+    tokens, key_heads, value_heads, dim = 7, 2, 4, 64
+    q, k = _bf16(1, tokens, key_heads, dim), _bf16(1, tokens, key_heads, dim)
+    v = _bf16(1, tokens, value_heads, dim)
+    a, b = _bf16(tokens, value_heads), _bf16(tokens, value_heads)
+    A_log, dt_bias = torch.randn(value_heads) * 0.5, _bf16(value_heads)
+    f32 = [x.float() for x in (q, k, v, a, b)]
+    with pytest.raises(RuntimeError, match="Unsupported floating data type"):
+        ops.fused_gdn_gating_cpu(A_log=A_log, a=f32[3], b=f32[4], dt_bias=dt_bias)
+
+    g, beta = ops.fused_gdn_gating_cpu(A_log=A_log, a=a, b=b, dt_bias=dt_bias)
+    got_g, got_beta = gdn.gdn_gating(A_log, f32[3], f32[4], dt_bias.float())
+    _assert_near(got_g, g, "gating: log decay")
+    _assert_near(got_beta, beta, "gating: step size")
+
+    states = torch.randn(3, value_heads, dim, dim) * 0.1
+    prefill = dict(
+        output_final_state=True,
+        cu_seqlens=torch.tensor([0, 3, tokens], dtype=torch.int32),
+        head_first=False,
+        use_qk_l2norm_in_kernel=True,
+        initial_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+    )
+    want_states = states.clone()
+    want, _ = ops.chunk_gated_delta_rule_cpu(
+        query=q, key=k, value=v, g=g, beta=beta, initial_state=want_states, **prefill
+    )
+    got_states = states.clone()
+    got, _ = gdn.chunk_gated_delta_rule(
+        *f32[:3], g, beta.float(), got_states, **prefill
+    )
+    _assert_near(got, want, "prefill output")
+    _assert_near(got_states, want_states, "prefill states")
+    torch.testing.assert_close(got_states[1], states[1])  # an unused slot
+    transposed = states.transpose(-1, -2).contiguous()
+    wrong, _ = gdn.chunk_gated_delta_rule(
+        *f32[:3], g, beta.float(), transposed, **prefill
+    )
+    assert (wrong - want.float()).abs().max() > 0.1 * want.float().abs().max()
+
+    decode = dict(
+        initial_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+        cu_seqlens=torch.tensor([0, 1, 2], dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True,
+    )
+    want_states, got_states = states.clone(), states.clone()
+    two = [x[:, :2] for x in (q, k, v)]
+    want = ops.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=A_log, dt_bias=dt_bias, q=two[0], k=two[1], v=two[2], a=a[:2],
+        b=b[:2], initial_state_source=want_states, **decode,
+    )  # fmt: skip
+    got = gdn.gated_delta_rule_update(
+        A_log, dt_bias.float(), *(x.float() for x in two), f32[3][:2], f32[4][:2],
+        got_states, **decode,
+    )  # fmt: skip
+    assert got.shape == want.shape
+    _assert_near(got, want, "decode output")
+    _assert_near(got_states, want_states, "decode states")
+
+    spec = dict(
+        spec_state_indices=torch.arange(8, dtype=torch.int32).view(2, 4),
+        num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32),
+        cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True,
+    )
+    slots = torch.randn(8, value_heads, dim, dim) * 0.1
+    want_slots, got_slots = slots.clone(), slots.clone()
+    six = [x[0, :6] for x in (q, k, v)]
+    want = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+        A_log=A_log, dt_bias=dt_bias, q=six[0], k=six[1], v=six[2], a=a[:6],
+        b=b[:6], initial_state_source=want_slots, **spec,
+    )  # fmt: skip
+    got = gdn.gated_delta_rule_update_spec(
+        A_log, dt_bias.float(), *(x.float() for x in six), f32[3][:6], f32[4][:6],
+        got_slots, **spec,
+    )  # fmt: skip
+    _assert_near(got, want, "speculative output")
+    _assert_near(got_slots, want_slots, "speculative states")
+    torch.testing.assert_close(got_slots[3], slots[3])  # past the drafts
+
+    module = importlib.import_module(gdn.MODULE)
+    width, channels = 4, 256
+    plain = _bf16(channels, width)
+    packed = ops.causal_conv1d_weight_pack(plain.contiguous())
+    weight = plain.float().view(channels, 1, width)
+    conv_states = _bf16(3, channels, width - 1)
+    want_states, got_states = conv_states.clone(), conv_states.float()
+    x = _bf16(tokens, channels).transpose(0, 1)  # as the op passes it
+    conv = dict(
+        bias=None,
+        query_start_loc=torch.tensor([0, 3, tokens], dtype=torch.int32),
+        cache_indices=torch.tensor([2, 0], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False]),
+        silu_activation=True,
+    )
+    want = module._causal_conv1d_fwd_cpu(
+        x=x, weight=packed, conv_states=want_states, is_weight_packed=True, **conv
+    )
+    got = gdn.causal_conv1d_fwd(
+        x=x.float(), weight=weight, conv_states=got_states, is_weight_packed=False,
+        **conv,
+    )  # fmt: skip
+    _assert_near(got, want, "convolution prefill")
+    torch.testing.assert_close(got_states, want_states.float())
+    for draft, state_len, accepted in ((None, width - 1, None), (3, width + 1, [2, 1])):
+        storage = _bf16(3, state_len, channels)  # the buffer's storage order
+        want_states = storage.clone().transpose(1, 2)
+        got_states = storage.float().transpose(1, 2)
+        x = _bf16(2, channels) if draft is None else _bf16(2, draft, channels)
+        update = dict(
+            bias=None,
+            silu_activation=True,
+            conv_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+            num_accepted_tokens=None
+            if accepted is None
+            else torch.tensor(accepted, dtype=torch.int32),
+        )
+        want = module._causal_conv1d_update_cpu(
+            x=x, weight=packed, conv_states=want_states, is_weight_packed=True,
+            **update,
+        )  # fmt: skip
+        got = gdn.causal_conv1d_update(
+            x=x.float(), weight=weight, conv_states=got_states,
+            is_weight_packed=False, **update,
+        )  # fmt: skip
+        _assert_near(got, want, f"convolution update ({draft=})")
+        torch.testing.assert_close(got_states, want_states.float())
+
+
 def test_every_shim_names_its_limitation_and_vllm_release():
     for name, shim in compat.shims().items():
         assert shim.name == name
@@ -154,7 +310,7 @@ def test_every_shim_names_its_limitation_and_vllm_release():
             "kimi-k3-style",
             ("rope_heads", "plain_topk_router", "mla_blocks", "kda_torch"),
         ),
-        ("qwen3-next-style", ()),
+        ("qwen3-next-style", ("gdn_float32",)),
         ("gpt-oss-style", ()),
     ],
 )

@@ -195,12 +195,9 @@ class EngineOptions:
 
 def engine_dtype(spec: ModelSpec) -> str:
     """The dtype the CPU engine runs ``spec`` in: float32, where the reference
-    runs, unless a kernel needs otherwise. vLLM's CPU Gated DeltaNet kernels take
-    bfloat16 only ('CPU GDN attention requires BF16.'); the generated Kimi delta
-    attention layer's CPU path is plain torch and runs float32."""
-    lin = spec.linear_attention
-    if lin is not None and lin.type == "gated_deltanet":
-        return "bfloat16"
+    runs. vLLM's CPU kernels for linear attention take bfloat16 only; the CPU
+    shims (onboard.runtime.compat: gdn_float32, kda_torch) run both kinds in
+    float32."""
     return "float32"
 
 

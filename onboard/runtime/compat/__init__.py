@@ -41,13 +41,14 @@ class Shim:
 
 
 def _shims() -> dict[str, Shim]:
-    from onboard.runtime.compat import kda, mla_blocks, rope, router
+    from onboard.runtime.compat import gdn, kda, mla_blocks, rope, router
 
     shims = (
         Shim("rope_heads", rope.LIMITATION, "0.32", rope.install),
         Shim("plain_topk_router", router.LIMITATION, "0.32", router.install),
         Shim("mla_blocks", mla_blocks.LIMITATION, "0.32", mla_blocks.install),
         Shim("kda_torch", kda.LIMITATION, "0.32", kda.install),
+        Shim("gdn_float32", gdn.LIMITATION, "0.32", gdn.install),
     )
     return {shim.name: shim for shim in shims}
 
@@ -73,6 +74,8 @@ def shims_for(spec: ModelSpec) -> tuple[str, ...]:
         needed.append("mla_blocks")
     if lin is not None and lin.type == "kimi_delta":
         needed.append("kda_torch")
+    if lin is not None and lin.type == "gated_deltanet":
+        needed.append("gdn_float32")
     return tuple(needed)
 
 
