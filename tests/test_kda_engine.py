@@ -69,7 +69,11 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
     float32 rule, over six prompts and 16 decode steps each; the same engine
     outputs against the reference of the checkpoint with every A_log
     sign-flipped fail it."""
-    from onboard.runtime.compare import GreedyOutput, judge_accuracy, prompt_atol
+    from onboard.runtime.compare import (
+        PROMPT_LOGPROB_ATOL,
+        GreedyOutput,
+        judge_accuracy,
+    )
     from onboard.runtime.engine import engine_dtype
     from onboard.runtime.reference import load_reference, run_reference
 
@@ -85,7 +89,7 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
             [lp for lp, _ in outs],
             [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
             [g for _, g in outs],
-            atol=prompt_atol(None),
+            atol=PROMPT_LOGPROB_ATOL,
         )
 
     good = verdict()
@@ -104,7 +108,7 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
             tensor.neg_()
     flipped = verdict()
     assert not flipped.passed
-    assert flipped.metrics["prompt_logprob_max_abs_diff"] > 10 * prompt_atol(None)
+    assert flipped.metrics["prompt_logprob_max_abs_diff"] > 10 * PROMPT_LOGPROB_ATOL
 
 
 @pytest.mark.engine

@@ -324,7 +324,11 @@ def test_the_gated_model_on_the_engine_matches_the_reference(engine_run):
     check's rule; the same engine outputs against the reference of the
     checkpoint with every gate_proj negated (sigmoid(-g) = 1 - sigmoid(g)) fail
     it."""
-    from onboard.runtime.compare import GreedyOutput, judge_accuracy, prompt_atol
+    from onboard.runtime.compare import (
+        PROMPT_LOGPROB_ATOL,
+        GreedyOutput,
+        judge_accuracy,
+    )
     from onboard.runtime.reference import load_reference, run_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
@@ -340,7 +344,7 @@ def test_the_gated_model_on_the_engine_matches_the_reference(engine_run):
             [lp for lp, _ in outs],
             [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
             [g for _, g in outs],
-            atol=prompt_atol(None),
+            atol=PROMPT_LOGPROB_ATOL,
         )
 
     good = verdict()
@@ -354,4 +358,4 @@ def test_the_gated_model_on_the_engine_matches_the_reference(engine_run):
     negated = verdict()
     print(f"gated MLA on the engine: {good.details}; gate negated: {negated.details}")
     assert not negated.passed
-    assert negated.metrics["prompt_logprob_max_abs_diff"] > 10 * prompt_atol(None)
+    assert negated.metrics["prompt_logprob_max_abs_diff"] > 10 * PROMPT_LOGPROB_ATOL

@@ -170,21 +170,3 @@ def run_reference(
             past = out.past_key_values
             step_lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
     return prompt_lp, GreedyOutput(tokens, tops)
-
-
-def run_prompts_in(model, prompts: list[list[int]], dtype: str) -> list[np.ndarray]:
-    """Each prompt's log-softmax (as :func:`run_reference`) with the model cast to
-    ``dtype``; the model is cast back to float32 afterwards."""
-    import torch
-
-    model.to(getattr(torch, dtype))
-    try:
-        with torch.inference_mode():
-            return [
-                torch.log_softmax(
-                    model(input_ids=torch.tensor([ids])).logits[0].float(), -1
-                )[:-1].numpy()
-                for ids in prompts
-            ]
-    finally:
-        model.to(torch.float32)

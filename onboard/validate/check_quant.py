@@ -32,8 +32,8 @@ with the float32 transformers reference as P (no truncation). Where the referenc
 also ran Q (the dequantized path), P is that reference (``judged_against:
 reference``): both sides are then the same code at the same precision, and the
 metrics measure the quantization alone, not the engine's distance from the
-reference (which the accuracy check judges; a bfloat16 engine, as Gated
-DeltaNet's, adds its rounding); the engine-side figures stay under
+reference (which the accuracy check judges; a bfloat16 engine, as fp8-block's
+on CPU, adds its rounding); the engine-side figures stay under
 ``vs_unquantized_engine``.
 
 The check also asserts that embeddings, the output head, every norm, the MoE
@@ -100,14 +100,13 @@ THRESHOLDS: dict[str, Threshold] = {
 
 # What the main engine returns per prompt position (vLLM's default max_logprobs).
 P_TOP_K = 20
-# The quantized engine runs in the main engine's dtype (float32, or bfloat16 where
-# its layers need it), so that the comparison measures the quantization alone,
-# except where vLLM's CPU kernel takes 16-bit
-# activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be bfloat16 or
-# half", measured) and INT4's cpu_gemm_wna16 ('"cpu_gemm_wna16" not implemented
-# for 'Float'', measured: CPUWNA16LinearKernel, vllm/model_executor/kernels/
-# linear/mixed_precision/cpu.py); there it runs in bfloat16, and the KL includes
-# bf16 rounding.
+# The quantized engine runs in the main engine's dtype (float32), so that the
+# comparison measures the quantization alone, except where vLLM's CPU kernel
+# takes 16-bit activations only: fp8-block's fp8_scaled_mm_cpu ("expect A to be
+# bfloat16 or half", measured) and INT4's cpu_gemm_wna16 ('"cpu_gemm_wna16" not
+# implemented for 'Float'', measured: CPUWNA16LinearKernel,
+# vllm/model_executor/kernels/linear/mixed_precision/cpu.py); there it runs in
+# bfloat16, and the KL includes bf16 rounding.
 ENGINE_DTYPE = {"fp8-block": "bfloat16", "w4a16": "bfloat16", "w4a16-asym": "bfloat16"}
 # Roles that must stay byte-identical, by the reason onboard.quantize keeps them.
 GUARDED = {
@@ -296,8 +295,7 @@ def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
 
 def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dict]:
     """Per prompt, [positions, vocab] logprobs of the quantized model, and how."""
-    # The main engine's dtype (bfloat16 where its kernels need it, e.g. Gated
-    # DeltaNet's), unless the scheme's CPU kernel needs another.
+    # The main engine's dtype, unless the scheme's CPU kernel needs another.
     dtype = ENGINE_DTYPE.get(scheme, ctx.options.dtype)
     options = ctx.engine_options(
         model_dir=qdir,

@@ -24,14 +24,7 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
-from onboard.runtime.compare import (
-    ROUNDING_QUANTILE,
-    TOP_K,
-    GreedyOutput,
-    judge_accuracy,
-    prompt_atol,
-    rounding_gap,
-)
+from onboard.runtime.compare import TOP_K, GreedyOutput, judge_accuracy
 from onboard.runtime.engine import (
     Engine,
     EngineDied,
@@ -46,7 +39,6 @@ from onboard.runtime.reference import (
     Reference,
     ReferenceUnavailable,
     load_reference,
-    run_prompts_in,
     run_reference,
     tokenize_prompts,
 )
@@ -77,9 +69,6 @@ class RunContext:
     reference_error: str | None = None
     # Per prompt: (prompt log-softmax rows, greedy continuation).
     reference_outputs: list[tuple[Any, GreedyOutput]] = field(default_factory=list)
-    # How far the engine's precision moves the reference's own prompt logprobs
-    # (None: the engine runs in float32, as the reference).
-    rounding_gap: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     # Artifacts of earlier pipeline stages that checks read: quantized checkpoints
     # by scheme (quant:<scheme>) and the speculators output (spec-decode:<method>).
@@ -144,8 +133,6 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
         [lp for lp, _ in ctx.reference_outputs],
         [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
         [greedy for _, greedy in ctx.reference_outputs],
-        atol=prompt_atol(ctx.rounding_gap),
-        quantile=None if ctx.rounding_gap is None else ROUNDING_QUANTILE,
     )
     model_class = ctx.engine.info["model_class"]
     problems = []
@@ -157,8 +144,6 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
     metrics = {
         **verdict.metrics,
         "engine_dtype": ctx.options.dtype if ctx.options else "float32",
-        # What the engine's precision alone does to the reference (None: float32).
-        "reference_rounding_gap": ctx.rounding_gap,
         "model_code": ctx.model_code,
         "generated_class_instantiated": ctx.plugin is not None and not problems,
         "prompts": ctx.prompt_note,
@@ -561,16 +546,6 @@ def _run_reference(ctx: RunContext, work_dir: Path, log: Callable[[str], None]) 
         run_reference(ctx.reference.model, ids, ctx.max_new_tokens)
         for ids in ctx.prompts
     ]
-    dtype = ctx.options.dtype if ctx.options else "float32"
-    if dtype != "float32":
-        # The engine runs in a lower precision: measure what that precision alone
-        # does to the reference's prompt logprobs (the accuracy tolerance).
-        low = run_prompts_in(ctx.reference.model, ctx.prompts, dtype)
-        ctx.rounding_gap = rounding_gap(low, [lp for lp, _ in ctx.reference_outputs])
-        log(
-            f"reference in {dtype}: its prompt logprobs move by "
-            f"{ctx.rounding_gap:.3g} nats at the {ROUNDING_QUANTILE:.0%} quantile"
-        )
     ctx.timings["reference_s"] = time.perf_counter() - t0
     # Free the reference's memory before the engine serves requests.
     ctx.reference.model = None
