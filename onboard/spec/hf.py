@@ -35,7 +35,7 @@ from onboard.components import Component
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
-from onboard.spec.config_aliases import ALIASES
+from onboard.spec.config_aliases import ALIASES, family_aliases
 from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
@@ -70,6 +70,9 @@ _MTP_UNUSED = (
 # accepted, and named in the header `spec from-hf` writes.
 ACCEPTED: dict[str, str] = {
     "cache_implementation": "the generation cache vLLM or transformers allocates",
+    # An alias of max_position_embeddings only where the config class maps it so
+    # (Kimi Linear; config_aliases.CLASS_MAPPED).
+    "model_max_length": "the longest input a tokenizer or runtime accepts",
     "unsloth_fixed": "Unsloth's bookkeeping",
     "unsloth_version": "Unsloth's bookkeeping",
     # MTP heads that are not expressible as the spec's (DeepSeek-V3's
@@ -787,15 +790,23 @@ def _nope_when_sliding(spec: ModelSpec) -> bool:
 class _Reader:
     """One pass over a config dict: concept lookups, used keys, problems."""
 
-    def __init__(self, cfg: dict, facts: dict[str, Any], fixed: bool):
+    def __init__(
+        self,
+        cfg: dict,
+        facts: dict[str, Any],
+        fixed: bool,
+        aliases: dict[str, tuple[str, ...]] | None = None,
+    ):
         self.cfg = cfg
         self.facts = facts
         self.fixed = fixed  # facts win over keys (what transformers' class does)
+        # The family's alias table (config_aliases.family_aliases).
+        self.aliases = aliases if aliases is not None else family_aliases({})
         self.used: set[str] = set()
         self.problems: list[str] = []
 
     def get(self, concept: str, default: Any = None) -> Any:
-        keys = [k for k in ALIASES[concept] if k in self.cfg]
+        keys = [k for k in self.aliases[concept] if k in self.cfg]
         self.used.update(keys)
         if self.fixed and concept in self.facts:
             return self.facts[concept]
@@ -824,7 +835,7 @@ class _Reader:
         if value is None:
             return default
         if not _is_int(value) or value < minimum:
-            keys = "/".join(ALIASES[concept])
+            keys = "/".join(self.aliases[concept])
             self.bad(f"{keys}={value!r}: must be an integer >= {minimum}")
             return default
         return value
@@ -837,9 +848,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]:
+def _read(
+    cfg: dict,
+    facts: dict[str, Any],
+    fixed: bool,
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> tuple[dict, _Reader]:
     """Spec data (before validation) from a config dict."""
-    r = _Reader(cfg, facts, fixed)
+    r = _Reader(cfg, facts, fixed, aliases)
     spec: dict[str, Any] = {
         "vocab_size": r.get("vocab_size", REQUIRED),
         "hidden_size": r.get("hidden_size", REQUIRED),
@@ -906,7 +922,7 @@ def _factor(r: _Reader, concept: str, default: float | None) -> Any:
     """A multiplier: a positive number (checked by the spec), or the default."""
     value = r.get(concept, default)
     if isinstance(value, bool) or not isinstance(value, int | float | type(None)):
-        keys = "/".join(ALIASES[concept])
+        keys = "/".join(r.aliases[concept])
         r.bad(f"{keys}={value!r}: must be a number")
         return default
     return value
@@ -1633,7 +1649,8 @@ def spec_from_hf_config(
 
     try:
         # What every reader sees: all keys, the family's facts only where absent.
-        data, reader = _read(cfg, facts, fixed=False)
+        aliases = family_aliases(known.attribute_map if known else {})
+        data, reader = _read(cfg, facts, fixed=False, aliases=aliases)
         problems = list(reader.problems)
         problems += _duplicates(cfg, data, reader.used)
         if known is not None and not known.rope_by_kind:
@@ -1645,7 +1662,7 @@ def spec_from_hf_config(
         if known is not None:
             # What transformers' class computes: the keys it reads, facts enforced.
             declared = {k: v for k, v in cfg.items() if k in known.reads}
-            as_class, class_reader = _read(declared, facts, fixed=True)
+            as_class, class_reader = _read(declared, facts, fixed=True, aliases=aliases)
             problems += [p for p in class_reader.problems if p not in problems]
             contradictions = _contradictions(data, as_class, model_type, known)
             unread = sorted(
