@@ -37,8 +37,6 @@ NAMES = sorted(
 REFUSED = {
     # chunked attention, interleaved MoE and dense layers, NoPE layers
     "meta-llama__Llama-4-Scout-17B-16E-Instruct": "'llama4_text'",
-    # long/short factors switched by sequence length
-    "microsoft__Phi-3-mini-128k-instruct": "longrope",
 }
 PROVEN = [n for n in NAMES if n not in REFUSED]
 

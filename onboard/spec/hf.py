@@ -588,7 +588,15 @@ ROPE_FIELDS = {
         "factor", "original_max_position_embeddings", "low_freq_factor",
         "high_freq_factor",
     ),
+    # Phi-3's LongRoPE (transformers' _compute_longrope_parameters).
+    "longrope": (
+        "short_factor", "long_factor", "original_max_position_embeddings",
+        "factor", "attention_factor",
+    ),
 }  # fmt: skip
+# Scaling kinds under the names older configs give them (Phi-3's "su", which
+# vLLM's config loader renames the same way).
+LEGACY_ROPE_TYPES = {"su": "longrope"}
 # Keys transformers' class writes that carry no information for the spec.
 _NOISE = ("_name_or_path", "id2label", "label2id", "problem_type",
           "chunk_size_feed_forward", "is_encoder_decoder", "return_dict",
@@ -1209,9 +1217,15 @@ def _rope_entry(
         r.bad(f"rope_theta={theta_legacy!r} disagrees with {where}.rope_theta")
     theta = theta if theta is not None else theta_legacy
     kind, legacy_kind = merged.pop("rope_type", None), merged.pop("type", None)
-    if kind and legacy_kind and kind != legacy_kind:
+    if (
+        kind
+        and legacy_kind
+        and LEGACY_ROPE_TYPES.get(kind, kind)
+        != LEGACY_ROPE_TYPES.get(legacy_kind, legacy_kind)
+    ):
         r.bad(f"{where}: rope_type={kind!r} but type={legacy_kind!r}")
     kind = kind or legacy_kind or "default"
+    kind = LEGACY_ROPE_TYPES.get(kind, kind)
     partial = merged.pop("partial_rotary_factor", None)
     # Phi-3's top-level copy: transformers moves it into a scaling's parameters
     # and reads it nowhere else, so without a scaling it changes nothing.
@@ -1253,13 +1267,6 @@ def _rope_entry(
         rope[LLAMA_4_SCALING] = llama_4  # the caller moves it to attention
         if "original_max_position_embeddings" not in ROPE_FIELDS.get(kind, ()):
             merged.pop("original_max_position_embeddings")
-    if kind == "longrope":
-        r.bad(
-            f"{where}.rope_type='longrope': Phi-3's long-context rope "
-            "(short_factor / long_factor, switched by sequence length) is not "
-            "expressible"
-        )
-        return rope, partial
     if kind not in ("default", *ROPE_FIELDS):
         r.bad(
             f"{where}.rope_type={kind!r}: not expressible (default, "
@@ -1267,7 +1274,8 @@ def _rope_entry(
         )
         return rope, partial
     if kind != "default":
-        if "factor" not in merged:
+        # longrope's factor defaults to the context's ratio (transformers').
+        if "factor" not in merged and kind != "longrope":
             r.bad(f"{where}.factor: required for rope_type {kind}")
         rope["scaling"] = {
             "type": kind,
@@ -2224,7 +2232,7 @@ def _rope_params(
         rope.update(scaling.model_dump(exclude={"type"}, exclude_none=True))
         if rope.get("truncate") is True:
             del rope["truncate"]  # yarn's default: written only when false
-        if rope["rope_type"] in ("yarn", "llama3"):
+        if rope["rope_type"] in ("yarn", "llama3", "longrope"):
             # transformers fills it in and vLLM's get_rope needs it: be explicit.
             rope.setdefault(
                 "original_max_position_embeddings", _original_max(spec, scaling)
@@ -2248,6 +2256,13 @@ def _find_base(spec_json: str) -> BaseMatch | None:
         return None  # the family itself (or a type transformers already has)
     if spec.checkpoint.language_model_prefix is not None:
         return None
+    scaling = spec.rope.scaling
+    if scaling is not None and scaling.type == "longrope":
+        if scaling.attention_factor is not None or scaling.factor is not None:
+            # vLLM's in-tree classes hand rope_parameters to get_rope as they
+            # are, and its LongRoPE derives the factor on cos and sin from
+            # max_position_embeddings alone: the generated model passes it.
+            return None
     for base in BASES:
         match = _match(spec, base)
         if match is not None:
@@ -2399,6 +2414,13 @@ def _write_known(
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+    scaling = spec.rope.scaling
+    if scaling is not None and _key_for("original_max_position_embeddings", known):
+        # Phi-3's class keeps it beside rope_parameters, and its copy wins there.
+        concepts = {
+            **concepts,
+            "original_max_position_embeddings": _original_max(spec, scaling),
+        }
     # The class's defaults are Gemma's: state what the spec has instead.
     defaults: dict[str, Any] = {
         "attn_logit_softcapping": None,
