@@ -169,6 +169,9 @@ def test_legacy_su_reads_as_longrope_and_round_trips():
     assert written["rope_type"] == "longrope"
     assert written["original_max_position_embeddings"] == ORIGINAL
     assert spec_from_hf_config(hf_config_from_spec(spec)).rope == spec.rope
+    # A model type transformers does not know: onboard's own reading of "su".
+    config.update(model_type="acme_lm", architectures=["AcmeLmForCausalLM"])
+    assert spec_from_hf_config(config).rope == spec.rope
 
 
 def test_generated_vllm_model_passes_the_attention_factor():
