@@ -22,7 +22,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def generated_engine_run(spec, work: Path, *, every: int = 1, max_tokens: int = 16):
+def generated_engine_run(
+    spec,
+    work: Path,
+    *,
+    every: int = 1,
+    max_tokens: int = 16,
+    max_model_len: int = 256,
+):
     """A tiny checkpoint of ``spec`` through its generated plugin on vLLM's CPU
     engine (the engine options validation gives the spec: dtype, state dtype,
     CPU shims): greedy outputs with top-5 logprobs and prompt logprobs of every
@@ -51,6 +58,7 @@ def generated_engine_run(spec, work: Path, *, every: int = 1, max_tokens: int = 
     options = EngineOptions(
         model_dir=ckpt,
         plugin=read_plugin(work / "gen" / "plugin"),
+        max_model_len=max_model_len,
         **engine_state_options(spec),
     )
     engine = Engine(options, work / "engine", work / "engine.log")

@@ -402,6 +402,29 @@ checkpoint:
     mtp_head_norm: model.layers.{layer}.mtp_head.norm
 """,
     ),
+    # Phi-3's LongRoPE with a stated attention factor (passed to vLLM's rotary
+    # embedding as short/long mscale) on half of each head.
+    "var-longrope": (
+        "VarLongropeForCausalLM",
+        """
+tie_word_embeddings: false
+attention: {num_heads: 4, num_kv_heads: 2, partial_rotary_factor: 0.5}
+mlp: {intermediate_size: 512}
+rope:
+  scaling:
+    type: longrope
+    original_max_position_embeddings: 1024
+    attention_factor: 1.19
+    short_factor: [
+      1.0, 1.0312, 1.0625, 1.0938, 1.125, 1.1562, 1.1875, 1.2188, 1.25, 1.2812,
+      1.3125, 1.3438, 1.375, 1.4062, 1.4375, 1.4688
+    ]
+    long_factor: [
+      1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5, 10.5, 11.5, 12.5, 13.5, 14.5,
+      15.5, 16.5
+    ]
+""",
+    ),
 }
 
 VARIANTS = sorted(_VARIANTS)

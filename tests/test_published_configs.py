@@ -37,11 +37,6 @@ NAMES = sorted(
 REFUSED = {
     # chunked attention, interleaved MoE and dense layers, NoPE layers
     "meta-llama__Llama-4-Scout-17B-16E-Instruct": "'llama4_text'",
-    # long/short factors switched by sequence length
-    "microsoft__Phi-3-mini-128k-instruct": "longrope",
-    # two context lengths: transformers' class reads the first, vLLM the smaller
-    "CohereLabs__c4ai-command-r-v01": "max_position_embeddings=8192, "
-    "model_max_length=131072: aliases of one concept disagree",
 }
 PROVEN = [n for n in NAMES if n not in REFUSED]
 
@@ -67,6 +62,9 @@ QUANTIZED = {
 ACCEPTED = {
     "google__gemma-2-9b-it": ["cache_implementation", "sliding_window_size"],
     "google__gemma-3-1b-it": ["cache_implementation"],
+    # the tokenizer's length, not the model's (only Kimi Linear's class maps it
+    # to max_position_embeddings)
+    "CohereLabs__c4ai-command-r-v01": ["model_max_length"],
     "unsloth__Llama-3.2-1B-Instruct": ["unsloth_fixed"],
     "openai__gpt-oss-20b": ["experts_per_token", "initial_context_length"],
     "Qwen__Qwen3.5-4B": [

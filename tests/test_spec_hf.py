@@ -16,6 +16,7 @@ from onboard.spec import load_spec
 from onboard.spec.hf import (
     ALIASES,
     IGNORED,
+    accepted_keys,
     hf_config_from_spec,
     hf_fields,
     spec_from_hf_config,
@@ -599,6 +600,21 @@ def test_new_model_type_with_legacy_rope_and_aliases():
     assert spec.rope.theta == 50000.0 and spec.rope.scaling.factor == 2.0
     assert spec.attention.partial_rotary_factor == 0.5
     assert spec.activation == "gelu_pytorch_tanh" and spec.num_kv_heads == 1
+
+
+def test_model_max_length_is_the_context_only_where_the_class_maps_it():
+    """Kimi Linear's class maps max_position_embeddings to model_max_length;
+    Cohere's config keeps it as the tokenizer's length (Command R v01: 8192 and
+    131072), which the forward pass does not read: accepted, not an alias."""
+    cohere = AutoConfig.for_model("cohere", **SMALL).to_dict()
+    cohere.update(max_position_embeddings=8192, model_max_length=131072)
+    spec = spec_from_hf_config(cohere)
+    assert spec.max_position_embeddings == 8192
+    assert any(k.startswith("model_max_length (") for k in accepted_keys(cohere))
+    kimi = transformers_config("kimi_linear").to_dict()
+    assert "max_position_embeddings" not in kimi
+    kimi["model_max_length"] = 4096
+    assert spec_from_hf_config(kimi).max_position_embeddings == 4096
 
 
 # ---- refusals ------------------------------------------------------------------------

@@ -626,6 +626,7 @@ def build_context(
     )
     yarn = bool(rope.scaling and rope.scaling.type == "yarn")
     rope_by_kind = arch.rope_by_kind(f.hf[f.need("rope_parameters")])
+    longrope_mscale = _longrope_mscale(spec, rope_by_kind)
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -640,6 +641,7 @@ def build_context(
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
+        "longrope_mscale": longrope_mscale,
         **_mla_context(spec, is_mla, yarn),
         "kv_target_expr": kv_target_expr,
         "rope_expr": rope_expr,
@@ -1450,6 +1452,24 @@ def _rope_comment(spec: ModelSpec, by_kind: bool = False) -> str:
     if by_kind:
         return f"rope_parameters holds, per layer type, {_listed(parts)}."
     return f"rope_parameters holds {_listed(parts)}."
+
+
+def _longrope_mscale(spec: ModelSpec, rope_by_kind: bool) -> str | None:
+    """Where LongRoPE's factor on cos and sin comes from when vLLM's default
+    (from max_position_embeddings / original_max_position_embeddings) is not
+    transformers': the stated ``attention_factor``, or the stated ``factor``.
+    None for the default, or another scaling."""
+    scaling = spec.rope.scaling
+    if scaling is None or scaling.type != "longrope":
+        return None
+    if rope_by_kind:
+        raise GenerationError(
+            f"{spec.name}: rope.scaling: longrope is generated for one rope for "
+            "every layer (not rope_parameters per layer type)"
+        )
+    if scaling.attention_factor is not None:
+        return "attention_factor"
+    return "factor" if scaling.factor is not None else None
 
 
 def _sliding_scaling(spec: ModelSpec):

@@ -229,7 +229,10 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
         rows.append(("attention", text))
     rope = f"theta {fmt(spec.rope.theta)}"
     if spec.rope.scaling is not None:
-        rope += f", {spec.rope.scaling.type} scaling x{fmt(spec.rope.scaling.factor)}"
+        scaling = spec.rope.scaling
+        rope += f", {scaling.type} scaling"
+        if scaling.factor is not None:
+            rope += f" x{fmt(scaling.factor)}"
     rows.append(("rotary embedding", rope))
     if moe is not None:
         text = (

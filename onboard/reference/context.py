@@ -136,6 +136,8 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["hidden_act"] = keys.find("hidden_act")
     c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
+    if f["longrope"] and not (f["longrope_attention_factor"] or f["longrope_factor"]):
+        c["max_positions"] = keys.need("max_position_embeddings")
     c["index_interleave"] = (
         keys.find("indexer_rope_interleave") if spec.attention.indexer else None
     )
@@ -307,6 +309,9 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
         return {
             "scaling": None,
             "yarn": False,
+            "longrope": False,
+            "longrope_attention_factor": False,
+            "longrope_factor": False,
             "rope_by_kind": False,
             "plain_kind": False,
         }
@@ -316,9 +321,15 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
     types = {p.get("rope_type", "default") for p in kinds} - {"default"}
     assert len(types) <= 1, "spec rules allow one rope scaling kind"
     scaling = types.pop() if types else None
+    longrope = [p for p in kinds if p.get("rope_type") == "longrope"]
     return {
         "scaling": scaling,
         "yarn": scaling == "yarn",
+        # LongRoPE's factor on cos and sin: stated, from `factor`, or from the
+        # context's ratio (transformers' _compute_longrope_parameters).
+        "longrope": bool(longrope),
+        "longrope_attention_factor": any("attention_factor" in p for p in longrope),
+        "longrope_factor": any("factor" in p for p in longrope),
         "rope_by_kind": by_kind,
         # Some layer kind rotates without the scaling the other has.
         "plain_kind": by_kind

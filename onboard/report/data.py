@@ -259,7 +259,10 @@ def spec_summary(spec: ModelSpec) -> list[tuple[str, str]]:
     theta = spec.rope.theta
     rope = f"θ {theta:,.0f}" if float(theta).is_integer() else f"θ {theta:g}"
     if spec.rope.scaling:
-        rope += f", {spec.rope.scaling.type} x{spec.rope.scaling.factor:g}"
+        scaling = spec.rope.scaling
+        rope += f", {scaling.type}"
+        if scaling.factor is not None:
+            rope += f" x{scaling.factor:g}"
     rows.append(("rope", rope))
     moe = spec.mlp.moe
     if moe:

@@ -16,7 +16,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
-    # Kimi Linear's config maps max_position_embeddings to model_max_length.
+    # Kimi Linear's config maps max_position_embeddings to model_max_length
+    # (CLASS_MAPPED: an alias only where the config class maps it so).
     "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
@@ -148,6 +149,26 @@ STAND_INS: dict[str, tuple[str, ...]] = {
     "rms_norm_eps": ("layer_norm_eps",),
     "layer_norm_eps": ("rms_norm_eps",),
 }
+
+
+# Aliases that name the concept only in a family whose transformers config class
+# maps the canonical key to them (its attribute_map): Kimi Linear's
+# model_max_length is its max_position_embeddings, while Command R's (and a
+# tokenizer's) is the longest input a runtime accepts, which the forward pass does
+# not read. Elsewhere `spec from-hf` reads such a key as no alias.
+CLASS_MAPPED: frozenset[str] = frozenset({"model_max_length"})
+
+
+def family_aliases(attribute_map: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """The alias table as one family reads it: :data:`CLASS_MAPPED` keys kept
+    only where ``attribute_map`` (transformers' config class's) maps the concept's
+    canonical key to them."""
+    return {
+        concept: tuple(
+            k for k in keys if k not in CLASS_MAPPED or attribute_map.get(keys[0]) == k
+        )
+        for concept, keys in ALIASES.items()
+    }
 
 
 def read_keys(concept: str) -> tuple[str, ...]:

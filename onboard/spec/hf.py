@@ -35,7 +35,7 @@ from onboard.components import Component
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
-from onboard.spec.config_aliases import ALIASES
+from onboard.spec.config_aliases import ALIASES, family_aliases
 from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
@@ -70,6 +70,9 @@ _MTP_UNUSED = (
 # accepted, and named in the header `spec from-hf` writes.
 ACCEPTED: dict[str, str] = {
     "cache_implementation": "the generation cache vLLM or transformers allocates",
+    # An alias of max_position_embeddings only where the config class maps it so
+    # (Kimi Linear; config_aliases.CLASS_MAPPED).
+    "model_max_length": "the longest input a tokenizer or runtime accepts",
     "unsloth_fixed": "Unsloth's bookkeeping",
     "unsloth_version": "Unsloth's bookkeeping",
     # MTP heads that are not expressible as the spec's (DeepSeek-V3's
@@ -585,7 +588,15 @@ ROPE_FIELDS = {
         "factor", "original_max_position_embeddings", "low_freq_factor",
         "high_freq_factor",
     ),
+    # Phi-3's LongRoPE (transformers' _compute_longrope_parameters).
+    "longrope": (
+        "short_factor", "long_factor", "original_max_position_embeddings",
+        "factor", "attention_factor",
+    ),
 }  # fmt: skip
+# Scaling kinds under the names older configs give them (Phi-3's "su", which
+# vLLM's config loader renames the same way).
+LEGACY_ROPE_TYPES = {"su": "longrope"}
 # Keys transformers' class writes that carry no information for the spec.
 _NOISE = ("_name_or_path", "id2label", "label2id", "problem_type",
           "chunk_size_feed_forward", "is_encoder_decoder", "return_dict",
@@ -787,15 +798,23 @@ def _nope_when_sliding(spec: ModelSpec) -> bool:
 class _Reader:
     """One pass over a config dict: concept lookups, used keys, problems."""
 
-    def __init__(self, cfg: dict, facts: dict[str, Any], fixed: bool):
+    def __init__(
+        self,
+        cfg: dict,
+        facts: dict[str, Any],
+        fixed: bool,
+        aliases: dict[str, tuple[str, ...]] | None = None,
+    ):
         self.cfg = cfg
         self.facts = facts
         self.fixed = fixed  # facts win over keys (what transformers' class does)
+        # The family's alias table (config_aliases.family_aliases).
+        self.aliases = aliases if aliases is not None else family_aliases({})
         self.used: set[str] = set()
         self.problems: list[str] = []
 
     def get(self, concept: str, default: Any = None) -> Any:
-        keys = [k for k in ALIASES[concept] if k in self.cfg]
+        keys = [k for k in self.aliases[concept] if k in self.cfg]
         self.used.update(keys)
         if self.fixed and concept in self.facts:
             return self.facts[concept]
@@ -824,7 +843,7 @@ class _Reader:
         if value is None:
             return default
         if not _is_int(value) or value < minimum:
-            keys = "/".join(ALIASES[concept])
+            keys = "/".join(self.aliases[concept])
             self.bad(f"{keys}={value!r}: must be an integer >= {minimum}")
             return default
         return value
@@ -837,9 +856,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _read(cfg: dict, facts: dict[str, Any], fixed: bool) -> tuple[dict, _Reader]:
+def _read(
+    cfg: dict,
+    facts: dict[str, Any],
+    fixed: bool,
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> tuple[dict, _Reader]:
     """Spec data (before validation) from a config dict."""
-    r = _Reader(cfg, facts, fixed)
+    r = _Reader(cfg, facts, fixed, aliases)
     spec: dict[str, Any] = {
         "vocab_size": r.get("vocab_size", REQUIRED),
         "hidden_size": r.get("hidden_size", REQUIRED),
@@ -906,7 +930,7 @@ def _factor(r: _Reader, concept: str, default: float | None) -> Any:
     """A multiplier: a positive number (checked by the spec), or the default."""
     value = r.get(concept, default)
     if isinstance(value, bool) or not isinstance(value, int | float | type(None)):
-        keys = "/".join(ALIASES[concept])
+        keys = "/".join(r.aliases[concept])
         r.bad(f"{keys}={value!r}: must be a number")
         return default
     return value
@@ -1193,9 +1217,15 @@ def _rope_entry(
         r.bad(f"rope_theta={theta_legacy!r} disagrees with {where}.rope_theta")
     theta = theta if theta is not None else theta_legacy
     kind, legacy_kind = merged.pop("rope_type", None), merged.pop("type", None)
-    if kind and legacy_kind and kind != legacy_kind:
+    if (
+        kind
+        and legacy_kind
+        and LEGACY_ROPE_TYPES.get(kind, kind)
+        != LEGACY_ROPE_TYPES.get(legacy_kind, legacy_kind)
+    ):
         r.bad(f"{where}: rope_type={kind!r} but type={legacy_kind!r}")
     kind = kind or legacy_kind or "default"
+    kind = LEGACY_ROPE_TYPES.get(kind, kind)
     partial = merged.pop("partial_rotary_factor", None)
     # Phi-3's top-level copy: transformers moves it into a scaling's parameters
     # and reads it nowhere else, so without a scaling it changes nothing.
@@ -1237,13 +1267,6 @@ def _rope_entry(
         rope[LLAMA_4_SCALING] = llama_4  # the caller moves it to attention
         if "original_max_position_embeddings" not in ROPE_FIELDS.get(kind, ()):
             merged.pop("original_max_position_embeddings")
-    if kind == "longrope":
-        r.bad(
-            f"{where}.rope_type='longrope': Phi-3's long-context rope "
-            "(short_factor / long_factor, switched by sequence length) is not "
-            "expressible"
-        )
-        return rope, partial
     if kind not in ("default", *ROPE_FIELDS):
         r.bad(
             f"{where}.rope_type={kind!r}: not expressible (default, "
@@ -1251,7 +1274,8 @@ def _rope_entry(
         )
         return rope, partial
     if kind != "default":
-        if "factor" not in merged:
+        # longrope's factor defaults to the context's ratio (transformers').
+        if "factor" not in merged and kind != "longrope":
             r.bad(f"{where}.factor: required for rope_type {kind}")
         rope["scaling"] = {
             "type": kind,
@@ -1633,7 +1657,8 @@ def spec_from_hf_config(
 
     try:
         # What every reader sees: all keys, the family's facts only where absent.
-        data, reader = _read(cfg, facts, fixed=False)
+        aliases = family_aliases(known.attribute_map if known else {})
+        data, reader = _read(cfg, facts, fixed=False, aliases=aliases)
         problems = list(reader.problems)
         problems += _duplicates(cfg, data, reader.used)
         if known is not None and not known.rope_by_kind:
@@ -1645,7 +1670,7 @@ def spec_from_hf_config(
         if known is not None:
             # What transformers' class computes: the keys it reads, facts enforced.
             declared = {k: v for k, v in cfg.items() if k in known.reads}
-            as_class, class_reader = _read(declared, facts, fixed=True)
+            as_class, class_reader = _read(declared, facts, fixed=True, aliases=aliases)
             problems += [p for p in class_reader.problems if p not in problems]
             contradictions = _contradictions(data, as_class, model_type, known)
             unread = sorted(
@@ -2207,7 +2232,7 @@ def _rope_params(
         rope.update(scaling.model_dump(exclude={"type"}, exclude_none=True))
         if rope.get("truncate") is True:
             del rope["truncate"]  # yarn's default: written only when false
-        if rope["rope_type"] in ("yarn", "llama3"):
+        if rope["rope_type"] in ("yarn", "llama3", "longrope"):
             # transformers fills it in and vLLM's get_rope needs it: be explicit.
             rope.setdefault(
                 "original_max_position_embeddings", _original_max(spec, scaling)
@@ -2231,6 +2256,13 @@ def _find_base(spec_json: str) -> BaseMatch | None:
         return None  # the family itself (or a type transformers already has)
     if spec.checkpoint.language_model_prefix is not None:
         return None
+    scaling = spec.rope.scaling
+    if scaling is not None and scaling.type == "longrope":
+        if scaling.attention_factor is not None or scaling.factor is not None:
+            # vLLM's in-tree classes hand rope_parameters to get_rope as they
+            # are, and its LongRoPE derives the factor on cos and sin from
+            # max_position_embeddings alone: the generated model passes it.
+            return None
     for base in BASES:
         match = _match(spec, base)
         if match is not None:
@@ -2382,6 +2414,13 @@ def _write_known(
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+    scaling = spec.rope.scaling
+    if scaling is not None and _key_for("original_max_position_embeddings", known):
+        # Phi-3's class keeps it beside rope_parameters, and its copy wins there.
+        concepts = {
+            **concepts,
+            "original_max_position_embeddings": _original_max(spec, scaling),
+        }
     # The class's defaults are Gemma's: state what the spec has instead.
     defaults: dict[str, Any] = {
         "attn_logit_softcapping": None,

@@ -120,12 +120,23 @@ class Norm(*section_fields("norm"), _NormFields):
 class RopeScaling(_Section):
     """Rotary-embedding context extension. Parameters apply per scaling type."""
 
-    type: Literal["linear", "yarn", "llama3"] = Field(
-        description="Scaling kind: `linear`, `yarn` or `llama3`."
+    type: Literal["linear", "yarn", "llama3", "longrope"] = Field(
+        description="Scaling kind: `linear`, `yarn`, `llama3` or `longrope` "
+        "(Phi-3's LongRoPE: each rotary pair's wavelength multiplied by its "
+        "`short_factor`, or by its `long_factor` where the context outgrows "
+        "`original_max_position_embeddings`; config.json's legacy `su` reads as it)."
     )
-    factor: float = Field(gt=0, description="Context extension factor.")
+    factor: float | None = Field(
+        None,
+        gt=0,
+        description="Context extension factor (required but for longrope, where "
+        "null means max_position_embeddings / original_max_position_embeddings; "
+        "it sets longrope's default attention_factor only).",
+    )
     original_max_position_embeddings: PositiveInt | None = Field(
-        None, description="Pre-extension context length (yarn, llama3)."
+        None,
+        description="Pre-extension context length (yarn, llama3; longrope: "
+        "required, the length up to which the short factors apply).",
     )
     beta_fast: float | None = Field(
         None, description="yarn: fast boundary (default 32)."
@@ -147,6 +158,26 @@ class RopeScaling(_Section):
         None,
         description="yarn: round the correction range out to whole dims (null: "
         "true, the default); false keeps it fractional (gpt-oss).",
+    )
+    short_factor: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None,
+        description="longrope: per rotary pair (rotary_dim / 2 of them), the "
+        "factor its wavelength is multiplied by within "
+        "original_max_position_embeddings: in transformers, a forward pass whose "
+        "largest position + 1 is at most it; in vLLM, an engine whose "
+        "max_model_len is at most it (docs/validation.md).",
+    )
+    long_factor: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None,
+        description="longrope: per rotary pair, the factor beyond "
+        "original_max_position_embeddings.",
+    )
+    attention_factor: float | None = Field(
+        None,
+        gt=0,
+        description="longrope: the factor on cos and sin (so on the attention "
+        "logits, squared); null: sqrt(1 + ln(s) / ln(original_max_position_"
+        "embeddings)) with s the factor, 1 where s <= 1.",
     )
 
 

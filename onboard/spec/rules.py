@@ -22,7 +22,13 @@ from onboard.spec.layouts import (
     linear_attention_roles,
     required_placeholders,
 )
-from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, class_prefix
+from onboard.spec.model import (
+    MLA_WHOLE_HEAD,
+    MULTIPLIERS,
+    ModelSpec,
+    RopeScaling,
+    class_prefix,
+)
 from onboard.spec.module_tree import (
     NN_MODULE_ATTRIBUTES,
     TensorTreeError,
@@ -70,11 +76,19 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
 # Parameters each rope scaling needs: transformers refuses a llama3 scaling without
 # its frequency factors, and vLLM's get_rope raises a KeyError. (A missing
 # original_max_position_embeddings means max_position_embeddings, as in
-# transformers.)
+# transformers, but for longrope, whose short factors apply up to it.)
 ROPE_SCALING_NEEDS = {
-    "linear": (),
-    "yarn": (),
-    "llama3": ("low_freq_factor", "high_freq_factor"),
+    "linear": ("factor",),
+    "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+}
+# Parameters that belong to one scaling kind only.
+ROPE_SCALING_ONLY = {
+    "truncate": "yarn",
+    "short_factor": "longrope",
+    "long_factor": "longrope",
+    "attention_factor": "longrope",
 }
 
 
@@ -93,8 +107,47 @@ def _rope_rules(spec: ModelSpec, report: Report) -> None:
         for field in ROPE_SCALING_NEEDS[scaling.type]:
             if getattr(scaling, field) is None:
                 report(where + (field,), f"{scaling.type} rope scaling needs {field}")
-        if scaling.truncate is not None and scaling.type != "yarn":
-            report(where + ("truncate",), "truncate applies to yarn scaling only")
+        for field, kind in ROPE_SCALING_ONLY.items():
+            if getattr(scaling, field) is not None and scaling.type != kind:
+                report(where + (field,), f"{field} applies to {kind} scaling only")
+        if scaling.type == "longrope":
+            _longrope_rules(spec, scaling, where, report)
+
+
+def _longrope_rules(
+    spec: ModelSpec, scaling: RopeScaling, where: tuple, report: Report
+) -> None:
+    """Phi-3's LongRoPE as transformers' Phi3 and vLLM's
+    Phi3LongRoPEScaledRotaryEmbedding compute it: one factor per rotary pair,
+    the two halves rotated (vLLM raises on interleaved pairs), GQA's rope."""
+    if where[1] == "sliding":
+        report(where + ("type",), "longrope: for the full-attention rope only")
+        return
+    if spec.attention.type != "gqa":
+        report(where + ("type",), "longrope: for GQA attention only (not MLA's rope)")
+        return
+    pairs = int(spec.head_dim * spec.attention.partial_rotary_factor) // 2
+    for field in ("short_factor", "long_factor"):
+        factors = getattr(scaling, field)
+        if factors is not None and len(factors) != pairs:
+            report(
+                where + (field,),
+                f"{len(factors)} factors; longrope needs one per rotary pair: "
+                f"rotary_dim / 2 = {pairs}",
+            )
+    if spec.rope.interleaved:
+        report(
+            ("rope", "interleaved"),
+            "longrope rotates the two halves (NeoX style); vLLM's LongRoPE "
+            "refuses interleaved pairs",
+        )
+    original = scaling.original_max_position_embeddings
+    if original is not None and original > spec.max_position_embeddings:
+        report(
+            where + ("original_max_position_embeddings",),
+            f"{original} exceeds max_position_embeddings "
+            f"({spec.max_position_embeddings}): the long factors apply between them",
+        )
 
 
 def _sliding_rope_rules(spec: ModelSpec, report: Report) -> None:

@@ -47,6 +47,23 @@ from onboard.validate.results import Check, ValidationResult
 
 MAX_NEW_TOKENS = 32
 MAX_MODEL_LEN = 256
+
+
+def longrope_context(spec: ModelSpec) -> int | None:
+    """The context within which vLLM and transformers rotate alike under
+    LongRoPE, or None for another rope. vLLM's Phi3LongRoPEScaledRotaryEmbedding
+    takes the long factors for every position of every request once the
+    engine's max_model_len exceeds original_max_position_embeddings (vLLM's
+    default max_model_len for LongRoPE is original_max_position_embeddings);
+    transformers' Phi3 (and the reference) choose per forward pass, by its
+    largest position + 1. Within original_max_position_embeddings both take
+    the short factors, so the accuracy check runs there (docs/validation.md)."""
+    scaling = spec.rope.scaling
+    if scaling is None or scaling.type != "longrope":
+        return None
+    return scaling.original_max_position_embeddings
+
+
 # Config fields that must agree between the checkpoint and the spec.
 _CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -454,6 +471,7 @@ def validate(
             log(f"loading the installed plugin {plugin.dist_name} ({plugin.root})")
         prompts, note = tokenize_prompts(model_dir, PROMPTS, spec.vocab_size)
         max_pos = int(config.get("max_position_embeddings") or MAX_MODEL_LEN)
+        max_pos = min(max_pos, longrope_context(spec) or max_pos)
         limit = max_pos - max_new_tokens
         prompts = [p[:limit] for p in prompts]
         extra: dict[str, Any] = {}
