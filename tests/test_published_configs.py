@@ -35,8 +35,8 @@ NAMES = sorted(
 
 # Published configs that stay refused, and what the refusal names.
 REFUSED = {
-    # chunked attention, interleaved MoE and dense layers, NoPE layers
-    "meta-llama__Llama-4-Scout-17B-16E-Instruct": "'llama4_text'",
+    # chunked attention, the NoPE layers' temperature, the weightless q/k norm
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": "chunked_attention",
     # long/short factors switched by sequence length
     "microsoft__Phi-3-mini-128k-instruct": "longrope",
     # two context lengths: transformers' class reads the first, vLLM the smaller

@@ -856,11 +856,12 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
             "attention.logit_softcap: the config says 3.0, but transformers' "
             "DeepseekV3Config (deepseek_v3) computes None",
         ),
-        # A multimodal wrapper is read around a language model onboard proves.
+        # A multimodal wrapper is read around a language model onboard proves,
+        # and refused with what its language model's config cannot say.
         (
             json.dumps(AutoConfig.for_model("llama4").to_dict()),
-            "text_config: model_type 'llama4' wraps a language model of model_type "
-            "'llama4_text', which is not a family onboard proves",
+            "text_config: cannot map this config to a spec without changing the "
+            "model:\n  - layer_types: only full_attention",
         ),
     ],
 )

@@ -107,6 +107,10 @@ class ConfigKeys:
         name = self.find("mlp_layer_types", check=lambda v: isinstance(v, list))
         if name is not None:
             return [f'config.{name}[{var}] == "sparse"']
+        name = self.find("moe_layers", check=lambda v: isinstance(v, list))
+        if name is not None:
+            # Llama-4's class lists them (filled from its step where not given).
+            return [f"{var} in config.{name}"]
         terms = []
         if (name := self.find("first_k_dense_replace", check=_is_int)) is not None:
             terms.append(f"{var} >= config.{name}")
@@ -119,6 +123,15 @@ class ConfigKeys:
         if name is not None:
             terms.append(f"{var} not in config.{name}")
         return terms
+
+    def dense_width(self) -> str:
+        """The key of the dense layers' width: Llama-4's intermediate_size_mlp
+        where the config has it (its intermediate_size is the experts'), else
+        intermediate_size."""
+        value = self.spec.mlp.intermediate_size
+        return self.find("intermediate_size_mlp", value) or self.need(
+            "intermediate_size", value
+        )
 
     def rope_layer_expr(self, var: str) -> str | None:
         """An expression (of ``config`` and the layer index ``var``) true on the

@@ -1,0 +1,220 @@
+"""Llama-4's language model (`llama4_text`) against transformers' own
+Llama4ForCausalLM, on the same random weights.
+
+What is proven so far: the MoE block (MoE layers placed by moe_layers /
+interleave_moe_layer_step beside dense layers of their own width,
+intermediate_size_mlp; a router whose sigmoid of the top-1 logit scales the
+expert's *input*; one shared expert; the experts stacked input dim first, as
+transformers stores them), the complex-number (interleaved) rope with llama3
+scaling. The config here rotates every layer, attends fully and has no q/k norm:
+what onboard does not yet express of Llama-4 (chunked attention, the NoPE
+layers' temperature, the weightless q/k norm) is refused, and tested so.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from onboard.errors import InputError
+from onboard.reference.prove import ProofFailed, family_model, prove_spec
+from onboard.spec.hf import accepted_keys, hf_config_from_spec, spec_from_hf_config
+from onboard.spec.model import ModelSpec
+from onboard.spec.rules import check_rules
+
+N_LAYERS = 4
+
+
+def llama4_config(**over) -> dict:
+    """A small Llama-4 text config: MoE on every second layer (dense between),
+    every layer rotating and attending fully, no q/k norm."""
+    from transformers import Llama4TextConfig
+
+    kwargs = dict(
+        vocab_size=1000, hidden_size=256, intermediate_size=128,
+        intermediate_size_mlp=384, num_hidden_layers=N_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+        no_rope_layers=[1] * N_LAYERS, layer_types=["full_attention"] * N_LAYERS,
+        attn_temperature_tuning=False, use_qk_norm=False,
+        max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            # short, so the proof's positions meet the scaled frequencies
+            "original_max_position_embeddings": 16,
+        },
+    )  # fmt: skip
+    kwargs.update(over)
+    config = Llama4TextConfig(**kwargs).to_dict()
+    config["architectures"] = ["Llama4ForCausalLM"]
+    config["for_llm_compressor"] = False  # as the published configs have it
+    return config
+
+
+def _edited(spec: ModelSpec, edit) -> ModelSpec:
+    data = spec.model_dump(mode="json")
+    edit(data)
+    return ModelSpec.model_validate(data)
+
+
+def test_llama4_text_moe_reads_and_proves():
+    config = llama4_config()
+    spec = spec_from_hf_config(config)
+    moe = spec.mlp.moe
+    assert spec.mlp.intermediate_size == 384  # the dense layers' own width
+    assert moe.expert_intermediate_size == 128
+    assert [spec.is_moe_layer(i) for i in range(N_LAYERS)] == [0, 1, 0, 1]
+    assert moe.num_shared_experts == 1 and moe.shared_expert_intermediate_size is None
+    assert moe.router.scoring == "sigmoid" and not moe.router.norm_topk_prob
+    assert moe.router.weight_on_input
+    assert spec.rope.interleaved and spec.rope.scaling.type == "llama3"
+    assert spec.checkpoint.experts_format == "parameters_transposed"
+    proof = prove_spec(spec, config)
+    assert proof.num_layers == 2  # the shrunk model keeps a dense and an MoE layer
+    # The spec writes back as the family's config and reads back as itself.
+    written = hf_config_from_spec(spec)
+    assert written["intermediate_size_mlp"] == 384
+    assert written["intermediate_size"] == 128
+    assert written["moe_layers"] == [1, 3]
+    assert written["use_qk_norm"] is False
+    assert spec_from_hf_config(written) == spec.model_copy(update={"name": spec.name})
+
+
+def test_moe_layers_alone_place_the_moe_layers():
+    # The class fills moe_layers from the step; a listed set wins over it.
+    config = llama4_config(interleave_moe_layer_step=1, moe_layers=[0, 2, 3])
+    spec = spec_from_hf_config(config)
+    assert [spec.is_moe_layer(i) for i in range(N_LAYERS)] == [1, 0, 1, 1]
+    config = llama4_config()
+    config["moe_layers"] = [0, 1]  # layer 0 is dense by the step of 2
+    with pytest.raises(InputError, match="moe_layers lists layer 0"):
+        spec_from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    ("fact", "fails"),
+    [
+        # The fault: the router's weight scales the expert's output instead of
+        # its input (a SwiGLU expert is not linear in its input). Layer 1 is the
+        # shrunk model's MoE layer.
+        ("moe_router_weight_on_input", "first divergence: layer 1, after attention"),
+        # NeoX halves instead of Llama-4's complex-number pairs.
+        ("rope_interleave", "first divergence: layer 0, attention"),
+    ],
+)
+def test_a_wrong_fact_of_llama4_fails_its_proof(monkeypatch, fact, fails):
+    # Without the family's fact, the config (which has no key for it) reads as
+    # the other value; the proof runs that model against transformers'.
+    from onboard.spec import hf
+
+    family = hf.FAMILIES["llama4_text"]
+    facts = {k: v for k, v in family.facts.items() if k != fact}
+    monkeypatch.setitem(
+        hf.FAMILIES,
+        "llama4_text",
+        hf.Family(family.layout, facts, (), family.checkpoint),
+    )
+    config = llama4_config()
+    spec = spec_from_hf_config(config)
+    with pytest.raises(ProofFailed, match=fails):
+        prove_spec(spec, config)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fails"),
+    [
+        # The router's weight on the output: llama4_text's class cannot say so.
+        (
+            lambda d: d["mlp"]["moe"]["router"].update(weight_on_input=False),
+            "weight_on_input: the spec says False",
+        ),
+        # The stacks output dim first (Mistral-4's): the shapes differ.
+        (
+            lambda d: d["checkpoint"].update(experts_format="parameters"),
+            "shapes differ",
+        ),
+    ],
+)
+def test_each_part_of_llama4_moe_is_needed_by_its_proof(edit, fails):
+    config = llama4_config()
+    spec = spec_from_hf_config(config)
+    with family_model(spec, config) as family:
+        with pytest.raises(InputError, match=fails):
+            family.prove(_edited(spec, edit))
+
+
+def test_for_llm_compressor_is_accepted_and_named():
+    config = llama4_config()
+    assert any(k.startswith("for_llm_compressor (") for k in accepted_keys(config))
+
+
+@pytest.mark.parametrize(
+    ("over", "refused"),
+    [
+        (dict(use_qk_norm=True), "use_qk_norm=True: Llama-4's weightless"),
+        (
+            dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True),
+            "attn_temperature_tuning=True",
+        ),
+        (dict(layer_types=None), "layer_types: only full_attention"),
+    ],
+)
+def test_what_is_not_yet_expressible_is_refused(over, refused):
+    with pytest.raises(InputError, match=refused):
+        spec_from_hf_config(llama4_config(**over))
+
+
+def test_weight_on_input_needs_top_1_without_renormalising():
+    spec = spec_from_hf_config(llama4_config())
+
+    def both(d):
+        d["mlp"]["moe"].update(num_experts_per_tok=2)
+        d["mlp"]["moe"]["router"].update(norm_topk_prob=True)
+
+    problems = check_rules(_edited(spec, both))
+    messages = " | ".join(message for _, message in problems)
+    assert "only with top-1 routing" in messages
+    assert "set norm_topk_prob: false" in messages
+
+
+def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
+    import subprocess
+    import sys
+
+    from onboard.generate import generate_files
+    from onboard.templating import RUFF_SETTINGS
+
+    spec = spec_from_hf_config(llama4_config())
+    files = generate_files(spec)
+    rel = "plugin/onboard_plugin_llama4_text/llama4_text.py"
+    source = files[rel]
+    # vLLM's llama4.py names: Llama4MoE under feed_forward, its router, the
+    # experts' input scaled by the top-1 weight, HF's stacks input dim first.
+    for line in (
+        "class Llama4MoE(nn.Module):",
+        "self.feed_forward = Llama4MoE(",
+        "apply_router_weight_on_input=True,",
+        "is_fused_checkpoint_transposed=True,",
+        "intermediate_size=config.intermediate_size_mlp,",
+        "layer_idx in config.moe_layers",
+        "is_neox_style=False,",
+    ):
+        assert line in source, line
+    path = tmp_path / "llama4_text.py"
+    path.write_text(source)
+    config = [item for s in RUFF_SETTINGS for item in ("--config", s)]
+    for args in (["format", "--check"], ["check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *args, "--isolated", *config, str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    # The reference scales the expert's input (the template's only branch).
+    from onboard.reference import render_reference
+
+    reference = render_reference(spec)
+    modeling = next(t for p, t in reference.items() if "modeling" in p)
+    assert "x[token] * weights[token, slot, None] @ experts.gate_up_proj[e]" in (
+        modeling
+    )
