@@ -1,14 +1,15 @@
 """Llama-4's language model (`llama4_text`) against transformers' own
 Llama4ForCausalLM, on the same random weights.
 
-What is proven so far: the MoE block (MoE layers placed by moe_layers /
+What is proven: the MoE block (MoE layers placed by moe_layers /
 interleave_moe_layer_step beside dense layers of their own width,
 intermediate_size_mlp; a router whose sigmoid of the top-1 logit scales the
 expert's *input*; one shared expert; the experts stacked input dim first, as
 transformers stores them), the complex-number (interleaved) rope with llama3
-scaling. The config here rotates every layer, attends fully and has no q/k norm:
-what onboard does not yet express of Llama-4 (chunked attention, the NoPE
-layers' temperature, the weightless q/k norm) is refused, and tested so.
+scaling; the NoPE layers' query temperature (attn_temperature_tuning,
+floor_scale, attn_scale) and the weightless q/k norm of the rope layers
+(use_qk_norm). What onboard does not yet express of Llama-4 (its chunked
+attention) is refused, and tested so.
 """
 
 from __future__ import annotations
@@ -148,20 +149,135 @@ def test_for_llm_compressor_is_accepted_and_named():
     assert any(k.startswith("for_llm_compressor (") for k in accepted_keys(config))
 
 
+def nope_config(**over) -> dict:
+    """As :func:`llama4_config`, with Llama-4's attention: the last layer NoPE
+    with its query temperature (a floor_scale the proof's 24 positions cross),
+    the weightless q/k norm on the rope layers."""
+    return llama4_config(
+        no_rope_layers=[1, 1, 1, 0],
+        attn_temperature_tuning=True,
+        floor_scale=4,
+        attn_scale=0.5,
+        use_qk_norm=True,
+        **over,
+    )
+
+
+def test_nope_temperature_and_the_qk_l2_norm_read_and_prove():
+    config = nope_config()
+    spec = spec_from_hf_config(config)
+    att = spec.attention
+    assert spec.rope.nope_layers == [3]
+    assert (att.nope_temperature.floor_scale, att.nope_temperature.attn_scale) == (
+        4,
+        0.5,
+    )
+    assert att.qk_l2_norm and not att.qk_norm  # use_qk_norm is not Qwen's here
+    proof = prove_spec(spec, config)
+    assert proof.num_layers == 4
+    written = hf_config_from_spec(spec)
+    assert written["use_qk_norm"] is True and "qk_l2_norm" not in written
+    assert written["attn_temperature_tuning"] is True
+    assert written["no_rope_layers"] == [1, 1, 1, 0]
+    assert spec_from_hf_config(written) == spec
+
+
 @pytest.mark.parametrize(
-    ("over", "refused"),
+    ("edit", "fails"),
     [
-        (dict(use_qk_norm=True), "use_qk_norm=True: Llama-4's weightless"),
+        # No temperature: the NoPE layer's queries differ from position 3 on.
         (
-            dict(no_rope_layers=[1, 1, 1, 0], attn_temperature_tuning=True),
-            "attn_temperature_tuning=True",
+            lambda d: d["attention"].update(nope_temperature=None),
+            "first divergence: layer 3, attention",
         ),
-        (dict(layer_types=None), "layer_types: only full_attention"),
+        # No q/k norm on the rope layers.
+        (
+            lambda d: d["attention"].update(qk_l2_norm=False),
+            "first divergence: layer 0, attention",
+        ),
     ],
 )
-def test_what_is_not_yet_expressible_is_refused(over, refused):
-    with pytest.raises(InputError, match=refused):
-        spec_from_hf_config(llama4_config(**over))
+def test_each_part_of_llama4_attention_is_needed_by_its_proof(edit, fails):
+    config = nope_config()
+    spec = spec_from_hf_config(config)
+    with family_model(spec, config) as family:
+        with pytest.raises(ProofFailed, match=fails):
+            family.prove(_edited(spec, edit))
+
+
+@pytest.mark.parametrize(
+    ("fragment", "right", "wrong", "fails"),
+    [
+        # The temperature on the rope layers instead of the NoPE layers.
+        (
+            "components/temperature_tuning/hf_init.py.j2",
+            "not rope and",
+            "rope and",
+            "first divergence: layer 0, attention",
+        ),
+        # Its steps one position early: floor(position / floor_scale).
+        (
+            "components/temperature_tuning/hf_after_rope.py.j2",
+            "(positions + 1.0)",
+            "positions",
+            "first divergence: layer 3, attention",
+        ),
+        # The q/k norm on the NoPE layer too.
+        (
+            "components/qk_l2_norm/hf_init.py.j2",
+            "{% if f.nope %}rope and {% endif %}",
+            "",
+            "first divergence: layer 3, attention",
+        ),
+    ],
+)
+def test_a_fault_in_the_generated_attention_fails_the_proof(
+    monkeypatch, fragment, right, wrong, fails
+):
+    # The spec's values are read from the checkpoint's config (floor_scale,
+    # no_rope_layers: preflight compares them with the spec); what the proof
+    # checks is the code, here each fragment with one fault put in.
+    import jinja2
+
+    from onboard import templating
+
+    source = (templating.TEMPLATES / fragment).read_text()
+    assert right in source
+    env = templating.environment()
+    monkeypatch.setattr(
+        env,
+        "loader",
+        jinja2.ChoiceLoader(
+            [jinja2.DictLoader({fragment: source.replace(right, wrong)}), env.loader]
+        ),
+    )
+    env.cache.clear()
+    config = nope_config()
+    spec = spec_from_hf_config(config)
+    try:
+        with pytest.raises(ProofFailed, match=fails):
+            prove_spec(spec, config)
+    finally:
+        env.cache.clear()
+
+
+def test_what_is_not_yet_expressible_is_refused():
+    # Chunked attention: transformers' class makes every rope layer a
+    # chunked_attention layer when the config lists no layer_types.
+    with pytest.raises(InputError, match="layer_types: only full_attention"):
+        spec_from_hf_config(llama4_config(layer_types=None))
+
+
+def test_llama4_attention_rules():
+    spec = spec_from_hf_config(nope_config())
+
+    def edit(d):
+        d["rope"]["nope_layers"] = []
+        d["attention"]["qk_norm"] = True
+
+    messages = " | ".join(m for _, m in check_rules(_edited(spec, edit)))
+    assert "applies to the NoPE layers: set rope.nope_layers" in messages
+    assert "not beside qk_norm" in messages
 
 
 def test_weight_on_input_needs_top_1_without_renormalising():
@@ -184,7 +300,7 @@ def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
     from onboard.generate import generate_files
     from onboard.templating import RUFF_SETTINGS
 
-    spec = spec_from_hf_config(llama4_config())
+    spec = spec_from_hf_config(nope_config())
     files = generate_files(spec)
     rel = "plugin/onboard_plugin_llama4_text/llama4_text.py"
     source = files[rel]
@@ -198,6 +314,12 @@ def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
         "intermediate_size=config.intermediate_size_mlp,",
         "layer_idx in config.moe_layers",
         "is_neox_style=False,",
+        # its NoPE layers' temperature and the rope layers' weightless q/k norm
+        "= not use_rope and config.attn_temperature_tuning",
+        "def _get_attn_scale(self, positions: torch.Tensor) -> torch.Tensor:",
+        "if config.use_qk_norm and use_rope",
+        "q = self.qk_norm(q.float()).reshape(-1, self.q_size).to(q.dtype)",
+        "use_rope=config.no_rope_layers[layer_idx] == 1,",
     ):
         assert line in source, line
     path = tmp_path / "llama4_text.py"

@@ -35,7 +35,7 @@ NAMES = sorted(
 
 # Published configs that stay refused, and what the refusal names.
 REFUSED = {
-    # chunked attention, the NoPE layers' temperature, the weightless q/k norm
+    # chunked attention (its rope layers')
     "meta-llama__Llama-4-Scout-17B-16E-Instruct": "chunked_attention",
     # long/short factors switched by sequence length
     "microsoft__Phi-3-mini-128k-instruct": "longrope",

@@ -50,13 +50,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "rope_interleave": ("rope_interleave",),
     "no_rope_layers": ("no_rope_layers",),  # per layer: 1 rotates, 0 is NoPE
     "no_rope_layer_interval": ("no_rope_layer_interval",),  # SmolLM3's default
-    # Llama-4: the NoPE layers' query temperature
-    "attn_temperature_tuning": ("attn_temperature_tuning",),
-    "floor_scale": ("floor_scale",),
-    "attn_scale": ("attn_scale",),
+    # Llama-4: the chunk of its chunked_attention layers
     "attention_chunk_size": ("attention_chunk_size",),
-    # Llama-4's q/k norm: weightless, per head, after rope, on rope layers only
-    "qk_l2_norm": ("qk_l2_norm",),
     "sliding_window": ("sliding_window",),
     "use_sliding_window": ("use_sliding_window",),
     "layer_types": ("layer_types",),

@@ -297,6 +297,9 @@ TEXT_MROPE = "text_mrope"
 # alias table's (Llama-4's use_qk_norm is its weightless L2 norm on the rope
 # layers, not Qwen3's q/k norms): key -> concept.
 KEY_MEANS = "key_means"
+# A family fact: concepts its config class defaults on, written off where the
+# spec lacks them (Llama-4's attn_temperature_tuning and use_qk_norm).
+WRITTEN_OFF = "written_off"
 
 
 @dataclass(frozen=True)
@@ -521,6 +524,7 @@ FAMILIES: dict[str, Family] = {
             "moe_router_weight_on_input": True,
             "n_shared_experts": 1,
             KEY_MEANS: {"use_qk_norm": "qk_l2_norm"},
+            WRITTEN_OFF: ("qk_l2_norm", "attn_temperature_tuning"),
         },
         checkpoint={
             "fused": ["experts"],
@@ -994,7 +998,9 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     ):
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
-    _read_temperature(r, rope["nope_layers"])
+    # The chunk of Llama-4's chunked_attention layers (layer_types): unused
+    # without one (transformers' class needs it set all the same).
+    r.get("attention_chunk_size")
     sharing = _read_kv_sharing(r, n_layers)
     indexer = _read_indexer(r, n_layers)
     mla = {
@@ -1438,28 +1444,6 @@ def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
             if kind == "full_attention"
         ]
     return []
-
-
-def _read_temperature(r: _Reader, nope_layers: list[int]) -> None:
-    """Llama-4's query temperature on its NoPE layers (attn_temperature_tuning,
-    floor_scale, attn_scale): nothing where it is off or no layer is NoPE; and
-    its weightless q/k norm."""
-    if r.get("qk_l2_norm", False):
-        r.bad(
-            "use_qk_norm=True: Llama-4's weightless q/k L2 norm on its rope layers "
-            "is not expressible"
-        )
-    # The chunk of Llama-4's chunked_attention layers (layer_types): unused
-    # without one (transformers' class needs it set all the same).
-    r.get("attention_chunk_size")
-    tuning = r.get("attn_temperature_tuning", False)
-    r.get("floor_scale")
-    r.get("attn_scale")
-    if tuning and nope_layers:
-        r.bad(
-            "attn_temperature_tuning=True: the NoPE layers' query temperature "
-            "(floor_scale, attn_scale) is not expressible"
-        )
 
 
 def _layer_kinds(windows: dict[str, Any], n_layers: int) -> list[str]:
@@ -2571,8 +2555,8 @@ def _write_known(
         # Llama/Qwen3: all four; GLM: q/k/v only (o_proj's from its facts).
         concepts = {**concepts, "attention_bias": qkv}
     means = family.facts.get(KEY_MEANS, {})
-    # A concept the spec leaves off is written off under the family's key.
-    concepts = {**{c: False for c in means.values()}, **concepts}
+    # A concept the spec leaves off, which the class defaults on.
+    concepts = {**dict.fromkeys(family.facts.get(WRITTEN_OFF, ()), False), **concepts}
     for concept, value in concepts.items():
         key = next((k for k, c in means.items() if c == concept), None)
         if key is None and _key_for(concept, known) not in means:
