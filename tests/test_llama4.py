@@ -1,5 +1,7 @@
 """Llama-4's language model (`llama4_text`) against transformers' own
-Llama4ForCausalLM, on the same random weights.
+Llama4ForCausalLM, on the same random weights. `make test` runs the proofs of
+each part; the faults each proof catches (marked acceptance) run in `make
+test-all`.
 
 What is proven: the MoE block (MoE layers placed by moe_layers /
 interleave_moe_layer_step beside dense layers of their own width,
@@ -8,8 +10,8 @@ expert's *input*; one shared expert; the experts stacked input dim first, as
 transformers stores them), the complex-number (interleaved) rope with llama3
 scaling; the NoPE layers' query temperature (attn_temperature_tuning,
 floor_scale, attn_scale) and the weightless q/k norm of the rope layers
-(use_qk_norm). What onboard does not yet express of Llama-4 (its chunked
-attention) is refused, and tested so.
+(use_qk_norm); the rope layers' chunked local attention (attention_chunk_size).
+The multimodal wrapper (llama4) is refused, naming why.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def test_moe_layers_alone_place_the_moe_layers():
         spec_from_hf_config(config)
 
 
+@pytest.mark.acceptance
 @pytest.mark.parametrize(
     ("fact", "fails"),
     [
@@ -121,6 +124,7 @@ def test_a_wrong_fact_of_llama4_fails_its_proof(monkeypatch, fact, fails):
         prove_spec(spec, config)
 
 
+@pytest.mark.acceptance
 @pytest.mark.parametrize(
     ("edit", "fails"),
     [
@@ -182,6 +186,7 @@ def test_nope_temperature_and_the_qk_l2_norm_read_and_prove():
     assert spec_from_hf_config(written) == spec
 
 
+@pytest.mark.acceptance
 @pytest.mark.parametrize(
     ("edit", "fails"),
     [
@@ -205,6 +210,7 @@ def test_each_part_of_llama4_attention_is_needed_by_its_proof(edit, fails):
             family.prove(_edited(spec, edit))
 
 
+@pytest.mark.acceptance
 @pytest.mark.parametrize(
     ("fragment", "right", "wrong", "fails"),
     [
@@ -237,6 +243,15 @@ def test_a_fault_in_the_generated_attention_fails_the_proof(
     # The spec's values are read from the checkpoint's config (floor_scale,
     # no_rope_layers: preflight compares them with the spec); what the proof
     # checks is the code, here each fragment with one fault put in.
+    _with_fault(monkeypatch, fragment, right, wrong)
+    config = nope_config()
+    with pytest.raises(ProofFailed, match=fails):
+        prove_spec(spec_from_hf_config(config), config)
+
+
+def _with_fault(monkeypatch, fragment: str, right: str, wrong: str) -> None:
+    """Render ``fragment`` with ``right`` replaced by ``wrong`` (for the rest of
+    the test)."""
     import jinja2
 
     from onboard import templating
@@ -244,28 +259,105 @@ def test_a_fault_in_the_generated_attention_fails_the_proof(
     source = (templating.TEMPLATES / fragment).read_text()
     assert right in source
     env = templating.environment()
-    monkeypatch.setattr(
-        env,
-        "loader",
-        jinja2.ChoiceLoader(
-            [jinja2.DictLoader({fragment: source.replace(right, wrong)}), env.loader]
-        ),
-    )
-    env.cache.clear()
-    config = nope_config()
+    faulty = jinja2.DictLoader({fragment: source.replace(right, wrong)})
+    monkeypatch.setattr(env, "loader", jinja2.ChoiceLoader([faulty, env.loader]))
+    # A cache of the test's own: the faulty fragment is not kept past it.
+    monkeypatch.setattr(env, "cache", jinja2.utils.LRUCache(400))
+
+
+def chunked_config(**over) -> dict:
+    """As :func:`nope_config`, the rope layers attending in chunks of 8 (the
+    proof's 24 tokens cross two chunk boundaries): Llama-4's text model whole."""
+    return nope_config(layer_types=None, attention_chunk_size=8, **over)
+
+
+def test_chunked_attention_reads_and_proves():
+    config = chunked_config()
+    assert config["layer_types"] == ["chunked_attention"] * 3 + ["full_attention"]
     spec = spec_from_hf_config(config)
-    try:
-        with pytest.raises(ProofFailed, match=fails):
-            prove_spec(spec, config)
-    finally:
-        env.cache.clear()
+    assert spec.attention.chunk_size == 8
+    assert spec.layer_attention_types() == ["full_attention"] * N_LAYERS
+    proof = prove_spec(spec, config)
+    assert proof.num_layers == 4
+    written = hf_config_from_spec(spec)
+    assert written["layer_types"] == config["layer_types"]
+    assert written["attention_chunk_size"] == 8
+    assert spec_from_hf_config(written) == spec
 
 
-def test_what_is_not_yet_expressible_is_refused():
-    # Chunked attention: transformers' class makes every rope layer a
-    # chunked_attention layer when the config lists no layer_types.
-    with pytest.raises(InputError, match="layer_types: only full_attention"):
-        spec_from_hf_config(llama4_config(layer_types=None))
+@pytest.mark.acceptance
+def test_without_its_chunks_the_proof_fails_at_the_first_layer():
+    config = chunked_config()
+    spec = spec_from_hf_config(config)
+    with family_model(spec, config) as family:
+        with pytest.raises(ProofFailed, match="first divergence: layer 0, attention"):
+            family.prove(
+                _edited(spec, lambda d: d["attention"].update(chunk_size=None))
+            )
+
+
+@pytest.mark.acceptance
+@pytest.mark.parametrize(
+    ("fragment", "right", "wrong", "fails"),
+    [
+        # The chunk boundary one token late.
+        (
+            "components/chunked_attention/hf_bias.py.j2",
+            "q_pos // self.chunk != k_pos // self.chunk",
+            "(q_pos - 1) // self.chunk != (k_pos - 1) // self.chunk",
+            "first divergence: layer 0, attention",
+        ),
+        # The NoPE layer chunked, the rope layers not.
+        (
+            "components/chunked_attention/hf_init.py.j2",
+            " if rope else None",
+            " if not rope else None",
+            "first divergence: layer 0, attention",
+        ),
+    ],
+)
+def test_a_fault_in_the_chunks_fails_the_proof(
+    monkeypatch, fragment, right, wrong, fails
+):
+    _with_fault(monkeypatch, fragment, right, wrong)
+    config = chunked_config()
+    with pytest.raises(ProofFailed, match=fails):
+        prove_spec(spec_from_hf_config(config), config)
+
+
+def test_chunked_layers_other_than_the_rope_layers_are_refused():
+    config = chunked_config()
+    config["layer_types"] = ["chunked_attention"] * 2 + ["full_attention"] * 2
+    with pytest.raises(InputError, match="are not the layers that rotate"):
+        spec_from_hf_config(config)
+
+
+def test_the_wrapper_is_refused_naming_its_lm_head():
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("llama4").to_dict()
+    with pytest.raises(InputError, match="lm_head under the wrapper"):
+        spec_from_hf_config(config)
+
+
+@pytest.mark.acceptance
+def test_the_published_scout_language_model_proves():
+    # Llama-4-Scout's text_config as published: every layer MoE, a NoPE layer
+    # in four, chunks of 8192 (shrunk to 16 for the proof's 24 tokens) and the
+    # temperature's floor_scale 8192 (shrunk to 4).
+    import json
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "published_configs"
+    published = json.loads(
+        (fixture / "meta-llama__Llama-4-Scout-17B-16E-Instruct.json").read_text()
+    )
+    config = {**published["text_config"], "architectures": ["Llama4ForCausalLM"]}
+    spec = spec_from_hf_config(config)
+    assert spec.attention.chunk_size == 8192
+    assert spec.rope.nope_layers == list(range(3, 48, 4))
+    assert all(spec.is_moe_layer(i) for i in range(48))
+    prove_spec(spec, config)
 
 
 def test_llama4_attention_rules():
@@ -300,7 +392,7 @@ def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
     from onboard.generate import generate_files
     from onboard.templating import RUFF_SETTINGS
 
-    spec = spec_from_hf_config(nope_config())
+    spec = spec_from_hf_config(chunked_config())
     files = generate_files(spec)
     rel = "plugin/onboard_plugin_llama4_text/llama4_text.py"
     source = files[rel]
@@ -320,6 +412,10 @@ def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
         "if config.use_qk_norm and use_rope",
         "q = self.qk_norm(q.float()).reshape(-1, self.q_size).to(q.dtype)",
         "use_rope=config.no_rope_layers[layer_idx] == 1,",
+        # the rope layers' chunked local attention, chosen as llama4.py does
+        "chunked = use_rope and config.attention_chunk_size",
+        "attn_cls = ChunkedLocalAttention if chunked else Attention",
+        "self.attn = attn_cls(",
     ):
         assert line in source, line
     path = tmp_path / "llama4_text.py"

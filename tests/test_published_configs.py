@@ -35,8 +35,9 @@ NAMES = sorted(
 
 # Published configs that stay refused, and what the refusal names.
 REFUSED = {
-    # chunked attention (its rope layers')
-    "meta-llama__Llama-4-Scout-17B-16E-Instruct": "chunked_attention",
+    # the wrapper keeps its language model's lm_head under language_model (its
+    # text_config alone proves: tests/test_llama4.py)
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": "lm_head under the wrapper",
     # long/short factors switched by sequence length
     "microsoft__Phi-3-mini-128k-instruct": "longrope",
     # two context lengths: transformers' class reads the first, vLLM the smaller

@@ -998,9 +998,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     ):
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
-    # The chunk of Llama-4's chunked_attention layers (layer_types): unused
-    # without one (transformers' class needs it set all the same).
-    r.get("attention_chunk_size")
+    _check_chunked(r, n_layers, rope["nope_layers"])
     sharing = _read_kv_sharing(r, n_layers)
     indexer = _read_indexer(r, n_layers)
     mla = {
@@ -1327,6 +1325,10 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
                 f"every layer, with index_topk set, got {_short(kinds)}"
             )
         kinds = None
+    if isinstance(kinds, list) and "chunked_attention" in kinds:
+        # Llama-4's chunked local attention (attention.chunk_size): its layers
+        # attend without a window.
+        kinds = ["full_attention" if k == "chunked_attention" else k for k in kinds]
     pattern = r.get("sliding_window_pattern")
     max_window_layers = r.get("max_window_layers")
     if window == 0 or use is False:
@@ -1395,6 +1397,25 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
     elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
+
+
+def _check_chunked(r: _Reader, n_layers: int, nope: list[int]) -> None:
+    """Llama-4's chunked_attention layers (attention.chunk_size, read by its
+    component) must be the layers that rotate, as vLLM's llama4.py chunks them."""
+    kinds = r.get("layer_types")
+    if not isinstance(kinds, list) or "chunked_attention" not in kinds:
+        return
+    chunked = [i for i, k in enumerate(kinds) if k == "chunked_attention"]
+    rotating = [i for i in range(n_layers) if i not in nope]
+    if chunked != rotating:
+        r.bad(
+            f"layer_types: the chunked_attention layers {_short(chunked)} are not "
+            f"the layers that rotate {_short(rotating)}: vLLM chunks the rope "
+            "layers (Llama-4), and no spec says other layers"
+        )
+    size = r.get("attention_chunk_size")
+    if not _is_int(size) or size < 1:
+        r.bad(f"attention_chunk_size={size!r}: chunked_attention layers need it")
 
 
 def _letter_kinds(pattern: str, n_layers: int) -> list[str] | None:
@@ -1944,7 +1965,22 @@ def _wrapped_text(
             f"model of model_type {inner!r}, which is not a family onboard proves "
             f"(docs/hf-mapping.md); a wrapper is read only around one that is{why}"
         )
+    if model_type in UNREAD_WRAPPERS:
+        raise InputError(
+            f"{source}: model_type {model_type!r}: a wrapper of a family onboard "
+            f"proves ({inner!r}), but {UNREAD_WRAPPERS[model_type]}; its "
+            f"text_config alone, as a {inner!r} config.json, is read and proven"
+        )
     return inner, {**text, "model_type": inner}
+
+
+# Wrappers around a family onboard proves whose checkpoint form is not yet
+# expressible, and why.
+UNREAD_WRAPPERS: dict[str, str] = {
+    "llama4": "its checkpoint keeps the language model's lm_head under the "
+    "wrapper (language_model.lm_head beside language_model.model), and "
+    "checkpoint.language_model_prefix keeps lm_head at the top",
+}
 
 
 def _wrapper_spec(
@@ -2184,6 +2220,12 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()
+        if att.chunk_size is not None:
+            # Llama-4's: the rope layers attend within chunks.
+            c["layer_types"] = [
+                "chunked_attention" if spec.uses_rope(i) else kind
+                for i, kind in enumerate(c["layer_types"])
+            ]
         if att.sliding_window_pattern is not None:
             c["sliding_window_pattern"] = att.sliding_window_pattern
     if att.kv_sharing:

@@ -54,6 +54,7 @@ from onboard.spec.rules import check_rules
 TINY_VOCAB = 512
 TINY_MAX_POSITIONS = 2048
 TINY_SLIDING_WINDOW = 16
+TINY_FLOOR_SCALE = 4  # Llama-4's NoPE temperature steps every 4 positions
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
 TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
@@ -117,6 +118,13 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
             att["head_dim"] = head_dim
         if att["sliding_window"] is not None:
             att["sliding_window"] = min(att["sliding_window"], TINY_SLIDING_WINDOW)
+        if att["chunk_size"] is not None:
+            # Llama-4's chunks: a proof's 24 tokens cross one.
+            att["chunk_size"] = min(att["chunk_size"], TINY_SLIDING_WINDOW)
+        if att["nope_temperature"] is not None:
+            # Llama-4's temperature: steps a proof's 24 positions reach.
+            temp = att["nope_temperature"]
+            temp["floor_scale"] = min(temp["floor_scale"], TINY_FLOOR_SCALE)
 
     lin = spec.linear_attention
     if lin is not None:
