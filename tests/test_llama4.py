@@ -343,7 +343,7 @@ def test_the_wrapper_is_refused_naming_its_lm_head():
 @pytest.mark.acceptance
 def test_the_published_scout_language_model_proves():
     # Llama-4-Scout's text_config as published: every layer MoE, a NoPE layer
-    # in four, chunks of 8192 (shrunk to 16 for the proof's 24 tokens) and the
+    # in four, chunks of 8192 (shrunk to 128, the proof runs 152 tokens) and the
     # temperature's floor_scale 8192 (shrunk to 4).
     import json
     from pathlib import Path
@@ -357,6 +357,9 @@ def test_the_published_scout_language_model_proves():
     assert spec.attention.chunk_size == 8192
     assert spec.rope.nope_layers == list(range(3, 48, 4))
     assert all(spec.is_moe_layer(i) for i in range(48))
+    from onboard.reference.prove import proof_tokens
+
+    assert proof_tokens(spec) == 128 + 24  # past the tiny model's first chunk
     prove_spec(spec, config)
 
 
@@ -436,3 +439,57 @@ def test_the_generated_vllm_model_reads_like_vllm_s_llama4(tmp_path):
     assert "x[token] * weights[token, slot, None] @ experts.gate_up_proj[e]" in (
         modeling
     )
+
+
+@pytest.mark.engine
+@pytest.mark.acceptance
+def test_the_generated_model_runs_on_the_cpu_engine_as_transformers(tmp_path):
+    # Llama-4's text model whole, with chunks of 128 (the multiple of its KV
+    # block vLLM's CPU attention takes): the generated plugin on the engine
+    # (ChunkedLocalAttention on the rope layers) against Llama4ForCausalLM,
+    # and the engine's per-layer cache kinds against the plan's.
+    import json
+    import subprocess
+
+    from test_spec_hf import ONBOARD
+
+    (tmp_path / "hf").mkdir()
+    config = chunked_config()
+    config["attention_chunk_size"] = 128
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    spec = tmp_path / "spec.yaml"
+
+    def cli(*args, timeout=120):
+        done = subprocess.run(
+            [str(ONBOARD), *map(str, args)], capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+        return done
+
+    assert cli("spec", "from-hf", tmp_path / "hf", "-o", spec).returncode == 0
+    ckpt = tmp_path / "ckpt"
+    assert cli("checkpoint", "tiny", spec, "--out", ckpt).returncode == 0
+    out = tmp_path / "val"
+    done = cli(
+        "validate", ckpt, "--spec", ckpt / "spec.yaml", "--target", "cpu",
+        "--out", out, "--checks", "accuracy,kv-cache", timeout=1500,
+    )  # fmt: skip
+    result = json.loads((out / "validation.json").read_text())
+    checks = {c["name"]: c for c in result["checks"]}
+    assert result["vllm_model_class"].startswith("onboard_plugin_llama4_text.")
+    assert checks["accuracy"]["status"] == "passed", checks["accuracy"]["details"]
+    assert checks["kv-cache"]["status"] == "passed", checks["kv-cache"]["details"]
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_chunk_the_cpu_engine_cannot_run_is_named_by_spec_check():
+    from onboard.targets.check import target_findings
+
+    spec = spec_from_hf_config(chunked_config())  # chunks of 8
+    findings = [f for f in target_findings(spec) if f.path[-1] == "chunk_size"]
+    assert len(findings) == 1
+    assert "is not divisible by block_size 128" in findings[0].message
+    config = chunked_config()
+    config["attention_chunk_size"] = 256
+    spec = spec_from_hf_config(config)
+    assert not [f for f in target_findings(spec) if f.path[-1] == "chunk_size"]

@@ -40,6 +40,13 @@ _SINK_STD = 1.0  # attention sinks, of the order of the attention scores' spread
 _WEIGHT_STD = 0.02  # weights left at zero (transformers' usual initializer_range)
 
 
+def proof_tokens(spec: ModelSpec) -> int:
+    """Tokens per prompt of the proof: :data:`SEQ`, or past the first chunk
+    boundary of the shrunk model's chunked attention (Llama-4's)."""
+    chunk = shrink_spec(spec).attention.chunk_size
+    return SEQ if chunk is None else max(SEQ, chunk + SEQ)
+
+
 class ProofFailed(InputError):
     """The generated reference does not compute what transformers computes."""
 
@@ -145,7 +152,10 @@ def family_model(
     _randomise(model)
     model_class = type(model).__name__
     ids = torch.randint(
-        0, int(text.vocab_size), (2, SEQ), generator=torch.Generator().manual_seed(1)
+        0,
+        int(text.vocab_size),
+        (2, proof_tokens(spec)),
+        generator=torch.Generator().manual_seed(1),
     )
     their_layers = _layers_path(model, prefix)
     try:
