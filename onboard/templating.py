@@ -109,6 +109,10 @@ IMPORTS: dict[str, tuple[str, str | None]] = {
         )
     },
     "MLAAttention": ("vllm.model_executor.layers.attention", "MLAAttention"),
+    "ChunkedLocalAttention": (
+        "vllm.model_executor.layers.attention",
+        "ChunkedLocalAttention",
+    ),
     "MLAModules": ("vllm.model_executor.layers.mla", "MLAModules"),
     "MultiHeadLatentAttentionWrapper": (
         "vllm.model_executor.layers.mla",

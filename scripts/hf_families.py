@@ -88,6 +88,9 @@ FAMILY_SMALL: dict[str, dict] = {
             "full_attention",
         ]
     },
+    # Llama-4's router weighs each expert's input, which vLLM's fused MoE does
+    # for top-1 routing only (Llama-4's own).
+    "llama4_text": {"num_experts_per_tok": 1},
     # Mistral-4's rope with a short original context, so that its query scaling
     # (llama_4_scaling_beta) grows past 64 tokens; vLLM's yarn rope caches
     # original x factor positions (256), which the validation's tokens fit in.

@@ -872,11 +872,13 @@ def test_cli_from_hf_writes_a_spec_that_checks(tmp_path):
             "attention.logit_softcap: the config says 3.0, but transformers' "
             "DeepseekV3Config (deepseek_v3) computes None",
         ),
-        # A multimodal wrapper is read around a language model onboard proves.
+        # A wrapper around a language model onboard proves, whose checkpoint
+        # form is not expressible, is refused naming why.
         (
             json.dumps(AutoConfig.for_model("llama4").to_dict()),
-            "text_config: model_type 'llama4' wraps a language model of model_type "
-            "'llama4_text', which is not a family onboard proves",
+            "model_type 'llama4': a wrapper of a family onboard proves "
+            "('llama4_text'), but its checkpoint keeps the language model's "
+            "lm_head under the wrapper",
         ),
     ],
 )

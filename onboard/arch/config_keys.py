@@ -73,12 +73,33 @@ def unset_keys(spec: ModelSpec) -> frozenset[str]:
     return frozenset(keys)
 
 
+def _key_means(spec: ModelSpec) -> dict[str, str]:
+    """Keys the spec's family gives another concept than the alias table does
+    (Llama-4's use_qk_norm: its weightless q/k norm)."""
+    from onboard.spec.hf import FAMILIES, KEY_MEANS, text_model_type, transformers_knows
+
+    model_type = spec.model_type
+    if spec.checkpoint.language_model_prefix is not None:
+        model_type = text_model_type(model_type) or model_type
+    family = FAMILIES.get(model_type)
+    if family is None or not transformers_knows(model_type):
+        return {}
+    return dict(family.facts.get(KEY_MEANS, {}))
+
+
 class ConfigKeys:
     """Resolves concepts to the config attribute names of one spec's HF config."""
 
     def __init__(self, spec: ModelSpec, hf: Mapping[str, Any] | None = None):
         self.spec = spec
         self.hf = dict(hf) if hf is not None else _hf_config(spec)
+        self.means = _key_means(spec)
+
+    def _keys(self, concept: str) -> tuple[str, ...]:
+        """The keys ``concept`` may be read from in this family: its aliases but
+        those the family gives another meaning, and those it gives this one."""
+        own = tuple(k for k, c in self.means.items() if c == concept)
+        return own + tuple(k for k in read_keys(concept) if k not in self.means)
 
     def find(
         self,
@@ -87,7 +108,7 @@ class ConfigKeys:
         check: Callable[[Any], bool] | None = None,
     ) -> str | None:
         """The first alias present in the config (whose value matches), or None."""
-        for name in read_keys(concept):
+        for name in self._keys(concept):
             if name not in self.hf or self.hf[name] is None:
                 continue
             got = self.hf[name]
@@ -107,6 +128,10 @@ class ConfigKeys:
         name = self.find("mlp_layer_types", check=lambda v: isinstance(v, list))
         if name is not None:
             return [f'config.{name}[{var}] == "sparse"']
+        name = self.find("moe_layers", check=lambda v: isinstance(v, list))
+        if name is not None:
+            # Llama-4's class lists them (filled from its step where not given).
+            return [f"{var} in config.{name}"]
         terms = []
         if (name := self.find("first_k_dense_replace", check=_is_int)) is not None:
             terms.append(f"{var} >= config.{name}")
@@ -119,6 +144,15 @@ class ConfigKeys:
         if name is not None:
             terms.append(f"{var} not in config.{name}")
         return terms
+
+    def dense_width(self) -> str:
+        """The key of the dense layers' width: Llama-4's intermediate_size_mlp
+        where the config has it (its intermediate_size is the experts'), else
+        intermediate_size."""
+        value = self.spec.mlp.intermediate_size
+        return self.find("intermediate_size_mlp", value) or self.need(
+            "intermediate_size", value
+        )
 
     def rope_layer_expr(self, var: str) -> str | None:
         """An expression (of ``config`` and the layer index ``var``) true on the
@@ -162,7 +196,7 @@ class ConfigKeys:
         """Like :meth:`find`, but the concept must be in the config."""
         name = self.find(concept, value, check)
         if name is None:
-            present = [a for a in read_keys(concept) if a in self.hf]
+            present = [a for a in self._keys(concept) if a in self.hf]
             detail = (
                 f"; {', '.join(f'{a}={self.hf[a]!r}' for a in present)} "
                 f"does not match the spec's {value!r}"
@@ -172,7 +206,7 @@ class ConfigKeys:
             raise GenerationError(
                 f"{self.spec.name}: the Hugging Face config written for this spec "
                 f"has no field for {concept} (looked for "
-                f"{', '.join(read_keys(concept))}){detail}; the generated files read "
+                f"{', '.join(self._keys(concept))}){detail}; the generated files read "
                 "its dimensions from config.json, so the config writer "
                 "(onboard.spec.hf) and the generator must agree"
             )

@@ -26,7 +26,12 @@ from onboard.arch.config_keys import ConfigKeys
 from onboard.components import present
 from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
 from onboard.spec.model import ModelSpec
-from onboard.spec.module_tree import gpt_oss_experts, parameter_experts, used_roles
+from onboard.spec.module_tree import (
+    gpt_oss_experts,
+    parameter_experts,
+    transposed_experts,
+    used_roles,
+)
 from onboard.templating import GenerationError
 
 T = TypeVar("T")
@@ -233,6 +238,8 @@ class Router:
     routed_scaling_factor: float
     # A bias on the router's logits, before the top-k (gpt-oss).
     bias: bool = False
+    # The routing weight scales each chosen expert's input (Llama-4).
+    weight_on_input: bool = False
 
     @property
     def grouped(self) -> bool:
@@ -272,6 +279,9 @@ class MoEMLP:
     # Stacked as `stacked`, as parameters of one module named after the roles
     # (checkpoint.experts_format parameters: Mistral-4).
     parameters_format: bool = False
+    # ... input dim first (checkpoint.experts_format parameters_transposed:
+    # Llama-4).
+    transposed: bool = False
 
     kind = "moe"
 
@@ -673,6 +683,7 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
             topk_groups=r.topk_groups,
             routed_scaling_factor=r.routed_scaling_factor,
             bias=r.bias,
+            weight_on_input=r.weight_on_input,
         ),
         activation=spec.activation,
         stacked="experts" in spec.checkpoint.fused,
@@ -683,4 +694,5 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
         else (moe.swiglu_alpha, moe.swiglu_limit),
         gpt_oss_format=gpt_oss_experts(spec),
         parameters_format=parameter_experts(spec),
+        transposed=transposed_experts(spec),
     )

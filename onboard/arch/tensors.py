@@ -245,10 +245,13 @@ def _moe_tensors(
     elif m.stacked:
         # All experts of the layer stacked; each expert's gate rows, then its up rows
         # (experts_format parameters: as parameters of one module).
+        # (experts_format parameters_transposed: input dim first).
         for role, shape in (
             ("experts_gate_up_proj", (m.num_experts, 2 * width, h)),
             ("experts_down_proj", (m.num_experts, h, width)),
         ):
+            if m.transposed:
+                shape = (shape[0], shape[2], shape[1])
             if m.parameters_format:
                 add(role, shape, suffix=gpt_oss_param(role))
             else:

@@ -407,6 +407,9 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if plan.spec.checkpoint.experts_format == "parameters":
             both = (f"2 × {ei[0]}", 2 * ei[1])
             return {"gate_up_proj": [ne, both, h], "down_proj": [ne, h, ei]}.get(param)
+        if plan.spec.checkpoint.experts_format == "parameters_transposed":
+            both = (f"2 × {ei[0]}", 2 * ei[1])
+            return {"gate_up_proj": [ne, h, both], "down_proj": [ne, ei, h]}.get(param)
         return _gpt_oss_dims(h, ne, ei, param)
     for name, r in components.roles().items():
         if r.dims:

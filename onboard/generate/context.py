@@ -36,7 +36,11 @@ from onboard.spec.layouts import (
     linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.spec.module_tree import gpt_oss_experts, parameter_experts
+from onboard.spec.module_tree import (
+    gpt_oss_experts,
+    parameter_experts,
+    transposed_experts,
+)
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.spec.rules import KDA_OUTPUT_NORM_EPS
 from onboard.templating import py_str
@@ -910,9 +914,7 @@ def _model_config_keys(
         cfg["kv_sharing"] = _kv_sharing_field(spec, f)
     if arch.has_dense:
         assert spec.mlp.intermediate_size is not None
-        cfg["intermediate_size"] = f.need(
-            "intermediate_size", spec.mlp.intermediate_size
-        )
+        cfg["intermediate_size"] = f.dense_width()
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
     cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
@@ -991,6 +993,10 @@ def _moe_context(
         "layer_expr": _moe_layer_expr(spec, arch, f),
         "scoring": router.scoring,
         "renormalize": router.norm_topk_prob,
+        # The routing weight scales the expert's input (Llama-4), and the
+        # stacked experts are stored input dim first.
+        "weight_on_input": router.weight_on_input,
+        "transposed": transposed_experts(spec),
         "bias_correction": router.bias_correction,
         # The module that holds the bias in the generated block, and whether the
         # checkpoint stores it as [1, num_experts].

@@ -26,6 +26,7 @@ from onboard.spec.module_tree import (
     module_names,
     parameter_experts,
     router_bias_at,
+    transposed_experts,
 )
 
 # config.json keys PretrainedConfig handles itself, so not fields of ours.
@@ -174,7 +175,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["o_bias"] = keys.find("o_bias", att.o_bias)
     c.update(_gemma_keys(keys, f))
     if f["dense"]:
-        c["inter"] = keys.need("intermediate_size")
+        c["inter"] = keys.dense_width()
 
     per_layer: dict[str, Any] = {}
     if f["sliding"]:
@@ -387,6 +388,8 @@ def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
         "gpt_oss_experts": gpt_oss_experts(spec),
         # Stacked, output dim first, as parameters of one module (Mistral-4).
         "parameter_experts": parameter_experts(spec),
+        "transposed_experts": transposed_experts(spec),
+        "weight_on_input": moe is not None and moe.router.weight_on_input,
         "expert_bias": moe is not None and moe.expert_bias,
         "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
         "scoring": moe.router.scoring if moe else None,
@@ -758,6 +761,8 @@ def _router_doc(f: dict[str, Any]) -> str:
         doc += " The top-k weights are renormalised to sum to one."
     if f["scaled"]:
         doc += " The weights are multiplied by routed_scaling_factor."
+    if f["weight_on_input"]:
+        doc += " Each chosen expert's weight scales the expert's input, not its output."
     return doc
 
 

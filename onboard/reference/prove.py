@@ -40,6 +40,13 @@ _SINK_STD = 1.0  # attention sinks, of the order of the attention scores' spread
 _WEIGHT_STD = 0.02  # weights left at zero (transformers' usual initializer_range)
 
 
+def proof_tokens(spec: ModelSpec) -> int:
+    """Tokens per prompt of the proof: :data:`SEQ`, or past the first chunk
+    boundary of the shrunk model's chunked attention (Llama-4's)."""
+    chunk = shrink_spec(spec).attention.chunk_size
+    return SEQ if chunk is None else max(SEQ, chunk + SEQ)
+
+
 class ProofFailed(InputError):
     """The generated reference does not compute what transformers computes."""
 
@@ -145,9 +152,12 @@ def family_model(
     _randomise(model)
     model_class = type(model).__name__
     ids = torch.randint(
-        0, int(text.vocab_size), (2, SEQ), generator=torch.Generator().manual_seed(1)
+        0,
+        int(text.vocab_size),
+        (2, proof_tokens(spec)),
+        generator=torch.Generator().manual_seed(1),
     )
-    their_layers = f"{prefix or model.base_model_prefix}.layers"
+    their_layers = _layers_path(model, prefix)
     try:
         with torch.no_grad(), _capture(model, their_layers, "self_attn") as want:
             logits = model.eval()(ids).logits
@@ -487,6 +497,21 @@ def _randomise(model) -> None:
                 tensor.copy_(noise * _BIAS_STD)
             elif tensor.ndim >= 2 and tensor.is_floating_point() and not tensor.any():
                 tensor.copy_(noise * _WEIGHT_STD)
+
+
+def _layers_path(model, prefix: str | None) -> str:
+    """Where the decoder layers of transformers' ``model`` are: under the
+    wrapper's language model, the base model prefix, or ``model`` (Llama-4's
+    causal LM names its prefix language_model but keeps them under model)."""
+    for base in (prefix, model.base_model_prefix, "model"):
+        if base is None:
+            continue
+        try:
+            model.get_submodule(f"{base}.layers")
+        except AttributeError:
+            continue
+        return f"{base}.layers"
+    return f"{prefix or model.base_model_prefix}.layers"
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onboard.arch import KimiDeltaAttention, build_plan
+from onboard.components.chunked_attention import Chunked
 from onboard.spec.model import ModelSpec
 
 KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
@@ -43,11 +44,13 @@ KV_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 @dataclass(frozen=True)
 class KVLayer:
     index: int
-    kind: str  # "full", "sliding", "mla", or "indexer" (the index keys alone)
+    # "full", "sliding", "chunked" (Llama-4's chunks), "mla", or "indexer" (the
+    # index keys alone)
+    kind: str
     # 0 when the layer reads another layer's cache (but a sparse-MLA layer's own
     # index keys, kind "indexer")
     bytes_per_token: int
-    window: int | None = None  # sliding layers
+    window: int | None = None  # sliding layers; a chunked layer's chunk
     shares: int | None = None  # the layer whose cache this one reads
 
     def tokens(self, context: int) -> int:
@@ -223,8 +226,14 @@ def kv_report(
     for layer in arch.layers:
         if layer.mixer.linear:
             continue
+        window = layer.mixer.window
+        chunk = layer.mixer.part(Chunked)
         if layer.mixer.kind == "mla":
             kind = "mla"
+        elif chunk is not None and layer.mixer.rope:
+            # Llama-4's chunked local attention: a chunk's worth of tokens
+            # (vLLM's ChunkedLocalAttentionSpec).
+            kind, window = "chunked", chunk.chunk_size
         else:
             kind = "sliding" if layer.mixer.sliding else "full"
         shared = layer.mixer.kv_source is not None
@@ -235,7 +244,7 @@ def kv_report(
                 index=layer.index,
                 kind=kind,
                 bytes_per_token=index if shared else per_layer,
-                window=layer.mixer.window,
+                window=window,
                 shares=layer.mixer.kv_source,
             )
         )

@@ -51,6 +51,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "rope_interleave": ("rope_interleave",),
     "no_rope_layers": ("no_rope_layers",),  # per layer: 1 rotates, 0 is NoPE
     "no_rope_layer_interval": ("no_rope_layer_interval",),  # SmolLM3's default
+    # Llama-4: the chunk of its chunked_attention layers
+    "attention_chunk_size": ("attention_chunk_size",),
     "sliding_window": ("sliding_window",),
     "use_sliding_window": ("use_sliding_window",),
     "layer_types": ("layer_types",),
@@ -90,6 +92,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "indexer_types": ("indexer_types",),
     # MLP and mixture of experts
     "intermediate_size": ("intermediate_size",),
+    # Llama-4: the dense layers' width, where intermediate_size is the experts'
+    "intermediate_size_mlp": ("intermediate_size_mlp",),
     "n_routed_experts": (
         "n_routed_experts",
         "num_experts",
@@ -115,7 +119,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "shared_expert_gate": ("shared_expert_gate",),
     "first_k_dense_replace": ("first_k_dense_replace", "moe_layer_start_index"),
     # MoE when (i + 1) % N == 0
-    "decoder_sparse_step": ("decoder_sparse_step", "moe_layer_interval"),
+    "decoder_sparse_step": (
+        "decoder_sparse_step",
+        "moe_layer_interval",
+        "interleave_moe_layer_step",  # Llama-4
+    ),
+    "moe_layers": ("moe_layers",),  # Llama-4: the MoE layers, listed
     "moe_layer_freq": ("moe_layer_freq",),  # DeepSeek: MoE when i % N == 0
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
@@ -127,6 +136,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "topk_group": ("topk_group",),
     "routed_scaling_factor": ("routed_scaling_factor",),
     "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
+    # the routing weight scales the expert's input (Llama-4)
+    "moe_router_weight_on_input": ("moe_router_weight_on_input",),
     "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
     "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
     "swiglu_limit": ("swiglu_limit",),

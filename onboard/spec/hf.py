@@ -86,6 +86,9 @@ ACCEPTED: dict[str, str] = {
     # qwen3_next_mtp.py loads.
     "mtp_num_hidden_layers": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
     "mtp_use_dedicated_embeddings": _MTP_UNUSED.format("Qwen's MTP head (mtp.*)"),
+    # Llama-4's: read by neither transformers' nor vLLM's Llama-4 model (older
+    # transformers built the experts unstacked for llm-compressor with it).
+    "for_llm_compressor": "llm-compressor's bookkeeping; no model reads it",
 }
 
 
@@ -293,6 +296,13 @@ TOPK_METHODS = "topk_methods"
 # position). A language model's positions are the same on all three, so it is
 # the plain rope: those keys change nothing (Qwen3.5).
 TEXT_MROPE = "text_mrope"
+# A family fact: config keys that mean another concept in this family than the
+# alias table's (Llama-4's use_qk_norm is its weightless L2 norm on the rope
+# layers, not Qwen3's q/k norms): key -> concept.
+KEY_MEANS = "key_means"
+# A family fact: concepts its config class defaults on, written off where the
+# spec lacks them (Llama-4's attn_temperature_tuning and use_qk_norm).
+WRITTEN_OFF = "written_off"
 
 
 @dataclass(frozen=True)
@@ -501,6 +511,42 @@ FAMILIES: dict[str, Family] = {
         "granite",
         {"norm_topk_prob": True},
         checkpoint={"fused": ["shared_gate_up_proj", "experts"]},
+    ),
+    # Llama-4's language model: complex-number (interleaved) rope; MoE layers
+    # (moe_layers, interleave_moe_layer_step) beside dense ones of their own
+    # width (intermediate_size_mlp; intermediate_size is the experts'); a router
+    # whose sigmoid of the top-1 logit scales the expert's input, and one shared
+    # expert of the experts' width; the experts stacked as two parameters of one
+    # module, input dim first; every MLP under feed_forward.
+    "llama4_text": Family(
+        "llama",
+        {
+            "rope_interleave": True,
+            "scoring_func": "sigmoid",
+            "norm_topk_prob": False,
+            "moe_router_weight_on_input": True,
+            "n_shared_experts": 1,
+            KEY_MEANS: {"use_qk_norm": "qk_l2_norm"},
+            WRITTEN_OFF: ("qk_l2_norm", "attn_temperature_tuning"),
+        },
+        checkpoint={
+            "fused": ["experts"],
+            "experts_format": "parameters_transposed",
+            "tensor_names": {
+                role: f"model.layers.{{layer}}.feed_forward.{path}"
+                for role, path in (
+                    ("gate_proj", "gate_proj"),
+                    ("up_proj", "up_proj"),
+                    ("down_proj", "down_proj"),
+                    ("router", "router"),
+                    ("experts_gate_up_proj", "experts"),
+                    ("experts_down_proj", "experts"),
+                    ("shared_gate_proj", "shared_expert.gate_proj"),
+                    ("shared_up_proj", "shared_expert.up_proj"),
+                    ("shared_down_proj", "shared_expert.down_proj"),
+                )
+            },
+        },
     ),
     # Kimi delta attention layers between MLA layers without rope; DeepSeek-V3's
     # MoE (sigmoid scores, bias correction, a shared expert). transformers saves
@@ -774,6 +820,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
             norm_topk_prob=moe.router.norm_topk_prob,
             moe_router_bias=moe.router.bias,
             moe_expert_bias=moe.expert_bias,
+            moe_router_weight_on_input=moe.router.weight_on_input,
         )
     for component in components.every():
         values.update(component.facts(spec))
@@ -814,7 +861,9 @@ class _Reader:
         self.problems: list[str] = []
 
     def get(self, concept: str, default: Any = None) -> Any:
-        keys = [k for k in self.aliases[concept] if k in self.cfg]
+        means = self.facts.get(KEY_MEANS, {})
+        keys = [k for k in self.aliases[concept] if k in self.cfg and k not in means]
+        keys += [k for k, c in means.items() if c == concept and k in self.cfg]
         self.used.update(keys)
         if self.fixed and concept in self.facts:
             return self.facts[concept]
@@ -973,6 +1022,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     ):
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
+    _check_chunked(r, n_layers, rope["nope_layers"])
     sharing = _read_kv_sharing(r, n_layers)
     indexer = _read_indexer(r, n_layers)
     mla = {
@@ -1299,6 +1349,10 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
                 f"every layer, with index_topk set, got {_short(kinds)}"
             )
         kinds = None
+    if isinstance(kinds, list) and "chunked_attention" in kinds:
+        # Llama-4's chunked local attention (attention.chunk_size): its layers
+        # attend without a window.
+        kinds = ["full_attention" if k == "chunked_attention" else k for k in kinds]
     pattern = r.get("sliding_window_pattern")
     max_window_layers = r.get("max_window_layers")
     if window == 0 or use is False:
@@ -1367,6 +1421,25 @@ def _read_windows(r: _Reader, n_layers: int) -> dict[str, Any]:
     elif kinds is not None and {"full_attention", "linear_attention"} & set(kinds):
         out["layer_types"] = kinds
     return out
+
+
+def _check_chunked(r: _Reader, n_layers: int, nope: list[int]) -> None:
+    """Llama-4's chunked_attention layers (attention.chunk_size, read by its
+    component) must be the layers that rotate, as vLLM's llama4.py chunks them."""
+    kinds = r.get("layer_types")
+    if not isinstance(kinds, list) or "chunked_attention" not in kinds:
+        return
+    chunked = [i for i, k in enumerate(kinds) if k == "chunked_attention"]
+    rotating = [i for i in range(n_layers) if i not in nope]
+    if chunked != rotating:
+        r.bad(
+            f"layer_types: the chunked_attention layers {_short(chunked)} are not "
+            f"the layers that rotate {_short(rotating)}: vLLM chunks the rope "
+            "layers (Llama-4), and no spec says other layers"
+        )
+    size = r.get("attention_chunk_size")
+    if not _is_int(size) or size < 1:
+        r.bad(f"attention_chunk_size={size!r}: chunked_attention layers need it")
 
 
 def _letter_kinds(pattern: str, n_layers: int) -> list[str] | None:
@@ -1447,8 +1520,12 @@ def _read_kv_sharing(r: _Reader, n_layers: int) -> dict[int, int]:
 
 def _read_mlp(r: _Reader, n_layers: int) -> dict:
     dense_size = r.get("intermediate_size")
+    # Llama-4: the dense layers' own width; intermediate_size is the experts'.
+    dense_mlp = r.get("intermediate_size_mlp")
     experts = r.get("n_routed_experts")
     moe_keys = (
+        "moe_layers",
+        "moe_router_weight_on_input",
         "num_experts_per_tok",
         "moe_intermediate_size",
         "n_shared_experts",
@@ -1474,7 +1551,7 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
     if not experts:
         for key in moe_keys:  # a dense model: MoE keys (class defaults) mean nothing
             r.get(key)
-        return {"intermediate_size": dense_size}
+        return {"intermediate_size": dense_mlp if dense_mlp is not None else dense_size}
     expert_size = r.get("moe_intermediate_size")
     first_k = r.count("first_k_dense_replace", 0, minimum=0)
     step = r.count("decoder_sparse_step", 1, minimum=1)
@@ -1502,7 +1579,11 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
                 i for i in range(last + 1, n_layers) if i not in dense_layers
             ]
     dense_layers += _dense_by_kind(r, n_layers, first_k, step, dense_layers)
-    if expert_size is None:
+    dense_layers += _dense_by_list(r, n_layers, first_k, step, dense_layers)
+    if expert_size is None and dense_mlp is not None:
+        # Llama-4: intermediate_size is the experts' width.
+        expert_size, dense_size = dense_size, dense_mlp
+    elif expert_size is None:
         # Mixtral: no expert-width key; the experts use intermediate_size.
         expert_size, dense_size = dense_size, None
         if first_k or dense_layers or step != 1:
@@ -1561,6 +1642,33 @@ def _dense_by_kind(
     return more
 
 
+def _dense_by_list(
+    r: _Reader, n_layers: int, first_k: int, step: int, dense: list[int]
+) -> list[int]:
+    """The layers Llama-4's ``moe_layers`` list leaves dense beyond the other
+    placement keys (its class fills the list from interleave_moe_layer_step); a
+    layer it lists must be MoE by them too."""
+    listed = r.get("moe_layers")
+    if listed is None:
+        return []
+    if not isinstance(listed, list) or not all(
+        _is_int(i) and 0 <= i < n_layers for i in listed
+    ):
+        r.bad(f"moe_layers={_short(listed)}: must list layer indices below {n_layers}")
+        return []
+    more = []
+    for i in range(n_layers):
+        moe = i >= first_k and (i + 1) % step == 0 and i not in dense
+        if moe and i not in listed:
+            more.append(i)
+        elif i in listed and not moe:
+            r.bad(
+                f"moe_layers lists layer {i}, but the other MoE placement keys "
+                "make that layer dense"
+            )
+    return more
+
+
 def _read_router(r: _Reader) -> dict:
     scoring = r.get("scoring_func", "softmax")
     if scoring not in ("softmax", "sigmoid"):
@@ -1594,6 +1702,7 @@ def _read_router(r: _Reader) -> dict:
         "topk_groups": topk_groups,
         "routed_scaling_factor": r.get("routed_scaling_factor", 1.0),
         "bias": bool(r.get("moe_router_bias", False)),
+        "weight_on_input": bool(r.get("moe_router_weight_on_input", False)),
     }
 
 
@@ -1764,6 +1873,21 @@ def _family_checkpoint(family: Family | None, data: dict) -> dict:
     )
     if not moe.get("num_shared_experts") and "fused" in out:
         out["fused"] = [f for f in out["fused"] if f != "shared_gate_up_proj"]
+    mtp = data.get("mtp") or {}
+    dense = (
+        not moe
+        or moe.get("first_k_dense")
+        or moe.get("layer_frequency", 1) != 1
+        or moe.get("dense_layers")
+        or mtp.get("mlp") == "dense"
+    )
+    if not dense and "tensor_names" in out:
+        # Every layer MoE (Llama-4 Scout): no dense MLP's names to give.
+        out["tensor_names"] = {
+            role: path
+            for role, path in out["tensor_names"].items()
+            if role not in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
+        }
     if moe.get("swiglu_limit") is not None and "experts_format" not in out:
         # Where the family does not say, experts with the clamped SwiGLU are
         # stacked as gpt-oss stores them: the one storage vLLM's swigluoai kernel
@@ -1866,7 +1990,22 @@ def _wrapped_text(
             f"model of model_type {inner!r}, which is not a family onboard proves "
             f"(docs/hf-mapping.md); a wrapper is read only around one that is{why}"
         )
+    if model_type in UNREAD_WRAPPERS:
+        raise InputError(
+            f"{source}: model_type {model_type!r}: a wrapper of a family onboard "
+            f"proves ({inner!r}), but {UNREAD_WRAPPERS[model_type]}; its "
+            f"text_config alone, as a {inner!r} config.json, is read and proven"
+        )
     return inner, {**text, "model_type": inner}
+
+
+# Wrappers around a family onboard proves whose checkpoint form is not yet
+# expressible, and why.
+UNREAD_WRAPPERS: dict[str, str] = {
+    "llama4": "its checkpoint keeps the language model's lm_head under the "
+    "wrapper (language_model.lm_head beside language_model.model), and "
+    "checkpoint.language_model_prefix keeps lm_head at the top",
+}
 
 
 def _wrapper_spec(
@@ -2106,6 +2245,12 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()
+        if att.chunk_size is not None:
+            # Llama-4's: the rope layers attend within chunks.
+            c["layer_types"] = [
+                "chunked_attention" if spec.uses_rope(i) else kind
+                for i, kind in enumerate(c["layer_types"])
+            ]
         if att.sliding_window_pattern is not None:
             c["sliding_window_pattern"] = att.sliding_window_pattern
     if att.kv_sharing:
@@ -2175,6 +2320,8 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         # Written only where set, so configs of specs without them are unchanged.
         if r.bias:
             c["moe_router_bias"] = True
+        if r.weight_on_input:
+            c["moe_router_weight_on_input"] = True
         if moe.expert_bias:
             c["moe_expert_bias"] = True
         if moe.swiglu_limit is not None:
@@ -2414,6 +2561,17 @@ def _write_known(
     if spec.mlp.moe is not None and not _key_for("moe_intermediate_size", known):
         # Mixtral-style: the experts' width is intermediate_size.
         concepts = {**concepts, "intermediate_size": concepts["moe_intermediate_size"]}
+        if _key_for("intermediate_size_mlp", known):
+            # Llama-4: the dense layers' width beside it (unused without one).
+            dense = spec.mlp.intermediate_size or spec.mlp.moe.expert_intermediate_size
+            concepts = {**concepts, "intermediate_size_mlp": dense}
+    if spec.mlp.moe is not None and _key_for("moe_layers", known):
+        # Llama-4's class reads the list (it fills it from the step otherwise).
+        n = spec.num_hidden_layers
+        concepts = {
+            **concepts,
+            "moe_layers": [i for i in range(n) if spec.is_moe_layer(i)],
+        }
     scaling = spec.rope.scaling
     if scaling is not None and _key_for("original_max_position_embeddings", known):
         # Phi-3's class keeps it beside rope_parameters, and its copy wins there.
@@ -2477,8 +2635,13 @@ def _write_known(
     if qkv is not None and not _key_for("qkv_bias", known):
         # Llama/Qwen3: all four; GLM: q/k/v only (o_proj's from its facts).
         concepts = {**concepts, "attention_bias": qkv}
+    means = family.facts.get(KEY_MEANS, {})
+    # A concept the spec leaves off, which the class defaults on.
+    concepts = {**dict.fromkeys(family.facts.get(WRITTEN_OFF, ()), False), **concepts}
     for concept, value in concepts.items():
-        key = _key_for(concept, known)
+        key = next((k for k, c in means.items() if c == concept), None)
+        if key is None and _key_for(concept, known) not in means:
+            key = _key_for(concept, known)
         if key is not None:
             kwargs[key] = value
         elif concept in family.vllm_keys:

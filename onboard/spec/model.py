@@ -449,6 +449,13 @@ class _RouterFields(_Section):
         "before the top-k: it changes which experts are chosen and their weights "
         "(gpt-oss; unlike bias_correction, which steers the choice only).",
     )
+    weight_on_input: bool = Field(
+        False,
+        description="Each chosen expert's routing weight scales the expert's "
+        "input instead of its output: expert(weight x) rather than weight "
+        "expert(x) (Llama-4; vLLM's apply_router_weight_on_input). Needs "
+        "num_experts_per_tok 1 and no renormalisation.",
+    )
 
 
 class Router(*section_fields("mlp.moe.router"), _RouterFields):
@@ -596,7 +603,9 @@ class Checkpoint(_Section):
         description="The router's e_score_correction_bias is stored as "
         "[1, num_experts] (ERNIE-4.5-MoE's `mlp.moe_statics`), not [num_experts].",
     )
-    experts_format: Literal["linear", "gpt_oss", "parameters"] = Field(
+    experts_format: Literal[
+        "linear", "gpt_oss", "parameters", "parameters_transposed"
+    ] = Field(
         "linear",
         description="With `experts` in `fused`, how the stacked experts are "
         "stored. `linear`: each stack is the `.weight` of its role's module, "
@@ -608,7 +617,11 @@ class Checkpoint(_Section):
         "mlp.moe.expert_bias `gate_up_proj_bias` [experts, 2 x width] and "
         "`down_proj_bias` [experts, hidden]. `parameters`: `linear`'s stacks as "
         "parameters of one module, named after the roles (`gate_up_proj`, "
-        "`down_proj`), as transformers' Mistral-4 stores them.",
+        "`down_proj`), as transformers' Mistral-4 stores them. "
+        "`parameters_transposed`: as `parameters`, input dim first: "
+        "`gate_up_proj` [experts, hidden, 2 x width] (each expert's gate columns, "
+        "then its up columns), `down_proj` [experts, width, hidden], as "
+        "transformers' Llama-4 stores them.",
     )
     language_model_prefix: (
         Annotated[str, Field(pattern=_MODULE_PATH, max_length=100)] | None

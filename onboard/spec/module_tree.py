@@ -227,9 +227,19 @@ def experts_in_one_module(spec: ModelSpec) -> bool:
 
 def parameter_experts(spec: ModelSpec) -> bool:
     """checkpoint.experts_format parameters: linear's stacks, output dim first,
-    as parameters of one module (Mistral-4)."""
+    as parameters of one module (Mistral-4); or parameters_transposed, the same
+    input dim first (Llama-4)."""
+    return experts_in_one_module(spec) and spec.checkpoint.experts_format in (
+        "parameters",
+        "parameters_transposed",
+    )
+
+
+def transposed_experts(spec: ModelSpec) -> bool:
+    """checkpoint.experts_format parameters_transposed: the stacks of one module's
+    parameters, input dim first (transformers' Llama-4)."""
     return experts_in_one_module(spec) and spec.checkpoint.experts_format == (
-        "parameters"
+        "parameters_transposed"
     )
 
 

@@ -28,7 +28,9 @@ One rule for every spec (documented in docs/checkpoints.md):
   most 2 with at most 2 value heads each, vocab to the bundled tokenizer's 512,
   max positions to at most 2048 (but not below a rope scaling's original
   length), the sliding window to at most 16 tokens (so it
-  cuts into a 64-token test).
+  cuts into a 64-token test), Llama-4's attention chunks to at most 128 tokens
+  (the smallest vLLM's CPU attention runs; the proof's prompts outgrow it) and
+  its NoPE temperature's floor_scale to at most 4.
 * **Layers** — a subset of the original layers that keeps every kind of layer the
   spec has (attention type, linear attention included, x dense/MoE x KV-shared x
   explicitly dense) and, per
@@ -54,6 +56,10 @@ from onboard.spec.rules import check_rules
 TINY_VOCAB = 512
 TINY_MAX_POSITIONS = 2048
 TINY_SLIDING_WINDOW = 16
+TINY_FLOOR_SCALE = 4  # Llama-4's NoPE temperature steps every 4 positions
+# Llama-4's attention chunks: vLLM's CPU attention takes a multiple of its
+# 128-token KV block only (onboard.components.chunked_attention.CPU_BLOCK).
+TINY_CHUNK = 128
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
 TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
@@ -117,6 +123,14 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
             att["head_dim"] = head_dim
         if att["sliding_window"] is not None:
             att["sliding_window"] = min(att["sliding_window"], TINY_SLIDING_WINDOW)
+        if att["chunk_size"] is not None:
+            # Llama-4's chunks: the smallest vLLM's CPU attention runs (the
+            # proof's prompts outgrow it: onboard.reference.prove).
+            att["chunk_size"] = min(att["chunk_size"], TINY_CHUNK)
+        if att["nope_temperature"] is not None:
+            # Llama-4's temperature: steps a proof's 24 positions reach.
+            temp = att["nope_temperature"]
+            temp["floor_scale"] = min(temp["floor_scale"], TINY_FLOOR_SCALE)
 
     lin = spec.linear_attention
     if lin is not None:

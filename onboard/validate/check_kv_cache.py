@@ -25,6 +25,7 @@ from onboard.validate.results import Check
 _SPEC_CLASS = {
     "full": "FullAttentionSpec",
     "sliding": "SlidingWindowSpec",
+    "chunked": "ChunkedLocalAttentionSpec",
     "mla": "MLAAttentionSpec",
 }
 _STATE_SPEC_CLASS = "MambaSpec"
