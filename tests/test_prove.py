@@ -523,7 +523,7 @@ def test_fused_experts_are_the_family_s_tensors(model_type):
 def test_fused_projections_are_found_and_proven(tmp_path):
     # Phi-3 stores q/k/v and gate/up each as one tensor; its config says nothing
     # of it (the tensors do). Its top-level original_max_position_embeddings only
-    # matters to a longrope scaling, which is refused by name. Partial rotary and
+    # matters to a longrope scaling (tests/test_longrope.py). Partial rotary and
     # a sliding window come from its config.
     from onboard.reference.infer import infer_spec
     from onboard.spec.hf import hf_config_from_spec, hf_fields
@@ -561,8 +561,12 @@ def test_fused_projections_are_found_and_proven(tmp_path):
             "original_max_position_embeddings": 128,
         },
     )
-    with pytest.raises(InputError, match="'longrope': Phi-3's long-context rope"):
-        spec_from_hf_config(longrope)
+    # With longrope, the top-level copy is its original context (Phi3Config's copy
+    # wins over the rope parameters'), and the factors are the spec's.
+    scaling = spec_from_hf_config(longrope).rope.scaling
+    assert scaling.type == "longrope"
+    assert scaling.original_max_position_embeddings == 128
+    assert scaling.short_factor == [1.0] * 4 and scaling.long_factor == [2.0] * 4
 
 
 @pytest.mark.parametrize("model_type", ["cohere", "cohere2"])
