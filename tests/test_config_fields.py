@@ -11,6 +11,7 @@ import vllm
 from onboard.arch import build_plan
 from onboard.arch.config_keys import MOE_FREQUENCY_RULES, ConfigKeys
 from onboard.generate.context import _moe_layer_expr
+from onboard.spec import load_spec
 from onboard.spec.config_aliases import ALIASES
 from onboard.spec.hf import (
     hf_config_from_spec,
@@ -19,6 +20,8 @@ from onboard.spec.hf import (
 )
 
 MODELS = Path(vllm.__file__).parent / "model_executor" / "models"
+# A family that gives no key another meaning: the keys read are the alias table's.
+DENSE = Path(__file__).parents[1] / "model_specs" / "dense-gqa.yaml"
 
 
 def _plan(expr: str, config: dict, n: int) -> list[bool]:
@@ -40,30 +43,34 @@ def test_each_frequency_field_keeps_its_familys_arithmetic():
         "moe_layer_freq": "layer_idx % config.{name} == 0",
     }
     # Two concepts, never aliases of each other (ERNIE-4.5's moe_layer_interval
-    # counts like Qwen's: its decoder layer tests (layer_idx + 1) % interval).
+    # counts like Qwen's: its decoder layer tests (layer_idx + 1) % interval;
     ernie = (MODELS / "ernie45_moe.py").read_text()
     assert "(layer_idx + 1) % moe_layer_interval == 0" in ernie
+    # Llama-4's interleave_moe_layer_step too.
+    llama4 = (MODELS / "llama4.py").read_text()
+    assert "(self.layer_idx + 1) % config.interleave_moe_layer_step == 0" in llama4
     assert ALIASES["decoder_sparse_step"] == (
         "decoder_sparse_step",
         "moe_layer_interval",
+        "interleave_moe_layer_step",
     )
     assert ALIASES["moe_layer_freq"] == ("moe_layer_freq",)
     # Each field the config carries is read, at 1 too (the config decides).
-    both = ConfigKeys(spec=None, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
+    dense = load_spec(DENSE)
+    both = ConfigKeys(dense, hf={"decoder_sparse_step": 1, "moe_layer_freq": 2})
     assert both.moe_layer_terms("layer_idx") == [
         "(layer_idx + 1) % config.decoder_sparse_step == 0",
         "layer_idx % config.moe_layer_freq == 0",
     ]
     assert both.need("decoder_sparse_step") == "decoder_sparse_step"
-    qwen_step = ConfigKeys(spec=None, hf={"decoder_sparse_step": 2})
+    qwen_step = ConfigKeys(dense, hf={"decoder_sparse_step": 2})
     assert qwen_step.moe_layer_terms("i") == [
         "(i + 1) % config.decoder_sparse_step == 0"
     ]
     assert qwen_step.find("moe_layer_freq") is None
     # A per-layer list decides alone where the config has one.
     kinds = ConfigKeys(
-        spec=None,
-        hf={"mlp_layer_types": ["dense", "sparse"], "first_k_dense_replace": 1},
+        dense, hf={"mlp_layer_types": ["dense", "sparse"], "first_k_dense_replace": 1}
     )
     assert kinds.moe_layer_terms("i") == ['config.mlp_layer_types[i] == "sparse"']
 
