@@ -332,7 +332,11 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
     against the reference with the short and long factors swapped fail it (3.2
     nats), and differ from it with vLLM's default attention factor in place of
     the stated one by more than ten times the bound."""
-    from onboard.runtime.compare import GreedyOutput, judge_accuracy, prompt_atol
+    from onboard.runtime.compare import (
+        PROMPT_LOGPROB_ATOL,
+        GreedyOutput,
+        judge_accuracy,
+    )
     from onboard.runtime.reference import load_reference, run_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
@@ -347,7 +351,7 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
             [lp for lp, _ in outs],
             [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
             [g for _, g in outs],
-            atol=prompt_atol(None),
+            atol=PROMPT_LOGPROB_ATOL,
         )
 
     good = verdict("ref")
@@ -360,7 +364,7 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
     rope["attention_factor"] = math.sqrt(1 + math.log(256 / 64) / math.log(64))
     (ckpt / "config.json").write_text(json.dumps(config))
     unscaled = verdict("ref-vllm-default")
-    assert unscaled.metrics["prompt_logprob_max_abs_diff"] > 10 * prompt_atol(None)
+    assert unscaled.metrics["prompt_logprob_max_abs_diff"] > 10 * PROMPT_LOGPROB_ATOL
     rope["attention_factor"] = 1.2
     rope = config["rope_parameters"]
     rope["short_factor"], rope["long_factor"] = (
@@ -374,4 +378,4 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
         f"factor: {unscaled.details}; swapped: {swapped.details}"
     )
     assert not swapped.passed
-    assert swapped.metrics["prompt_logprob_max_abs_diff"] > 10 * prompt_atol(None)
+    assert swapped.metrics["prompt_logprob_max_abs_diff"] > 10 * PROMPT_LOGPROB_ATOL
