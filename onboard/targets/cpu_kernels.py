@@ -20,9 +20,9 @@ CPU_MLA_LATENT = 576
 # are equal and 64 or 128 ('Unexpected head dim size, 32', 'expect head_dim to be
 # equal to head_dim_v'); the convolution's weights are packed for the C++ kernel
 # only at width 4, which the AVX-512-BF16 path then assumes; and activations must
-# be bfloat16 ('CPU GDN attention requires BF16.'). These bound serving on a CPU;
-# onboard's own engine runs the layers in float32 through a shim
-# (onboard.runtime.compat.gdn) that has none of them.
+# be bfloat16 ('CPU GDN attention requires BF16.'). These bound serving on a CPU
+# in bfloat16; onboard's own engine runs the layers in float32 through a shim
+# (onboard.runtime.compat.gdn) whose torch kernels take any head dim and width.
 CPU_GDN_HEAD_DIMS = (64, 128)
 CPU_GDN_CONV_WIDTH = 4
 
