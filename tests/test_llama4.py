@@ -493,3 +493,21 @@ def test_a_chunk_the_cpu_engine_cannot_run_is_named_by_spec_check():
     config["attention_chunk_size"] = 256
     spec = spec_from_hf_config(config)
     assert not [f for f in target_findings(spec) if f.path[-1] == "chunk_size"]
+
+
+def test_validate_reports_a_chunk_the_cpu_engine_cannot_run_as_not_run(tmp_path):
+    # Chunks of 8 stop vLLM's CPU engine at its start: every check is not-run
+    # with vLLM's reason (a limit of the CPU build, not a fault of the model),
+    # and no engine is started.
+    from onboard.checkpoint import write_tiny_checkpoint
+    from onboard.validate.harness import validate
+
+    ckpt = write_tiny_checkpoint(spec_from_hf_config(chunked_config()), tmp_path / "c")
+    result = validate(
+        ckpt, ckpt / "spec.yaml", "cpu", tmp_path / "val", checks="accuracy,kv-cache"
+    )
+    assert [c.name for c in result.checks] == ["accuracy", "kv-cache"]
+    for check in result.checks:
+        assert check.status == "not-run"
+        assert "'attn_chunk_size 8 is not divisible by block_size 128'" in check.details
+    assert (tmp_path / "val" / "validation.json").is_file()

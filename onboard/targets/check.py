@@ -33,10 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from onboard.components.chunked_attention import CPU_BLOCK
 from onboard.spec.model import INDEX_QUANT_BLOCK, ModelSpec
 from onboard.targets import load_profiles
-from onboard.targets.cpu_kernels import CPU_MLA_LATENT, cpu_gdn_problems
+from onboard.targets.cpu_kernels import (
+    CPU_MLA_LATENT,
+    cpu_engine_limit,
+    cpu_gdn_problems,
+)
 
 Loc = tuple[str | int, ...]
 
@@ -147,17 +150,9 @@ def _linear_and_indexer_findings(spec: ModelSpec, profiles) -> list[TargetFindin
                     f"model: {'; '.join(problems)}",
                 )
             )
-    chunk = spec.attention.chunk_size
-    if chunk is not None and chunk % CPU_BLOCK and "cpu" in spec.targets:
-        out.append(
-            TargetFinding(
-                "warning",
-                ("attention", "chunk_size"),
-                f"the cpu engine cannot run chunks of {chunk}: vLLM's CPU attention "
-                f"takes a multiple of its {CPU_BLOCK}-token KV block ('attn_chunk_size "
-                f"{chunk} is not divisible by block_size {CPU_BLOCK}')",
-            )
-        )
+    limit = cpu_engine_limit(spec)
+    if limit is not None and "cpu" in spec.targets:
+        out.append(TargetFinding("warning", ("attention", "chunk_size"), limit))
     idx = spec.attention.indexer
     if idx is not None and idx.head_dim % INDEX_QUANT_BLOCK:
         gpus = [t for t in spec.targets if profiles[t].is_gpu]
