@@ -74,12 +74,13 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
         GreedyOutput,
         judge_accuracy,
     )
-    from onboard.runtime.engine import engine_dtype
+    from onboard.runtime.engine import EngineOptions, engine_state_options
     from onboard.runtime.reference import load_reference, run_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
     assert info["model_class"].startswith("onboard_plugin_kda_gqa.")
-    assert engine_dtype(spec) == "float32"  # the KDA CPU path is plain torch
+    # The KDA CPU path is plain torch: float32, as the reference.
+    assert EngineOptions(ckpt, None, **engine_state_options(spec)).dtype == "float32"
     ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
 
     def verdict():

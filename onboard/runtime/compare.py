@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,6 @@ class PromptComparison:
     max_abs_diff: float
     mean_abs_diff: float
     top1_agreement: float
-    per_position_max: list[float] = field(default_factory=list)
 
 
 def top_k(logprobs: dict[int, float], k: int = TOP_K) -> dict[int, float]:
@@ -150,7 +149,6 @@ def compare_prompt_logprobs(
         max_abs_diff=max(per_position, default=0.0),
         mean_abs_diff=float(np.mean(diffs)) if diffs else 0.0,
         top1_agreement=agree / n if n else 1.0,
-        per_position_max=per_position,
     )
 
 

@@ -149,7 +149,10 @@ class EngineOptions:
     max_model_len: int = 256
     seed: int = 0
     uses_mla: bool = False
-    # float32 unless the model's kernels need otherwise (engine_dtype).
+    # float32, as the reference: vLLM's CPU kernels for linear attention take
+    # bfloat16 only, and the CPU shims (onboard.runtime.compat: gdn_float32,
+    # kda_torch) run both kinds in float32. A quantization scheme whose CPU
+    # kernel takes 16-bit activations only sets bfloat16 (check_quant).
     dtype: str = "float32"
     # The linear-attention layers' recurrent-state dtype (None: no such layers).
     mamba_ssm_cache_dtype: str | None = None
@@ -193,14 +196,6 @@ class EngineOptions:
         return {**kwargs, **self.extra}
 
 
-def engine_dtype(spec: ModelSpec) -> str:
-    """The dtype the CPU engine runs ``spec`` in: float32, where the reference
-    runs. vLLM's CPU kernels for linear attention take bfloat16 only; the CPU
-    shims (onboard.runtime.compat: gdn_float32, kda_torch) run both kinds in
-    float32."""
-    return "float32"
-
-
 def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
     """EngineOptions fields a spec's layers need: the engine dtype, with
     linear-attention layers their recurrent state's dtype, and the CPU shims
@@ -209,7 +204,6 @@ def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
 
     lin = spec.linear_attention
     return {
-        "dtype": engine_dtype(spec),
         "mamba_ssm_cache_dtype": None if lin is None else lin.state_dtype,
         "compat": shims_for(spec),
     }

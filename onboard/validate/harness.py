@@ -449,28 +449,24 @@ def validate(
     out_dir.mkdir(parents=True, exist_ok=True)
     result = ValidationResult(target=target, model_dir=str(model_dir))
 
-    if target != "cpu":
-        reason = (
-            f"target {target} needs its hardware; this machine runs the cpu target "
-            "only: write what to run there with `onboard validate MODEL --spec SPEC "
-            "--target {target} --emit DIR`, then read its results back with "
-            "`--ingest DIR`"
-        ).format(target=target)
+    def not_run(reason: str) -> ValidationResult:
         result.checks = [Check.not_run(name, reason) for name in names]
         result.write(out_dir)
         write_report(result, out_dir, spec)
         return result
 
-    limit = cpu_engine_limit(spec)
-    if limit is not None:
+    if target != "cpu":
+        return not_run(
+            f"target {target} needs its hardware; this machine runs the cpu target "
+            "only: write what to run there with `onboard validate MODEL --spec SPEC "
+            f"--target {target} --emit DIR`, then read its results back with "
+            "`--ingest DIR`"
+        )
+    cpu_limit = cpu_engine_limit(spec)
+    if cpu_limit is not None:
         # A limit of vLLM's CPU build, not a fault of the model: the GPU targets'
         # emitted run script covers these checks.
-        result.checks = [
-            Check.not_run(name, f"not run on cpu: {limit}") for name in names
-        ]
-        result.write(out_dir)
-        write_report(result, out_dir, spec)
-        return result
+        return not_run(f"not run on cpu: {cpu_limit}")
 
     with tempfile.TemporaryDirectory(prefix="onboard-validate-") as tmp:
         work_dir = Path(tmp)
