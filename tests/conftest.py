@@ -102,3 +102,18 @@ def installed_plugin_env(site: Path, spec, work: Path) -> dict[str, str]:
         env[compat.ENV] = ",".join(shims)
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
+
+
+def judge_engine_outputs(outputs, reference_model, prompts, max_tokens: int = 16):
+    """The accuracy check's verdict (float32 tolerance) on a generated_engine_run's
+    engine outputs against ``reference_model`` run on the same prompts."""
+    from onboard.runtime.compare import GreedyOutput, judge_accuracy
+    from onboard.runtime.reference import run_reference
+
+    ref = [run_reference(reference_model, p, max_tokens) for p in prompts]
+    return judge_accuracy(
+        [o["prompt_logprobs"] for o in outputs],
+        [lp for lp, _ in ref],
+        [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
+        [g for _, g in ref],
+    )

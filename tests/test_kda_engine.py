@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import generated_engine_run
+from conftest import generated_engine_run, judge_engine_outputs
 
 from onboard.arch import build_plan
 from onboard.serving.kv import kv_report
@@ -69,13 +69,9 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
     float32 rule, over six prompts and 16 decode steps each; the same engine
     outputs against the reference of the checkpoint with every A_log
     sign-flipped fail it."""
-    from onboard.runtime.compare import (
-        PROMPT_LOGPROB_ATOL,
-        GreedyOutput,
-        judge_accuracy,
-    )
+    from onboard.runtime.compare import PROMPT_LOGPROB_ATOL
     from onboard.runtime.engine import EngineOptions, engine_state_options
-    from onboard.runtime.reference import load_reference, run_reference
+    from onboard.runtime.reference import load_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
     assert info["model_class"].startswith("onboard_plugin_kda_gqa.")
@@ -84,14 +80,7 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(engine_run):
     ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
 
     def verdict():
-        outs = [run_reference(ref.model, p, 16) for p in prompts]
-        return judge_accuracy(
-            [o["prompt_logprobs"] for o in outputs],
-            [lp for lp, _ in outs],
-            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
-            [g for _, g in outs],
-            atol=PROMPT_LOGPROB_ATOL,
-        )
+        return judge_engine_outputs(outputs, ref.model, prompts)
 
     good = verdict()
     assert good.passed, good.details

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import generated_engine_run
+from conftest import generated_engine_run, judge_engine_outputs
 from safetensors.torch import load_file, save_file
 
 from onboard.arch import build_plan
@@ -458,13 +458,6 @@ def engine_run(tmp_path_factory):
     return generated_engine_run(hybrid(), tmp_path_factory.mktemp("engine"))
 
 
-def _reference_outputs(spec, ckpt: Path, work: Path, prompts, max_tokens: int):
-    from onboard.runtime.reference import load_reference, run_reference
-
-    ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
-    return [run_reference(ref.model, p, max_tokens) for p in prompts]
-
-
 @pytest.mark.engine
 def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
     engine_run, tmp_path
@@ -473,24 +466,16 @@ def test_engine_matches_the_reference_and_a_flipped_decay_does_not(
     CPU engine (float32 through the gdn_float32 shim) against the float32
     reference, by the accuracy check's rule; the same engine outputs against the
     reference of the checkpoint with every A_log sign-flipped fail it."""
-    from onboard.runtime.compare import (
-        PROMPT_LOGPROB_ATOL,
-        GreedyOutput,
-        judge_accuracy,
-    )
+    from onboard.runtime.compare import PROMPT_LOGPROB_ATOL
+    from onboard.runtime.reference import load_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
     assert info["model_class"].startswith("onboard_plugin_hybrid_ref.")
 
     def verdict(checkpoint: Path, label: str):
         shutil.rmtree(work / "ref", ignore_errors=True)
-        ref = _reference_outputs(spec, checkpoint, work, prompts, 16)
-        return judge_accuracy(
-            [o["prompt_logprobs"] for o in outputs],
-            [lp for lp, _ in ref],
-            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
-            [g for _, g in ref],
-        )
+        ref = load_reference(checkpoint, spec, work / "gen" / "hf", work / "ref")
+        return judge_engine_outputs(outputs, ref.model, prompts)
 
     good = verdict(ckpt, "good")
     assert good.passed, good.details

@@ -332,12 +332,10 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
     against the reference with the short and long factors swapped fail it (3.2
     nats), and differ from it with vLLM's default attention factor in place of
     the stated one by more than ten times the bound."""
-    from onboard.runtime.compare import (
-        PROMPT_LOGPROB_ATOL,
-        GreedyOutput,
-        judge_accuracy,
-    )
-    from onboard.runtime.reference import load_reference, run_reference
+    from conftest import judge_engine_outputs
+
+    from onboard.runtime.compare import PROMPT_LOGPROB_ATOL
+    from onboard.runtime.reference import load_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
     assert info["model_class"].endswith(".TinyLongropeForCausalLM")
@@ -345,14 +343,7 @@ def test_the_longrope_model_on_the_engine_matches_the_reference(engine_run):
 
     def verdict(name: str):
         ref = load_reference(ckpt, spec, work / "gen" / "hf", work / name)
-        outs = [run_reference(ref.model, p, 16) for p in prompts]
-        return judge_accuracy(
-            [o["prompt_logprobs"] for o in outputs],
-            [lp for lp, _ in outs],
-            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
-            [g for _, g in outs],
-            atol=PROMPT_LOGPROB_ATOL,
-        )
+        return judge_engine_outputs(outputs, ref.model, prompts)
 
     good = verdict("ref")
     assert good.passed, good.details

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from conftest import generated_engine_run
+from conftest import generated_engine_run, judge_engine_outputs
 from test_generate_ast import check_file, model_file_problems
 
 from onboard.arch import build_plan
@@ -324,12 +324,8 @@ def test_the_gated_model_on_the_engine_matches_the_reference(engine_run):
     check's rule; the same engine outputs against the reference of the
     checkpoint with every gate_proj negated (sigmoid(-g) = 1 - sigmoid(g)) fail
     it."""
-    from onboard.runtime.compare import (
-        PROMPT_LOGPROB_ATOL,
-        GreedyOutput,
-        judge_accuracy,
-    )
-    from onboard.runtime.reference import load_reference, run_reference
+    from onboard.runtime.compare import PROMPT_LOGPROB_ATOL
+    from onboard.runtime.reference import load_reference
 
     spec, ckpt, work, prompts, info, outputs = engine_run
     assert info["model_class"] == (
@@ -338,14 +334,7 @@ def test_the_gated_model_on_the_engine_matches_the_reference(engine_run):
     ref = load_reference(ckpt, spec, work / "gen" / "hf", work / "ref")
 
     def verdict():
-        outs = [run_reference(ref.model, p, 16) for p in prompts]
-        return judge_accuracy(
-            [o["prompt_logprobs"] for o in outputs],
-            [lp for lp, _ in outs],
-            [GreedyOutput(o["token_ids"], o["logprobs"]) for o in outputs],
-            [g for _, g in outs],
-            atol=PROMPT_LOGPROB_ATOL,
-        )
+        return judge_engine_outputs(outputs, ref.model, prompts)
 
     good = verdict()
     assert good.passed, good.details
