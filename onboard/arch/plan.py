@@ -124,8 +124,37 @@ class LinearStateShapes:
         return conv + recurrent * state_dtype_bytes
 
 
+class _Recurrent:
+    """What a linear-attention mixer shares: a recurrent state per sequence
+    instead of a KV cache, and none of softmax attention's per-layer features."""
+
+    linear = True
+    window = None
+    kv_source = None
+    rope = False
+    conv_dim: int  # channels of the short convolution(s)
+    conv_kernel_size: int
+
+    @property
+    def sliding(self) -> bool:
+        return False
+
+    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
+        """One sequence's recurrent state on one tensor-parallel rank."""
+        raise NotImplementedError
+
+    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
+        """Per sequence and tensor-parallel rank, as vLLM allocates it
+        (MambaStateShapeCalculator): speculative decoding widens the
+        convolution state by the draft tokens."""
+        return LinearStateShapes(
+            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
+            recurrent=self.recurrent_shape(tp),
+        )
+
+
 @dataclass(frozen=True)
-class GatedDeltaNet:
+class GatedDeltaNet(_Recurrent):
     """Gated DeltaNet (Qwen3-Next's linear attention): a short causal convolution
     over q, k and v, then the gated delta rule over one recurrent state per value
     head. It caches no K/V: each sequence keeps the convolution's last inputs and
@@ -140,15 +169,6 @@ class GatedDeltaNet:
     state_dtype: Literal["float32", "bfloat16"]
 
     kind = "gated_deltanet"
-    linear = True  # a recurrent state per sequence, no KV cache
-    # What softmax attention has per layer and this mixer has not.
-    window = None
-    kv_source = None
-    rope = False
-
-    @property
-    def sliding(self) -> bool:
-        return False
 
     @property
     def key_dim(self) -> int:
@@ -163,22 +183,13 @@ class GatedDeltaNet:
         """Channels of the convolution: q, k and v."""
         return 2 * self.key_dim + self.value_dim
 
-    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
-        """Per sequence and tensor-parallel rank, as vLLM allocates it
-        (MambaStateShapeCalculator.gated_delta_net_state_shape): speculative
-        decoding widens the convolution state by the draft tokens."""
-        return LinearStateShapes(
-            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
-            recurrent=(
-                self.num_value_heads // tp,
-                self.value_head_dim,
-                self.key_head_dim,
-            ),
-        )
+    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
+        # gated_delta_net_state_shape: [value heads, value dim, key dim].
+        return (self.num_value_heads // tp, self.value_head_dim, self.key_head_dim)
 
 
 @dataclass(frozen=True)
-class KimiDeltaAttention:
+class KimiDeltaAttention(_Recurrent):
     """Kimi delta attention (Kimi Linear's linear attention): Gated DeltaNet's
     delta rule with one decay per key channel instead of per head, from a low-rank
     forget gate; q, k and v have a short causal convolution each, and the output
@@ -191,15 +202,6 @@ class KimiDeltaAttention:
     state_dtype: Literal["float32", "bfloat16"]
 
     kind = "kimi_delta"
-    linear = True  # a recurrent state per sequence, no KV cache
-    # What softmax attention has per layer and this mixer has not.
-    window = None
-    kv_source = None
-    rope = False
-
-    @property
-    def sliding(self) -> bool:
-        return False
 
     @property
     def projection_dim(self) -> int:
@@ -211,14 +213,10 @@ class KimiDeltaAttention:
         """Channels of the three convolutions together: q, k and v."""
         return 3 * self.projection_dim
 
-    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
-        """Per sequence and tensor-parallel rank, as vLLM allocates it
-        (MambaStateShapeCalculator.kda_state_shape): one convolution state for
-        q, k and v together, and a [head_dim, head_dim] state per head."""
-        return LinearStateShapes(
-            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
-            recurrent=(self.num_heads // tp, self.head_dim, self.head_dim),
-        )
+    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
+        # kda_state_shape: one convolution state for q, k and v together, and a
+        # [head_dim, head_dim] state per head.
+        return (self.num_heads // tp, self.head_dim, self.head_dim)
 
 
 # The token mixers a layer can have (more kinds join this union).

@@ -10,9 +10,7 @@ family that has them (its config has no key: the family fixes them).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -46,40 +44,25 @@ class _AttentionSinks(Component):
     extends = "attention"
     Fields = AttentionSinksFields
     Node = Sinks
-    roles = MappingProxyType(
-        {
-            # A parameter of the attention module itself.
-            "sinks": Role(
-                "model.layers.{layer}.self_attn",
-                ("attn",),
-                linear=False,
-                param="sinks",
-                guard="sinks",
-                spec_field="attention.sinks",
-                dims=("attention.num_heads",),
-            )
-        }
-    )
-    config_aliases = MappingProxyType({"attention_sinks": ("attention_sinks",)})
-    concept_fields = MappingProxyType({"attention_sinks": ("attention.sinks",)})
+    field = "attention.sinks"
+    concept = "attention_sinks"
+    roles = {
+        # A parameter of the attention module itself.
+        "sinks": Role(
+            "model.layers.{layer}.self_attn",
+            ("attn",),
+            linear=False,
+            param="sinks",
+            guard="sinks",
+            spec_field="attention.sinks",
+            dims=("attention.num_heads",),
+        )
+    }
     # A checkpoint's tensor names show it (spec from-hf, onboard.reference.infer).
     visible = ("attention_sinks",)
     attend_inputs = ("self.sinks",)
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/attention_sinks/vllm_init.py.j2",
-            "gqa.attn_kwargs": "components/attention_sinks/vllm_attn_kwargs.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/attention_sinks/hf_init.py.j2",
-            "attend": "components/attention_sinks/hf_attend.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.sinks
+    vllm_slots = ("gqa.init", "gqa.attn_kwargs")
+    hf_slots = ("gqa.init", "attend")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if self.present(spec) and spec.attention.type == "mla":
@@ -89,16 +72,10 @@ class _AttentionSinks(Component):
     def plan(self, spec: ModelSpec, layer: int | None) -> Sinks:
         return Sinks(spec.attention.num_heads)
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        return {"attention_sinks": True}
-
     def facts(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.attention.type != "gqa":
             return {}
         return {"attention_sinks": spec.attention.sinks}
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        return {"sinks": True} if get("attention_sinks", False) else {}
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
         sinks = layer.mixer.part(Sinks)

@@ -8,9 +8,8 @@ scaled scores before the mask. It has no tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -44,26 +43,12 @@ class _AttentionSoftcap(Component):
     extends = "attention"
     Fields = AttentionSoftcapFields
     Node = Softcap
-    config_aliases = MappingProxyType(
-        {"attn_logit_softcapping": ("attn_logit_softcapping",)}
-    )
-    concept_fields = MappingProxyType(
-        {"attn_logit_softcapping": ("attention.logit_softcap",)}
-    )
+    field = "attention.logit_softcap"
+    concept = "attn_logit_softcapping"
     attributes = ("softcap",)
     attend_inputs = ("self.softcap",)
-    vllm_fragments = MappingProxyType(
-        {"gqa.attn_kwargs": "components/attention_softcap/vllm_attn_kwargs.py.j2"}
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/attention_softcap/hf_init.py.j2",
-            "attend": "components/attention_softcap/hf_attend.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.logit_softcap is not None
+    vllm_slots = ("gqa.attn_kwargs",)
+    hf_slots = ("gqa.init", "attend")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
@@ -79,17 +64,7 @@ class _AttentionSoftcap(Component):
         cap = spec.attention.logit_softcap
         return None if cap is None else Softcap(cap)
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        return {"attn_logit_softcapping": spec.attention.logit_softcap}
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        cap = get("attn_logit_softcapping", None)
-        return {} if cap is None else {"logit_softcap": cap}
-
-    def vllm_context(self, node: Softcap, keys: ConfigKeys) -> Mapping[str, Any]:
-        return {"key": keys.need("attn_logit_softcapping", node.cap)}
-
-    def reference_context(self, node: Softcap, keys: ConfigKeys) -> Mapping[str, Any]:
+    def code_context(self, node: Softcap, keys: ConfigKeys) -> Mapping[str, Any]:
         return {"key": keys.need("attn_logit_softcapping", node.cap)}
 
     def describe(self, node: Softcap) -> str:

@@ -159,13 +159,65 @@ class Component:
     # config.json concepts whose value a checkpoint's tensor names show
     # (spec from-hf finds them from the tensors, onboard.reference.infer).
     visible: ClassVar[tuple[str, ...]] = ()
-    # Template fragments: slot of the host's template -> fragment template.
+    # Where the primitive is one spec field that one config.json key states:
+    # the field's path ("attention.sinks") and the key's concept. Then, unless
+    # overridden, present() is the field set, config() writes its value and
+    # read() takes it back; config_aliases and concept_fields follow.
+    field: ClassVar[str | None] = None
+    concept: ClassVar[str | None] = None
+    # The slots of the host's templates its fragments fill (slot "gqa.init":
+    # templates/components/<name>/vllm_init.py.j2, hf_init.py.j2), and the
+    # fragment templates they make: slot -> template.
+    vllm_slots: ClassVar[tuple[str, ...]] = ()
+    hf_slots: ClassVar[tuple[str, ...]] = ()
     vllm_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
     hf_fragments: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.concept and "config_aliases" not in cls.__dict__:
+            assert cls.field is not None, cls.name
+            cls.config_aliases = {cls.concept: (cls.concept,)}
+            cls.concept_fields = {cls.concept: (cls.field,)}
+        for model in ("vllm", "hf"):
+            slots = getattr(cls, f"{model}_slots")
+            fragments = {
+                slot: f"components/{cls.name}/{model}_{slot.rpartition('.')[2]}.py.j2"
+                for slot in slots
+            }
+            setattr(cls, f"{model}_fragments", fragments)
+        # Class tables are read by every stage: none may change them.
+        for table in ("roles", "config_aliases", "concept_fields"):
+            own = cls.__dict__.get(table)
+            if isinstance(own, dict):
+                setattr(cls, table, MappingProxyType(own))
+        for model in ("vllm", "hf"):
+            table = f"{model}_fragments"
+            setattr(cls, table, MappingProxyType(dict(getattr(cls, table))))
+
+    def value(self, spec: ModelSpec) -> Any:
+        """The value of :attr:`field` in ``spec`` (None where a section on its
+        path is absent)."""
+        assert self.field is not None, self.name
+        node: Any = spec
+        for part in self.field.split("."):
+            node = getattr(node, part)
+            if node is None:
+                return None
+        return node
+
+    def _is_flag(self) -> bool:
+        assert self.Fields is not None and self.field is not None
+        return (
+            self.Fields.model_fields[self.field.rpartition(".")[2]].annotation is bool
+        )
+
     def present(self, spec: ModelSpec) -> bool:
-        """Whether ``spec`` has this primitive."""
-        return False
+        """Whether ``spec`` has this primitive (its :attr:`field` set)."""
+        if self.field is None:
+            return False
+        value = self.value(spec)
+        return value is not None and value is not False
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         """Report what the primitive cannot be beside the rest of ``spec``, and
@@ -180,7 +232,7 @@ class Component:
     def config(self, spec: ModelSpec) -> dict[str, Any]:
         """What config.json holds for it: concept -> value (written under the
         concept's canonical key)."""
-        return {}
+        return {self.concept: self.value(spec)} if self.concept else {}
 
     def facts(self, spec: ModelSpec) -> dict[str, Any]:
         """Its config concepts as ``spec`` states them, present or not: what a
@@ -191,19 +243,31 @@ class Component:
         """Its spec fields from a config.json: field -> value (empty where the
         config says nothing of it). ``get(concept, default)`` reads a concept
         under any of its keys, and marks them read."""
-        return {}
+        if self.concept is None:
+            return {}
+        assert self.field is not None
+        value = get(self.concept, None)
+        leaf = self.field.rpartition(".")[2]
+        if self._is_flag():
+            return {leaf: True} if value else {}
+        return {} if value is None else {leaf: value}
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
         """Its tensors in one decoder block."""
         return []
 
+    def code_context(self, node: Any, keys: ConfigKeys) -> Any:
+        """What its fragments print, from its plan node: both models' unless
+        one overrides its own below."""
+        return node
+
     def vllm_context(self, node: Any, keys: ConfigKeys) -> Any:
         """What its vLLM fragments print, from its plan node."""
-        return node
+        return self.code_context(node, keys)
 
     def reference_context(self, node: Any, keys: ConfigKeys) -> Any:
         """What its reference fragments print, from its plan node."""
-        return node
+        return self.code_context(node, keys)
 
     def describe(self, node: Any) -> str | None:
         """What it does to its attention, as a phrase ("a learned sink logit per

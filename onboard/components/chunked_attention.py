@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -58,28 +57,11 @@ class _ChunkedAttention(Component):
     extends = "attention"
     Fields = ChunkedAttentionFields
     Node = Chunked
-    config_aliases = MappingProxyType(
-        {"attention_chunk_size": ("attention_chunk_size",)}
-    )
-    concept_fields = MappingProxyType(
-        {"attention_chunk_size": ("attention.chunk_size",)}
-    )
+    field = "attention.chunk_size"
+    concept = "attention_chunk_size"
     attributes = ("chunk",)
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.attn_class": "components/chunked_attention/vllm_attn_class.py.j2",
-            "gqa.attn_kwargs": "components/chunked_attention/vllm_attn_kwargs.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/chunked_attention/hf_init.py.j2",
-            "gqa.bias": "components/chunked_attention/hf_bias.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.chunk_size is not None
+    vllm_slots = ("gqa.attn_class", "gqa.attn_kwargs")
+    hf_slots = ("gqa.init", "gqa.bias")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
@@ -99,9 +81,6 @@ class _ChunkedAttention(Component):
         size = spec.attention.chunk_size
         return None if size is None else Chunked(size)
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        return {"attention_chunk_size": spec.attention.chunk_size}
-
     def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
         kinds = get("layer_types", None)
         size = get("attention_chunk_size", None)
@@ -109,14 +88,8 @@ class _ChunkedAttention(Component):
             return {}  # the chunk of no layer (transformers' Llama-4 needs it set)
         return {"chunk_size": size}
 
-    def _keys(self, node: Chunked, keys: ConfigKeys) -> Mapping[str, Any]:
+    def code_context(self, node: Chunked, keys: ConfigKeys) -> Mapping[str, Any]:
         return {"key": keys.need("attention_chunk_size", node.chunk_size)}
-
-    def vllm_context(self, node: Chunked, keys: ConfigKeys) -> Mapping[str, Any]:
-        return self._keys(node, keys)
-
-    def reference_context(self, node: Chunked, keys: ConfigKeys) -> Mapping[str, Any]:
-        return self._keys(node, keys)
 
     def describe(self, node: Chunked) -> str:
         return "the rope layers attending within chunks"

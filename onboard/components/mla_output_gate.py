@@ -11,9 +11,8 @@ the same way, which is the form the generated model takes (MLA's direct form).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -59,33 +58,17 @@ class _MLAOutputGate(Component):
     extends = "attention.mla"
     Fields = MLAOutputGateFields
     Node = MLAOutputGate
-    roles = MappingProxyType(
-        {"mla_gate_proj": Role("model.layers.{layer}.self_attn.gate_proj", ("attn",))}
-    )
-    config_aliases = MappingProxyType({"mla_output_gate": ("mla_output_gate",)})
-    concept_fields = MappingProxyType(
-        {"mla_output_gate": ("attention.mla.output_gate",)}
-    )
+    field = "attention.mla.output_gate"
+    concept = "mla_output_gate"
+    roles = {
+        "mla_gate_proj": Role("model.layers.{layer}.self_attn.gate_proj", ("attn",))
+    }
     # Plain attributes its reference code sets (no module may take the name).
     attributes = ("gate_width",)
-    vllm_fragments = MappingProxyType(
-        {
-            "mla.init": "components/mla_output_gate/vllm_init.py.j2",
-            "mla.output": "components/mla_output_gate/vllm_output.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "mla.init": "components/mla_output_gate/hf_init.py.j2",
-            "mla.output": "components/mla_output_gate/hf_output.py.j2",
-        }
-    )
+    vllm_slots = hf_slots = ("mla.init", "mla.output")
 
     def present(self, spec: ModelSpec) -> bool:
-        mla = spec.attention.mla
-        return (
-            spec.attention.type == "mla" and mla is not None and bool(mla.output_gate)
-        )
+        return spec.attention.type == "mla" and super().present(spec)
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
@@ -106,14 +89,6 @@ class _MLAOutputGate(Component):
         assert mla is not None and mla.output_gate is not None
         return MLAOutputGate(mla.output_gate, spec.attention.num_heads, mla.v_head_dim)
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        assert spec.attention.mla is not None
-        return {"mla_output_gate": spec.attention.mla.output_gate}
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        per = get("mla_output_gate", None)
-        return {} if per is None else {"output_gate": per}
-
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
         gate = layer.mixer.part(MLAOutputGate)
         assert gate is not None
@@ -121,13 +96,8 @@ class _MLAOutputGate(Component):
         shape = (gate.num_heads * gate.width, spec.hidden_size)
         return [TensorPlan(f"{name}.weight", shape, "normal", layer.index)]
 
-    def vllm_context(self, node: MLAOutputGate, keys: ConfigKeys) -> Mapping[str, Any]:
+    def code_context(self, node: MLAOutputGate, keys: ConfigKeys) -> Mapping[str, Any]:
         # Both models read the gate's kind from the config, as vLLM's hy_v4 does.
-        return {"key": keys.need("mla_output_gate", node.per)}
-
-    def reference_context(
-        self, node: MLAOutputGate, keys: ConfigKeys
-    ) -> Mapping[str, Any]:
         return {"key": keys.need("mla_output_gate", node.per)}
 
     def describe(self, node: MLAOutputGate) -> str:

@@ -9,9 +9,7 @@ The gate has no tensor of its own: it doubles q_proj's rows
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -46,25 +44,10 @@ class _OutputGate(Component):
     Fields = OutputGateFields
     Node = OutputGate
     q_slices = 1
-    config_aliases = MappingProxyType({"attn_output_gate": ("attn_output_gate",)})
-    concept_fields = MappingProxyType({"attn_output_gate": ("attention.output_gate",)})
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.q_layout": "components/output_gate/vllm_q_layout.py.j2",
-            "gqa.split": "components/output_gate/vllm_split.py.j2",
-            "gqa.output": "components/output_gate/vllm_output.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.q_layout": "components/output_gate/hf_q_layout.py.j2",
-            "gqa.q_view": "components/output_gate/hf_q_view.py.j2",
-            "gqa.output": "components/output_gate/hf_output.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.output_gate
+    field = "attention.output_gate"
+    concept = "attn_output_gate"
+    vllm_slots = ("gqa.q_layout", "gqa.split", "gqa.output")
+    hf_slots = ("gqa.q_layout", "gqa.q_view", "gqa.output")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         att = spec.attention
@@ -86,16 +69,10 @@ class _OutputGate(Component):
             return None
         return OutputGate(spec.attention.num_heads, spec.head_dim)
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        return {"attn_output_gate": True}
-
     def facts(self, spec: ModelSpec) -> dict[str, Any]:
         if spec.attention.type != "gqa":
             return {}
         return {"attn_output_gate": spec.attention.output_gate}
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        return {"output_gate": True} if get("attn_output_gate", False) else {}
 
     def describe(self, node: OutputGate) -> str:
         return (

@@ -10,9 +10,8 @@ the reference as transformers' ``Llama4TextL2Norm``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -46,24 +45,10 @@ class _QkL2Norm(Component):
     extends = "attention"
     Fields = QkL2NormFields
     Node = QkL2Norm
-    config_aliases = MappingProxyType({"qk_l2_norm": ("qk_l2_norm",)})
-    concept_fields = MappingProxyType({"qk_l2_norm": ("attention.qk_l2_norm",)})
+    field = "attention.qk_l2_norm"
+    concept = "qk_l2_norm"
     attributes = ("qk_l2_norm", "qk_l2_norm_eps")
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/qk_l2_norm/vllm_init.py.j2",
-            "gqa.after_rope": "components/qk_l2_norm/vllm_after_rope.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/qk_l2_norm/hf_init.py.j2",
-            "gqa.after_rope": "components/qk_l2_norm/hf_after_rope.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.qk_l2_norm
+    vllm_slots = hf_slots = ("gqa.init", "gqa.after_rope")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
@@ -84,19 +69,10 @@ class _QkL2Norm(Component):
     def plan(self, spec: ModelSpec, layer: int | None) -> QkL2Norm | None:
         return QkL2Norm(spec.norm.eps) if self.present(spec) else None
 
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        return {"qk_l2_norm": True}
-
     def facts(self, spec: ModelSpec) -> dict[str, Any]:
         return {"qk_l2_norm": self.present(spec)}
 
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        return {"qk_l2_norm": True} if get("qk_l2_norm", False) else {}
-
-    def vllm_context(self, node: QkL2Norm, keys: ConfigKeys) -> Mapping[str, Any]:
-        return {"key": keys.need("qk_l2_norm", True)}
-
-    def reference_context(self, node: QkL2Norm, keys: ConfigKeys) -> Mapping[str, Any]:
+    def code_context(self, node: QkL2Norm, keys: ConfigKeys) -> Mapping[str, Any]:
         return {"key": keys.need("qk_l2_norm", True)}
 
     def describe(self, node: QkL2Norm) -> str:

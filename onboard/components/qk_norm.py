@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -100,47 +99,37 @@ class _QkNorm(Component):
     extends = "attention"
     Fields = QkNormFields
     Node = QkNorm
-    roles = MappingProxyType(
-        {
-            "q_norm": _role("q_norm", "attention.num_heads"),
-            "k_norm": _role("k_norm", "attention.num_kv_heads"),
-        }
-    )
-    config_aliases = MappingProxyType(
-        {
-            "qk_norm": ("qk_norm", "use_qk_norm"),
-            "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
-            "qk_norm_after_rope": ("qk_norm_after_rope",),
-        }
-    )
-    concept_fields = MappingProxyType({"qk_norm": ("attention.qk_norm",)})
+    field = "attention.qk_norm"
+    roles = {
+        "q_norm": _role("q_norm", "attention.num_heads"),
+        "k_norm": _role("k_norm", "attention.num_kv_heads"),
+    }
+    config_aliases = {
+        "qk_norm": ("qk_norm", "use_qk_norm"),
+        "qk_norm_scope": ("qk_norm_scope",),  # head | projection | head_weights
+        "qk_norm_after_rope": ("qk_norm_after_rope",),
+    }
+    concept_fields = {"qk_norm": ("attention.qk_norm",)}
     # The tensor names show the norms, their shapes the scope.
     visible = ("qk_norm", "qk_norm_scope")
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.classes": "components/qk_norm/vllm_classes.py.j2",
-            "gqa.init_after_proj": "components/qk_norm/vllm_init.py.j2",
-            "gqa.before_rope": "components/qk_norm/vllm_before_rope.py.j2",
-            "gqa.after_rope": "components/qk_norm/vllm_after_rope.py.j2",
-            "gqa.methods": "components/qk_norm/vllm_methods.py.j2",
-            "gqa.q_only_before_rope": "components/qk_norm/vllm_q_before_rope.py.j2",
-            "gqa.q_only_after_rope": "components/qk_norm/vllm_q_after_rope.py.j2",
-            "gqa.q_only_skip": "components/qk_norm/vllm_skip_k_norm.py.j2",
-        }
+    vllm_slots = (
+        "gqa.classes",
+        "gqa.init_after_proj",
+        "gqa.before_rope",
+        "gqa.after_rope",
+        "gqa.methods",
+        "gqa.q_only_before_rope",
+        "gqa.q_only_after_rope",
+        "gqa.q_only_skip",
     )
-    hf_fragments = MappingProxyType(
-        {
-            "norms.classes": "components/qk_norm/hf_classes.py.j2",
-            "gqa.k_init": "components/qk_norm/hf_k_init.py.j2",
-            "gqa.q_init": "components/qk_norm/hf_q_init.py.j2",
-            "gqa.inputs": "components/qk_norm/hf_inputs.py.j2",
-            "gqa.before_rope": "components/qk_norm/hf_before_rope.py.j2",
-            "gqa.after_rope": "components/qk_norm/hf_after_rope.py.j2",
-        }
+    hf_slots = (
+        "norms.classes",
+        "gqa.k_init",
+        "gqa.q_init",
+        "gqa.inputs",
+        "gqa.before_rope",
+        "gqa.after_rope",
     )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.qk_norm
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         att = spec.attention

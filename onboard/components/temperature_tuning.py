@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -66,37 +65,20 @@ class _TemperatureTuning(Component):
     extends = "attention"
     Fields = NopeTemperatureFields
     Node = Temperature
-    config_aliases = MappingProxyType(
-        {
-            "attn_temperature_tuning": ("attn_temperature_tuning",),
-            "floor_scale": ("floor_scale",),
-            "attn_scale": ("attn_scale",),
-        }
-    )
-    concept_fields = MappingProxyType(
-        {
-            "attn_temperature_tuning": ("attention.nope_temperature",),
-            "floor_scale": ("attention.nope_temperature.floor_scale",),
-            "attn_scale": ("attention.nope_temperature.attn_scale",),
-        }
-    )
+    field = "attention.nope_temperature"
+    config_aliases = {
+        "attn_temperature_tuning": ("attn_temperature_tuning",),
+        "floor_scale": ("floor_scale",),
+        "attn_scale": ("attn_scale",),
+    }
+    concept_fields = {
+        "attn_temperature_tuning": ("attention.nope_temperature",),
+        "floor_scale": ("attention.nope_temperature.floor_scale",),
+        "attn_scale": ("attention.nope_temperature.attn_scale",),
+    }
     attributes = ("floor_scale", "attn_scale", "temperature")
-    vllm_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/temperature_tuning/vllm_init.py.j2",
-            "gqa.after_rope": "components/temperature_tuning/vllm_after_rope.py.j2",
-            "gqa.methods": "components/temperature_tuning/vllm_methods.py.j2",
-        }
-    )
-    hf_fragments = MappingProxyType(
-        {
-            "gqa.init": "components/temperature_tuning/hf_init.py.j2",
-            "gqa.after_rope": "components/temperature_tuning/hf_after_rope.py.j2",
-        }
-    )
-
-    def present(self, spec: ModelSpec) -> bool:
-        return spec.attention.nope_temperature is not None
+    vllm_slots = ("gqa.init", "gqa.after_rope", "gqa.methods")
+    hf_slots = ("gqa.init", "gqa.after_rope")
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
@@ -132,20 +114,12 @@ class _TemperatureTuning(Component):
             return {}
         return {"nope_temperature": {"floor_scale": floor, "attn_scale": scale}}
 
-    def _keys(self, node: Temperature, keys: ConfigKeys) -> Mapping[str, Any]:
+    def code_context(self, node: Temperature, keys: ConfigKeys) -> Mapping[str, Any]:
         return {
             "tuning": keys.need("attn_temperature_tuning", True),
             "floor_scale": keys.need("floor_scale", node.floor_scale),
             "attn_scale": keys.need("attn_scale", node.attn_scale),
         }
-
-    def vllm_context(self, node: Temperature, keys: ConfigKeys) -> Mapping[str, Any]:
-        return self._keys(node, keys)
-
-    def reference_context(
-        self, node: Temperature, keys: ConfigKeys
-    ) -> Mapping[str, Any]:
-        return self._keys(node, keys)
 
     def describe(self, node: Temperature) -> str:
         return "the NoPE layers' queries scaled by a temperature growing with position"

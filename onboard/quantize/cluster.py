@@ -306,15 +306,7 @@ def _check_nodes(ray, selection, partial: Path, log) -> None:
 def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
     """Run every unit of run.py's ``_JOB`` on the cluster; yield (shard, size,
     sha256) as shards are finished, as run.py's local ``_run`` does."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from rich.progress import BarColumn, TextColumn
 
     from onboard.quantize import run as local
 
@@ -336,18 +328,13 @@ def _run(cluster: Cluster, pending: list, show: bool, log) -> Iterator:
         TextColumn("quantize {task.fields[scheme]} on {task.fields[nodes]} nodes"),
         BarColumn(bar_width=16),
         TextColumn("{task.fields[shards]} shards"),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
     )
     by_node: Counter = Counter()
     finished = 0
     nodes, checked = cluster.nodes, time.monotonic()
     started = time.monotonic()
     running: dict = {}
-    with Progress(
-        *columns, console=Console(stderr=True), disable=not show, transient=False
-    ) as bar:
+    with local.byte_progress(show, *columns) as bar:
         task = bar.add_task(
             "",
             total=total,

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onboard.errors import InputError
 from onboard.fsutil import atomic_write_text
@@ -37,6 +38,9 @@ from onboard.quantize import st_io
 from onboard.quantize.schemes import quantization_config
 from onboard.quantize.selection import INDEX_FILE, Selection, ShardSelection
 from onboard.threads import torch_threads
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn
 
 STATE_FILE = "state.json"
 MANIFEST_FILE = "onboard-quantize.json"
@@ -385,31 +389,33 @@ class _Schedule:
         return None
 
 
-def _run(pending: list[ShardSelection], workers: int, show: bool):
-    """Run every task; yield (shard, size, sha256) as shards are finished."""
+def byte_progress(show: bool, *lead: ProgressColumn) -> Progress:
+    """A rich progress bar on stderr over the bytes quantized: the ``lead``
+    columns, then bytes done, speed and time left (here and on a Ray cluster)."""
     from rich.console import Console
     from rich.progress import (
-        BarColumn,
         DownloadColumn,
         Progress,
-        TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
 
+    columns = (*lead, DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    return Progress(
+        *columns, console=Console(stderr=True), disable=not show, transient=False
+    )
+
+
+def _run(pending: list[ShardSelection], workers: int, show: bool):
+    """Run every task; yield (shard, size, sha256) as shards are finished."""
+    from rich.progress import BarColumn, TextColumn
+
     global _PROGRESS
     selection: Selection = _JOB["selection"]
     total = sum(t.nbytes for t in _JOB["tasks"])
-    columns = (
-        TextColumn("quantize {task.fields[scheme]}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    console = Console(stderr=True)
     schedule = _Schedule(selection, pending)
-    with Progress(*columns, console=console, disable=not show, transient=False) as bar:
+    label = TextColumn("quantize {task.fields[scheme]}")
+    with byte_progress(show, label, BarColumn()) as bar:
         task = bar.add_task("", total=total, scheme=selection.scheme.name)
         if workers <= 1:
             _PROGRESS = None

@@ -77,20 +77,20 @@ def make_deployment(
     the deployment returned is the decode deployment's, with ``pd_layout`` set."""
 
     profile = target if isinstance(target, TargetProfile) else get_target(target)
+    # The load and how it is served: the same for one deployment and for each
+    # role of a disaggregated one.
+    load = dict(
+        scheme=scheme,
+        context=context,
+        concurrency=concurrency,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        output_len=output_len,
+        model=model,
+    )
     if disaggregate is not None:
         return _disaggregated(
-            spec,
-            profile,
-            disaggregate,
-            nodes,
-            figures or Figures(),
-            scheme=scheme,
-            context=context,
-            concurrency=concurrency,
-            dtype=dtype,
-            kv_cache_dtype=kv_cache_dtype,
-            output_len=output_len,
-            model=model,
+            spec, profile, disaggregate, nodes, figures or Figures(), **load
         )
     if figures is not None and figures != Figures():
         raise InputError(
@@ -98,17 +98,7 @@ def make_deployment(
             "split: give them with --disaggregate P:D"
         )
     return _single(
-        spec,
-        profile,
-        scheme,
-        context=context,
-        concurrency=concurrency,
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        output_len=output_len,
-        model=model,
-        host_memory_bytes=host_memory_bytes,
-        nodes=nodes,
+        spec, profile, host_memory_bytes=host_memory_bytes, nodes=nodes, **load
     )
 
 
