@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from test_spec_properties import to_yaml, valid_spec_data
 
 from onboard.arch import DenseMLP, MoEMLP, build_plan
+from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec import parse_spec_text
-from onboard.spec.layouts import LAYER_NORM_ROLES
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generate_variants import ALL, any_spec  # noqa: E402
@@ -42,7 +42,12 @@ def test_each_layer_is_what_the_spec_says(data):
         assert isinstance(mlp, MoEMLP if layer.is_moe else DenseMLP)
         assert layer.mixer.kind == spec.attention.type
         assert (layer.norms.kind, layer.norms.eps) == (spec.norm.type, spec.norm.eps)
-        assert layer.norms.roles == LAYER_NORM_ROLES[spec.norm.placement]
+        stream = layer.stream
+        assert (stream.placement, stream.multiplier) == (
+            spec.norm.placement,
+            spec.residual_multiplier,
+        )
+        assert stream.roles == NORM_ROLES[spec.norm.placement]
         # Gemma-3: the sliding layers rotate with their own theta and scaling.
         theta, scaling = spec.rope.theta, spec.rope.scaling
         if spec.rope.sliding is not None and layer.mixer.sliding:

@@ -23,8 +23,9 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
-from onboard.components import present
-from onboard.spec.layouts import LAYER_NORM_ROLES, LAYOUT_PRESETS, NORM_SITES
+from onboard.components import present, residual_stream
+from onboard.components.residual_stream import ResidualStream
+from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import (
     gpt_oss_experts,
@@ -289,27 +290,13 @@ MLP = DenseMLP | MoEMLP
 
 @dataclass(frozen=True)
 class Norms:
-    """A layer's norms: ``pre`` normalises attention's and the MLP's inputs,
-    ``post`` their outputs (before each residual add), ``parallel`` the layer
-    input once, for attention and the MLP side by side, ``sandwich`` both inputs
-    and outputs."""
+    """A layer's norms, of one kind; where they sit is the residual stream's
+    (Layer.stream)."""
 
     kind: Literal["rmsnorm", "layernorm"]
     eps: float
-    placement: Literal["pre", "post", "parallel", "sandwich"]
     bias: bool = True  # layernorm: a bias beside the weight
     unit_offset: bool = False  # RMSNorm by (1 + weight), in float32 (Gemma)
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles, in the order the layer runs them (``parallel``
-        has the one both attention and the MLP read)."""
-        return LAYER_NORM_ROLES[self.placement]
-
-    def at(self, site: str) -> str | None:
-        """The role normalising ``site`` (``attention_input``,
-        ``attention_output``, ``mlp_input``, ``mlp_output``), or None."""
-        return next((r for r in self.roles if NORM_SITES[r] == site), None)
 
     @property
     def has_bias(self) -> bool:
@@ -319,14 +306,14 @@ class Norms:
 
 @dataclass(frozen=True)
 class Layer:
-    """One decoder layer: its token mixer, its MLP and the norms around them."""
+    """One decoder layer: its token mixer, its MLP, the norms around them and how
+    their outputs join the residual stream."""
 
     index: int
     mixer: Mixer
     mlp: MLP
     norms: Norms
-    # Factor on the attention and MLP outputs before each residual add.
-    residual_multiplier: float = 1.0
+    stream: ResidualStream
 
     @property
     def is_moe(self) -> bool:
@@ -450,7 +437,7 @@ class ArchPlan:
     @property
     def layer_prefix(self) -> str:
         """The checkpoint path the decoder layers sit under (``model.layers.``)."""
-        norm = self.layers[0].norms.roles[0]
+        norm = self.layers[0].stream.roles[0]
         return self.tensors.checkpoint[norm].split("{layer}")[0]
 
     @property
@@ -535,7 +522,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
     norm = spec.norm
-    norms = Norms(norm.type, norm.eps, norm.placement, norm.bias, norm.unit_offset)
+    norms = Norms(norm.type, norm.eps, norm.bias, norm.unit_offset)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 
@@ -558,7 +545,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
             mixer=mixer(i),
             mlp=mlp(spec.is_moe_layer(i)),
             norms=norms,
-            residual_multiplier=spec.residual_multiplier,
+            stream=residual_stream.COMPONENT.plan(spec, i),
         )
         for i in range(spec.num_hidden_layers)
     )
@@ -570,6 +557,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
             mixer=_attention(spec, False, None),
             mlp=mlp(spec.mtp.mlp == "moe"),
             norms=norms,
+            stream=residual_stream.COMPONENT.plan(spec, None),
         )
         mtp = MTPPlan(num_heads=spec.mtp.num_heads, first_layer=first, block=block)
     roles = used_roles(spec)
@@ -604,7 +592,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         qkv_bias=att.qkv_bias,
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
-        query_slices=1 + sum(c.q_slices for c in present(spec)),
+        query_slices=1 + sum(c.q_slices for c in present(spec, "attention")),
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         softmax_scale=att.softmax_scale,
         indexer=None
@@ -618,7 +606,7 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         ),
         parts=tuple(
             node
-            for component in present(spec)
+            for component in present(spec, "attention")
             if (node := component.plan(spec, layer)) is not None
         ),
         mla=None

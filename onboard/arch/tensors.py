@@ -116,8 +116,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         if bias:
             add(role, (out_f,), "bias", expert=expert, suffix="bias")
 
-    norms = block.norms
-    norm(norms.at("attention_input"), h)  # parallel: the one both read
+    stream = block.stream
+    norm(stream.at("attention_input"), h)  # parallel: the one both read
     if isinstance(att, GatedDeltaNet):
         _linear_attention_tensors(att, h, add, linear)
     elif isinstance(att, KimiDeltaAttention):
@@ -163,8 +163,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
     if not att.linear:
         for component in components.present(spec):
             out += component.tensors(spec, block)
-    norm(norms.at("attention_output"), h)
-    norm(norms.at("mlp_input"), h)
+    norm(stream.at("attention_output"), h)
+    norm(stream.at("mlp_input"), h)
 
     m = block.mlp
     if isinstance(m, DenseMLP):
@@ -177,7 +177,7 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         linear("down_proj", h, inter)
     else:
         _moe_tensors(m, h, add, linear)
-    norm(norms.at("mlp_output"), h)
+    norm(stream.at("mlp_output"), h)
     return out
 
 

@@ -315,12 +315,13 @@ def _missing_problem(
 def _other_norm_placement(run: PreflightRun, pattern: str) -> str | None:
     """The other norm.placement, where ``pattern`` is one of its norms' preset
     paths (OLMo-2's post_feedforward_layernorm beside a pre-norm spec)."""
-    from onboard.spec.layouts import LAYER_NORM_ROLES, preset_roles
+    from onboard.components.residual_stream import NORM_ROLES
+    from onboard.spec.layouts import preset_roles
 
     at = preset_roles(split_name(pattern)[0])
     mine = run.spec.norm.placement
-    for placement, roles in LAYER_NORM_ROLES.items():
-        if placement != mine and at & (set(roles) - set(LAYER_NORM_ROLES[mine])):
+    for placement, roles in NORM_ROLES.items():
+        if placement != mine and at & (set(roles) - set(NORM_ROLES[mine])):
             return placement
     return None
 

@@ -54,9 +54,10 @@ def every() -> tuple[Component, ...]:
     return tuple(found)
 
 
-def present(spec: ModelSpec) -> tuple[Component, ...]:
-    """The components ``spec`` has."""
-    return tuple(c for c in every() if c.present(spec))
+def present(spec: ModelSpec, host: str | None = None) -> tuple[Component, ...]:
+    """The components ``spec`` has (those whose plan node lives in ``host``,
+    "attention" or "layer", where given)."""
+    return tuple(c for c in every() if c.present(spec) and host in (None, c.host))
 
 
 def parts(attention: Attention) -> tuple[tuple[Component, Any], ...]:

@@ -135,6 +135,9 @@ class Component:
     name: ClassVar[str]
     # What it is, as a noun phrase ("attention sinks"): summaries list it.
     label: ClassVar[str] = ""
+    # Where its plan node lives: a layer's attention (Attention.parts) or the
+    # layer itself ("layer": the residual stream, Layer.stream).
+    host: ClassVar[str] = "attention"
     # The spec section whose fields it adds ("attention.mla"), and those fields.
     extends: ClassVar[str | None] = None
     Fields: ClassVar[type[Section] | None] = None

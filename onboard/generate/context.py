@@ -17,16 +17,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard import components
-from onboard.arch import ArchPlan, KimiDeltaAttention, build_plan
+from onboard.arch import ArchPlan, KimiDeltaAttention, Norms, build_plan
 from onboard.arch.config_keys import (
     ConfigKeys,
     GenerationError,
     eps_concept,
     unset_keys,
 )
+from onboard.components.residual_stream import NORM_ROLES, ResidualStream
 from onboard.spec.hf import MLA_WHOLE_HEAD, transformers_knows
 from onboard.spec.layouts import (
-    LAYER_NORM_ROLES,
     LAYOUT_PRESETS,
     PARAM_ROLES,
     ROUTED_EXPERT_ROLES,
@@ -518,7 +518,7 @@ def _refuse_direct_mla(spec: ModelSpec) -> None:
     ]
     for present, what in absent:
         if present:
-            names = ", ".join(c.name for c in components.present(spec))
+            names = ", ".join(c.name for c in components.present(spec, "attention"))
             raise GenerationError(
                 f"{spec.name}: the vLLM model of MLA with {names} calls vLLM's "
                 f"MLAAttention itself, which is generated without {what} only"
@@ -663,7 +663,7 @@ def build_context(
         # MLA layers reading an earlier layer's latent: the model hands it on.
         "mla_kv_sharing": is_mla and kv_sharing,
         **_components_context(spec, arch, f),
-        **_norm_context(spec, arch, cfg, mlp, norm_names),
+        **_norm_context(spec, arch, cfg, mlp, norm_names, vllm_paths),
         "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
@@ -701,9 +701,13 @@ def _norm_context(
     cfg: dict[str, Any],
     mlp: SimpleNamespace,
     norm_names: SimpleNamespace,
+    vllm_paths: dict[str, str],
 ) -> dict[str, Any]:
     """The decoder layer's norms: their classes, placement and names."""
     norms = arch.layers[0].norms
+    stream = _stream_code(
+        arch.layers[0].stream, norms, vllm_paths, cfg["residual_multiplier"]
+    )
     return {
         "norm": spec.norm.type,
         # The norm class of the layers and the final norm, and of the q/k norms.
@@ -713,19 +717,46 @@ def _norm_context(
         "norm_args": ", bias=False"
         if norms.kind == "layernorm" and not norms.bias
         else "",
-        "norm_placement": norms.placement,
         "norm_names": norm_names,
         # The MLP takes reduce_results: a shared expert reduced with the routed
         # ones, a parallel block's MLP reduced with attention.
-        "mlp_reduce_arg": mlp.shared or norms.placement == "parallel",
-        # The decoder layer takes and returns the residual beside the hidden
-        # states, so vLLM's RMSNorm adds it in the same kernel (the norms of
-        # attention's and the MLP's inputs: pre-norm and sandwich blocks; no
-        # multiplier on the sublayers' outputs, as vLLM's granite.py).
-        "fused_residual": norms.kind == "rmsnorm"
-        and norms.placement in ("pre", "sandwich")
-        and cfg["residual_multiplier"] is None,
+        "mlp_reduce_arg": mlp.shared or stream.form == "parallel",
+        "stream": stream,
     }
+
+
+@dataclass(frozen=True)
+class StreamCode:
+    """What the residual stream's vLLM fragments print
+    (templates/components/residual_stream/)."""
+
+    # The forward: ``pre``, ``post``, ``parallel``, ``sandwich``, or ``fused``
+    # (pre-norm, the residual added in vLLM's RMSNorm kernel).
+    form: str
+    # The layer's norm modules, in the order the block runs them.
+    norm_attrs: tuple[str, ...]
+    # The config key of the multiplier on each sublayer's output (Granite).
+    multiplier_key: str | None
+
+    @property
+    def fused(self) -> bool:
+        """The layer takes and returns the residual beside the hidden states, so
+        vLLM's RMSNorm adds it in the same kernel (sandwich blocks do too)."""
+        return self.form in ("fused", "sandwich")
+
+
+def _stream_code(
+    stream: ResidualStream, norms: Norms, vllm_paths: dict[str, str], key: str | None
+) -> StreamCode:
+    """The residual stream's vLLM code from its plan node. vLLM's RMSNorm adds
+    the residual in its kernel where the norms of attention's and the MLP's
+    inputs are RMSNorms and no multiplier scales the sublayers' outputs (as
+    vLLM's granite.py)."""
+    form: str = stream.placement
+    if stream.placement == "pre" and norms.kind == "rmsnorm" and key is None:
+        form = "fused"
+    attrs = tuple(_layer_rel(vllm_paths[role]) or "" for role in stream.roles)
+    return StreamCode(form, attrs, key)
 
 
 def _linear_context(
@@ -809,11 +840,11 @@ def _layer_norm_names(
     checkpoint's own names where all four are plain attributes of the layer (no
     renames, as vLLM's glm4.py keeps GLM-4's post_self_attn_layernorm), else
     vLLM's Gemma-2 names. Updates ``vllm_paths`` to match."""
-    norms = arch.layers[0].norms
-    if norms.placement != "sandwich":
+    stream = arch.layers[0].stream
+    if stream.placement != "sandwich":
         return SimpleNamespace()
     sites = ("attention_input", "attention_output", "mlp_input", "mlp_output")
-    roles = [norms.at(site) for site in sites]
+    roles = [stream.at(site) for site in sites]
     leaves = [_layer_rel(spec.tensor_path(r)) or "" for r in roles]
     taken = {"self_attn", _vllm_dense_block(spec) if mlp.has_dense else "mlp"}
     if mlp.has_moe:
@@ -1032,7 +1063,7 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
 def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[str]:
     """The roles whose checkpoint tensors the file's ``load_weights`` maps."""
     att = spec.attention
-    roles = ["embed", "final_norm", *LAYER_NORM_ROLES[spec.norm.placement], "o_proj"]
+    roles = ["embed", "final_norm", *NORM_ROLES[spec.norm.placement], "o_proj"]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
     if att.type == "mla":
@@ -1384,7 +1415,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         )
     else:
         items.append("Dense gated MLP on every layer.")
-    if layers[0].norms.placement == "parallel":
+    if layers[0].stream.placement == "parallel":
         items.append(
             "Parallel blocks: attention and the MLP read the same normalised input "
             "and both add to the residual."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from onboard import components
 from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
 from onboard.components.qk_norm import QkNorm
+from onboard.components.residual_stream import ResidualStream
 from onboard.errors import InputError
 from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
@@ -210,6 +212,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "n": names,
         "f": f,
         "c": c,
+        "stream": _stream_reference(arch.layers[0].stream, names, c),
         "per_layer": per_layer,
         "summary": _summary(spec, f),
         "router_doc": _router_doc(f),
@@ -226,6 +229,31 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "ignore_unexpected": _ignore_unexpected(spec, names, f),
         **config_class_context(spec, hf),
     }
+
+
+@dataclass(frozen=True)
+class StreamReference:
+    """What the residual stream's reference fragments print
+    (templates/components/residual_stream/hf_*.py.j2)."""
+
+    form: str  # the placement: pre, post, parallel or sandwich
+    # The layer's norm modules the block runs before its mixer, and after it.
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    # The config key of the multiplier on each sublayer's output (Granite).
+    multiplier_key: str | None
+
+
+def _stream_reference(
+    stream: ResidualStream, names: dict[str, str], c: dict[str, str | None]
+) -> StreamReference:
+    first = stream.at("attention_input")
+    return StreamReference(
+        stream.placement,
+        tuple(names[r] for r in stream.roles if r == first),
+        tuple(names[r] for r in stream.roles if r != first),
+        c.get("residual_multiplier"),
+    )
 
 
 def _bias_zeros(f: dict[str, Any], c: dict[str, str | None]) -> str | None:
@@ -281,11 +309,11 @@ def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
 
 
 def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
-    """Gemma's parts the reference has: sandwich and 1 + weight norms, scaled
-    embeddings, its softmax scale and final soft-cap."""
+    """Gemma's parts the reference has: 1 + weight norms, scaled embeddings,
+    its softmax scale and final soft-cap (its sandwich norms are the residual
+    stream's)."""
     att, norms = spec.attention, arch.layers[0].norms
     return {
-        "sandwich": norms.placement == "sandwich",
         "unit_offset": norms.unit_offset,
         "scale_embedding": spec.scale_embedding,
         "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
@@ -343,12 +371,11 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
 def _block_form(arch) -> dict[str, bool]:
     """The decoder block's norms (kind, bias, placement) and whether the
     checkpoint stores q/k/v fused."""
-    norms = arch.layers[0].norms
+    norms, stream = arch.layers[0].norms, arch.layers[0].stream
     return {
         "layernorm": norms.kind == "layernorm",
         "norm_bias": norms.has_bias,
-        "post_norm": norms.placement == "post",
-        "parallel_norm": norms.placement == "parallel",
+        "parallel_norm": stream.placement == "parallel",
         "fused_qkv": "qkv_proj" in arch.fused,
     }
 
@@ -674,7 +701,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         extras = [
             name
             for name, on in (
-                *((c.label, True) for c in components.present(spec)),
+                *((c.label, True) for c in components.present(spec, "attention")),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
             )

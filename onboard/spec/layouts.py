@@ -200,30 +200,6 @@ def preset_roles(path: str) -> frozenset[str]:
     return _PRESET_ROLES.get(path, frozenset())
 
 
-# The norm roles of a decoder layer, by norm.placement, in the order the layer
-# runs them.
-LAYER_NORM_ROLES: dict[str, tuple[str, ...]] = {
-    "pre": ("input_norm", "post_attention_norm"),
-    "post": ("attention_output_norm", "mlp_output_norm"),
-    # One norm on the layer input, read by attention and the MLP (Cohere).
-    "parallel": ("input_norm",),
-    "sandwich": (
-        "input_norm",
-        "attention_output_norm",
-        "mlp_input_norm",
-        "mlp_output_norm",
-    ),
-}
-# What each of those roles normalises: the input or the output of attention or
-# of the MLP (a parallel block's input norm feeds both).
-NORM_SITES: dict[str, str] = {
-    "input_norm": "attention_input",
-    "post_attention_norm": "mlp_input",
-    "attention_output_norm": "attention_output",
-    "mlp_input_norm": "mlp_input",
-    "mlp_output_norm": "mlp_output",
-}
-
 # checkpoint.fused: the role a checkpoint stores in one tensor, and the roles it
 # stands for (stacked along the output dim in this order).
 FUSED_ROLES: dict[str, tuple[str, ...]] = {

@@ -89,16 +89,6 @@ class _NormFields(_Section):
         "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
     )
     eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    placement: Literal["pre", "post", "parallel", "sandwich"] = Field(
-        "pre",
-        description="Where a decoder layer normalises: `pre` normalises the input "
-        "of attention and of the MLP (Llama); `post` normalises their outputs, "
-        "before each residual add, and the layer input is not normalised "
-        "(OLMo-2, EXAONE-4); `parallel` normalises the layer input once, and "
-        "attention and the MLP both read it, their outputs added to the residual "
-        "together (Cohere); `sandwich` normalises both the inputs and the "
-        "outputs (Gemma-2/3).",
-    )
     bias: bool = Field(
         True,
         description="layernorm: a bias beside the weight; `false` for a "

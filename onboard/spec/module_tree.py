@@ -16,11 +16,11 @@ renames what it loads).
 from __future__ import annotations
 
 from onboard import components
+from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec.layouts import (
     INDEXER_ROLES,
     KIMI_DELTA_ROLES,
-    LAYER_NORM_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
@@ -157,7 +157,7 @@ NN_MODULE_ATTRIBUTES = frozenset(
 def used_roles(spec: ModelSpec) -> list[str]:
     """The tensor roles a checkpoint of ``spec`` has (in a stable order)."""
     att = spec.attention
-    roles = ["embed", "final_norm", *LAYER_NORM_ROLES[spec.norm.placement]]
+    roles = ["embed", "final_norm", *NORM_ROLES[spec.norm.placement]]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
     if att.type == "mla":

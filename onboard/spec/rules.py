@@ -57,7 +57,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _moe_rules,
         _gemma_rules,
         _mtp_rules,
-        _multiplier_rules,
         _checkpoint_rules,
         _module_tree_rules,
         _fused_rules,
@@ -710,10 +709,6 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
 def _gemma_rules(spec: ModelSpec, report: Report) -> None:
     if spec.norm.unit_offset and spec.norm.type != "rmsnorm":
         report(("norm", "unit_offset"), "applies to rmsnorm only")
-    if spec.norm.placement == "sandwich" and spec.norm.type != "rmsnorm":
-        # The generated layer adds the residual in vLLM's RMSNorm (no family has
-        # sandwich LayerNorms).
-        report(("norm", "placement"), "sandwich norms are generated for rmsnorm only")
     if spec.norm.unit_offset and spec.attention.type == "mla":
         # No family has both: MLA's latent norms would be (1 + weight) norms too.
         report(("norm", "unit_offset"), "is not generated for MLA attention")
@@ -764,12 +759,6 @@ def _mtp_rules(spec: ModelSpec, report: Report) -> None:
 def _multiplied(spec: ModelSpec) -> str:
     """The multipliers (Granite's) the spec sets away from their neutral value."""
     return ", ".join(name for name in MULTIPLIERS if getattr(spec, name) != 1.0)
-
-
-def _multiplier_rules(spec: ModelSpec, report: Report) -> None:
-    if spec.residual_multiplier != 1.0 and spec.norm.placement != "pre":
-        # No family has both; where a post-norm block would scale is unverified.
-        report(("residual_multiplier",), "needs norm.placement pre")
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
@@ -946,9 +935,6 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
 def _norm_rules(spec: ModelSpec, report: Report) -> None:
     if not spec.norm.bias and spec.norm.type != "layernorm":
         report(("norm", "bias"), "applies only to norm.type layernorm")
-    if spec.norm.placement == "parallel" and spec.mlp.moe is not None:
-        # No family has both; the layer reduces one dense MLP with attention.
-        report(("norm", "placement"), "parallel blocks are generated for dense MLPs")
 
 
 def _template_problem(role: str, template: str) -> str | None:
