@@ -23,7 +23,9 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
+from onboard.components import norms as norms_component
 from onboard.components import present, residual_stream
+from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
 from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec
@@ -289,22 +291,6 @@ MLP = DenseMLP | MoEMLP
 
 
 @dataclass(frozen=True)
-class Norms:
-    """A layer's norms, of one kind; where they sit is the residual stream's
-    (Layer.stream)."""
-
-    kind: Literal["rmsnorm", "layernorm"]
-    eps: float
-    bias: bool = True  # layernorm: a bias beside the weight
-    unit_offset: bool = False  # RMSNorm by (1 + weight), in float32 (Gemma)
-
-    @property
-    def has_bias(self) -> bool:
-        """Whether each norm has a bias tensor."""
-        return self.kind == "layernorm" and self.bias
-
-
-@dataclass(frozen=True)
 class Layer:
     """One decoder layer: its token mixer, its MLP, the norms around them and how
     their outputs join the residual stream."""
@@ -521,8 +507,7 @@ class ArchPlan:
 def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
-    norm = spec.norm
-    norms = Norms(norm.type, norm.eps, norm.bias, norm.unit_offset)
+    norms = norms_component.COMPONENT.plan(spec, None)
     dense = _dense_mlp(spec)
     moe = _moe_mlp(spec)
 

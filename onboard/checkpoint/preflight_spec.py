@@ -538,8 +538,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings",),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "hidden_act": ("activation",),
-    "rms_norm_eps": ("norm.eps",),
-    "layer_norm_eps": ("norm.eps",),
     "num_attention_heads": ("attention.num_heads",),
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),

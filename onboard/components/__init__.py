@@ -84,8 +84,11 @@ def fragments(spec: ModelSpec, model: str) -> dict[str, list[str]]:
 
 def section_fields(section: str) -> tuple[type[Section], ...]:
     """The field mixins components add to spec section ``section``
-    (``attention.mla``), in registry order."""
-    return tuple(c.Fields for c in every() if c.extends == section and c.Fields)
+    (``attention.mla``), as bases: in reverse registry order, since pydantic
+    lists the fields of the last base first (the section's own fields, then
+    the components' in registry order)."""
+    mixins = [c.Fields for c in every() if c.extends == section and c.Fields]
+    return tuple(reversed(mixins))
 
 
 def roles() -> Mapping[str, Role]:

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 Report = Callable[[tuple[str | int, ...], str], None]
 
 
+class ConfigProblem(ValueError):
+    """What a component's read() finds wrong with a config.json (reported with
+    the config's other problems, never a traceback)."""
+
+
 class Section(BaseModel):
     """A spec section: unknown keys are errors (with a did-you-mean from the
     loader), never ignored; infinity and NaN mean nothing in a spec and would

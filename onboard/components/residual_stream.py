@@ -18,7 +18,7 @@ block's norms and its ``forward`` at the decoder layer's slots.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -92,6 +92,10 @@ class _ResidualStream(Component):
     extends = "norm"
     Fields = ResidualStreamFields
     Node = ResidualStream
+    field = "norm.placement"
+    concept = "norm_placement"
+    # Which norm tensors a checkpoint has shows it (spec from-hf).
+    visible = ("norm_placement",)
 
     def present(self, spec: ModelSpec) -> bool:
         return True
@@ -109,6 +113,14 @@ class _ResidualStream(Component):
         if spec.residual_multiplier != 1.0 and placement != "pre":
             # No family has both; where a post-norm block would scale is unverified.
             report(("residual_multiplier",), "needs norm.placement pre")
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        # Written only where not pre, so the configs of pre-norm specs have none.
+        placement = spec.norm.placement
+        return {} if placement == "pre" else {"norm_placement": placement}
+
+    def facts(self, spec: ModelSpec) -> dict[str, Any]:
+        return {"norm_placement": spec.norm.placement}
 
     def plan(self, spec: ModelSpec, layer: int | None) -> ResidualStream:
         # An MTP head's block (layer None) adds without a multiplier.

@@ -24,7 +24,7 @@ from onboard.arch.config_keys import (
     eps_concept,
     unset_keys,
 )
-from onboard.components.residual_stream import NORM_ROLES, ResidualStream
+from onboard.components.residual_stream import ResidualStream
 from onboard.spec.hf import MLA_WHOLE_HEAD, transformers_knows
 from onboard.spec.layouts import (
     LAYOUT_PRESETS,
@@ -590,7 +590,7 @@ def build_context(
     vllm_paths = _vllm_paths(spec, mlp)
     ckpt = spec.checkpoint
     norm_names = _layer_norm_names(spec, arch, vllm_paths, mlp)
-    renames = _renames(spec, _loaded_roles(spec, mlp, mtp=mtp), vllm_paths)
+    renames = _renames(spec, _loaded_roles(spec, arch, mlp, mtp=mtp), vllm_paths)
     names = _module_names(vllm_paths, mlp)
     stacked, packed = _stacked_params(spec, mlp, names)
 
@@ -663,7 +663,7 @@ def build_context(
         # MLA layers reading an earlier layer's latent: the model hands it on.
         "mla_kv_sharing": is_mla and kv_sharing,
         **_components_context(spec, arch, f),
-        **_norm_context(spec, arch, cfg, mlp, norm_names, vllm_paths),
+        **_norm_context(arch, cfg, mlp, norm_names, vllm_paths),
         "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
@@ -696,7 +696,6 @@ def build_context(
 
 
 def _norm_context(
-    spec: ModelSpec,
     arch: ArchPlan,
     cfg: dict[str, Any],
     mlp: SimpleNamespace,
@@ -709,7 +708,7 @@ def _norm_context(
         arch.layers[0].stream, norms, vllm_paths, cfg["residual_multiplier"]
     )
     return {
-        "norm": spec.norm.type,
+        "norm": norms.kind,
         # The norm class of the layers and the final norm, and of the q/k norms.
         "norm_class": _norm_class(norms),
         "rms_class": "GemmaRMSNorm" if norms.unit_offset else "RMSNorm",
@@ -1060,10 +1059,12 @@ def _vllm_paths(spec: ModelSpec, mlp: SimpleNamespace) -> dict[str, str]:
     return paths
 
 
-def _loaded_roles(spec: ModelSpec, mlp: SimpleNamespace, *, mtp: bool) -> list[str]:
+def _loaded_roles(
+    spec: ModelSpec, arch: ArchPlan, mlp: SimpleNamespace, *, mtp: bool
+) -> list[str]:
     """The roles whose checkpoint tensors the file's ``load_weights`` maps."""
     att = spec.attention
-    roles = ["embed", "final_norm", *NORM_ROLES[spec.norm.placement], "o_proj"]
+    roles = ["embed", "final_norm", *arch.layers[0].stream.roles, "o_proj"]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
     if att.type == "mla":

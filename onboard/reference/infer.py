@@ -49,8 +49,6 @@ from onboard.spec.rules import check_rules
 VISIBLE = (
     "qkv_bias",
     "o_bias",
-    "norm_placement",
-    "norm_bias",
     "n_shared_experts",
     "shared_expert_gate",
     "topk_method",

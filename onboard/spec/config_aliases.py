@@ -24,11 +24,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "hidden_act": ("hidden_act", "hidden_activation"),
     "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
     "final_logit_softcapping": ("final_logit_softcapping",),
-    "rms_norm_eps": ("rms_norm_eps",),
-    "layer_norm_eps": ("layer_norm_eps",),
-    "norm_placement": ("norm_placement",),
-    "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
-    "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
     # Granite's multipliers (HyperCLOVAX's keys too)
     "embedding_multiplier": ("embedding_multiplier",),
     "residual_multiplier": ("residual_multiplier",),

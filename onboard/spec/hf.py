@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from onboard import components
 from onboard.components import Component
+from onboard.components.base import ConfigProblem
 from onboard.config_json import non_finite_keys
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
@@ -804,8 +805,6 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
     """The spec's values of ``concepts``, as config values."""
     att, moe = spec.attention, spec.mlp.moe
     values: dict[str, Any] = {
-        "norm_placement": spec.norm.placement,
-        "norm_bias": spec.norm.bias,
         "rope_interleave": spec.rope.interleaved,
         NOPE_WHEN_SLIDING: _nope_when_sliding(spec),
     }
@@ -933,16 +932,7 @@ def _read(
     spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
-    rms, ln = r.get("rms_norm_eps"), r.get("layer_norm_eps")
-    if (rms is None) == (ln is None):
-        r.bad("rms_norm_eps / layer_norm_eps: exactly one must be set")
-    spec["norm"] = {
-        "type": "rmsnorm" if rms is not None else "layernorm",
-        "eps": rms if rms is not None else ln,
-        "placement": r.get("norm_placement", "pre"),
-        "bias": r.get("norm_bias", True),
-        "unit_offset": bool(r.get("norm_unit_offset", False)),
-    }
+    spec["norm"] = {}  # the norms' components read theirs
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
     )
@@ -962,7 +952,11 @@ def _read(
 def _read_component(spec: dict, component: Component, r: _Reader) -> None:
     """A component's fields, read from the config into its spec section (a
     section the config does not have, e.g. MLA's for a GQA model, takes none)."""
-    fields = component.read(r.get)
+    try:
+        fields = component.read(r.get)
+    except ConfigProblem as exc:
+        r.bad(str(exc))
+        return
     if not fields or component.extends is None:
         return
     section: Any = spec
@@ -2172,12 +2166,6 @@ def _model_wide_concepts(spec: ModelSpec) -> dict[str, Any]:
         extra["scale_embedding"] = True
     if spec.final_logit_softcap is not None:
         extra["final_logit_softcapping"] = spec.final_logit_softcap
-    if spec.norm.unit_offset:
-        extra["norm_unit_offset"] = True
-    if spec.norm.placement != "pre":
-        extra["norm_placement"] = spec.norm.placement
-    if not spec.norm.bias:
-        extra["norm_bias"] = False
     if spec.logit_scale != 1.0:
         extra["logit_scale"] = spec.logit_scale
     # Granite's multipliers, written where they are not neutral.
@@ -2197,7 +2185,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         "max_position_embeddings": spec.max_position_embeddings,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "hidden_act": spec.activation,
-        f"{'rms' if spec.norm.type == 'rmsnorm' else 'layer'}_norm_eps": spec.norm.eps,
+        **_component_concepts(spec, "norm"),
         "num_attention_heads": att.num_heads,
     }
     c.update(_model_wide_concepts(spec))
@@ -2222,7 +2210,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             rope["partial_rotary_factor"] = mla.qk_rope_head_dim / whole
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
-        c.update(_component_concepts(spec, attention=True))
+        c.update(_component_concepts(spec, "attention"))
         c.update(_indexer_concepts(spec))
         if att.layer_types is not None:
             c["layer_types"] = spec.layer_attention_types()
@@ -2233,7 +2221,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             qkv_bias=att.qkv_bias,
             o_bias=att.o_bias,
         )
-        c.update(_component_concepts(spec, attention=True))
+        c.update(_component_concepts(spec, "attention"))
         if att.query_pre_attn_scalar is not None:
             c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
         if att.partial_rotary_factor != 1.0:
@@ -2329,16 +2317,18 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
     c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
     if spec.mtp is not None:
         c["mtp_mlp"] = spec.mtp.mlp
-    c.update(_component_concepts(spec, attention=False))
+    c.update(_component_concepts(spec, "other"))
     return c
 
 
-def _component_concepts(spec: ModelSpec, *, attention: bool) -> dict[str, Any]:
-    """The config of the components ``spec`` has: those of the attention's
-    sections (written among its keys), or the others."""
+def _component_concepts(spec: ModelSpec, part: str) -> dict[str, Any]:
+    """The config of the components ``spec`` has, by where config.json lists
+    them: ``attention`` (the attention's sections, among its keys), ``norm``
+    (the norms' kind and placement, beside the eps) or ``other`` (last)."""
     out: dict[str, Any] = {}
     for component in components.present(spec):
-        if (component.extends or "").startswith("attention") == attention:
+        section = (component.extends or "").split(".")[0]
+        if (section if section in ("attention", "norm") else "other") == part:
             out.update(component.config(spec))
     return out
 

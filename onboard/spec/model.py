@@ -83,27 +83,7 @@ def class_prefix(architecture: str) -> str:
     return architecture
 
 
-class _NormFields(_Section):
-    # Norm's own fields; components add theirs (onboard.components).
-    type: Literal["rmsnorm", "layernorm"] = Field(
-        "rmsnorm", description="Norm kind: `rmsnorm` or `layernorm`."
-    )
-    eps: float = Field(1e-6, gt=0, lt=1, description="Epsilon added to the variance.")
-    bias: bool = Field(
-        True,
-        description="layernorm: a bias beside the weight; `false` for a "
-        "weight-only LayerNorm (Cohere). An rmsnorm has none.",
-    )
-    unit_offset: bool = Field(
-        False,
-        description="RMSNorm scales by (1 + weight) instead of weight, the product "
-        "taken in float32 before the cast back (Gemma, Qwen3-Next). Every "
-        "RMSNorm of the model, q/k norms included, but the linear-attention "
-        "layers' gated norm, which scales by its weight (Qwen3-Next's).",
-    )
-
-
-class Norm(*section_fields("norm"), _NormFields):
+class Norm(*section_fields("norm")):
     """Normalisation layers used throughout the model."""
 
 

@@ -60,7 +60,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _checkpoint_rules,
         _module_tree_rules,
         _fused_rules,
-        _norm_rules,
         _speculator_rules,
         _name_rules,
         _keep_unquantized_rules,
@@ -707,11 +706,6 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
 
 
 def _gemma_rules(spec: ModelSpec, report: Report) -> None:
-    if spec.norm.unit_offset and spec.norm.type != "rmsnorm":
-        report(("norm", "unit_offset"), "applies to rmsnorm only")
-    if spec.norm.unit_offset and spec.attention.type == "mla":
-        # No family has both: MLA's latent norms would be (1 + weight) norms too.
-        report(("norm", "unit_offset"), "is not generated for MLA attention")
     if spec.final_logit_softcap is not None and spec.logit_scale != 1.0:
         # No family has both (vLLM would soft-cap, then scale).
         report(("final_logit_softcap",), "is not generated beside a logit_scale")
@@ -930,11 +924,6 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
         report(where, "experts: the model has no MoE layer")
     if "shared_gate_up_proj" in fused and not (moe and moe.num_shared_experts):
         report(where, "shared_gate_up_proj: the model has no shared expert")
-
-
-def _norm_rules(spec: ModelSpec, report: Report) -> None:
-    if not spec.norm.bias and spec.norm.type != "layernorm":
-        report(("norm", "bias"), "applies only to norm.type layernorm")
 
 
 def _template_problem(role: str, template: str) -> str | None:
