@@ -188,20 +188,19 @@ class Component:
             cls.config_aliases = {cls.concept: (cls.concept,)}
             cls.concept_fields = {cls.concept: (cls.field,)}
         for model in ("vllm", "hf"):
-            slots = getattr(cls, f"{model}_slots")
-            fragments = {
-                slot: f"components/{cls.name}/{model}_{slot.rpartition('.')[2]}.py.j2"
-                for slot in slots
-            }
-            setattr(cls, f"{model}_fragments", fragments)
+            if f"{model}_slots" in cls.__dict__:
+                fragments = {
+                    slot: f"components/{cls.name}/{model}_{slot.rpartition('.')[2]}"
+                    ".py.j2"
+                    for slot in getattr(cls, f"{model}_slots")
+                }
+                setattr(cls, f"{model}_fragments", fragments)
         # Class tables are read by every stage: none may change them.
-        for table in ("roles", "config_aliases", "concept_fields"):
+        tables = ("roles", "config_aliases", "concept_fields")
+        for table in (*tables, "vllm_fragments", "hf_fragments"):
             own = cls.__dict__.get(table)
             if isinstance(own, dict):
                 setattr(cls, table, MappingProxyType(own))
-        for model in ("vllm", "hf"):
-            table = f"{model}_fragments"
-            setattr(cls, table, MappingProxyType(dict(getattr(cls, table))))
 
     def value(self, spec: ModelSpec) -> Any:
         """The value of :attr:`field` in ``spec`` (None where a section on its

@@ -1,0 +1,120 @@
+"""The components' shared machinery (onboard/components/base.py): what a component
+declares (its field, config key and slots) gives the hooks every stage calls."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from onboard import components
+from onboard.arch import build_plan
+from onboard.components.base import ConfigProblem
+from onboard.components.residual_stream import NORM_SITES
+from onboard.spec import parse_spec_text
+from onboard.spec.model import ModelSpec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from generate_variants import BUNDLED, VARIANTS, any_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "templates"
+ALL = [*BUNDLED, *VARIANTS]
+
+# Llama-4's attention parts beside dense-gqa's, and MLA's output gate: the
+# components no bundled spec or variant has.
+LLAMA4_ATTENTION = """
+  chunk_size: 8192
+  qk_l2_norm: true
+  nope_temperature: {floor_scale: 8192, attn_scale: 0.1}
+"""
+
+
+def _more_specs() -> dict[str, ModelSpec]:
+    from test_mla_output_gate import gated
+
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    text = text.replace("  head_dim: 128\n", "  head_dim: 128" + LLAMA4_ATTENTION)
+    text = text.replace("rope:\n", "rope:\n  nope_layers: [3, 7]\n")
+    return {
+        "llama4-attention": parse_spec_text(text),
+        "mla-gate-element": gated("element"),
+        "mla-gate-head": gated("head"),
+    }
+
+
+MORE = _more_specs()
+
+
+def _spec(name: str) -> ModelSpec:
+    return MORE[name] if name in MORE else any_spec(name)
+
+
+def _getter(config: dict):
+    """A config reader as hf.py's: a concept under its canonical key."""
+    return lambda concept, default=None: config.get(concept, default)
+
+
+@pytest.mark.parametrize("component", components.every(), ids=lambda c: c.name)
+def test_every_declared_fragment_is_a_template(component):
+    for fragments in (component.vllm_fragments, component.hf_fragments):
+        for slot, template in fragments.items():
+            assert (TEMPLATES / template).is_file(), (slot, template)
+
+
+def test_every_component_is_in_some_spec_here():
+    names = {c.name for n in [*ALL, *MORE] for c in components.present(_spec(n))}
+    assert names == {c.name for c in components.every()}
+
+
+@pytest.mark.parametrize("name", [*ALL, *MORE])
+def test_what_a_component_writes_it_reads_back(name):
+    """config() then read() gives each present component's spec fields back, so
+    a config onboard writes says what the spec said."""
+    spec = _spec(name)
+    for component in components.present(spec):
+        fields = component.read(_getter(component.config(spec)))
+        section = spec
+        for key in (component.extends or "").split("."):
+            section = getattr(section, key) if key else section
+        for field, value in fields.items():
+            held = getattr(section, field)
+            if isinstance(held, BaseModel):  # a nested section (a temperature)
+                held = held.model_dump()
+            assert held == value, (component.name, field)
+
+
+def test_a_flag_reads_any_true_value_and_nothing_else():
+    sinks = next(c for c in components.every() if c.name == "attention_sinks")
+    assert sinks.read(_getter({"attention_sinks": 1})) == {"sinks": True}
+    assert sinks.read(_getter({"attention_sinks": False})) == {}
+    assert sinks.read(_getter({})) == {}
+    softcap = next(c for c in components.every() if c.name == "attention_softcap")
+    # A value component keeps the value, 0 included (the spec refuses it, located).
+    assert softcap.read(_getter({"attn_logit_softcapping": 0})) == {"logit_softcap": 0}
+
+
+@pytest.mark.parametrize("config", [{}, {"rms_norm_eps": 1e-6, "layer_norm_eps": 1e-5}])
+def test_the_norms_need_exactly_one_eps_key(config):
+    norms = next(c for c in components.every() if c.name == "norms")
+    with pytest.raises(ConfigProblem, match="exactly one must be set"):
+        norms.read(_getter(config))
+    assert norms.read(_getter({"layer_norm_eps": 1e-5}))["type"] == "layernorm"
+
+
+@pytest.mark.parametrize("name", [*ALL, *MORE])
+def test_each_block_normalises_each_site_at_most_once(name):
+    """The residual stream's roles: one norm per site, the input norm first,
+    and every role the layer runs is one the tensors hold."""
+    plan = build_plan(_spec(name))
+    for layer in plan.layers:
+        stream = layer.stream
+        sites = [NORM_SITES[role] for role in stream.roles]
+        assert len(set(sites)) == len(sites)
+        if "attention_input" in sites:
+            assert sites[0] == "attention_input"
+        for site in ("attention_input", "attention_output", "mlp_input", "mlp_output"):
+            role = stream.at(site)
+            assert (role is not None) == (site in sites)
