@@ -23,7 +23,9 @@ window of its whole context, so that vLLM gives it a KV-cache group of its own
 (:mod:`onboard.runtime.cpu_draft`: the CPU MLA and attention backends take no
 common block size); that runs on any x86-64 CPU, AMX or not.
 
-Methods: ngram, mtp and eagle3 run on the pinned vLLM CPU build (measured); a
+Methods: ngram, mtp, eagle3 and dflash run on the pinned vLLM CPU build
+(measured; DFlash's input kernel has a C++ CPU implementation,
+``vllm/utils/cpu_triton_utils.py``, and ``CPU_ATTN`` takes its query block); a
 failure to start them is a failed check. Any other method is attempted for real
 and, if vLLM refuses it, reported as not-run with vLLM's own reason and, where
 that reason points at one, the CPU feature this machine lacks.
@@ -62,7 +64,7 @@ from onboard.validate.results import Check
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
 # failure
 # of these is a failure, of the others vLLM's reason for not running on CPU.
-CPU_METHODS = ("ngram", "mtp", "eagle3")
+CPU_METHODS = ("ngram", "mtp", "eagle3", "dflash")
 PROBES = "onboard.speculators.probes"
 WARMUP_TOKENS = 4
 
