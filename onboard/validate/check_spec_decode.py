@@ -26,7 +26,9 @@ common block size); that runs on any x86-64 CPU, AMX or not.
 Methods: ngram, mtp, eagle3 and dflash run on the pinned vLLM CPU build
 (measured; DFlash's input kernel has a C++ CPU implementation,
 ``vllm/utils/cpu_triton_utils.py``, and ``CPU_ATTN`` takes its query block); a
-failure to start them is a failed check. Any other method is attempted for real
+failure to start them is a failed check. dspark is not-run with the reason
+(``cpu_method_limit``: vLLM 0.32 runs it in the V2 model runner only, which
+needs Triton). Any other method is attempted for real
 and, if vLLM refuses it, reported as not-run with vLLM's own reason and, where
 that reason points at one, the CPU feature this machine lacks.
 """
@@ -58,7 +60,7 @@ from onboard.speculators.methods import (
     speculative_config,
 )
 from onboard.speculators.tiny_draft import lossless
-from onboard.targets.cpu_kernels import cpu_speculation_limit
+from onboard.targets.cpu_kernels import cpu_method_limit, cpu_speculation_limit
 from onboard.validate.results import Check
 
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
@@ -114,6 +116,9 @@ def run(ctx, name: str) -> Check:
     limit = cpu_speculation_limit(spec)
     if limit is not None:
         return Check.not_run(name, f"not run on cpu: {limit}", method=method)
+    method_limit = cpu_method_limit(method)
+    if method_limit is not None:
+        return Check.not_run(name, f"not run on cpu: {method_limit}", method=method)
     entry = entry_for(spec, method)
     problems = refusals(spec.model_copy(update={"speculators": [entry]}))
     if problems:
