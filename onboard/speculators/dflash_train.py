@@ -533,3 +533,85 @@ def train_dflash_draft(
     }
     (Path(out_dir) / "training.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def load_draft(draft_dir: Path):
+    """A saved draft (config.json + model.safetensors) as the plain-torch module,
+    and its config."""
+    import torch
+    from safetensors.torch import load_file
+
+    draft_dir = Path(draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    tensors = load_file(str(draft_dir / "model.safetensors"))
+    draft = make_draft_class()(
+        config["transformer_layer_config"],
+        len(config["aux_hidden_state_layer_ids"]),
+        tensors["embed_tokens.weight"].float(),
+        tensors["lm_head.weight"].float(),
+        config["mask_token_id"],
+    )
+    frozen = ("embed_tokens.weight", "lm_head.weight")
+    with torch.no_grad():
+        for key in draft.export():
+            if key not in frozen:
+                _param_for(draft, key).copy_(tensors[key].float())
+    return draft, config
+
+
+def _param_for(draft, key: str):
+    """The module parameter that ``export()`` writes under ``key``."""
+    parts = key.removesuffix(".weight").split(".")
+    if parts[0] != "layers":
+        module = getattr(draft, parts[0])
+        return module.weight if parts[0] == "fc" else module
+    layer, name = draft.layers[int(parts[1])], parts[-1]
+    param = getattr(layer, name)
+    return param if isinstance(param, type(draft.norm)) else param.weight
+
+
+def replay_acceptance(
+    draft_dir: Path,
+    model_dir: Path,
+    spec: ModelSpec,
+    prompts: list[list[int]],
+    k: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """What vLLM's counters should say for the draft in ``draft_dir`` on greedy
+    requests of ``prompts`` with ``max_tokens`` new tokens: the verifier's
+    (reference, float32) greedy continuations, its states at the draft's
+    auxiliary layers, the plain-torch draft's block at every position, replayed
+    as a speculative decoder drafts (``decoded_walk``: the first block after the
+    prefill, the next after each verification; the last one may reach past
+    ``max_tokens``, as vLLM counts it)."""
+    import numpy as np
+    import torch
+
+    from onboard.runtime.reference import load_reference
+    from onboard.speculators.calibration import greedy_continuations
+    from onboard.speculators.eagle3 import verifier_states
+    from onboard.speculators.mtp_train import decoded_walk
+
+    draft, config = load_draft(draft_dir)
+    aux_ids = config["aux_hidden_state_layer_ids"]
+    work = Path(draft_dir).parent / f".{Path(draft_dir).name}-replay"
+    model = load_reference(Path(model_dir), spec, None, work).model.float()
+    drafts, accepted = 0, np.zeros(k)
+    with torch.no_grad(), one_thread():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            seq = greedy_continuations(model, ids, max_tokens + k - 1)
+            aux, _ = verifier_states(model, seq, aux_ids)
+            blocks = list(range(len(prompt), len(prompt) + max_tokens - 1))
+            pred = draft(aux.float(), seq, blocks, k).argmax(-1)[0]  # A, k
+            truth = seq[0, torch.tensor(blocks)[:, None] + torch.arange(1, k + 1)]
+            n, a = decoded_walk((pred == truth).numpy().T)
+            drafts += n
+            accepted += a
+    return {
+        "num_drafts": drafts,
+        "num_accepted_tokens_per_pos": [int(x) for x in accepted],
+        "acceptance_rate_per_position": (accepted / max(drafts, 1)).tolist(),
+        "mean_acceptance_length": 1.0 + float(accepted.sum()) / max(drafts, 1),
+    }

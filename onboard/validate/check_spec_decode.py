@@ -190,6 +190,8 @@ def run(ctx, name: str) -> Check:
         )
     if method == "mtp" and spec.mtp is not None:
         metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
+    if method == "dflash" and draft is not None:
+        metrics.update(_dflash_replay(ctx, Path(draft), entry.num_speculative_tokens))
     base_outputs, base_s, _ = timed_generate(
         ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
     )
@@ -247,6 +249,25 @@ def _mtp_heads(ctx, k: int) -> dict[str, Any]:
     if own is not None:
         out["mtp_reference_acceptance_own_heads"] = own.to_dict()
     return out
+
+
+def _dflash_replay(ctx, draft: Path, k: int) -> dict[str, Any]:
+    """For a draft onboard trained (its ``training.json`` beside it): the
+    plain-torch copy of vLLM's DFlash draft replayed over the reference's greedy
+    continuations of the check's prompts, counted as vLLM counts
+    (``dflash_train.replay_acceptance``): the figure the engine's counters
+    should equal."""
+    from onboard.speculators.dflash_train import replay_acceptance
+
+    if not (draft / "training.json").is_file():
+        return {}
+    try:
+        replay = replay_acceptance(
+            draft, ctx.model_dir, ctx.spec, ctx.prompts, k, ctx.max_new_tokens
+        )
+    except Exception as exc:  # extra information, not the check
+        return {"dflash_replay_error": f"{type(exc).__name__}: {exc}"}
+    return {"dflash_replay": replay}
 
 
 def _rates(values) -> str:
@@ -317,6 +338,14 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
             "reference, each head at its own step: acceptance per position "
             f"{_rates(own['decoded_per_position'])} as decoded, mean length "
             f"{own['decoded_mean_acceptance_length']:.2f}"
+        )
+    replay = metrics.get("dflash_replay")
+    if replay:
+        lines.append(
+            "reference replay of the draft (plain torch, as vLLM drafts): "
+            f"{replay['num_drafts']} drafts, acceptance per position "
+            f"{_rates(replay['acceptance_rate_per_position'])}, mean length "
+            f"{replay['mean_acceptance_length']:.2f}"
         )
     training = metrics.get("mtp_training")
     if training and training.get("untrained_as_vllm_runs"):
