@@ -351,6 +351,29 @@ def decoded_acceptance(draft, data: list[TrainingData], k: int) -> dict[str, Any
     }
 
 
+def repeat_rule_acceptance(data: TrainingData, k: int) -> dict[str, Any]:
+    """The rule "every drafted token repeats the bonus token" on ``data``'s
+    greedy sequences, counted as :func:`decoded_acceptance` counts a draft: what
+    :func:`repeat_prior` should reach."""
+    import numpy as np
+
+    from onboard.speculators.mtp_train import decoded_walk
+
+    blocks = anchors(data, k)
+    drafts, accepted = 0, np.zeros(k)
+    for seq in data.tokens.tolist():
+        ok = np.array([[seq[b] == seq[b + j] for b in blocks] for j in range(1, k + 1)])
+        n, a = decoded_walk(ok)
+        drafts += n
+        accepted += a
+    rates = (accepted / max(drafts, 1)).tolist()
+    return {
+        "per_position": rates,
+        "mean_acceptance_length": 1.0 + sum(rates),
+        "drafts": drafts,
+    }
+
+
 def _rates(acc: dict) -> str:
     rates = ", ".join(f"{r:.2f}" for r in acc["per_position"])
     length = acc["mean_acceptance_length"]
@@ -429,6 +452,7 @@ def train(
         "kept_step": best[1],
         "validation_prompts": int(len(val.tokens)),
         "validation_decoded_start": first_acc,
+        "validation_repeat_rule": repeat_rule_acceptance(val, k),
         "validation_decoded_kept": best[3],
     }
 
