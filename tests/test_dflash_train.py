@@ -56,7 +56,8 @@ def test_speculators_format_as_vllm_reads_it(trained):
     assert len(layer["layer_types"]) == dflash_train.TINY_LAYERS
     names = set(load_file(tmp / "draft" / "model.safetensors"))
     per_layer = {
-        f"layers.0.{n}.weight"
+        f"layers.{i}.{n}.weight"
+        for i in range(dflash_train.TINY_LAYERS)
         for n in (
             "self_attn.q_proj",
             "self_attn.k_proj",
@@ -100,17 +101,73 @@ def test_saved_draft_loads_back(trained):
         assert torch.equal(exported[name], tensor.float()), name
 
 
-def test_prior_drafts_the_repeat_rule(trained):
+def test_prior_at_least_repeats(trained):
     _, _, report = trained
     kept = report["validation_decoded_kept"]
     assert report["kept_step"] == 0 and report["steps"] == 0
     # The ideal "repeat the bonus token" rule on the same validation sequences:
-    # the prior reaches it exactly (it is that rule, through the verifier's
-    # embeddings and output head), and it accepts drafts.
+    # the first layer alone is that rule (the induction weight 0 is one of the
+    # choices), so the prior drafts at least as well, and it accepts drafts.
     rule = report["validation_repeat_rule"]
-    assert kept["per_position"] == rule["per_position"], (kept, rule)
-    assert kept["drafts"] == rule["drafts"]
+    assert kept["mean_acceptance_length"] >= rule["mean_acceptance_length"]
     assert kept["mean_acceptance_length"] > 1.2
+    assert report["induction_weight"] in dflash_train.INDUCTION_WEIGHTS
+
+
+def test_repeat_layer_alone_is_the_repeat_rule(trained, tmp_path):
+    # With the second layer's vote at zero, the draft is exactly the rule.
+    from onboard.speculators.eagle3 import collect_data
+    from onboard.speculators.heads import aux_layer_ids
+
+    tmp, tiny, _ = trained
+    draft, _ = dflash_train.load_draft(tmp / "draft")
+    with torch.no_grad():
+        draft.layers[1].o_proj.weight.zero_()
+    from transformers import AutoTokenizer
+
+    from onboard.runtime.reference import load_reference
+
+    model = load_reference(tmp / "tiny", tiny, None, tmp_path).model
+    aux = aux_layer_ids(tiny.num_hidden_layers)
+    data = collect_data(
+        model, AutoTokenizer.from_pretrained(tmp / "tiny"), aux, 16, seed=3
+    )
+    got = dflash_train.decoded_acceptance(draft, [data], K)
+    rule = dflash_train.repeat_rule_acceptance(data, K)
+    assert (
+        got["per_position"] == rule["per_position"] and got["drafts"] == rule["drafts"]
+    )
+
+
+def test_a_permuted_weight_drafts_nothing(trained):
+    # The replay is vLLM's own count (tests/test_dflash_engine.py); one tensor's
+    # rows permuted (same shapes and statistics) and little is accepted.
+    from safetensors.torch import load_file, save_file
+
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+
+    tmp, tiny, _ = trained
+    faulty = tmp / "permuted"
+    faulty.mkdir(exist_ok=True)
+    (faulty / "config.json").write_text((tmp / "draft" / "config.json").read_text())
+    tensors = load_file(tmp / "draft" / "model.safetensors")
+    name = "layers.0.self_attn.v_proj.weight"
+    perm = torch.randperm(
+        len(tensors[name]), generator=torch.Generator().manual_seed(0)
+    )
+    tensors[name] = tensors[name][perm].contiguous()
+    save_file(tensors, str(faulty / "model.safetensors"))
+    prompts, _ = tokenize_prompts(tmp / "tiny", PROMPTS, tiny.vocab_size)
+    good = dflash_train.replay_acceptance(
+        tmp / "draft", tmp / "tiny", tiny, prompts, K, 32
+    )
+    bad = dflash_train.replay_acceptance(faulty, tmp / "tiny", tiny, prompts, K, 32)
+    # Measured: 1.16 (the context vote still lands now and then) against the
+    # draft's own figure above 1.5.
+    assert good["mean_acceptance_length"] > 1.5, good
+    assert bad["mean_acceptance_length"] < 1.3, bad
+    assert good["mean_acceptance_length"] >= bad["mean_acceptance_length"] + 0.3
 
 
 def test_repeat_rule_counts_like_the_trainer():

@@ -52,12 +52,17 @@ TIME_BUDGET_S = 240.0
 EVAL_EVERY = 50
 # Draft layers for the tiny checkpoints (speculators' default, 5, is for real
 # models; two train in seconds here and predict the tiny model's loops as well).
-TINY_LAYERS = 1
+TINY_LAYERS = 2
 # DFlash's per-position loss weight exp(-(j - 1) / gamma) (speculators' default).
 DECAY_GAMMA = 4.0
 # The prior's attention sharpness (q_norm's weight): a match scores about
 # 11.3 x this after sdpa's 1/sqrt(128).
 PRIOR_SHARPNESS = 2.0
+# The induction layer (measured on the dense-gqa tiny's validation prompts):
+# attention sharpness, key dimensions, and the vote weights tried (0: repeats).
+INDUCTION_SHARPNESS = 16.0
+INDUCTION_KEY_DIMS = 64
+INDUCTION_WEIGHTS = (0.0, 300.0, 1000.0, 3000.0, 10000.0)
 TRAINED_FROM_PRIOR = ("gate_proj", "up_proj", "down_proj", "post_attention_layernorm")
 
 
@@ -213,7 +218,7 @@ def make_draft_class():
     return DFlashDraft
 
 
-def repeat_prior(draft, *, sharpness: float = PRIOR_SHARPNESS) -> None:
+def repeat_prior(draft, *, sharpness: float = PRIOR_SHARPNESS):
     """Set the draft's weights to the rule "every drafted token repeats the bonus
     token", from the verifier's embeddings and output head (least squares, no
     gradient steps).
@@ -228,7 +233,8 @@ def repeat_prior(draft, *, sharpness: float = PRIOR_SHARPNESS) -> None:
     context (``fc`` starts at zero: its keys are zero); the value path is the best
     rank-``nkv * hd`` map from the normed embedding of a token to its output-head
     row. The other layers, and every MLP, start as the identity (zero output
-    projections). Training then starts from here."""
+    projections). Returns the key direction (the "is a token" reader), which
+    :func:`induction_prior` keeps the context clear of."""
     import torch
 
     h, hd, nh, nkv, eps = draft.h, draft.hd, draft.nh, draft.nkv, draft.eps
@@ -273,6 +279,119 @@ def repeat_prior(draft, *, sharpness: float = PRIOR_SHARPNESS) -> None:
                     layer.o_proj.weight[:, q * hd : q * hd + len(rows)] = (
                         rows.T / rep
                     ).float()
+    return key_dir
+
+
+def induction_prior(
+    draft,
+    tokens,
+    aux,
+    logits,
+    key_dir,
+    *,
+    weight: float,
+    sharpness: float = INDUCTION_SHARPNESS,
+    key_dims: int = INDUCTION_KEY_DIMS,
+) -> None:
+    """Make the draft's second layer an induction head over the context: the
+    verifier's states, through ``fc``. Least squares and an eigenproblem on the
+    training data (``aux`` [N, T, n_aux*h]: the verifier's states at the
+    positions of ``tokens`` [N, T]; ``logits``: its logits, row t predicting
+    t + 1), after :func:`repeat_prior`.
+
+    ``fc`` writes two things into subspaces orthogonal to the first layer's key
+    direction (so that layer still ignores the context):
+      - keys: the states' linear discriminant projection onto ``key_dims``
+        dimensions (the directions that best separate which token sits at a
+        position from everything else the states carry), read by the second
+        layer's ``k_proj`` on the slow rope dimensions;
+      - values: the verifier's final normed state (the least-squares preimage of
+        its logits, times the last auxiliary state's RMS so that it is linear in
+        the states), in the coordinates of the leading singular directions of
+        the logits, read back by ``v_proj``/``o_proj`` into a vector whose
+        output-head product is the verifier's logits (its greedy next token);
+    the query maps the first layer's output (the code of the bonus token) to
+    that token's mean discriminant key. So every mask slot attends to the
+    context positions that held the bonus token and adds ``weight`` times the
+    verifier's prediction there: on a loop, the token after the bonus. Where the
+    bonus never occurred the attention spreads and the repeat vote stays. The
+    value path needs ``nkv * hd >= hidden_size`` (the tiny draft has as many KV
+    heads as query heads)."""
+    import torch
+
+    h, hd, nh, nkv = draft.h, draft.hd, draft.nh, draft.nkv
+    layer = draft.layers[1]
+    out = draft.lm_head.double()
+    code = out / out.pow(2).mean(-1, keepdim=True).sqrt()
+    vocab = len(out)
+    gen = torch.Generator().manual_seed(1)
+    start = torch.cat(
+        [key_dir[:, None], torch.randn(h, h - 1, generator=gen, dtype=torch.float64)],
+        1,
+    )
+    basis = torch.linalg.qr(start)[0][:, 1:]  # orthonormal, orthogonal to key_dir
+    key_basis, value_basis = basis[:, :key_dims], basis[:, key_dims:]
+    states = aux[:, :-1].double().flatten(0, 1)
+    at = tokens[:, :-1].flatten()
+    # Keys: linear discriminant directions of "which token is here".
+    counts = torch.bincount(at, minlength=vocab).double()
+    seen = counts > 0
+    means = torch.zeros(vocab, states.shape[1], dtype=torch.float64)
+    means = means.index_add_(0, at, states) / counts.clamp(min=1)[:, None]
+    centre = states.mean(0)
+    within = states - means[at]
+    eye = torch.eye(states.shape[1], dtype=torch.float64)
+    sw = within.T @ within / len(states) + 1e-4 * eye
+    spread = means[seen] - centre
+    sb = (spread * counts[seen, None]).T @ spread / len(states)
+    whiten = torch.linalg.inv(torch.linalg.cholesky(sw))
+    _, vectors = torch.linalg.eigh(whiten @ sb @ whiten.T)
+    discriminant = whiten.T @ vectors[:, -key_dims:]  # states -> key coordinates
+    token_keys = (means - centre) @ discriminant
+    token_keys[~seen] = 0
+    query_map = torch.linalg.lstsq(code[seen], token_keys[seen]).solution
+    # Values: the verifier's final normed state, in the logits' leading
+    # singular coordinates.
+    flat_logits = logits[:, :-1].double().flatten(0, 1)
+    final = flat_logits @ torch.linalg.pinv(out).T
+    final = final * states[:, -h:].pow(2).mean(-1, keepdim=True).sqrt()
+    n_value = value_basis.shape[1]
+    _, _, vt = torch.linalg.svd(flat_logits, full_matrices=False)
+    into_coords = out.T @ vt[:n_value].T  # h x n_value
+    from_coords = vt[:n_value] @ torch.linalg.pinv(out).T  # n_value x h
+    target = ((states - centre) @ discriminant) @ key_basis.T + (
+        final @ into_coords
+    ) @ value_basis.T
+    fc = torch.linalg.lstsq(states, target).solution
+    half = hd // 2
+    dims = [*range(half // 2, half), *range(half + half // 2, hd)][:key_dims]
+    mask_vec = torch.nn.functional.normalize(
+        draft.embed_tokens[draft.mask_token_id].double(), dim=0
+    )
+    without_mask = eye[:h, :h] - mask_vec[:, None] * mask_vec
+    rep = nh // nkv
+    value_map = value_basis @ from_coords  # input -> output, row vectors
+    r = min(nkv * hd, h)
+    u, sv, vt2 = torch.linalg.svd(value_map)
+    into_value = u[:, :r] * sv[:r].sqrt()
+    from_value = sv[:r, None].sqrt() * vt2[:r]
+    with torch.no_grad():
+        draft.fc.weight.copy_(fc.T.float())
+        for lin in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj):
+            lin.weight.zero_()
+        layer.down_proj.weight.zero_()
+        layer.q_norm.fill_(sharpness)
+        layer.v_proj.weight[:r] = into_value.T.float()
+        for g in range(nkv):
+            layer.k_proj.weight[[g * hd + j for j in dims]] = key_basis.T.float()
+            rows = from_value[g * hd : (g + 1) * hd]
+            for q in range(g * rep, (g + 1) * rep):
+                layer.q_proj.weight[[q * hd + j for j in dims]] = (
+                    query_map.T @ without_mask
+                ).float()
+                layer.o_proj.weight[:, q * hd : q * hd + len(rows)] = (
+                    weight * rows.T / rep
+                ).float()
 
 
 def calibrate(draft, data: TrainingData, rows, k: int) -> float:
@@ -380,6 +499,32 @@ def _rates(acc: dict) -> str:
     return f"{rates} (length {length:.2f}) over {acc['drafts']} drafts"
 
 
+def _choose_induction(draft, data, rows, val, key_dir, k: int) -> float:
+    """The induction vote weight (0: none, the repeats alone) with the best
+    decoded mean acceptance length on the validation prompts."""
+    import torch
+
+    induction_prior(
+        draft,
+        data.tokens[rows],
+        data.aux[rows],
+        data.logits[rows],
+        key_dir,
+        weight=1.0,
+    )
+    o_proj = draft.layers[1].o_proj.weight
+    unit = o_proj.detach().clone()
+    best = (-1.0, 0.0)
+    with torch.no_grad():
+        for weight in INDUCTION_WEIGHTS:
+            o_proj.copy_(weight * unit)
+            length = decoded_acceptance(draft, [val], k)["mean_acceptance_length"]
+            if length > best[0]:
+                best = (length, weight)
+        o_proj.copy_(best[1] * unit)
+    return best[1]
+
+
 def train(
     draft,
     data: TrainingData,
@@ -399,8 +544,12 @@ def train(
     import torch
 
     rows, val = split(data)
+    induction_weight = None
     if prior:
-        repeat_prior(draft)
+        key_dir = repeat_prior(draft)
+        if len(draft.layers) > 1 and draft.nkv * draft.hd >= draft.h:
+            induction_weight = _choose_induction(draft, data, rows, val, key_dir, k)
+            log(f"induction layer, vote weight {induction_weight:g}")
         factor = calibrate(draft, data, rows[:64], k)
         log(f"prior, output norm scaled by {factor:g}")
 
@@ -451,6 +600,7 @@ def train(
         "loss": loss_value,
         "kept_step": best[1],
         "validation_prompts": int(len(val.tokens)),
+        "induction_weight": induction_weight,
         "validation_decoded_start": first_acc,
         "validation_repeat_rule": repeat_rule_acceptance(val, k),
         "validation_decoded_kept": best[3],
@@ -482,6 +632,10 @@ def dflash_config(
         draft_vocab=spec.vocab_size,
         num_layers=num_layers,
     )
+    # As many KV heads as query heads: the induction layer's value path then
+    # has full rank (docs/speculators.md).
+    layer = config["transformer_layer_config"]
+    layer["num_key_value_heads"] = layer["num_attention_heads"]
     return config
 
 
