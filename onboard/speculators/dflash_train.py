@@ -17,13 +17,19 @@ whose ``sliding_window_non_causal`` is false, which vLLM maps to
 
 Self-distillation, as for EAGLE-3 (:mod:`onboard.speculators.eagle3`, whose data
 collector this reuses: calibration-text and random-token prompts continued
-greedily, the verifier's states at the auxiliary layers): for every anchor p in
-the generated part the draft learns the verifier's greedy tokens p + 1 ... p + k,
-cross-entropy weighted by position (DFlash's exponential decay). The draft kept
-is the one with the best first-position acceptance as a speculative decoder
-drafts (:func:`decoded_acceptance`) on validation prompts held aside. The
-accuracy check's prompts (``onboard.runtime.prompts``) are never used here: they
-are the held-out set on which the engine measures acceptance.
+greedily, the verifier's states at the auxiliary layers and its logits). The
+draft starts from a prior built without gradient steps: its first layer repeats
+the bonus token (:func:`repeat_prior`), its second is an induction head over the
+verifier's states (:func:`induction_prior`: the context positions that held the
+bonus token vote for what the verifier predicted there), the vote weight chosen
+on validation prompts. Then AdamW on the MLPs and output norm, cross-entropy to
+the verifier's greedy tokens p + 1 ... p + k at every anchor p of the generated
+part, weighted by position (DFlash's exponential decay). The draft kept is the
+one with the best mean acceptance length as a speculative decoder drafts
+(:func:`decoded_acceptance`) on the validation prompts (measured: the prior).
+The accuracy check's prompts (``onboard.runtime.prompts``) are never used here:
+they are the held-out set on which the engine measures acceptance, and
+:func:`replay_acceptance` predicts vLLM's counters there exactly.
 
 Saved in the speculators format (config from :mod:`onboard.speculators.heads`,
 tensor names of speculators' ``DFlashDraftModel``), which vLLM loads as a draft.
@@ -51,7 +57,7 @@ MAX_STEPS = 200
 TIME_BUDGET_S = 240.0
 EVAL_EVERY = 50
 # Draft layers for the tiny checkpoints (speculators' default, 5, is for real
-# models; two train in seconds here and predict the tiny model's loops as well).
+# models): the repeat layer and the induction layer of the prior.
 TINY_LAYERS = 2
 # DFlash's per-position loss weight exp(-(j - 1) / gamma) (speculators' default).
 DECAY_GAMMA = 4.0
