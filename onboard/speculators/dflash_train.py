@@ -596,6 +596,11 @@ def train(
             log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
             if value >= best[0]:
                 best = (value, step, snapshot(), acc)
+    if step % EVAL_EVERY:  # the budget ended between evaluations: score the last
+        value, acc = score()
+        log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
+        if value >= best[0]:
+            best = (value, step, snapshot(), acc)
     with torch.no_grad():
         for name, param in draft.named_parameters():
             param.copy_(best[2][name])
