@@ -43,7 +43,10 @@ def draft_vocab_size(spec: ModelSpec) -> int:
 
 
 def head_layer(
-    spec: ModelSpec, method: str, num_kv_heads: int | None = None
+    spec: ModelSpec,
+    method: str,
+    num_kv_heads: int | None = None,
+    num_layers: int | None = None,
 ) -> dict[str, Any]:
     """The head's decoder-layer config (a Llama layer for EAGLE-3, a Qwen3 layer for
     the DFlash family, the two kinds vLLM 0.32 has draft models for).
@@ -71,7 +74,7 @@ def head_layer(
         "model_type": "llama" if method == "eagle3" else "qwen3",
         "hidden_size": spec.hidden_size,
         "intermediate_size": intermediate,
-        "num_hidden_layers": NUM_LAYERS[method],
+        "num_hidden_layers": num_layers or NUM_LAYERS[method],
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
@@ -105,19 +108,21 @@ def head_config(
     norm_before_fc: bool = True,
     norm_output: bool = True,
     num_kv_heads: int | None = None,
+    num_layers: int | None = None,
 ) -> dict[str, Any]:
     """The speculators-format config.json of a ``method`` head for ``spec``'s model.
 
     ``verifier`` is the verifier's Hub id or path (default: the spec's
     base_checkpoint). EAGLE-3 defaults follow ``speculators train`` (norm before the
     fc layer, normed output fed back across steps). ``num_kv_heads``: the head's
-    KV heads beside an MLA verifier (see :func:`head_layer`)."""
+    KV heads beside an MLA verifier (see :func:`head_layer`); ``num_layers``:
+    the head's decoder layers (default: speculators' default for the method)."""
     from speculators import SpeculatorsConfig, VerifierConfig
     from speculators.proposals import GreedyTokenProposalConfig
 
     if method not in HEAD_METHODS:
         raise InputError(f"{method!r} has no draft head (heads: {HEAD_METHODS})")
-    layer_dict = head_layer(spec, method, num_kv_heads)
+    layer_dict = head_layer(spec, method, num_kv_heads, num_layers)
     aux = aux_layer_ids(spec.num_hidden_layers)
     vocab = draft_vocab or draft_vocab_size(spec)
     common = {

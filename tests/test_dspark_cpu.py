@@ -1,0 +1,96 @@
+"""DSpark (and adaptive verification) on vLLM 0.32's CPU build: vLLM runs them
+in the V2 model runner only, which needs Triton; the CPU build's Triton has no
+CPU backend. The spec-decode check says so (not-run, with vLLM's file and line)
+instead of looking for a draft, and the emitted GPU script notes that it is where
+DSpark is measured. vLLM's own config validation is asked, no engine started."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from onboard.checkpoint.tiny import write_tiny_checkpoint
+from onboard.spec import load_spec
+from onboard.speculators.heads import head_config
+from onboard.targets.cpu_kernels import cpu_method_limit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _vllm_file(relative: str) -> list[str]:
+    import vllm
+
+    return (Path(vllm.__file__).parent / relative).read_text().splitlines()
+
+
+def test_the_cited_lines_say_what_the_reason_says():
+    # The reason names file:line of the pinned vLLM; keep them honest.
+    reason = cpu_method_limit("dspark")
+    assert "vllm/config/vllm.py:2976-2981" in reason and "724-728" in reason
+    lines = _vllm_file("config/vllm.py")
+    assert "dspark speculative decoding" in "\n".join(lines[2975:2981])
+    assert "adaptive draft verification" in "\n".join(lines[2975:2981])
+    assert "Model Runner V2 requires Triton" in "\n".join(lines[723:728])
+    assert "Model Runner V2 requires Triton" in lines[3189]
+    assert "Model Runner V1 does not support" in "\n".join(lines[3197:3202])
+    assert cpu_method_limit("dflash") is None and cpu_method_limit("eagle3") is None
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_vllm_refuses_dspark_on_the_cpu_build(tmp_path, adaptive):
+    from vllm.engine.arg_utils import EngineArgs
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    tiny_dir = write_tiny_checkpoint(spec, tmp_path / "tiny", seed=0)
+    tiny = load_spec(tiny_dir / "spec.yaml")
+    draft = tmp_path / "dspark"
+    draft.mkdir()
+    config = head_config(tiny, "dspark", 3, draft_vocab=tiny.vocab_size)
+    (draft / "config.json").write_text(json.dumps(config))
+    speculative = {"method": "dspark", "model": str(draft), "num_speculative_tokens": 3}
+    if adaptive:
+        speculative["enable_adaptive_verification"] = True
+    args = EngineArgs(
+        model=str(tiny_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        speculative_config=speculative,
+    )
+    with pytest.raises(Exception, match="Model Runner V1 does not support") as err:
+        args.create_engine_config()
+    assert "dspark speculative decoding" in str(err.value)
+    assert ("adaptive draft verification" in str(err.value)) == adaptive
+
+
+def test_check_is_not_run_with_the_reason():
+    from onboard.validate.check_spec_decode import run
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    ctx = types.SimpleNamespace(engine=object(), spec=spec)
+    check = run(ctx, "spec-decode:dspark")
+    assert check.status == "not-run"
+    assert "V2 model runner" in check.details and "vllm/config/vllm.py" in check.details
+
+
+def test_emitted_script_notes_dspark():
+    from onboard.validate.emit import _speculative_variants
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    spec = spec.model_copy(
+        update={
+            "speculators": [
+                spec.speculators[0].model_copy(
+                    update={"method": "dspark", "model": "org/dspark-head"}
+                )
+            ]
+        }
+    )
+    notes: list[str] = []
+    variants = _speculative_variants(spec, notes)
+    assert "spec-dspark" in variants  # the GPU script serves it
+    assert any("dspark" in n and "not-run" in n for n in notes), notes
