@@ -75,20 +75,7 @@ def _train_eagle3(ctx, tiny, model_dir: Path, out: Path, k: int) -> None:
     from onboard.speculators.eagle3 import train_eagle3_head
 
     budget = TRAIN_BUDGET_FULL_S if ctx.full else TRAIN_BUDGET_S
-    trained = out / ".eagle3-trained"
-    report = train_eagle3_head(
-        tiny,
-        model_dir,
-        trained,
-        num_speculative_tokens=k,
-        budget_s=budget,
-        log=lambda line: ctx.console.print(f"  eagle3: {line}", markup=False),
-    )
-    # The trained head replaces the untrained config beside the recipe.
-    for name in ("config.json", "model.safetensors", "training.json"):
-        shutil.move(str(trained / name), str(out / "eagle3" / name))
-    shutil.rmtree(trained, ignore_errors=True)
-    shutil.rmtree(out / f".{trained.name}-work", ignore_errors=True)
+    report = _train(ctx, "eagle3", train_eagle3_head, tiny, model_dir, out, k, budget)
     ctx.console.print(
         f"  eagle3: trained {report['steps']} steps in {report['seconds']:.0f} s "
         f"(first-position accuracy on its own data "
@@ -100,22 +87,30 @@ def _train_dflash(ctx, tiny, model_dir: Path, out: Path, k: int) -> None:
     from onboard.speculators.dflash_train import train_dflash_draft
 
     budget = DFLASH_BUDGET_FULL_S if ctx.full else DFLASH_BUDGET_S
-    trained = out / ".dflash-trained"
-    report = train_dflash_draft(
-        tiny,
-        model_dir,
-        trained,
-        num_speculative_tokens=k,
-        budget_s=budget,
-        log=lambda line: ctx.console.print(f"  dflash: {line}", markup=False),
-    )
-    for name in ("config.json", "model.safetensors", "training.json"):
-        shutil.move(str(trained / name), str(out / "dflash" / name))
-    shutil.rmtree(trained, ignore_errors=True)
-    shutil.rmtree(out / f".{trained.name}-work", ignore_errors=True)
+    report = _train(ctx, "dflash", train_dflash_draft, tiny, model_dir, out, k, budget)
     kept = report["validation_decoded_kept"]
     ctx.console.print(
         f"  dflash: {report['steps']} steps in {report['seconds']:.0f} s, "
         f"validation mean acceptance length {kept['mean_acceptance_length']:.2f} "
         "(as decoded)"
     )
+
+
+def _train(ctx, method: str, train, tiny, model_dir: Path, out: Path, k, budget):
+    """Train ``method``'s draft of the tiny checkpoint; the trained draft replaces
+    the untrained config beside the recipe (``out/<method>/``). Returns the
+    training report."""
+    trained = out / f".{method}-trained"
+    report = train(
+        tiny,
+        model_dir,
+        trained,
+        num_speculative_tokens=k,
+        budget_s=budget,
+        log=lambda line: ctx.console.print(f"  {method}: {line}", markup=False),
+    )
+    for name in ("config.json", "model.safetensors", "training.json"):
+        shutil.move(str(trained / name), str(out / method / name))
+    shutil.rmtree(trained, ignore_errors=True)
+    shutil.rmtree(out / f".{trained.name}-work", ignore_errors=True)
+    return report

@@ -38,24 +38,27 @@ tensor names of speculators' ``DFlashDraftModel``), which vLLM loads as a draft.
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 from typing import Any
 
 from onboard.spec.model import ModelSpec
-from onboard.speculators.eagle3 import TrainingData, collect_data, split
-from onboard.speculators.heads import aux_layer_ids, head_config
+from onboard.speculators.eagle3 import (
+    TrainingData,
+    keep_best,
+    rms,
+    save_head,
+    split,
+    verifier_data,
+)
+from onboard.speculators.heads import head_config
 from onboard.threads import one_thread
 
 # Fewer than EAGLE-3's 512: the prior needs none; they calibrate, validate and
 # feed the gradient steps (collecting 256 takes about 12 s).
 NUM_PROMPTS = 256
-BATCH = 16
 LR = 1e-3
 MAX_STEPS = 200
 TIME_BUDGET_S = 240.0
-EVAL_EVERY = 50
 # Draft layers for the tiny checkpoints (speculators' default, 5, is for real
 # models): the repeat layer and the induction layer of the prior.
 TINY_LAYERS = 2
@@ -70,12 +73,6 @@ INDUCTION_SHARPNESS = 16.0
 INDUCTION_KEY_DIMS = 64
 INDUCTION_WEIGHTS = (0.0, 300.0, 1000.0, 3000.0, 10000.0)
 TRAINED_FROM_PRIOR = ("gate_proj", "up_proj", "down_proj", "post_attention_layernorm")
-
-
-def _rms(x, weight, eps: float):
-    import torch
-
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def make_draft_class():
@@ -145,7 +142,7 @@ def make_draft_class():
             b, t, _ = x.shape
             x = x.view(b, t, n, self.hd)
             if norm is not None:
-                x = _rms(x, norm, self.eps)
+                x = rms(x, norm, self.eps)
             return x.transpose(1, 2)  # b, n, t, hd
 
         def forward(self, aux, tokens, anchors, k: int):
@@ -163,7 +160,7 @@ def make_draft_class():
             qtok[:, :, 0] = tokens[:, anchors]
             x = self.embed_tokens[qtok.flatten(1)]
             ctx_pos = torch.arange(t)
-            context = _rms(self.fc(aux), self.hidden_norm, self.eps)
+            context = rms(self.fc(aux), self.hidden_norm, self.eps)
             # Query slot (anchor a, offset i) sees context s < a and slots i' <= i
             # of its own block.
             block_id = torch.arange(a_n).repeat_interleave(q_per)
@@ -174,7 +171,7 @@ def make_draft_class():
             mask = torch.cat([sees_ctx, sees_block], 1)
             rep = self.nh // self.nkv
             for layer in self.layers:
-                xn = _rms(x, layer.input_layernorm, self.eps)
+                xn = rms(x, layer.input_layernorm, self.eps)
                 q = self._rope(
                     self._heads(layer.q_proj(xn), self.nh, layer.q_norm), qpos
                 )
@@ -191,11 +188,11 @@ def make_draft_class():
                 values = torch.cat([vc, vq], 2).repeat_interleave(rep, 1)
                 att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
                 x = x + layer.o_proj(att.transpose(1, 2).reshape(b, a_n * q_per, -1))
-                mlp_in = _rms(x, layer.post_attention_layernorm, self.eps)
+                mlp_in = rms(x, layer.post_attention_layernorm, self.eps)
                 x = x + layer.down_proj(
                     F.silu(layer.gate_proj(mlp_in)) * layer.up_proj(mlp_in)
                 )
-            logits = _rms(x, self.norm, self.eps) @ self.lm_head.T
+            logits = rms(x, self.norm, self.eps) @ self.lm_head.T
             return logits.view(b, a_n, q_per, -1)[:, :, 1:]
 
         def export(self) -> dict:
@@ -245,11 +242,11 @@ def repeat_prior(draft, *, sharpness: float = PRIOR_SHARPNESS):
 
     h, hd, nh, nkv, eps = draft.h, draft.hd, draft.nh, draft.nkv, draft.eps
 
-    def unit_rms(x):
+    def unitrms(x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
     embed, out = draft.embed_tokens.double(), draft.lm_head.double()
-    normed = unit_rms(embed)
+    normed = unitrms(embed)
     code = out / out.pow(2).mean(-1, keepdim=True).sqrt()
     copy = torch.linalg.lstsq(normed, code).solution  # normed @ copy ~ code
     is_token = torch.ones(len(embed), dtype=torch.float64)
@@ -453,7 +450,7 @@ def decoded_acceptance(draft, data: list[TrainingData], k: int) -> dict[str, Any
     import numpy as np
     import torch
 
-    from onboard.speculators.mtp_train import decoded_walk
+    from onboard.speculators.mtp_train import acceptance_rates, decoded_walk
 
     drafts, accepted = 0, np.zeros(k)
     with torch.no_grad():
@@ -468,12 +465,7 @@ def decoded_acceptance(draft, data: list[TrainingData], k: int) -> dict[str, Any
                 n, a = decoded_walk(ok[b].T)
                 drafts += n
                 accepted += a
-    rates = (accepted / max(drafts, 1)).tolist()
-    return {
-        "per_position": rates,
-        "mean_acceptance_length": 1.0 + sum(rates),
-        "drafts": drafts,
-    }
+    return acceptance_rates(accepted, drafts)
 
 
 def repeat_rule_acceptance(data: TrainingData, k: int) -> dict[str, Any]:
@@ -482,7 +474,7 @@ def repeat_rule_acceptance(data: TrainingData, k: int) -> dict[str, Any]:
     :func:`repeat_prior` should reach."""
     import numpy as np
 
-    from onboard.speculators.mtp_train import decoded_walk
+    from onboard.speculators.mtp_train import acceptance_rates, decoded_walk
 
     blocks = anchors(data, k)
     drafts, accepted = 0, np.zeros(k)
@@ -491,18 +483,7 @@ def repeat_rule_acceptance(data: TrainingData, k: int) -> dict[str, Any]:
         n, a = decoded_walk(ok)
         drafts += n
         accepted += a
-    rates = (accepted / max(drafts, 1)).tolist()
-    return {
-        "per_position": rates,
-        "mean_acceptance_length": 1.0 + sum(rates),
-        "drafts": drafts,
-    }
-
-
-def _rates(acc: dict) -> str:
-    rates = ", ".join(f"{r:.2f}" for r in acc["per_position"])
-    length = acc["mean_acceptance_length"]
-    return f"{rates} (length {length:.2f}) over {acc['drafts']} drafts"
+    return acceptance_rates(accepted, drafts)
 
 
 def _choose_induction(draft, data, rows, val, key_dir, k: int) -> float:
@@ -544,11 +525,9 @@ def train(
     log=lambda _m: None,
 ) -> dict[str, Any]:
     """From :func:`repeat_prior` (calibrated) unless ``prior`` is false: AdamW
-    on the weighted cross-entropy; every ``EVAL_EVERY`` steps (and at
-    the start) the validation prompts are scored by the decoded mean acceptance
-    length and the best weights are kept (on a tie, the later)."""
-    import torch
-
+    on the weighted cross-entropy with a cosine rate, the validation prompts
+    scored by the decoded mean acceptance length and the best weights kept
+    (:func:`onboard.speculators.eagle3.keep_best`)."""
     rows, val = split(data)
     induction_weight = None
     if prior:
@@ -563,13 +542,6 @@ def train(
         acc = decoded_acceptance(draft, [val], k)
         return acc["mean_acceptance_length"], acc
 
-    def snapshot():
-        return {n: p.detach().clone() for n, p in draft.named_parameters()}
-
-    first, first_acc = score()
-    best = (first, 0, snapshot(), first_acc)
-    log(f"start: validation decoded acceptance {_rates(first_acc)}")
-    gen = torch.Generator().manual_seed(seed)
     # From the prior only the MLPs and the output norm train: a step on the
     # attention routing (or on fc, whose keys the prior keeps at zero) breaks it.
     params = [
@@ -577,57 +549,27 @@ def train(
         for n, p in draft.named_parameters()
         if not prior or n == "norm" or set(n.split(".")) & set(TRAINED_FROM_PRIOR)
     ]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    start = time.perf_counter()
-    step, loss_value = 0, float("nan")
-    while step < max_steps and time.perf_counter() - start < budget_s:
-        batch = rows[torch.randint(0, len(rows), (BATCH,), generator=gen)]
-        # Cosine decay over the step budget.
-        for group in opt.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / max_steps))
-        loss = _loss(draft, data, batch, k)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step += 1
-        loss_value = loss.item()
-        if step % EVAL_EVERY == 0:
-            value, acc = score()
-            log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
-            if value >= best[0]:
-                best = (value, step, snapshot(), acc)
-    if step % EVAL_EVERY:  # the budget ended between evaluations: score the last
-        value, acc = score()
-        log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
-        if value >= best[0]:
-            best = (value, step, snapshot(), acc)
-    with torch.no_grad():
-        for name, param in draft.named_parameters():
-            param.copy_(best[2][name])
-    log(f"keeping step {best[1]}: validation {_rates(best[3])}")
+    run, start, kept = keep_best(
+        draft,
+        params,
+        lambda batch: _loss(draft, data, batch, k),
+        score,
+        rows,
+        seed=seed,
+        max_steps=max_steps,
+        budget_s=budget_s,
+        lr=lr,
+        cosine=True,
+        log=log,
+    )
     return {
-        "steps": step,
-        "seconds": time.perf_counter() - start,
-        "loss": loss_value,
-        "kept_step": best[1],
+        **run,
         "validation_prompts": int(len(val.tokens)),
         "induction_weight": induction_weight,
-        "validation_decoded_start": first_acc,
+        "validation_decoded_start": start,
         "validation_repeat_rule": repeat_rule_acceptance(val, k),
-        "validation_decoded_kept": best[3],
+        "validation_decoded_kept": kept,
     }
-
-
-def save_draft(draft, config: dict, out_dir: Path) -> Path:
-    """config.json + model.safetensors, the layout speculators saves and vLLM loads."""
-    from safetensors.torch import save_file
-
-    from onboard.fsutil import atomic_directory
-
-    with atomic_directory(out_dir) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        save_file(draft.export(), str(tmp / "model.safetensors"))
-    return out_dir
 
 
 def dflash_config(
@@ -668,24 +610,11 @@ def train_dflash_draft(
     tiny checkpoint's spec.yaml) and save it to ``out_dir``; its random initial
     weights (the baseline that accepts nothing) go to ``untrained_dir`` when
     given. Returns the training report (also written to OUT/training.json)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from onboard.runtime.reference import load_reference
-
     k = num_speculative_tokens
-    torch.manual_seed(seed)
     model_dir = Path(model_dir)
-    work = Path(out_dir).parent / f".{Path(out_dir).name}-work"
-    reference = load_reference(model_dir, spec, None, work)
-    model = reference.model
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    aux = aux_layer_ids(spec.num_hidden_layers)
-    t0 = time.perf_counter()
-    data = collect_data(model, tokenizer, aux, num_prompts, seed=seed)
-    collect_s = time.perf_counter() - t0
-    log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
-
+    model, aux, data, collect_s = verifier_data(
+        spec, model_dir, out_dir, num_prompts=num_prompts, seed=seed, log=log
+    )
     config = dflash_config(spec, model_dir, k, num_layers)
     embed = model.get_input_embeddings().weight.detach().float().clone()
     lm_head = model.get_output_embeddings().weight.detach().float().clone()
@@ -697,7 +626,7 @@ def train_dflash_draft(
         config["mask_token_id"],
     )
     if untrained_dir is not None:
-        save_draft(draft, config, Path(untrained_dir))
+        save_head(draft, config, Path(untrained_dir))
     with one_thread():
         result = train(
             draft,
@@ -708,7 +637,7 @@ def train_dflash_draft(
             budget_s=budget_s,
             log=log,
         )
-    save_draft(draft, config, Path(out_dir))
+    save_head(draft, config, Path(out_dir))
     report = {
         "verifier": str(model_dir),
         "aux_hidden_state_layer_ids": aux,

@@ -29,7 +29,9 @@ they are the held-out set on which acceptance is measured.
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +118,7 @@ def collect_data(
     return TrainingData(tokens, states, logits, PROMPT_TOKENS)
 
 
-def _rms(x, weight, eps: float):
+def rms(x, weight, eps: float):
     import torch
 
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
@@ -179,16 +181,16 @@ def make_head_class():
             return x * cos + torch.cat([-x2, x1], -1) * sin
 
         def combine(self, aux_states):
-            return self.fc(_rms(aux_states, self.input_norm, self.eps))
+            return self.fc(rms(aux_states, self.input_norm, self.eps))
 
         def step(self, tokens, hidden, positions, cache: list, diagonal_steps: int):
             """One drafting step for every position: logits and the hidden state
             fed to the next step. ``cache`` holds earlier steps' keys and values;
             a position sees step 0 causally and its own entries of later steps."""
             b, t, _ = hidden.shape
-            embeds = _rms(self.embed_tokens[tokens], self.input_layernorm, self.eps)
+            embeds = rms(self.embed_tokens[tokens], self.input_layernorm, self.eps)
             residual = hidden
-            x = torch.cat([embeds, _rms(hidden, self.hidden_norm, self.eps)], -1)
+            x = torch.cat([embeds, rms(hidden, self.hidden_norm, self.eps)], -1)
             q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
             k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
             v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
@@ -206,9 +208,9 @@ def make_head_class():
             mask = torch.cat([causal] + [diag] * diagonal_steps, 1)
             att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             residual = self.o_proj(att.transpose(1, 2).reshape(b, t, -1)) + residual
-            mlp_in = _rms(residual, self.post_attention_layernorm, self.eps)
+            mlp_in = rms(residual, self.post_attention_layernorm, self.eps)
             out = self.down_proj(F.silu(self.gate_proj(mlp_in)) * self.up_proj(mlp_in))
-            normed = _rms(out + residual, self.norm, self.eps)
+            normed = rms(out + residual, self.norm, self.eps)
             return normed @ self.lm_head.T, normed  # norm_output: normed goes on
 
         def export(self) -> dict:
@@ -305,14 +307,14 @@ def induction_prior(
 
     h, hd, nh, nkv, eps = head.h, head.hd, head.nh, head.nkv, head.eps
 
-    def unit_rms(x):
+    def unitrms(x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
     embed, out = head.embed_tokens.double(), head.lm_head.double()
     code = out / out.pow(2).mean(-1, keepdim=True).sqrt()
-    # unit_rms(embedding of v) @ copy ~ code of v (the input norm's weight is 1).
-    copy = torch.linalg.lstsq(unit_rms(embed), code).solution
-    states = unit_rms(aux.double().flatten(0, 1))
+    # unitrms(embedding of v) @ copy ~ code of v (the input norm's weight is 1).
+    copy = torch.linalg.lstsq(unitrms(embed), code).solution
+    states = unitrms(aux.double().flatten(0, 1))
     recover = torch.linalg.lstsq(states, code[tokens.flatten()]).solution
     # The value path has rank nkv * hd: the best rank-r factors of ``copy``.
     r = min(nkv * hd, h)
@@ -394,7 +396,7 @@ def decoded_acceptance(head, data: list[TrainingData], k: int) -> dict[str, Any]
     import numpy as np
     import torch
 
-    from onboard.speculators.mtp_train import decoded_walk
+    from onboard.speculators.mtp_train import acceptance_rates, decoded_walk
 
     drafts, accepted = 0, np.zeros(k)
     with torch.no_grad():
@@ -415,12 +417,7 @@ def decoded_acceptance(head, data: list[TrainingData], k: int) -> dict[str, Any]
                 n, a = decoded_walk(ok)
                 drafts += n
                 accepted += a
-    rates = (accepted / max(drafts, 1)).tolist()
-    return {
-        "per_position": rates,
-        "mean_acceptance_length": 1.0 + sum(rates),
-        "drafts": drafts,
-    }
+    return acceptance_rates(accepted, drafts)
 
 
 def split(data: TrainingData) -> tuple[Any, TrainingData]:
@@ -451,7 +448,6 @@ def train(
     start) the validation prompts are scored by the decoded first-position
     acceptance at ``k`` (the mean length breaks ties), and the best weights are
     kept (on a tie, the later)."""
-    import torch
 
     rows, val = split(data)
     induction_prior(head, data.tokens[rows], data.aux[rows])
@@ -463,44 +459,93 @@ def train(
         rates = acc["per_position"]
         return rates[0] + 1e-3 * acc["mean_acceptance_length"], acc
 
-    def snapshot():
-        return {n: p.detach().clone() for n, p in head.named_parameters()}
+    run, start, kept = keep_best(
+        head,
+        list(head.parameters()),
+        lambda batch: _ce_loss(head, data, batch, ttt_steps),
+        score,
+        rows,
+        seed=seed,
+        max_steps=max_steps,
+        budget_s=budget_s,
+        lr=LR,
+        log=log,
+    )
+    return {
+        **run,
+        "output_norm_scale": factor,
+        "validation_prompts": int(len(val.tokens)),
+        "validation_decoded_prior": start,
+        "validation_decoded_kept": kept,
+    }
 
-    first_score, prior_acc = score()
-    best = (first_score, 0, snapshot(), prior_acc)
-    log(f"prior: validation decoded acceptance {_rates(prior_acc)}")
+
+def keep_best(
+    module,
+    params: list,
+    loss_of: Callable[[Any], Any],
+    score: Callable[[], tuple[float, dict]],
+    rows,
+    *,
+    seed: int,
+    max_steps: int,
+    budget_s: float,
+    lr: float,
+    cosine: bool = False,
+    log=lambda _m: None,
+) -> tuple[dict[str, Any], dict, dict]:
+    """AdamW on ``params`` with ``loss_of(batch)`` over batches of ``rows``
+    (``cosine``: the rate decays over ``max_steps``). ``score()`` (value,
+    acceptance) is taken at the start, every ``EVAL_EVERY`` steps and once more
+    where the budget ends between two; ``module`` ends with the best weights (on
+    a tie, the later). Returns the run (steps, seconds, last loss, the kept
+    step), the acceptance at the start and the kept one."""
+    import torch
+
+    def snapshot():
+        return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+    first, first_acc = score()
+    best = (first, 0, snapshot(), first_acc)
+    log(f"start: validation decoded acceptance {_rates(first_acc)}")
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(head.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     start = time.perf_counter()
-    step = 0
-    loss_value = float("nan")
+    step, loss_value = 0, float("nan")
+
+    def evaluate() -> None:
+        nonlocal best
+        value, acc = score()
+        log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
+        if value >= best[0]:
+            best = (value, step, snapshot(), acc)
+
     while step < max_steps and time.perf_counter() - start < budget_s:
         batch = rows[torch.randint(0, len(rows), (BATCH,), generator=gen)]
-        loss = _ce_loss(head, data, batch, ttt_steps)
+        if cosine:
+            for group in opt.param_groups:
+                group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / max_steps))
+        loss = loss_of(batch)
         opt.zero_grad()
         loss.backward()
         opt.step()
         step += 1
         loss_value = loss.item()
         if step % EVAL_EVERY == 0:
-            value, acc = score()
-            log(f"step {step}: loss {loss_value:.3f}, validation {_rates(acc)}")
-            if value >= best[0]:
-                best = (value, step, snapshot(), acc)
+            evaluate()
+    if step % EVAL_EVERY:  # the budget ended between two evaluations
+        evaluate()
     with torch.no_grad():
-        for name, param in head.named_parameters():
+        for name, param in module.named_parameters():
             param.copy_(best[2][name])
     log(f"keeping step {best[1]}: validation {_rates(best[3])}")
-    return {
+    report = {
         "steps": step,
         "seconds": time.perf_counter() - start,
         "loss": loss_value,
         "kept_step": best[1],
-        "output_norm_scale": factor,
-        "validation_prompts": int(len(val.tokens)),
-        "validation_decoded_prior": prior_acc,
-        "validation_decoded_kept": best[3],
     }
+    return report, first_acc, best[3]
 
 
 def _rates(acc: dict) -> str:
@@ -520,6 +565,35 @@ def save_head(head, config: dict, out_dir: Path) -> Path:
     return out_dir
 
 
+def verifier_data(
+    spec: ModelSpec,
+    model_dir: Path,
+    out_dir: Path,
+    *,
+    num_prompts: int,
+    seed: int,
+    log=lambda _m: None,
+) -> tuple[Any, list[int], TrainingData, float]:
+    """The verifier (the reference model of ``model_dir``, loaded in a work
+    directory beside ``out_dir``), its auxiliary layers, the data a draft of it
+    trains on (:func:`collect_data`) and the seconds collecting took."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from onboard.runtime.reference import load_reference
+
+    torch.manual_seed(seed)
+    work = Path(out_dir).parent / f".{Path(out_dir).name}-work"
+    model = load_reference(Path(model_dir), spec, None, work).model
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    aux = aux_layer_ids(spec.num_hidden_layers)
+    t0 = time.perf_counter()
+    data = collect_data(model, tokenizer, aux, num_prompts, seed=seed)
+    collect_s = time.perf_counter() - t0
+    log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
+    return model, aux, data, collect_s
+
+
 def train_eagle3_head(
     spec: ModelSpec,
     model_dir: Path,
@@ -537,24 +611,12 @@ def train_eagle3_head(
     tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
     initial weights (before the prior and training: the baseline that accepts
     nothing) go to ``untrained_dir`` when given. Returns the training report."""
-    import torch
-    from transformers import AutoTokenizer
-
     from onboard.runtime.cpu_draft import cpu_kv_heads
-    from onboard.runtime.reference import load_reference
 
-    torch.manual_seed(seed)
     model_dir = Path(model_dir)
-    work = Path(out_dir).parent / f".{Path(out_dir).name}-work"
-    reference = load_reference(model_dir, spec, None, work)
-    model = reference.model
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    aux = aux_layer_ids(spec.num_hidden_layers)
-    t0 = time.perf_counter()
-    data = collect_data(model, tokenizer, aux, num_prompts, seed=seed)
-    collect_s = time.perf_counter() - t0
-    log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
-
+    model, aux, data, collect_s = verifier_data(
+        spec, model_dir, out_dir, num_prompts=num_prompts, seed=seed, log=log
+    )
     config = head_config(
         spec,
         "eagle3",

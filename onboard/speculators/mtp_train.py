@@ -281,6 +281,17 @@ def decoded_walk(ok: np.ndarray) -> tuple[int, np.ndarray]:
     return drafts, accepted
 
 
+def acceptance_rates(accepted, drafts: int) -> dict[str, Any]:
+    """What the decoded walks found, as vLLM's counters say it: the acceptance
+    rate of each draft position, the mean acceptance length, the drafts."""
+    rates = (accepted / max(drafts, 1)).tolist()
+    return {
+        "per_position": rates,
+        "mean_acceptance_length": 1.0 + sum(rates),
+        "drafts": drafts,
+    }
+
+
 @contextmanager
 def _main_hidden(model, hidden):
     """Let ``mtp_forward`` use known main-model hidden states instead of running
