@@ -708,7 +708,6 @@ def _norm_context(
         arch.layers[0].stream, norms, vllm_paths, cfg["residual_multiplier"]
     )
     return {
-        "norm": norms.kind,
         # The norm class of the layers and the final norm, and of the q/k norms.
         "norm_class": _norm_class(norms),
         "rms_class": "GemmaRMSNorm" if norms.unit_offset else "RMSNorm",
