@@ -46,7 +46,6 @@ from onboard.speculators.eagle3 import (
     TrainingData,
     keep_best,
     rms,
-    save_head,
     split,
     verifier_data,
 )
@@ -612,45 +611,37 @@ def train_dflash_draft(
     given. Returns the training report (also written to OUT/training.json)."""
     k = num_speculative_tokens
     model_dir = Path(model_dir)
-    model, aux, data, collect_s = verifier_data(
+    verifier = verifier_data(
         spec, model_dir, out_dir, num_prompts=num_prompts, seed=seed, log=log
     )
     config = dflash_config(spec, model_dir, k, num_layers)
-    embed = model.get_input_embeddings().weight.detach().float().clone()
-    lm_head = model.get_output_embeddings().weight.detach().float().clone()
     draft = make_draft_class()(
         config["transformer_layer_config"],
-        len(aux),
-        embed,
-        lm_head,
+        len(verifier.aux),
+        *verifier.frozen_weights(),
         config["mask_token_id"],
     )
-    if untrained_dir is not None:
-        save_head(draft, config, Path(untrained_dir))
-    with one_thread():
-        result = train(
-            draft,
-            data,
-            k=k,
-            seed=seed,
-            max_steps=max_steps,
-            budget_s=budget_s,
-            log=log,
-        )
-    save_head(draft, config, Path(out_dir))
-    report = {
-        "verifier": str(model_dir),
-        "aux_hidden_state_layer_ids": aux,
-        "num_layers": num_layers,
-        "block_size": config["block_size"],
-        "mask_token_id": config["mask_token_id"],
-        "training_sequences": int(data.tokens.shape[0]),
-        "tokens_per_sequence": int(data.tokens.shape[1]),
-        "collect_s": collect_s,
-        **result,
-    }
-    (Path(out_dir) / "training.json").write_text(json.dumps(report, indent=2))
-    return report
+    result = verifier.fit(
+        draft,
+        config,
+        out_dir,
+        untrained_dir,
+        train,
+        k=k,
+        seed=seed,
+        max_steps=max_steps,
+        budget_s=budget_s,
+        log=log,
+    )
+    return verifier.report(
+        model_dir,
+        out_dir,
+        result,
+        aux_hidden_state_layer_ids=verifier.aux,
+        num_layers=num_layers,
+        block_size=config["block_size"],
+        mask_token_id=config["mask_token_id"],
+    )
 
 
 def load_draft(draft_dir: Path):

@@ -565,6 +565,50 @@ def save_head(head, config: dict, out_dir: Path) -> Path:
     return out_dir
 
 
+@dataclass
+class Verifier:
+    """The verifier a draft learns from: the reference model, its auxiliary
+    layers, the data a draft of it trains on (:func:`collect_data`) and the
+    seconds collecting took."""
+
+    model: Any
+    aux: list[int]
+    data: TrainingData
+    collect_s: float
+
+    def frozen_weights(self):
+        """Float32 copies of the input embedding and the LM head, which a draft
+        shares with its verifier and does not train."""
+        return (
+            self.model.get_input_embeddings().weight.detach().float().clone(),
+            self.model.get_output_embeddings().weight.detach().float().clone(),
+        )
+
+    def fit(self, draft, config: dict, out_dir: Path, untrained_dir, train_fn, **kw):
+        """Save ``draft`` untrained (to ``untrained_dir``, when given), train it
+        with ``train_fn`` on one thread (reproducible, and fair to a shared
+        machine), save it to ``out_dir``; the training result."""
+        if untrained_dir is not None:
+            save_head(draft, config, Path(untrained_dir))
+        with one_thread():
+            result = train_fn(draft, self.data, **kw)
+        save_head(draft, config, Path(out_dir))
+        return result
+
+    def report(self, model_dir: Path, out_dir: Path, result: dict, **fields) -> dict:
+        """The training report, also written to OUT/training.json."""
+        report = {
+            "verifier": str(model_dir),
+            **fields,
+            "training_sequences": int(self.data.tokens.shape[0]),
+            "tokens_per_sequence": int(self.data.tokens.shape[1]),
+            "collect_s": self.collect_s,
+            **result,
+        }
+        (Path(out_dir) / "training.json").write_text(json.dumps(report, indent=2))
+        return report
+
+
 def verifier_data(
     spec: ModelSpec,
     model_dir: Path,
@@ -573,10 +617,9 @@ def verifier_data(
     num_prompts: int,
     seed: int,
     log=lambda _m: None,
-) -> tuple[Any, list[int], TrainingData, float]:
-    """The verifier (the reference model of ``model_dir``, loaded in a work
-    directory beside ``out_dir``), its auxiliary layers, the data a draft of it
-    trains on (:func:`collect_data`) and the seconds collecting took."""
+) -> Verifier:
+    """The verifier of ``model_dir`` (its reference model, loaded in a work
+    directory beside ``out_dir``) with the data collected from it."""
     import torch
     from transformers import AutoTokenizer
 
@@ -591,7 +634,7 @@ def verifier_data(
     data = collect_data(model, tokenizer, aux, num_prompts, seed=seed)
     collect_s = time.perf_counter() - t0
     log(f"collected {tuple(data.tokens.shape)} tokens in {collect_s:.0f} s")
-    return model, aux, data, collect_s
+    return Verifier(model, aux, data, collect_s)
 
 
 def train_eagle3_head(
@@ -614,7 +657,7 @@ def train_eagle3_head(
     from onboard.runtime.cpu_draft import cpu_kv_heads
 
     model_dir = Path(model_dir)
-    model, aux, data, collect_s = verifier_data(
+    verifier = verifier_data(
         spec, model_dir, out_dir, num_prompts=num_prompts, seed=seed, log=log
     )
     config = head_config(
@@ -627,34 +670,27 @@ def train_eagle3_head(
         num_kv_heads=cpu_kv_heads(spec),
     )
     layer = config["transformer_layer_config"]
-    embed = model.get_input_embeddings().weight.detach().float().clone()
-    lm_head = model.get_output_embeddings().weight.detach().float().clone()
-    head = make_head_class()(layer, len(aux), embed, lm_head)
-    if untrained_dir is not None:
-        save_head(head, config, Path(untrained_dir))
-    before = first_position_accuracy(head, data)
-    # One thread: reproducible, and fair to a shared two-core machine.
-    with one_thread():
-        result = train(
-            head,
-            data,
-            seed=seed,
-            max_steps=max_steps,
-            budget_s=budget_s,
-            k=num_speculative_tokens,
-            log=log,
-        )
-    after = first_position_accuracy(head, data)
-    save_head(head, config, Path(out_dir))
-    report = {
-        "verifier": str(model_dir),
-        "aux_layer_ids": aux,
-        "training_sequences": int(data.tokens.shape[0]),
-        "tokens_per_sequence": int(data.tokens.shape[1]),
-        "collect_s": collect_s,
-        **result,
-        "train_first_position_accuracy_before": before,
-        "train_first_position_accuracy_after": after,
-    }
-    (Path(out_dir) / "training.json").write_text(json.dumps(report, indent=2))
-    return report
+    head = make_head_class()(layer, len(verifier.aux), *verifier.frozen_weights())
+    before = first_position_accuracy(head, verifier.data)
+    result = verifier.fit(
+        head,
+        config,
+        out_dir,
+        untrained_dir,
+        train,
+        seed=seed,
+        max_steps=max_steps,
+        budget_s=budget_s,
+        k=num_speculative_tokens,
+        log=log,
+    )
+    return verifier.report(
+        model_dir,
+        out_dir,
+        result,
+        aux_layer_ids=verifier.aux,
+        train_first_position_accuracy_before=before,
+        train_first_position_accuracy_after=first_position_accuracy(
+            head, verifier.data
+        ),
+    )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onboard.config_json import read_config_json
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
 from onboard.runtime.compare import TOP_K, GreedyOutput, judge_accuracy
@@ -376,12 +377,7 @@ def check_inputs(spec: ModelSpec, model_dir: Path) -> dict[str, Any]:
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: no such directory")
     config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise InputError(f"{model_dir}: no config.json (not a Hugging Face checkpoint)")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{config_path}: invalid JSON: {exc}") from None
+    config = read_config_json(config_path)
     if not any(model_dir.glob("*.safetensors")):
         raise InputError(f"{model_dir}: no *.safetensors weights")
     if (model_dir / INDEX_FILE).is_file():
