@@ -118,3 +118,33 @@ def test_each_block_normalises_each_site_at_most_once(name):
         for site in ("attention_input", "attention_output", "mlp_input", "mlp_output"):
             role = stream.at(site)
             assert (role is not None) == (site in sites)
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        {"4": 2},  # a mapping, not a list per layer
+        [None, 0, True, None],  # a boolean is no layer index
+        [None, 0, "1", None],
+        [None, 0, None],  # one entry short
+    ],
+)
+def test_kv_sharing_reads_one_index_or_null_per_layer(targets):
+    sharing = next(c for c in components.every() if c.name == "kv_sharing")
+    config = {"kv_sharing_target_layers": targets, "num_hidden_layers": 4}
+    with pytest.raises(ConfigProblem, match="one layer index or null per layer"):
+        sharing.read(_getter(config))
+    config["kv_sharing_target_layers"] = [None, 0, None, 1]
+    assert sharing.read(_getter(config)) == {"kv_sharing": {1: 0, 3: 1}}
+
+
+def test_kv_sharing_is_a_node_of_the_sharing_layers_only():
+    """Each sharing layer's attention names its source; the others, the MTP
+    block and the model-wide attention have none."""
+    spec = any_spec("novel-launch")
+    arch = build_plan(spec)
+    assert arch.kv_sources == spec.attention.kv_sharing
+    for layer in arch.layers:
+        assert layer.mixer.kv_source == spec.attention.kv_sharing.get(layer.index)
+    assert arch.mtp is not None and arch.mtp.block.mixer.kv_source is None
+    assert arch.attention.kv_source is None

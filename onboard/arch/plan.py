@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 from onboard.arch.config_keys import ConfigKeys
 from onboard.components import norms as norms_component
 from onboard.components import present, residual_stream
+from onboard.components.kv_sharing import KVSource
 from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
 from onboard.spec.layouts import LAYOUT_PRESETS
@@ -80,7 +81,6 @@ class Attention:
     num_kv_heads: int | None  # None: MLA (one latent, no KV heads)
     head_dim: int | None  # None: MLA (per-part dims in ``mla``)
     window: int | None  # sliding window in tokens; None: full attention
-    kv_source: int | None  # the earlier layer whose KV cache this one reads
     rope: bool  # False: no rotary embedding in this layer (NoPE)
     rope_theta: float  # this layer's rotary base (Gemma-3: per layer kind)
     rope_scaling: str | None  # this layer's rope scaling kind; None: plain rope
@@ -105,6 +105,12 @@ class Attention:
     def part(self, kind: type[T]) -> T | None:
         """This attention's plan node of type ``kind`` (None: it has none)."""
         return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    @property
+    def kv_source(self) -> int | None:
+        """The earlier layer whose KV cache this one reads (None: its own)."""
+        source = self.part(KVSource)
+        return None if source is None else source.layer
 
     @property
     def sliding(self) -> bool:
@@ -441,7 +447,7 @@ class ArchPlan:
         return replace(
             first,
             window=None,
-            kv_source=None,
+            parts=tuple(p for p in first.parts if not isinstance(p, KVSource)),
             rope=True,
             rope_theta=theta,
             rope_scaling=scaling.type if scaling else None,
@@ -570,7 +576,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         num_kv_heads=None if att.type == "mla" else spec.num_kv_heads,
         head_dim=None if att.type == "mla" else spec.head_dim,
         window=att.sliding_window if sliding else None,
-        kv_source=None if layer is None else att.kv_sharing.get(layer),
         rope=layer is None or spec.uses_rope(layer),
         rope_theta=theta,
         rope_scaling=scaling.type if scaling else None,

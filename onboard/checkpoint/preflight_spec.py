@@ -556,7 +556,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "layer_types": ("attention.layer_types",),
     "sliding_window_pattern": ("attention.sliding_window_pattern",),
     "max_window_layers": ("attention.layer_types",),
-    "kv_sharing_target_layers": ("attention.kv_sharing",),
     "q_lora_rank": ("attention.mla.q_lora_rank",),
     "kv_lora_rank": ("attention.mla.kv_lora_rank",),
     "qk_nope_head_dim": ("attention.mla.qk_nope_head_dim",),

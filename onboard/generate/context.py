@@ -581,7 +581,7 @@ def build_context(
 
     cfg = _model_config_keys(spec, arch, f)
     sliding = _sliding(arch)
-    kv_sharing = bool(att.kv_sharing)
+    kv_sharing = bool(arch.kv_sources)
 
     moe_ctx = _moe_context(spec, arch, f, cfg, mlp)
     if spec.mtp is not None:
@@ -939,8 +939,8 @@ def _model_config_keys(
         cfg["indexer_rope_interleave"] = f.find(
             "indexer_rope_interleave", att.indexer.rope_interleave
         )
-    if att.kv_sharing:
-        cfg["kv_sharing"] = _kv_sharing_field(spec, f)
+    if arch.kv_sources:
+        cfg["kv_sharing"] = _kv_sharing_field(arch, f)
     if arch.has_dense:
         assert spec.mlp.intermediate_size is not None
         cfg["intermediate_size"] = f.dense_width()
@@ -1206,9 +1206,9 @@ def _mtp_prefixes(spec: ModelSpec) -> list[str]:
     return sorted(prefixes)
 
 
-def _kv_sharing_field(spec: ModelSpec, f: ConfigKeys) -> str:
+def _kv_sharing_field(arch: ArchPlan, f: ConfigKeys) -> str:
     """Config attribute holding the KV-sharing map ``{layer: target}``."""
-    want = {int(k): int(v) for k, v in spec.attention.kv_sharing.items()}
+    want = dict(arch.kv_sources)
 
     def same(value: Any) -> bool:
         if isinstance(value, dict):
@@ -1216,7 +1216,7 @@ def _kv_sharing_field(spec: ModelSpec, f: ConfigKeys) -> str:
                 return {int(k): int(v) for k, v in value.items()} == want
             except (TypeError, ValueError):
                 return False
-        if isinstance(value, list) and len(value) == spec.num_hidden_layers:
+        if isinstance(value, list) and len(value) == len(arch.layers):
             return {i: t for i, t in enumerate(value) if t is not None} == want
         return False
 
@@ -1244,7 +1244,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             if mla.q_lora_rank is not None
             else "a full-rank query projection"
         )
-        direct = bool(att.kv_sharing) or bool(
+        direct = bool(arch.kv_sources) or bool(
             components.fragments(spec, "vllm")["mla.output"]
         )
         doc = (
@@ -1276,7 +1276,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             if len(kinds) > 1
             else "sliding-window on every layer"
         )
-    if att.kv_sharing:
+    if arch.kv_sources:
         parts.append("KV-cache sharing across layers")
     return "Attention: " + ", ".join(parts) + "."
 
@@ -1293,7 +1293,7 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
             for c, node in components.parts(arch.attention)
         },
         "mla_direct": spec.attention.type == "mla"
-        and (bool(spec.attention.kv_sharing) or bool(slots["mla.output"])),
+        and (bool(arch.kv_sources) or bool(slots["mla.output"])),
     }
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from onboard.arch import build_plan
+from onboard.components import kv_sharing
+from onboard.components.base import ConfigProblem
 from onboard.errors import InputError
 from onboard.spec.layouts import (
     LAYOUT_PRESETS,
@@ -128,16 +130,7 @@ def detect_layout(
 
 def _kv_sharing(config: dict, layers: int, source: str) -> dict[int, int]:
     """Layers that read an earlier layer's KV cache (what `spec from-hf` reads)."""
-    targets = config.get("kv_sharing_target_layers")
-    if targets is None:
-        return {}
-    if (
-        not isinstance(targets, list)
-        or len(targets) != layers
-        or not all(t is None or type(t) is int for t in targets)
-    ):
-        raise InputError(
-            f"{source}: kv_sharing_target_layers must list one layer index or null "
-            "per layer"
-        )
-    return {i: t for i, t in enumerate(targets) if t is not None}
+    try:
+        return kv_sharing.targets_from_config(config.get(kv_sharing.CONFIG_KEY), layers)
+    except ConfigProblem as exc:
+        raise InputError(f"{source}: {exc}") from None

@@ -113,7 +113,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
         "rope": _uses_rope(arch),
-        "kv_sharing": bool(att.kv_sharing),
+        "kv_sharing": bool(arch.kv_sources),
         **_block_form(arch),
         **_gemma_flags(spec, arch),
         "act": spec.activation,
@@ -701,7 +701,12 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         extras = [
             name
             for name, on in (
-                *((c.label, True) for c in components.present(spec, "attention")),
+                # KV sharing varies by layer: listed with the layer kinds below.
+                *(
+                    (c.label, True)
+                    for c in components.present(spec, "attention")
+                    if c.name != "kv_sharing"
+                ),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),
             )

@@ -53,7 +53,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "layer_types": ("layer_types",),
     "sliding_window_pattern": ("sliding_window_pattern",),
     "max_window_layers": ("max_window_layers",),
-    "kv_sharing_target_layers": ("kv_sharing_target_layers",),
     # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
     # linear attention (Gated DeltaNet, Qwen3-Next's names)
     "linear_num_key_heads": ("linear_num_key_heads",),

@@ -1017,7 +1017,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
     _check_chunked(r, n_layers, rope["nope_layers"])
-    sharing = _read_kv_sharing(r, n_layers)
     indexer = _read_indexer(r, n_layers)
     mla = {
         k: r.get(k)
@@ -1043,7 +1042,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
             query_pre_attn_scalar=scalar,
-            kv_sharing=sharing,
             softmax_scale=softmax_scale,
             **windows,
         )
@@ -1057,7 +1055,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     if latent_eps is not None:
         mla["latent_norm_eps"] = latent_eps
     # Sharing layers read their target's latent and rope key (docs/spec.md).
-    att.update(type="mla", mla=mla, kv_sharing=sharing)
+    att.update(type="mla", mla=mla)
     if llama_4 is not None:
         att["llama_4_scaling"] = llama_4
     if indexer is not None:
@@ -1496,20 +1494,6 @@ def _layer_kinds(windows: dict[str, Any], n_layers: int) -> list[str]:
             for i in range(n_layers)
         ]
     return ["sliding_attention"] * n_layers
-
-
-def _read_kv_sharing(r: _Reader, n_layers: int) -> dict[int, int]:
-    targets = r.get("kv_sharing_target_layers")
-    if targets is None:
-        return {}
-    if (
-        not isinstance(targets, list)
-        or len(targets) != n_layers
-        or not all(t is None or isinstance(t, int) for t in targets)
-    ):
-        r.bad("kv_sharing_target_layers: must list one layer index or null per layer")
-        return {}
-    return {i: t for i, t in enumerate(targets) if t is not None}
 
 
 def _read_mlp(r: _Reader, n_layers: int) -> dict:
@@ -2241,10 +2225,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             ]
         if att.sliding_window_pattern is not None:
             c["sliding_window_pattern"] = att.sliding_window_pattern
-    if att.kv_sharing:
-        c["kv_sharing_target_layers"] = [
-            att.kv_sharing.get(i) for i in range(spec.num_hidden_layers)
-        ]
     # Per layer type where the sliding layers rotate otherwise (Gemma-3's keys).
     c["rope_parameters"] = (
         {"sliding_attention": sliding_rope, "full_attention": rope}

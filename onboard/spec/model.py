@@ -22,7 +22,6 @@ from onboard.components.base import (
     HeadDim,
     LayerCount,
     LayerIndex,
-    LayerKey,
     PositiveInt,
     Width,
 )
@@ -316,14 +315,6 @@ class _AttentionFields(_Section):
         description="Explicit per-layer kind, `full_attention`, `sliding_attention` "
         "or `linear_attention` (one entry per layer; a linear-attention layer's "
         "token mixer is the `linear_attention` section's instead of attention).",
-    )
-    kv_sharing: dict[LayerKey, LayerIndex] = Field(
-        default_factory=dict,
-        description="Cross-layer KV sharing: `layer: target_layer` means the layer "
-        "reuses the KV cache of the earlier target layer and computes queries only "
-        "(MLA: the target's latent and rope key, expanded by the layer's own "
-        "`kv_b_proj`; with an indexer, the layer keeps its own indexer and index "
-        "keys: only the latent cache is shared).",
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."

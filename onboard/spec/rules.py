@@ -23,7 +23,6 @@ from onboard.spec.layouts import (
     required_placeholders,
 )
 from onboard.spec.model import (
-    MLA_WHOLE_HEAD,
     MULTIPLIERS,
     ModelSpec,
     RopeScaling,
@@ -52,7 +51,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _attention_rules,
         _layer_type_rules,
         _linear_attention_rules,
-        _kv_sharing_rules,
         _mlp_rules,
         _moe_rules,
         _gemma_rules,
@@ -179,13 +177,6 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
     late = [i for i in nope if i >= spec.num_hidden_layers]
     if late:
         report(where, f"layers {late} do not exist ({spec.num_hidden_layers} layers)")
-    for layer, target in spec.attention.kv_sharing.items():
-        if spec.uses_rope(layer) != spec.uses_rope(target):
-            report(
-                ("attention", "kv_sharing", layer),
-                f"layer {layer} and its KV source {target} must both use rope or "
-                "both not (the shared keys carry the source's rotation)",
-            )
 
 
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
@@ -309,14 +300,6 @@ def _indexer_rules(spec: ModelSpec, report: Report) -> None:
                 f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
                 f"it is one of layers 1..{spec.num_hidden_layers - 1}",
             )
-    if att.kv_sharing and idx.shared_layers:
-        # A KV-sharing layer runs an indexer of its own (only the latent cache is
-        # shared); one that also skips it has no family to follow yet.
-        report(
-            where + ("shared_layers",),
-            "shared indexer layers beside cross-layer KV sharing are not "
-            "expressible yet",
-        )
     if spec.mtp is not None and idx.shared_layers:
         # An MTP head runs an indexer of its own (DeepSeek-V3.2's, vLLM's
         # deepseek_mtp); beside GLM's shared layers its kind has no config entry.
@@ -412,13 +395,6 @@ def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
                 ("rope", "nope_layers"),
                 f"layer {i} is linear_attention, which has no rope to leave out",
             )
-    for layer, target in att.kv_sharing.items():
-        if layer in linear or target in linear:
-            report(
-                ("attention", "kv_sharing", layer),
-                "a linear-attention layer has a recurrent state, not a KV cache to "
-                "share",
-            )
 
 
 # vLLM's Kimi delta attention layer builds its output norm (FusedRMSNormGated)
@@ -461,96 +437,6 @@ def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
             where + ("projections",),
             "projections applies to gated_deltanet; kimi_delta stores q, k and v apart",
         )
-
-
-def _kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
-    att = spec.attention
-    if not att.kv_sharing:
-        return
-    # MLA layers share their latent cache (the compressed latent and the rope
-    # key); the sharing layer keeps its own queries and kv_b_proj (docs/spec.md).
-    path: Path = ("attention", "kv_sharing")
-    n = spec.num_hidden_layers
-    types = (
-        spec.layer_attention_types()
-        if att.layer_types is None or len(att.layer_types) == n
-        else None
-    )
-    for layer, target in att.kv_sharing.items():
-        where = path + (layer,)
-        if layer >= n:
-            report(where, f"layer {layer} does not exist (num_hidden_layers is {n})")
-            continue
-        if target >= layer:
-            report(
-                where,
-                f"target layer {target} must come before layer {layer}: vLLM shares "
-                "only the cache of an earlier attention layer",
-            )
-            continue
-        if target in att.kv_sharing:
-            report(
-                where,
-                f"target layer {target} itself shares layer "
-                f"{att.kv_sharing[target]}'s cache; point at that layer instead",
-            )
-        if types is not None and types[layer] != types[target]:
-            report(
-                where,
-                f"layer {layer} is {types[layer]} but its target {target} is "
-                f"{types[target]}: vLLM shares caches only between layers of the same "
-                "window type",
-            )
-    if att.type == "mla":
-        _mla_kv_sharing_rules(spec, report)
-
-
-def _mla_kv_sharing_rules(spec: ModelSpec, report: Report) -> None:
-    """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
-    directly, the plugin's patch on released vLLM) for the plain MLA block that
-    the CPU engine validates: docs/spec.md's limits, which generate asserts."""
-    att = spec.attention
-    for present, path, what in (
-        (spec.rope.scaling is not None, ("rope", "scaling"), "rope scaling"),
-        (spec.mtp is not None, ("mtp",), "MTP heads"),
-        (spec.norm.type != "rmsnorm", ("norm", "type"), f"{spec.norm.type} norms"),
-        (
-            spec.norm.placement != "pre",
-            ("norm", "placement"),
-            f"norm.placement {spec.norm.placement}",
-        ),
-        (
-            bool(getattr(att, "output_gate", False)),
-            ("attention", "output_gate"),
-            "an output gate",
-        ),
-        (
-            spec.residual_multiplier != 1.0,
-            ("residual_multiplier",),
-            "a residual_multiplier",
-        ),
-        (
-            spec.linear_attention is not None,
-            ("linear_attention",),
-            "linear-attention layers",
-        ),
-        (
-            att.llama_4_scaling is not None,
-            ("attention", "llama_4_scaling"),
-            "llama_4_scaling",
-        ),
-        (
-            spec.model_type in MLA_WHOLE_HEAD,
-            ("model_type",),
-            f"{spec.model_type}'s whole-head rope",
-        ),
-    ):
-        if present:
-            report(
-                path,
-                f"MLA layers that share another layer's latent cache "
-                f"(attention.kv_sharing) are generated without {what} only",
-            )
 
 
 def _mlp_rules(spec: ModelSpec, report: Report) -> None:
@@ -911,12 +797,6 @@ def _fused_rules(spec: ModelSpec, report: Report) -> None:
     if "qkv_proj" in fused:
         if spec.attention.type == "mla":
             report(where, "qkv_proj: MLA attention has no q/k/v projections to fuse")
-        elif spec.attention.kv_sharing:
-            report(
-                where,
-                "qkv_proj: a layer that reads another layer's KV cache loads q "
-                "alone; a fused q/k/v tensor is not generated for it",
-            )
     if "gate_up_proj" in fused and not has_dense_mlp(spec):
         report(where, "gate_up_proj: the model has no dense MLP (experts stay apart)")
     moe = spec.mlp.moe

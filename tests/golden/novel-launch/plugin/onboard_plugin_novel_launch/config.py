@@ -34,12 +34,12 @@ class NovelLaunchConfig(PreTrainedConfig):
     head_dim: int | None = 128
     qkv_bias: bool | None = False
     o_bias: bool | None = False
+    kv_sharing_target_layers: list | None = None
     qk_norm: bool | None = True
     sliding_window: int | None = 4096
     use_sliding_window: bool | None = True
     layer_types: list[str] | None = None
     sliding_window_pattern: int | str | None = 4
-    kv_sharing_target_layers: list | None = None
     rope_parameters: dict | None = None
     rope_interleave: bool | None = False
     intermediate_size: int | None = 12288
@@ -65,17 +65,17 @@ class NovelLaunchConfig(PreTrainedConfig):
         if not self.use_sliding_window:
             # Without use_sliding_window no layer slides (Qwen2's rule).
             self.sliding_window = None
+        if self.kv_sharing_target_layers is None:
+            self.kv_sharing_target_layers = [
+                {40: 36, 41: 37, 42: 38, 43: 39, 44: 36, 45: 37, 46: 38, 47: 39}.get(i)
+                for i in range(self.num_hidden_layers)
+            ]
         if self.layer_types is None:
             # Every sliding_window_pattern-th layer attends to the full context.
             self.layer_types = [
                 "full_attention"
                 if (i + 1) % self.sliding_window_pattern == 0
                 else "sliding_attention"
-                for i in range(self.num_hidden_layers)
-            ]
-        if self.kv_sharing_target_layers is None:
-            self.kv_sharing_target_layers = [
-                {40: 36, 41: 37, 42: 38, 43: 39, 44: 36, 45: 37, 46: 38, 47: 39}.get(i)
                 for i in range(self.num_hidden_layers)
             ]
         if self.rope_parameters is None:
