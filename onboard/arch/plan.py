@@ -473,6 +473,18 @@ class ArchPlan:
         }
 
     @property
+    def shared_index_layers(self) -> tuple[int, ...]:
+        """Decoder layers that run no indexer of their own and reuse the nearest
+        earlier one's top-k (GLM-5)."""
+        return tuple(
+            layer.index
+            for layer in self.layers
+            if isinstance(layer.mixer, Attention)
+            and layer.mixer.indexer is not None
+            and not layer.mixer.indexer.own
+        )
+
+    @property
     def checkpoint_layers(self) -> int:
         """Layers the checkpoint numbers: the decoder's, then the MTP heads'."""
         return len(self.layers) + (self.mtp.num_heads if self.mtp else 0)

@@ -561,16 +561,18 @@ def build_context(
     arch = build_plan(spec)
     _refuse_ungenerated(spec, arch)
     f = arch.config if hf is None else ConfigKeys(spec, hf)
-    att = spec.attention
-    is_mla = att.type == "mla"
-    mtp_mlp = spec.mtp.mlp if spec.mtp is not None else None
+    att = arch.attention
+    is_mla = att.kind == "mla"
+    mtp_mlp = None
+    if arch.mtp is not None:
+        mtp_mlp = "moe" if arch.mtp.block.is_moe else "dense"
     # The model file's MLP classes (for its layers and the MTP blocks).
     has_moe, has_dense = arch.has_moe, arch.has_dense
     mlp = SimpleNamespace(
         has_moe=has_moe,
         has_dense=has_dense,
-        shared=bool(has_moe and spec.mlp.moe and spec.mlp.moe.num_shared_experts),
-        shared_gate=bool(has_moe and spec.mlp.moe and spec.mlp.moe.shared_expert_gate),
+        shared=bool(arch.moe and arch.moe.num_shared_experts),
+        shared_gate=bool(arch.moe and arch.moe.shared_expert_gate),
     )
     # The MLP kinds whose checkpoint tensors this file loads.
     if mtp:
@@ -584,8 +586,8 @@ def build_context(
     kv_sharing = bool(arch.kv_sources)
 
     moe_ctx = _moe_context(spec, arch, f, cfg, mlp)
-    if spec.mtp is not None:
-        cfg["num_mtp_layers"] = f.need("num_nextn_predict_layers", spec.mtp.num_heads)
+    if arch.mtp is not None:
+        cfg["num_mtp_layers"] = f.need("num_nextn_predict_layers", arch.mtp.num_heads)
 
     vllm_paths = _vllm_paths(spec, mlp)
     ckpt = spec.checkpoint
@@ -637,7 +639,7 @@ def build_context(
         "arch": spec.architecture,
         "module_name": spec.module_name,
         "cfg": cfg,
-        "attn": att.type,
+        "attn": att.kind,
         # Where q and k are normalised: None, "head", "projection", "after_rope".
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
@@ -672,11 +674,11 @@ def build_context(
         "has_moe": has_moe,
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
         "tie": spec.tie_word_embeddings,
-        "mtp": spec.mtp is not None,
+        "mtp": arch.mtp is not None,
         "mtp_doc": _mtp_doc(spec) if mtp else "",
         "mtp_block_moe": mtp_mlp == "moe",
         "mtp_block_comment": _mtp_block_comment(per_layer) if mtp else [],
-        "mtp_draft": mtp_draft(spec, standalone=True) if spec.mtp is not None else None,
+        "mtp_draft": mtp_draft(spec, standalone=True) if arch.mtp is not None else None,
         "mtp_prefixes": _mtp_prefixes(spec),
         "names": SimpleNamespace(**names),
         "renames": renames,
@@ -872,7 +874,7 @@ def _model_config_keys(
 ) -> dict[str, str | None]:
     """Config attribute names the model reads, by concept: sizes, attention,
     KV sharing and the dense MLP (the MoE's are added by :func:`_moe_context`)."""
-    att = spec.attention
+    att = arch.attention
     cfg: dict[str, str | None] = {
         "vocab_size": f.need("vocab_size", spec.vocab_size),
         "hidden_size": f.need("hidden_size", spec.hidden_size),
@@ -885,10 +887,11 @@ def _model_config_keys(
     }
     sliding = _sliding(arch)
     if sliding != "none":
-        cfg["sliding_window"] = f.need("sliding_window", att.sliding_window)
+        window = next(b.mixer.window for b in arch.layers if b.mixer.sliding)
+        cfg["sliding_window"] = f.need("sliding_window", window)
         if sliding == "mixed":
             cfg["layer_types"] = f.need("layer_types", list(arch.attention_types))
-    if att.type == "mla":
+    if att.kind == "mla":
         mla = att.mla
         assert mla is not None
         for concept in (
@@ -900,33 +903,32 @@ def _model_config_keys(
             cfg[concept] = f.need(concept, getattr(mla, concept))
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
-        if mla.latent_norm_eps not in (None, spec.norm.eps):
+        latent_eps = spec.attention.mla.latent_norm_eps
+        if latent_eps not in (None, spec.norm.eps):
             # Where the config states it (else the literal: GLM-5's 1e-6).
-            cfg["mla_norm_eps"] = f.find("mla_norm_eps", mla.latent_norm_eps)
+            cfg["mla_norm_eps"] = f.find("mla_norm_eps", latent_eps)
         idx = att.indexer
         if idx is not None:
             cfg["index_topk"] = f.need("index_topk", idx.topk)
             cfg["index_n_heads"] = f.need("index_n_heads", idx.num_heads)
             cfg["index_head_dim"] = f.need("index_head_dim", idx.head_dim)
-            if idx.shared_layers:
+            shared = arch.shared_index_layers
+            if shared:
                 cfg["indexer_types"] = f.need(
                     "indexer_types",
-                    [
-                        "shared" if i in idx.shared_layers else "full"
-                        for i in range(spec.num_hidden_layers)
-                    ],
+                    ["shared" if b.index in shared else "full" for b in arch.layers],
                 )
     else:
         cfg["qkv_bias"] = f.find("qkv_bias", att.qkv_bias)
         # MHA configs may leave the KV heads out (then they equal the heads).
-        cfg["num_key_value_heads"] = f.find("num_key_value_heads", spec.num_kv_heads)
-        if cfg["num_key_value_heads"] is None and spec.num_kv_heads != att.num_heads:
-            f.need("num_key_value_heads", spec.num_kv_heads)
+        cfg["num_key_value_heads"] = f.find("num_key_value_heads", att.num_kv_heads)
+        if cfg["num_key_value_heads"] is None and att.num_kv_heads != att.num_heads:
+            f.need("num_key_value_heads", att.num_kv_heads)
         # Families without head_dim in their config derive it from the width.
-        cfg["head_dim"] = f.find("head_dim", spec.head_dim)
-        cfg["head_dim_derivable"] = spec.head_dim * att.num_heads == spec.hidden_size
+        cfg["head_dim"] = f.find("head_dim", att.head_dim)
+        cfg["head_dim_derivable"] = att.head_dim * att.num_heads == spec.hidden_size
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
-            f.need("head_dim", spec.head_dim)
+            f.need("head_dim", att.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
     # Gemma's softmax scale and final soft-cap, where the spec has them.
     for concept, value in (
@@ -1235,8 +1237,8 @@ def _kv_target_expr(name: str, value: Any) -> str:
 
 
 def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
-    att = spec.attention
-    if att.type == "mla":
+    att = arch.attention
+    if att.kind == "mla":
         mla = att.mla
         assert mla is not None
         q = (
@@ -1254,7 +1256,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
             + " picks the kernels."
         )
         return " ".join([doc, *(f"With {p}." for p in _part_docs(arch))])
-    parts = ["grouped-query" if spec.num_kv_heads < att.num_heads else "multi-head"]
+    parts = ["grouped-query" if att.num_kv_heads < att.num_heads else "multi-head"]
     parts += [f"with {phrase}" for phrase in _part_docs(arch)]
     if att.qkv_bias or att.o_bias:
         parts.append(
@@ -1292,7 +1294,7 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
             c.name: c.vllm_context(node, f)
             for c, node in components.parts(arch.attention)
         },
-        "mla_direct": spec.attention.type == "mla"
+        "mla_direct": arch.attention.kind == "mla"
         and (bool(arch.kv_sources) or bool(slots["mla.output"])),
     }
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard import components
-from onboard.arch import GatedDeltaNet, KimiDeltaAttention, build_plan
+from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
 from onboard.components.qk_norm import QkNorm
 from onboard.components.residual_stream import ResidualStream
@@ -83,28 +83,29 @@ def _class_names(spec: ModelSpec) -> dict[str, str]:
 
 
 def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    att, moe = spec.attention, spec.mlp.moe
+    moe = spec.mlp.moe
     names = module_names(spec)
     cls = _class_names(spec)
     arch = build_plan(spec)
     keys = arch.config
     hf = keys.hf
     types = arch.attention_types
+    att = arch.attention
     f = {
-        "mla": att.type == "mla",
+        "mla": att.kind == "mla",
         # Sparse MLA: the lightning indexer and its rope's pairs.
         "indexer": att.indexer is not None,
         "index_interleaved": att.indexer is not None and att.indexer.rope_interleave,
         # Layers that reuse the nearest earlier indexer's top-k (GLM).
-        "index_shared": att.indexer is not None and bool(att.indexer.shared_layers),
+        "index_shared": bool(arch.shared_index_layers),
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         # Mistral-4's position-dependent query scaling.
-        "llama_4_scaling": att.llama_4_scaling is not None,
+        "llama_4_scaling": spec.attention.llama_4_scaling is not None,
         # Its layers that read another's KV cache leave k's norm (_ignore_unexpected).
-        "qk_norm": arch.attention.part(QkNorm) is not None,
+        "qk_norm": att.part(QkNorm) is not None,
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
-        "partial": att.type == "gqa" and att.partial_rotary_factor != 1.0,
+        "partial": att.kind == "gqa" and att.partial_rotary_factor != 1.0,
         **_rope_flags(arch, hf, keys),
         # yarn's correction range left unrounded (truncate: false, gpt-oss)
         "yarn_fractional": spec.rope.scaling is not None
@@ -121,9 +122,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "dense": arch.has_dense,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
         "shared_on_layer": names.get("shared_parent") == "layer",
-        "mtp": spec.mtp is not None,
-        "mtp_moe": spec.mtp is not None and spec.mtp.mlp == "moe",
-        **_moe_flags(spec, keys),
+        "mtp": arch.mtp is not None,
+        "mtp_moe": arch.mtp is not None and arch.mtp.block.is_moe,
+        **_moe_flags(spec, arch),
         **_linear_flags(arch),
     }
 
@@ -142,7 +143,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     if f["longrope"] and not (f["longrope_attention_factor"] or f["longrope_factor"]):
         c["max_positions"] = keys.need("max_position_embeddings")
     c["index_interleave"] = (
-        keys.find("indexer_rope_interleave") if spec.attention.indexer else None
+        keys.find("indexer_rope_interleave") if f["indexer"] else None
     )
     c.update(_eps_keys(spec, keys))
     if f["mla"]:
@@ -214,7 +215,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "c": c,
         "stream": _stream_reference(arch.layers[0].stream, names, c),
         "per_layer": per_layer,
-        "summary": _summary(spec, f),
+        "summary": _summary(spec, arch, f),
         "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),
         "stacked_doc": _stacked_doc(f),
@@ -312,11 +313,11 @@ def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
     """Gemma's parts the reference has: 1 + weight norms, scaled embeddings,
     its softmax scale and final soft-cap (its sandwich norms are the residual
     stream's)."""
-    att, norms = spec.attention, arch.layers[0].norms
+    att, norms = arch.attention, arch.layers[0].norms
     return {
         "unit_offset": norms.unit_offset,
         "scale_embedding": spec.scale_embedding,
-        "scalar": att.type == "gqa" and att.query_pre_attn_scalar is not None,
+        "scalar": att.kind == "gqa" and att.query_pre_attn_scalar is not None,
         "final_softcap": spec.final_logit_softcap is not None,
     }
 
@@ -380,23 +381,24 @@ def _block_form(arch) -> dict[str, bool]:
     }
 
 
-def _grouped(spec: ModelSpec, keys: ConfigKeys) -> bool:
+def _grouped(spec: ModelSpec, arch: ArchPlan) -> bool:
     """Grouped top-k wherever the config onboard writes has groups, one group
     included (then the same choice as plain top-k), so the reference reads what
     it says. A model type transformers knows ships transformers' config, which
     may leave n_group unset."""
-    moe = spec.mlp.moe
+    moe = arch.moe
     return moe is not None and (
         moe.router.num_groups is not None
         or (
-            not transformers_knows(spec.model_type) and keys.find("n_group") is not None
+            not transformers_knows(spec.model_type)
+            and arch.config.find("n_group") is not None
         )
     )
 
 
-def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
+def _moe_flags(spec: ModelSpec, arch: ArchPlan) -> dict[str, Any]:
     """The MoE block's features (all off without one)."""
-    moe = spec.mlp.moe
+    moe = arch.moe
     return {
         "moe": moe is not None,
         "shared": moe is not None and moe.num_shared_experts > 0,
@@ -406,19 +408,19 @@ def _moe_flags(spec: ModelSpec, keys: ConfigKeys) -> dict[str, Any]:
         "bias_at": router_bias_at(spec)
         if moe is not None and moe.router.bias_correction
         else None,
-        "bias_2d": spec.checkpoint.router_bias_2d,
-        "grouped": _grouped(spec, keys),
+        "bias_2d": moe is not None and moe.router.bias_2d,
+        "grouped": _grouped(spec, arch),
         "router_linear_bias": moe is not None and moe.router.bias,
         # checkpoint.fused: experts, the routed experts stacked in two tensors;
         # as gpt-oss stores them, one module of its own (experts_format).
-        "stacked": moe is not None and "experts" in spec.checkpoint.fused,
+        "stacked": moe is not None and moe.stacked,
         "gpt_oss_experts": gpt_oss_experts(spec),
         # Stacked, output dim first, as parameters of one module (Mistral-4).
         "parameter_experts": parameter_experts(spec),
         "transposed_experts": transposed_experts(spec),
         "weight_on_input": moe is not None and moe.router.weight_on_input,
         "expert_bias": moe is not None and moe.expert_bias,
-        "clamped_swiglu": moe is not None and moe.swiglu_limit is not None,
+        "clamped_swiglu": moe is not None and moe.clamped_swiglu is not None,
         "scoring": moe.router.scoring if moe else None,
         "norm_topk": moe is not None and moe.router.norm_topk_prob,
         "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
@@ -679,8 +681,8 @@ def _field_type(value: Any) -> str:
     return "Any | None"  # null: the key is there, its type is the spec's to give
 
 
-def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
-    att = spec.attention
+def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
+    att = arch.attention
     parts = []
     if f["mla"]:
         parts.append(
@@ -695,8 +697,8 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     else:
         kind = (
             "multi-head"
-            if spec.num_kv_heads == att.num_heads
-            else ("multi-query" if spec.num_kv_heads == 1 else "grouped-query")
+            if att.num_kv_heads == att.num_heads
+            else ("multi-query" if att.num_kv_heads == 1 else "grouped-query")
         )
         extras = [
             name
@@ -730,7 +732,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         rope += f" with {f['scaling']} scaling"
     parts.append(rope)
     if f["moe"]:
-        moe = spec.mlp.moe
+        moe = arch.moe
         assert moe is not None
         what = f"mixture of experts ({moe.router.scoring} routing"
         if f["shared"]:
@@ -741,7 +743,7 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
     else:
         parts.append("dense MLP")
     bare = f["layernorm"] and not f["norm_bias"]
-    parts.append("layernorm without bias" if bare else spec.norm.type)
+    parts.append("layernorm without bias" if bare else arch.layers[0].norms.kind)
     if f["parallel_norm"]:
         parts.append("parallel attention and MLP")
     names = {
@@ -764,9 +766,8 @@ def _summary(spec: ModelSpec, f: dict[str, Any]) -> list[str]:
         parts.append("tied embeddings")
     if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
         parts.append("scaled embeddings and residual branches (Granite)")
-    if f["mtp"]:
-        assert spec.mtp is not None
-        n = spec.mtp.num_heads
+    if arch.mtp is not None:
+        n = arch.mtp.num_heads
         parts.append(f"{n} multi-token-prediction head{'s' if n > 1 else ''}")
     text = "Architecture: " + ", ".join(parts) + "."
     return textwrap.wrap(text, width=88)
