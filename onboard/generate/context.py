@@ -594,7 +594,7 @@ def build_context(
     norm_names = _layer_norm_names(spec, arch, vllm_paths, mlp)
     renames = _renames(spec, _loaded_roles(spec, arch, mlp, mtp=mtp), vllm_paths)
     names = _module_names(vllm_paths, mlp)
-    stacked, packed = _stacked_params(spec, mlp, names)
+    stacked, packed = _stacked_params(spec, arch, mlp, names)
 
     act_layer, moe_act = ACTIVATIONS[spec.activation]
     rope = spec.rope
@@ -1064,11 +1064,11 @@ def _loaded_roles(
     spec: ModelSpec, arch: ArchPlan, mlp: SimpleNamespace, *, mtp: bool
 ) -> list[str]:
     """The roles whose checkpoint tensors the file's ``load_weights`` maps."""
-    att = spec.attention
+    att = arch.attention
     roles = ["embed", "final_norm", *arch.layers[0].stream.roles, "o_proj"]
     if not spec.tie_word_embeddings:
         roles.append("lm_head")
-    if att.type == "mla":
+    if att.kind == "mla":
         mla = att.mla
         assert mla is not None
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj"]
@@ -1078,7 +1078,7 @@ def _loaded_roles(
             else ["q_a_proj", "q_a_norm", "q_b_proj"]
         )
     else:
-        if "qkv_proj" in spec.checkpoint.fused:
+        if "qkv_proj" in arch.fused:
             roles += ["qkv_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj"]
@@ -1088,15 +1088,16 @@ def _loaded_roles(
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
-        stacked = "experts" in spec.checkpoint.fused
-        roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
-        moe = spec.mlp.moe
-        if moe is not None and moe.router.bias_correction:
+        moe = arch.moe
+        assert moe is not None
+        experts = STACKED_EXPERT_ROLES if moe.stacked else ROUTED_EXPERT_ROLES
+        roles += ["router", *experts]
+        if moe.router.bias_correction:
             # On the router's module it moves with the router's rename.
             if _router_bias_at(spec) != "router":
                 roles.append("router_bias")
         if mlp.shared:
-            if "shared_gate_up_proj" in spec.checkpoint.fused:
+            if moe.shared_fused:
                 roles += ["shared_gate_up_proj", "shared_down_proj"]
             else:
                 roles += list(SHARED_EXPERT_ROLES)
@@ -1131,15 +1132,15 @@ def _module_names(vllm_paths: dict[str, str], mlp: SimpleNamespace) -> dict[str,
 
 
 def _stacked_params(
-    spec: ModelSpec, mlp: SimpleNamespace, names: dict[str, Any]
+    spec: ModelSpec, arch: ArchPlan, mlp: SimpleNamespace, names: dict[str, Any]
 ) -> tuple[list[tuple[str, str, str]], dict[str, list[str]]]:
     """Checkpoint tensors stacked into one vLLM parameter, as (substring, new,
     shard) triples, and the packed-modules map."""
-    att = spec.attention
-    fused = spec.checkpoint.fused  # already one tensor: loaded as it is
+    att = arch.attention
+    fused = arch.fused  # already one tensor: loaded as it is
     stacked: list[tuple[str, str, str]] = []
     packed: dict[str, list[str]] = {}
-    if att.type != "mla":
+    if att.kind != "mla":
         if "qkv_proj" not in fused:
             stacked += [
                 (".q_proj", ".qkv_proj", '"q"'),
