@@ -39,7 +39,6 @@ from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import (
     gpt_oss_experts,
     parameter_experts,
-    transposed_experts,
 )
 from onboard.spec.mtp import MTP_ROLES, mtp_draft
 from onboard.spec.rules import KDA_OUTPUT_NORM_EPS
@@ -963,7 +962,7 @@ def _moe_context(
 ) -> dict[str, Any]:
     """The MoE block's decisions (empty without MoE layers); adds the MoE's
     config attribute names to ``cfg``."""
-    moe = spec.mlp.moe
+    moe = arch.moe
     if moe is None or not mlp.has_moe:
         return {}
     cfg["num_experts"] = f.need("n_routed_experts", moe.num_experts)
@@ -974,7 +973,7 @@ def _moe_context(
     shared_size_expr = None
     cfg["n_shared_experts"] = None
     if mlp.shared:
-        width = spec.shared_expert_intermediate_size
+        width = moe.shared_intermediate_size
         cfg["n_shared_experts"] = f.find("n_shared_experts", moe.num_shared_experts)
         if (name := f.find("shared_expert_intermediate_size", width)) is not None:
             shared_size_expr = f"config.{name}"
@@ -1011,14 +1010,15 @@ def _moe_context(
         cfg["routed_scaling_factor"] = f.need(
             "routed_scaling_factor", router.routed_scaling_factor
         )
-    if moe.swiglu_limit is not None:
-        cfg["swiglu_alpha"] = f.need("swiglu_alpha", moe.swiglu_alpha)
-        cfg["swiglu_limit"] = f.need("swiglu_limit", moe.swiglu_limit)
+    if moe.clamped_swiglu is not None:
+        alpha, limit = moe.clamped_swiglu
+        cfg["swiglu_alpha"] = f.need("swiglu_alpha", alpha)
+        cfg["swiglu_limit"] = f.need("swiglu_limit", limit)
     return {
         # Stacked as gpt-oss stores them: its MoE block loads them itself.
-        "gpt_oss_experts": gpt_oss_experts(spec),
+        "gpt_oss_experts": moe.gpt_oss_format,
         # gpt-oss's own MXFP4 experts format, which its checkpoints ship.
-        "mxfp4_experts": gpt_oss_experts(spec) and "mxfp4" in spec.quantization,
+        "mxfp4_experts": moe.gpt_oss_format and "mxfp4" in spec.quantization,
         "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
         "layer_expr": _moe_layer_expr(spec, arch, f),
@@ -1027,12 +1027,12 @@ def _moe_context(
         # The routing weight scales the expert's input (Llama-4), and the
         # stacked experts are stored input dim first.
         "weight_on_input": router.weight_on_input,
-        "transposed": transposed_experts(spec),
+        "transposed": moe.transposed,
         "bias_correction": router.bias_correction,
         # The module that holds the bias in the generated block, and whether the
         # checkpoint stores it as [1, num_experts].
         "bias_on_block": router.bias_correction and _router_bias_at(spec) == "moe",
-        "bias_2d": router.bias_correction and spec.checkpoint.router_bias_2d,
+        "bias_2d": router.bias_2d,
         "grouped": grouped,
         "scaled": scaled,
         "shared": mlp.shared,
