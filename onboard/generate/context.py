@@ -658,7 +658,7 @@ def build_context(
         "summary": _summary(spec, arch),
         "rope_comment": _rope_comment(spec, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
-        "moe_doc": _moe_doc(spec),
+        "moe_doc": _moe_doc(arch),
         "sliding": sliding,
         "kv_sharing": kv_sharing,
         # MLA layers reading an earlier layer's latent: the model hands it on.
@@ -1357,8 +1357,8 @@ def _mtp_block_comment(per_layer: SimpleNamespace) -> list[str]:
     return textwrap.wrap(text, width=76)
 
 
-def _moe_doc(spec: ModelSpec) -> str:
-    moe = spec.mlp.moe
+def _moe_doc(arch: ArchPlan) -> str:
+    moe = arch.moe
     if moe is None:
         return ""
     r = moe.router
@@ -1380,7 +1380,7 @@ def _moe_doc(spec: ModelSpec) -> str:
         f"Routed experts{shared} with their router, run by vLLM's fused MoE "
         f"layer. Routing: {', '.join(parts)}."
     )
-    if moe.swiglu_limit is not None:
+    if moe.clamped_swiglu is not None:
         experts = " The experts (with biases)" if moe.expert_bias else " The experts"
         doc += experts + (
             " apply the clamped SwiGLU (swigluoai) to gate and up columns stored "
@@ -1411,10 +1411,10 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
                 else "."
             )
         )
-    if spec.mlp.moe is not None:
+    if arch.moe is not None:
         n_moe = sum(layer.is_moe for layer in layers)
         items.append(
-            f"MoE on {n_moe} of {len(layers)} layers in the spec; " + _moe_doc(spec)
+            f"MoE on {n_moe} of {len(layers)} layers in the spec; " + _moe_doc(arch)
         )
     else:
         items.append("Dense gated MLP on every layer.")
@@ -1443,9 +1443,9 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         for what, on in (
             (
                 "sandwich norms (on the inputs and outputs of attention and MLP)",
-                spec.norm.placement == "sandwich",
+                layers[0].stream.placement == "sandwich",
             ),
-            ("RMS norms scaled by 1 + weight", spec.norm.unit_offset),
+            ("RMS norms scaled by 1 + weight", layers[0].norms.unit_offset),
             ("embeddings scaled by sqrt(hidden_size)", spec.scale_embedding),
             ("soft-capped logits", spec.final_logit_softcap is not None),
         )
@@ -1457,14 +1457,14 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
     # Stacked (gpt-oss's own storage: the MoE block's docstring says it).
-    if "experts" in spec.checkpoint.fused and not gpt_oss_experts(spec):
+    if arch.moe is not None and arch.moe.stacked and not arch.moe.gpt_oss_format:
         items.append(
             "The checkpoint stores each layer's experts stacked (gate and up in one "
             "tensor), as the fused MoE layer holds them."
         )
-    if spec.mtp is not None:
+    if arch.mtp is not None:
         items.append(
-            f"{_heads(spec.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "
+            f"{_heads(arch.mtp.num_heads, 'MTP head')} in the checkpoint, loaded "
             "by the MTP draft model, not by this one."
         )
     return [textwrap.fill(item, width=85) for item in items]
