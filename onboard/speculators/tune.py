@@ -709,7 +709,12 @@ def tune(
     from onboard.runtime.cpu_draft import full_window_draft, needs_full_window
     from onboard.runtime.prompts import PROMPTS
     from onboard.runtime.reference import tokenize_prompts
-    from onboard.speculators.methods import entry_for, find_draft, speculative_config
+    from onboard.speculators.methods import (
+        DRAFT_METHODS,
+        entry_for,
+        find_draft,
+        speculative_config,
+    )
 
     model_dir = Path(model_dir).resolve()
     out_dir = Path(out_dir)
@@ -732,7 +737,7 @@ def tune(
     for method in methods:
         entry = entry_for(spec, method)
         draft = None
-        if method in ("eagle3", "dflash", "dspark", "draft_model"):
+        if method in DRAFT_METHODS:
             draft, why = find_draft(spec, entry, speculators_dir)
             if draft is None:
                 raise InputError(f"--methods {method}: {why}")
