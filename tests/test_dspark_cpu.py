@@ -114,3 +114,25 @@ def test_emitted_script_notes_dspark():
     variants = _speculative_variants(spec, notes)
     assert "spec-dspark" in variants  # the GPU script serves it
     assert any("dspark" in n and "not-run" in n for n in notes), notes
+
+
+def test_adaptive_verification_reasons_cite_what_vllm_says():
+    # The tuner predicts adaptive verification and says why it measures none;
+    # the methods' configs set it where vLLM implements it. Keep the citations
+    # honest against the pinned vLLM.
+    from onboard.speculators.methods import ADAPTIVE_METHODS
+    from onboard.speculators.tune import ADAPTIVE_NOT_MEASURED
+
+    for cited in ("vllm.py:2980-2981", "724-728", "vllm.py:3013-3018"):
+        assert cited in ADAPTIVE_NOT_MEASURED
+    lines = _vllm_file("config/vllm.py")
+    assert "adaptive draft verification" in "\n".join(lines[2979:2981])
+    assert "requires full CUDA graphs" in "\n".join(lines[3012:3018])
+    field = "\n".join(_vllm_file("config/speculative.py")[550:553])
+    assert "enable_adaptive_verification" in field and "dspark" in field
+    runner = "\n".join(_vllm_file("v1/worker/gpu/spec_decode/speculator.py")[169:176])
+    assert "self.use_acceptance_estimator = self.enable_adaptive_verification" in runner
+    rule = _vllm_file("v1/worker/gpu/spec_decode/adaptive_verification.py")
+    assert "def get_num_tokens" in rule[281]
+    assert "np.argmax(num_tokens_to_estimated_accepted_tokens / costs)" in rule[343]
+    assert set(ADAPTIVE_METHODS) == {"dspark", "dflash2"}

@@ -8,7 +8,7 @@ verification the head's query holds the bonus slot (the verifier's last
 states and the embedding of the token it sampled: EAGLE-3's first step) and
 k - 1 mask slots at the next positions, each fed the mask token's embedding
 and ``fc(mask_hidden)`` in place of verifier states
-(``v1/spec_decode/llm_base_proposer.py:883-935``, ``mask_hidden`` loaded at
+(``v1/spec_decode/llm_base_proposer.py:855-931``, ``mask_hidden`` loaded at
 ``llama_eagle3.py:431-441``); one causal pass over the context (the head's own
 keys of the verified positions) and the block drafts slot j's token for
 position j. :func:`parallel_unroll` is that pass, in plain torch, at every
