@@ -11,6 +11,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def dense_tiny(tmp: Path):
+    """The dense-gqa spec's tiny checkpoint in ``tmp``/tiny (seed 0) and its
+    spec: the verifier the draft-training tests train on."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    model_dir = write_tiny_checkpoint(spec, tmp / "tiny", seed=0)
+    return model_dir, load_spec(model_dir / "spec.yaml")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread: tiny models gain nothing from threads, and on a

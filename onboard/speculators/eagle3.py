@@ -496,18 +496,26 @@ def train(
         rates = acc["per_position"]
         return rates[0] + 1e-3 * acc["mean_acceptance_length"], acc
 
-    run, start, kept = keep_best(
+    return from_prior(
         head,
         list(head.parameters()),
         lambda batch: _ce_loss(head, data, batch, ttt_steps),
         score,
         rows,
+        val,
+        factor,
         seed=seed,
         max_steps=max_steps,
         budget_s=budget_s,
-        lr=LR,
         log=log,
     )
+
+
+def from_prior(head, params, loss_of, score, rows, val, factor, **kw) -> dict:
+    """:func:`keep_best` at ``LR`` from a calibrated prior (output norm scaled by
+    ``factor``), and the training result: the run, the validation figures of
+    the prior and of the kept weights."""
+    run, start, kept = keep_best(head, params, loss_of, score, rows, lr=LR, **kw)
     return {
         **run,
         "output_norm_scale": factor,

@@ -143,42 +143,29 @@ def parallel_unroll(head, data, rows, k: int):
     return out
 
 
-def train(head, data, *, seed: int, max_steps: int, budget_s: float, k: int, log):
+def train(head, data, *, k: int, **run) -> dict[str, Any]:
     """The prior (induction at the bonus slot, the bonus token at the mask slots),
     the output norm calibrated over all k depths, then AdamW on the MLP, output
     norm and ``mask_hidden``, keeping the weights with the best decoded mean
-    acceptance length on the validation prompts."""
+    acceptance length on the validation prompts (``run``: ``keep_best``'s seed,
+    max_steps, budget_s and log)."""
     rows, val = eagle3.split(data)
     separate_mask(head, head.mask_token_id)
     eagle3.induction_prior(head, data.tokens[rows], data.aux[rows])
     recency_prior(head)
     factor = eagle3.calibrate(head, data, rows[:64], parallel_unroll, k)
-    log(f"prior: induction + repeat the bonus token, output norm x {factor:g}")
+    run["log"](f"prior: induction + repeat the bonus token, output norm x {factor:g}")
 
     def score() -> tuple[float, dict]:
         acc = eagle3.decoded_acceptance(head, [val], k, parallel_unroll)
         return acc["mean_acceptance_length"], acc
 
-    params = [head.gate_proj.weight, head.up_proj.weight, head.down_proj.weight]
-    run, start, kept = eagle3.keep_best(
-        head,
-        [*params, head.norm, head.mask_hidden],
-        lambda batch: eagle3._ce_loss(head, data, batch, k, parallel_unroll),
-        score,
-        rows,
-        seed=seed,
-        max_steps=max_steps,
-        budget_s=budget_s,
-        lr=eagle3.LR,
-        log=log,
-    )
-    return {
-        **run,
-        "output_norm_scale": factor,
-        "validation_prompts": int(len(val.tokens)),
-        "validation_decoded_prior": start,
-        "validation_decoded_kept": kept,
-    }
+    def loss(batch):
+        return eagle3._ce_loss(head, data, batch, k, parallel_unroll)
+
+    mlp = [head.gate_proj.weight, head.up_proj.weight, head.down_proj.weight]
+    trained = [*mlp, head.norm, head.mask_hidden]
+    return eagle3.from_prior(head, trained, loss, score, rows, val, factor, **run)
 
 
 def train_peagle_head(
