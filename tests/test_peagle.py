@@ -1,7 +1,7 @@
 """P-EAGLE heads onboard trains (onboard/speculators/peagle.py), offline: the
 plain-torch pass is vLLM's P-EAGLE pass, the prior's mask slots repeat the
 bonus token, and the saved head is what speculators and vLLM read. The engine
-run is in tests/test_dflash_engine.py (same tiny checkpoint, shared engine)."""
+run is in tests/test_peagle_engine.py (`make test-all`)."""
 
 from __future__ import annotations
 
