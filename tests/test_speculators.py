@@ -5,6 +5,7 @@ config classes (no engine starts here)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -352,3 +353,25 @@ def test_trained_head_format_loads_in_speculators(tmp_path):
         "verifier_lm_head.weight",
         "verifier_norm.weight",
     }
+
+
+def test_refuses_a_head_listed_under_another_method(tmp_path):
+    # A DFlash2 head listed as dflash would draft as plain DFlash on vLLM's V1
+    # runner (which refuses it); an EAGLE-3 head listed as p_eagle has no
+    # mask_hidden for vLLM's parallel drafting. Both name the method to use.
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    for kind, listed, hint in (
+        ("dflash2", "dflash", "is a 'dflash2' head, not 'dflash' (list it as "
+         "method dflash2)"),
+        ("p_eagle", "eagle3", "is a 'peagle' head, not 'eagle3' (list it as "
+         "method p_eagle)"),
+        ("eagle3", "p_eagle", "is a 'eagle3' head, not 'peagle'"),
+    ):  # fmt: skip
+        head = tmp_path / kind
+        head.mkdir(exist_ok=True)
+        (head / "config.json").write_text(json.dumps(head_config(spec, kind, 3)))
+        path = _spec_with(
+            "dense-gqa", [{"method": listed, "model": str(head)}], tmp_path
+        )
+        with pytest.raises(InputError, match=re.escape(hint)):
+            write_speculators(load_spec(path), tmp_path / "out")

@@ -15,7 +15,7 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec, Speculator
-from onboard.speculators.heads import HEAD_METHODS, speculators_type
+from onboard.speculators.heads import HEAD_METHODS, SPECULATORS_TYPE, speculators_type
 
 # n-gram lookup window: vLLM's documented example (its built-in default is 5/5,
 # marked "TODO: tune"); `onboard speculators tune` is where this gets measured.
@@ -209,8 +209,14 @@ def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
         )
         return problems
     wanted = speculators_type(entry.method)
-    if kind != wanted and not (entry.method == "dflash" and kind == "dflash2"):
-        problems.append(f"{at}: {entry.model} is a {kind!r} head, not {wanted!r}")
+    if kind != wanted:
+        # A dflash2 head listed as dflash would draft as plain DFlash on vLLM's
+        # V1 runner, which refuses it (vllm/config/vllm.py:2987-2991).
+        named = {v: k for k, v in SPECULATORS_TYPE.items()}.get(kind, kind)
+        problems.append(
+            f"{at}: {entry.model} is a {kind!r} head, not {wanted!r} (list it as "
+            f"method {named})"
+        )
     layer = config.get("transformer_layer_config") or {}
     expects = config.get("target_hidden_size") or layer.get("hidden_size")
     if expects != spec.hidden_size:
