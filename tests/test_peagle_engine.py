@@ -13,22 +13,13 @@ Two engine starts and the training, about 5 minutes: `make test-all` only
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from rich.console import Console
+from conftest import changed_copy, stage_trained_check
 
-from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.pipeline import stage_speculators
-from onboard.pipeline.runner import Context
-from onboard.spec import load_spec
 from onboard.speculators import peagle
-from onboard.speculators.dflash_train import replay_acceptance
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.acceptance]
 K = 3
 
@@ -37,61 +28,25 @@ def drop_recency(head: Path, out: Path) -> Path:
     """A copy of the P-EAGLE ``head`` without the rope pairs its prior gives the
     recency score (the fast quarter of each half of every head's query and key):
     its mask slots no longer find the bonus slot."""
-    from safetensors.torch import load_file, save_file
 
-    out.mkdir(parents=True)
-    for name in ("config.json", "training.json"):
-        shutil.copy(head / name, out / name)
-    tensors = load_file(head / "model.safetensors")
-    config = json.loads((head / "config.json").read_text())
-    hd = config["transformer_layer_config"]["head_dim"]
-    for name in ("q_proj", "k_proj"):
-        weight = tensors[f"layers.0.self_attn.{name}.weight"]
-        rows = weight.view(-1, hd, weight.shape[-1])
-        rows[:, : hd // 4] = 0
-        rows[:, hd // 2 : hd // 2 + hd // 4] = 0
-    save_file(tensors, str(out / "model.safetensors"))
-    return out
+    def change(tensors, config):
+        hd = config["transformer_layer_config"]["head_dim"]
+        for name in ("q_proj", "k_proj"):
+            weight = tensors[f"layers.0.self_attn.{name}.weight"]
+            rows = weight.view(-1, hd, weight.shape[-1])
+            rows[:, : hd // 4] = 0
+            rows[:, hd // 2 : hd // 2 + hd // 4] = 0
+
+    return changed_copy(head, out, change)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from onboard.runtime.prompts import PROMPTS
-    from onboard.runtime.reference import tokenize_prompts
-    from onboard.validate import validate
-
     tmp = tmp_path_factory.mktemp("p_eagle")
-    data = yaml.safe_load((ROOT / "model_specs" / "dense-gqa.yaml").read_text())
-    data["speculators"] = [{"method": "p_eagle", "num_speculative_tokens": K}]
-    (tmp / "spec.yaml").write_text(yaml.safe_dump(data))
-    spec = load_spec(tmp / "spec.yaml")
-    out = tmp / "out"
-    bf16 = write_tiny_checkpoint(spec, out / "checkpoints" / "bf16", seed=0)
-    with pytest.MonkeyPatch.context() as patch:
-        # The prior alone (the steps do not raise the validation acceptance).
-        patch.setattr(peagle, "BUDGET_S", 0.0)
-        stage_speculators.run(
-            Context(spec=spec, out=out, full=False, console=Console())
-        )
-    result = validate(
-        bf16,
-        bf16 / "spec.yaml",
-        "cpu",
-        out / "validation",
-        checks="spec-decode:p_eagle",
-        speculators_dir=out / "speculators",
-        log=print,
-    )
-    check = result.check("spec-decode:p_eagle")
-    print(check.details)
-    tiny = load_spec(bf16 / "spec.yaml")
-    prompts, _ = tokenize_prompts(bf16, PROMPTS, tiny.vocab_size)
-    head = out / "speculators" / "tiny" / "p_eagle"
-    fault = replay_acceptance(
-        drop_recency(head, tmp / "no-recency"), bf16, tiny, prompts, K, 32
-    )
-    print(json.dumps(fault, indent=2))
-    return check, fault
+    no_steps = (peagle, "BUDGET_S")
+    faults = {"no-recency": drop_recency}
+    check, replays, _ = stage_trained_check(tmp, "p_eagle", K, no_steps, faults)
+    return check, replays["no-recency"]
 
 
 def test_p_eagle_drafts_in_one_pass_losslessly(run):
