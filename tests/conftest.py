@@ -11,6 +11,90 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def dense_tiny(tmp: Path):
+    """The dense-gqa spec's tiny checkpoint in ``tmp``/tiny (seed 0) and its
+    spec: the verifier the draft-training tests train on."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.spec import load_spec
+
+    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
+    model_dir = write_tiny_checkpoint(spec, tmp / "tiny", seed=0)
+    return model_dir, load_spec(model_dir / "spec.yaml")
+
+
+def changed_copy(draft: Path, out: Path, change) -> Path:
+    """A copy of the saved ``draft`` in ``out`` whose tensors ``change(tensors,
+    config)`` altered in place (a fault of the same shapes and names)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    for name in ("config.json", "training.json"):
+        shutil.copy(draft / name, out / name)
+    tensors = load_file(draft / "model.safetensors")
+    change(tensors, json.loads((draft / "config.json").read_text()))
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def stage_trained_check(tmp: Path, method: str, k: int, no_steps: tuple, faults):
+    """The dense-gqa tiny checkpoint in ``tmp``, the ``method`` draft the
+    speculators stage trains for it (the prior alone: ``no_steps`` is the
+    (module, name) of the steps' budget, set to 0 here; the steps do not raise
+    held-out acceptance, docs/speculators.md) and the ``spec-decode:<method>``
+    check on vLLM's engine; each of ``faults`` (name: ``make(draft, out)``, a
+    faulty copy) replayed on the check's prompts as vLLM would count it
+    (``dflash_train.replay_acceptance``). Returns (check, replays by name, the
+    draft's directory)."""
+    import json
+
+    import yaml
+    from rich.console import Console
+
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.pipeline import stage_speculators
+    from onboard.pipeline.runner import Context
+    from onboard.runtime.prompts import PROMPTS
+    from onboard.runtime.reference import tokenize_prompts
+    from onboard.spec import load_spec
+    from onboard.speculators.dflash_train import replay_acceptance
+    from onboard.validate import validate
+
+    data = yaml.safe_load((ROOT / "model_specs" / "dense-gqa.yaml").read_text())
+    data["speculators"] = [{"method": method, "num_speculative_tokens": k}]
+    (tmp / "spec.yaml").write_text(yaml.safe_dump(data))
+    spec = load_spec(tmp / "spec.yaml")
+    out = tmp / "out"
+    bf16 = write_tiny_checkpoint(spec, out / "checkpoints" / "bf16", seed=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(*no_steps, 0.0)
+        stage_speculators.run(
+            Context(spec=spec, out=out, full=False, console=Console())
+        )
+    result = validate(
+        bf16,
+        bf16 / "spec.yaml",
+        "cpu",
+        out / "validation",
+        checks=f"spec-decode:{method}",
+        speculators_dir=out / "speculators",
+        log=print,
+    )
+    check = result.check(f"spec-decode:{method}")
+    print(check.details)
+    tiny = load_spec(bf16 / "spec.yaml")
+    prompts, _ = tokenize_prompts(bf16, PROMPTS, tiny.vocab_size)
+    draft = out / "speculators" / "tiny" / method
+    replays = {
+        name: replay_acceptance(make(draft, tmp / name), bf16, tiny, prompts, k, 32)
+        for name, make in faults.items()
+    }
+    print(json.dumps(replays, indent=2))
+    return check, replays, draft
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Torch on one thread: tiny models gain nothing from threads, and on a

@@ -17,16 +17,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from rich.console import Console
+from conftest import changed_copy, stage_trained_check
 
-from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.pipeline import stage_speculators
-from onboard.pipeline.runner import Context
-from onboard.spec import load_spec
-from onboard.speculators.dflash_train import replay_acceptance
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine]
 K = 3
 
@@ -49,64 +43,28 @@ def shift_layer_ids(draft: Path, out: Path) -> Path:
 def permute_value_rows(draft: Path, out: Path) -> Path:
     """A copy of ``draft`` whose first layer's v_proj rows are permuted."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    out.mkdir(parents=True)
-    for name in ("config.json", "training.json"):
-        shutil.copy(draft / name, out / name)
-    tensors = load_file(draft / "model.safetensors")
-    name = "layers.0.self_attn.v_proj.weight"
-    gen = torch.Generator().manual_seed(0)
-    perm = torch.randperm(len(tensors[name]), generator=gen)
-    tensors[name] = tensors[name][perm].contiguous()
-    save_file(tensors, str(out / "model.safetensors"))
-    return out
+    def change(tensors, _config):
+        name = "layers.0.self_attn.v_proj.weight"
+        gen = torch.Generator().manual_seed(0)
+        perm = torch.randperm(len(tensors[name]), generator=gen)
+        tensors[name] = tensors[name][perm].contiguous()
+
+    return changed_copy(draft, out, change)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from onboard.runtime.prompts import PROMPTS
-    from onboard.runtime.reference import tokenize_prompts
-    from onboard.validate import validate
-
     tmp = tmp_path_factory.mktemp("dflash")
-    data = yaml.safe_load((ROOT / "model_specs" / "dense-gqa.yaml").read_text())
-    data["speculators"] = [{"method": "dflash", "num_speculative_tokens": K}]
-    (tmp / "spec.yaml").write_text(yaml.safe_dump(data))
-    spec = load_spec(tmp / "spec.yaml")
-    out = tmp / "out"
-    bf16 = write_tiny_checkpoint(spec, out / "checkpoints" / "bf16", seed=0)
-    with pytest.MonkeyPatch.context() as patch:
-        # The prior alone (the gradient steps do not raise held-out acceptance,
-        # docs/speculators.md): the stage's 30 s of steps stay out of `make test`.
-        patch.setattr(stage_speculators, "DFLASH_BUDGET_S", 0.0)
-        stage_speculators.run(
-            Context(spec=spec, out=out, full=False, console=Console())
-        )
-    draft = out / "speculators" / "tiny" / "dflash"
-    result = validate(
-        bf16,
-        bf16 / "spec.yaml",
-        "cpu",
-        out / "validation",
-        checks="spec-decode:dflash",
-        speculators_dir=out / "speculators",
-        log=print,
-    )
-    check = result.check("spec-decode:dflash")
-    print(check.details)
-    tiny = load_spec(bf16 / "spec.yaml")
-    prompts, _ = tokenize_prompts(bf16, PROMPTS, tiny.vocab_size)
+    # The stage's 30 s of steps stay out of `make test`.
+    no_steps = (stage_speculators, "DFLASH_BUDGET_S")
     faults = {
-        name: replay_acceptance(make(draft, tmp / name), bf16, tiny, prompts, K, 32)
-        for name, make in (
-            ("shifted-layer-ids", shift_layer_ids),
-            ("permuted-weight", permute_value_rows),
-        )
+        "shifted-layer-ids": shift_layer_ids,
+        "permuted-weight": permute_value_rows,
     }
-    print(json.dumps(faults, indent=2))
+    check, replays, draft = stage_trained_check(tmp, "dflash", K, no_steps, faults)
     training = json.loads((draft / "training.json").read_text())
-    return check, faults, training
+    return check, replays, training
 
 
 def test_vllm_serves_the_trained_draft_losslessly(run):

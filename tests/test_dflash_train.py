@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import dense_tiny
 
-from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.spec import load_spec
 from onboard.speculators import dflash_train
 from onboard.speculators.heads import load_head_config
 from onboard.speculators.mtp_train import decoded_walk
@@ -25,9 +24,7 @@ K = 3
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dflash-train")
-    spec = load_spec(ROOT / "model_specs" / "dense-gqa.yaml")
-    ckpt = write_tiny_checkpoint(spec, tmp / "tiny", seed=0)
-    tiny = load_spec(ckpt / "spec.yaml")
+    ckpt, tiny = dense_tiny(tmp)
     report = dflash_train.train_dflash_draft(
         tiny,
         ckpt,

@@ -75,7 +75,9 @@ def test_training_keeps_the_best_validated_head(setup):
     head = new_head()
     report = eagle3.train(head, data, seed=0, max_steps=100, budget_s=60.0, k=K)
     kept, prior = report["validation_decoded_kept"], report["validation_decoded_prior"]
-    assert report["kept_step"] in (0, 50, 100)
+    # Scored at the start, every 50 steps and where the budget ends (a loaded
+    # machine may stop short of 100 steps in 60 s).
+    assert report["kept_step"] in (0, 50, 100, report["steps"])
     assert kept["per_position"][0] >= prior["per_position"][0]
     # The kept weights are the head's: scoring it again gives the kept figure.
     _, val = eagle3.split(data)

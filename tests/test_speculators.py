@@ -5,6 +5,7 @@ config classes (no engine starts here)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,14 @@ from onboard.spec import load_spec
 from onboard.spec.hf import hf_config_from_spec
 from onboard.spec.model import SPEC_METHODS
 from onboard.speculators import write_speculators
-from onboard.speculators.heads import aux_layer_ids, head_config, load_head_config
-from onboard.speculators.methods import vllm_methods
+from onboard.speculators.heads import (
+    EAGLE_METHODS,
+    aux_layer_ids,
+    head_config,
+    load_head_config,
+    speculators_type,
+)
+from onboard.speculators.methods import vllm_method, vllm_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "model_specs"
@@ -73,9 +80,12 @@ def _target_dir(spec, tmp: Path) -> Path:
 
 
 def test_spec_methods_are_vllm_methods():
-    # The spec can only name methods the pinned vLLM accepts.
+    # The spec can only name methods the pinned vLLM accepts (p_eagle and dflash2
+    # by the vLLM method their heads run under).
     known = vllm_methods()
-    assert known is not None and set(SPEC_METHODS) <= known, set(SPEC_METHODS) - known
+    served = {vllm_method(m) for m in SPEC_METHODS}
+    assert known is not None and served <= known, served - known
+    assert "p_eagle" not in known and "dflash2" not in known  # hence the mapping
 
 
 def test_aux_layer_ids():
@@ -97,12 +107,17 @@ def test_bundled_specs_configs_accepted_by_vllm(spec_name, tmp_path, vllm_config
     for entry in spec.speculators:
         path = tmp_path / "out" / f"speculative-config.{entry.method}.json"
         cfg = vllm_config(target, json.loads(path.read_text()))
-        assert cfg.method == entry.method
+        assert cfg.method == vllm_method(entry.method)
         assert cfg.num_speculative_tokens == entry.num_speculative_tokens
-        if entry.method == "eagle3":
+        if entry.method in EAGLE_METHODS:
             # vLLM read our speculators-format head: its own EAGLE-3 Llama head,
             # fed by the layers we chose.
-            assert cfg.draft_model_config.architectures == ["Eagle3LlamaForCausalLM"]
+            assert cfg.draft_model_config.architectures == [
+                "Eagle3LlamaForCausalLM"
+                if entry.method == "eagle3"
+                else "PeagleLlamaForCausalLM"  # vLLM's registry: its EAGLE-3 class
+            ]
+            assert cfg.parallel_drafting == (entry.method == "p_eagle")
             hf = cfg.draft_model_config.hf_config
             assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
                 spec.num_hidden_layers
@@ -116,14 +131,17 @@ def test_bundled_specs_configs_accepted_by_vllm(spec_name, tmp_path, vllm_config
 
 
 def test_every_method_accepted_by_vllm(tmp_path, vllm_config):
-    """ngram, mtp, eagle3, dflash, dspark and suffix (whose only missing piece here
-    is the arctic-inference package) on the tiny DeepSeek-V3-style checkpoint;
-    draft_model on the tiny dense one (a DeepSeek-V3 draft is refused, below)."""
+    """ngram, mtp, eagle3, p_eagle, dflash, dflash2, dspark and suffix (whose only
+    missing piece here is the arctic-inference package) on the tiny
+    DeepSeek-V3-style checkpoint; draft_model on the tiny dense one (a
+    DeepSeek-V3 draft is refused, below)."""
     entries = [
         {"method": "ngram", "num_speculative_tokens": 3},
         {"method": "mtp", "num_speculative_tokens": 1},
         {"method": "eagle3", "num_speculative_tokens": 3},
+        {"method": "p_eagle", "num_speculative_tokens": 3},
         {"method": "dflash", "num_speculative_tokens": 4},
+        {"method": "dflash2", "num_speculative_tokens": 4},
         {"method": "dspark", "num_speculative_tokens": 4},
         {"method": "suffix", "num_speculative_tokens": 8},
     ]
@@ -160,14 +178,22 @@ def test_every_method_accepted_by_vllm(tmp_path, vllm_config):
                 seen.add("suffix")
                 continue
             cfg = vllm_config(target_dir, speculative)
-            assert cfg.method == entry.method
-            seen.add(cfg.method)
-            if entry.method in ("dflash", "dspark"):
+            assert cfg.method == vllm_method(entry.method)
+            seen.add(entry.method)
+            hf = cfg.draft_model_config and cfg.draft_model_config.hf_config
+            # Adaptive verification where vLLM implements it for the method.
+            adaptive = entry.method in ("dspark", "dflash2")
+            assert cfg.enable_adaptive_verification == adaptive, entry.method
+            if entry.method in ("p_eagle", "dflash", "dflash2", "dspark"):
                 assert cfg.parallel_drafting
-                hf = cfg.draft_model_config.hf_config
                 assert hf.eagle_aux_hidden_state_layer_ids == aux_layer_ids(
                     tiny.num_hidden_layers
                 )
+            if entry.method == "p_eagle":
+                # The mask slots' token, as the V1 proposer reads it.
+                assert hf.pard_token == tiny.vocab_size - 1
+            if entry.method == "dflash2":
+                assert cfg.draft_model_config.architectures == ["DFlash2DraftModel"]
     assert seen == set(SPEC_METHODS)
 
 
@@ -190,7 +216,7 @@ def test_refuses_deepseek_checkpoint_as_draft_model(tmp_path):
         write_speculators(load_spec(_spec_with_data(tiny, listed, tmp_path)), tmp_path)
 
 
-@pytest.mark.parametrize("method", ["eagle3", "dflash", "dspark"])
+@pytest.mark.parametrize("method", ["eagle3", "p_eagle", "dflash", "dflash2", "dspark"])
 def test_head_config_round_trips_through_speculators(method, tmp_path):
     from speculators import SpeculatorModelConfig
 
@@ -199,7 +225,7 @@ def test_head_config_round_trips_through_speculators(method, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     loaded = SpeculatorModelConfig.from_pretrained(str(tmp_path))
     assert type(loaded) is type(load_head_config(data))
-    assert loaded.speculators_model_type == method
+    assert loaded.speculators_model_type == speculators_type(method)
     assert loaded.speculators_config.verifier.name_or_path == spec.base_checkpoint
     assert loaded.speculators_config.verifier.architectures == [spec.architecture]
     assert loaded.speculators_config.proposal_methods[0].speculative_tokens == 3
@@ -211,7 +237,7 @@ def test_head_config_round_trips_through_speculators(method, tmp_path):
     assert loaded.draft_vocab_size == 32000
     ids = (
         loaded.eagle_aux_hidden_state_layer_ids
-        if method == "eagle3"
+        if method in EAGLE_METHODS
         else loaded.aux_hidden_state_layer_ids
     )
     assert ids == [2, 16, 29]
@@ -327,3 +353,25 @@ def test_trained_head_format_loads_in_speculators(tmp_path):
         "verifier_lm_head.weight",
         "verifier_norm.weight",
     }
+
+
+def test_refuses_a_head_listed_under_another_method(tmp_path):
+    # A DFlash2 head listed as dflash would draft as plain DFlash on vLLM's V1
+    # runner (which refuses it); an EAGLE-3 head listed as p_eagle has no
+    # mask_hidden for vLLM's parallel drafting. Both name the method to use.
+    spec = load_spec(SPECS / "dense-gqa.yaml")
+    for kind, listed, hint in (
+        ("dflash2", "dflash", "is a 'dflash2' head, not 'dflash' (list it as "
+         "method dflash2)"),
+        ("p_eagle", "eagle3", "is a 'peagle' head, not 'eagle3' (list it as "
+         "method p_eagle)"),
+        ("eagle3", "p_eagle", "is a 'eagle3' head, not 'peagle'"),
+    ):  # fmt: skip
+        head = tmp_path / kind
+        head.mkdir(exist_ok=True)
+        (head / "config.json").write_text(json.dumps(head_config(spec, kind, 3)))
+        path = _spec_with(
+            "dense-gqa", [{"method": listed, "model": str(head)}], tmp_path
+        )
+        with pytest.raises(InputError, match=re.escape(hint)):
+            write_speculators(load_spec(path), tmp_path / "out")

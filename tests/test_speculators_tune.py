@@ -16,8 +16,10 @@ from onboard.speculators.tune import (
     decode_steps,
     group_steps,
     predict,
+    predict_adaptive,
     predict_linear,
     render,
+    render_adaptive,
     sequence_steps,
     step_time_baseline,
     step_time_spec,
@@ -209,6 +211,47 @@ def test_step_kind_from_vllms_scheduler_output():
         1,
     )
     assert step_kind(runner, output([], {}, {})) == ("empty", 0)
+
+
+# Adaptive verification, K = 2: 19 sequences, every step drafts (310 drafts in
+# 310 sequence steps), p = 0.6, 0.3 -> L(2) = 1.9 = 19 * 31 / 310 (scale 1).
+# Drafter 0.02 s at k = 1, 0.04 s at k = 2: c(0) = 0.1 + 0.04 = 0.14,
+# c(1) = 0.15 - 0.02 + 0.04 = 0.17, c(2) = 0.2.
+AV = {
+    1: Run(2.0, 19, 1, probe_wall_step_s=0.15, probe_prefill_s=0.3,
+           parts_s={"propose_draft_token_ids": 0.02}),
+    2: Run(2.0, 19, 1, seq_steps=310, drafts=310, draft_tokens=620, accepted=279,
+           accepted_per_pos=(186, 93), probe_wall_step_s=0.2, probe_prefill_s=0.3,
+           parts_s={"propose_draft_token_ids": 0.04}),
+}  # fmt: skip
+
+
+def test_adaptive_verification_by_hand():
+    one = predict_adaptive(BASE, AV, 2, batch=1)
+    assert one["step_costs_s"] == pytest.approx([0.14, 0.17, 0.2])
+    # Uninformed: (1 + 0, 0.6, 0.9) / (0.14, 0.17, 0.2) = 7.14, 9.41, 9.5: both
+    # drafts verified, as fixed k = 2: 3.4 / (0.3 + 31 * 0.2 / 1.9).
+    low = one["uninformed"]
+    assert low["verified_drafts_per_request"] == 2
+    assert low["predicted_tokens_per_step"] == pytest.approx(1.9)
+    assert low["predicted_speedup"] == pytest.approx(3.4 / (0.3 + 31 * 0.2 / 1.9))
+    # Oracle: 0, 1, 2 accepted with 0.4, 0.3, 0.3; each step verifies exactly its
+    # accepted drafts ((1 + 1) / 0.17 > 1 / 0.14, 3 / 0.2 > 2 / 0.17): 0.9 per
+    # request, 0.4 * 0.14 + 0.3 * 0.17 + 0.3 * 0.2 = 0.167 s per step.
+    high = one["oracle"]
+    assert high["verified_drafts_per_request"] == pytest.approx(0.9)
+    assert high["predicted_step_s"] == pytest.approx(0.167)
+    assert high["predicted_tokens_per_step"] == pytest.approx(1.9)
+    assert high["predicted_speedup"] == pytest.approx(3.4 / (0.3 + 31 * 0.167 / 1.9))
+    # Batch 8: costs linear in the slots, so every accepted slot is admitted.
+    eight = predict_adaptive(BASE, AV, 2, batch=8)["oracle"]
+    assert eight["verified_drafts_per_request"] == pytest.approx(0.9)
+    assert eight["predicted_step_s"] == pytest.approx(0.167)
+    assert one["measured_speedup"] is None
+    assert "vllm/config/vllm.py:2980-2981" in one["not_measured"]
+    text = "\n".join(render_adaptive(one))
+    assert "| uninformed | 2.00 | 1.900 | 200.0 | 0.95x |" in text
+    assert "| oracle | 0.90 | 1.900 | 167.0 | 1.12x |" in text
 
 
 def test_render_shows_predicted_and_measured_side_by_side():

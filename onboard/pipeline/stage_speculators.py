@@ -7,8 +7,9 @@ Layout (written atomically: the directory appears complete or not at all):
   tiny/                 the same for the tiny checkpoint DIR/checkpoints/bf16, whose
                         configs the validate stage serves; with a trained EAGLE-3
                         head in tiny/eagle3/ (config.json, model.safetensors,
-                        training.json) when the spec lists eagle3, and a trained
-                        DFlash draft in tiny/dflash/ when it lists dflash
+                        training.json) when the spec lists eagle3, a trained
+                        P-EAGLE head in tiny/p_eagle/ when it lists p_eagle, and
+                        a trained DFlash draft in tiny/dflash/ when it lists dflash
 
 The configs name absolute paths (vLLM resolves a relative draft path from its
 working directory), so paths into the temporary directory are rewritten to the
@@ -36,6 +37,9 @@ TRAIN_BUDGET_FULL_S = 600.0
 # not raise the validation acceptance (the prior is kept): a short budget.
 DFLASH_BUDGET_S = 30.0
 DFLASH_BUDGET_FULL_S = 300.0
+# The P-EAGLE head's gradient steps after its prior (peagle.BUDGET_S: the steps
+# did not raise its validation acceptance either).
+PEAGLE_BUDGET_FULL_S = 300.0
 NUM_SPECULATIVE_TOKENS = 3
 
 
@@ -65,6 +69,9 @@ def run(ctx) -> None:
         eagle3 = next((s for s in tiny.speculators if s.method == "eagle3"), None)
         if eagle3 is not None and eagle3.model is None:
             _train_eagle3(ctx, tiny, bf16, tmp / "tiny", eagle3.num_speculative_tokens)
+        p_eagle = next((s for s in tiny.speculators if s.method == "p_eagle"), None)
+        if p_eagle is not None and p_eagle.model is None:
+            _train_peagle(ctx, tiny, bf16, tmp / "tiny", p_eagle.num_speculative_tokens)
         dflash = next((s for s in tiny.speculators if s.method == "dflash"), None)
         if dflash is not None and dflash.model is None:
             _train_dflash(ctx, tiny, bf16, tmp / "tiny", dflash.num_speculative_tokens)
@@ -88,9 +95,21 @@ def _train_dflash(ctx, tiny, model_dir: Path, out: Path, k: int) -> None:
 
     budget = DFLASH_BUDGET_FULL_S if ctx.full else DFLASH_BUDGET_S
     report = _train(ctx, "dflash", train_dflash_draft, tiny, model_dir, out, k, budget)
+    _print_kept(ctx, "dflash", report)
+
+
+def _train_peagle(ctx, tiny, model_dir: Path, out: Path, k: int) -> None:
+    from onboard.speculators.peagle import BUDGET_S, train_peagle_head
+
+    budget = PEAGLE_BUDGET_FULL_S if ctx.full else BUDGET_S
+    report = _train(ctx, "p_eagle", train_peagle_head, tiny, model_dir, out, k, budget)
+    _print_kept(ctx, "p_eagle", report)
+
+
+def _print_kept(ctx, method: str, report) -> None:
     kept = report["validation_decoded_kept"]
     ctx.console.print(
-        f"  dflash: {report['steps']} steps in {report['seconds']:.0f} s, "
+        f"  {method}: {report['steps']} steps in {report['seconds']:.0f} s, "
         f"validation mean acceptance length {kept['mean_acceptance_length']:.2f} "
         "(as decoded)"
     )

@@ -46,9 +46,9 @@ MAX_KV_WIDTH = 144
 
 
 def needs_full_window(spec: ModelSpec, method: str) -> bool:
-    """Whether ``method``'s head meets the block-size clash above (an EAGLE-3
-    head's Llama layer beside an MLA verifier)."""
-    return method == "eagle3" and spec.attention.type == "mla"
+    """Whether ``method``'s head meets the block-size clash above (an EAGLE-3 or
+    P-EAGLE head's Llama layer beside an MLA verifier)."""
+    return method in ("eagle3", "p_eagle") and spec.attention.type == "mla"
 
 
 def cpu_kv_heads(spec: ModelSpec) -> int | None:

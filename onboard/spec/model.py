@@ -33,7 +33,14 @@ QUANT_SCHEMES = (
     "fp8-dynamic", "fp8-block", "nvfp4", "nvfp4a16", "mxfp4",
     "w4a16", "w4a16-asym", "w8a8-int8",
 )  # fmt: skip
-SPEC_METHODS = ("ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix")
+# vLLM's method names, plus two of onboard's own for heads vLLM serves under
+# another method: p_eagle (P-EAGLE: vLLM's eagle3 with parallel_drafting) and
+# dflash2 (vLLM's dflash with a DFlash2DraftModel head); see
+# onboard.speculators.methods.VLLM_METHOD.
+SPEC_METHODS = (
+    "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix",
+    "p_eagle", "dflash2",
+)  # fmt: skip
 TARGETS = ("cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x")
 
 QuantScheme = Literal[
@@ -41,8 +48,9 @@ QuantScheme = Literal[
     "w4a16", "w4a16-asym", "w8a8-int8",
 ]  # fmt: skip
 SpecMethod = Literal[
-    "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix"
-]
+    "ngram", "mtp", "eagle3", "draft_model", "dflash", "dspark", "suffix",
+    "p_eagle", "dflash2",
+]  # fmt: skip
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention", "linear_attention"]
 # Granite's whole-model multipliers (spec fields and config.json keys alike);
@@ -618,15 +626,19 @@ class Checkpoint(_Section):
 class Speculator(_Section):
     """One speculative-decoding method to configure and validate."""
 
-    method: SpecMethod = Field(description="vLLM speculative method.")
+    method: SpecMethod = Field(
+        description="vLLM speculative method, or `p_eagle` (vLLM's `eagle3` with "
+        "`parallel_drafting`) or `dflash2` (vLLM's `dflash` with a DFlash2 head)."
+    )
     num_speculative_tokens: Annotated[int, Field(gt=0, le=16)] = Field(
         3, description="Draft length k."
     )
     model: str | None = Field(
         None,
         description="Draft checkpoint (Hub id or local directory): required for "
-        "`draft_model`; for `eagle3`/`dflash`/`dspark` an existing trained head "
-        "(null: `onboard speculators` writes the head's config and training recipe).",
+        "`draft_model`; for `eagle3`/`p_eagle`/`dflash`/`dflash2`/`dspark` an "
+        "existing trained head (null: `onboard speculators` writes the head's "
+        "config and training recipe).",
     )
 
 

@@ -693,7 +693,8 @@ def replay_acceptance(
     auxiliary layers, the plain-torch draft's block at every position, replayed
     as a speculative decoder drafts (``decoded_walk``: the first block after the
     prefill, the next after each verification; the last one may reach past
-    ``max_tokens``, as vLLM counts it)."""
+    ``max_tokens``, as vLLM counts it). A P-EAGLE head (speculators type
+    "peagle") is replayed the same way, by ``peagle.block_predictor``."""
     import numpy as np
     import torch
 
@@ -702,8 +703,14 @@ def replay_acceptance(
     from onboard.speculators.eagle3 import verifier_states
     from onboard.speculators.mtp_train import decoded_walk
 
-    draft, config = load_draft(draft_dir)
-    aux_ids = config["aux_hidden_state_layer_ids"]
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    if config.get("speculators_model_type") == "peagle":
+        from onboard.speculators.peagle import block_predictor
+
+        draft, aux_ids = block_predictor(draft_dir)
+    else:
+        draft, config = load_draft(draft_dir)
+        aux_ids = config["aux_hidden_state_layer_ids"]
     work = Path(draft_dir).parent / f".{Path(draft_dir).name}-replay"
     model = load_reference(Path(model_dir), spec, None, work).model.float()
     drafts, accepted = 0, np.zeros(k)

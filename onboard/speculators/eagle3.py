@@ -135,7 +135,9 @@ def make_head_class():
         ``norm_before_fc``, ``norm_output`` and ``norm_before_residual=False``;
         parameter names are speculators' (``Eagle3DraftModel``)."""
 
-        def __init__(self, layer: dict, n_aux: int, embed, lm_head):
+        def __init__(
+            self, layer: dict, n_aux: int, embed, lm_head, parallel: bool = False
+        ):
             super().__init__()
             h = layer["hidden_size"]
             self.h, self.eps = h, layer["rms_norm_eps"]
@@ -170,6 +172,11 @@ def make_head_class():
             # The verifier's embeddings and output head, frozen.
             self.register_buffer("embed_tokens", embed)
             self.register_buffer("lm_head", lm_head)
+            # P-EAGLE (``parallel``): the verifier states of the mask slots, which
+            # vLLM feeds through ``combine`` (llm_base_proposer.py:1401-1414).
+            self.mask_hidden = (
+                nn.Parameter(torch.zeros(n_aux * h)) if parallel else None
+            )
 
         def _rope(self, x, positions):
             half = self.hd // 2
@@ -183,18 +190,33 @@ def make_head_class():
         def combine(self, aux_states):
             return self.fc(rms(aux_states, self.input_norm, self.eps))
 
-        def step(self, tokens, hidden, positions, cache: list, diagonal_steps: int):
-            """One drafting step for every position: logits and the hidden state
-            fed to the next step. ``cache`` holds earlier steps' keys and values;
-            a position sees step 0 causally and its own entries of later steps."""
+        def project(self, tokens, hidden, positions):
+            """Queries, keys (rope applied) and values of the slots fed ``tokens``
+            and ``hidden`` [b, t, h] at ``positions``: [b, heads, t, hd]."""
             b, t, _ = hidden.shape
             embeds = rms(self.embed_tokens[tokens], self.input_layernorm, self.eps)
-            residual = hidden
             x = torch.cat([embeds, rms(hidden, self.hidden_norm, self.eps)], -1)
             q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
             k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
             v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-            q, k = self._rope(q, positions), self._rope(k, positions)
+            return self._rope(q, positions), self._rope(k, positions), v
+
+        def finish(self, att, residual):
+            """From the attention output [b, heads, t, hd]: logits and the normed
+            output state (norm_output: what goes on to the next step)."""
+            b, _, t, _ = att.shape
+            residual = self.o_proj(att.transpose(1, 2).reshape(b, t, -1)) + residual
+            mlp_in = rms(residual, self.post_attention_layernorm, self.eps)
+            out = self.down_proj(F.silu(self.gate_proj(mlp_in)) * self.up_proj(mlp_in))
+            normed = rms(out + residual, self.norm, self.eps)
+            return normed @ self.lm_head.T, normed
+
+        def step(self, tokens, hidden, positions, cache: list, diagonal_steps: int):
+            """One drafting step for every position: logits and the hidden state
+            fed to the next step. ``cache`` holds earlier steps' keys and values;
+            a position sees step 0 causally and its own entries of later steps."""
+            t = hidden.shape[1]
+            q, k, v = self.project(tokens, hidden, positions)
             cache.append((k, v))
             keys = torch.cat([c[0] for c in cache], 2)
             values = torch.cat([c[1] for c in cache], 2)
@@ -207,14 +229,23 @@ def make_head_class():
             diag = torch.eye(t, dtype=torch.bool)
             mask = torch.cat([causal] + [diag] * diagonal_steps, 1)
             att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            residual = self.o_proj(att.transpose(1, 2).reshape(b, t, -1)) + residual
-            mlp_in = rms(residual, self.post_attention_layernorm, self.eps)
-            out = self.down_proj(F.silu(self.gate_proj(mlp_in)) * self.up_proj(mlp_in))
-            normed = rms(out + residual, self.norm, self.eps)
-            return normed @ self.lm_head.T, normed  # norm_output: normed goes on
+            return self.finish(att, hidden)
 
         def export(self) -> dict:
-            """Tensors under speculators' names."""
+            """Tensors under speculators' names (``mask_hidden`` in the shape of
+            speculators' PEagleDraftModel)."""
+            named = self._exported_views()
+            if self.mask_hidden is not None:
+                named["mask_hidden"] = self.mask_hidden.view(1, 1, -1)
+            return {k: v.detach().contiguous().clone() for k, v in named.items()}
+
+        def load_exported(self, tensors: dict) -> None:
+            """The inverse of :meth:`export` (a saved head back into this one)."""
+            with torch.no_grad():
+                for name, target in self._exported_views().items():
+                    target.copy_(tensors[name].view_as(target))
+
+        def _exported_views(self) -> dict:
             p = "layers.0."
             named = {
                 "embed_tokens.weight": self.embed_tokens,
@@ -230,7 +261,9 @@ def make_head_class():
                 named[f"{p}self_attn.{name}.weight"] = getattr(self, name).weight
             for name in ("gate_proj", "up_proj", "down_proj"):
                 named[f"{p}mlp.{name}.weight"] = getattr(self, name).weight
-            return {k: v.detach().contiguous().clone() for k, v in named.items()}
+            if self.mask_hidden is not None:
+                named["mask_hidden"] = self.mask_hidden
+            return named
 
     return Eagle3Head
 
@@ -353,13 +386,15 @@ def induction_prior(
                 ).float()
 
 
-def _ce_loss(head, data: TrainingData, rows, steps: int):
-    """Mean cross-entropy of each TTT step against the verifier's greedy token, at
-    the slots where drafting happens (the fed token is a generated one)."""
+def _ce_loss(head, data: TrainingData, rows, steps: int, unroll_fn=None):
+    """Mean cross-entropy of each TTT step (or, with ``unroll_fn`` =
+    ``peagle.parallel_unroll``, each parallel depth) against the verifier's greedy
+    token, at the slots where drafting happens (the fed token is a generated
+    one)."""
     import torch.nn.functional as F
 
     loss = 0.0
-    for pred, target, valid in unroll(head, data, rows, steps):
+    for pred, target, valid in (unroll_fn or unroll)(head, data, rows, steps):
         sel = valid.clone()
         sel[: data.prompt_tokens - 1] = False
         loss = loss + F.cross_entropy(
@@ -368,7 +403,7 @@ def _ce_loss(head, data: TrainingData, rows, steps: int):
     return loss / steps
 
 
-def calibrate(head, data: TrainingData, rows) -> float:
+def calibrate(head, data: TrainingData, rows, unroll_fn=None, steps: int = 1) -> float:
     """Scale the output norm by the factor (from a fixed grid) with the lowest
     cross-entropy: the prior's logits are far too confident where it is wrong, and
     the first training steps would otherwise only shrink them, breaking it."""
@@ -379,14 +414,16 @@ def calibrate(head, data: TrainingData, rows) -> float:
         weight = head.norm.clone()
         for scale in (1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125):
             head.norm.copy_(weight * scale)
-            loss = _ce_loss(head, data, rows, 1).item()
+            loss = _ce_loss(head, data, rows, steps, unroll_fn).item()
             if loss < best:
                 best, factor = loss, scale
         head.norm.copy_(weight * factor)
     return factor
 
 
-def decoded_acceptance(head, data: list[TrainingData], k: int) -> dict[str, Any]:
+def decoded_acceptance(
+    head, data: list[TrainingData], k: int, unroll_fn=None
+) -> dict[str, Any]:
     """Acceptance of the head's greedy drafts of ``k`` tokens on the verifier's
     greedy sequences, as a speculative decoder drafts (what vLLM's counters
     count): a round at the prompt's last token, the next one after the accepted
@@ -401,7 +438,7 @@ def decoded_acceptance(head, data: list[TrainingData], k: int) -> dict[str, Any]
     drafts, accepted = 0, np.zeros(k)
     with torch.no_grad():
         for part in data:
-            out = unroll(head, part, torch.arange(len(part.tokens)), k)
+            out = (unroll_fn or unroll)(head, part, torch.arange(len(part.tokens)), k)
             first = part.prompt_tokens - 1
             last = part.tokens.shape[1] - 2 - k
             for b in range(len(part.tokens)):
@@ -459,18 +496,26 @@ def train(
         rates = acc["per_position"]
         return rates[0] + 1e-3 * acc["mean_acceptance_length"], acc
 
-    run, start, kept = keep_best(
+    return from_prior(
         head,
         list(head.parameters()),
         lambda batch: _ce_loss(head, data, batch, ttt_steps),
         score,
         rows,
+        val,
+        factor,
         seed=seed,
         max_steps=max_steps,
         budget_s=budget_s,
-        lr=LR,
         log=log,
     )
+
+
+def from_prior(head, params, loss_of, score, rows, val, factor, **kw) -> dict:
+    """:func:`keep_best` at ``LR`` from a calibrated prior (output norm scaled by
+    ``factor``), and the training result: the run, the validation figures of
+    the prior and of the kept weights."""
+    run, start, kept = keep_best(head, params, loss_of, score, rows, lr=LR, **kw)
     return {
         **run,
         "output_norm_scale": factor,
@@ -649,8 +694,10 @@ def train_eagle3_head(
     untrained_dir: Path | None = None,
     num_prompts: int = NUM_PROMPTS,
     log=lambda _m: None,
+    method: str = "eagle3",
 ) -> dict[str, Any]:
-    """Train an EAGLE-3 head for the checkpoint ``model_dir`` (of ``spec``, e.g. the
+    """Train an EAGLE-3 head (``method`` "p_eagle": a P-EAGLE head, trained by
+    ``peagle.train``) for the checkpoint ``model_dir`` (of ``spec``, e.g. the
     tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
     initial weights (before the prior and training: the baseline that accepts
     nothing) go to ``untrained_dir`` when given. Returns the training report."""
@@ -662,7 +709,7 @@ def train_eagle3_head(
     )
     config = head_config(
         spec,
-        "eagle3",
+        method,
         num_speculative_tokens,
         verifier=str(model_dir.resolve()),
         draft_vocab=spec.vocab_size,
@@ -670,14 +717,23 @@ def train_eagle3_head(
         num_kv_heads=cpu_kv_heads(spec),
     )
     layer = config["transformer_layer_config"]
-    head = make_head_class()(layer, len(verifier.aux), *verifier.frozen_weights())
+    parallel = method == "p_eagle"
+    head = make_head_class()(
+        layer, len(verifier.aux), *verifier.frozen_weights(), parallel=parallel
+    )
+    if parallel:
+        from onboard.speculators.peagle import train as train_fn
+
+        head.mask_token_id = config["mask_token_id"]
+    else:
+        train_fn = train
     before = first_position_accuracy(head, verifier.data)
     result = verifier.fit(
         head,
         config,
         out_dir,
         untrained_dir,
-        train,
+        train_fn,
         seed=seed,
         max_steps=max_steps,
         budget_s=budget_s,

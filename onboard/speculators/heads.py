@@ -1,7 +1,9 @@
-"""Speculators-format configs of draft heads (EAGLE-3, DFlash, DSpark) from a spec.
+"""Speculators-format configs of draft heads (EAGLE-3, P-EAGLE, DFlash, DFlash2,
+DSpark) from a spec.
 
 The ``config.json`` of a draft head is built with the ``speculators`` package's own
-config classes (``Eagle3SpeculatorConfig``, ``DFlashSpeculatorConfig``,
+config classes (``Eagle3SpeculatorConfig``, ``PEagleSpeculatorConfig``,
+``DFlashSpeculatorConfig``, ``DFlash2SpeculatorConfig``,
 ``DSparkSpeculatorConfig``), so it is exactly what ``speculators train`` writes and
 what vLLM's ``SpeculatorsConfig`` reads. Sizes come from the spec (see
 :func:`head_layer` and :func:`aux_layer_ids`); docs/speculators.md has the rules.
@@ -15,10 +17,28 @@ from onboard.errors import InputError
 from onboard.runtime.cpu_draft import HEAD_DIM
 from onboard.spec.model import ModelSpec
 
-HEAD_METHODS = ("eagle3", "dflash", "dspark")
+HEAD_METHODS = ("eagle3", "p_eagle", "dflash", "dflash2", "dspark")
 # speculators' defaults (speculators/train/config/schema.py): one decoder layer for
-# EAGLE-3, five for the DFlash family; DFlash blocks of 16, DSpark blocks of 8.
-NUM_LAYERS = {"eagle3": 1, "dflash": 5, "dspark": 5}
+# EAGLE-3 and P-EAGLE, five for the DFlash family; DFlash blocks of 16, DSpark
+# blocks of 8.
+NUM_LAYERS = {"eagle3": 1, "p_eagle": 1, "dflash": 5, "dflash2": 5, "dspark": 5}
+# The EAGLE family (a Llama layer reading [embedding, fc(states)]); the others are
+# the DFlash family (Qwen3 layers).
+EAGLE_METHODS = ("eagle3", "p_eagle")
+# speculators' name of each head (its `speculators_model_type`), where it differs.
+SPECULATORS_TYPE = {"p_eagle": "peagle"}
+
+
+def speculators_type(method: str) -> str:
+    return SPECULATORS_TYPE.get(method, method)
+
+
+def mask_token_id(spec: ModelSpec) -> int:
+    """The reserved id of the parallel drafters' mask slots: the last id, unused
+    in the bundled tokenizers (set it to the tokenizer's mask token)."""
+    return spec.vocab_size - 1
+
+
 # EAGLE-3's reduced draft vocabulary (the published EAGLE-3 heads use 32k).
 DRAFT_VOCAB = 32000
 
@@ -71,7 +91,7 @@ def head_layer(
         intermediate = moe.expert_intermediate_size * moe.num_experts_per_tok
     n_aux = len(aux_layer_ids(spec.num_hidden_layers))
     layer: dict[str, Any] = {
-        "model_type": "llama" if method == "eagle3" else "qwen3",
+        "model_type": "llama" if method in EAGLE_METHODS else "qwen3",
         "hidden_size": spec.hidden_size,
         "intermediate_size": intermediate,
         "num_hidden_layers": num_layers or NUM_LAYERS[method],
@@ -89,7 +109,7 @@ def head_layer(
         # not from eagle_aux_hidden_state_layer_ids: say it explicitly.
         "num_aux_hidden_states": n_aux,
     }
-    if method == "eagle3":
+    if method in EAGLE_METHODS:
         layer["mlp_bias"] = False
     return layer
 
@@ -130,7 +150,7 @@ def head_config(
         "draft_vocab_size": vocab,
         "target_hidden_size": spec.hidden_size,
         "speculators_config": SpeculatorsConfig(
-            algorithm=method,
+            algorithm=speculators_type(method),
             proposal_methods=[
                 GreedyTokenProposalConfig(speculative_tokens=num_speculative_tokens)
             ],
@@ -141,30 +161,43 @@ def head_config(
             ),
         ),
     }
-    if method == "eagle3":
-        from speculators import Eagle3SpeculatorConfig
+    if method in EAGLE_METHODS:
+        from speculators import Eagle3SpeculatorConfig, PEagleSpeculatorConfig
 
-        config = Eagle3SpeculatorConfig(
-            **common,
-            eagle_aux_hidden_state_layer_ids=aux,
-            norm_before_residual=False,
-            norm_before_fc=norm_before_fc,
-            norm_output=norm_output,
-        )
+        eagle = {
+            "eagle_aux_hidden_state_layer_ids": aux,
+            "norm_before_residual": False,
+            "norm_before_fc": norm_before_fc,
+            "norm_output": norm_output,
+        }
+        if method == "eagle3":
+            config = Eagle3SpeculatorConfig(**common, **eagle)
+        else:
+            # vLLM fills the k - 1 slots after the bonus token with this token and
+            # the head's learned `mask_hidden` (its `pard_token`, algos.py:83).
+            config = PEagleSpeculatorConfig(
+                **common, **eagle, mask_token_id=mask_token_id(spec)
+            )
     else:
-        from speculators import DFlashSpeculatorConfig, DSparkSpeculatorConfig
+        from speculators import (
+            DFlash2SpeculatorConfig,
+            DFlashSpeculatorConfig,
+            DSparkSpeculatorConfig,
+        )
 
-        cls = DFlashSpeculatorConfig if method == "dflash" else DSparkSpeculatorConfig
+        cls = {
+            "dflash": DFlashSpeculatorConfig,
+            "dflash2": DFlash2SpeculatorConfig,
+            "dspark": DSparkSpeculatorConfig,
+        }[method]
         # DFlash predicts block_size - 1 tokens after the anchor; DSpark samples
         # from the anchor too, so its block is the draft length itself.
-        block = num_speculative_tokens + (1 if method == "dflash" else 0)
+        block = num_speculative_tokens + (0 if method == "dspark" else 1)
         config = cls(
             **common,
             aux_hidden_state_layer_ids=aux,
             block_size=block,
-            # A reserved id for the mask slots; the last id is unused in the
-            # bundled tokenizers; set it to the tokenizer's mask token.
-            mask_token_id=spec.vocab_size - 1,
+            mask_token_id=mask_token_id(spec),
         )
     return config.to_dict()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec, Speculator
-from onboard.speculators.heads import HEAD_METHODS
+from onboard.speculators.heads import HEAD_METHODS, SPECULATORS_TYPE, speculators_type
 
 # n-gram lookup window: vLLM's documented example (its built-in default is 5/5,
 # marked "TODO: tune"); `onboard speculators tune` is where this gets measured.
@@ -23,6 +23,29 @@ PROMPT_LOOKUP_MIN = 2
 PROMPT_LOOKUP_MAX = 4
 # The methods that need a draft checkpoint of their own.
 DRAFT_METHODS = ("draft_model", *HEAD_METHODS)
+# onboard's names for heads vLLM 0.32 serves under another method: a P-EAGLE head
+# is an EAGLE-3 head drafting its k tokens in one pass (`parallel_drafting`; vLLM
+# reads a speculators "peagle" config as `eagle3` + `parallel_drafting`,
+# transformers_utils/configs/speculators/base.py:133-134), a DFlash2 head runs as
+# `dflash` (base.py:135-136) with its own architecture (DFlash2DraftModel).
+VLLM_METHOD = {"p_eagle": "eagle3", "dflash2": "dflash"}
+# The methods whose config sets vLLM's enable_adaptive_verification (the
+# verifier checks, per step, only the drafts worth their cost: v1/worker/gpu/
+# spec_decode/adaptive_verification.py:282-350). vLLM 0.32 documents it for
+# dspark (vllm/config/speculative.py:551-553), and its V2 runner implements it
+# for every model draft (an acceptance estimator on the draft logits,
+# v1/worker/gpu/spec_decode/speculator.py:170-176 and 250-261; DFlash2's
+# candidate scores, dflash2/speculator.py:246-250). Set for the two V2-only
+# methods, whose configs run nowhere else: the launches shipped DFlash2 with it;
+# for eagle3, mtp and dflash it would keep the config off the V1 runner, which
+# refuses it (vllm/config/vllm.py:2980-2981): the CPU engine's, and P-EAGLE's
+# (parallel drafting for EAGLE is V1-only, vllm/config/vllm.py:2936-2943).
+ADAPTIVE_METHODS = ("dspark", "dflash2")
+
+
+def vllm_method(method: str) -> str:
+    """The ``method`` vLLM's speculative config names for a spec's method."""
+    return VLLM_METHOD.get(method, method)
 
 
 def vllm_methods() -> set[str] | None:
@@ -62,7 +85,7 @@ def refusals(spec: ModelSpec, source: str = "spec") -> list[str]:
     known = vllm_methods()
     for i, entry in enumerate(spec.speculators):
         at = f"{source}: {where(i, 'method')}"
-        if known is not None and entry.method not in known:
+        if known is not None and vllm_method(entry.method) not in known:
             problems.append(
                 f"{at}: vLLM does not know the method {entry.method!r} "
                 f"(it accepts: {', '.join(sorted(known))})"
@@ -185,8 +208,15 @@ def _draft_refusals(spec: ModelSpec, entry: Speculator, at: str) -> list[str]:
             "(no speculators_model_type in its config.json)"
         )
         return problems
-    if kind != entry.method and not (entry.method == "dflash" and kind == "dflash2"):
-        problems.append(f"{at}: {entry.model} is a {kind!r} head, not {entry.method!r}")
+    wanted = speculators_type(entry.method)
+    if kind != wanted:
+        # A dflash2 head listed as dflash would draft as plain DFlash on vLLM's
+        # V1 runner, which refuses it (vllm/config/vllm.py:2987-2991).
+        named = {v: k for k, v in SPECULATORS_TYPE.items()}.get(kind, kind)
+        problems.append(
+            f"{at}: {entry.model} is a {kind!r} head, not {wanted!r} (list it as "
+            f"method {named})"
+        )
     layer = config.get("transformer_layer_config") or {}
     expects = config.get("target_hidden_size") or layer.get("hidden_size")
     if expects != spec.hidden_size:
@@ -227,9 +257,13 @@ def speculative_config(entry: Speculator, draft: str | None) -> dict[str, Any]:
     """The ``--speculative-config`` for one spec entry; ``draft`` is the draft
     checkpoint (the entry's own ``model`` or the head directory onboard wrote)."""
     cfg: dict[str, Any] = {
-        "method": entry.method,
+        "method": vllm_method(entry.method),
         "num_speculative_tokens": entry.num_speculative_tokens,
     }
+    if entry.method == "p_eagle":
+        cfg["parallel_drafting"] = True
+    if entry.method in ADAPTIVE_METHODS:
+        cfg["enable_adaptive_verification"] = True
     if entry.method == "ngram":
         cfg["prompt_lookup_min"] = PROMPT_LOOKUP_MIN
         cfg["prompt_lookup_max"] = PROMPT_LOOKUP_MAX

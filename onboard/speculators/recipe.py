@@ -14,7 +14,14 @@ import shlex
 from typing import Any
 
 from onboard.spec.model import ModelSpec
-from onboard.speculators.heads import NUM_LAYERS, aux_layer_ids, draft_vocab_size
+from onboard.speculators.heads import (
+    EAGLE_METHODS,
+    NUM_LAYERS,
+    aux_layer_ids,
+    draft_vocab_size,
+    mask_token_id,
+    speculators_type,
+)
 
 # Training data defaults: speculators' own (seq length 8192) and a dataset of the
 # size its examples use; both are variables in the script.
@@ -37,7 +44,9 @@ def head_parameters(head: dict[str, Any]) -> int:
     )
     target = head.get("target_hidden_size") or h
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
-    first_extra = h * (q + 2 * kv) if head["speculators_model_type"] == "eagle3" else 0
+    # An EAGLE layer's attention reads [embedding, fc(states)]: twice as wide.
+    eagle = head["speculators_model_type"] in ("eagle3", "peagle")
+    first_extra = h * (q + 2 * kv) if eagle else 0
     return n_aux * target * h + layer["num_hidden_layers"] * per_layer + first_extra
 
 
@@ -90,26 +99,31 @@ def recipe_script(spec: ModelSpec, method: str, k: int, head: dict[str, Any]) ->
         }
     )
     train_flags = [
-        f"--speculator-type {q(method)}",
+        f"--speculator-type {q(speculators_type(method))}",
         '--verifier-name-or-path "$VERIFIER"',
         '--data-path "$WORK/data"',
         f"--target-layer-ids {layer_ids}",
         f"--num-layers {q(str(NUM_LAYERS[method]))}",
-        f"--draft-arch {q('llama' if method == 'eagle3' else 'qwen3')}",
+        f"--draft-arch {q('llama' if method in EAGLE_METHODS else 'qwen3')}",
         '--total-seq-len "$SEQ_LENGTH"',
         '--save-path "$HEAD_DIR"',
     ]
+    mask = f"--mask-token-id {q(str(mask_token_id(spec)))}"
     if method == "eagle3":
         train_flags += [
             f"--draft-vocab-size {q(str(s['draft_vocab_size']))}",
             f"--ttt-steps {q(str(k))}",
         ]
-    else:
-        block = k + 1 if method == "dflash" else k
+    elif method == "p_eagle":
+        # P-EAGLE trains k parallel depths (speculators' PEagleArgs.num_depths).
         train_flags += [
-            f"--block-size {q(str(block))}",
-            f"--mask-token-id {q(str(spec.vocab_size - 1))}",
+            f"--draft-vocab-size {q(str(s['draft_vocab_size']))}",
+            f"--num-depths {q(str(k))}",
+            mask,
         ]
+    else:
+        block = k if method == "dspark" else k + 1
+        train_flags += [f"--block-size {q(str(block))}", mask]
     flags = " \\\n  ".join(train_flags)
     return f"""#!/usr/bin/env bash
 # Train the {method} draft head of {spec.name} ({spec.architecture}) with speculators.

