@@ -170,9 +170,6 @@ def _mla_rules(spec: ModelSpec, report: Report) -> None:
     """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
     directly, the plugin's patch on released vLLM) for the plain MLA block that
     the CPU engine validates: docs/spec.md's limits, which generate asserts."""
-    # The spec's own table (a lazy import: component modules load before it).
-    from onboard.spec.model import MLA_WHOLE_HEAD
-
     att = spec.attention
     for present, path, what in (
         (spec.rope.scaling is not None, ("rope", "scaling"), "rope scaling"),
@@ -204,7 +201,7 @@ def _mla_rules(spec: ModelSpec, report: Report) -> None:
             "llama_4_scaling",
         ),
         (
-            spec.model_type in MLA_WHOLE_HEAD,
+            spec.mla_whole_head_rope,
             ("model_type",),
             f"{spec.model_type}'s whole-head rope",
         ),

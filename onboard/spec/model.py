@@ -832,6 +832,12 @@ class ModelSpec(_Section):
             return sliding.theta, sliding.scaling
         return self.rope.theta, self.rope.scaling
 
+    @property
+    def mla_whole_head_rope(self) -> bool:
+        """Whether the model type's MLA rope factor is a share of the whole q/k
+        head (Mistral-4's), not of qk_rope_head_dim (MLA_WHOLE_HEAD)."""
+        return self.model_type in MLA_WHOLE_HEAD
+
     def uses_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (MTP blocks always do)."""
         return layer not in self.rope.nope_layers

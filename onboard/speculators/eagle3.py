@@ -695,10 +695,11 @@ def train_eagle3_head(
     num_prompts: int = NUM_PROMPTS,
     log=lambda _m: None,
     method: str = "eagle3",
+    train_fn: Callable[..., dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Train an EAGLE-3 head (``method`` "p_eagle": a P-EAGLE head, trained by
-    ``peagle.train``) for the checkpoint ``model_dir`` (of ``spec``, e.g. the
-    tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
+    """Train an EAGLE-3 head (``method`` "p_eagle": a P-EAGLE head, which
+    ``peagle`` trains with its own ``train_fn``) for the checkpoint
+    ``model_dir`` (of ``spec``, e.g. the tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
     initial weights (before the prior and training: the baseline that accepts
     nothing) go to ``untrained_dir`` when given. Returns the training report."""
     from onboard.runtime.cpu_draft import cpu_kv_heads
@@ -722,18 +723,14 @@ def train_eagle3_head(
         layer, len(verifier.aux), *verifier.frozen_weights(), parallel=parallel
     )
     if parallel:
-        from onboard.speculators.peagle import train as train_fn
-
         head.mask_token_id = config["mask_token_id"]
-    else:
-        train_fn = train
     before = first_position_accuracy(head, verifier.data)
     result = verifier.fit(
         head,
         config,
         out_dir,
         untrained_dir,
-        train_fn,
+        train_fn or train,
         seed=seed,
         max_steps=max_steps,
         budget_s=budget_s,

@@ -175,7 +175,13 @@ def train_peagle_head(
     ``out_dir`` (``eagle3.train_eagle3_head`` with this module's prior and
     parallel drafting)."""
     return eagle3.train_eagle3_head(
-        spec, model_dir, out_dir, budget_s=budget_s, method="p_eagle", **kwargs
+        spec,
+        model_dir,
+        out_dir,
+        budget_s=budget_s,
+        method="p_eagle",
+        train_fn=train,
+        **kwargs,
     )
 
 
