@@ -699,9 +699,10 @@ def train_eagle3_head(
 ) -> dict[str, Any]:
     """Train an EAGLE-3 head (``method`` "p_eagle": a P-EAGLE head, which
     ``peagle`` trains with its own ``train_fn``) for the checkpoint
-    ``model_dir`` (of ``spec``, e.g. the tiny checkpoint's spec.yaml) and save it to ``out_dir``; the head's random
-    initial weights (before the prior and training: the baseline that accepts
-    nothing) go to ``untrained_dir`` when given. Returns the training report."""
+    ``model_dir`` (of ``spec``, e.g. the tiny checkpoint's spec.yaml) and save
+    it to ``out_dir``; the head's random initial weights (before the prior and
+    training: the baseline that accepts nothing) go to ``untrained_dir`` when
+    given. Returns the training report."""
     from onboard.runtime.cpu_draft import cpu_kv_heads
 
     model_dir = Path(model_dir)
