@@ -562,9 +562,7 @@ def build_context(
     f = arch.config if hf is None else ConfigKeys(spec, hf)
     att = arch.attention
     is_mla = att.kind == "mla"
-    mtp_mlp = None
-    if arch.mtp is not None:
-        mtp_mlp = "moe" if arch.mtp.block.is_moe else "dense"
+    mtp_mlp = arch.mtp and ("moe" if arch.mtp.block.is_moe else "dense")
     # The model file's MLP classes (for its layers and the MTP blocks).
     has_moe, has_dense = arch.has_moe, arch.has_dense
     mlp = SimpleNamespace(
