@@ -158,7 +158,6 @@ def test_gdn_float32_shim_computes_what_the_bfloat16_kernels_do():
     convolution's prefill, decode and rolling draft update. Read with the state
     transposed, the same prefill misses by far more: the comparison sees the
     layout."""
-    import importlib
 
     from vllm import _custom_ops as ops
 
@@ -244,6 +243,36 @@ def test_gdn_float32_shim_computes_what_the_bfloat16_kernels_do():
     _assert_near(got_slots, want_slots, "speculative states")
     torch.testing.assert_close(got_slots[3], slots[3])  # past the drafts
 
+
+def _has_packed_convolution() -> bool:
+    """Whether the loaded vLLM CPU kernels have the packed causal convolution:
+    the AVX512-BF16 build (``vllm/_C``) has it, the AVX2 and AVX512 builds
+    (``_C_AVX2``, ``_C_AVX512``, which vLLM loads on CPUs without AVX512-BF16:
+    ``platforms/cpu.py`` ``import_kernels``) do not."""
+    from vllm import _custom_ops  # noqa: F401  (loads the CPU kernels)
+
+    try:
+        return torch.ops._C.causal_conv1d_weight_pack is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def test_gdn_float32_convolution_computes_what_the_bfloat16_kernels_do():
+    """The shim's float32 convolution against vLLM's packed bfloat16 kernels:
+    prefill, decode and the speculative rolling update."""
+    import importlib
+
+    from vllm import _custom_ops as ops
+
+    from onboard.runtime.compat import gdn
+
+    if not _has_packed_convolution():
+        pytest.skip(
+            "this CPU's vLLM kernel build (no AVX512-BF16) has no packed causal "
+            "convolution to compare against"
+        )
+    torch.manual_seed(0)
+    tokens = 7
     module = importlib.import_module(gdn.MODULE)
     width, channels = 4, 256
     plain = _bf16(channels, width)
