@@ -128,3 +128,32 @@ def cpu_engine_limit(spec: ModelSpec) -> str | None:
         f"is not divisible by block_size {CPU_BLOCK}', "
         "vllm/v1/attention/backends/utils.py)"
     )
+
+
+# The CPU kernel op each scheme's vLLM linear method calls where it exists only in
+# vLLM's AVX512-BF16 kernel build (vllm/_C). On a CPU without AVX512-BF16, vLLM
+# 0.32 loads vllm/_C_AVX2 or _C_AVX512 instead (platforms/cpu.py
+# import_kernels), which lack it: the engine starts, then dies in the first
+# forward pass (CPUWNA16LinearKernel calls ops.cpu_gemm_wna16).
+SCHEME_CPU_OPS = {"w4a16": "cpu_gemm_wna16", "w4a16-asym": "cpu_gemm_wna16"}
+
+
+def missing_cpu_kernel(scheme: str) -> str | None:
+    """Why vLLM's CPU kernels on this machine cannot run ``scheme`` (None: they
+    can, as far as the kernel build shows)."""
+    op = SCHEME_CPU_OPS.get(scheme)
+    if op is None:
+        return None
+    import torch
+    from vllm import _custom_ops  # noqa: F401  (loads this CPU's kernel build)
+
+    try:
+        if getattr(torch.ops._C, op) is not None:
+            return None
+    except (AttributeError, RuntimeError):
+        pass
+    return (
+        f"vLLM 0.32's CPU kernel for {scheme} ({op}) is only in its AVX512-BF16 "
+        "kernel build; on this CPU vLLM loads vllm/_C_AVX2 or _C_AVX512, which "
+        "lack it (platforms/cpu.py import_kernels)"
+    )

@@ -61,6 +61,7 @@ from onboard.errors import InputError
 from onboard.runtime.cpu_draft import cpu_features, lacking_note
 from onboard.runtime.engine import EngineLoadError
 from onboard.runtime.reference import ReferenceUnavailable
+from onboard.targets.cpu_kernels import missing_cpu_kernel
 from onboard.validate.results import Check
 
 
@@ -301,6 +302,10 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
         model_dir=qdir,
         extra={**ctx.options.extra, "dtype": dtype, "max_logprobs": -1},
     )
+    missing = missing_cpu_kernel(scheme)
+    if missing is not None:
+        # The engine would load, then die in its first forward pass.
+        return _dequantized_side(ctx, scheme, qdir, missing)
     try:
         with ctx.extra_engine(f"quant-{scheme}", options) as engine:
             model_class = engine.info["model_class"]
@@ -309,22 +314,7 @@ def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dic
             )
     except EngineLoadError as exc:
         error = exc.failure.get("error") or str(exc)
-        try:
-            rows, reference = dequantized_reference_rows(ctx, scheme, qdir)
-        except ReferenceUnavailable as ref_exc:
-            raise RuntimeError(
-                f"vLLM's CPU engine refused the {scheme} checkpoint ({error}) and "
-                f"the reference could not run it dequantized either: {ref_exc}"
-            ) from None
-        side = {
-            "path": "dequantized-reference",
-            "engine_error": error,
-            "reference": reference,
-            "cpu_features": cpu_features(),
-        }
-        side["cpu_lacks"] = lacking_note(error, side["cpu_features"])
-        side["weights_load"] = _weights_load(ctx, scheme, qdir)
-        return rows, side
+        return _dequantized_side(ctx, scheme, qdir, error)
     vocab = ctx.spec.vocab_size
     rows = [_dense(o["prompt_logprobs"][1:], vocab) for o in reply["outputs"]]
     side = {"path": "engine", "vllm_model_class": model_class}
@@ -358,6 +348,30 @@ def _dense(steps: list[dict[int, float]], vocab: int) -> np.ndarray:
         ids = np.fromiter(step.keys(), dtype=np.int64, count=len(step))
         out[i, ids] = np.fromiter(step.values(), dtype=np.float64, count=len(step))
     return out
+
+
+def _dequantized_side(
+    ctx, scheme: str, qdir: Path, error: str
+) -> tuple[list[np.ndarray], dict]:
+    """The quantized side scored on the reference with the checkpoint's
+    dequantized weights, where vLLM's CPU engine cannot run ``scheme``
+    (``error`` says why)."""
+    try:
+        rows, reference = dequantized_reference_rows(ctx, scheme, qdir)
+    except ReferenceUnavailable as ref_exc:
+        raise RuntimeError(
+            f"vLLM's CPU engine refused the {scheme} checkpoint ({error}) and "
+            f"the reference could not run it dequantized either: {ref_exc}"
+        ) from None
+    side = {
+        "path": "dequantized-reference",
+        "engine_error": error,
+        "reference": reference,
+        "cpu_features": cpu_features(),
+    }
+    side["cpu_lacks"] = lacking_note(error, side["cpu_features"])
+    side["weights_load"] = _weights_load(ctx, scheme, qdir)
+    return rows, side
 
 
 def dequantized_reference_rows(ctx, scheme: str, qdir: Path):
