@@ -130,11 +130,11 @@ def cpu_engine_limit(spec: ModelSpec) -> str | None:
     )
 
 
-# The CPU kernel op each scheme's vLLM linear method calls where it exists only in
-# vLLM's AVX512-BF16 kernel build (vllm/_C). On a CPU without AVX512-BF16, vLLM
-# 0.32 loads vllm/_C_AVX2 or _C_AVX512 instead (platforms/cpu.py
-# import_kernels), which lack it: the engine starts, then dies in the first
-# forward pass (CPUWNA16LinearKernel calls ops.cpu_gemm_wna16).
+# The CPU kernel op each scheme's vLLM linear method calls where vLLM's AVX2
+# kernel build lacks it: on a CPU without AVX-512, vLLM 0.32 loads
+# vllm/_C_AVX2 (platforms/cpu.py import_kernels), which has no
+# cpu_gemm_wna16 (its AVX512 and AVX512-BF16 builds have it): the engine starts,
+# then dies in the first forward pass (CPUWNA16LinearKernel).
 SCHEME_CPU_OPS = {"w4a16": "cpu_gemm_wna16", "w4a16-asym": "cpu_gemm_wna16"}
 
 
@@ -153,7 +153,7 @@ def missing_cpu_kernel(scheme: str) -> str | None:
     except (AttributeError, RuntimeError):
         pass
     return (
-        f"vLLM 0.32's CPU kernel for {scheme} ({op}) is only in its AVX512-BF16 "
-        "kernel build; on this CPU vLLM loads vllm/_C_AVX2 or _C_AVX512, which "
-        "lack it (platforms/cpu.py import_kernels)"
+        f"vLLM 0.32's CPU kernel for {scheme} ({op}) is not in the kernel build it "
+        "loads on this CPU (without AVX-512: vllm/_C_AVX2, platforms/cpu.py "
+        "import_kernels)"
     )
