@@ -244,6 +244,68 @@ def test_gdn_float32_shim_computes_what_the_bfloat16_kernels_do():
     torch.testing.assert_close(got_slots[3], slots[3])  # past the drafts
 
 
+def _causal_convolution(history, new, weight):
+    """The definition, one output at a time: channel c at step t is
+    silu(sum_j weight[c, j] * input[c, t + j]) over the ``width - 1`` inputs
+    before it (``history``, ``[dim, width - 1]``) and its own; with the
+    inputs each sequence leaves in its state."""
+    width = weight.size(-1)
+    seq = torch.cat([history, new.transpose(0, 1)], dim=-1)
+    out = torch.stack(
+        [(weight * seq[:, t : t + width]).sum(-1) for t in range(new.size(0))]
+    )
+    return torch.nn.functional.silu(out), seq[:, -(width - 1) :]
+
+
+def test_gdn_float32_convolution_computes_the_causal_convolution():
+    """On every CPU (vLLM's packed kernels, where this CPU's build has them,
+    are compared in the next test): the shim's prefill convolution of two
+    sequences, one from a cached state and one from zeros, and its decode
+    update, against the convolution's definition; each sequence's state holds
+    its last inputs, an unused slot is untouched. The taps read in the wrong
+    order (an anti-causal filter) miss by far more: the comparison sees the
+    direction."""
+    from onboard.runtime.compat import gdn
+
+    torch.manual_seed(0)
+    width, channels, starts = 4, 8, [0, 3, 7]
+    weight = torch.randn(channels, width)
+    x = torch.randn(starts[-1], channels)
+    states = torch.randn(3, channels, width - 1)
+    got_states = states.clone()
+    got = gdn.causal_conv1d_fwd(
+        x=x.transpose(0, 1), weight=weight.view(channels, 1, width), bias=None,
+        conv_states=got_states, query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        cache_indices=torch.tensor([2, 0], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False]), silu_activation=True,
+        is_weight_packed=False,
+    )  # fmt: skip
+    got = got.transpose(0, 1)
+    for seq, (slot, history) in enumerate(
+        ((2, states[2]), (0, torch.zeros(channels, width - 1)))
+    ):
+        part = slice(starts[seq], starts[seq + 1])
+        want, left = _causal_convolution(history, x[part], weight)
+        torch.testing.assert_close(got[part], want, msg=f"prefill, sequence {seq}")
+        torch.testing.assert_close(got_states[slot], left)
+        wrong, _ = _causal_convolution(history, x[part], weight.flip(-1))
+        assert (wrong - got[part]).abs().max() > 0.1 * want.abs().max()
+    torch.testing.assert_close(got_states[1], states[1])
+
+    step = torch.randn(2, channels)
+    before = got_states.clone()
+    out = gdn.causal_conv1d_update(
+        x=step, conv_states=got_states, weight=weight.view(channels, 1, width),
+        bias=None, silu_activation=True,
+        conv_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+        is_weight_packed=False,
+    )  # fmt: skip
+    for seq, slot in enumerate((2, 0)):
+        want, left = _causal_convolution(before[slot], step[seq : seq + 1], weight)
+        torch.testing.assert_close(out[seq : seq + 1], want, msg=f"decode {seq}")
+        torch.testing.assert_close(got_states[slot], left)
+
+
 def _has_packed_convolution() -> bool:
     """Whether the loaded vLLM CPU kernels have the packed causal convolution:
     the AVX512-BF16 build (``vllm/_C``) has it, the AVX2 and AVX512 builds
