@@ -166,12 +166,14 @@ class _KVSharing(Component):
             _mla_rules(spec, report)
 
 
-def _mla_rules(spec: ModelSpec, report: Report) -> None:
-    """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
-    directly, the plugin's patch on released vLLM) for the plain MLA block that
-    the CPU engine validates: docs/spec.md's limits, which generate asserts."""
+def mla_limits(spec: ModelSpec) -> list[tuple[tuple[str, ...], str]]:
+    """What MLA layers sharing a latent cache are generated without, present in
+    ``spec``: (its path in the spec, what it is). They are generated (vLLM's
+    MLAAttention called directly, the plugin's patch on released vLLM) for the
+    plain MLA block that the CPU engine validates: docs/spec.md's limits, which
+    the rules report and generate asserts."""
     att = spec.attention
-    for present, path, what in (
+    limits = (
         (spec.rope.scaling is not None, ("rope", "scaling"), "rope scaling"),
         (spec.mtp is not None, ("mtp",), "MTP heads"),
         (spec.norm.type != "rmsnorm", ("norm", "type"), f"{spec.norm.type} norms"),
@@ -205,13 +207,20 @@ def _mla_rules(spec: ModelSpec, report: Report) -> None:
             ("model_type",),
             f"{spec.model_type}'s whole-head rope",
         ),
-    ):
-        if present:
-            report(
-                path,
-                f"MLA layers that share another layer's latent cache "
-                f"(attention.kv_sharing) are generated without {what} only",
-            )
+    )
+    return [(path, what) for present, path, what in limits if present]
+
+
+def mla_limit_message(what: str) -> str:
+    return (
+        "MLA layers that share another layer's latent cache "
+        f"(attention.kv_sharing) are generated without {what} only"
+    )
+
+
+def _mla_rules(spec: ModelSpec, report: Report) -> None:
+    for path, what in mla_limits(spec):
+        report(path, mla_limit_message(what))
 
 
 COMPONENT = _KVSharing()

@@ -24,8 +24,9 @@ from onboard.arch.config_keys import (
     eps_concept,
     unset_keys,
 )
+from onboard.components import kv_sharing
 from onboard.components.residual_stream import ResidualStream
-from onboard.spec.hf import MLA_WHOLE_HEAD, transformers_knows
+from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYOUT_PRESETS,
     PARAM_ROLES,
@@ -438,7 +439,7 @@ def _mla_context(spec: ModelSpec, is_mla: bool, yarn: bool) -> dict[str, Any]:
         "mla_llama_4_scaling": is_mla and att.llama_4_scaling is not None,
         # rope_parameters.partial_rotary_factor is the rope's share of the whole
         # q/k head (Mistral-4), not a share of qk_rope_head_dim.
-        "mla_whole_head": is_mla and spec.model_type in MLA_WHOLE_HEAD,
+        "mla_whole_head": is_mla and spec.mla_whole_head_rope,
         # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
         "mla_yarn": is_mla and yarn,
         "mla_yarn_mscale": bool(
@@ -466,9 +467,8 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
     vLLM's layer computes something else (_refuse_kimi_delta)."""
     if isinstance(arch.linear, KimiDeltaAttention):
         _refuse_kimi_delta(spec)
-    mla = spec.attention.mla
     if spec.attention.type == "mla" and spec.attention.kv_sharing:
-        _refuse_mla_kv_sharing(spec, mla)
+        _refuse_mla_kv_sharing(spec)
     elif (
         spec.attention.type == "mla"
         and components.fragments(spec, "vllm")["mla.output"]
@@ -481,30 +481,11 @@ def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
         )
 
 
-def _refuse_mla_kv_sharing(spec: ModelSpec, mla) -> None:
-    """MLA layers sharing a latent cache are generated (vLLM's MLAAttention called
-    directly, the plugin's runtime patch on released vLLM) for the plain MLA
-    projections with rope; what is not validated on the CPU engine is refused."""
-    where = f"{spec.name}: attention.kv_sharing"
-    absent = [
-        (spec.rope.scaling is not None, "rope.scaling"),
-        (spec.mtp is not None, "MTP heads"),
-        (
-            spec.norm.type != "rmsnorm" or spec.norm.placement != "pre",
-            f"norm.type {spec.norm.type}, norm.placement {spec.norm.placement}",
-        ),
-        (spec.attention.output_gate, "attention.output_gate"),
-        (spec.residual_multiplier != 1.0, "a residual_multiplier"),
-        (spec.linear_attention is not None, "linear attention layers"),
-        (spec.attention.llama_4_scaling is not None, "attention.llama_4_scaling"),
-        (spec.model_type in MLA_WHOLE_HEAD, f"{spec.model_type}'s whole-head rope"),
-    ]
-    for present, what in absent:
-        if present:
-            raise GenerationError(
-                f"{where}: the vLLM model of MLA layers that share another layer's "
-                f"latent cache is generated without {what} only"
-            )
+def _refuse_mla_kv_sharing(spec: ModelSpec) -> None:
+    """The spec's rules refuse what MLA KV sharing is not generated with; a
+    spec built past them is refused here, with the same words."""
+    for _, what in kv_sharing.mla_limits(spec):
+        raise GenerationError(f"{spec.name}: {kv_sharing.mla_limit_message(what)}")
 
 
 def _refuse_direct_mla(spec: ModelSpec) -> None:
@@ -513,7 +494,7 @@ def _refuse_direct_mla(spec: ModelSpec) -> None:
     absent = [
         (spec.rope.scaling is not None, "rope.scaling"),
         (spec.attention.llama_4_scaling is not None, "attention.llama_4_scaling"),
-        (spec.model_type in MLA_WHOLE_HEAD, f"{spec.model_type}'s whole-head rope"),
+        (spec.mla_whole_head_rope, f"{spec.model_type}'s whole-head rope"),
     ]
     for present, what in absent:
         if present:
