@@ -82,7 +82,7 @@ def test_what_a_component_writes_it_reads_back(name):
         for field, value in fields.items():
             held = getattr(section, field)
             if isinstance(held, BaseModel):  # a nested section (a temperature)
-                held = held.model_dump()
+                value = type(held).model_validate(value)
             assert held == value, (component.name, field)
 
 
@@ -148,3 +148,64 @@ def test_kv_sharing_is_a_node_of_the_sharing_layers_only():
         assert layer.mixer.kv_source == spec.attention.kv_sharing.get(layer.index)
     assert arch.mtp is not None and arch.mtp.block.mixer.kv_source is None
     assert arch.attention.kv_source is None
+
+
+def test_indexer_is_a_node_of_every_mla_layer_and_knows_its_cache():
+    """Each MLA layer of a sparse-MLA spec has the indexer, a shared layer
+    marked as running none, an MTP head's block its own; the serving plan's
+    KV bytes add vLLM's FP8 index key (one byte per dim, a float32 scale per
+    128 dims) to the latent."""
+    from onboard.components.indexer import LightningIndexer
+    from onboard.serving.kv import kv_report
+
+    spec = any_spec("glm-5-style")
+    idx = spec.attention.indexer
+    assert idx is not None and spec.mtp is not None
+    shared = spec.model_copy(
+        update={
+            "mtp": None,
+            "attention": spec.attention.model_copy(
+                update={"indexer": idx.model_copy(update={"shared_layers": [1]})}
+            ),
+        }
+    )
+    for case, own in ((spec, {}), (shared, {1: False})):
+        arch = build_plan(case)
+        for layer in arch.layers:
+            node = layer.mixer.part(LightningIndexer)
+            assert node == LightningIndexer(
+                idx.num_heads, idx.head_dim, idx.topk, idx.rope_interleave,
+                own.get(layer.index, True),
+            )  # fmt: skip
+            assert layer.mixer.indexer is node
+    assert build_plan(spec).mtp.block.mixer.indexer.own
+    assert build_plan(shared).shared_index_layers == (1,)
+    index_key = idx.head_dim + idx.head_dim // 128 * 4
+    assert LightningIndexer(1, idx.head_dim, 1, False).cache_bytes_per_token == 132
+    dense = spec.model_copy(
+        update={"attention": spec.attention.model_copy(update={"indexer": None})}
+    )
+    with_index, without = kv_report(spec), kv_report(dense)
+    assert [a.bytes_per_token - b.bytes_per_token for a, b in zip(
+        with_index.layers, without.layers, strict=True
+    )] == [index_key] * spec.num_hidden_layers  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"index_n_heads": 4}, "index_n_heads: set but index_topk is not"),
+        ({"indexer_types": ["full"]}, "indexer_types: set but index_topk is not"),
+        ({"index_topk": 8, "index_head_dim": 64}, "index_n_heads: required"),
+        (
+            {"index_topk": 8, "index_n_heads": 2, "index_head_dim": 64,
+             "indexer_types": ["full", "dense"], "num_hidden_layers": 2},
+            "must list full or shared for each of the 2 layers",
+        ),
+    ],
+)  # fmt: skip
+def test_indexer_reads_a_whole_indexer_or_none(config, message):
+    indexer = next(c for c in components.every() if c.name == "indexer")
+    with pytest.raises(ConfigProblem, match=message):
+        indexer.read(_getter(config))
+    assert indexer.read(_getter({})) == {}

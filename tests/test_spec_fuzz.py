@@ -40,9 +40,10 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from test_spec_properties import to_yaml, valid_spec_data
 
+from onboard.components.indexer import COMPONENT as INDEXER
 from onboard.errors import InputError
 from onboard.spec import SpecError, parse_spec_text
-from onboard.spec.layouts import INDEXER_ROLES, KIMI_DELTA_ROLES, LAYOUT_PRESETS
+from onboard.spec.layouts import KIMI_DELTA_ROLES, LAYOUT_PRESETS
 from onboard.spec.rules import GENERATED_NAMES
 from onboard.threads import one_thread
 
@@ -162,7 +163,7 @@ LINEAR_ROLES = [
     "linear_in_proj_z", "linear_in_proj_b", "linear_in_proj_a", "linear_conv1d",
     "linear_norm", "linear_out_proj",
 ]  # fmt: skip
-NEW_ROLES = [*INDEXER_ROLES, *LINEAR_ROLES, *KIMI_DELTA_ROLES, "sinks", "q_norm",
+NEW_ROLES = [*INDEXER.roles, *LINEAR_ROLES, *KIMI_DELTA_ROLES, "sinks", "q_norm",
              "mla_gate_proj", "attention_output_norm", "mlp_output_norm",
              "mlp_input_norm", "router"]  # fmt: skip
 NEW_PARTS = ["model", "layers", "{layer}", "self_attn", "linear_attn", "indexer",

@@ -506,7 +506,7 @@ def test_an_override_of_a_role_the_model_lacks_is_refused():
 
 def test_the_indexer_top_k_is_bounded():
     # The generated model allocates max_num_batched_tokens x index_topk int32.
-    from onboard.spec.model import MAX_INDEX_TOPK
+    from onboard.components.indexer import MAX_INDEX_TOPK
 
     lines = refused(text_of(glm(topk=2**31 - 1)))
     assert at(lines, "attention.indexer.topk", str(MAX_INDEX_TOPK)), lines

@@ -9,9 +9,10 @@ objects are frozen: a consumer reads them, it never adjusts them.
 A token mixer is one of the ``Mixer`` kinds: softmax attention (``Attention``, GQA
 or MLA), which caches keys and values per token, or a linear-attention mixer
 (``GatedDeltaNet``, ``KimiDeltaAttention``), which keeps a fixed-size recurrent
-state per sequence. Each layer carries its own. Sparse MLA is MLA with an
-``Indexer``: the index heads pick the cached tokens each query attends to, and
-the layer also caches one index key per token.
+state per sequence. Each layer carries its own. Sparse MLA is MLA with a
+``LightningIndexer`` (the indexer component's plan node): the index heads pick
+the cached tokens each query attends to, and the layer also caches one index key
+per token.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypeVar
 from onboard.arch.config_keys import ConfigKeys
 from onboard.components import norms as norms_component
 from onboard.components import present, residual_stream
+from onboard.components.indexer import LightningIndexer
 from onboard.components.kv_sharing import KVSource
 from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
@@ -60,19 +62,6 @@ class MLADims:
 
 
 @dataclass(frozen=True)
-class Indexer:
-    """Sparse MLA's lightning indexer (DeepSeek-V3.2, GLM-5): index heads score the
-    cached tokens and MLA attends only to the ``topk`` best of them."""
-
-    num_heads: int
-    head_dim: int  # of each index head and of the one index key per token
-    topk: int
-    rope_interleave: bool  # the index rope's pairs: interleaved (GLM-5) or halves
-    # False: the layer runs no indexer and reuses the nearest earlier one's top-k.
-    own: bool = True
-
-
-@dataclass(frozen=True)
 class Attention:
     """Softmax attention over the layer's own KV cache or another layer's."""
 
@@ -94,8 +83,6 @@ class Attention:
     # head_dim-wide row slices per query head in q_proj: the query, then a
     # component's (the output gate's).
     query_slices: int = 1
-    # Sparse MLA: the indexer that picks the keys each query attends to.
-    indexer: Indexer | None = None
     # The plan nodes of the components this attention has (onboard.components),
     # in registry order; read one by its type with part().
     parts: tuple[Any, ...] = ()
@@ -105,6 +92,11 @@ class Attention:
     def part(self, kind: type[T]) -> T | None:
         """This attention's plan node of type ``kind`` (None: it has none)."""
         return next((p for p in self.parts if isinstance(p, kind)), None)
+
+    @property
+    def indexer(self) -> LightningIndexer | None:
+        """Sparse MLA: the indexer that picks the keys each query attends to."""
+        return self.part(LightningIndexer)
 
     @property
     def kv_source(self) -> int | None:
@@ -597,15 +589,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         query_slices=1 + sum(c.q_slices for c in present(spec, "attention")),
         query_pre_attn_scalar=att.query_pre_attn_scalar,
         softmax_scale=att.softmax_scale,
-        indexer=None
-        if att.indexer is None
-        else Indexer(
-            num_heads=att.indexer.num_heads,
-            head_dim=att.indexer.head_dim,
-            topk=att.indexer.topk,
-            rope_interleave=att.indexer.rope_interleave,
-            own=layer not in att.indexer.shared_layers,
-        ),
         parts=tuple(
             node
             for component in present(spec, "attention")

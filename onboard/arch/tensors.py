@@ -140,14 +140,6 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             mla.kv_lora_rank,
         )
         linear("o_proj", h, att.num_heads * mla.v_head_dim, att.o_bias)
-        idx = att.indexer
-        if idx is not None and idx.own and mla.q_lora_rank is not None:
-            linear("indexer_wq_b", idx.num_heads * idx.head_dim, mla.q_lora_rank)
-            linear("indexer_wk", idx.head_dim, h)
-            # A LayerNorm with bias, whatever norm.type says.
-            add("indexer_k_norm", (idx.head_dim,), "ones")
-            add("indexer_k_norm", (idx.head_dim,), "bias", suffix="bias")
-            linear("indexer_weights_proj", idx.num_heads, h)
     else:
         hd, kv = att.head_dim, att.num_kv_heads
         assert hd is not None and kv is not None

@@ -4,6 +4,7 @@ spec field each config.json key comes from."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from functools import cache
@@ -364,7 +365,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    table |= _linear_dims(plan, h) | _indexer_dims(plan, h)
+    table |= _linear_dims(plan, h)
     if plan.dense is not None:
         inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
@@ -411,9 +412,7 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             both = (f"2 × {ei[0]}", 2 * ei[1])
             return {"gate_up_proj": [ne, h, both], "down_proj": [ne, ei, h]}.get(param)
         return _gpt_oss_dims(h, ne, ei, param)
-    for name, r in components.roles().items():
-        if r.dims:
-            table[name] = tuple((d, _spec_value(plan.spec, d)) for d in r.dims)
+    table |= _component_dims(plan.spec)
     dims = table.get(role or "")
     if dims is None:
         return None
@@ -441,25 +440,6 @@ def _gpt_oss_dims(
         gpt_oss_param(down): [ne, ei, h],
         gpt_oss_param(down, bias=True): [ne, h],
     }.get(param)
-
-
-def _indexer_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
-    """Sparse MLA's indexer tensors (the rules give it a query latent)."""
-    idx, mla = plan.attention.indexer, plan.attention.mla
-    if idx is None or mla is None or mla.q_lora_rank is None:
-        return {}
-    qr = ("attention.mla.q_lora_rank", mla.q_lora_rank)
-    i = "attention.indexer."
-    idim = (f"{i}head_dim", idx.head_dim)
-    return {
-        "indexer_wq_b": (
-            (f"{i}num_heads × {i}head_dim", idx.num_heads * idx.head_dim),
-            qr,
-        ),
-        "indexer_wk": (idim, h),
-        "indexer_k_norm": (idim,),
-        "indexer_weights_proj": ((f"{i}num_heads", idx.num_heads), h),
-    }
 
 
 def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
@@ -522,6 +502,24 @@ def fields_in(text: str) -> list[str]:
     return re.findall(r"[a-z_]+(?:\.[a-z_]+)+|hidden_size|vocab_size", text)
 
 
+def _component_dims(spec: ModelSpec) -> dict[str, tuple]:
+    """The dims of the present components' roles, as each role names them."""
+    return {
+        name: tuple((d, _spec_dim(spec, d)) for d in r.dims)
+        for component in components.present(spec)
+        for name, r in component.roles.items()
+        if r.dims
+    }
+
+
+def _spec_dim(spec: ModelSpec, label: str) -> Any:
+    """A dimension by its label: a spec field's dotted path, or a product of
+    them ("attention.indexer.num_heads × attention.indexer.head_dim")."""
+    if " × " not in label:
+        return _spec_value(spec, label)
+    return math.prod(_spec_value(spec, field) for field in label.split(" × "))
+
+
 def _spec_value(spec: ModelSpec, field: str) -> Any:
     """A spec field's value by its dotted path ("attention.num_heads")."""
     value = spec
@@ -562,10 +560,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("attention.mla.qk_rope_head_dim",),
     "v_head_dim": ("attention.mla.v_head_dim",),
     "qk_head_dim": ("attention.mla.qk_nope_head_dim", "attention.mla.qk_rope_head_dim"),
-    "index_n_heads": ("attention.indexer.num_heads",),
-    "index_head_dim": ("attention.indexer.head_dim",),
-    "index_topk": ("attention.indexer.topk",),
-    "indexer_rope_interleave": ("attention.indexer.rope_interleave",),
     "intermediate_size": ("mlp.intermediate_size",),
     "n_routed_experts": ("mlp.moe.num_experts",),
     "num_experts_per_tok": ("mlp.moe.num_experts_per_tok",),

@@ -97,6 +97,9 @@ class Role:
     slot: tuple[str, ...]
     # A Linear that quantization may compress (else it stays 16-bit).
     linear: bool = True
+    # A Linear that quantization keeps in 16 bits all the same (named in the
+    # quantization config's ignore list).
+    kept: bool = False
     # A parameter of the module at ``path`` (the tensor is ``path.param``), not a
     # module of its own (attention sinks).
     param: str | None = None

@@ -31,8 +31,8 @@ from onboard.quantize.kernels import output_tensors
 from onboard.quantize.layout import TensorLayout, detect_layout, match_role
 from onboard.quantize.schemes import Scheme
 from onboard.spec.layouts import (
+    COMPONENT_KEPT,
     FUSED_ROLES,
-    INDEXER_KEPT,
     LINEAR_ATTENTION_KEPT,
     LINEAR_ROLES,
     ROLES,
@@ -53,7 +53,7 @@ KEPT_LINEAR_ROLES = (
     "mtp_eh_proj",
     "mtp_head",
     *LINEAR_ATTENTION_KEPT,
-    *INDEXER_KEPT,
+    *COMPONENT_KEPT,
 )
 
 # Why stacked experts (checkpoint.fused: experts) are copied unchanged.

@@ -175,16 +175,6 @@ class KVReport:
         return next(x for x in self.layers if x.index == layer.shares).bytes_per_token
 
 
-# vLLM's indexer cache (DeepseekV32IndexerCache): each index key in FP8, one
-# byte per dim, and a float32 scale per block of 128 dims.
-INDEX_QUANT_BLOCK = 128
-
-
-def indexer_bytes_per_token(head_dim: int) -> int:
-    """Bytes one token's index key takes in vLLM's indexer cache."""
-    return head_dim + head_dim // INDEX_QUANT_BLOCK * 4
-
-
 def kv_report(
     spec: ModelSpec,
     dtype: str = "bfloat16",
@@ -210,7 +200,7 @@ def kv_report(
             f"{mla.qk_rope_head_dim}) x {b} B = {per_layer:,} B"
         )
         if att.indexer is not None:
-            index = indexer_bytes_per_token(att.indexer.head_dim)
+            index = att.indexer.cache_bytes_per_token
             per_layer += index
             formula += f", + the index key {index:,} B = {per_layer:,} B"
     else:

@@ -77,10 +77,6 @@ GROUPS: dict[str, tuple[str, str]] = {
     "kda_g_b_proj": ("linear attention", SHARD_TP),
     "kda_f_a_proj": ("linear attention, replicated (KDA f_a/g_a)", SHARD_REPLICATED),
     "kda_g_a_proj": ("linear attention, replicated (KDA f_a/g_a)", SHARD_REPLICATED),
-    # Sparse MLA's indexer: vLLM replicates it on every rank.
-    "indexer_wq_b": ("indexer (replicated)", SHARD_REPLICATED),
-    "indexer_wk": ("indexer (replicated)", SHARD_REPLICATED),
-    "indexer_weights_proj": ("indexer (replicated)", SHARD_REPLICATED),
 }
 # The components' roles, as each declares them (onboard.components.Role: the
 # attention's sinks, one per query head, are split with the heads).

@@ -76,14 +76,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
     "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
-    # sparse MLA's lightning indexer (DeepSeek-V3.2, GLM-5)
-    "index_n_heads": ("index_n_heads",),
-    "index_head_dim": ("index_head_dim",),
-    "index_topk": ("index_topk",),
-    # the index rope's pairs (vLLM's name; transformers' GLM-5 hard-codes them)
-    "indexer_rope_interleave": ("indexer_rope_interleave",),
-    # GLM-5: per layer, "full" runs the indexer, "shared" reuses the previous one's
-    "indexer_types": ("indexer_types",),
     # MLP and mixture of experts
     "intermediate_size": ("intermediate_size",),
     # Llama-4: the dense layers' width, where intermediate_size is the experts'

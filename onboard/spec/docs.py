@@ -21,6 +21,7 @@ from onboard.components.base import (
     MAX_LAYERS,
     MAX_WIDTH,
 )
+from onboard.components.indexer import MAX_INDEX_TOPK
 from onboard.spec.layouts import LAYOUT_PRESETS, ROLES
 from onboard.spec.loader import (
     MAX_DEPTH,
@@ -30,12 +31,7 @@ from onboard.spec.loader import (
     MAX_SPEC_BYTES,
     VALUE_ECHO_CHARS,
 )
-from onboard.spec.model import (
-    MAX_ARCHITECTURE,
-    MAX_INDEX_TOPK,
-    MAX_NAME,
-    ModelSpec,
-)
+from onboard.spec.model import MAX_ARCHITECTURE, MAX_NAME, ModelSpec
 from onboard.spec.rules import GENERATED_NAMES
 
 _INTRO = """\

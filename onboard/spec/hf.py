@@ -1017,7 +1017,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         rope.pop("sliding", None)  # no layer reads the sliding layers' rope
     rope["nope_layers"] = _read_nope(r, n_layers, windows)
     _check_chunked(r, n_layers, rope["nope_layers"])
-    indexer = _read_indexer(r, n_layers)
     mla = {
         k: r.get(k)
         for k in (
@@ -1033,8 +1032,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         stray = [k for k, v in mla.items() if v is not None]
         if stray:
             r.bad(f"{', '.join(stray)}: MLA fields set but kv_lora_rank is not")
-        if indexer is not None:
-            r.bad("index_topk: the lightning indexer selects tokens for MLA only")
         att.update(
             type="gqa",
             num_kv_heads=kv_heads,
@@ -1058,8 +1055,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     att.update(type="mla", mla=mla)
     if llama_4 is not None:
         att["llama_4_scaling"] = llama_4
-    if indexer is not None:
-        att["indexer"] = indexer
     for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         if mla[key] is None:
             r.bad(f"{key}: required for MLA (kv_lora_rank is set)")
@@ -1104,43 +1099,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         # Linear-attention layers between the MLA layers (Kimi Linear).
         att["layer_types"] = windows["layer_types"]
     return att, rope
-
-
-def _read_indexer(r: _Reader, n_layers: int) -> dict | None:
-    """Sparse MLA's lightning indexer, where the config has one (index_topk)."""
-    fields = {
-        "num_heads": r.get("index_n_heads"),
-        "head_dim": r.get("index_head_dim"),
-        "topk": r.get("index_topk"),
-        "rope_interleave": bool(r.get("indexer_rope_interleave", False)),
-    }
-    shared = r.get("indexer_types")
-    if fields["topk"] is None:
-        stray = [k for k in ("index_n_heads", "index_head_dim") if r.get(k) is not None]
-        if stray or shared is not None:
-            r.bad(f"{', '.join(stray or ['indexer_types'])}: set but index_topk is not")
-        return None
-    for key, concept in (
-        ("num_heads", "index_n_heads"),
-        ("head_dim", "index_head_dim"),
-    ):
-        if fields[key] is None:
-            r.bad(f"{concept}: required for the indexer (index_topk is set)")
-    if shared is not None:
-        if (
-            not isinstance(shared, list)
-            or set(shared) - {"full", "shared"}
-            or len(shared) != n_layers
-            or shared[:1] == ["shared"]
-        ):
-            r.bad(
-                f"indexer_types={_short(shared)}: must list full or shared for each "
-                f"of the {n_layers} layers, the first full"
-            )
-        else:
-            # GLM: a shared layer reuses the nearest earlier full layer's top-k.
-            fields["shared_layers"] = [i for i, t in enumerate(shared) if t == "shared"]
-    return fields
 
 
 def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
@@ -2195,7 +2153,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         if mla.latent_norm_eps is not None:
             c["mla_norm_eps"] = mla.latent_norm_eps
         c.update(_component_concepts(spec, "attention"))
-        c.update(_indexer_concepts(spec))
         if att.layer_types is not None:
             c["layer_types"] = spec.layer_attention_types()
     else:
@@ -2311,30 +2268,6 @@ def _component_concepts(spec: ModelSpec, part: str) -> dict[str, Any]:
         if (section if section in ("attention", "norm") else "other") == part:
             out.update(component.config(spec))
     return out
-
-
-def _indexer_concepts(spec: ModelSpec) -> dict[str, Any]:
-    """Sparse MLA's indexer as config.json states it (nothing without one)."""
-    idx = spec.attention.indexer
-    if idx is None:
-        return {}
-    return {
-        "index_n_heads": idx.num_heads,
-        "index_head_dim": idx.head_dim,
-        "index_topk": idx.topk,
-        "indexer_rope_interleave": idx.rope_interleave,
-        # Written only where some layer shares, as GLM's class defaults it.
-        **(
-            {
-                "indexer_types": [
-                    "shared" if i in idx.shared_layers else "full"
-                    for i in range(spec.num_hidden_layers)
-                ]
-            }
-            if idx.shared_layers
-            else {}
-        ),
-    }
 
 
 def _rope_params(

@@ -44,12 +44,6 @@ _BASE: dict[str, str] = {
     "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
     "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
     "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
-    # sparse MLA's lightning indexer (attention.indexer): DeepSeek-V3.2's and
-    # GLM-5's names, which vLLM's deepseek_v2.py loads too
-    "indexer_wq_b": f"{_LAYER}.self_attn.indexer.wq_b",
-    "indexer_wk": f"{_LAYER}.self_attn.indexer.wk",
-    "indexer_k_norm": f"{_LAYER}.self_attn.indexer.k_norm",
-    "indexer_weights_proj": f"{_LAYER}.self_attn.indexer.weights_proj",
     # linear attention (Gated DeltaNet): the mixer module itself holds A_log and
     # dt_bias; grouped projections (Qwen3-Next) or split ones (Qwen3.5)
     "linear_attn": f"{_LAYER}.linear_attn",
@@ -317,7 +311,7 @@ LINEAR_ROLES: tuple[str, ...] = (
     # beta projection stay in 16 bits.
     "kda_o_proj",
     # the components' Linear roles that quantization may compress
-    *(role for role, r in components.roles().items() if r.linear),
+    *(role for role, r in components.roles().items() if r.linear and not r.kept),
 )
 # Linear-attention Linear layers quantization keeps in 16 bits: the b/a
 # projections give each value head's decay and update rate (two numbers per head
@@ -341,18 +335,11 @@ LINEAR_ATTENTION_KEPT = (
     "kda_g_a_proj",
     "kda_g_b_proj",
 )
-
-# The lightning indexer's roles (attention.indexer), all kept in 16 bits: its
-# scores pick which tokens MLA sees, a discrete choice that a rounding error
-# flips; transformers keeps weights_proj in float32 and vLLM fuses wk with
-# weights_proj into one layer.
-INDEXER_ROLES = (
-    "indexer_wq_b",
-    "indexer_wk",
-    "indexer_k_norm",
-    "indexer_weights_proj",
+# The components' Linear roles that quantization keeps in 16 bits (Role.kept:
+# the indexer's projections).
+COMPONENT_KEPT = tuple(
+    role for role, r in components.roles().items() if r.linear and r.kept
 )
-INDEXER_KEPT = ("indexer_wq_b", "indexer_wk", "indexer_weights_proj")
 
 # Placeholders each role's path must (and may only) contain.
 GLOBAL_ROLES = frozenset({"embed", "final_norm", "lm_head"})

@@ -60,13 +60,6 @@ MAX_ARCHITECTURE = 48
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
 MAX_MTP_HEADS = 16
-# The indexer's top-k (docs/spec.md, "Limits"): the released sparse-MLA models
-# pick 2048 tokens; the generated model allocates max_num_batched_tokens x
-# index_topk int32 for the picks, so a typo of 2**31 - 1 would ask for terabytes.
-MAX_INDEX_TOPK = 16384
-# The vLLM indexer quantizes each index query to FP8 in groups of this many dims
-# (per_token_group_quant_fp8) and asserts whole groups on a GPU.
-INDEX_QUANT_BLOCK = 128
 # Model types whose config's rope_parameters.partial_rotary_factor is relative to
 # the whole q/k head (Mistral-4), not to qk_rope_head_dim.
 MLA_WHOLE_HEAD = ("mistral4",)
@@ -222,47 +215,6 @@ class MLA(*section_fields("attention.mla"), _MLAFields):
     """Multi-head latent attention (DeepSeek-V2/V3 style)."""
 
 
-class _IndexerFields(_Section):
-    # Indexer's own fields; components add theirs (onboard.components).
-    num_heads: HeadCount = Field(description="Index heads (`index_n_heads`).")
-    head_dim: HeadDim = Field(
-        description="Dims of each index head and of the index key "
-        "(`index_head_dim`); the first qk_rope_head_dim of them rotate. A "
-        f"multiple of {INDEX_QUANT_BLOCK} for a GPU target (vLLM's indexer "
-        f"quantizes the index queries to FP8 in groups of {INDEX_QUANT_BLOCK} "
-        "dims; `spec check` refuses other dims beside a GPU target)."
-    )
-    topk: Annotated[int, Field(gt=0, le=MAX_INDEX_TOPK)] = Field(
-        description="Tokens each query attends to (`index_topk`); a context no "
-        "longer than it attends densely. The generated model keeps a buffer of "
-        "that many token ids per batched token."
-    )
-    rope_interleave: bool = Field(
-        False,
-        description="The index rope rotates interleaved pairs (GLM-5) instead of "
-        "NeoX halves (DeepSeek-V3.2); MLA's own rope follows rope.interleaved.",
-    )
-    shared_layers: list[LayerIndex] = Field(
-        default_factory=list,
-        description="Layers that run no indexer of their own and attend to the "
-        "tokens the nearest earlier indexer picked (GLM's `indexer_types` "
-        "`shared`), each once, in increasing order; layer 0 always runs its own.",
-    )
-
-
-class Indexer(*section_fields("attention.indexer"), _IndexerFields):
-    """The lightning indexer of sparse MLA (DeepSeek Sparse Attention: DeepSeek-V3.2,
-    GLM-5): per layer, index heads score every cached token and MLA attends only to
-    the top-k of them.
-
-    Fixed by the families, not fields: the index query is projected from MLA's
-    normalised query latent (`wq_b`), the one index key from the hidden state
-    (`wk`) through a LayerNorm with bias (`k_norm`, eps 1e-6); rope turns the
-    first qk_rope_head_dim dims of each; a token's score is the sum over heads of
-    weight x relu(q.k / sqrt(head_dim)), the per-head weights projected from the
-    hidden state (`weights_proj`) and scaled by num_heads**-0.5."""
-
-
 class Llama4Scaling(_Section):
     """Position-dependent query scaling (Llama-4's attention temperature as
     Mistral-4 has it)."""
@@ -326,11 +278,6 @@ class _AttentionFields(_Section):
     )
     mla: MLA | None = Field(
         None, description="MLA dimensions; required when type is mla."
-    )
-    indexer: Indexer | None = Field(
-        None,
-        description="Sparse MLA: the lightning indexer that picks the tokens each "
-        "query attends to (needs MLA with a q_lora_rank); null: dense attention.",
     )
 
 

@@ -19,7 +19,6 @@ from onboard import components
 from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec.layouts import (
-    INDEXER_ROLES,
     KIMI_DELTA_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
@@ -65,8 +64,6 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ),
         ("attn",),
     ),
-    # Sparse MLA's indexer: a module of its own inside attention.
-    **dict.fromkeys(INDEXER_ROLES, ("attn", "indexer")),
     # The mixer module of a linear-attention layer, and its modules.
     "linear_attn": (),
     **dict.fromkeys(
@@ -167,8 +164,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
         else:
             roles += ["q_a_proj", "q_a_norm", "q_b_proj"]
         roles += ["kv_a_proj", "kv_a_norm", "kv_b_proj", "o_proj"]
-        if att.indexer is not None:
-            roles += INDEXER_ROLES
     else:
         if "qkv_proj" in spec.checkpoint.fused:
             roles += ["qkv_proj", "o_proj"]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from onboard import components
 from onboard.spec.layouts import (
-    INDEXER_ROLES,
     KIMI_DELTA_ROLES,
     ROLES,
     STACKED_EXPERT_ROLES,
@@ -182,7 +181,6 @@ def _nope_rules(spec: ModelSpec, report: Report) -> None:
 def _attention_rules(spec: ModelSpec, report: Report) -> None:
     att = spec.attention
     a: Path = ("attention",)
-    _indexer_rules(spec, report)
     if att.type == "gqa":
         if att.llama_4_scaling is not None:
             report(
@@ -263,50 +261,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("mla", "qk_rope_head_dim"), "qk_rope_head_dim must be even")
     if mla.q_lora_rank is not None and mla.q_lora_rank >= spec.hidden_size * 4:
         report(a + ("mla", "q_lora_rank"), "q_lora_rank is implausibly large")
-
-
-def _indexer_rules(spec: ModelSpec, report: Report) -> None:
-    """The lightning indexer as DeepSeek-V3.2 and GLM-5 have it."""
-    att, idx = spec.attention, spec.attention.indexer
-    if idx is None:
-        return
-    where: Path = ("attention", "indexer")
-    if att.type != "mla" or att.mla is None:
-        report(where, "the indexer selects tokens for MLA: it needs attention.type mla")
-        return
-    if att.mla.q_lora_rank is None:
-        # The index queries are projected from MLA's query latent.
-        report(where, "the indexer needs attention.mla.q_lora_rank (a query latent)")
-    if idx.head_dim < att.mla.qk_rope_head_dim:
-        report(
-            where + ("head_dim",),
-            f"must be at least attention.mla.qk_rope_head_dim "
-            f"({att.mla.qk_rope_head_dim}): rope turns that many of its dims",
-        )
-    if spec.linear_attention is not None:
-        report(where, "an indexer beside linear-attention layers is not expressible")
-    if spec.rope.nope_layers:
-        # The index rope turns what MLA's rope turns; no family skips it.
-        report(
-            where, "an indexer beside NoPE layers (rope.nope_layers) is not expressible"
-        )
-    shared = idx.shared_layers
-    if len(set(shared)) != len(shared) or shared != sorted(shared):
-        report(where + ("shared_layers",), "list each layer once, in increasing order")
-    for layer in sorted(set(shared)):
-        if layer == 0 or layer >= spec.num_hidden_layers:
-            report(
-                where + ("shared_layers",),
-                f"layer {layer}: a shared layer reuses an earlier layer's top-k, so "
-                f"it is one of layers 1..{spec.num_hidden_layers - 1}",
-            )
-    if spec.mtp is not None and idx.shared_layers:
-        # An MTP head runs an indexer of its own (DeepSeek-V3.2's, vLLM's
-        # deepseek_mtp); beside GLM's shared layers its kind has no config entry.
-        report(
-            where + ("shared_layers",),
-            "MTP heads beside shared indexer layers are not expressible yet",
-        )
 
 
 def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
@@ -744,13 +698,13 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
 
 
 # Roles of the features only the generated Hugging Face reference computes for a
-# new model type (sparse MLA's indexer, linear attention, the components' own:
+# new model type (linear attention, the components' own: sparse MLA's indexer,
 # attention sinks, ...): a path of theirs that does not fit the reference's
 # module tree is refused. For the other roles the vLLM model renames what it
 # loads, and generate writes hf/README.md with the reason instead of a reference
 # (`spec check` warns: reference_tree_problem).
 FEATURE_TREE_ROLES = frozenset(
-    {*INDEXER_ROLES, *KIMI_DELTA_ROLES, *components.roles()}
+    {*KIMI_DELTA_ROLES, *components.roles()}
     | {r for kind in ("grouped", "split")
        for r in linear_attention_roles("gated_deltanet", kind)}
 )  # fmt: skip

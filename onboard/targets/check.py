@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from onboard.spec.model import INDEX_QUANT_BLOCK, ModelSpec
+from onboard.components.indexer import INDEX_QUANT_BLOCK
+from onboard.spec.model import ModelSpec
 from onboard.targets import load_profiles
 from onboard.targets.cpu_kernels import (
     CPU_MLA_LATENT,

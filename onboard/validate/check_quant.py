@@ -131,9 +131,6 @@ GUARDED = {
                              "role kda_f_a_proj", "role kda_f_b_proj",
                              "role kda_b_proj", "role kda_g_a_proj",
                              "role kda_g_b_proj"),
-    # Sparse MLA's indexer: its projections pick the tokens MLA attends to.
-    "indexer": ("role indexer_wq_b", "role indexer_wk", "role indexer_weights_proj",
-                "role indexer_k_norm"),
     # checkpoint.fused: experts (onboard.quantize.selection.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
@@ -539,7 +536,6 @@ def untouched_tensors(
     if spec.linear_attention is not None:
         kda = spec.linear_attention.type == "kimi_delta"
         must.append("kimi delta attention" if kda else "linear attention")
-    must += ["indexer"] if spec.attention.indexer is not None else []
     if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
         must.append("stacked experts")
     problems += [

@@ -37,11 +37,11 @@ class MistralLarge4StyleConfig(PreTrainedConfig):
     qk_nope_head_dim: int | None = 128
     qk_rope_head_dim: int | None = 64
     v_head_dim: int | None = 128
-    kv_sharing_target_layers: list | None = None
     index_n_heads: int | None = 32
     index_head_dim: int | None = 128
     index_topk: int | None = 2048
     indexer_rope_interleave: bool | None = False
+    kv_sharing_target_layers: list | None = None
     rope_parameters: dict | None = None
     rope_interleave: bool | None = True
     intermediate_size: int | None = 16384
