@@ -428,7 +428,9 @@ def _moe_layer_expr(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> str | Non
 # ---- the context ---------------------------------------------------------------------
 
 
-def _mla_context(spec: ModelSpec, is_mla: bool, yarn: bool) -> dict[str, Any]:
+def _mla_context(
+    spec: ModelSpec, arch: ArchPlan, is_mla: bool, yarn: bool
+) -> dict[str, Any]:
     """What the MLA layer prints beyond plain MLA: q-LoRA, Mistral-4's query
     scaling and whole-head rope factor, DeepSeek's YaRN, the sparse indexer."""
     att, rope = spec.attention, spec.rope
@@ -452,10 +454,10 @@ def _mla_context(spec: ModelSpec, is_mla: bool, yarn: bool) -> dict[str, Any]:
         # Sparse MLA's lightning indexer: its index rope's pairs, shared layers.
         "indexer": (
             SimpleNamespace(
-                interleaved=att.indexer.rope_interleave,
-                shared=bool(att.indexer.shared_layers),
+                interleaved=indexer.rope_interleave,
+                shared=bool(arch.shared_index_layers),
             )
-            if att.indexer is not None
+            if (indexer := arch.attention.indexer) is not None
             else None
         ),
     }
@@ -626,7 +628,7 @@ def build_context(
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
         "longrope_mscale": longrope_mscale,
-        **_mla_context(spec, is_mla, yarn),
+        **_mla_context(spec, arch, is_mla, yarn),
         "kv_target_expr": kv_target_expr,
         "rope_expr": rope_expr,
         "layer_idx_needed": layer_idx_needed,
