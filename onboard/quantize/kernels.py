@@ -130,9 +130,10 @@ def observe(
         if not torch.isfinite(mx).all():
             raise NonFiniteWeights("NaN or infinite values")
         return _AbsMax((-mx, mx))
-    # (two reductions are faster than one torch.aminmax: 1.1 against 2.5 ns per
-    # bf16 value in groups of 128, one thread)
-    if args.strategy == "channel":
+    if args.strategy in ("channel", "group", "tensor_group") and w.dtype in _WIDENED:
+        group = w.shape[1] if args.strategy == "channel" else args.group_size
+        mn, mx = _minmax(w, group)
+    elif args.strategy == "channel":
         mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
     elif args.strategy in ("group", "tensor_group"):
         groups = w.unflatten(-1, (-1, args.group_size))
@@ -210,6 +211,33 @@ def _absmax(w: torch.Tensor, group: int) -> torch.Tensor:
         a = torch.bitwise_and(bits[i : i + step], mask, out=buf[: min(step, rows - i)])
         torch.amax(a.unflatten(-1, (-1, group)), dim=-1, out=out[i : i + step])
     return out.view(w.dtype)
+
+
+# 16-bit weights are observed in float32, which holds them exactly: its
+# reductions are vectorised where the 16-bit ones are not (two reductions over
+# groups of 128, one thread: 0.75 against 2.1 ns per bf16 value, the conversion
+# included; two reductions beat one torch.aminmax, 3.9 ns).
+_WIDENED = (torch.bfloat16, torch.float16)
+
+
+def _minmax(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max per ``group`` consecutive values of each row (w.dtype), a row
+    block at a time in float32: the same values, since min and max pick one
+    value each and the conversions are exact both ways."""
+    rows, cols = w.shape
+    mn = torch.empty(rows, cols // group, dtype=torch.float32)
+    mx = torch.empty_like(mn)
+    # Four of the fused loops' blocks (2 MB of float32): 12 against 16 ms for a
+    # 4096 x 4096 bf16 weight in groups of 128.
+    step = 4 * _block_rows(cols)
+    buf = torch.empty(min(step, rows), cols, dtype=torch.float32)
+    for i in range(0, rows, step):
+        block = buf[: min(step, rows - i)]
+        block.copy_(w[i : i + step])
+        groups = block.unflatten(-1, (-1, group))
+        torch.amin(groups, dim=-1, out=mn[i : i + step])
+        torch.amax(groups, dim=-1, out=mx[i : i + step])
+    return mn.to(w.dtype), mx.to(w.dtype)
 
 
 def absmax(stats: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
