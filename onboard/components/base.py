@@ -266,6 +266,16 @@ class Component:
         """Its tensors in one decoder block."""
         return []
 
+    def shrink(self, section: dict[str, Any]) -> None:
+        """Its fields in the seconds-sized copy of a spec (onboard.spec.shrink),
+        in place: ``section`` is the dumped spec section it extends."""
+
+    def remap_layers(
+        self, section: dict[str, Any], position: Mapping[int, int]
+    ) -> None:
+        """Its per-layer fields for the layers the tiny copy keeps, in place:
+        ``position`` maps each kept layer to its new index."""
+
     def code_context(self, node: Any, keys: ConfigKeys) -> Any:
         """What its fragments print, from its plan node: both models' unless
         one overrides its own below."""

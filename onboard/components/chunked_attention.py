@@ -63,6 +63,11 @@ class _ChunkedAttention(Component):
     vllm_slots = ("gqa.attn_class", "gqa.attn_kwargs")
     hf_slots = ("gqa.init", "gqa.bias")
 
+    def shrink(self, section: dict[str, Any]) -> None:
+        # The smallest chunk vLLM's CPU attention runs (the proof's prompts
+        # outgrow it: onboard.reference.prove).
+        section["chunk_size"] = min(section["chunk_size"], CPU_BLOCK)
+
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):
             return

@@ -15,7 +15,7 @@ The indexer's section takes no fields from other components.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 # pick 2048 tokens; the generated model allocates max_num_batched_tokens x
 # index_topk int32 for the picks, so a typo of 2**31 - 1 would ask for terabytes.
 MAX_INDEX_TOPK = 16384
+# The tiny copy of a spec (onboard.spec.shrink): at most this many index heads,
+# and a top-k below a 64-token test context, so the choice shows; the CPU engine
+# runs the model dense within it (prompt + generated <= top-k).
+TINY_INDEX_HEADS = 4
+TINY_INDEX_TOPK = 32
 # The vLLM indexer quantizes each index query to FP8 in groups of this many dims
 # (per_token_group_quant_fp8) and asserts whole groups on a GPU.
 INDEX_QUANT_BLOCK = 128
@@ -278,6 +283,19 @@ class _Indexer(Component):
                 (*where, "shared_layers"),
                 "MTP heads beside shared indexer layers are not expressible yet",
             )
+
+    def shrink(self, section: dict[str, Any]) -> None:
+        idx = section["indexer"]
+        idx["num_heads"] = min(idx["num_heads"], TINY_INDEX_HEADS)
+        idx["topk"] = min(idx["topk"], TINY_INDEX_TOPK)
+
+    def remap_layers(
+        self, section: dict[str, Any], position: Mapping[int, int]
+    ) -> None:
+        idx = section["indexer"]
+        idx["shared_layers"] = [
+            position[i] for i in idx["shared_layers"] if i in position
+        ]
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
         idx, mla = layer.mixer.part(LightningIndexer), layer.mixer.mla

@@ -10,7 +10,7 @@ vLLM builds it into ``Attention``: a layer constructed with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,16 @@ class _KVSharing(Component):
         layers = get("num_hidden_layers", None)
         sharing = targets_from_config(targets, layers if type(layers) is int else None)
         return {"kv_sharing": sharing} if sharing else {}
+
+    def remap_layers(
+        self, section: dict[str, Any], position: Mapping[int, int]
+    ) -> None:
+        # A pair whose target the tiny copy leaves out is dropped.
+        section["kv_sharing"] = {
+            position[layer]: position[target]
+            for layer, target in section["kv_sharing"].items()
+            if layer in position and target in position
+        }
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         att = spec.attention

@@ -22,6 +22,10 @@ from pydantic import Field
 
 from onboard.components.base import INT32_MAX, Component, Report, Section
 
+# The tiny copy of a spec (onboard.spec.shrink): the temperature steps every
+# this many positions at most.
+TINY_FLOOR_SCALE = 4
+
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
     from onboard.spec.model import ModelSpec
@@ -79,6 +83,11 @@ class _TemperatureTuning(Component):
     attributes = ("floor_scale", "attn_scale", "temperature")
     vllm_slots = ("gqa.init", "gqa.after_rope", "gqa.methods")
     hf_slots = ("gqa.init", "gqa.after_rope")
+
+    def shrink(self, section: dict[str, Any]) -> None:
+        # Steps every TINY_FLOOR_SCALE positions, which a proof's 24 reach.
+        temp = section["nope_temperature"]
+        temp["floor_scale"] = min(temp["floor_scale"], TINY_FLOOR_SCALE)
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):

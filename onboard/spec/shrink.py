@@ -49,6 +49,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from onboard import components
+from onboard.components.base import Component
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
@@ -56,10 +58,6 @@ from onboard.spec.rules import check_rules
 TINY_VOCAB = 512
 TINY_MAX_POSITIONS = 2048
 TINY_SLIDING_WINDOW = 16
-TINY_FLOOR_SCALE = 4  # Llama-4's NoPE temperature steps every 4 positions
-# Llama-4's attention chunks: vLLM's CPU attention takes a multiple of its
-# 128-token KV block only (onboard.components.chunked_attention.CPU_BLOCK).
-TINY_CHUNK = 128
 TINY_WIDTH = 256  # hidden size where the spec does not tie it to heads x head_dim
 TIED_MAX = 1024  # beyond it a tied hidden size gets TINY_WIDTH and an explicit head_dim
 TINY_EXPERT_WIDTH = 64
@@ -79,9 +77,6 @@ MAX_GROUPS = 4
 MAX_TOP_K = 2
 MAX_SHARED_EXPERTS = 2
 MIN_LAYERS = 2
-MAX_INDEX_HEADS = 4
-TINY_INDEX_TOPK = 32  # fewer than a 64-token test context, so the choice shows;
-# the CPU engine runs the model dense within it (prompt + generated <= top-k)
 
 
 def shrink_spec(spec: ModelSpec) -> ModelSpec:
@@ -101,10 +96,6 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
         mla = att["mla"]
         if mla["q_lora_rank"] is not None:
             mla["q_lora_rank"] = min(mla["q_lora_rank"], TINY_Q_LORA_RANK)
-        if att["indexer"] is not None:
-            idx = att["indexer"]
-            idx["num_heads"] = min(idx["num_heads"], MAX_INDEX_HEADS)
-            idx["topk"] = min(idx["topk"], TINY_INDEX_TOPK)
         data["hidden_size"] = TINY_WIDTH
     else:
         heads, kv, head_dim = spec.attention.num_heads, spec.num_kv_heads, spec.head_dim
@@ -123,14 +114,9 @@ def shrink_spec(spec: ModelSpec) -> ModelSpec:
             att["head_dim"] = head_dim
         if att["sliding_window"] is not None:
             att["sliding_window"] = min(att["sliding_window"], TINY_SLIDING_WINDOW)
-        if att["chunk_size"] is not None:
-            # Llama-4's chunks: the smallest vLLM's CPU attention runs (the
-            # proof's prompts outgrow it: onboard.reference.prove).
-            att["chunk_size"] = min(att["chunk_size"], TINY_CHUNK)
-        if att["nope_temperature"] is not None:
-            # Llama-4's temperature: steps a proof's 24 positions reach.
-            temp = att["nope_temperature"]
-            temp["floor_scale"] = min(temp["floor_scale"], TINY_FLOOR_SCALE)
+
+    for component in components.present(spec):
+        component.shrink(_section(data, component))
 
     lin = spec.linear_attention
     if lin is not None:
@@ -359,6 +345,13 @@ def _selection(spec: ModelSpec) -> tuple[int, list[int]]:
     return best_head, best
 
 
+def _section(data: dict[str, Any], component: Component) -> dict[str, Any]:
+    """The dumped spec section ``component`` extends."""
+    for key in (component.extends or "").split("."):
+        data = data[key] if key else data
+    return data
+
+
 def _remap_layers(spec: ModelSpec, data: dict, keep: list[int], head: int) -> None:
     """Rewrite per-layer fields of ``data`` for the kept layers."""
     position = {orig: new for new, orig in enumerate(keep)}
@@ -369,15 +362,8 @@ def _remap_layers(spec: ModelSpec, data: dict, keep: list[int], head: int) -> No
     data["rope"]["nope_layers"] = [
         position[i] for i in spec.rope.nope_layers if i in position
     ]
-    if att["indexer"] is not None:
-        att["indexer"]["shared_layers"] = [
-            position[i] for i in att["indexer"]["shared_layers"] if i in position
-        ]
-    att["kv_sharing"] = {
-        position[layer]: position[target]
-        for layer, target in spec.attention.kv_sharing.items()
-        if layer in position and target in position
-    }
+    for component in components.present(spec):
+        component.remap_layers(_section(data, component), position)
     moe = data["mlp"]["moe"]
     if moe is not None:
         if keep == list(range(spec.num_hidden_layers)):
