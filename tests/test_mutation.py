@@ -72,17 +72,15 @@ def test_each_fault_applies_where_its_pattern_is_and_changes_one_line(name, tmp_
 
 @pytest.mark.engine
 def test_a_sample_of_faults_fails_validation_on_the_dense_model(tmp_path):
-    """Two faults on the dense bundled spec: the softmax scale 5% off and the
-    norms' eps 100x; the unmutated model passes, each mutant fails its accuracy
-    check (not by crashing)."""
+    """One fault on the dense bundled spec, the softmax scale 5% off: the
+    unmutated model passes, the mutant fails its accuracy check (not by
+    crashing). Every fault on every bundled spec: make test-all."""
     report = mutants.run(
-        ROOT / "model_specs" / "dense-gqa.yaml",
-        tmp_path,
-        faults=["softmax_scale", "norm_eps"],
+        ROOT / "model_specs" / "dense-gqa.yaml", tmp_path, faults=["softmax_scale"]
     )
     print("\n" + mutants.table([report]))
     assert report["unmutated"]["passed"], report["unmutated"]
-    assert set(report["faults"]) == {"softmax_scale", "norm_eps"}
+    assert set(report["faults"]) == {"softmax_scale"}
     for name, fault in report["faults"].items():
         assert not fault["passed"] and fault["status"] == "failed", (name, fault)
 

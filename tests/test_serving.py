@@ -563,7 +563,14 @@ def test_cli_plan_explains_and_exit_codes(tmp_path):
 
 # ---- cpu target: the plan's KV cache against vLLM's own accounting ------------------
 
-TINY = ["dense-gqa", "deepseek-v3-style", "novel-launch"]
+# novel-launch (full and sliding GQA layers, KV sharing) and deepseek-v3-style
+# (MLA) in `make test`; dense-gqa's full layers, which novel-launch also has, in
+# `make test-all`.
+TINY = [
+    pytest.param("dense-gqa", marks=pytest.mark.acceptance),
+    "deepseek-v3-style",
+    "novel-launch",
+]
 ENGINE_KV_TYPES = {
     "full": "FullAttentionSpec",
     "sliding": "SlidingWindowSpec",
