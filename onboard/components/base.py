@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 # A cross-field rule reports (path in the spec, message), as onboard.spec.rules.
 Report = Callable[[tuple[str | int, ...], str], None]
+# A target rule reports (level "warning" or "error", path in the spec, message),
+# as onboard.targets.check.
+TargetReport = Callable[[str, tuple[str | int, ...], str], None]
 
 
 class ConfigProblem(ValueError):
@@ -233,6 +236,12 @@ class Component:
         """Report what the primitive cannot be beside the rest of ``spec``, and
         its fields that ``spec`` sets without the primitive (called for every
         component, present or not)."""
+
+    def target_rules(
+        self, spec: ModelSpec, gpus: list[str], report: TargetReport
+    ) -> None:
+        """Report what the spec's hardware targets cannot run of the primitive
+        (``gpus``: the spec's GPU targets; called where the spec has it)."""
 
     def plan(self, spec: ModelSpec, layer: int | None) -> Any:
         """Its plan node in decoder layer ``layer``'s attention (None: an MTP

@@ -30,6 +30,7 @@ from onboard.components.base import (
     Report,
     Role,
     Section,
+    TargetReport,
     TensorPlan,
 )
 from onboard.errors import printable
@@ -296,6 +297,26 @@ class _Indexer(Component):
         idx["shared_layers"] = [
             position[i] for i in idx["shared_layers"] if i in position
         ]
+
+    def target_rules(
+        self, spec: ModelSpec, gpus: list[str], report: TargetReport
+    ) -> None:
+        idx = spec.attention.indexer
+        assert idx is not None
+        if idx.head_dim % INDEX_QUANT_BLOCK == 0:
+            return
+        report(
+            "error" if gpus else "warning",
+            ("attention", "indexer", "head_dim"),
+            f"head_dim {idx.head_dim} is not a multiple of {INDEX_QUANT_BLOCK}: "
+            "vLLM's indexer quantizes the index queries to FP8 in groups of "
+            f"{INDEX_QUANT_BLOCK} dims and asserts whole groups"
+            + (
+                f", so {', '.join(gpus)} cannot run it"
+                if gpus
+                else " on a GPU (the cpu engine runs the model densely)"
+            ),
+        )
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
         idx, mla = layer.mixer.part(LightningIndexer), layer.mixer.mla

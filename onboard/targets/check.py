@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from onboard.components.indexer import INDEX_QUANT_BLOCK
+from onboard import components
 from onboard.spec.model import ModelSpec
 from onboard.targets import load_profiles
 from onboard.targets.cpu_kernels import (
@@ -125,11 +125,11 @@ def target_findings(spec: ModelSpec) -> list[TargetFinding]:
                     ),
                 )
             )
-    out += _linear_and_indexer_findings(spec, profiles)
+    out += _kernel_and_component_findings(spec, profiles)
     return out
 
 
-def _linear_and_indexer_findings(spec: ModelSpec, profiles) -> list[TargetFinding]:
+def _kernel_and_component_findings(spec: ModelSpec, profiles) -> list[TargetFinding]:
     out: list[TargetFinding] = []
     lin = spec.linear_attention
     if lin is not None and lin.type == "gated_deltanet" and "cpu" in spec.targets:
@@ -154,25 +154,10 @@ def _linear_and_indexer_findings(spec: ModelSpec, profiles) -> list[TargetFindin
     limit = cpu_engine_limit(spec)
     if limit is not None and "cpu" in spec.targets:
         out.append(TargetFinding("warning", ("attention", "chunk_size"), limit))
-    idx = spec.attention.indexer
-    if idx is not None and idx.head_dim % INDEX_QUANT_BLOCK:
-        gpus = [t for t in spec.targets if profiles[t].is_gpu]
-        message = (
-            f"head_dim {idx.head_dim} is not a multiple of {INDEX_QUANT_BLOCK}: "
-            "vLLM's indexer quantizes the index queries to FP8 in groups of "
-            f"{INDEX_QUANT_BLOCK} dims and asserts whole groups"
-        )
-        out.append(
-            TargetFinding(
-                "error" if gpus else "warning",
-                ("attention", "indexer", "head_dim"),
-                message
-                + (
-                    f", so {', '.join(gpus)} cannot run it"
-                    if gpus
-                    else " on a GPU (the cpu engine runs the model densely)"
-                ),
-            )
+    gpus = [t for t in spec.targets if profiles[t].is_gpu]
+    for component in components.present(spec):
+        component.target_rules(
+            spec, gpus, lambda *finding: out.append(TargetFinding(*finding))
         )
     return out
 
