@@ -237,6 +237,12 @@ class Component:
         its fields that ``spec`` sets without the primitive (called for every
         component, present or not)."""
 
+    def cpu_engine_limit(self, spec: ModelSpec) -> str | None:
+        """Why vLLM's CPU engine cannot start a model with the primitive as
+        ``spec`` has it, naming vLLM's file (None: it can; called where the spec
+        has it)."""
+        return None
+
     def target_rules(
         self, spec: ModelSpec, gpus: list[str], report: TargetReport
     ) -> None:

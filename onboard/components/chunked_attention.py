@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from onboard.components.base import INT32_MAX, Component, Report, Section
+from onboard.components.base import (
+    INT32_MAX,
+    Component,
+    Report,
+    Section,
+    TargetReport,
+)
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -67,6 +73,26 @@ class _ChunkedAttention(Component):
         # The smallest chunk vLLM's CPU attention runs (the proof's prompts
         # outgrow it: onboard.reference.prove).
         section["chunk_size"] = min(section["chunk_size"], CPU_BLOCK)
+
+    def cpu_engine_limit(self, spec: ModelSpec) -> str | None:
+        # vLLM's CPU attention keeps 128-token KV blocks, and a chunk must be a
+        # multiple of the block (vLLM 0.32).
+        chunk = spec.attention.chunk_size
+        if chunk is None or chunk % CPU_BLOCK == 0:
+            return None
+        return (
+            f"the cpu engine cannot run chunks of {chunk}: vLLM's CPU attention "
+            f"takes a multiple of its {CPU_BLOCK}-token KV block ('attn_chunk_size "
+            f"{chunk} is not divisible by block_size {CPU_BLOCK}', "
+            "vllm/v1/attention/backends/utils.py)"
+        )
+
+    def target_rules(
+        self, spec: ModelSpec, gpus: list[str], report: TargetReport
+    ) -> None:
+        limit = self.cpu_engine_limit(spec)
+        if limit is not None and "cpu" in spec.targets:
+            report("warning", ("attention", "chunk_size"), limit)
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if not self.present(spec):

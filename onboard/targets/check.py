@@ -38,7 +38,6 @@ from onboard.spec.model import ModelSpec
 from onboard.targets import load_profiles
 from onboard.targets.cpu_kernels import (
     CPU_MLA_LATENT,
-    cpu_engine_limit,
     cpu_gdn_problems,
 )
 
@@ -151,9 +150,6 @@ def _kernel_and_component_findings(spec: ModelSpec, profiles) -> list[TargetFind
                     f"model: {'; '.join(problems)}",
                 )
             )
-    limit = cpu_engine_limit(spec)
-    if limit is not None and "cpu" in spec.targets:
-        out.append(TargetFinding("warning", ("attention", "chunk_size"), limit))
     gpus = [t for t in spec.targets if profiles[t].is_gpu]
     for component in components.present(spec):
         component.target_rules(

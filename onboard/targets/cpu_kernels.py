@@ -111,23 +111,16 @@ def cpu_method_limit(method: str) -> str | None:
 
 
 def cpu_engine_limit(spec: ModelSpec) -> str | None:
-    """Why vLLM's CPU engine cannot start ``spec``'s model at all (None: it can).
+    """Why vLLM's CPU engine cannot start ``spec``'s model at all (None: it can):
+    the first of its components' limits (Llama-4's chunks off vLLM's CPU KV
+    block: onboard.components.chunked_attention)."""
+    from onboard import components
 
-    Chunked local attention: vLLM's CPU attention keeps 128-token KV blocks, and
-    a chunk must be a multiple of the block ('attn_chunk_size ... is not
-    divisible by block_size', vllm/v1/attention/backends/utils.py, vLLM 0.32).
-    """
-    from onboard.components.chunked_attention import CPU_BLOCK
-
-    chunk = spec.attention.chunk_size
-    if chunk is None or chunk % CPU_BLOCK == 0:
-        return None
-    return (
-        f"the cpu engine cannot run chunks of {chunk}: vLLM's CPU attention takes "
-        f"a multiple of its {CPU_BLOCK}-token KV block ('attn_chunk_size {chunk} "
-        f"is not divisible by block_size {CPU_BLOCK}', "
-        "vllm/v1/attention/backends/utils.py)"
-    )
+    for component in components.present(spec):
+        limit = component.cpu_engine_limit(spec)
+        if limit is not None:
+            return limit
+    return None
 
 
 # The CPU kernel op each scheme's vLLM linear method calls where vLLM's AVX2
