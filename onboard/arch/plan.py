@@ -54,6 +54,8 @@ class MLADims:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    # The latent norms' eps where it is not the model's (GLM-5's 1e-6).
+    latent_norm_eps: float | None = None
 
     @property
     def latent(self) -> int:
@@ -83,6 +85,8 @@ class Attention:
     # head_dim-wide row slices per query head in q_proj: the query, then a
     # component's (the output gate's).
     query_slices: int = 1
+    # Mistral-4's position-dependent query scaling (attention.llama_4_scaling).
+    llama_4_scaling: bool = False
     # The plan nodes of the components this attention has (onboard.components),
     # in registry order; read one by its type with part().
     parts: tuple[Any, ...] = ()
@@ -602,7 +606,9 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             qk_nope_head_dim=mla.qk_nope_head_dim,
             qk_rope_head_dim=mla.qk_rope_head_dim,
             v_head_dim=mla.v_head_dim,
+            latent_norm_eps=mla.latent_norm_eps,
         ),
+        llama_4_scaling=att.llama_4_scaling is not None,
     )
 
 

@@ -433,12 +433,12 @@ def _mla_context(
 ) -> dict[str, Any]:
     """What the MLA layer prints beyond plain MLA: q-LoRA, Mistral-4's query
     scaling and whole-head rope factor, DeepSeek's YaRN, the sparse indexer."""
-    att, rope = spec.attention, spec.rope
+    att, rope = arch.attention, spec.rope
     latent_eps = att.mla.latent_norm_eps if is_mla and att.mla else None
     return {
         "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
         # Mistral-4's position-dependent query scaling.
-        "mla_llama_4_scaling": is_mla and att.llama_4_scaling is not None,
+        "mla_llama_4_scaling": is_mla and att.llama_4_scaling,
         # rope_parameters.partial_rotary_factor is the rope's share of the whole
         # q/k head (Mistral-4), not a share of qk_rope_head_dim.
         "mla_whole_head": is_mla and spec.mla_whole_head_rope,
@@ -883,7 +883,7 @@ def _model_config_keys(
             cfg[concept] = f.need(concept, getattr(mla, concept))
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
-        latent_eps = spec.attention.mla.latent_norm_eps
+        latent_eps = mla.latent_norm_eps
         if latent_eps not in (None, spec.norm.eps):
             # Where the config states it (else the literal: GLM-5's 1e-6).
             cfg["mla_norm_eps"] = f.find("mla_norm_eps", latent_eps)

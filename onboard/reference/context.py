@@ -100,7 +100,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "index_shared": bool(arch.shared_index_layers),
         "q_lora": att.mla is not None and att.mla.q_lora_rank is not None,
         # Mistral-4's position-dependent query scaling.
-        "llama_4_scaling": spec.attention.llama_4_scaling is not None,
+        "llama_4_scaling": att.llama_4_scaling,
         # Its layers that read another's KV cache leave k's norm (_ignore_unexpected).
         "qk_norm": att.part(QkNorm) is not None,
         "qkv_bias": att.qkv_bias,
