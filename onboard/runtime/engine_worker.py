@@ -2,10 +2,11 @@
 
 Run by :mod:`onboard.runtime.engine` as
 ``python -m onboard.runtime.engine_worker CONFIG_JSON RESULT_FD``. It builds ONE
-``vllm.LLM`` for the whole validation run (vLLM then spawns its engine-core and
-worker processes beneath it), reports what the engine instantiated, and serves
-requests read from stdin, one JSON object per line, writing one JSON line per reply
-to RESULT_FD. stdout/stderr carry vLLM's own logs (the parent sends them to a file).
+``vllm.LLM`` for the whole validation run (its engine core runs in this process;
+tensor parallelism adds one worker process per rank), reports what the engine
+instantiated, and serves requests read from stdin, one JSON object per line,
+writing one JSON line per reply to RESULT_FD. stdout/stderr carry vLLM's own logs
+(the parent sends them to a file).
 
 Messages (worker -> parent):
   {"event": "ready", "start_s", "import_s", "model_class", "kv_cache"}
@@ -29,6 +30,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from onboard.runtime.engine_probes import (
@@ -104,9 +106,14 @@ def _build_llm(config: dict, **overrides):
 def _load_failed(config: dict, exc: BaseException, start_s: float) -> dict:
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(0.5)  # let the engine-core processes finish writing their logs
+    time.sleep(0.5)  # let worker processes finish writing their logs
     log_text = Path(config["log_path"]).read_text(errors="replace")
-    cause, traceback_text = root_cause(log_text)
+    # Worker processes (tensor parallelism) log their errors; the engine core
+    # runs in this process, where the exception itself carries the traceback.
+    logged = any(" ERROR " in line[:60] for line in log_text.splitlines())
+    cause, traceback_text = root_cause(log_text) if logged else (None, "")
+    if cause is None:
+        cause, traceback_text = root_cause("".join(traceback.format_exception(exc)))
     message = {
         "event": "load_failed",
         "start_s": start_s,
@@ -217,7 +224,9 @@ def main(argv: list[str]) -> int:
         import_s = time.perf_counter() - t0
         llm = _build_llm(config)
     except Exception as exc:
-        replies.send(_load_failed(config, exc, time.perf_counter() - t0))
+        failure = _load_failed(config, exc, time.perf_counter() - t0)
+        traceback.print_exception(exc)  # into the engine log, beside vLLM's lines
+        replies.send(failure)
         return 0
     start_s = time.perf_counter() - t0
     replies.send(

@@ -324,7 +324,7 @@ def _run_check(ctx: RunContext, name: str) -> Check:
         return _runner(name)(ctx, name)
     except (EngineDied, TimeoutError, RuntimeError) as exc:
         log = ctx.engine.log_path if ctx.engine else None
-        cause = engine_error(log) if log else None
+        cause = (engine_error(log) if log else None) or getattr(exc, "error", None)
         metrics = {"error": f"{type(exc).__name__}: {exc}"}
         if cause:
             metrics["engine_error"] = cause
