@@ -209,3 +209,23 @@ def test_indexer_reads_a_whole_indexer_or_none(config, message):
     with pytest.raises(ConfigProblem, match=message):
         indexer.read(_getter(config))
     assert indexer.read(_getter({})) == {}
+
+
+def test_mtp_heads_take_the_models_mlp_kind_unless_the_config_says():
+    mtp = next(c for c in components.every() if c.name == "mtp")
+    assert mtp.read(_getter({"num_nextn_predict_layers": 0, "mtp_mlp": "dense"})) == {}
+    dense = mtp.read(_getter({"num_nextn_predict_layers": 2}))
+    assert dense == {"mtp": {"num_heads": 2, "mlp": "dense"}}
+    moe = {"num_nextn_predict_layers": 1, "n_routed_experts": 8}
+    assert mtp.read(_getter(moe))["mtp"]["mlp"] == "moe"
+    stated = mtp.read(_getter({**moe, "mtp_mlp": "dense"}))
+    assert stated["mtp"]["mlp"] == "dense"
+
+
+def test_mtp_is_a_top_level_section_after_the_blocks():
+    fields = list(ModelSpec.model_fields)
+    assert fields.index("mlp") + 1 == fields.index("mtp")
+    assert fields.index("mtp") + 1 == fields.index("checkpoint")
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    with pytest.raises(Exception, match=r"mtp\.mlp.*no mlp\.moe section"):
+        parse_spec_text(text + "mtp: {num_heads: 1, mlp: moe}\n")

@@ -598,8 +598,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
         "linear_attention.value_head_dim",
     ),
     "mla_norm_eps": ("attention.mla.latent_norm_eps",),
-    "num_nextn_predict_layers": ("mtp.num_heads",),
-    "mtp_mlp": ("mtp.mlp",),
 }
 _CONCEPT_FIELDS.update(
     {k: v for c in components.every() for k, v in c.concept_fields.items()}

@@ -146,10 +146,12 @@ class Component:
     name: ClassVar[str]
     # What it is, as a noun phrase ("attention sinks"): summaries list it.
     label: ClassVar[str] = ""
-    # Where its plan node lives: a layer's attention (Attention.parts) or the
-    # layer itself ("layer": the residual stream, Layer.stream).
+    # Where its plan node lives: a layer's attention (Attention.parts), the
+    # layer itself ("layer": the residual stream, Layer.stream) or the model
+    # ("model": MTP heads).
     host: ClassVar[str] = "attention"
-    # The spec section whose fields it adds ("attention.mla"), and those fields.
+    # The spec section whose fields it adds ("attention.mla"; "": the spec's
+    # top level), and those fields.
     extends: ClassVar[str | None] = None
     Fields: ClassVar[type[Section] | None] = None
     # Its plan node's type (attention.part(Node) finds the node in a layer).

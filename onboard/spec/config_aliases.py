@@ -127,9 +127,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
     "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
     "swiglu_limit": ("swiglu_limit",),
-    # multi-token prediction
-    "num_nextn_predict_layers": ("num_nextn_predict_layers", "num_mtp_layers"),
-    "mtp_mlp": ("mtp_mlp",),
 }
 
 # The concepts components add (onboard.components), each with its keys.

@@ -941,9 +941,6 @@ def _read(
         r, spec["attention"].get("layer_types")
     )
     spec["mlp"] = _read_mlp(r, n_layers)
-    n_mtp = r.get("num_nextn_predict_layers", 0) or 0
-    mtp_mlp = r.get("mtp_mlp", "moe" if spec["mlp"].get("moe") else "dense")
-    spec["mtp"] = {"num_heads": n_mtp, "mlp": mtp_mlp} if n_mtp else None
     for component in components.every():
         _read_component(spec, component, r)
     return spec, r
@@ -960,7 +957,7 @@ def _read_component(spec: dict, component: Component, r: _Reader) -> None:
     if not fields or component.extends is None:
         return
     section: Any = spec
-    for key in component.extends.split("."):
+    for key in filter(None, component.extends.split(".")):
         section = section.get(key) if isinstance(section, dict) else None
     if not isinstance(section, dict):
         names = ", ".join(fields)
@@ -2251,10 +2248,9 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             c["moe_expert_bias"] = True
         if moe.swiglu_limit is not None:
             c.update(swiglu_alpha=moe.swiglu_alpha, swiglu_limit=moe.swiglu_limit)
-    c["num_nextn_predict_layers"] = spec.mtp.num_heads if spec.mtp else 0
-    if spec.mtp is not None:
-        c["mtp_mlp"] = spec.mtp.mlp
     c.update(_component_concepts(spec, "other"))
+    # vLLM's DeepSeek classes read it; written without MTP heads too.
+    c.setdefault("num_nextn_predict_layers", 0)
     return c
 
 

@@ -59,7 +59,6 @@ MAX_NAME = 40  # name, model_type
 MAX_ARCHITECTURE = 48
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
 
-MAX_MTP_HEADS = 16
 # Model types whose config's rope_parameters.partial_rotary_factor is relative to
 # the whole q/k head (Mistral-4), not to qk_rope_head_dim.
 MLA_WHOLE_HEAD = ("mistral4",)
@@ -442,20 +441,6 @@ class MLP(*section_fields("mlp"), _MLPFields):
     """Feed-forward blocks."""
 
 
-class _MTPFields(_Section):
-    # MTP's own fields; components add theirs (onboard.components).
-    num_heads: Annotated[int, Field(gt=0, le=MAX_MTP_HEADS)] = Field(
-        description="Number of MTP heads (draft depth)."
-    )
-    mlp: Literal["moe", "dense"] = Field(
-        "moe", description="MLP of each head's decoder block."
-    )
-
-
-class MTP(*section_fields("mtp"), _MTPFields):
-    """Multi-token-prediction heads (DeepSeek-V3 style), used as speculative drafts."""
-
-
 # A dotted module path (checkpoint.language_model_prefix), printed into code.
 _MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
@@ -589,8 +574,9 @@ class Speculator(_Section):
     )
 
 
-class ModelSpec(_Section):
-    """A whole model: identity, dimensions, blocks and the launch wishes."""
+class _Blocks(_Section):
+    # The spec's identity, dimensions and blocks; components add their
+    # top-level sections after them (onboard.components: MTP heads).
 
     spec_version: Literal[1] = Field(1, description="Version of this spec format.")
     # Lengths: the generated module, package and class names derive from these,
@@ -675,7 +661,10 @@ class ModelSpec(_Section):
         "attention.layer_types has one.",
     )
     mlp: MLP = Field(description="Feed-forward layers.")
-    mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
+
+
+class _Launch(_Section):
+    # What the launch makes of the model: checkpoints, drafts and targets.
     checkpoint: Checkpoint = Field(
         default_factory=Checkpoint, description="Tensor names."
     )
@@ -695,6 +684,10 @@ class ModelSpec(_Section):
     targets: list[Target] = Field(
         default_factory=lambda: ["cpu"], description="Hardware targets to validate on."
     )
+
+
+class ModelSpec(_Launch, *section_fields(""), _Blocks):
+    """A whole model: identity, dimensions, blocks and the launch wishes."""
 
     @field_validator("name")
     @classmethod
@@ -728,6 +721,11 @@ class ModelSpec(_Section):
     def module_name(self) -> str:
         """Module name of generated files (``novel-launch`` -> ``novel_launch``)."""
         return self.name.replace("-", "_")
+
+    @property
+    def multipliers(self) -> dict[str, float]:
+        """Granite's whole-model multipliers, by field name (1.0: neutral)."""
+        return {name: getattr(self, name) for name in MULTIPLIERS}
 
     @property
     def head_dim(self) -> int:

@@ -22,7 +22,6 @@ from onboard.spec.layouts import (
     required_placeholders,
 )
 from onboard.spec.model import (
-    MULTIPLIERS,
     ModelSpec,
     RopeScaling,
     class_prefix,
@@ -53,7 +52,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _mlp_rules,
         _moe_rules,
         _gemma_rules,
-        _mtp_rules,
         _checkpoint_rules,
         _module_tree_rules,
         _fused_rules,
@@ -562,37 +560,6 @@ def _gemma_rules(spec: ModelSpec, report: Report) -> None:
             ("attention", "query_pre_attn_scalar"),
             "and attention.softmax_scale both set the softmax scale: set one",
         )
-
-
-def _mtp_rules(spec: ModelSpec, report: Report) -> None:
-    if spec.mtp is not None and spec.mtp.mlp == "moe" and spec.mlp.moe is None:
-        report(("mtp", "mlp"), "is moe but the model has no mlp.moe section")
-    if spec.mtp is None:
-        return
-    if spec.norm.placement != "pre":
-        # No family has both; an MTP block of post-norm layers is unverified.
-        report(("mtp",), "MTP heads need norm.placement pre")
-    # No family has MTP heads beside Gemma's parts: a head's embedding, norms and
-    # logits would need them too, unverified.
-    for path, on in (
-        (("norm", "unit_offset"), spec.norm.unit_offset),
-        (("scale_embedding",), spec.scale_embedding),
-        (("final_logit_softcap",), spec.final_logit_softcap is not None),
-        (("rope", "sliding"), spec.rope.sliding is not None),
-    ):
-        if on:
-            report(("mtp",), f"MTP heads are not generated with {'.'.join(path)}")
-    if spec.logit_scale != 1.0:
-        # No family has both; the MTP draft's logits would need the scale too.
-        report(("logit_scale",), "MTP heads need logit_scale 1")
-    if spec.mtp is not None and _multiplied(spec):
-        # No family has both: what an MTP head would scale is unverified.
-        report(("mtp",), f"MTP heads need neutral multipliers ({_multiplied(spec)})")
-
-
-def _multiplied(spec: ModelSpec) -> str:
-    """The multipliers (Granite's) the spec sets away from their neutral value."""
-    return ", ".join(name for name in MULTIPLIERS if getattr(spec, name) != 1.0)
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
