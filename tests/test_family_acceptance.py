@@ -452,6 +452,9 @@ def main(job: Path, result: Path) -> None:
     import gc
     import traceback
 
+    from onboard.runtime.engine_worker import inspect_classes_here
+
+    inspect_classes_here()  # as onboard's engine worker does
     results = {}
     for family, path in json.loads(job.read_text()).items():
         try:

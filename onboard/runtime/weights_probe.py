@@ -337,7 +337,9 @@ def _probe(model_dir: str, left: dict[str, str], kwargs: dict) -> WeightsLoad:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from onboard.runtime import kernel_fallbacks
+    from onboard.runtime.engine_worker import inspect_classes_here
 
+    inspect_classes_here()
     result = WeightsLoad(model_dir)
     stored: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
