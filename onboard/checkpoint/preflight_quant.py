@@ -24,7 +24,7 @@ from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 # quantizer keeps in 16 bits (without lm_head, which vLLM builds as ParallelLMHead).
 LINEAR_ROLES = frozenset(
     DECODER_LINEAR_ROLES
-    + ("router", "shared_expert_gate", "mtp_eh_proj")
+    + ("router", "shared_expert_gate")
     + LINEAR_ATTENTION_KEPT
     + COMPONENT_KEPT
 )

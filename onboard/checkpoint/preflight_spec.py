@@ -271,9 +271,6 @@ HIDDEN_NORMS = (
     "mlp_input_norm",
     "mlp_output_norm",
     "final_norm",
-    "mtp_enorm",
-    "mtp_hnorm",
-    "mtp_head_norm",
 )
 
 
@@ -289,8 +286,6 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
     table: dict[str, tuple[tuple[str, int], ...]] = {
         "embed": (vocab, h),
         "lm_head": (vocab, h),
-        "mtp_head": (vocab, h),
-        "mtp_eh_proj": (h, ("2 × hidden_size", 2 * spec.hidden_size)),
     }
     for norm in HIDDEN_NORMS:
         table[norm] = (h,)
@@ -521,7 +516,10 @@ def _spec_dim(spec: ModelSpec, label: str) -> Any:
 
 
 def _spec_value(spec: ModelSpec, field: str) -> Any:
-    """A spec field's value by its dotted path ("attention.num_heads")."""
+    """A spec field's value by its dotted path ("attention.num_heads"), or a
+    number ("2" of "2 × hidden_size")."""
+    if field.isdigit():
+        return int(field)
     value = spec
     for part in field.split("."):
         value = getattr(value, part)

@@ -7,9 +7,9 @@ through the shared output head. vLLM serves them as a speculative draft
 config.json states them as DeepSeek-V3's ``num_nextn_predict_layers`` (also read
 as ``num_mtp_layers``) and onboard's ``mtp_mlp`` (the MLP of each head's block).
 
-This module owns the section, its rules and its config keys; the heads' plan node
-(``onboard.arch.plan.MTPPlan``), checkpoint roles and code stay with the decoder
-layers they repeat.
+This module owns the section, its rules, its config keys and the heads' own
+checkpoint roles; the heads' plan node (``onboard.arch.plan.MTPPlan``), their
+tensors and code stay with the decoder layers they repeat.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from onboard.components.base import Component, Report, Section
+from onboard.components.base import Component, Report, Role, Section
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
@@ -42,6 +42,18 @@ class MTPFields(Section):
     mtp: MTP | None = Field(None, description="Multi-token-prediction heads.")
 
 
+_LAYER = "model.layers.{layer}"  # a head's layer: num_hidden_layers + its index
+
+
+def _role(path: str, slot: tuple[str, ...] = (), **kw: Any) -> Role:
+    # MTP heads stay in 16 bits unless quantize is asked to include them
+    # (--include-mtp); whole on each tensor-parallel rank.
+    return Role(f"{_LAYER}.{path}", slot, group="MTP heads", shard="replicated", **kw)
+
+
+_NORM = {"linear": False, "dims": ("hidden_size",)}
+
+
 class _MTP(Component):
     name = "mtp"
     label = "MTP heads"
@@ -55,6 +67,24 @@ class _MTP(Component):
     concept_fields = {
         "num_nextn_predict_layers": ("mtp.num_heads",),
         "mtp_mlp": ("mtp.mlp",),
+    }
+    # Each head's own modules beside its decoder block (DeepSeek-V3's names):
+    # the norms of the next token's embedding and of the hidden state, their
+    # projection to one hidden state, and the shared head's norm and its copy
+    # of the output head (vLLM builds it as a ParallelLMHead).
+    roles = {
+        "mtp_enorm": _role("enorm", **_NORM),
+        "mtp_hnorm": _role("hnorm", **_NORM),
+        "mtp_eh_proj": _role(
+            "eh_proj", kept=True, dims=("hidden_size", "2 × hidden_size")
+        ),
+        "mtp_head_norm": _role("shared_head.norm", ("shared_head",), **_NORM),
+        "mtp_head": _role(
+            "shared_head.head",
+            ("shared_head",),
+            kept=True,
+            dims=("vocab_size", "hidden_size"),
+        ),
     }
 
     def present(self, spec: ModelSpec) -> bool:

@@ -25,6 +25,7 @@ from onboard.arch.config_keys import (
     unset_keys,
 )
 from onboard.components import kv_sharing
+from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
@@ -41,7 +42,7 @@ from onboard.spec.module_tree import (
     gpt_oss_experts,
     parameter_experts,
 )
-from onboard.spec.mtp import MTP_ROLES, mtp_draft
+from onboard.spec.mtp import mtp_draft
 from onboard.spec.rules import KDA_OUTPUT_NORM_EPS
 from onboard.templating import py_str
 
@@ -1084,10 +1085,9 @@ def _loaded_roles(
                 roles += list(SHARED_EXPERT_ROLES)
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
-    if mtp:
-        roles += list(MTP_ROLES)
     for component in components.present(spec):
-        roles += component.roles
+        if component.host != "model" or mtp:  # MTP heads load in their own file
+            roles += component.roles
     return roles
 
 
@@ -1183,7 +1183,7 @@ def _mtp_prefixes(spec: ModelSpec) -> list[str]:
     if spec.mtp is None:
         return []
     prefixes = {"model.layers."}
-    for role in ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"):
+    for role in MTP_HEADS.roles:
         prefixes.add(spec.tensor_path(role).split("{layer}")[0])
     for p in prefixes:
         py_str(p.rstrip("."))

@@ -50,8 +50,6 @@ KEPT_LINEAR_ROLES = (
     "lm_head",
     "router",
     "shared_expert_gate",
-    "mtp_eh_proj",
-    "mtp_head",
     *LINEAR_ATTENTION_KEPT,
     *COMPONENT_KEPT,
 )

@@ -96,12 +96,6 @@ _BASE: dict[str, str] = {
     "shared_gate_up_proj": f"{_LAYER}.mlp.shared_experts.gate_up_proj",
     "experts_gate_up_proj": f"{_LAYER}.mlp.input_linear",
     "experts_down_proj": f"{_LAYER}.mlp.output_linear",
-    # MTP heads (layer = num_hidden_layers + head index)
-    "mtp_enorm": f"{_LAYER}.enorm",
-    "mtp_hnorm": f"{_LAYER}.hnorm",
-    "mtp_eh_proj": f"{_LAYER}.eh_proj",
-    "mtp_head_norm": f"{_LAYER}.shared_head.norm",
-    "mtp_head": f"{_LAYER}.shared_head.head",
 }
 
 # The roles components add (onboard.components), at the same path in every preset.

@@ -98,11 +98,6 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
         ("shared_gate_proj", "shared_up_proj", "shared_down_proj"), ("moe", "shared")
     ),
     "shared_gate_up_proj": ("moe", "shared"),
-    "mtp_enorm": (),
-    "mtp_hnorm": (),
-    "mtp_eh_proj": (),
-    "mtp_head_norm": ("shared_head",),
-    "mtp_head": ("shared_head",),
     # the module roles components add (onboard.components; a parameter role
     # sits on its container, checked by _check_param_paths)
     **{role: r.slot for role, r in components.roles().items() if r.param is None},
@@ -193,8 +188,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
                 roles += SHARED_EXPERT_ROLES
             if moe.shared_expert_gate:
                 roles.append("shared_expert_gate")
-    if spec.mtp is not None:
-        roles += ["mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head"]
     for component in components.present(spec):
         roles += component.roles
     return roles

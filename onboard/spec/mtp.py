@@ -29,9 +29,6 @@ from dataclasses import dataclass
 
 from onboard.spec.model import ModelSpec
 
-# Checkpoint roles of an MTP head besides its decoder block (onboard.spec.layouts).
-MTP_ROLES = ("mtp_enorm", "mtp_hnorm", "mtp_eh_proj", "mtp_head_norm", "mtp_head")
-
 # model_type -> draft architecture that vLLM 0.32's hf_config_override gives a
 # method="mtp" draft of that model type, for the DeepSeek-style MTP layout the
 # generated class implements (enorm / hnorm / eh_proj / shared_head).
