@@ -81,6 +81,7 @@ def engine_run(
             )
         return {"class": classes[0], "tokens": tokens, "top": top}
     finally:
+        llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
 
@@ -155,6 +156,16 @@ def main() -> None:
         "generated plugin (reported as runs['also:<dir name>'])",
     )
     args = parser.parse_args()
+    if args.no_in_tree:
+        # As onboard's engine worker runs vLLM: the engine core in this process
+        # (one vLLM import per engine, not three), the plugin's class inspected
+        # here. Not before an in-tree run: in one process, the engine after
+        # use_in_tree_class still built the plugin's class (seen, not yet
+        # explained), so that run keeps vLLM's own processes.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from onboard.runtime.engine_worker import inspect_classes_here
+
+        inspect_classes_here()
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     os.environ["PYTHONPATH"] = os.pathsep.join(
