@@ -1086,7 +1086,7 @@ def _loaded_roles(
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
     for component in components.present(spec):
-        if component.host != "model" or mtp:  # MTP heads load in their own file
+        if component is not MTP_HEADS or mtp:  # MTP heads load in their own file
             roles += component.roles
     return roles
 

@@ -52,7 +52,7 @@ def root_cause(log_text: str) -> tuple[str | None, str]:
     traceback (the engine-core and worker processes log theirs before the
     front end raises its generic "Engine core initialization failed")."""
     # Only what vLLM logged as an error: warnings may carry harmless tracebacks.
-    errors = [line for line in log_text.splitlines() if " ERROR " in line[:60]]
+    errors = _logged_errors(log_text)
     lines = [_LOG_PREFIX.sub("", line) for line in errors or log_text.splitlines()]
     start = next(
         (i for i, line in enumerate(lines) if line.startswith("Traceback")), None
@@ -65,6 +65,11 @@ def root_cause(log_text: str) -> tuple[str | None, str]:
             cause = " ".join(line.strip() for line in lines[i:end])
             return cause, "\n".join(lines[start:end])
     return None, "\n".join(lines[start:])
+
+
+def _logged_errors(log_text: str) -> list[str]:
+    """The lines vLLM logged at level ERROR."""
+    return [line for line in log_text.splitlines() if " ERROR " in line[:60]]
 
 
 def _continuation(errors: list[str], i: int) -> list[str]:
@@ -127,7 +132,7 @@ def _load_failed(config: dict, exc: BaseException, start_s: float) -> dict:
     log_text = Path(config["log_path"]).read_text(errors="replace")
     # Worker processes (tensor parallelism) log their errors; the engine core
     # runs in this process, where the exception itself carries the traceback.
-    logged = any(" ERROR " in line[:60] for line in log_text.splitlines())
+    logged = _logged_errors(log_text)
     cause, traceback_text = root_cause(log_text) if logged else (None, "")
     if cause is None:
         cause, traceback_text = root_cause("".join(traceback.format_exception(exc)))

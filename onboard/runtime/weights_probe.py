@@ -337,9 +337,7 @@ def _probe(model_dir: str, left: dict[str, str], kwargs: dict) -> WeightsLoad:
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from onboard.runtime import kernel_fallbacks
-    from onboard.runtime.engine_worker import inspect_classes_here
 
-    inspect_classes_here()
     result = WeightsLoad(model_dir)
     stored: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
@@ -491,8 +489,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     jobs = json.loads(Path(jobs_path).read_text())
     from onboard.runtime import kernel_fallbacks
+    from onboard.runtime.engine_worker import inspect_classes_here
 
     kernel_fallbacks.install()
+    inspect_classes_here()
     results = []
     for model_dir in jobs["models"]:
         try:
