@@ -313,3 +313,28 @@ def test_the_engine_error_behind_a_dead_engine_is_found_in_its_log(tmp_path):
     log.write_text("(EngineCore pid=1) INFO 12-03 16:49:18 [core.py:1] started\n")
     assert engine_error(log) is None
     assert engine_error(tmp_path / "absent.log") is None
+
+
+def test_an_error_the_engine_raised_in_the_worker_is_the_checks_engine_error(
+    tmp_path, monkeypatch
+):
+    """With the engine core in onboard's worker, vLLM logs nothing of an error
+    under a request: the check names the error the worker sent back."""
+    from types import SimpleNamespace
+
+    from onboard.runtime.engine import EngineRequestError
+    from onboard.validate import harness
+
+    error = "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
+
+    def runner(ctx, name):
+        raise EngineRequestError("generate", error)
+
+    monkeypatch.setattr(harness, "_runner", lambda name: runner)
+    log = tmp_path / "engine.log"
+    log.write_text("(MainProcess pid=1) INFO 12-03 16:49:18 [core.py:1] started\n")
+    ctx = SimpleNamespace(engine=SimpleNamespace(log_path=log))
+    check = harness._run_check(ctx, "accuracy")
+    assert check.status == "failed"
+    assert check.metrics["engine_error"] == error
+    assert f"The engine's own error: {error}" in check.details
