@@ -222,10 +222,71 @@ def test_mtp_heads_take_the_models_mlp_kind_unless_the_config_says():
     assert stated["mtp"]["mlp"] == "dense"
 
 
-def test_mtp_is_a_top_level_section_after_the_blocks():
+def test_top_level_components_follow_the_blocks_in_registry_order():
+    # The logits' three fields, then MTP's section, between the blocks and
+    # the launch wishes.
     fields = list(ModelSpec.model_fields)
-    assert fields.index("mlp") + 1 == fields.index("mtp")
-    assert fields.index("mtp") + 1 == fields.index("checkpoint")
+    between = fields[fields.index("mlp") + 1 : fields.index("checkpoint")]
+    assert between == [
+        "logit_scale", "final_logit_softcap", "logits_scaling", "mtp"
+    ]  # fmt: skip
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"mtp\.mlp.*no mlp\.moe section"):
         parse_spec_text(text + "mtp: {num_heads: 1, mlp: moe}\n")
+
+
+# ---- the logits (model-wide) -------------------------------------------------------
+
+
+def _logits():
+    return next(c for c in components.every() if c.name == "logits")
+
+
+def test_logits_read_leaves_neutral_values_out_and_refuses_a_non_positive_factor():
+    logits = _logits()
+    assert logits.read(_getter({"logit_scale": 1.0, "logits_scaling": 1})) == {}
+    read = logits.read(_getter({"logit_scale": 0.25, "final_logit_softcapping": 30}))
+    assert read == {"logit_scale": 0.25, "final_logit_softcap": 30}
+    assert logits.read(_getter({"logits_scaling": 16.0})) == {"logits_scaling": 16.0}
+    for key, bad in (
+        ("logit_scale", 0),
+        ("logits_scaling", -2.0),
+        ("final_logit_softcapping", True),
+        ("logit_scale", "0.5"),
+    ):
+        with pytest.raises(ConfigProblem, match=rf"{key}={bad!r}: must be a positive"):
+            logits.read(_getter({key: bad}))
+
+
+def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_ones():
+    from onboard.components.logits import Logits
+    from onboard.spec.hf import hf_config_from_spec
+
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    plain = build_plan(parse_spec_text(text))
+    assert plain.part(Logits) == Logits()
+    assert components.parts(plain) == ((_logits(), Logits()),)
+    novel = text.replace("LlamaForCausalLM", "NovelForCausalLM").replace(
+        "model_type: llama", "model_type: novel"
+    )
+    gemma = parse_spec_text(
+        novel + "scale_embedding: true\nfinal_logit_softcap: 30.0\n"
+    )
+    assert build_plan(gemma).part(Logits) == Logits(softcap=30.0)
+    keys = list(hf_config_from_spec(gemma))
+    # Gemma's order: the embedding's scale, then the soft-cap, among the
+    # model-wide keys (before the attention's).
+    at = keys.index("scale_embedding")
+    assert keys[at + 1] == "final_logit_softcapping"
+    assert at < keys.index("num_key_value_heads")
+    neutral = hf_config_from_spec(parse_spec_text(text))
+    assert not {"logit_scale", "logits_scaling", "final_logit_softcapping"} & set(
+        neutral
+    )
+
+
+def test_a_soft_cap_stands_alone():
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    for other in ("logit_scale: 0.5", "logits_scaling: 8.0"):
+        with pytest.raises(Exception, match=r"final_logit_softcap.*generated beside"):
+            parse_spec_text(text + f"final_logit_softcap: 30.0\n{other}\n")

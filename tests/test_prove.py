@@ -487,15 +487,26 @@ def test_families_whose_keys_are_mapped_prove(model_type, extra):
 def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where):
     # The reference reads each multiplier from the config; one left unread (as
     # if the template dropped it) must fail the proof where it acts.
+    from dataclasses import replace
+
     from onboard.arch.config_keys import ConfigKeys
+    from onboard.components.logits import COMPONENT as LOGITS
 
     config = transformers_config("granite").to_dict()
     spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
-    read = ConfigKeys.multipliers
-    monkeypatch.setattr(
-        ConfigKeys, "multipliers", lambda self: {**read(self), concept: None}
-    )
+    if concept == "logits_scaling":  # the logits component's divisor
+        keys = LOGITS.code_context
+        monkeypatch.setattr(
+            LOGITS,
+            "code_context",
+            lambda node, config_keys: replace(keys(node, config_keys), divisor=None),
+        )
+    else:
+        read = ConfigKeys.multipliers
+        monkeypatch.setattr(
+            ConfigKeys, "multipliers", lambda self: {**read(self), concept: None}
+        )
     with pytest.raises(ProofFailed, match=re.escape(f"first divergence: {where}")):
         prove_spec(spec, config)
 

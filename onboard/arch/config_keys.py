@@ -168,9 +168,10 @@ class ConfigKeys:
 
     def multipliers(self) -> dict[str, str | None]:
         """Granite's multipliers, by concept: read where the config holds them
-        (Granite's class writes all four, and vLLM's granite.py reads them),
+        (Granite's class writes them, and vLLM's granite.py reads them),
         required where the spec sets one; None where the model computes without
-        (a factor of 1, the softmax scale 1/sqrt(head_dim))."""
+        (a factor of 1, the softmax scale 1/sqrt(head_dim)). The logits' divisor
+        is the logits component's (onboard.components.logits)."""
         spec = self.spec
         keys: dict[str, str | None] = {}
         if spec.attention.type == "gqa":

@@ -347,9 +347,15 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
-    # Factor on the token embeddings; the logits are divided by logits_scaling.
+    # Factor on the token embeddings.
     embedding_multiplier: float = 1.0
-    logits_scaling: float = 1.0
+    # The plan nodes of the model-wide components (host "model"), in registry
+    # order; read one by its type with part().
+    parts: tuple[Any, ...] = ()
+
+    def part(self, kind: type[T]) -> T | None:
+        """The model's plan node of type ``kind`` (None: it has none)."""
+        return next((p for p in self.parts if isinstance(p, kind)), None)
 
     @cached_property
     def config(self) -> ConfigKeys:
@@ -570,7 +576,11 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         mtp=mtp,
         tensors=tensors,
         embedding_multiplier=spec.embedding_multiplier,
-        logits_scaling=spec.logits_scaling,
+        parts=tuple(
+            node
+            for c in present(spec, "model")
+            if c.Node is not None and (node := c.plan(spec, None)) is not None
+        ),
     )
 
 

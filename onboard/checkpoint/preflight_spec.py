@@ -544,7 +544,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "attention_multiplier": ("attention.softmax_scale",),
     "embedding_multiplier": ("embedding_multiplier",),
     "residual_multiplier": ("residual_multiplier",),
-    "logits_scaling": ("logits_scaling",),
     "rope_parameters": ("rope",),
     "rope_interleave": ("rope.interleaved",),
     "sliding_window": ("attention.sliding_window",),

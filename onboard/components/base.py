@@ -168,6 +168,10 @@ class Component:
     # and concept -> the spec fields it comes from (what a mismatch names).
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    # Where config.json lists its keys: among the attention's keys
+    # ("attention"), beside the norms' eps ("norm"), among the model-wide keys
+    # ("model") or last ("other"); by default, where the section it extends is.
+    config_place: ClassVar[str] = ""
     # Reference code: what the attention's softmax core takes from the module
     # beside q, k, v, the mask and the scale (the component's fragment at slot
     # ``attend`` defines that core).
@@ -195,6 +199,9 @@ class Component:
             assert cls.field is not None, cls.name
             cls.config_aliases = {cls.concept: (cls.concept,)}
             cls.concept_fields = {cls.concept: (cls.field,)}
+        if not cls.config_place:
+            section = (cls.extends or "").split(".")[0]
+            cls.config_place = section if section in ("attention", "norm") else "other"
         for model in ("vllm", "hf"):
             if f"{model}_slots" in cls.__dict__:
                 fragments = {

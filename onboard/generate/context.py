@@ -24,7 +24,8 @@ from onboard.arch.config_keys import (
     eps_concept,
     unset_keys,
 )
-from onboard.components import kv_sharing
+from onboard.components import kv_sharing, logits
+from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
 from onboard.spec.hf import transformers_knows
@@ -911,12 +912,11 @@ def _model_config_keys(
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", att.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
-    # Gemma's softmax scale and final soft-cap, where the spec has them.
-    for concept, value in (
-        ("query_pre_attn_scalar", att.query_pre_attn_scalar),
-        ("final_logit_softcapping", spec.final_logit_softcap),
-    ):
-        cfg[concept] = None if value is None else f.need(concept, value)
+    # Gemma's softmax scale, where the spec has it.
+    scalar = att.query_pre_attn_scalar
+    cfg["query_pre_attn_scalar"] = (
+        None if scalar is None else f.need("query_pre_attn_scalar", scalar)
+    )
     cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
     if att.indexer is not None:
         cfg["indexer_rope_interleave"] = f.find(
@@ -928,7 +928,6 @@ def _model_config_keys(
         assert spec.mlp.intermediate_size is not None
         cfg["intermediate_size"] = f.dense_width()
     cfg["hidden_act"] = f.find("hidden_act", spec.activation)
-    cfg["logit_scale"] = f.find("logit_scale", spec.logit_scale)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     cfg.update(f.multipliers())
@@ -1274,7 +1273,8 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
         "vllm_slots": slots,
         "parts": {
             c.name: c.vllm_context(node, f)
-            for c, node in components.parts(arch.attention)
+            for holder in (arch.attention, arch)
+            for c, node in components.parts(holder)
         },
         "mla_direct": arch.attention.kind == "mla"
         and (bool(arch.kv_sources) or bool(slots["mla.output"])),
@@ -1415,7 +1415,9 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
             "as it is."
         )
-    if spec.logit_scale != 1.0:
+    head = arch.part(Logits)
+    assert head is not None, "every model has logits"
+    if head.scale != 1.0:
         items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
         items.append(f"Rope: {spec.rope.scaling.type} scaling.")
@@ -1428,13 +1430,15 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             ),
             ("RMS norms scaled by 1 + weight", layers[0].norms.unit_offset),
             ("embeddings scaled by sqrt(hidden_size)", spec.scale_embedding),
-            ("soft-capped logits", spec.final_logit_softcap is not None),
+            ("soft-capped logits", head.softcap is not None),
         )
         if on
     ]
     if gemma:
         items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
     read = [concept for concept, key in arch.config.multipliers().items() if key]
+    if logits.COMPONENT.code_context(head, arch.config).divisor:
+        read.append("logits_scaling")
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
     # Stacked (gpt-oss's own storage: the MoE block's docstring says it).

@@ -18,6 +18,7 @@ from typing import Any
 from onboard import components
 from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
+from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
 from onboard.components.residual_stream import ResidualStream
 from onboard.errors import InputError
@@ -138,7 +139,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     }
     c.update(keys.multipliers())
     c["hidden_act"] = keys.find("hidden_act")
-    c["logit_scale"] = keys.find("logit_scale")
     c["rope_interleave"] = keys.find("rope_interleave")
     if f["longrope"] and not (f["longrope_attention_factor"] or f["longrope_factor"]):
         c["max_positions"] = keys.need("max_position_embeddings")
@@ -270,7 +270,10 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
     parts = components.parts(arch.attention)
     return {
         "hf_slots": components.fragments(spec, "hf"),
-        "parts": {c.name: c.reference_context(node, keys) for c, node in parts},
+        "parts": {
+            c.name: c.reference_context(node, keys)
+            for c, node in (*parts, *components.parts(arch))
+        },
         "part_docs": [
             doc for c, node in parts if (doc := c.describe(node)) is not None
         ],
@@ -310,25 +313,20 @@ def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
 
 
 def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
-    """Gemma's parts the reference has: 1 + weight norms, scaled embeddings,
-    its softmax scale and final soft-cap (its sandwich norms are the residual
-    stream's)."""
+    """Gemma's parts the reference has: 1 + weight norms, scaled embeddings
+    and its softmax scale (its sandwich norms are the residual stream's, its
+    final soft-cap the logits component's)."""
     att, norms = arch.attention, arch.layers[0].norms
     return {
         "unit_offset": norms.unit_offset,
         "scale_embedding": spec.scale_embedding,
         "scalar": att.kind == "gqa" and att.query_pre_attn_scalar is not None,
-        "final_softcap": spec.final_logit_softcap is not None,
     }
 
 
 def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
-    """The config keys of Gemma's softmax scale and final soft-cap, where used."""
-    concepts = {
-        "scalar": "query_pre_attn_scalar",
-        "final_softcap": "final_logit_softcapping",
-    }
-    return {flag: keys.need(concept) for flag, concept in concepts.items() if f[flag]}
+    """The config key of Gemma's softmax scale, where used."""
+    return {"scalar": keys.need("query_pre_attn_scalar")} if f["scalar"] else {}
 
 
 def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
@@ -760,7 +758,8 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
         parts.append("each layer's experts stacked in one module")
     elif f["stacked"]:
         parts.append("each layer's experts stacked in two tensors")
-    if spec.logit_scale != 1.0:
+    head = arch.part(Logits)
+    if head is not None and head.scale != 1.0:
         parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")

@@ -20,14 +20,11 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # (CLASS_MAPPED: an alias only where the config class maps it so).
     "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "tie_word_embeddings": ("tie_word_embeddings",),
-    "logit_scale": ("logit_scale",),  # Cohere: logits multiplied by it
     "hidden_act": ("hidden_act", "hidden_activation"),
     "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
-    "final_logit_softcapping": ("final_logit_softcapping",),
     # Granite's multipliers (HyperCLOVAX's keys too)
     "embedding_multiplier": ("embedding_multiplier",),
     "residual_multiplier": ("residual_multiplier",),
-    "logits_scaling": ("logits_scaling",),  # the logits are divided by it
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),

@@ -663,6 +663,7 @@ _HF_CARRIED = (
     "scale_embedding",
     "final_logit_softcap",
     *MULTIPLIERS,
+    "logits_scaling",
     "norm",
     "attention",
     "rope",
@@ -919,17 +920,11 @@ def _read(
         "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
         "tie_word_embeddings": r.get("tie_word_embeddings", REQUIRED),
     }
-    scale = r.get("logit_scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or scale <= 0:
-        r.bad(f"logit_scale={scale!r}: must be a positive number")
-    elif scale != 1.0:
-        spec["logit_scale"] = scale
     act = r.get("hidden_act", REQUIRED)
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
     spec["activation"] = act
     spec["scale_embedding"] = bool(r.get("scale_embedding", False))
-    spec["final_logit_softcap"] = r.get("final_logit_softcapping")
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
     spec["norm"] = {}  # the norms' components read theirs
@@ -2099,18 +2094,15 @@ def read_hf_config(path: Path) -> tuple[Any, str]:
 
 def _model_wide_concepts(spec: ModelSpec) -> dict[str, Any]:
     """Gemma's and Granite's model-wide parts, written only where the spec has
-    them (not at their neutral values)."""
+    them (not at their neutral values), then the model-wide components'."""
     extra: dict[str, Any] = {}
     if spec.scale_embedding:
         extra["scale_embedding"] = True
-    if spec.final_logit_softcap is not None:
-        extra["final_logit_softcapping"] = spec.final_logit_softcap
-    if spec.logit_scale != 1.0:
-        extra["logit_scale"] = spec.logit_scale
     # Granite's multipliers, written where they are not neutral.
     for concept in MULTIPLIERS:
         if getattr(spec, concept) != 1.0:
             extra[concept] = getattr(spec, concept)
+    extra.update(_component_concepts(spec, "model"))
     return extra
 
 
@@ -2256,12 +2248,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
 
 def _component_concepts(spec: ModelSpec, part: str) -> dict[str, Any]:
     """The config of the components ``spec`` has, by where config.json lists
-    them: ``attention`` (the attention's sections, among its keys), ``norm``
-    (the norms' kind and placement, beside the eps) or ``other`` (last)."""
+    them (:attr:`Component.config_place`)."""
     out: dict[str, Any] = {}
     for component in components.present(spec):
-        section = (component.extends or "").split(".")[0]
-        if (section if section in ("attention", "norm") else "other") == part:
+        if component.config_place == part:
             out.update(component.config(spec))
     return out
 

@@ -57,7 +57,7 @@ LayerAttention = Literal["full_attention", "sliding_attention", "linear_attentio
 # 1.0 leaves the model as it is.
 MAX_NAME = 40  # name, model_type
 MAX_ARCHITECTURE = 48
-MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier")
 
 # Model types whose config's rope_parameters.partial_rotary_factor is relative to
 # the whole q/k head (Mistral-4), not to qk_rope_head_dim.
@@ -617,9 +617,6 @@ class _Blocks(_Section):
     tie_word_embeddings: bool = Field(
         False, description="lm_head shares the embedding."
     )
-    logit_scale: float = Field(
-        1.0, gt=0, description="Multiplier on the output logits (Cohere)."
-    )
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
@@ -628,12 +625,6 @@ class _Blocks(_Section):
         description="Multiply the token embeddings by sqrt(hidden_size), the "
         "factor rounded to the embedding's dtype (Gemma's normalizer); not "
         "beside an embedding_multiplier.",
-    )
-    final_logit_softcap: float | None = Field(
-        None,
-        gt=0,
-        description="Soft-cap of the output logits: cap * tanh(logits / cap) "
-        "(Gemma-2/3); null: none. Not beside a logit_scale or logits_scaling.",
     )
     embedding_multiplier: float = Field(
         1.0,
@@ -646,11 +637,6 @@ class _Blocks(_Section):
         gt=0,
         description="Factor on each attention and MLP output before its residual "
         "add (Granite's `residual_multiplier`).",
-    )
-    logits_scaling: float = Field(
-        1.0,
-        gt=0,
-        description="The output logits are divided by it (Granite's `logits_scaling`).",
     )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
@@ -724,8 +710,12 @@ class ModelSpec(_Launch, *section_fields(""), _Blocks):
 
     @property
     def multipliers(self) -> dict[str, float]:
-        """Granite's whole-model multipliers, by field name (1.0: neutral)."""
-        return {name: getattr(self, name) for name in MULTIPLIERS}
+        """Granite's whole-model multipliers, by field name (1.0: neutral); the
+        logits' divisor is the logits component's field."""
+        return {
+            **{name: getattr(self, name) for name in MULTIPLIERS},
+            "logits_scaling": self.logits_scaling,
+        }
 
     @property
     def head_dim(self) -> int:

@@ -544,14 +544,9 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
 
 
 def _gemma_rules(spec: ModelSpec, report: Report) -> None:
-    if spec.final_logit_softcap is not None and spec.logit_scale != 1.0:
-        # No family has both (vLLM would soft-cap, then scale).
-        report(("final_logit_softcap",), "is not generated beside a logit_scale")
     # Granite's multipliers beside Gemma's scales: no family has both, and each
-    # pair sets the same thing (the embeddings' factor, the logits, the softmax
-    # scale), so which comes first would be a guess.
-    if spec.final_logit_softcap is not None and spec.logits_scaling != 1.0:
-        report(("final_logit_softcap",), "is not generated beside a logits_scaling")
+    # pair sets the same thing (the embeddings' factor, the softmax scale), so
+    # which comes first would be a guess (the logits' pair: components/logits).
     if spec.scale_embedding and spec.embedding_multiplier != 1.0:
         report(("scale_embedding",), "is not generated beside an embedding_multiplier")
     att = spec.attention

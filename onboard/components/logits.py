@@ -1,0 +1,146 @@
+"""What the output head does to its logits: Cohere's ``logit_scale`` multiplies
+them, Granite's ``logits_scaling`` divides them, Gemma-2/3's
+``final_logit_softcapping`` soft-caps them (``cap * tanh(logits / cap)``).
+
+vLLM's ``LogitsProcessor`` applies each (``scale=``, ``soft_cap=``), as vLLM's
+``commandr.py``, ``granite.py`` and ``gemma2.py`` do; the reference applies
+them after its ``lm_head``. Every model has logits (the component is always
+present, its node neutral where the spec sets none of the three); it has no
+tensor of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from onboard.components.base import Component, ConfigProblem, Report, Section
+
+if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
+    from onboard.spec.model import ModelSpec
+
+
+class LogitsFields(Section):
+    logit_scale: float = Field(
+        1.0, gt=0, description="Multiplier on the output logits (Cohere)."
+    )
+    final_logit_softcap: float | None = Field(
+        None,
+        gt=0,
+        description="Soft-cap of the output logits: cap * tanh(logits / cap) "
+        "(Gemma-2/3); null: none. Not beside a logit_scale or logits_scaling.",
+    )
+    logits_scaling: float = Field(
+        1.0,
+        gt=0,
+        description="The output logits are divided by it (Granite's `logits_scaling`).",
+    )
+
+
+@dataclass(frozen=True)
+class Logits:
+    """The transforms of the output head's logits (neutral: none)."""
+
+    scale: float = 1.0  # multiplier (logit_scale)
+    divisor: float = 1.0  # divisor (logits_scaling)
+    softcap: float | None = None  # soft-cap (final_logit_softcapping)
+
+
+@dataclass(frozen=True)
+class LogitsKeys:
+    """The config keys the generated code reads each transform from (None: the
+    model computes without it)."""
+
+    scale: str | None
+    divisor: str | None
+    softcap: str | None
+
+
+def _positive(get: Callable[[str, Any], Any], concept: str, default: Any) -> Any:
+    value = get(concept, default)
+    if value is None or value == default:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigProblem(f"{concept}={value!r}: must be a positive number")
+    return value
+
+
+class _Logits(Component):
+    name = "logits"
+    label = "the logits"
+    host = "model"
+    extends = ""
+    Fields = LogitsFields
+    Node = Logits
+    config_place = "model"
+    config_aliases = {
+        "logit_scale": ("logit_scale",),
+        "final_logit_softcapping": ("final_logit_softcapping",),
+        "logits_scaling": ("logits_scaling",),
+    }
+    concept_fields = {
+        "logit_scale": ("logit_scale",),
+        "final_logit_softcapping": ("final_logit_softcap",),
+        "logits_scaling": ("logits_scaling",),
+    }
+    vllm_slots = ("causal_lm.logits_processor",)
+    hf_slots = ("causal_lm.logits",)
+
+    def present(self, spec: ModelSpec) -> bool:
+        return True
+
+    def rules(self, spec: ModelSpec, report: Report) -> None:
+        if spec.final_logit_softcap is None:
+            return
+        # No family has a soft-cap beside a factor: vLLM would soft-cap, then
+        # scale, and which comes first is a guess.
+        if spec.logit_scale != 1.0:
+            report(("final_logit_softcap",), "is not generated beside a logit_scale")
+        if spec.logits_scaling != 1.0:
+            report(("final_logit_softcap",), "is not generated beside a logits_scaling")
+
+    def plan(self, spec: ModelSpec, layer: int | None) -> Logits:
+        return Logits(spec.logit_scale, spec.logits_scaling, spec.final_logit_softcap)
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        # Written only where not neutral.
+        out: dict[str, Any] = {}
+        if spec.final_logit_softcap is not None:
+            out["final_logit_softcapping"] = spec.final_logit_softcap
+        if spec.logit_scale != 1.0:
+            out["logit_scale"] = spec.logit_scale
+        if spec.logits_scaling != 1.0:
+            out["logits_scaling"] = spec.logits_scaling
+        return out
+
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        fields = {
+            "logit_scale": _positive(get, "logit_scale", 1.0),
+            "final_logit_softcap": _positive(get, "final_logit_softcapping", None),
+            "logits_scaling": _positive(get, "logits_scaling", 1.0),
+        }
+        neutral = LogitsFields()
+        return {k: v for k, v in fields.items() if v != getattr(neutral, k)}
+
+    def code_context(self, node: Logits, keys: ConfigKeys) -> LogitsKeys:
+        # A factor of 1 is read where the config holds it (Cohere's and
+        # Granite's classes write theirs), required where it is not 1.
+        def factor(concept: str, value: float) -> str | None:
+            if value == 1.0:
+                return keys.find(concept, value)
+            return keys.need(concept, value)
+
+        return LogitsKeys(
+            scale=factor("logit_scale", node.scale),
+            divisor=factor("logits_scaling", node.divisor),
+            softcap=None
+            if node.softcap is None
+            else keys.need("final_logit_softcapping", node.softcap),
+        )
+
+
+COMPONENT = _Logits()
