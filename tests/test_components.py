@@ -223,12 +223,13 @@ def test_mtp_heads_take_the_models_mlp_kind_unless_the_config_says():
 
 
 def test_top_level_components_follow_the_blocks_in_registry_order():
-    # The logits' three fields, then MTP's section, between the blocks and
-    # the launch wishes.
+    # The embeddings' two fields, the logits' three, then MTP's section,
+    # between the blocks and the launch wishes.
     fields = list(ModelSpec.model_fields)
     between = fields[fields.index("mlp") + 1 : fields.index("checkpoint")]
     assert between == [
-        "logit_scale", "final_logit_softcap", "logits_scaling", "mtp"
+        "scale_embedding", "embedding_multiplier",
+        "logit_scale", "final_logit_softcap", "logits_scaling", "mtp",
     ]  # fmt: skip
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"mtp\.mlp.*no mlp\.moe section"):
@@ -259,13 +260,17 @@ def test_logits_read_leaves_neutral_values_out_and_refuses_a_non_positive_factor
 
 
 def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_ones():
+    from onboard.components.embeddings import Embeddings
     from onboard.components.logits import Logits
     from onboard.spec.hf import hf_config_from_spec
 
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     plain = build_plan(parse_spec_text(text))
     assert plain.part(Logits) == Logits()
-    assert components.parts(plain) == ((_logits(), Logits()),)
+    assert [(c.name, node) for c, node in components.parts(plain)] == [
+        ("embeddings", Embeddings()),
+        ("logits", Logits()),
+    ]
     novel = text.replace("LlamaForCausalLM", "NovelForCausalLM").replace(
         "model_type: llama", "model_type: novel"
     )
@@ -273,6 +278,7 @@ def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_one
         novel + "scale_embedding: true\nfinal_logit_softcap: 30.0\n"
     )
     assert build_plan(gemma).part(Logits) == Logits(softcap=30.0)
+    assert build_plan(gemma).part(Embeddings) == Embeddings(sqrt_hidden=True)
     keys = list(hf_config_from_spec(gemma))
     # Gemma's order: the embedding's scale, then the soft-cap, among the
     # model-wide keys (before the attention's).
@@ -290,3 +296,19 @@ def test_a_soft_cap_stands_alone():
     for other in ("logit_scale: 0.5", "logits_scaling: 8.0"):
         with pytest.raises(Exception, match=r"final_logit_softcap.*generated beside"):
             parse_spec_text(text + f"final_logit_softcap: 30.0\n{other}\n")
+
+
+def test_embeddings_read_their_two_factors_and_refuse_them_together():
+    embeddings = next(c for c in components.every() if c.name == "embeddings")
+    neutral = {"scale_embedding": False, "embedding_multiplier": 1.0}
+    assert embeddings.read(_getter(neutral)) == {}
+    assert embeddings.read(_getter({"scale_embedding": True})) == {
+        "scale_embedding": True
+    }
+    granite = embeddings.read(_getter({"embedding_multiplier": 12}))
+    assert granite == {"embedding_multiplier": 12}
+    with pytest.raises(ConfigProblem, match=r"embedding_multiplier=0: must be"):
+        embeddings.read(_getter({"embedding_multiplier": 0}))
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    with pytest.raises(Exception, match=r"scale_embedding.*beside an embedding_mult"):
+        parse_spec_text(text + "scale_embedding: true\nembedding_multiplier: 2.0\n")

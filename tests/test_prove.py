@@ -490,17 +490,24 @@ def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where)
     from dataclasses import replace
 
     from onboard.arch.config_keys import ConfigKeys
+    from onboard.components.embeddings import COMPONENT as EMBEDDINGS
     from onboard.components.logits import COMPONENT as LOGITS
 
     config = transformers_config("granite").to_dict()
     spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
-    if concept == "logits_scaling":  # the logits component's divisor
-        keys = LOGITS.code_context
+    # The embeddings' and the logits' factors are their components' keys.
+    owner = {
+        "embedding_multiplier": (EMBEDDINGS, "multiplier"),
+        "logits_scaling": (LOGITS, "divisor"),
+    }
+    if concept in owner:
+        component, key = owner[concept]
+        keys = component.code_context
         monkeypatch.setattr(
-            LOGITS,
+            component,
             "code_context",
-            lambda node, config_keys: replace(keys(node, config_keys), divisor=None),
+            lambda node, config_keys: replace(keys(node, config_keys), **{key: None}),
         )
     else:
         read = ConfigKeys.multipliers

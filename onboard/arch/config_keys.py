@@ -182,11 +182,14 @@ class ConfigKeys:
                 else self.need("attention_multiplier", scale)
             )
         for concept in MULTIPLIERS:
-            value = getattr(spec, concept)
-            keys[concept] = (
-                self.find(concept, value) if value == 1.0 else self.need(concept, value)
-            )
+            keys[concept] = self.factor(concept, getattr(spec, concept))
         return keys
+
+    def factor(self, concept: str, value: float) -> str | None:
+        """The key of a factor the generated code applies: read where the config
+        holds it (families whose class writes it at 1), required where it is
+        not 1; None where the model computes without."""
+        return self.find(concept, value) if value == 1.0 else self.need(concept, value)
 
     def need(
         self,

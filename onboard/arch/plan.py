@@ -347,8 +347,6 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
-    # Factor on the token embeddings.
-    embedding_multiplier: float = 1.0
     # The plan nodes of the model-wide components (host "model"), in registry
     # order; read one by its type with part().
     parts: tuple[Any, ...] = ()
@@ -575,7 +573,6 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         layers=layers,
         mtp=mtp,
         tensors=tensors,
-        embedding_multiplier=spec.embedding_multiplier,
         parts=tuple(
             node
             for c in present(spec, "model")

@@ -542,7 +542,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "o_bias": ("attention.o_bias",),
     "partial_rotary_factor": ("attention.partial_rotary_factor",),
     "attention_multiplier": ("attention.softmax_scale",),
-    "embedding_multiplier": ("embedding_multiplier",),
     "residual_multiplier": ("residual_multiplier",),
     "rope_parameters": ("rope",),
     "rope_interleave": ("rope.interleaved",),

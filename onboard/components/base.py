@@ -45,6 +45,17 @@ class ConfigProblem(ValueError):
     the config's other problems, never a traceback)."""
 
 
+def read_positive(get: Callable[[str, Any], Any], concept: str, default: Any) -> Any:
+    """A positive number read from a config.json (the default where the config
+    has none): anything else is the config's problem, located by its key."""
+    value = get(concept, default)
+    if value is None or value == default:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigProblem(f"{concept}={value!r}: must be a positive number")
+    return value
+
+
 class Section(BaseModel):
     """A spec section: unknown keys are errors (with a did-you-mean from the
     loader), never ignored; infinity and NaN mean nothing in a spec and would

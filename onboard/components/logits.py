@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from onboard.components.base import Component, ConfigProblem, Report, Section
+from onboard.components.base import Component, Report, Section, read_positive
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -58,15 +58,6 @@ class LogitsKeys:
     scale: str | None
     divisor: str | None
     softcap: str | None
-
-
-def _positive(get: Callable[[str, Any], Any], concept: str, default: Any) -> Any:
-    value = get(concept, default)
-    if value is None or value == default:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigProblem(f"{concept}={value!r}: must be a positive number")
-    return value
 
 
 class _Logits(Component):
@@ -119,24 +110,17 @@ class _Logits(Component):
 
     def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
         fields = {
-            "logit_scale": _positive(get, "logit_scale", 1.0),
-            "final_logit_softcap": _positive(get, "final_logit_softcapping", None),
-            "logits_scaling": _positive(get, "logits_scaling", 1.0),
+            "logit_scale": read_positive(get, "logit_scale", 1.0),
+            "final_logit_softcap": read_positive(get, "final_logit_softcapping", None),
+            "logits_scaling": read_positive(get, "logits_scaling", 1.0),
         }
         neutral = LogitsFields()
         return {k: v for k, v in fields.items() if v != getattr(neutral, k)}
 
     def code_context(self, node: Logits, keys: ConfigKeys) -> LogitsKeys:
-        # A factor of 1 is read where the config holds it (Cohere's and
-        # Granite's classes write theirs), required where it is not 1.
-        def factor(concept: str, value: float) -> str | None:
-            if value == 1.0:
-                return keys.find(concept, value)
-            return keys.need(concept, value)
-
         return LogitsKeys(
-            scale=factor("logit_scale", node.scale),
-            divisor=factor("logits_scaling", node.divisor),
+            scale=keys.factor("logit_scale", node.scale),
+            divisor=keys.factor("logits_scaling", node.divisor),
             softcap=None
             if node.softcap is None
             else keys.need("final_logit_softcapping", node.softcap),

@@ -24,7 +24,8 @@ from onboard.arch.config_keys import (
     eps_concept,
     unset_keys,
 )
-from onboard.components import kv_sharing, logits
+from onboard.components import embeddings, kv_sharing, logits
+from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
@@ -648,7 +649,6 @@ def build_context(
         "mla_kv_sharing": is_mla and kv_sharing,
         **_components_context(spec, arch, f),
         **_norm_context(arch, cfg, mlp, norm_names, vllm_paths),
-        "scale_embedding": spec.scale_embedding,
         "rope_by_kind": rope_by_kind,
         "act_layer": act_layer,
         "moe_act": moe_act,
@@ -1415,8 +1415,8 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
             f"The checkpoint stores {_listed(fused)} each as one tensor, loaded "
             "as it is."
         )
-    head = arch.part(Logits)
-    assert head is not None, "every model has logits"
+    head, embed = arch.part(Logits), arch.part(Embeddings)
+    assert head is not None and embed is not None, "every model has both"
     if head.scale != 1.0:
         items.append("Logits multiplied by the config's logit_scale.")
     if spec.rope.scaling is not None:
@@ -1429,16 +1429,23 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
                 layers[0].stream.placement == "sandwich",
             ),
             ("RMS norms scaled by 1 + weight", layers[0].norms.unit_offset),
-            ("embeddings scaled by sqrt(hidden_size)", spec.scale_embedding),
+            ("embeddings scaled by sqrt(hidden_size)", embed.sqrt_hidden),
             ("soft-capped logits", head.softcap is not None),
         )
         if on
     ]
     if gemma:
         items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
-    read = [concept for concept, key in arch.config.multipliers().items() if key]
-    if logits.COMPONENT.code_context(head, arch.config).divisor:
-        read.append("logits_scaling")
+    keys = {
+        **arch.config.multipliers(),
+        "embedding_multiplier": embeddings.COMPONENT.code_context(
+            embed, arch.config
+        ).multiplier,
+        "logits_scaling": logits.COMPONENT.code_context(head, arch.config).divisor,
+    }
+    granite = ("attention", "embedding", "residual")
+    order = (*(f"{name}_multiplier" for name in granite), "logits_scaling")
+    read = [concept for concept in order if keys.get(concept)]
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
     # Stacked (gpt-oss's own storage: the MoE block's docstring says it).

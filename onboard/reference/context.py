@@ -18,6 +18,7 @@ from typing import Any
 from onboard import components
 from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
+from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
 from onboard.components.residual_stream import ResidualStream
@@ -313,13 +314,12 @@ def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
 
 
 def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
-    """Gemma's parts the reference has: 1 + weight norms, scaled embeddings
-    and its softmax scale (its sandwich norms are the residual stream's, its
-    final soft-cap the logits component's)."""
+    """Gemma's parts the reference has: 1 + weight norms and its softmax scale
+    (its sandwich norms are the residual stream's, its scaled embeddings and
+    final soft-cap the embeddings' and logits' components')."""
     att, norms = arch.attention, arch.layers[0].norms
     return {
         "unit_offset": norms.unit_offset,
-        "scale_embedding": spec.scale_embedding,
         "scalar": att.kind == "gqa" and att.query_pre_attn_scalar is not None,
     }
 
@@ -763,7 +763,9 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
         parts.append("scaled logits")
     if f["tie"]:
         parts.append("tied embeddings")
-    if spec.embedding_multiplier != 1.0 or spec.residual_multiplier != 1.0:
+    embed = arch.part(Embeddings)
+    multiplied = embed is not None and embed.multiplier != 1.0
+    if multiplied or spec.residual_multiplier != 1.0:
         parts.append("scaled embeddings and residual branches (Granite)")
     if arch.mtp is not None:
         n = arch.mtp.num_heads

@@ -21,9 +21,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
     "tie_word_embeddings": ("tie_word_embeddings",),
     "hidden_act": ("hidden_act", "hidden_activation"),
-    "scale_embedding": ("scale_embedding",),  # embeddings times sqrt(hidden_size)
-    # Granite's multipliers (HyperCLOVAX's keys too)
-    "embedding_multiplier": ("embedding_multiplier",),
+    # Granite's residual multiplier (HyperCLOVAX's key too; the embeddings' and
+    # the logits' factors are their components')
     "residual_multiplier": ("residual_multiplier",),
     # attention
     "num_attention_heads": ("num_attention_heads",),

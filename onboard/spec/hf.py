@@ -662,6 +662,7 @@ _HF_CARRIED = (
     "activation",
     "scale_embedding",
     "final_logit_softcap",
+    "embedding_multiplier",
     *MULTIPLIERS,
     "logits_scaling",
     "norm",
@@ -924,7 +925,6 @@ def _read(
     if act is not None and act not in ACTIVATIONS:
         r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
     spec["activation"] = act
-    spec["scale_embedding"] = bool(r.get("scale_embedding", False))
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
     spec["norm"] = {}  # the norms' components read theirs
@@ -2096,8 +2096,6 @@ def _model_wide_concepts(spec: ModelSpec) -> dict[str, Any]:
     """Gemma's and Granite's model-wide parts, written only where the spec has
     them (not at their neutral values), then the model-wide components'."""
     extra: dict[str, Any] = {}
-    if spec.scale_embedding:
-        extra["scale_embedding"] = True
     # Granite's multipliers, written where they are not neutral.
     for concept in MULTIPLIERS:
         if getattr(spec, concept) != 1.0:

@@ -57,7 +57,7 @@ LayerAttention = Literal["full_attention", "sliding_attention", "linear_attentio
 # 1.0 leaves the model as it is.
 MAX_NAME = 40  # name, model_type
 MAX_ARCHITECTURE = 48
-MULTIPLIERS = ("embedding_multiplier", "residual_multiplier")
+MULTIPLIERS = ("residual_multiplier",)
 
 # Model types whose config's rope_parameters.partial_rotary_factor is relative to
 # the whole q/k head (Mistral-4), not to qk_rope_head_dim.
@@ -620,18 +620,6 @@ class _Blocks(_Section):
     activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
         "silu", description="MLP activation (gated: act(gate) * up)."
     )
-    scale_embedding: bool = Field(
-        False,
-        description="Multiply the token embeddings by sqrt(hidden_size), the "
-        "factor rounded to the embedding's dtype (Gemma's normalizer); not "
-        "beside an embedding_multiplier.",
-    )
-    embedding_multiplier: float = Field(
-        1.0,
-        gt=0,
-        description="Factor on the token embeddings before the first layer "
-        "(Granite's `embedding_multiplier`).",
-    )
     residual_multiplier: float = Field(
         1.0,
         gt=0,
@@ -710,9 +698,10 @@ class ModelSpec(_Launch, *section_fields(""), _Blocks):
 
     @property
     def multipliers(self) -> dict[str, float]:
-        """Granite's whole-model multipliers, by field name (1.0: neutral); the
-        logits' divisor is the logits component's field."""
+        """Granite's whole-model multipliers, by field name (1.0: neutral): the
+        embeddings' and the logits' are their components' fields."""
         return {
+            "embedding_multiplier": self.embedding_multiplier,
             **{name: getattr(self, name) for name in MULTIPLIERS},
             "logits_scaling": self.logits_scaling,
         }

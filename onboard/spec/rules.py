@@ -545,10 +545,8 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
 
 def _gemma_rules(spec: ModelSpec, report: Report) -> None:
     # Granite's multipliers beside Gemma's scales: no family has both, and each
-    # pair sets the same thing (the embeddings' factor, the softmax scale), so
-    # which comes first would be a guess (the logits' pair: components/logits).
-    if spec.scale_embedding and spec.embedding_multiplier != 1.0:
-        report(("scale_embedding",), "is not generated beside an embedding_multiplier")
+    # pair sets the same thing, so which comes first would be a guess (the
+    # embeddings' and the logits' pairs: their components).
     att = spec.attention
     if att.query_pre_attn_scalar is not None and att.softmax_scale is not None:
         report(
