@@ -175,7 +175,8 @@ class Component:
     # Plain attributes its reference code sets on a module (no module may take
     # one of these names).
     attributes: ClassVar[tuple[str, ...]] = ()
-    # config.json: concept -> every key families use for it, canonical first;
+    # config.json: concept -> every key families use for it, canonical first
+    # (by default, each concept of concept_fields under its own name only);
     # and concept -> the spec fields it comes from (what a mismatch names).
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
@@ -210,6 +211,9 @@ class Component:
             assert cls.field is not None, cls.name
             cls.config_aliases = {cls.concept: (cls.concept,)}
             cls.concept_fields = {cls.concept: (cls.field,)}
+        elif "concept_fields" in cls.__dict__ and "config_aliases" not in cls.__dict__:
+            # Each concept under its own name only.
+            cls.config_aliases = {c: (c,) for c in cls.concept_fields}
         if not cls.config_place:
             section = (cls.extends or "").split(".")[0]
             cls.config_place = section if section in ("attention", "norm") else "other"
@@ -333,3 +337,44 @@ class Component:
     def tensor_name(self, spec: ModelSpec, role: str, layer: int) -> str:
         """The checkpoint module path of one of its roles at ``layer``."""
         return spec.tensor_path(role).format(layer=layer)
+
+
+class ModelWide(Component):
+    """A primitive every model has, stated by top-level spec fields with one
+    config.json key each (``concept_fields``) and neutral at their defaults
+    (the embeddings' factors, the logits' transforms): its plan node is the
+    plan's own, and its keys are written among the model-wide ones where not
+    neutral, read back as a flag or a positive number."""
+
+    host = "model"
+    extends = ""
+    config_place = "model"
+
+    def present(self, spec: ModelSpec) -> bool:
+        return True
+
+    def _fields(self) -> dict[str, str]:
+        """Concept -> its spec field."""
+        return {concept: f for concept, (f,) in self.concept_fields.items()}
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        assert self.Fields is not None
+        defaults = self.Fields.model_fields
+        return {
+            concept: getattr(spec, f)
+            for concept, f in self._fields().items()
+            if getattr(spec, f) != defaults[f].default
+        }
+
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        assert self.Fields is not None
+        out: dict[str, Any] = {}
+        for concept, f in self._fields().items():
+            field = self.Fields.model_fields[f]
+            if field.annotation is bool:
+                value = bool(get(concept, False))
+            else:
+                value = read_positive(get, concept, field.default)
+            if value != field.default:
+                out[f] = value
+        return out

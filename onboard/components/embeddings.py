@@ -12,13 +12,12 @@ tensor itself is the model's (role ``embed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from onboard.components.base import Component, Report, Section, read_positive
+from onboard.components.base import ModelWide, Report, Section
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -57,18 +56,11 @@ class EmbeddingsKeys:
     multiplier: str | None
 
 
-class _Embeddings(Component):
+class _Embeddings(ModelWide):
     name = "embeddings"
     label = "the token embeddings"
-    host = "model"
-    extends = ""
     Fields = EmbeddingsFields
     Node = Embeddings
-    config_place = "model"
-    config_aliases = {
-        "scale_embedding": ("scale_embedding",),
-        "embedding_multiplier": ("embedding_multiplier",),
-    }
     concept_fields = {
         "scale_embedding": ("scale_embedding",),
         "embedding_multiplier": ("embedding_multiplier",),
@@ -81,9 +73,6 @@ class _Embeddings(Component):
     )
     hf_slots = ("model.embed", "model.inputs")
 
-    def present(self, spec: ModelSpec) -> bool:
-        return True
-
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if spec.scale_embedding and spec.embedding_multiplier != 1.0:
             # No family has both: which factor comes first would be a guess.
@@ -93,24 +82,6 @@ class _Embeddings(Component):
 
     def plan(self, spec: ModelSpec, layer: int | None) -> Embeddings:
         return Embeddings(spec.scale_embedding, spec.embedding_multiplier)
-
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        # Written only where not neutral.
-        out: dict[str, Any] = {}
-        if spec.scale_embedding:
-            out["scale_embedding"] = True
-        if spec.embedding_multiplier != 1.0:
-            out["embedding_multiplier"] = spec.embedding_multiplier
-        return out
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if get("scale_embedding", False):
-            out["scale_embedding"] = True
-        multiplier = read_positive(get, "embedding_multiplier", 1.0)
-        if multiplier != 1.0:
-            out["embedding_multiplier"] = multiplier
-        return out
 
     def code_context(self, node: Embeddings, keys: ConfigKeys) -> EmbeddingsKeys:
         return EmbeddingsKeys(

@@ -153,7 +153,6 @@ class _Indexer(Component):
     extends = "attention"
     Fields = IndexerFields
     Node = LightningIndexer
-    config_aliases = {concept: (concept,) for concept in CONCEPTS}
     concept_fields = {concept: (_I + f,) for concept, f in CONCEPTS.items()}
     roles = {
         "indexer_wq_b": _role(

@@ -74,7 +74,6 @@ class _KVSharing(Component):
     Fields = KVSharingFields
     Node = KVSource
     field = "attention.kv_sharing"
-    config_aliases = {CONFIG_KEY: (CONFIG_KEY,)}
     concept_fields = {CONFIG_KEY: ("attention.kv_sharing",)}
 
     def present(self, spec: ModelSpec) -> bool:

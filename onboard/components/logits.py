@@ -11,13 +11,12 @@ tensor of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from onboard.components.base import Component, Report, Section, read_positive
+from onboard.components.base import ModelWide, Report, Section
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -60,29 +59,18 @@ class LogitsKeys:
     softcap: str | None
 
 
-class _Logits(Component):
+class _Logits(ModelWide):
     name = "logits"
     label = "the logits"
-    host = "model"
-    extends = ""
     Fields = LogitsFields
     Node = Logits
-    config_place = "model"
-    config_aliases = {
-        "logit_scale": ("logit_scale",),
-        "final_logit_softcapping": ("final_logit_softcapping",),
-        "logits_scaling": ("logits_scaling",),
-    }
     concept_fields = {
-        "logit_scale": ("logit_scale",),
         "final_logit_softcapping": ("final_logit_softcap",),
+        "logit_scale": ("logit_scale",),
         "logits_scaling": ("logits_scaling",),
     }
     vllm_slots = ("causal_lm.logits_processor",)
     hf_slots = ("causal_lm.logits",)
-
-    def present(self, spec: ModelSpec) -> bool:
-        return True
 
     def rules(self, spec: ModelSpec, report: Report) -> None:
         if spec.final_logit_softcap is None:
@@ -96,26 +84,6 @@ class _Logits(Component):
 
     def plan(self, spec: ModelSpec, layer: int | None) -> Logits:
         return Logits(spec.logit_scale, spec.logits_scaling, spec.final_logit_softcap)
-
-    def config(self, spec: ModelSpec) -> dict[str, Any]:
-        # Written only where not neutral.
-        out: dict[str, Any] = {}
-        if spec.final_logit_softcap is not None:
-            out["final_logit_softcapping"] = spec.final_logit_softcap
-        if spec.logit_scale != 1.0:
-            out["logit_scale"] = spec.logit_scale
-        if spec.logits_scaling != 1.0:
-            out["logits_scaling"] = spec.logits_scaling
-        return out
-
-    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
-        fields = {
-            "logit_scale": read_positive(get, "logit_scale", 1.0),
-            "final_logit_softcap": read_positive(get, "final_logit_softcapping", None),
-            "logits_scaling": read_positive(get, "logits_scaling", 1.0),
-        }
-        neutral = LogitsFields()
-        return {k: v for k, v in fields.items() if v != getattr(neutral, k)}
 
     def code_context(self, node: Logits, keys: ConfigKeys) -> LogitsKeys:
         return LogitsKeys(

@@ -63,17 +63,11 @@ class _Norms(Component):
     extends = "norm"
     Fields = NormFields
     Node = Norms
-    config_aliases = {
-        "rms_norm_eps": ("rms_norm_eps",),
-        "layer_norm_eps": ("layer_norm_eps",),
-        "norm_unit_offset": ("norm_unit_offset",),  # RMSNorm by (1 + weight)
-        "norm_bias": ("norm_bias",),  # layernorm: false for a weight-only norm
-    }
     concept_fields = {
         "rms_norm_eps": ("norm.eps",),
         "layer_norm_eps": ("norm.eps",),
-        "norm_unit_offset": ("norm.unit_offset",),
-        "norm_bias": ("norm.bias",),
+        "norm_unit_offset": ("norm.unit_offset",),  # RMSNorm by (1 + weight)
+        "norm_bias": ("norm.bias",),  # layernorm: false for a weight-only norm
     }
     # Whether the norms have bias tensors shows in a checkpoint (spec from-hf).
     visible = ("norm_bias",)

@@ -70,11 +70,6 @@ class _TemperatureTuning(Component):
     Fields = NopeTemperatureFields
     Node = Temperature
     field = "attention.nope_temperature"
-    config_aliases = {
-        "attn_temperature_tuning": ("attn_temperature_tuning",),
-        "floor_scale": ("floor_scale",),
-        "attn_scale": ("attn_scale",),
-    }
     concept_fields = {
         "attn_temperature_tuning": ("attention.nope_temperature",),
         "floor_scale": ("attention.nope_temperature.floor_scale",),
