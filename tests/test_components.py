@@ -309,6 +309,8 @@ def test_embeddings_read_their_two_factors_and_refuse_them_together():
     assert granite == {"embedding_multiplier": 12}
     with pytest.raises(ConfigProblem, match=r"embedding_multiplier=0: must be"):
         embeddings.read(_getter({"embedding_multiplier": 0}))
+    with pytest.raises(ConfigProblem, match=r"scale_embedding='yes': must be true"):
+        embeddings.read(_getter({"scale_embedding": "yes"}))
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"scale_embedding.*beside an embedding_mult"):
         parse_spec_text(text + "scale_embedding: true\nembedding_multiplier: 2.0\n")

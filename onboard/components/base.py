@@ -372,7 +372,9 @@ class ModelWide(Component):
         for concept, f in self._fields().items():
             field = self.Fields.model_fields[f]
             if field.annotation is bool:
-                value = bool(get(concept, False))
+                value = get(concept, False)
+                if not isinstance(value, bool):
+                    raise ConfigProblem(f"{concept}={value!r}: must be true or false")
             else:
                 value = read_positive(get, concept, field.default)
             if value != field.default:
