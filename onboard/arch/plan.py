@@ -30,7 +30,11 @@ from onboard.components.indexer import LightningIndexer
 from onboard.components.kv_sharing import KVSource
 from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
-from onboard.spec.layouts import LAYOUT_PRESETS
+from onboard.spec.layouts import (
+    KIMI_DELTA_ROLES,
+    LAYOUT_PRESETS,
+    linear_attention_roles,
+)
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import (
     gpt_oss_experts,
@@ -188,6 +192,11 @@ class GatedDeltaNet(_Recurrent):
         """Channels of the convolution: q, k and v."""
         return 2 * self.key_dim + self.value_dim
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Its checkpoint roles (as its projections are stored)."""
+        return linear_attention_roles(self.kind, self.projections)
+
     def recurrent_shape(self, tp: int) -> tuple[int, ...]:
         # gated_delta_net_state_shape: [value heads, value dim, key dim].
         return (self.num_value_heads // tp, self.value_head_dim, self.key_head_dim)
@@ -217,6 +226,11 @@ class KimiDeltaAttention(_Recurrent):
     def conv_dim(self) -> int:
         """Channels of the three convolutions together: q, k and v."""
         return 3 * self.projection_dim
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Its checkpoint roles."""
+        return KIMI_DELTA_ROLES
 
     def recurrent_shape(self, tp: int) -> tuple[int, ...]:
         # kda_state_shape: one convolution state for q, k and v together, and a
@@ -462,6 +476,11 @@ class ArchPlan:
     def moe(self) -> MoEMLP | None:
         """The MoE MLP of the blocks that have one (None: no MoE block)."""
         return next((b.mlp for b in self._blocks if isinstance(b.mlp, MoEMLP)), None)
+
+    @property
+    def activation(self) -> str:
+        """The MLPs' activation (dense and MoE blocks share it)."""
+        return self.layers[0].mlp.activation
 
     @property
     def kv_sources(self) -> Mapping[int, int]:

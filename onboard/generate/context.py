@@ -17,7 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from onboard import components
-from onboard.arch import ArchPlan, KimiDeltaAttention, Norms, build_plan
+from onboard.arch import (
+    ArchPlan,
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    Norms,
+    build_plan,
+)
 from onboard.arch.config_keys import (
     ConfigKeys,
     GenerationError,
@@ -37,7 +43,6 @@ from onboard.spec.layouts import (
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
     gpt_oss_param,
-    linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import (
@@ -579,7 +584,7 @@ def build_context(
     names = _module_names(vllm_paths, mlp)
     stacked, packed = _stacked_params(spec, arch, mlp, names)
 
-    act_layer, moe_act = ACTIVATIONS[spec.activation]
+    act_layer, moe_act = ACTIVATIONS[arch.activation]
     rope = spec.rope
     kv_target_expr = None
     if kv_sharing:
@@ -638,7 +643,7 @@ def build_context(
         # The model's layer factory reads the config.
         "per_layer_reads_config": layer_idx_needed or per_layer.sliding,
         "per_layer": per_layer,
-        "layer_doc": _layer_doc(spec, per_layer) if per_layer.any else "",
+        "layer_doc": _layer_doc(arch, per_layer) if per_layer.any else "",
         "summary": _summary(spec, arch),
         "rope_comment": _rope_comment(spec, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
@@ -657,11 +662,11 @@ def build_context(
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
         "tie": spec.tie_word_embeddings,
         "mtp": arch.mtp is not None,
-        "mtp_doc": _mtp_doc(spec) if mtp else "",
+        "mtp_doc": _mtp_doc(spec, arch) if mtp else "",
         "mtp_block_moe": mtp_mlp == "moe",
         "mtp_block_comment": _mtp_block_comment(per_layer) if mtp else [],
         "mtp_draft": mtp_draft(spec, standalone=True) if arch.mtp is not None else None,
-        "mtp_prefixes": _mtp_prefixes(spec),
+        "mtp_prefixes": _mtp_prefixes(arch),
         "names": SimpleNamespace(**names),
         "renames": renames,
         "stacked": stacked,
@@ -927,7 +932,7 @@ def _model_config_keys(
     if arch.has_dense:
         assert spec.mlp.intermediate_size is not None
         cfg["intermediate_size"] = f.dense_width()
-    cfg["hidden_act"] = f.find("hidden_act", spec.activation)
+    cfg["hidden_act"] = f.find("hidden_act", arch.activation)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     cfg.update(f.multipliers())
@@ -1063,9 +1068,8 @@ def _loaded_roles(
             roles += ["qkv_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj"]
-    lin = spec.linear_attention
-    if lin is not None and not mtp:
-        roles += linear_attention_roles(lin.type, lin.projections)
+    if arch.linear is not None and not mtp:
+        roles += arch.linear.roles
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
@@ -1142,8 +1146,8 @@ def _stacked_params(
             (".indexer.weights_proj.", ".indexer.wk_weights_proj.", "1"),
         ]
         packed["wk_weights_proj"] = ["wk", "weights_proj"]
-    lin = spec.linear_attention
-    if lin is not None and lin.projections == "split":
+    lin = arch.linear
+    if isinstance(lin, GatedDeltaNet) and lin.projections == "split":
         # Qwen3.5's split projections load into vLLM's two merged ones.
         stacked += [
             (".in_proj_qkv", ".in_proj_qkvz", "(0, 1, 2)"),
@@ -1153,7 +1157,7 @@ def _stacked_params(
         ]
         packed["in_proj_qkvz"] = ["in_proj_qkv", "in_proj_z"]
         packed["in_proj_ba"] = ["in_proj_b", "in_proj_a"]
-    elif lin is not None and lin.type == "kimi_delta":
+    elif isinstance(lin, KimiDeltaAttention):
         # The KDA layer's own load_weights stacks these (the checkpoint's q_proj
         # may also name an MLA layer's query projection).
         packed["in_proj_qkvgfab"] = ["q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj"]
@@ -1177,13 +1181,13 @@ def _stacked_params(
     return stacked, packed
 
 
-def _mtp_prefixes(spec: ModelSpec) -> list[str]:
+def _mtp_prefixes(arch: ArchPlan) -> list[str]:
     """Checkpoint prefixes of the MTP heads' tensors (each a checked string)."""
-    if spec.mtp is None:
+    if arch.mtp is None:
         return []
     prefixes = {"model.layers."}
     for role in MTP_HEADS.roles:
-        prefixes.add(spec.tensor_path(role).split("{layer}")[0])
+        prefixes.add(arch.tensors.checkpoint[role].split("{layer}")[0])
     for p in prefixes:
         py_str(p.rstrip("."))
     return sorted(prefixes)
@@ -1290,7 +1294,7 @@ def _part_docs(arch: ArchPlan) -> list[str]:
     ]
 
 
-def _layer_doc(spec: ModelSpec, per_layer: SimpleNamespace) -> str:
+def _layer_doc(arch: ArchPlan, per_layer: SimpleNamespace) -> str:
     parts = []
     if per_layer.moe:
         parts.append("whether its MLP is the MoE block (else the dense MLP)")
@@ -1302,7 +1306,7 @@ def _layer_doc(spec: ModelSpec, per_layer: SimpleNamespace) -> str:
         parts.append("whether its attention applies rope (False: NoPE)")
     if per_layer.linear:
         parts.append("whether its token mixer is linear attention (else attention)")
-    if spec.mtp is None:
+    if arch.mtp is None:
         return (
             "A decoder layer. What differs by layer comes from the caller (the "
             f"model reads it per layer from the config): {_listed(parts)}."
@@ -1508,13 +1512,13 @@ def _sliding_scaling(spec: ModelSpec):
     return spec.rope.sliding.scaling if spec.rope.sliding else None
 
 
-def _mtp_doc(spec: ModelSpec) -> str:
+def _mtp_doc(spec: ModelSpec, arch: ArchPlan) -> str:
     """Module docstring body of the MTP draft file."""
-    assert spec.mtp is not None
+    assert arch.mtp is not None
     draft = mtp_draft(spec, standalone=True)
-    mlp = "an MoE" if spec.mtp.mlp == "moe" else "a dense"
+    mlp = "an MoE" if arch.mtp.block.is_moe else "a dense"
     paragraphs = [
-        f"{_heads(spec.mtp.num_heads, 'multi-token-prediction head')}, stored in the "
+        f"{_heads(arch.mtp.num_heads, 'multi-token-prediction head')}, stored in the "
         "target checkpoint as layers num_hidden_layers + i. Head i reads the "
         "previous hidden state h (the target's last one for head 0) and the next "
         "token t: h_i = block_i(eh_proj(concat(enorm(embed(t)), hnorm(h)))), "

@@ -85,7 +85,6 @@ def _class_names(spec: ModelSpec) -> dict[str, str]:
 
 
 def reference_context(spec: ModelSpec) -> dict[str, Any]:
-    moe = spec.mlp.moe
     names = module_names(spec)
     cls = _class_names(spec)
     arch = build_plan(spec)
@@ -119,7 +118,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "kv_sharing": bool(arch.kv_sources),
         **_block_form(arch),
         **_gemma_flags(spec, arch),
-        "act": spec.activation,
+        "act": arch.activation,
         "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
@@ -196,7 +195,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         c["kv_sharing"] = keys.need("kv_sharing_target_layers")
     if f["nope"]:
         per_layer["rope"] = _rope_rule(spec, keys, arch)
-    if moe is not None:
+    if arch.moe is not None:
         per_layer["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
@@ -549,7 +548,7 @@ def _ignore_unexpected(
     """Regexes for K/V tensors of KV-sharing layers, which the reference lacks."""
     if not f["kv_sharing"]:
         return []
-    if spec.attention.type == "mla":
+    if f["mla"]:
         roles = ["kv_a_proj", "kv_a_norm"]  # the latent and rope key it reads
     else:
         roles = ["k_proj", "v_proj"] + (["k_norm"] if f["qk_norm"] else [])
@@ -581,13 +580,14 @@ def _kda_view(spec: ModelSpec) -> dict[str, str] | None:
     """Kimi delta attention's sizes as Kimi Linear's config nests them
     (``linear_attn_config``, which vLLM's KDA layer reads): entry -> the flat
     config key holding it. None without Kimi delta attention."""
-    lin = spec.linear_attention
-    if lin is None or lin.type != "kimi_delta":
+    arch = build_plan(spec)
+    lin = arch.linear
+    if not isinstance(lin, KimiDeltaAttention):
         return None
-    keys = build_plan(spec).config
+    keys = arch.config
     return {
-        "num_heads": keys.need("linear_num_heads", lin.num_key_heads),
-        "head_dim": keys.need("linear_head_dim", lin.key_head_dim),
+        "num_heads": keys.need("linear_num_heads", lin.num_heads),
+        "head_dim": keys.need("linear_head_dim", lin.head_dim),
         "short_conv_kernel_size": keys.need(
             "linear_conv_kernel_dim", lin.conv_kernel_size
         ),
