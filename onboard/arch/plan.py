@@ -478,6 +478,11 @@ class ArchPlan:
         return next((b.mlp for b in self._blocks if isinstance(b.mlp, MoEMLP)), None)
 
     @property
+    def norms(self) -> Norms:
+        """The norms every block shares (kind, eps, bias, scaling)."""
+        return self.layers[0].norms
+
+    @property
     def activation(self) -> str:
         """The MLPs' activation (dense and MoE blocks share it)."""
         return self.layers[0].mlp.activation

@@ -457,7 +457,7 @@ def _mla_context(
         ),
         # The latent norms' eps where it is not the model's (GLM-5's 1e-6).
         "mla_latent_eps": (
-            latent_eps if latent_eps not in (None, spec.norm.eps) else None
+            latent_eps if latent_eps not in (None, arch.norms.eps) else None
         ),
         # Sparse MLA's lightning indexer: its index rope's pairs, shared layers.
         "indexer": (
@@ -692,7 +692,7 @@ def _norm_context(
     vllm_paths: dict[str, str],
 ) -> dict[str, Any]:
     """The decoder layer's norms: their classes, placement and names."""
-    norms = arch.layers[0].norms
+    norms = arch.norms
     stream = _stream_code(
         arch.layers[0].stream, norms, vllm_paths, cfg["residual_multiplier"]
     )
@@ -870,7 +870,7 @@ def _model_config_keys(
             "max_position_embeddings", spec.max_position_embeddings
         ),
         "num_attention_heads": f.need("num_attention_heads", att.num_heads),
-        "norm_eps": f.need(eps_concept(spec), spec.norm.eps),
+        "norm_eps": f.need(eps_concept(spec), arch.norms.eps),
     }
     sliding = _sliding(arch)
     if sliding != "none":
@@ -891,7 +891,7 @@ def _model_config_keys(
         if mla.q_lora_rank is not None:
             cfg["q_lora_rank"] = f.need("q_lora_rank", mla.q_lora_rank)
         latent_eps = mla.latent_norm_eps
-        if latent_eps not in (None, spec.norm.eps):
+        if latent_eps not in (None, arch.norms.eps):
             # Where the config states it (else the literal: GLM-5's 1e-6).
             cfg["mla_norm_eps"] = f.find("mla_norm_eps", latent_eps)
         idx = att.indexer
@@ -1432,7 +1432,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
                 "sandwich norms (on the inputs and outputs of attention and MLP)",
                 layers[0].stream.placement == "sandwich",
             ),
-            ("RMS norms scaled by 1 + weight", layers[0].norms.unit_offset),
+            ("RMS norms scaled by 1 + weight", arch.norms.unit_offset),
             ("embeddings scaled by sqrt(hidden_size)", embed.sqrt_hidden),
             ("soft-capped logits", head.softcap is not None),
         )

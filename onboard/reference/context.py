@@ -145,7 +145,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
     c["index_interleave"] = (
         keys.find("indexer_rope_interleave") if f["indexer"] else None
     )
-    c.update(_eps_keys(spec, keys))
+    c.update(_eps_keys(spec, arch, keys))
     if f["mla"]:
         for short, concept in (
             ("qk_nope", "qk_nope_head_dim"),
@@ -297,13 +297,13 @@ def _linear_flags(arch) -> dict[str, bool]:
     }
 
 
-def _eps_keys(spec: ModelSpec, keys: ConfigKeys) -> dict[str, str]:
+def _eps_keys(spec: ModelSpec, arch: ArchPlan, keys: ConfigKeys) -> dict[str, str]:
     """The norms' eps and the MLA latent norms' (a config key where the config
     has one, else the family's fixed value)."""
     eps = keys.find(eps_concept(spec))
-    out = {"eps": f"config.{eps}" if eps else repr(spec.norm.eps)}
-    att = spec.attention
-    latent_eps = att.mla.latent_norm_eps if att.mla is not None else None
+    out = {"eps": f"config.{eps}" if eps else repr(arch.norms.eps)}
+    mla = arch.attention.mla
+    latent_eps = mla.latent_norm_eps if mla is not None else None
     if latent_eps is None:
         out["latent_eps"] = out["eps"]
     else:
@@ -316,7 +316,7 @@ def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
     """Gemma's parts the reference has: 1 + weight norms and its softmax scale
     (its sandwich norms are the residual stream's, its scaled embeddings and
     final soft-cap the embeddings' and logits' components')."""
-    att, norms = arch.attention, arch.layers[0].norms
+    att, norms = arch.attention, arch.norms
     return {
         "unit_offset": norms.unit_offset,
         "scalar": att.kind == "gqa" and att.query_pre_attn_scalar is not None,
@@ -369,7 +369,7 @@ def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
 def _block_form(arch) -> dict[str, bool]:
     """The decoder block's norms (kind, bias, placement) and whether the
     checkpoint stores q/k/v fused."""
-    norms, stream = arch.layers[0].norms, arch.layers[0].stream
+    norms, stream = arch.norms, arch.layers[0].stream
     return {
         "layernorm": norms.kind == "layernorm",
         "norm_bias": norms.has_bias,
@@ -741,7 +741,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
     else:
         parts.append("dense MLP")
     bare = f["layernorm"] and not f["norm_bias"]
-    parts.append("layernorm without bias" if bare else arch.layers[0].norms.kind)
+    parts.append("layernorm without bias" if bare else arch.norms.kind)
     if f["parallel_norm"]:
         parts.append("parallel attention and MLP")
     names = {
