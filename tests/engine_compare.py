@@ -136,6 +136,12 @@ def use_in_tree_class(architecture: str) -> None:
     ModelRegistry.register_model(
         architecture, f"vllm.model_executor.models.{module}:{cls}"
     )
+    # vLLM keeps the class it resolved for a checkpoint path and architecture
+    # (model_loader/utils.py, _MODEL_ARCH_BY_HASH): in this process the next
+    # engine of the same checkpoint would build the plugin's class again.
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    loader_utils._MODEL_ARCH_BY_HASH.clear()
     # Engine processes that load plugins themselves must not load ours again.
     os.environ["VLLM_PLUGINS"] = ""
 
@@ -156,16 +162,12 @@ def main() -> None:
         "generated plugin (reported as runs['also:<dir name>'])",
     )
     args = parser.parse_args()
-    if args.no_in_tree:
-        # As onboard's engine worker runs vLLM: the engine core in this process
-        # (one vLLM import per engine, not three), the plugin's class inspected
-        # here. Not before an in-tree run: in one process, the engine after
-        # use_in_tree_class still built the plugin's class (seen, not yet
-        # explained), so that run keeps vLLM's own processes.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from onboard.runtime.engine_worker import inspect_classes_here
+    # As onboard's engine worker runs vLLM: the engine core in this process (one
+    # vLLM import per engine, not three), the plugin's class inspected here.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from onboard.runtime.engine_worker import inspect_classes_here
 
-        inspect_classes_here()
+    inspect_classes_here()
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     os.environ["PYTHONPATH"] = os.pathsep.join(
