@@ -1440,16 +1440,19 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     ]
     if gemma:
         items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
-    keys = {
-        **arch.config.multipliers(),
-        "embedding_multiplier": embeddings.COMPONENT.code_context(
-            embed, arch.config
-        ).multiplier,
-        "logits_scaling": logits.COMPONENT.code_context(head, arch.config).divisor,
-    }
-    granite = ("attention", "embedding", "residual")
-    order = (*(f"{name}_multiplier" for name in granite), "logits_scaling")
-    read = [concept for concept in order if keys.get(concept)]
+    granite = arch.config.multipliers()
+    embed_keys = embeddings.COMPONENT.code_context(embed, arch.config)
+    head_keys = logits.COMPONENT.code_context(head, arch.config)
+    read = [
+        concept
+        for concept, key in (
+            ("attention_multiplier", granite.get("attention_multiplier")),
+            ("embedding_multiplier", embed_keys.multiplier),
+            ("residual_multiplier", granite["residual_multiplier"]),
+            ("logits_scaling", head_keys.divisor),
+        )
+        if key
+    ]
     if read:
         items.append(f"Granite's multipliers, read from the config: {_listed(read)}.")
     # Stacked (gpt-oss's own storage: the MoE block's docstring says it).

@@ -658,19 +658,15 @@ _HF_CARRIED = (
     "num_hidden_layers",
     "max_position_embeddings",
     "tie_word_embeddings",
-    "logit_scale",
     "activation",
-    "scale_embedding",
-    "final_logit_softcap",
-    "embedding_multiplier",
     *MULTIPLIERS,
-    "logits_scaling",
     "norm",
     "attention",
     "rope",
     "linear_attention",
     "mlp",
-    "mtp",
+    # The top-level fields of components (the embeddings', the logits', MTP's).
+    *(f for c in components.every() if c.extends == "" for f in c.Fields.model_fields),
 )
 
 
