@@ -25,6 +25,21 @@ def non_finite_keys(value: Any, prefix: str = "") -> list[str]:
     return [path for key, v in items for path in non_finite_keys(v, key)]
 
 
+def check_config_object(config: Any, source: object) -> dict:
+    """``config`` when it is a JSON object of finite numbers; else an InputError
+    located at ``source``."""
+    if not isinstance(config, dict):
+        raise InputError(f"{source}: not a JSON object")
+    bad = non_finite_keys(config)
+    if bad:
+        # NaN would also "contradict" itself in a comparison (NaN != NaN).
+        raise InputError(
+            f"{source}: {', '.join(bad[:5])} {'is' if len(bad) == 1 else 'are'} NaN "
+            "or infinite; no model config means that (a corrupt or hand-edited file?)"
+        )
+    return config
+
+
 def read_config_json(path: Path) -> dict:
     """The parsed config.json at ``path``; InputError when it is not a usable one."""
     if Path(path).exists() and not Path(path).is_file():
@@ -39,14 +54,7 @@ def read_config_json(path: Path) -> dict:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: not a JSON object")
-    bad = non_finite_keys(config)
-    if bad:
-        raise InputError(
-            f"{path}: {', '.join(bad[:5])} {'is' if len(bad) == 1 else 'are'} NaN or "
-            "infinite; no model config means that (a corrupt or hand-edited file?)"
-        )
+    check_config_object(config, path)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError(f"{path}: model_type: required, as a string")

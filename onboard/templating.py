@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -304,16 +305,33 @@ def config_or(key: str | None, value: bool | int | float | str) -> str:
     return f"config.{key}"
 
 
-@cache
-def environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+def index_ranges(values: Iterable[int]) -> str:
+    """Sorted indices as runs: ``0-3, 5, 7-8``."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def text_environment(folder: Path) -> jinja2.Environment:
+    """Jinja for the templates in ``folder``: undefined names fail, block tags
+    leave no blank lines, nothing is escaped (the output is code and Markdown)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
     )
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = text_environment(TEMPLATES)
     env.filters["docwrap"] = docwrap
     env.filters["commentwrap"] = commentwrap
     env.filters["fit"] = fit

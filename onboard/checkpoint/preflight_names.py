@@ -26,13 +26,13 @@ from onboard.checkpoint.preflight_spec import (
     canonical_roles,
     describe,
     placeholders,
-    ranges,
     role_hint,
     split_name,
 )
 from onboard.checkpoint.tiny import TensorPlan, plan_tensors
 from onboard.spec.layouts import PARAM_ROLES
 from onboard.spec.model import ModelSpec
+from onboard.templating import index_ranges
 
 # Tensors vLLM's loader drops by name (old exports carry them).
 DROPPED = (
@@ -388,7 +388,7 @@ def _unexpected_problem(
         fields = ["num_hidden_layers", "mtp.num_heads"]
     elif role is not None and role.startswith("mtp_") and layers:
         message = (
-            f"MTP head tensors at layers {ranges(layers)}, but the spec puts "
+            f"MTP head tensors at layers {index_ranges(layers)}, but the spec puts "
             f"MTP heads after its {decoder} decoder layers"
             + ("" if arch.mtp else " and has none (mtp: null)")
         )

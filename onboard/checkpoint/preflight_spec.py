@@ -25,6 +25,7 @@ from onboard.spec.layouts import (
 )
 from onboard.spec.model import ModelSpec
 from onboard.spec.module_tree import used_roles
+from onboard.templating import index_ranges
 
 PLACEHOLDERS = ("{layer}", "{expert}")
 
@@ -42,16 +43,6 @@ def abstract(name: str) -> tuple[str, tuple[int, ...]]:
     return ".".join(parts), tuple(idx)
 
 
-def ranges(values: set[int]) -> str:
-    out: list[str] = []
-    for v in sorted(values):
-        if out and out[-1][1] == v - 1:
-            out[-1] = (out[-1][0], v)
-        else:
-            out.append((v, v))
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
 def describe(pattern: str, names: list[str]) -> str:
     """The pattern with the indices it covers: ``... (layers 1-2, experts 0-7)``."""
     idx = [abstract(n)[1] for n in names]
@@ -59,7 +50,7 @@ def describe(pattern: str, names: list[str]) -> str:
     for pos, label in ((0, "layers"), (1, "experts")):
         values = {i[pos] for i in idx if len(i) > pos}
         if values:
-            parts.append(f"{label} {ranges(values)}")
+            parts.append(f"{label} {index_ranges(values)}")
     if len(names) > 1:
         parts.append(f"{len(names)} tensors")
     return f"{pattern} ({', '.join(parts)})" if parts else pattern

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
 import yaml
 
 import onboard
 from onboard import components
 from onboard.arch import build_plan
 from onboard.publish.checkpoint import Checkpoint
+from onboard.templating import index_ranges, text_environment
 
 if TYPE_CHECKING:
     from onboard.publish.validation import Verdict
@@ -295,22 +295,9 @@ def summarise_modules(names: list[str], num_layers: int | None = None) -> list[s
     for layers, labels in sorted(groups.items()):
         mtp = num_layers is not None and layers[0] >= num_layers
         word = "layer" if len(layers) == 1 else "layers"
-        where = f"{word} {_ranges(layers)}" + (" (MTP)" if mtp else "")
+        where = f"{word} {index_ranges(layers)}" + (" (MTP)" if mtp else "")
         out.append(f"{where}: {', '.join(labels)}")
     return out
-
-
-def _ranges(values: tuple[int, ...]) -> str:
-    parts: list[str] = []
-    start = prev = values[0]
-    for v in values[1:] + (None,):  # type: ignore[operator]
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(parts)
 
 
 def quantization_rows(ckpt: Checkpoint) -> list[tuple[str, str]]:
@@ -504,14 +491,7 @@ def render_card(inputs: CardInputs) -> str:
     )
     known, vllm_version = vllm_support(architecture)
     command, chosen = serve_command(inputs)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
+    env = text_environment(TEMPLATES)
     meta = metadata(inputs)
     body = env.get_template("README.md.j2").render(
         title=inputs.repo_id.split("/", 1)[1],

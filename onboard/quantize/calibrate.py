@@ -240,14 +240,13 @@ def calibrate(
                 _expert_stats(experts, torch.cat(xs), arch, i, config, stats)
         layer.to_empty(device="meta")
 
-    missing = sorted(m for m in wanted if m not in stats)
-    if missing:
-        raise InputError(
-            f"{selection.model_dir}: calibration: the reference model has no module "
-            "for "
-            f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
-            "(the spec's layout and the transformers class disagree)"
-        )
+    _refuse_missing(
+        selection.model_dir,
+        wanted,
+        stats,
+        "the reference model has no module for",
+        " (the spec's layout and the transformers class disagree)",
+    )
     return {m: stats[m] for m in sorted(stats)}
 
 
@@ -335,13 +334,9 @@ def _calibrate_generated_reference(
             model(input_ids=ids[b : b + BATCH], use_cache=False)
     for hook in hooks:
         hook.remove()
-    missing = sorted(m for m in wanted if m not in stats)
-    if missing:
-        raise InputError(
-            f"{selection.model_dir}: calibration: the generated reference ran no "
-            "module "
-            f"for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
-        )
+    _refuse_missing(
+        selection.model_dir, wanted, stats, "the generated reference ran no module for"
+    )
     return {m: stats[m] for m in sorted(stats)}
 
 
@@ -379,3 +374,16 @@ def _attach_generated(model, arch: ArchPlan, wanted: set[str], stats: dict) -> l
                 hook = all_experts(module)
                 hooks.append(modules[parent].register_forward_pre_hook(hook))
     return hooks
+
+
+def _refuse_missing(
+    model_dir: Path, wanted: set[str], stats: dict, what: str, why: str = ""
+) -> None:
+    """InputError naming the first modules of ``wanted`` that calibration never
+    saw (their statistics absent from ``stats``)."""
+    missing = sorted(m for m in wanted if m not in stats)
+    if missing:
+        more = " ..." if len(missing) > 5 else ""
+        raise InputError(
+            f"{model_dir}: calibration: {what} {', '.join(missing[:5])}{more}{why}"
+        )

@@ -10,6 +10,7 @@ from onboard.serving.disagg import PROXY_URL, proxy_command
 from onboard.serving.layout import ACTIVATION_BUFFERS, LOGIT_BYTES, GiB
 from onboard.serving.serve import shell
 from onboard.serving.weights import SHARD_EXPERTS, SHARD_KV, SHARD_TP
+from onboard.templating import index_ranges
 
 if TYPE_CHECKING:
     from onboard.serving.types import Deployment
@@ -89,7 +90,7 @@ def _kv_cache(deployment: Deployment) -> list[str]:
         key = "shared" if layer.shares is not None else layer.kind
         kinds.setdefault(key, []).append(layer.index)
     for key, idx in kinds.items():
-        add(f"   {key:<8} layers ({len(idx)}): {_ranges(idx)}")
+        add(f"   {key:<8} layers ({len(idx)}): {index_ranges(idx)}")
     owning = kv.owning_layers
     per_layer = owning[0].bytes_per_token if owning else 0
     sizes = Counter(layer.bytes_per_token for layer in owning)
@@ -133,8 +134,8 @@ def _states(deployment: Deployment) -> list[str]:
     state = kv.state_bytes_per_sequence
     request = kv.bytes_per_request(deployment.context)
     return [
-        f"   linear-attention layers ({len(idx)}): {_ranges(idx)}, no KV cache: one "
-        f"state per sequence ({kv.state_dtype} recurrent state)",
+        f"   linear-attention layers ({len(idx)}): {index_ranges(idx)}, no KV cache: "
+        f"one state per sequence ({kv.state_dtype} recurrent state)",
         f"   per layer: {kv.state_formula}",
         f"   one request of {deployment.context:,} tokens: KV {kv.bytes_per_token:,} x "
         f"{deployment.context:,} + states {len(idx)} x {kv.states[0].bytes:,} = "
@@ -415,16 +416,3 @@ def _backends(deployment: Deployment) -> str:
     if deployment.arch.has_moe:
         parts.append(f"MoE {moe}")
     return "; ".join(parts)
-
-
-def _ranges(idx: list[int]) -> str:
-    out, start = [], idx[0]
-    prev = start
-    for i in idx[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ", ".join(out)

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from onboard import components
 from onboard.components import Component
 from onboard.components.base import ConfigProblem
-from onboard.config_json import non_finite_keys
+from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
 from onboard.spec.config_aliases import ALIASES, family_aliases
@@ -1669,15 +1669,7 @@ def spec_from_hf_config(
     concepts' defaults. ``onboard.reference.infer.infer_spec`` (what
     `onboard spec from-hf` runs) finds those values and proves the spec against
     the family's own class."""
-    if not isinstance(config, dict):
-        raise InputError(f"{source}: a config must be a JSON object")
-    non_finite = non_finite_keys(config)
-    if non_finite:
-        # NaN would also "contradict" itself below (NaN != NaN).
-        raise InputError(
-            f"{source}: {', '.join(non_finite[:5])}: NaN or infinite; no model "
-            "config means that (a corrupt or hand-edited file?)"
-        )
+    check_config_object(config, source)
     model_type = model_type_of(config, source)
     wrapped = _wrapped_text(config, model_type, source)
     if wrapped is not None:

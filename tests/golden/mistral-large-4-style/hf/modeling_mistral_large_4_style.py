@@ -167,7 +167,7 @@ class Indexer(nn.Module):
         k = self.k_norm(self.wk(x))[:, :, None]
         return apply_index_rope(k, cos, sin, self.rope_interleave)[:, :, 0]
 
-    def scores(
+    def forward(
         self,
         x: torch.Tensor,
         q_latent: torch.Tensor,
@@ -187,17 +187,8 @@ class Indexer(nn.Module):
         index_scores = torch.matmul(weights[:, :, None], scores)[:, :, 0]
         return index_scores + bias[:, 0]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        q_latent: torch.Tensor,
-        keys: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        bias: torch.Tensor,
-    ) -> torch.Tensor:
+    def select(self, index_scores: torch.Tensor) -> torch.Tensor:
         """The top-k keys of each query, [batch, seq, min(topk, k_len)]."""
-        index_scores = self.scores(x, q_latent, keys, cos, sin, bias)
         return index_scores.topk(min(self.topk, index_scores.shape[-1]), dim=-1).indices
 
 
@@ -292,7 +283,8 @@ class Attention(nn.Module):
         k = torch.cat((k_nope, k_rot.expand(-1, self.num_heads, -1, -1)), dim=-1)
 
         bias = attention_bias(s, k_len, total, attention_mask, q.dtype, q.device)
-        top = self.indexer(x, q_latent, index_k[:, 0], cos, sin, bias)
+        index_scores = self.indexer(x, q_latent, index_k[:, 0], cos, sin, bias)
+        top = self.indexer.select(index_scores)
         unpicked = torch.ones(b, s, k_len, dtype=torch.bool, device=q.device)
         unpicked = unpicked.scatter(-1, top, False)[:, None]  # [b, 1, s, k_len]
         bias = bias.masked_fill(unpicked, torch.finfo(bias.dtype).min)
