@@ -35,7 +35,7 @@ from onboard.spec.layouts import (
     LAYOUT_PRESETS,
     linear_attention_roles,
 )
-from onboard.spec.model import ModelSpec
+from onboard.spec.model import ModelSpec, RopeScaling
 from onboard.spec.module_tree import (
     gpt_oss_experts,
     parameter_experts,
@@ -49,6 +49,28 @@ T = TypeVar("T")
 # The names vLLM's own model files use (Llama / DeepSeek): generated modules are
 # built under these, and a checkpoint that names a role otherwise is renamed.
 CANONICAL: Mapping[str, str] = MappingProxyType(dict(LAYOUT_PRESETS["llama"]))
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """The model's rotary embedding, beyond what each layer's own rope says
+    (``Attention.rope``, ``rope_theta``, ``rope_scaling``): what both models'
+    code prints once for the whole model."""
+
+    # Rotates interleaved pairs (GPT-J, DeepSeek's MLA), not halves (NeoX).
+    interleaved: bool
+    # The full-attention layers' scaling (the MTP blocks' too) and, where the
+    # sliding layers have a rope of their own (Gemma-3), theirs.
+    scaling: RopeScaling | None
+    sliding_scaling: RopeScaling | None
+    sliding_own: bool
+    # MLA's partial rotary factor is a share of the whole q/k head (Mistral-4),
+    # not of qk_rope_head_dim.
+    whole_head: bool
+
+    @property
+    def yarn(self) -> bool:
+        return self.scaling is not None and self.scaling.type == "yarn"
 
 
 @dataclass(frozen=True)
@@ -361,6 +383,7 @@ class ArchPlan:
     layers: tuple[Layer, ...]
     mtp: MTPPlan | None
     tensors: TensorNames
+    rope: Rotary
     # The plan nodes of the model-wide components (host "model"), in registry
     # order; read one by its type with part().
     parts: tuple[Any, ...] = ()
@@ -457,7 +480,7 @@ class ArchPlan:
         model; the full-attention layers' rope; linear-attention layers have their
         own mixer, ``linear``)."""
         first = next(b.mixer for b in self._blocks if isinstance(b.mixer, Attention))
-        theta, scaling = self.spec.rope.theta, self.spec.rope.scaling
+        theta, scaling = self.spec.rope.theta, self.rope.scaling
         return replace(
             first,
             window=None,
@@ -597,6 +620,13 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         layers=layers,
         mtp=mtp,
         tensors=tensors,
+        rope=Rotary(
+            interleaved=spec.rope.interleaved,
+            scaling=spec.rope.scaling,
+            sliding_scaling=spec.rope.sliding.scaling if spec.rope.sliding else None,
+            sliding_own=spec.rope.sliding is not None,
+            whole_head=spec.mla_whole_head_rope,
+        ),
         parts=tuple(
             node
             for c in present(spec, "model")

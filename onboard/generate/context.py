@@ -441,7 +441,7 @@ def _mla_context(
 ) -> dict[str, Any]:
     """What the MLA layer prints beyond plain MLA: q-LoRA, Mistral-4's query
     scaling and whole-head rope factor, DeepSeek's YaRN, the sparse indexer."""
-    att, rope = arch.attention, spec.rope
+    att, rope = arch.attention, arch.rope
     latent_eps = att.mla.latent_norm_eps if is_mla and att.mla else None
     return {
         "mla_q_lora": bool(is_mla and att.mla and att.mla.q_lora_rank is not None),
@@ -449,7 +449,7 @@ def _mla_context(
         "mla_llama_4_scaling": is_mla and att.llama_4_scaling,
         # rope_parameters.partial_rotary_factor is the rope's share of the whole
         # q/k head (Mistral-4), not a share of qk_rope_head_dim.
-        "mla_whole_head": is_mla and spec.mla_whole_head_rope,
+        "mla_whole_head": is_mla and rope.whole_head,
         # DeepSeek's YaRN also scales the softmax by mscale(mscale_all_dim)^2.
         "mla_yarn": is_mla and yarn,
         "mla_yarn_mscale": bool(
@@ -471,20 +471,18 @@ def _mla_context(
     }
 
 
-def _refuse_ungenerated(spec: ModelSpec, arch) -> None:
+def _refuse_ungenerated(spec: ModelSpec, arch: ArchPlan) -> None:
     """What the Hugging Face reference computes and the vLLM model file does not
     print yet: MLA layers without rope, and Kimi delta attention where
     vLLM's layer computes something else (_refuse_kimi_delta)."""
     if isinstance(arch.linear, KimiDeltaAttention):
         _refuse_kimi_delta(spec)
-    if spec.attention.type == "mla" and spec.attention.kv_sharing:
+    is_mla = arch.attention.kind == "mla"
+    if is_mla and arch.kv_sources:
         _refuse_mla_kv_sharing(spec)
-    elif (
-        spec.attention.type == "mla"
-        and components.fragments(spec, "vllm")["mla.output"]
-    ):
-        _refuse_direct_mla(spec)
-    if spec.attention.type == "mla" and arch.nope:
+    elif is_mla and components.fragments(spec, "vllm")["mla.output"]:
+        _refuse_direct_mla(spec, arch)
+    if is_mla and arch.nope:
         raise GenerationError(
             f"{spec.name}: rope.nope_layers: the vLLM model is not generated for MLA "
             "layers without rope yet (the Hugging Face reference computes them)"
@@ -498,13 +496,13 @@ def _refuse_mla_kv_sharing(spec: ModelSpec) -> None:
         raise GenerationError(f"{spec.name}: {kv_sharing.mla_limit_message(what)}")
 
 
-def _refuse_direct_mla(spec: ModelSpec) -> None:
+def _refuse_direct_mla(spec: ModelSpec, arch: ArchPlan) -> None:
     """MLA whose output a component changes before o_proj calls vLLM's
     MLAAttention directly; that form is generated for the plain rope only."""
     absent = [
-        (spec.rope.scaling is not None, "rope.scaling"),
-        (spec.attention.llama_4_scaling is not None, "attention.llama_4_scaling"),
-        (spec.mla_whole_head_rope, f"{spec.model_type}'s whole-head rope"),
+        (arch.rope.scaling is not None, "rope.scaling"),
+        (arch.attention.llama_4_scaling, "attention.llama_4_scaling"),
+        (arch.rope.whole_head, f"{spec.model_type}'s whole-head rope"),
     ]
     for present, what in absent:
         if present:
@@ -585,7 +583,7 @@ def build_context(
     stacked, packed = _stacked_params(spec, arch, mlp, names)
 
     act_layer, moe_act = ACTIVATIONS[arch.activation]
-    rope = spec.rope
+    rope = arch.rope
     kv_target_expr = None
     if kv_sharing:
         kv_target_expr = _kv_target_expr(cfg["kv_sharing"], f.hf[cfg["kv_sharing"]])
@@ -618,9 +616,9 @@ def build_context(
         or per_layer.linear
         or bool(per_layer.moe and layer_expr)
     )
-    yarn = bool(rope.scaling and rope.scaling.type == "yarn")
+    yarn = rope.yarn
     rope_by_kind = arch.rope_by_kind(f.hf[f.need("rope_parameters")])
-    longrope_mscale = _longrope_mscale(spec, rope_by_kind)
+    longrope_mscale = _longrope_mscale(arch, rope_by_kind)
     return {
         "spec": spec,
         "P": class_prefix(spec.architecture),
@@ -645,7 +643,7 @@ def build_context(
         "per_layer": per_layer,
         "layer_doc": _layer_doc(arch, per_layer) if per_layer.any else "",
         "summary": _summary(spec, arch),
-        "rope_comment": _rope_comment(spec, rope_by_kind),
+        "rope_comment": _rope_comment(arch, rope_by_kind),
         "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(arch),
         "sliding": sliding,
@@ -922,7 +920,7 @@ def _model_config_keys(
     cfg["query_pre_attn_scalar"] = (
         None if scalar is None else f.need("query_pre_attn_scalar", scalar)
     )
-    cfg["rope_interleave"] = f.find("rope_interleave", spec.rope.interleaved)
+    cfg["rope_interleave"] = f.find("rope_interleave", arch.rope.interleaved)
     if att.indexer is not None:
         cfg["indexer_rope_interleave"] = f.find(
             "indexer_rope_interleave", att.indexer.rope_interleave
@@ -1254,7 +1252,7 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
     if att.query_pre_attn_scalar is not None:
         parts.append("softmax scale query_pre_attn_scalar**-0.5")
-    if spec.rope.sliding is not None:
+    if arch.rope.sliding_own:
         parts.append("the sliding layers with their own rope")
     kinds = set(arch.attention_types)
     if "sliding_attention" in kinds:
@@ -1423,8 +1421,8 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     assert head is not None and embed is not None, "every model has both"
     if head.scale != 1.0:
         items.append("Logits multiplied by the config's logit_scale.")
-    if spec.rope.scaling is not None:
-        items.append(f"Rope: {spec.rope.scaling.type} scaling.")
+    if arch.rope.scaling is not None:
+        items.append(f"Rope: {arch.rope.scaling.type} scaling.")
     gemma = [
         what
         for what, on in (
@@ -1481,38 +1479,35 @@ def _listed(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _rope_comment(spec: ModelSpec, by_kind: bool = False) -> str:
+def _rope_comment(arch: ArchPlan, by_kind: bool = False) -> str:
     parts = ["theta"]
-    scalings = {s.type for s in (spec.rope.scaling, _sliding_scaling(spec)) if s}
+    rope = arch.rope
+    scalings = {s.type for s in (rope.scaling, rope.sliding_scaling) if s}
     if scalings:
         parts.append(f"the {'/'.join(sorted(scalings))} scaling")
-    if spec.attention.partial_rotary_factor != 1.0:
+    if arch.attention.partial_rotary_factor != 1.0:
         parts.append("the partial rotary factor")
     if by_kind:
         return f"rope_parameters holds, per layer type, {_listed(parts)}."
     return f"rope_parameters holds {_listed(parts)}."
 
 
-def _longrope_mscale(spec: ModelSpec, rope_by_kind: bool) -> str | None:
+def _longrope_mscale(arch: ArchPlan, rope_by_kind: bool) -> str | None:
     """Where LongRoPE's factor on cos and sin comes from when vLLM's default
     (from max_position_embeddings / original_max_position_embeddings) is not
     transformers': the stated ``attention_factor``, or the stated ``factor``.
     None for the default, or another scaling."""
-    scaling = spec.rope.scaling
+    scaling = arch.rope.scaling
     if scaling is None or scaling.type != "longrope":
         return None
     if rope_by_kind:
         raise GenerationError(
-            f"{spec.name}: rope.scaling: longrope is generated for one rope for "
-            "every layer (not rope_parameters per layer type)"
+            f"{arch.spec.name}: rope.scaling: longrope is generated for one rope "
+            "for every layer (not rope_parameters per layer type)"
         )
     if scaling.attention_factor is not None:
         return "attention_factor"
     return "factor" if scaling.factor is not None else None
-
-
-def _sliding_scaling(spec: ModelSpec):
-    return spec.rope.sliding.scaling if spec.rope.sliding else None
 
 
 def _mtp_doc(spec: ModelSpec, arch: ArchPlan) -> str:

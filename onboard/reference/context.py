@@ -109,9 +109,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "partial": att.kind == "gqa" and att.partial_rotary_factor != 1.0,
         **_rope_flags(arch, hf, keys),
         # yarn's correction range left unrounded (truncate: false, gpt-oss)
-        "yarn_fractional": spec.rope.scaling is not None
-        and spec.rope.scaling.truncate is False,
-        "interleaved": spec.rope.interleaved,
+        "yarn_fractional": arch.rope.scaling is not None
+        and arch.rope.scaling.truncate is False,
+        "interleaved": arch.rope.interleaved,
         "sliding": "sliding_attention" in types,
         "nope": arch.nope,
         "rope": _uses_rope(arch),
