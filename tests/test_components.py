@@ -314,3 +314,61 @@ def test_embeddings_read_their_two_factors_and_refuse_them_together():
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"scale_embedding.*beside an embedding_mult"):
         parse_spec_text(text + "scale_embedding: true\nembedding_multiplier: 2.0\n")
+
+
+# ---- the softmax scale (every GQA layer) -------------------------------------------
+
+
+def test_softmax_scale_reads_a_stated_default_as_none_and_refuses_it_for_mla():
+    scale = next(c for c in components.every() if c.name == "softmax_scale")
+    gqa = {"hidden_size": 64, "num_attention_heads": 4}
+    # 1/sqrt(16): the default, stated (Granite's class always writes it).
+    assert scale.read(_getter({**gqa, "attention_multiplier": 0.25})) == {}
+    assert scale.read(_getter({**gqa, "attention_multiplier": 0.1})) == {
+        "softmax_scale": 0.1
+    }
+    # head_dim, where stated, decides the default, not hidden / heads.
+    wide = {**gqa, "head_dim": 64}
+    assert scale.read(_getter({**wide, "attention_multiplier": 0.125})) == {}
+    assert scale.read(_getter({**wide, "attention_multiplier": 0.25})) == {
+        "softmax_scale": 0.25
+    }
+    assert scale.read(_getter({**gqa, "query_pre_attn_scalar": 144})) == {
+        "query_pre_attn_scalar": 144
+    }
+    with pytest.raises(ConfigProblem, match=r"attention_multiplier='x': must be a"):
+        scale.read(_getter({**gqa, "attention_multiplier": "x"}))
+    mla = {**gqa, "kv_lora_rank": 32}
+    with pytest.raises(ConfigProblem, match=r"query_pre_attn_scalar=8: not express"):
+        scale.read(_getter({**mla, "query_pre_attn_scalar": 8}))
+
+
+def test_every_gqa_layer_prints_its_scale_and_reads_a_key_the_config_holds():
+    from onboard.components.softmax_scale import SoftmaxScale, SoftmaxScaleKeys
+
+    granite = any_spec("var-granite-moe-shared-fused")
+    arch = build_plan(granite)
+    node = arch.attention.part(SoftmaxScale)
+    assert node is not None and node.multiplier == granite.attention.softmax_scale
+    keys = components.parts(arch.attention)
+    scale = next(c for c, _ in keys if c.name == "softmax_scale")
+    assert scale.code_context(node, arch.config) == SoftmaxScaleKeys(
+        None, "attention_multiplier"
+    )
+    # At the default, Granite's config still holds the key, and the model reads
+    # it (as vLLM's granite.py does); a Llama config has none to read.
+    plain = granite.model_copy(
+        update={
+            "attention": granite.attention.model_copy(update={"softmax_scale": None})
+        }
+    )
+    arch = build_plan(plain)
+    context = scale.code_context(arch.attention.part(SoftmaxScale), arch.config)
+    assert context == SoftmaxScaleKeys(None, "attention_multiplier")
+    llama = build_plan(any_spec("dense-gqa"))
+    assert scale.code_context(
+        llama.attention.part(SoftmaxScale), llama.config
+    ) == SoftmaxScaleKeys(None, None)
+    assert (
+        build_plan(any_spec("deepseek-v3-style")).attention.part(SoftmaxScale) is None
+    )

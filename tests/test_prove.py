@@ -492,12 +492,15 @@ def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where)
     from onboard.arch.config_keys import ConfigKeys
     from onboard.components.embeddings import COMPONENT as EMBEDDINGS
     from onboard.components.logits import COMPONENT as LOGITS
+    from onboard.components.softmax_scale import COMPONENT as SOFTMAX_SCALE
 
     config = transformers_config("granite").to_dict()
     spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
-    # The embeddings' and the logits' factors are their components' keys.
+    # The softmax scale's, the embeddings' and the logits' factors are their
+    # components' keys.
     owner = {
+        "attention_multiplier": (SOFTMAX_SCALE, "multiplier"),
         "embedding_multiplier": (EMBEDDINGS, "multiplier"),
         "logits_scaling": (LOGITS, "divisor"),
     }

@@ -167,23 +167,13 @@ class ConfigKeys:
         return None
 
     def multipliers(self) -> dict[str, str | None]:
-        """Granite's multipliers, by concept: read where the config holds them
-        (Granite's class writes them, and vLLM's granite.py reads them),
-        required where the spec sets one; None where the model computes without
-        (a factor of 1, the softmax scale 1/sqrt(head_dim)). The logits' divisor
-        is the logits component's (onboard.components.logits)."""
+        """Granite's residual multiplier, by concept: read where the config holds
+        it (Granite's class writes it, and vLLM's granite.py reads it), required
+        where the spec sets one; None where the model computes without (a factor
+        of 1). The softmax scale's, the embeddings' and the logits' factors are
+        their components' (onboard.components)."""
         spec = self.spec
-        keys: dict[str, str | None] = {}
-        if spec.attention.type == "gqa":
-            scale = spec.attention.softmax_scale
-            keys["attention_multiplier"] = (
-                self.find("attention_multiplier", spec.head_dim**-0.5)
-                if scale is None
-                else self.need("attention_multiplier", scale)
-            )
-        for concept in MULTIPLIERS:
-            keys[concept] = self.factor(concept, getattr(spec, concept))
-        return keys
+        return {c: self.factor(c, getattr(spec, c)) for c in MULTIPLIERS}
 
     def factor(self, concept: str, value: float) -> str | None:
         """The key of a factor the generated code applies: read where the config

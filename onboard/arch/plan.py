@@ -104,10 +104,7 @@ class Attention:
     qkv_bias: bool
     o_bias: bool
     partial_rotary_factor: float
-    query_pre_attn_scalar: float | None  # softmax scale ** -2; None: head_dim
     mla: MLADims | None
-    # Factor on q.k before the softmax; None: 1/sqrt(head_dim) (MLA: its own).
-    softmax_scale: float | None = None
     # head_dim-wide row slices per query head in q_proj: the query, then a
     # component's (the output gate's).
     query_slices: int = 1
@@ -652,8 +649,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         o_bias=att.o_bias,
         partial_rotary_factor=att.partial_rotary_factor,
         query_slices=1 + sum(c.q_slices for c in present(spec, "attention")),
-        query_pre_attn_scalar=att.query_pre_attn_scalar,
-        softmax_scale=att.softmax_scale,
         parts=tuple(
             node
             for component in present(spec, "attention")

@@ -35,6 +35,8 @@ from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
+from onboard.components.softmax_scale import COMPONENT as SOFTMAX_SCALE
+from onboard.components.softmax_scale import SoftmaxScale
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
     LAYOUT_PRESETS,
@@ -915,11 +917,6 @@ def _model_config_keys(
         if cfg["head_dim"] is None and not cfg["head_dim_derivable"]:
             f.need("head_dim", att.head_dim)
     cfg["o_bias"] = f.find("o_bias", att.o_bias)
-    # Gemma's softmax scale, where the spec has it.
-    scalar = att.query_pre_attn_scalar
-    cfg["query_pre_attn_scalar"] = (
-        None if scalar is None else f.need("query_pre_attn_scalar", scalar)
-    )
     cfg["rope_interleave"] = f.find("rope_interleave", arch.rope.interleaved)
     if att.indexer is not None:
         cfg["indexer_rope_interleave"] = f.find(
@@ -1250,7 +1247,8 @@ def _attn_doc(spec: ModelSpec, arch: ArchPlan) -> str:
         )
     if att.partial_rotary_factor != 1.0:
         parts.append(f"rope on {att.partial_rotary_factor:g} of each head")
-    if att.query_pre_attn_scalar is not None:
+    scale = att.part(SoftmaxScale)
+    if scale is not None and scale.scalar is not None:
         parts.append("softmax scale query_pre_attn_scalar**-0.5")
     if arch.rope.sliding_own:
         parts.append("the sliding layers with their own rope")
@@ -1441,10 +1439,14 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     granite = arch.config.multipliers()
     embed_keys = embeddings.COMPONENT.code_context(embed, arch.config)
     head_keys = logits.COMPONENT.code_context(head, arch.config)
+    scale = arch.attention.part(SoftmaxScale)
+    scale_key = (
+        SOFTMAX_SCALE.code_context(scale, arch.config).multiplier if scale else None
+    )
     read = [
         concept
         for concept, key in (
-            ("attention_multiplier", granite.get("attention_multiplier")),
+            ("attention_multiplier", scale_key),
             ("embedding_multiplier", embed_keys.multiplier),
             ("residual_multiplier", granite["residual_multiplier"]),
             ("logits_scaling", head_keys.divisor),

@@ -225,7 +225,7 @@ def architecture_rows(spec: ModelSpec | None, config: dict[str, Any]) -> list:
         if arch.kv_sources:
             text += f", KV shared across {len(arch.kv_sources)} layers"
         # What the attention's components add (q/k norms, sinks).
-        text += "".join(f", {c.label}" for c, _ in components.parts(a))
+        text += "".join(f", {c.label}" for c, _ in components.parts(a) if c.label)
         rows.append(("attention", text))
     rope = f"theta {fmt(spec.rope.theta)}"
     if spec.rope.scaling is not None:

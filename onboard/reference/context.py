@@ -117,7 +117,10 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "rope": _uses_rope(arch),
         "kv_sharing": bool(arch.kv_sources),
         **_block_form(arch),
-        **_gemma_flags(spec, arch),
+        # Gemma's norms scale by 1 + weight (its sandwich norms are the residual
+        # stream's, its softmax scale, scaled embeddings and final soft-cap
+        # their components').
+        "unit_offset": arch.norms.unit_offset,
         "act": arch.activation,
         "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
@@ -176,7 +179,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         c["qkv_bias"] = keys.find("qkv_bias", att.qkv_bias)
     # A key that says otherwise (GLM: attention_bias, none on o_proj) is not it.
     c["o_bias"] = keys.find("o_bias", att.o_bias)
-    c.update(_gemma_keys(keys, f))
     if f["dense"]:
         c["inter"] = keys.dense_width()
 
@@ -310,22 +312,6 @@ def _eps_keys(spec: ModelSpec, arch: ArchPlan, keys: ConfigKeys) -> dict[str, st
         key = keys.find("mla_norm_eps")
         out["latent_eps"] = f"config.{key}" if key else repr(latent_eps)
     return out
-
-
-def _gemma_flags(spec: ModelSpec, arch) -> dict[str, bool]:
-    """Gemma's parts the reference has: 1 + weight norms and its softmax scale
-    (its sandwich norms are the residual stream's, its scaled embeddings and
-    final soft-cap the embeddings' and logits' components')."""
-    att, norms = arch.attention, arch.norms
-    return {
-        "unit_offset": norms.unit_offset,
-        "scalar": att.kind == "gqa" and att.query_pre_attn_scalar is not None,
-    }
-
-
-def _gemma_keys(keys: ConfigKeys, f: dict[str, Any]) -> dict[str, str]:
-    """The config key of Gemma's softmax scale, where used."""
-    return {"scalar": keys.need("query_pre_attn_scalar")} if f["scalar"] else {}
 
 
 def _rope_flags(arch, hf: dict, keys: ConfigKeys) -> dict[str, Any]:
@@ -705,7 +691,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
                 *(
                     (c.label, True)
                     for c in components.present(spec, "attention")
-                    if c.name != "kv_sharing"
+                    if c.label and c.name != "kv_sharing"
                 ),
                 ("q/k/v biases", f["qkv_bias"]),
                 ("an output bias", f["o_bias"]),

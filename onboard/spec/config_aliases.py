@@ -32,8 +32,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("qkv_bias",),  # q, k, v only (overrides attention_bias)
     "o_bias": ("o_bias", "attention_out_bias"),  # o only (overrides attention_bias)
     "partial_rotary_factor": ("partial_rotary_factor",),
-    "query_pre_attn_scalar": ("query_pre_attn_scalar",),  # softmax scale ** -2
-    "attention_multiplier": ("attention_multiplier",),  # softmax scale (null: default)
     "rope_parameters": ("rope_parameters",),
     "rope_theta": ("rope_theta",),  # legacy (transformers 4)
     "rope_scaling": ("rope_scaling",),  # legacy (transformers 4)

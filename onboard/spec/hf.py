@@ -967,29 +967,15 @@ def _factor(r: _Reader, concept: str, default: float | None) -> Any:
     return value
 
 
-def _softmax_scale(r: _Reader, head_dim: Any) -> float | None:
-    """attention_multiplier; None where it is the default 1/sqrt(head_dim)."""
-    scale = _factor(r, "attention_multiplier", None)
-    heads, hidden = r.get("num_attention_heads"), r.get("hidden_size")
-    if not (_is_int(head_dim) and head_dim > 0):
-        ok = _is_int(heads) and _is_int(hidden) and heads > 0
-        head_dim = hidden // heads if ok else None
-    if scale is not None and head_dim and scale == head_dim**-0.5:
-        return None
-    return scale
-
-
 def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
     att: dict[str, Any] = {"num_heads": r.get("num_attention_heads", REQUIRED)}
     kv_heads = r.get("num_key_value_heads")
     head_dim = r.get("head_dim")
-    softmax_scale = _softmax_scale(r, head_dim)
     sinks = bool(r.get("attention_sinks", False))
     both = r.get("attention_bias")
     qkv_bias = r.get("qkv_bias", both if both is not None else False)
     o_bias = r.get("o_bias", both if both is not None else False)
     partial = r.get("partial_rotary_factor")
-    scalar = r.get("query_pre_attn_scalar")
     rope, rope_partial = _read_rope(r)
     llama_4 = rope.pop(LLAMA_4_SCALING, None)
     if partial is not None and rope_partial is not None and partial != rope_partial:
@@ -1026,8 +1012,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             head_dim=head_dim,
             qkv_bias=bool(qkv_bias),
             o_bias=bool(o_bias),
-            query_pre_attn_scalar=scalar,
-            softmax_scale=softmax_scale,
             **windows,
         )
         if partial is not None:
@@ -1077,10 +1061,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad("attention_sinks: not expressible for MLA attention")
     if partial not in (None, 1.0):
         r.bad(f"partial_rotary_factor={partial!r}: not expressible for MLA")
-    if scalar is not None:
-        r.bad(f"query_pre_attn_scalar={scalar!r}: not expressible for MLA attention")
-    if softmax_scale is not None:
-        r.bad(f"attention_multiplier={softmax_scale!r}: not expressible for MLA")
     if windows.get("sliding_window") is not None:
         r.bad("sliding_window: not expressible for MLA attention")
     if "layer_types" in windows:
@@ -2138,14 +2118,10 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             o_bias=att.o_bias,
         )
         c.update(_component_concepts(spec, "attention"))
-        if att.query_pre_attn_scalar is not None:
-            c["query_pre_attn_scalar"] = att.query_pre_attn_scalar
         if att.partial_rotary_factor != 1.0:
             c["partial_rotary_factor"] = att.partial_rotary_factor
             for params in (rope, sliding_rope or {}):
                 params["partial_rotary_factor"] = att.partial_rotary_factor
-        if att.softmax_scale is not None:
-            c["attention_multiplier"] = att.softmax_scale
         sliding = att.sliding_window is not None
         c.update(sliding_window=att.sliding_window, use_sliding_window=sliding)
         c["layer_types"] = spec.layer_attention_types()

@@ -242,17 +242,6 @@ class _AttentionFields(_Section):
     partial_rotary_factor: float = Field(
         1.0, gt=0, le=1, description="Share of each head's dims that get rope."
     )
-    query_pre_attn_scalar: PositiveInt | Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The softmax scale is query_pre_attn_scalar**-0.5 instead of "
-        "head_dim**-0.5 (Gemma-2/3); null: head_dim. Not beside softmax_scale.",
-    )
-    softmax_scale: float | None = Field(
-        None,
-        gt=0,
-        description="Factor on the q.k scores before the softmax (gqa); null means "
-        "1/sqrt(head_dim). Granite's `attention_multiplier`.",
-    )
     llama_4_scaling: Llama4Scaling | None = Field(
         None,
         description="(mla) The queries, after rope, are multiplied by 1 + beta * "

@@ -51,7 +51,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _linear_attention_rules,
         _mlp_rules,
         _moe_rules,
-        _gemma_rules,
         _checkpoint_rules,
         _module_tree_rules,
         _fused_rules,
@@ -217,7 +216,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         "head_dim",
         "sliding_window",
         "sliding_window_pattern",
-        "query_pre_attn_scalar",
     ):
         if getattr(att, field) is not None:
             report(a + (field,), f"{field} does not apply to MLA attention")
@@ -231,12 +229,6 @@ def _attention_rules(spec: ModelSpec, report: Report) -> None:
         report(
             a + ("partial_rotary_factor",),
             "MLA splits rope by qk_rope_head_dim; partial_rotary_factor must stay 1.0",
-        )
-    if att.softmax_scale is not None:
-        report(
-            a + ("softmax_scale",),
-            "MLA's softmax scale follows qk_head_dim (and yarn's mscale); "
-            "softmax_scale must stay null",
         )
     scaling, extension = att.llama_4_scaling, spec.rope.scaling
     if (
@@ -541,18 +533,6 @@ def _stacked_expert_rules(spec: ModelSpec, report: Report) -> None:
         )
     if spec.mtp is not None:
         report(c, "gpt-oss's stacked experts in MTP heads are not generated")
-
-
-def _gemma_rules(spec: ModelSpec, report: Report) -> None:
-    # Granite's multipliers beside Gemma's scales: no family has both, and each
-    # pair sets the same thing, so which comes first would be a guess (the
-    # embeddings' and the logits' pairs: their components).
-    att = spec.attention
-    if att.query_pre_attn_scalar is not None and att.softmax_scale is not None:
-        report(
-            ("attention", "query_pre_attn_scalar"),
-            "and attention.softmax_scale both set the softmax scale: set one",
-        )
 
 
 # A tensor path: dotted identifiers and indices, with {layer} / {expert} as whole
