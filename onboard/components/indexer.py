@@ -5,8 +5,8 @@ layer's picks.
 
 vLLM builds it from its own parts (``SparseAttnIndexer``, the FP8 index-key
 cache ``DeepseekV32IndexerCache``: ``vllm/model_executor/models/deepseek_v2.py``);
-the MLA component's templates print the indexer's fragments
-(``templates/components/indexer/``). config.json states it as DeepSeek-V3.2's
+its fragments (``templates/components/indexer/``) print at the MLA component's
+slots and the model's. config.json states it as DeepSeek-V3.2's
 ``index_n_heads``, ``index_head_dim``, ``index_topk`` and GLM-5's
 ``indexer_rope_interleave`` and ``indexer_types``.
 
@@ -173,6 +173,16 @@ class _Indexer(Component):
             "weights_proj", dims=(f"{_I}num_heads", "hidden_size"), **_KEPT
         ),
     }
+
+    # Its module class and its place in MLA's __init__, the top-k buffers of the
+    # model and of the MTP heads; the reference's module class.
+    vllm_slots = (
+        "mla.classes",
+        "mla.after_rope",
+        "model.topk_buffer",
+        "mtp.topk_buffer",
+    )
+    hf_slots = ("modeling.classes",)
 
     def present(self, spec: ModelSpec) -> bool:
         return spec.attention.indexer is not None
