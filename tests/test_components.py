@@ -355,14 +355,24 @@ def test_every_gqa_layer_prints_its_scale_and_reads_a_key_the_config_holds():
     assert scale.code_context(node, arch.config) == SoftmaxScaleKeys(
         None, "attention_multiplier"
     )
-    # At the default, Granite's config still holds the key, and the model reads
-    # it (as vLLM's granite.py does); a Llama config has none to read.
-    plain = granite.model_copy(
-        update={
-            "attention": granite.attention.model_copy(update={"softmax_scale": None})
-        }
-    )
-    arch = build_plan(plain)
+    # At the default, Granite's own config still holds the key, and the model
+    # reads it (as vLLM's granite.py does); a Llama config has none to read.
+    from transformers import AutoConfig
+
+    from onboard.spec.hf import spec_from_hf_config
+
+    config = AutoConfig.for_model(
+        "granite",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        attention_multiplier=0.25,  # 1/sqrt(head_dim 16): the default
+    ).to_dict()
+    spec = spec_from_hf_config(config)
+    assert spec.attention.softmax_scale is None
+    arch = build_plan(spec)
     context = scale.code_context(arch.attention.part(SoftmaxScale), arch.config)
     assert context == SoftmaxScaleKeys(None, "attention_multiplier")
     llama = build_plan(any_spec("dense-gqa"))

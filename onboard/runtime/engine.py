@@ -391,6 +391,21 @@ class Engine:
                     ]
         return reply
 
+    def greedy(
+        self, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False
+    ) -> dict[str, Any]:
+        """Greedy continuations of ``max_tokens`` tokens each (EOS ignored, so
+        every run decodes alike) with the top logprobs of each token, and of each
+        prompt token where asked: what a comparison with the reference reads."""
+        from onboard.runtime.compare import TOP_K
+
+        sampling: dict[str, Any] = dict(
+            temperature=0.0, max_tokens=max_tokens, logprobs=TOP_K, ignore_eos=True
+        )
+        if prompt_logprobs:
+            sampling["prompt_logprobs"] = TOP_K
+        return self.generate(prompts, **sampling)
+
     def metrics(self) -> dict[str, Any]:
         return self.request({"op": "metrics"})["metrics"]
 

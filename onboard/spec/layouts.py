@@ -276,9 +276,9 @@ def linear_attention_roles(kind: str, projections: str) -> tuple[str, ...]:
 # never loads or runs: they stay 16-bit wherever stored.
 SHARING_UNUSED_LINEARS: tuple[str, ...] = ("k_proj", "v_proj", "kv_a_proj")
 
-# Roles that are Linear layers of the decoder blocks (what quantization may touch;
-# embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
-LINEAR_ROLES: tuple[str, ...] = (
+# The attention module's projections: GQA's, and MLA's (its latent norms
+# beside them, "q_a_norm" and "kv_a_norm", are no Linear).
+ATTENTION_LINEARS: tuple[str, ...] = (
     "q_proj",
     "k_proj",
     "v_proj",
@@ -288,6 +288,12 @@ LINEAR_ROLES: tuple[str, ...] = (
     "q_b_proj",
     "kv_a_proj",
     "kv_b_proj",
+)
+
+# Roles that are Linear layers of the decoder blocks (what quantization may touch;
+# embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
+LINEAR_ROLES: tuple[str, ...] = (
+    *ATTENTION_LINEARS,
     "gate_proj",
     "up_proj",
     "gate_up_proj",

@@ -19,6 +19,7 @@ from onboard import components
 from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec.layouts import (
+    ATTENTION_LINEARS,
     KIMI_DELTA_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
@@ -48,22 +49,7 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "attention_output_norm": (),
     "mlp_output_norm": (),
     "mlp_input_norm": (),
-    **dict.fromkeys(
-        (
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "qkv_proj",
-            "q_a_proj",
-            "q_a_norm",
-            "q_b_proj",
-            "kv_a_proj",
-            "kv_a_norm",
-            "kv_b_proj",
-        ),
-        ("attn",),
-    ),
+    **dict.fromkeys((*ATTENTION_LINEARS, "q_a_norm", "kv_a_norm"), ("attn",)),
     # The mixer module of a linear-attention layer, and its modules.
     "linear_attn": (),
     **dict.fromkeys(

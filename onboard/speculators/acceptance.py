@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from onboard.runtime.compare import TOP_K
 from onboard.runtime.engine import Engine, EngineOptions, Plugin
 
 PREFIX = "vllm:spec_decode_"
@@ -63,13 +62,7 @@ def run_with_speculation(
     engine.start()
     try:
         info = engine.wait_ready()
-        reply = engine.generate(
-            prompts,
-            temperature=0.0,
-            max_tokens=max_new_tokens,
-            logprobs=TOP_K,
-            ignore_eos=True,
-        )
+        reply = engine.greedy(prompts, max_new_tokens)
         metrics = engine.metrics()
     finally:
         engine.close()

@@ -97,13 +97,7 @@ def timed_generate(engine, prompts, max_tokens: int, warm: bool = True):
         engine.generate(prompts[:2], temperature=0.0, max_tokens=WARMUP_TOKENS)
     before = _counters(engine.metrics())
     t0 = time.perf_counter()
-    reply = engine.generate(
-        prompts,
-        temperature=0.0,
-        max_tokens=max_tokens,
-        logprobs=TOP_K,
-        ignore_eos=True,
-    )
+    reply = engine.greedy(prompts, max_tokens)
     seconds = time.perf_counter() - t0
     counters = _delta(_counters(engine.metrics()), before)
     return reply["outputs"], seconds, counters

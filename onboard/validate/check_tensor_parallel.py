@@ -103,14 +103,8 @@ def run(ctx, name: str) -> Check:
             **base_metrics,
         )
 
-    sampling = dict(
-        temperature=0.0,
-        max_tokens=ctx.max_new_tokens,
-        logprobs=TOP_K,
-        prompt_logprobs=TOP_K,
-        ignore_eos=True,
-    )
-    single = ctx.engine.generate(ctx.prompts, **sampling)["outputs"]
+    single = ctx.engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
+    single = single["outputs"]
     options = ctx.engine_options(
         extra={**ctx.options.extra, "tensor_parallel_size": TP_SIZE},
         env={**ctx.options.env, "VLLM_CPU_OMP_THREADS_BIND": THREADS_BIND},
@@ -120,7 +114,8 @@ def run(ctx, name: str) -> Check:
         with ctx.extra_engine(f"tp{TP_SIZE}", options) as engine:
             start_s = time.perf_counter() - t0
             model_class = engine.info["model_class"]
-            split = engine.generate(ctx.prompts, **sampling)["outputs"]
+            split = engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
+            split = split["outputs"]
     except EngineLoadError as exc:
         return Check(
             name,

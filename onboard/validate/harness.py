@@ -25,7 +25,7 @@ from typing import Any
 from onboard.config_json import read_config_json
 from onboard.errors import InputError
 from onboard.fsutil import INDEX_FILE, atomic_write_text, read_weight_map
-from onboard.runtime.compare import TOP_K, GreedyOutput, judge_accuracy
+from onboard.runtime.compare import GreedyOutput, judge_accuracy
 from onboard.runtime.engine import (
     Engine,
     EngineDied,
@@ -137,14 +137,7 @@ def run_accuracy(ctx: RunContext, name: str) -> Check:
         return Check.not_run(name, f"no reference: {ctx.reference_error}")
     assert ctx.engine is not None and ctx.engine.info is not None
     t0 = time.perf_counter()
-    reply = ctx.engine.generate(
-        ctx.prompts,
-        temperature=0.0,
-        max_tokens=ctx.max_new_tokens,
-        logprobs=TOP_K,
-        prompt_logprobs=TOP_K,
-        ignore_eos=True,
-    )
+    reply = ctx.engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
     ctx.timings["engine_generate_s"] = time.perf_counter() - t0
     outputs = reply["outputs"]
     verdict = judge_accuracy(
