@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from onboard.components.base import is_int
 from onboard.spec.config_aliases import read_keys
 from onboard.spec.model import MULTIPLIERS, ModelSpec
 from onboard.templating import GenerationError
@@ -34,10 +35,6 @@ def eps_concept(spec: ModelSpec) -> str:
     """The concept of the norms' eps: the key families use for the spec's norm
     kind."""
     return "layer_norm_eps" if spec.norm.type == "layernorm" else "rms_norm_eps"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _hf_config(spec: ModelSpec) -> dict[str, Any]:
@@ -133,12 +130,12 @@ class ConfigKeys:
             # Llama-4's class lists them (filled from its step where not given).
             return [f"{var} in config.{name}"]
         terms = []
-        if (name := self.find("first_k_dense_replace", check=_is_int)) is not None:
+        if (name := self.find("first_k_dense_replace", check=is_int)) is not None:
             terms.append(f"{var} >= config.{name}")
-        if (name := self.find("moe_layer_end_index", check=_is_int)) is not None:
+        if (name := self.find("moe_layer_end_index", check=is_int)) is not None:
             terms.append(f"{var} <= config.{name}")
         for concept, rule in MOE_FREQUENCY_RULES.items():
-            if (name := self.find(concept, check=_is_int)) is not None:
+            if (name := self.find(concept, check=is_int)) is not None:
                 terms.append(rule.format(name=name).replace("layer_idx", var))
         name = self.find("mlp_only_layers", check=lambda v: isinstance(v, list))
         if name is not None:

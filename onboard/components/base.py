@@ -45,6 +45,11 @@ class ConfigProblem(ValueError):
     the config's other problems, never a traceback)."""
 
 
+def is_int(value: Any) -> bool:
+    """An integer of a parsed config (JSON's true and false are no integers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def read_positive(get: Callable[[str, Any], Any], concept: str, default: Any) -> Any:
     """A positive number read from a config.json (the default where the config
     has none): anything else is the config's problem, located by its key."""

@@ -24,6 +24,7 @@ from onboard.components.base import (
     PositiveInt,
     Report,
     Section,
+    is_int,
 )
 
 if TYPE_CHECKING:
@@ -159,15 +160,11 @@ class _SoftmaxScale(Component):
 def _default_scale(get: Callable[[str, Any], Any]) -> float | None:
     """1/sqrt(head_dim) of the config (head_dim, else hidden / heads)."""
     head_dim = get("head_dim", None)
-    if not _is_int(head_dim) or head_dim <= 0:
+    if not is_int(head_dim) or head_dim <= 0:
         heads, hidden = get("num_attention_heads", None), get("hidden_size", None)
-        ok = _is_int(heads) and _is_int(hidden) and heads > 0
+        ok = is_int(heads) and is_int(hidden) and heads > 0
         head_dim = hidden // heads if ok else None
     return head_dim**-0.5 if head_dim else None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 COMPONENT = _SoftmaxScale()

@@ -30,12 +30,11 @@ from onboard.arch.config_keys import (
     eps_concept,
     unset_keys,
 )
-from onboard.components import embeddings, kv_sharing, logits
+from onboard.components import embeddings, kv_sharing, logits, softmax_scale
 from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
-from onboard.components.softmax_scale import COMPONENT as SOFTMAX_SCALE
 from onboard.components.softmax_scale import SoftmaxScale
 from onboard.spec.hf import transformers_knows
 from onboard.spec.layouts import (
@@ -1441,7 +1440,9 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     head_keys = logits.COMPONENT.code_context(head, arch.config)
     scale = arch.attention.part(SoftmaxScale)
     scale_key = (
-        SOFTMAX_SCALE.code_context(scale, arch.config).multiplier if scale else None
+        softmax_scale.COMPONENT.code_context(scale, arch.config).multiplier
+        if scale
+        else None
     )
     read = [
         concept

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from onboard.errors import InputError
+from onboard.runtime.compare import TOP_K
 from onboard.spec.model import ModelSpec
 from onboard.spec.naming import OVERRIDE_ENV
 
@@ -397,8 +398,6 @@ class Engine:
         """Greedy continuations of ``max_tokens`` tokens each (EOS ignored, so
         every run decodes alike) with the top logprobs of each token, and of each
         prompt token where asked: what a comparison with the reference reads."""
-        from onboard.runtime.compare import TOP_K
-
         sampling: dict[str, Any] = dict(
             temperature=0.0, max_tokens=max_tokens, logprobs=TOP_K, ignore_eos=True
         )

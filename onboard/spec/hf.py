@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from onboard import components
 from onboard.components import Component
-from onboard.components.base import ConfigProblem
+from onboard.components.base import ConfigProblem, is_int
 from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
@@ -116,7 +116,7 @@ def _at(data: dict, path: str) -> Any:
 def _rotary_dim(data: dict) -> Any:
     head_dim = _at(data, "attention.head_dim") or (
         _at(data, "hidden_size") // _at(data, "attention.num_heads")
-        if _is_int(_at(data, "hidden_size")) and _at(data, "attention.num_heads")
+        if is_int(_at(data, "hidden_size")) and _at(data, "attention.num_heads")
         else None
     )
     partial = _at(data, "attention.partial_rotary_factor") or 1.0
@@ -248,7 +248,7 @@ def source_quantization(
             raise InputError(f"{where}: {printable(repr(name), 60)}: not a name")
     out: dict[str, Any] = {"method": method, "algorithm": algorithm, "file": file}
     block = qc.get("weight_block_size")
-    if isinstance(block, list) and block and all(_is_int(b) and b > 0 for b in block):
+    if isinstance(block, list) and block and all(is_int(b) and b > 0 for b in block):
         out["weight_block_size"] = block
     return out
 
@@ -888,7 +888,7 @@ class _Reader:
         value = self.get(concept)
         if value is None:
             return default
-        if not _is_int(value) or value < minimum:
+        if not is_int(value) or value < minimum:
             keys = "/".join(self.aliases[concept])
             self.bad(f"{keys}={value!r}: must be an integer >= {minimum}")
             return default
@@ -896,10 +896,6 @@ class _Reader:
 
     def bad(self, message: str) -> None:
         self.problems.append(message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _read(
@@ -1036,7 +1032,7 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
             f"num_attention_heads ({att['num_heads']})"
         )
     nope, rope_dims = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
-    if partial not in (None, 1.0) and _is_int(nope) and _is_int(rope_dims):
+    if partial not in (None, 1.0) and is_int(nope) and is_int(rope_dims):
         # Mistral-4: the rope's share of the whole q/k head (its class sets
         # head_dim to nope + rope whatever the key says): qk_rope_head_dim's dims.
         if abs(partial * (nope + rope_dims) - rope_dims) > 1e-9:
@@ -1050,8 +1046,8 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         r.bad(f"head_dim={head_dim}: for MLA it must equal qk_rope_head_dim")
     if (
         qk_head_dim is not None
-        and _is_int(mla["qk_nope_head_dim"])
-        and _is_int(mla["qk_rope_head_dim"])
+        and is_int(mla["qk_nope_head_dim"])
+        and is_int(mla["qk_rope_head_dim"])
         and qk_head_dim != mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"]
     ):
         r.bad(f"qk_head_dim={qk_head_dim}: must be qk_nope_head_dim + qk_rope_head_dim")
@@ -1220,7 +1216,7 @@ def _rope_entry(
     llama_4 = None
     if beta not in (None, 0, 0.0):
         steps = merged.get("original_max_position_embeddings")
-        if not _is_int(steps) or steps < 1:
+        if not is_int(steps) or steps < 1:
             r.bad(
                 f"{where}.llama_4_scaling_beta={beta!r}: needs "
                 f"{where}.original_max_position_embeddings, got {steps!r}"
@@ -1356,7 +1352,7 @@ def _check_chunked(r: _Reader, n_layers: int, nope: list[int]) -> None:
             "layers (Llama-4), and no spec says other layers"
         )
     size = r.get("attention_chunk_size")
-    if not _is_int(size) or size < 1:
+    if not is_int(size) or size < 1:
         r.bad(f"attention_chunk_size={size!r}: chunked_attention layers need it")
 
 
@@ -1378,7 +1374,7 @@ def _read_nope(r: _Reader, n_layers: int, windows: dict[str, Any]) -> list[int]:
     flags = r.get("no_rope_layers")
     interval = r.get("no_rope_layer_interval")
     if flags is None and interval is not None:
-        if not _is_int(interval) or interval < 1:
+        if not is_int(interval) or interval < 1:
             r.bad(f"no_rope_layer_interval={interval!r}: must be an integer >= 1")
             return []
         flags = [int((i + 1) % interval != 0) for i in range(n_layers)]
@@ -1461,7 +1457,7 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
     step = r.count("decoder_sparse_step", 1, minimum=1)
     deepseek_freq = r.count("moe_layer_freq", 1, minimum=1)
     dense_layers = r.get("mlp_only_layers", []) or []
-    if not isinstance(dense_layers, list) or not all(_is_int(i) for i in dense_layers):
+    if not isinstance(dense_layers, list) or not all(is_int(i) for i in dense_layers):
         r.bad(f"mlp_only_layers={dense_layers!r}: must be a list of layer indices")
         dense_layers = []
     dense_layers = list(dense_layers)
@@ -1476,7 +1472,7 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         ]
     last = r.get("moe_layer_end_index")
     if last is not None:
-        if not _is_int(last):
+        if not is_int(last):
             r.bad(f"moe_layer_end_index={last!r}: must be a layer index")
         else:
             dense_layers += [
@@ -1556,7 +1552,7 @@ def _dense_by_list(
     if listed is None:
         return []
     if not isinstance(listed, list) or not all(
-        _is_int(i) and 0 <= i < n_layers for i in listed
+        is_int(i) and 0 <= i < n_layers for i in listed
     ):
         r.bad(f"moe_layers={_short(listed)}: must list layer indices below {n_layers}")
         return []
@@ -1744,7 +1740,7 @@ def _interval_copy(cfg: dict, used: set[str]) -> list[str]:
             "linear_attention" if (i + 1) % interval else "full_attention"
             for i in range(len(kinds))
         ]
-        if _is_int(interval) and interval > 0
+        if is_int(interval) and interval > 0
         else None
     )
     used.add("full_attention_interval")

@@ -103,8 +103,12 @@ def run(ctx, name: str) -> Check:
             **base_metrics,
         )
 
-    single = ctx.engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
-    single = single["outputs"]
+    def outputs(engine) -> list[dict]:
+        # The same requests at TP=1 and TP=2.
+        reply = engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
+        return reply["outputs"]
+
+    single = outputs(ctx.engine)
     options = ctx.engine_options(
         extra={**ctx.options.extra, "tensor_parallel_size": TP_SIZE},
         env={**ctx.options.env, "VLLM_CPU_OMP_THREADS_BIND": THREADS_BIND},
@@ -114,8 +118,7 @@ def run(ctx, name: str) -> Check:
         with ctx.extra_engine(f"tp{TP_SIZE}", options) as engine:
             start_s = time.perf_counter() - t0
             model_class = engine.info["model_class"]
-            split = engine.greedy(ctx.prompts, ctx.max_new_tokens, prompt_logprobs=True)
-            split = split["outputs"]
+            split = outputs(engine)
     except EngineLoadError as exc:
         return Check(
             name,
