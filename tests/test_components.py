@@ -382,3 +382,58 @@ def test_every_gqa_layer_prints_its_scale_and_reads_a_key_the_config_holds():
     assert (
         build_plan(any_spec("deepseek-v3-style")).attention.part(SoftmaxScale) is None
     )
+
+
+def test_router_reads_nothing_of_a_dense_config_and_every_problem_at_once():
+    router = next(c for c in components.every() if c.name == "router")
+    # A dense config's router keys are class defaults: they mean nothing.
+    dense = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8}
+    assert router.read(_getter(dense)) == {}
+    deepseek = {
+        "n_routed_experts": 64,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "n_group": 8,
+        "topk_group": 4,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+    }
+    assert router.read(_getter(deepseek)) == {
+        "scoring": "sigmoid",
+        "norm_topk_prob": True,
+        "bias_correction": True,
+        "num_groups": 8,
+        "topk_groups": 4,
+        "routed_scaling_factor": 2.5,
+        "bias": False,
+        "weight_on_input": False,
+    }
+    # One group of all experts is plain top-k.
+    plain = router.read(_getter({**deepseek, "n_group": 1, "topk_group": 1}))
+    assert plain["num_groups"] is None and plain["topk_groups"] is None
+    # Each problem reported, and the fields read all the same for the family check.
+    broken = {**deepseek, "scoring_func": "tanh", "topk_method": "greedy"}
+    del broken["norm_topk_prob"]
+    with pytest.raises(ConfigProblem) as caught:
+        router.read(_getter(broken))
+    assert [m.split(":")[0] for m in caught.value.args] == [
+        "scoring_func='tanh'",
+        "topk_method=greedy with n_group=8",
+        "norm_topk_prob",
+    ]
+    assert caught.value.read["scoring"] == "tanh"
+
+
+def test_router_is_the_moe_blocks_node_and_writes_what_it_reads():
+    from onboard.components.router import Router
+
+    spec = any_spec("deepseek-v3-style")
+    moe = build_plan(spec).moe
+    assert moe is not None and isinstance(moe.router, Router)
+    router = next(c for c in components.present(spec, "moe"))
+    assert router.name == "router" and moe.router.bias_correction
+    written = router.config(spec)
+    assert written["topk_method"] == "noaux_tc"
+    read = router.read(_getter({"n_routed_experts": 1, **written}))
+    assert read == spec.mlp.moe.router.model_dump()
+    assert router not in components.present(any_spec("dense-gqa"))

@@ -25,11 +25,12 @@ from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
 from onboard.components import norms as norms_component
-from onboard.components import present, residual_stream
+from onboard.components import present, residual_stream, router
 from onboard.components.indexer import LightningIndexer
 from onboard.components.kv_sharing import KVSource
 from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
+from onboard.components.router import Router
 from onboard.spec.layouts import (
     KIMI_DELTA_ROLES,
     LAYOUT_PRESETS,
@@ -260,26 +261,6 @@ class KimiDeltaAttention(_Recurrent):
 # The token mixers a layer can have (more kinds join this union).
 LinearMixer = GatedDeltaNet | KimiDeltaAttention
 Mixer = Attention | LinearMixer
-
-
-@dataclass(frozen=True)
-class Router:
-    scoring: Literal["softmax", "sigmoid"]
-    norm_topk_prob: bool
-    bias_correction: bool
-    # The checkpoint stores the bias as [1, num_experts] (else [num_experts]).
-    bias_2d: bool
-    num_groups: int | None
-    topk_groups: int | None
-    routed_scaling_factor: float
-    # A bias on the router's logits, before the top-k (gpt-oss).
-    bias: bool = False
-    # The routing weight scales each chosen expert's input (Llama-4).
-    weight_on_input: bool = False
-
-    @property
-    def grouped(self) -> bool:
-        return self.num_groups is not None
 
 
 @dataclass(frozen=True)
@@ -699,7 +680,6 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
     moe = spec.mlp.moe
     if moe is None:
         return None
-    r = moe.router
     return MoEMLP(
         num_experts=moe.num_experts,
         num_experts_per_tok=moe.num_experts_per_tok,
@@ -707,17 +687,7 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
         num_shared_experts=moe.num_shared_experts,
         shared_intermediate_size=spec.shared_expert_intermediate_size,
         shared_expert_gate=moe.shared_expert_gate,
-        router=Router(
-            scoring=r.scoring,
-            norm_topk_prob=r.norm_topk_prob,
-            bias_correction=r.bias_correction,
-            bias_2d=r.bias_correction and spec.checkpoint.router_bias_2d,
-            num_groups=r.num_groups,
-            topk_groups=r.topk_groups,
-            routed_scaling_factor=r.routed_scaling_factor,
-            bias=r.bias,
-            weight_on_input=r.weight_on_input,
-        ),
+        router=router.COMPONENT.plan(spec, None),
         activation=spec.activation,
         stacked="experts" in spec.checkpoint.fused,
         shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,

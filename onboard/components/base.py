@@ -41,8 +41,14 @@ TargetReport = Callable[[str, tuple[str | int, ...], str], None]
 
 
 class ConfigProblem(ValueError):
-    """What a component's read() finds wrong with a config.json (reported with
-    the config's other problems, never a traceback)."""
+    """What a component's read() finds wrong with a config.json, one message per
+    argument (reported with the config's other problems, never a traceback);
+    ``read``: the fields read all the same, which the reader checks further
+    (against the family's code), so that every problem is reported at once."""
+
+    def __init__(self, *messages: str, read: dict[str, Any] | None = None) -> None:
+        super().__init__(*messages)
+        self.read = read or {}
 
 
 def is_int(value: Any) -> bool:
@@ -163,8 +169,8 @@ class Component:
     # What it is, as a noun phrase ("attention sinks"): summaries list it.
     label: ClassVar[str] = ""
     # Where its plan node lives: a layer's attention (Attention.parts), the
-    # layer itself ("layer": the residual stream, Layer.stream) or the model
-    # ("model": MTP heads).
+    # layer itself ("layer": the residual stream, Layer.stream), the MoE block
+    # ("moe": the router, MoEMLP.router) or the model ("model": MTP heads).
     host: ClassVar[str] = "attention"
     # The spec section whose fields it adds ("attention.mla"; "": the spec's
     # top level), and those fields.
@@ -186,8 +192,9 @@ class Component:
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     # Where config.json lists its keys: among the attention's keys
-    # ("attention"), beside the norms' eps ("norm"), among the model-wide keys
-    # ("model") or last ("other"); by default, where the section it extends is.
+    # ("attention"), beside the norms' eps ("norm"), among the MoE block's
+    # ("moe"), among the model-wide keys ("model") or last ("other"); by
+    # default, where the section it extends is.
     config_place: ClassVar[str] = ""
     # Reference code: what the attention's softmax core takes from the module
     # beside q, k, v, the mask and the scale (the component's fragment at slot

@@ -51,8 +51,6 @@ VISIBLE = (
     "o_bias",
     "n_shared_experts",
     "shared_expert_gate",
-    "topk_method",
-    "moe_router_bias",
     "moe_expert_bias",
     *(concept for c in components.every() for concept in c.visible),
 )

@@ -109,15 +109,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mlp_only_layers": ("mlp_only_layers",),
     "mlp_layer_types": ("mlp_layer_types",),  # "dense" / "sparse" per layer
     "moe_layer_end_index": ("moe_layer_end_index",),  # ERNIE: dense after it
-    "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's name
-    "scoring_func": ("scoring_func",),
-    "topk_method": ("topk_method",),
-    "n_group": ("n_group", "num_expert_group"),
-    "topk_group": ("topk_group",),
-    "routed_scaling_factor": ("routed_scaling_factor",),
-    "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
-    # the routing weight scales the expert's input (Llama-4)
-    "moe_router_weight_on_input": ("moe_router_weight_on_input",),
     "moe_expert_bias": ("moe_expert_bias",),  # biases on the experts' projections
     "swiglu_alpha": ("swiglu_alpha",),  # the experts' clamped SwiGLU (gpt-oss)
     "swiglu_limit": ("swiglu_limit",),

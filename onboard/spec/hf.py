@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from onboard import components
 from onboard.components import Component
 from onboard.components.base import ConfigProblem, is_int
+from onboard.components.router import TOPK_METHODS as KNOWN_TOPK_METHODS
 from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
@@ -812,12 +813,7 @@ def spec_facts(spec: ModelSpec, concepts: list[str]) -> dict[str, Any]:
         values.update(
             n_shared_experts=moe.num_shared_experts,
             shared_expert_gate=moe.shared_expert_gate,
-            topk_method="noaux_tc" if moe.router.bias_correction else None,
-            scoring_func=moe.router.scoring,
-            norm_topk_prob=moe.router.norm_topk_prob,
-            moe_router_bias=moe.router.bias,
             moe_expert_bias=moe.expert_bias,
-            moe_router_weight_on_input=moe.router.weight_on_input,
         )
     for component in components.every():
         values.update(component.facts(spec))
@@ -939,8 +935,9 @@ def _read_component(spec: dict, component: Component, r: _Reader) -> None:
     try:
         fields = component.read(r.get)
     except ConfigProblem as exc:
-        r.bad(str(exc))
-        return
+        for message in exc.args:
+            r.bad(message)
+        fields = exc.read
     if not fields or component.extends is None:
         return
     section: Any = spec
@@ -1425,7 +1422,6 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
     experts = r.get("n_routed_experts")
     moe_keys = (
         "moe_layers",
-        "moe_router_weight_on_input",
         "num_experts_per_tok",
         "moe_intermediate_size",
         "n_shared_experts",
@@ -1437,13 +1433,6 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "mlp_only_layers",
         "mlp_layer_types",
         "moe_layer_end_index",
-        "norm_topk_prob",
-        "scoring_func",
-        "topk_method",
-        "n_group",
-        "topk_group",
-        "routed_scaling_factor",
-        "moe_router_bias",
         "moe_expert_bias",
         "swiglu_alpha",
         "swiglu_limit",
@@ -1505,9 +1494,23 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "expert_bias": bool(r.get("moe_expert_bias", False)),
         "swiglu_alpha": r.get("swiglu_alpha"),
         "swiglu_limit": r.get("swiglu_limit"),
-        "router": _read_router(r),
+        "router": _check_topk_method(r),
     }
     return {"intermediate_size": dense_size, "moe": moe}
+
+
+def _check_topk_method(r: _Reader) -> dict:
+    """The router's section, which its component fills
+    (:mod:`onboard.components.router`), once the config's ``topk_method`` is one
+    the family's transformers router implements."""
+    method = r.get("topk_method")
+    implemented = r.facts.get(TOPK_METHODS, (method,))
+    if method in KNOWN_TOPK_METHODS and method not in implemented:
+        r.bad(
+            f"topk_method={method!r}: this family's transformers router implements "
+            f"only {', '.join(implemented)}"
+        )
+    return {}
 
 
 def _dense_by_kind(
@@ -1567,43 +1570,6 @@ def _dense_by_list(
                 "make that layer dense"
             )
     return more
-
-
-def _read_router(r: _Reader) -> dict:
-    scoring = r.get("scoring_func", "softmax")
-    if scoring not in ("softmax", "sigmoid"):
-        r.bad(f"scoring_func={scoring!r}: not one of softmax, sigmoid")
-    method = r.get("topk_method")
-    groups, topk_groups = r.get("n_group"), r.get("topk_group")
-    if groups in (None, 1) and topk_groups in (None, 1):
-        groups = topk_groups = None  # one group is plain top-k
-    if method not in (None, "noaux_tc", "greedy", "group_limited_greedy"):
-        r.bad(
-            f"topk_method={method!r}: not one of noaux_tc, greedy, group_limited_greedy"
-        )
-    elif method is not None and method not in r.facts.get(TOPK_METHODS, (method,)):
-        r.bad(
-            f"topk_method={method!r}: this family's transformers router implements "
-            f"only {', '.join(r.facts[TOPK_METHODS])}"
-        )
-    if method == "greedy" and groups is not None:
-        r.bad(
-            f"topk_method=greedy with n_group={groups}: transformers ignores the "
-            "groups but vLLM applies them"
-        )
-    if method == "group_limited_greedy" and groups is None:
-        r.bad("topk_method=group_limited_greedy: needs n_group and topk_group")
-    return {
-        "scoring": scoring,
-        "norm_topk_prob": r.get("norm_topk_prob", REQUIRED),
-        # vLLM adds e_score_correction_bias exactly when topk_method is noaux_tc.
-        "bias_correction": method == "noaux_tc",
-        "num_groups": groups,
-        "topk_groups": topk_groups,
-        "routed_scaling_factor": r.get("routed_scaling_factor", 1.0),
-        "bias": bool(r.get("moe_router_bias", False)),
-        "weight_on_input": bool(r.get("moe_router_weight_on_input", False)),
-    }
 
 
 def _default_architecture(model_type: str, known: _Known | None) -> str:
@@ -2162,12 +2128,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         ]
     c["intermediate_size"] = spec.mlp.intermediate_size
     if moe is not None:
-        r = moe.router
-        method = (
-            "noaux_tc"
-            if r.bias_correction
-            else ("group_limited_greedy" if r.num_groups else "greedy")
-        )
         c.update(
             n_routed_experts=moe.num_experts,
             num_experts_per_tok=moe.num_experts_per_tok,
@@ -2178,22 +2138,9 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             first_k_dense_replace=moe.first_k_dense,
             decoder_sparse_step=moe.layer_frequency,
             mlp_only_layers=list(moe.dense_layers),
-            norm_topk_prob=r.norm_topk_prob,
-            scoring_func=r.scoring,
-            topk_method=method,
-            # Ungrouped = one group, kept (as DeepSeek-V2-Lite's config says): vLLM's
-            # DeepSeek MoE always routes grouped and reads getattr(config,
-            # "n_group", 1), which gives None once transformers declares the key,
-            # and its CPU router then fails `assert self.topk_group is not None`.
-            n_group=r.num_groups or 1,
-            topk_group=r.topk_groups or 1,
-            routed_scaling_factor=r.routed_scaling_factor,
         )
+        c.update(_component_concepts(spec, "moe"))
         # Written only where set, so configs of specs without them are unchanged.
-        if r.bias:
-            c["moe_router_bias"] = True
-        if r.weight_on_input:
-            c["moe_router_weight_on_input"] = True
         if moe.expert_bias:
             c["moe_expert_bias"] = True
         if moe.swiglu_limit is not None:

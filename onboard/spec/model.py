@@ -325,44 +325,7 @@ class LinearAttention(*section_fields("linear_attention"), _LinearAttentionField
     `linear_attention`: a recurrent state per sequence instead of a KV cache."""
 
 
-class _RouterFields(_Section):
-    # Router's own fields; components add theirs (onboard.components).
-    scoring: Literal["softmax", "sigmoid"] = Field(
-        "softmax", description="Expert scoring function."
-    )
-    norm_topk_prob: bool = Field(
-        True, description="Renormalise the top-k weights to sum to one."
-    )
-    bias_correction: bool = Field(
-        False,
-        description="Per-expert bias added to the scores for selection only "
-        "(DeepSeek-V3 `e_score_correction_bias`, `noaux_tc`).",
-    )
-    num_groups: ExpertCount | None = Field(
-        None, description="Grouped top-k: number of expert groups (null: ungrouped)."
-    )
-    topk_groups: ExpertCount | None = Field(
-        None, description="Grouped top-k: groups kept per token."
-    )
-    routed_scaling_factor: float = Field(
-        1.0, gt=0, description="Multiplier on the routed experts' output."
-    )
-    bias: bool = Field(
-        False,
-        description="The router's linear layer has a bias, added to the logits "
-        "before the top-k: it changes which experts are chosen and their weights "
-        "(gpt-oss; unlike bias_correction, which steers the choice only).",
-    )
-    weight_on_input: bool = Field(
-        False,
-        description="Each chosen expert's routing weight scales the expert's "
-        "input instead of its output: expert(weight x) rather than weight "
-        "expert(x) (Llama-4; vLLM's apply_router_weight_on_input). Needs "
-        "num_experts_per_tok 1 and no renormalisation.",
-    )
-
-
-class Router(*section_fields("mlp.moe.router"), _RouterFields):
+class Router(*section_fields("mlp.moe.router")):
     """How tokens pick experts."""
 
 

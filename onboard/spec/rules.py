@@ -425,56 +425,6 @@ def _moe_rules(spec: ModelSpec, report: Report) -> None:
             m + ("shared_expert_intermediate_size",), "needs num_shared_experts >= 1"
         )
     _stacked_expert_rules(spec, report)
-    r = moe.router
-    rp = m + ("router",)
-    if r.weight_on_input:
-        # vLLM's fused MoE scales the input once per token (its
-        # apply_router_weight_on_input is for top-1 routing only).
-        if moe.num_experts_per_tok != 1:
-            report(
-                rp + ("weight_on_input",),
-                "the routing weight scales the expert's input only with top-1 "
-                f"routing (num_experts_per_tok is {moe.num_experts_per_tok})",
-            )
-        if r.norm_topk_prob:
-            report(
-                rp + ("weight_on_input",),
-                "with one expert per token renormalising makes every weight 1: "
-                "set norm_topk_prob: false",
-            )
-        for field, off in (("routed_scaling_factor", 1.0), ("bias_correction", False)):
-            if getattr(r, field) != off:
-                report(
-                    rp + ("weight_on_input",),
-                    f"not generated beside router.{field}",
-                )
-        if moe.swiglu_limit is not None:
-            report(rp + ("weight_on_input",), "not generated beside the clamped SwiGLU")
-    if (r.num_groups is None) != (r.topk_groups is None):
-        report(
-            rp + ("topk_groups" if r.topk_groups is None else "num_groups",),
-            "grouped top-k needs both num_groups and topk_groups",
-        )
-    elif r.num_groups is not None and r.topk_groups is not None:
-        if moe.num_experts % r.num_groups:
-            report(
-                rp + ("num_groups",),
-                f"num_groups ({r.num_groups}) must divide num_experts "
-                f"({moe.num_experts})",
-            )
-        elif r.topk_groups > r.num_groups:
-            report(
-                rp + ("topk_groups",),
-                f"topk_groups ({r.topk_groups}) exceeds num_groups ({r.num_groups})",
-            )
-        elif moe.num_experts_per_tok > r.topk_groups * (
-            moe.num_experts // r.num_groups
-        ):
-            report(
-                rp + ("topk_groups",),
-                f"top-k ({moe.num_experts_per_tok}) exceeds the experts in the "
-                f"{r.topk_groups} kept groups",
-            )
 
 
 # vLLM's swigluoai activation (its gpt_oss.py, and the CPU MoE kernel) fixes these.

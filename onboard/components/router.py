@@ -1,0 +1,297 @@
+"""The MoE router: how each token picks its experts and weighs their outputs.
+
+A linear layer gives one logit per expert; the router scores them (``softmax``,
+or ``sigmoid`` as DeepSeek-V3), takes the top-k, optionally renormalises the k
+weights (``norm_topk_prob``) and scales the routed experts' sum
+(``routed_scaling_factor``). Variants:
+
+- bias correction (DeepSeek-V3's ``noaux_tc``): a per-expert bias added to the
+  scores for the choice only (``e_score_correction_bias``);
+- grouped top-k (DeepSeek-V3): the experts in ``n_group`` groups, the choice
+  made within the ``topk_group`` best groups;
+- a biased router (gpt-oss): a bias on the logits, which changes both the choice
+  and the weights;
+- the weight on the input (Llama-4): the routing weight scales the chosen
+  expert's input instead of its output (top-1 routing).
+
+vLLM runs all of them in ``FusedMoE`` (its ``scoring_func``, ``renormalize``,
+``use_grouped_topk``, ``e_score_correction_bias``, ``routed_scaling_factor`` and
+``apply_router_weight_on_input`` arguments). This module owns the router's spec
+section, its rules, its config.json keys (written and read) and its plan node;
+its tensors and code stay with the MoE block that runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from onboard.components.base import (
+    Component,
+    ConfigProblem,
+    ExpertCount,
+    Report,
+    Section,
+)
+
+if TYPE_CHECKING:
+    from onboard.spec.model import ModelSpec
+
+# topk_method: how a DeepSeek-family config names its routing (noaux_tc: the
+# bias-corrected choice; group_limited_greedy: grouped top-k; greedy: plain).
+TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
+# What a config without the key means (a key set to null is no default).
+_DEFAULTS = {"scoring_func": "softmax", "routed_scaling_factor": 1.0}
+
+
+class RouterFields(Section):
+    scoring: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Expert scoring function."
+    )
+    norm_topk_prob: bool = Field(
+        True, description="Renormalise the top-k weights to sum to one."
+    )
+    bias_correction: bool = Field(
+        False,
+        description="Per-expert bias added to the scores for selection only "
+        "(DeepSeek-V3 `e_score_correction_bias`, `noaux_tc`).",
+    )
+    num_groups: ExpertCount | None = Field(
+        None, description="Grouped top-k: number of expert groups (null: ungrouped)."
+    )
+    topk_groups: ExpertCount | None = Field(
+        None, description="Grouped top-k: groups kept per token."
+    )
+    routed_scaling_factor: float = Field(
+        1.0, gt=0, description="Multiplier on the routed experts' output."
+    )
+    bias: bool = Field(
+        False,
+        description="The router's linear layer has a bias, added to the logits "
+        "before the top-k: it changes which experts are chosen and their weights "
+        "(gpt-oss; unlike bias_correction, which steers the choice only).",
+    )
+    weight_on_input: bool = Field(
+        False,
+        description="Each chosen expert's routing weight scales the expert's "
+        "input instead of its output: expert(weight x) rather than weight "
+        "expert(x) (Llama-4; vLLM's apply_router_weight_on_input). Needs "
+        "num_experts_per_tok 1 and no renormalisation.",
+    )
+
+
+@dataclass(frozen=True)
+class Router:
+    scoring: str  # softmax | sigmoid
+    norm_topk_prob: bool
+    bias_correction: bool
+    # The correction bias stored as [1, num_experts] (checkpoint.router_bias_2d).
+    bias_2d: bool
+    num_groups: int | None
+    topk_groups: int | None
+    routed_scaling_factor: float
+    bias: bool = False  # on the router's logits (gpt-oss)
+    weight_on_input: bool = False  # scales the expert's input (Llama-4)
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_groups is not None
+
+
+class _Router(Component):
+    name = "router"
+    label = "the MoE router"
+    host = "moe"
+    extends = "mlp.moe.router"
+    Fields = RouterFields
+    Node = Router
+    # Written among the MoE block's keys (after its layer placement).
+    config_place = "moe"
+    config_aliases = {
+        "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's
+        "scoring_func": ("scoring_func",),
+        "topk_method": ("topk_method",),
+        "n_group": ("n_group", "num_expert_group"),
+        "topk_group": ("topk_group",),
+        "routed_scaling_factor": ("routed_scaling_factor",),
+        "moe_router_bias": ("moe_router_bias",),  # a bias on the router's logits
+        # the routing weight scales the expert's input (Llama-4)
+        "moe_router_weight_on_input": ("moe_router_weight_on_input",),
+    }
+    concept_fields = {
+        "norm_topk_prob": ("mlp.moe.router.norm_topk_prob",),
+        "scoring_func": ("mlp.moe.router.scoring",),
+        "topk_method": ("mlp.moe.router.bias_correction",),
+        "n_group": ("mlp.moe.router.num_groups",),
+        "topk_group": ("mlp.moe.router.topk_groups",),
+        "routed_scaling_factor": ("mlp.moe.router.routed_scaling_factor",),
+        "moe_router_bias": ("mlp.moe.router.bias",),
+        "moe_router_weight_on_input": ("mlp.moe.router.weight_on_input",),
+    }
+    # A checkpoint's tensors show the correction bias and the logits' bias.
+    visible = ("topk_method", "moe_router_bias")
+
+    def present(self, spec: ModelSpec) -> bool:
+        return spec.mlp.moe is not None
+
+    def rules(self, spec: ModelSpec, report: Report) -> None:
+        moe = spec.mlp.moe
+        if moe is None:
+            return
+        r = moe.router
+        where = ("mlp", "moe", "router")
+        if r.weight_on_input:
+            on_input = (*where, "weight_on_input")
+            # vLLM's fused MoE scales the input once per token (its
+            # apply_router_weight_on_input is for top-1 routing only).
+            if moe.num_experts_per_tok != 1:
+                report(
+                    on_input,
+                    "the routing weight scales the expert's input only with top-1 "
+                    f"routing (num_experts_per_tok is {moe.num_experts_per_tok})",
+                )
+            if r.norm_topk_prob:
+                report(
+                    on_input,
+                    "with one expert per token renormalising makes every weight 1: "
+                    "set norm_topk_prob: false",
+                )
+            for field, off in (
+                ("routed_scaling_factor", 1.0),
+                ("bias_correction", False),
+            ):
+                if getattr(r, field) != off:
+                    report(on_input, f"not generated beside router.{field}")
+            if moe.swiglu_limit is not None:
+                report(on_input, "not generated beside the clamped SwiGLU")
+        if (r.num_groups is None) != (r.topk_groups is None):
+            report(
+                (*where, "topk_groups" if r.topk_groups is None else "num_groups"),
+                "grouped top-k needs both num_groups and topk_groups",
+            )
+        elif r.num_groups is not None and r.topk_groups is not None:
+            if moe.num_experts % r.num_groups:
+                report(
+                    (*where, "num_groups"),
+                    f"num_groups ({r.num_groups}) must divide num_experts "
+                    f"({moe.num_experts})",
+                )
+            elif r.topk_groups > r.num_groups:
+                report(
+                    (*where, "topk_groups"),
+                    f"topk_groups ({r.topk_groups}) exceeds num_groups "
+                    f"({r.num_groups})",
+                )
+            elif moe.num_experts_per_tok > r.topk_groups * (
+                moe.num_experts // r.num_groups
+            ):
+                report(
+                    (*where, "topk_groups"),
+                    f"top-k ({moe.num_experts_per_tok}) exceeds the experts in the "
+                    f"{r.topk_groups} kept groups",
+                )
+
+    def plan(self, spec: ModelSpec, layer: int | None) -> Router:
+        moe = spec.mlp.moe
+        assert moe is not None
+        r = moe.router
+        return Router(
+            scoring=r.scoring,
+            norm_topk_prob=r.norm_topk_prob,
+            bias_correction=r.bias_correction,
+            bias_2d=r.bias_correction and spec.checkpoint.router_bias_2d,
+            num_groups=r.num_groups,
+            topk_groups=r.topk_groups,
+            routed_scaling_factor=r.routed_scaling_factor,
+            bias=r.bias,
+            weight_on_input=r.weight_on_input,
+        )
+
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        moe = spec.mlp.moe
+        assert moe is not None
+        r = moe.router
+        out: dict[str, Any] = {
+            "norm_topk_prob": r.norm_topk_prob,
+            "scoring_func": r.scoring,
+            "topk_method": "noaux_tc"
+            if r.bias_correction
+            else ("group_limited_greedy" if r.num_groups else "greedy"),
+            # Ungrouped = one group, kept (as DeepSeek-V2-Lite's config says):
+            # vLLM's DeepSeek MoE always routes grouped and reads
+            # getattr(config, "n_group", 1), which gives None once transformers
+            # declares the key, and its CPU router then fails `assert
+            # self.topk_group is not None`.
+            "n_group": r.num_groups or 1,
+            "topk_group": r.topk_groups or 1,
+            "routed_scaling_factor": r.routed_scaling_factor,
+        }
+        # Written only where set, so configs of specs without them are unchanged.
+        if r.bias:
+            out["moe_router_bias"] = True
+        if r.weight_on_input:
+            out["moe_router_weight_on_input"] = True
+        return out
+
+    def facts(self, spec: ModelSpec) -> dict[str, Any]:
+        moe = spec.mlp.moe
+        if moe is None:
+            return {}
+        r = moe.router
+        return {
+            "topk_method": "noaux_tc" if r.bias_correction else None,
+            "scoring_func": r.scoring,
+            "norm_topk_prob": r.norm_topk_prob,
+            "moe_router_bias": r.bias,
+            "moe_router_weight_on_input": r.weight_on_input,
+        }
+
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        # Every key is read (marked understood) before any is refused: a dense
+        # config's router keys (class defaults) mean nothing.
+        keys = {c: get(c, _DEFAULTS.get(c)) for c in self.config_aliases}
+        if not get("n_routed_experts", None):
+            return {}
+        scoring = keys["scoring_func"]
+        method = keys["topk_method"]
+        groups, topk_groups = keys["n_group"], keys["topk_group"]
+        if groups in (None, 1) and topk_groups in (None, 1):
+            groups = topk_groups = None  # one group is plain top-k
+        problems = []
+        if scoring not in ("softmax", "sigmoid"):
+            problems.append(f"scoring_func={scoring!r}: not one of softmax, sigmoid")
+        if method not in (None, *TOPK_METHODS):
+            problems.append(
+                f"topk_method={method!r}: not one of {', '.join(TOPK_METHODS)}"
+            )
+        if method == "greedy" and groups is not None:
+            problems.append(
+                f"topk_method=greedy with n_group={groups}: transformers ignores "
+                "the groups but vLLM applies them"
+            )
+        if method == "group_limited_greedy" and groups is None:
+            problems.append(
+                "topk_method=group_limited_greedy: needs n_group and topk_group"
+            )
+        if keys["norm_topk_prob"] is None:
+            problems.append("norm_topk_prob: required, but the config does not set it")
+        fields = {
+            "scoring": scoring,
+            "norm_topk_prob": keys["norm_topk_prob"],
+            # vLLM adds e_score_correction_bias exactly when topk_method is noaux_tc.
+            "bias_correction": method == "noaux_tc",
+            "num_groups": groups,
+            "topk_groups": topk_groups,
+            "routed_scaling_factor": keys["routed_scaling_factor"],
+            "bias": bool(keys["moe_router_bias"]),
+            "weight_on_input": bool(keys["moe_router_weight_on_input"]),
+        }
+        if problems:
+            raise ConfigProblem(*problems, read=fields)
+        return fields
+
+
+COMPONENT = _Router()
