@@ -437,3 +437,25 @@ def test_router_is_the_moe_blocks_node_and_writes_what_it_reads():
     read = router.read(_getter({"n_routed_experts": 1, **written}))
     assert read == spec.mlp.moe.router.model_dump()
     assert router not in components.present(any_spec("dense-gqa"))
+
+
+def test_both_moe_blocks_route_as_the_router_says():
+    # gpt-oss's stacked experts have a MoE block of their own; the router's
+    # fragment gives it the same FusedMoE arguments as the other block. Before
+    # the router was a component, that block dropped routed_scaling_factor: the
+    # model's docstring said the output was scaled, and vLLM did not scale it.
+    import yaml
+
+    from onboard.generate import render_model
+
+    data = yaml.safe_load((ROOT / "model_specs" / "gpt-oss-style.yaml").read_text())
+    data["mlp"]["moe"]["router"]["routed_scaling_factor"] = 2.0
+    data.update(
+        name="gpt-oss-scaled",
+        model_type="gpt_oss_scaled",
+        architecture="GptOssScaledForCausalLM",
+    )
+    source = render_model(parse_spec_text(yaml.safe_dump(data)))
+    assert "routed_scaling_factor=config.routed_scaling_factor," in source
+    plain = render_model(any_spec("gpt-oss-style"))
+    assert "routed_scaling_factor" not in plain

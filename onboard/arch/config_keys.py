@@ -15,6 +15,7 @@ one instance both generators use.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any
 
 from onboard.components.base import is_int
@@ -91,6 +92,19 @@ class ConfigKeys:
         self.spec = spec
         self.hf = dict(hf) if hf is not None else _hf_config(spec)
         self.means = _key_means(spec)
+
+    @cached_property
+    def unset(self) -> frozenset[str]:
+        """Keys the generated vLLM model does not read (:func:`unset_keys`)."""
+        return unset_keys(self.spec)
+
+    @cached_property
+    def family_code(self) -> bool:
+        """Whether transformers ships the model type's code (then the config is
+        its class's, which may leave keys onboard writes unset)."""
+        from onboard.spec.hf import transformers_knows
+
+        return transformers_knows(self.spec.model_type)
 
     def _keys(self, concept: str) -> tuple[str, ...]:
         """The keys ``concept`` may be read from in this family: its aliases but

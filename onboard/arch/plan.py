@@ -302,6 +302,10 @@ class MoEMLP:
 
     kind = "moe"
 
+    def part(self, kind: type[T]) -> T | None:
+        """The block's plan node of type ``kind`` (its router)."""
+        return self.router if isinstance(self.router, kind) else None
+
 
 MLP = DenseMLP | MoEMLP
 

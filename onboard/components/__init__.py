@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from onboard.components.base import Component, Role, Section, TensorPlan
 
 if TYPE_CHECKING:
-    from onboard.arch.plan import ArchPlan, Attention
+    from onboard.arch.plan import ArchPlan, Attention, MoEMLP
     from onboard.spec.model import ModelSpec
 
 __all__ = [
@@ -60,10 +60,12 @@ def present(spec: ModelSpec, host: str | None = None) -> tuple[Component, ...]:
     return tuple(c for c in every() if c.present(spec) and host in (None, c.host))
 
 
-def parts(holder: Attention | ArchPlan) -> tuple[tuple[Component, Any], ...]:
-    """The plan nodes of ``holder`` (an architecture plan's attention, or the
-    plan itself for the model-wide ones), each with its component, in registry
-    order."""
+def parts(
+    holder: Attention | MoEMLP | ArchPlan,
+) -> tuple[tuple[Component, Any], ...]:
+    """The plan nodes of ``holder`` (an architecture plan's attention, its MoE
+    block, or the plan itself for the model-wide ones), each with its component,
+    in registry order."""
     return tuple(
         (c, node)
         for c in every()

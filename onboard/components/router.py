@@ -24,7 +24,7 @@ its tensors and code stay with the MoE block that runs it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -38,6 +38,7 @@ from onboard.components.base import (
 )
 
 if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
     from onboard.spec.model import ModelSpec
 
 # topk_method: how a DeepSeek-family config names its routing (noaux_tc: the
@@ -101,6 +102,24 @@ class Router:
         return self.num_groups is not None
 
 
+@dataclass(frozen=True)
+class RouterKeys:
+    """What the router's fragments print: its plan node, and the config keys its
+    settings are read from (None: the model takes the node's value, or computes
+    without: a scaling factor of 1)."""
+
+    node: Router
+    renormalize: str | None  # norm_topk_prob
+    scoring: str | None  # scoring_func
+    # Grouped top-k (the reference's: wherever the config it reads has groups).
+    grouped: bool
+    n_group: str | None
+    topk_group: str | None
+    scaling: str | None  # routed_scaling_factor
+    # The reference's docstring of its Router.
+    doc: str = ""
+
+
 class _Router(Component):
     name = "router"
     label = "the MoE router"
@@ -110,6 +129,10 @@ class _Router(Component):
     Node = Router
     # Written among the MoE block's keys (after its layer placement).
     config_place = "moe"
+    # vLLM's FusedMoE arguments, in both MoE blocks; the reference's Router
+    # class, before the MoE block's.
+    vllm_slots = ("moe.routing",)
+    hf_slots = ("moe.router_class",)
     config_aliases = {
         "norm_topk_prob": ("norm_topk_prob", "moe_renormalize"),  # Kimi Linear's
         "scoring_func": ("scoring_func",),
@@ -210,6 +233,50 @@ class _Router(Component):
             weight_on_input=r.weight_on_input,
         )
 
+    def vllm_context(self, node: Router, keys: ConfigKeys) -> RouterKeys:
+        scoring = keys.find("scoring_func", node.scoring)
+        if scoring in keys.unset:
+            # Written for vLLM's in-tree model only: transformers' class has no
+            # such key, its code hard-codes the value, and so does the generated
+            # model (a checkpoint as transformers saves it does not have the key).
+            scoring = None
+        return self._keys(node, keys, node.grouped, scoring, check=True)
+
+    def reference_context(self, node: Router, keys: ConfigKeys) -> RouterKeys:
+        # Grouped wherever the config onboard writes has groups, one group
+        # included (then the same choice as plain top-k), so the reference reads
+        # what it says; transformers' config of a family it ships may leave
+        # n_group unset.
+        grouped = node.grouped or (
+            not keys.family_code and keys.find("n_group") is not None
+        )
+        keyed = self._keys(node, keys, grouped, keys.find("scoring_func"), check=False)
+        return replace(keyed, doc=_reference_doc(node, grouped))
+
+    @staticmethod
+    def _keys(
+        node: Router, keys: ConfigKeys, grouped: bool, scoring: str | None, check: bool
+    ) -> RouterKeys:
+        """The keys of the node's settings, each required to hold the node's
+        value where ``check`` (the vLLM model's), or only present."""
+
+        def key(concept: str, value: Any, needed: bool = True) -> str | None:
+            value = value if check else None
+            return keys.need(concept, value) if needed else keys.find(concept, value)
+
+        scaled = node.routed_scaling_factor != 1.0
+        return RouterKeys(
+            node=node,
+            renormalize=key("norm_topk_prob", node.norm_topk_prob, needed=False),
+            scoring=scoring,
+            grouped=grouped,
+            n_group=key("n_group", node.num_groups) if grouped else None,
+            topk_group=key("topk_group", node.topk_groups) if grouped else None,
+            scaling=key("routed_scaling_factor", node.routed_scaling_factor)
+            if scaled
+            else None,
+        )
+
     def config(self, spec: ModelSpec) -> dict[str, Any]:
         moe = spec.mlp.moe
         assert moe is not None
@@ -292,6 +359,30 @@ class _Router(Component):
         if problems:
             raise ConfigProblem(*problems, read=fields)
         return fields
+
+
+def _reference_doc(node: Router, grouped: bool) -> str:
+    doc = "Scores the experts for each token and keeps the top k.\n\n"
+    doc += f"Scores are the {node.scoring} of the router logits"
+    doc += " (the linear layer has a bias)." if node.bias else "."
+    if node.bias_correction:
+        doc += (
+            " A per-expert bias (e_score_correction_bias) is added to them to choose"
+            " the experts, but not to weigh them."
+        )
+    if grouped:
+        how = "its two best experts" if node.bias_correction else "its best expert"
+        doc += (
+            f" Experts come in groups; a group is scored by {how}, and only the"
+            " topk_groups best groups are eligible."
+        )
+    if node.norm_topk_prob:
+        doc += " The top-k weights are renormalised to sum to one."
+    if node.routed_scaling_factor != 1.0:
+        doc += " The weights are multiplied by routed_scaling_factor."
+    if node.weight_on_input:
+        doc += " Each chosen expert's weight scales the expert's input, not its output."
+    return doc
 
 
 COMPONENT = _Router()

@@ -28,7 +28,6 @@ from onboard.arch.config_keys import (
     ConfigKeys,
     GenerationError,
     eps_concept,
-    unset_keys,
 )
 from onboard.components import embeddings, kv_sharing, logits, softmax_scale
 from onboard.components.embeddings import Embeddings
@@ -973,23 +972,6 @@ def _moe_context(
             shared_size_expr = f"config.{cfg['moe_intermediate_size']}"
         else:
             f.need("shared_expert_intermediate_size", width)
-    router = moe.router
-    grouped = router.num_groups is not None
-    if grouped:
-        cfg["n_group"] = f.need("n_group", router.num_groups)
-        cfg["topk_group"] = f.need("topk_group", router.topk_groups)
-    cfg["norm_topk_prob"] = f.find("norm_topk_prob", router.norm_topk_prob)
-    cfg["scoring_func"] = f.find("scoring_func", router.scoring)
-    if cfg["scoring_func"] in unset_keys(spec):
-        # Written for vLLM's in-tree model only: transformers' class has no such
-        # key, its code hard-codes the value, and so does the generated model
-        # (a checkpoint as transformers saves it does not have the key).
-        cfg["scoring_func"] = None
-    scaled = router.routed_scaling_factor != 1.0
-    if scaled:
-        cfg["routed_scaling_factor"] = f.need(
-            "routed_scaling_factor", router.routed_scaling_factor
-        )
     if moe.clamped_swiglu is not None:
         alpha, limit = moe.clamped_swiglu
         cfg["swiglu_alpha"] = f.need("swiglu_alpha", alpha)
@@ -999,22 +981,15 @@ def _moe_context(
         "gpt_oss_experts": moe.gpt_oss_format,
         # gpt-oss's own MXFP4 experts format, which its checkpoints ship.
         "mxfp4_experts": moe.gpt_oss_format and "mxfp4" in spec.quantization,
-        "router_linear_bias": router.bias,
         "expert_bias": moe.expert_bias,
         "layer_expr": _moe_layer_expr(spec, arch, f),
-        "scoring": router.scoring,
-        "renormalize": router.norm_topk_prob,
-        # The routing weight scales the expert's input (Llama-4), and the
-        # stacked experts are stored input dim first.
-        "weight_on_input": router.weight_on_input,
+        # The stacked experts are stored input dim first (Llama-4).
         "transposed": moe.transposed,
-        "bias_correction": router.bias_correction,
+        "bias_correction": moe.router.bias_correction,
         # The module that holds the bias in the generated block, and whether the
         # checkpoint stores it as [1, num_experts].
-        "bias_on_block": router.bias_correction and _router_bias_at(spec) == "moe",
-        "bias_2d": router.bias_2d,
-        "grouped": grouped,
-        "scaled": scaled,
+        "bias_on_block": moe.router.bias_correction and _router_bias_at(spec) == "moe",
+        "bias_2d": moe.router.bias_2d,
         "shared": mlp.shared,
         "shared_size_expr": shared_size_expr,
         "shared_gate": mlp.shared_gate,
@@ -1272,7 +1247,8 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
         "vllm_slots": slots,
         "parts": {
             c.name: c.vllm_context(node, f)
-            for holder in (arch.attention, arch)
+            for holder in (arch.attention, arch.moe, arch)
+            if holder is not None
             for c, node in components.parts(holder)
         },
         "mla_direct": arch.attention.kind == "mla"

@@ -23,7 +23,6 @@ from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
 from onboard.components.residual_stream import ResidualStream
 from onboard.errors import InputError
-from onboard.spec.hf import transformers_knows
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.spec.module_tree import (
     gpt_oss_experts,
@@ -218,7 +217,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "stream": _stream_reference(arch.layers[0].stream, names, c),
         "per_layer": per_layer,
         "summary": _summary(spec, arch, f),
-        "router_doc": _router_doc(f),
         "moe_doc": _moe_doc(f),
         "stacked_doc": _stacked_doc(f),
         "attention_doc": _attention_doc(f, parts["part_docs"]),
@@ -274,7 +272,11 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
         "hf_slots": components.fragments(spec, "hf"),
         "parts": {
             c.name: c.reference_context(node, keys)
-            for c, node in (*parts, *components.parts(arch))
+            for c, node in (
+                *parts,
+                *(components.parts(arch.moe) if arch.moe else ()),
+                *components.parts(arch),
+            )
         },
         "part_docs": [
             doc for c, node in parts if (doc := c.describe(node)) is not None
@@ -364,21 +366,6 @@ def _block_form(arch) -> dict[str, bool]:
     }
 
 
-def _grouped(spec: ModelSpec, arch: ArchPlan) -> bool:
-    """Grouped top-k wherever the config onboard writes has groups, one group
-    included (then the same choice as plain top-k), so the reference reads what
-    it says. A model type transformers knows ships transformers' config, which
-    may leave n_group unset."""
-    moe = arch.moe
-    return moe is not None and (
-        moe.router.num_groups is not None
-        or (
-            not transformers_knows(spec.model_type)
-            and arch.config.find("n_group") is not None
-        )
-    )
-
-
 def _moe_flags(spec: ModelSpec, arch: ArchPlan) -> dict[str, Any]:
     """The MoE block's features (all off without one)."""
     moe = arch.moe
@@ -392,8 +379,6 @@ def _moe_flags(spec: ModelSpec, arch: ArchPlan) -> dict[str, Any]:
         if moe is not None and moe.router.bias_correction
         else None,
         "bias_2d": moe is not None and moe.router.bias_2d,
-        "grouped": _grouped(spec, arch),
-        "router_linear_bias": moe is not None and moe.router.bias,
         # checkpoint.fused: experts, the routed experts stacked in two tensors;
         # as gpt-oss stores them, one module of its own (experts_format).
         "stacked": moe is not None and moe.stacked,
@@ -404,9 +389,6 @@ def _moe_flags(spec: ModelSpec, arch: ArchPlan) -> dict[str, Any]:
         "weight_on_input": moe is not None and moe.router.weight_on_input,
         "expert_bias": moe is not None and moe.expert_bias,
         "clamped_swiglu": moe is not None and moe.clamped_swiglu is not None,
-        "scoring": moe.router.scoring if moe else None,
-        "norm_topk": moe is not None and moe.router.norm_topk_prob,
-        "scaled": moe is not None and moe.router.routed_scaling_factor != 1.0,
     }
 
 
@@ -469,13 +451,6 @@ def _moe_keys(
         else:
             key = keys.need("n_shared_experts")
             c["shared_width"] = f"config.{key} * {c['expert_width']}"
-    if f["grouped"]:
-        c["n_group"] = keys.need("n_group")
-        c["topk_group"] = keys.need("topk_group")
-    if f["scaled"]:
-        c["scaling"] = keys.need("routed_scaling_factor")
-    c["norm_topk"] = keys.find("norm_topk_prob")
-    c["scoring"] = keys.find("scoring_func")
     if f["clamped_swiglu"]:
         c["swiglu_alpha"] = keys.need("swiglu_alpha", moe.swiglu_alpha)
         c["swiglu_limit"] = keys.need("swiglu_limit", moe.swiglu_limit)
@@ -758,32 +733,6 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
         parts.append(f"{n} multi-token-prediction head{'s' if n > 1 else ''}")
     text = "Architecture: " + ", ".join(parts) + "."
     return textwrap.wrap(text, width=88)
-
-
-def _router_doc(f: dict[str, Any]) -> str:
-    if not f["moe"]:
-        return ""
-    doc = "Scores the experts for each token and keeps the top k.\n\n"
-    doc += f"Scores are the {f['scoring']} of the router logits"
-    doc += " (the linear layer has a bias)." if f["router_linear_bias"] else "."
-    if f["bias_correction"]:
-        doc += (
-            " A per-expert bias (e_score_correction_bias) is added to them to choose"
-            " the experts, but not to weigh them."
-        )
-    if f["grouped"]:
-        how = "its two best experts" if f["bias_correction"] else "its best expert"
-        doc += (
-            f" Experts come in groups; a group is scored by {how}, and only the"
-            " topk_groups best groups are eligible."
-        )
-    if f["norm_topk"]:
-        doc += " The top-k weights are renormalised to sum to one."
-    if f["scaled"]:
-        doc += " The weights are multiplied by routed_scaling_factor."
-    if f["weight_on_input"]:
-        doc += " Each chosen expert's weight scales the expert's input, not its output."
-    return doc
 
 
 def docstring(text: str, indent: int) -> str:
