@@ -223,13 +223,14 @@ def test_mtp_heads_take_the_models_mlp_kind_unless_the_config_says():
 
 
 def test_top_level_components_follow_the_blocks_in_registry_order():
-    # The embeddings' two fields, the logits' three, then MTP's section,
+    # The embeddings' two fields, the output head's four, then MTP's section,
     # between the blocks and the launch wishes.
     fields = list(ModelSpec.model_fields)
     between = fields[fields.index("mlp") + 1 : fields.index("checkpoint")]
     assert between == [
         "scale_embedding", "embedding_multiplier",
-        "logit_scale", "final_logit_softcap", "logits_scaling", "mtp",
+        "tie_word_embeddings", "logit_scale", "final_logit_softcap",
+        "logits_scaling", "mtp",
     ]  # fmt: skip
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"mtp\.mlp.*no mlp\.moe section"):
@@ -245,10 +246,14 @@ def _logits():
 
 def test_logits_read_leaves_neutral_values_out_and_refuses_a_non_positive_factor():
     logits = _logits()
-    assert logits.read(_getter({"logit_scale": 1.0, "logits_scaling": 1})) == {}
-    read = logits.read(_getter({"logit_scale": 0.25, "final_logit_softcapping": 30}))
-    assert read == {"logit_scale": 0.25, "final_logit_softcap": 30}
-    assert logits.read(_getter({"logits_scaling": 16.0})) == {"logits_scaling": 16.0}
+
+    def read(config: dict) -> dict:  # every config states its tie
+        return logits.read(_getter({"tie_word_embeddings": False, **config}))
+
+    assert read({"logit_scale": 1.0, "logits_scaling": 1}) == {}
+    got = read({"logit_scale": 0.25, "final_logit_softcapping": 30})
+    assert got == {"logit_scale": 0.25, "final_logit_softcap": 30}
+    assert read({"logits_scaling": 16.0}) == {"logits_scaling": 16.0}
     for key, bad in (
         ("logit_scale", 0),
         ("logits_scaling", -2.0),
@@ -256,7 +261,7 @@ def test_logits_read_leaves_neutral_values_out_and_refuses_a_non_positive_factor
         ("logit_scale", "0.5"),
     ):
         with pytest.raises(ConfigProblem, match=rf"{key}={bad!r}: must be a positive"):
-            logits.read(_getter({key: bad}))
+            read({key: bad})
 
 
 def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_ones():
@@ -280,10 +285,10 @@ def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_one
     assert build_plan(gemma).part(Logits) == Logits(softcap=30.0)
     assert build_plan(gemma).part(Embeddings) == Embeddings(sqrt_hidden=True)
     keys = list(hf_config_from_spec(gemma))
-    # Gemma's order: the embedding's scale, then the soft-cap, among the
-    # model-wide keys (before the attention's).
+    # Gemma's order: the embedding's scale, then the head's tie and soft-cap,
+    # among the model-wide keys (before the attention's).
     at = keys.index("scale_embedding")
-    assert keys[at + 1] == "final_logit_softcapping"
+    assert keys[at + 1 : at + 3] == ["tie_word_embeddings", "final_logit_softcapping"]
     assert at < keys.index("num_key_value_heads")
     neutral = hf_config_from_spec(parse_spec_text(text))
     assert not {"logit_scale", "logits_scaling", "final_logit_softcapping"} & set(
@@ -459,3 +464,25 @@ def test_both_moe_blocks_route_as_the_router_says():
     assert "routed_scaling_factor=config.routed_scaling_factor," in source
     plain = render_model(any_spec("gpt-oss-style"))
     assert "routed_scaling_factor" not in plain
+
+
+def test_the_head_reads_a_tie_a_config_must_state_and_always_writes_it():
+    logits = next(c for c in components.every() if c.name == "logits")
+    assert logits.read(_getter({"tie_word_embeddings": True})) == {
+        "tie_word_embeddings": True
+    }
+    assert logits.read(_getter({"tie_word_embeddings": False})) == {}
+    # transformers' classes mostly default to tied: a config without the key is
+    # not read as untied.
+    with pytest.raises(ConfigProblem, match="tie_word_embeddings: required"):
+        logits.read(_getter({"logit_scale": 2.0}))
+    with pytest.raises(ConfigProblem) as caught:
+        logits.read(_getter({"logit_scale": 2.0}))
+    assert caught.value.read == {"logit_scale": 2.0}
+    untied = any_spec("dense-gqa")
+    assert logits.config(untied)["tie_word_embeddings"] is False
+    tied = any_spec("var-layernorm-mha")
+    arch = build_plan(tied)
+    from onboard.components.logits import Logits
+
+    assert arch.part(Logits).tied and logits.config(tied)["tie_word_embeddings"]

@@ -1,22 +1,27 @@
-"""What the output head does to its logits: Cohere's ``logit_scale`` multiplies
-them, Granite's ``logits_scaling`` divides them, Gemma-2/3's
+"""The output head: whether it is the token embedding (``tie_word_embeddings``),
+and what it does to its logits: Cohere's ``logit_scale`` multiplies them,
+Granite's ``logits_scaling`` divides them, Gemma-2/3's
 ``final_logit_softcapping`` soft-caps them (``cap * tanh(logits / cap)``).
 
-vLLM's ``LogitsProcessor`` applies each (``scale=``, ``soft_cap=``), as vLLM's
-``commandr.py``, ``granite.py`` and ``gemma2.py`` do; the reference applies
-them after its ``lm_head``. Every model has logits (the component is always
-present, its node neutral where the spec sets none of the three); it has no
-tensor of its own.
+A tied head has no weight of its own: vLLM's ``ParallelLMHead.tie_weights``
+reuses the embedding (which the last pipeline rank then builds too), the
+reference declares ``_tied_weights_keys``. vLLM's ``LogitsProcessor`` applies
+each transform (``scale=``, ``soft_cap=``), as vLLM's ``commandr.py``,
+``granite.py`` and ``gemma2.py`` do; the reference applies them after its
+``lm_head``. Every model has an output head (the component is always present,
+its node neutral where the spec sets none of the four); its weight's role
+(``lm_head``, absent where tied) stays with the layout's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from onboard.components.base import ModelWide, Report, Section
+from onboard.components.base import ConfigProblem, ModelWide, Report, Section
 
 if TYPE_CHECKING:
     from onboard.arch.config_keys import ConfigKeys
@@ -24,6 +29,9 @@ if TYPE_CHECKING:
 
 
 class LogitsFields(Section):
+    tie_word_embeddings: bool = Field(
+        False, description="lm_head shares the embedding."
+    )
     logit_scale: float = Field(
         1.0, gt=0, description="Multiplier on the output logits (Cohere)."
     )
@@ -47,6 +55,7 @@ class Logits:
     scale: float = 1.0  # multiplier (logit_scale)
     divisor: float = 1.0  # divisor (logits_scaling)
     softcap: float | None = None  # soft-cap (final_logit_softcapping)
+    tied: bool = False  # the head is the token embedding (tie_word_embeddings)
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class LogitsKeys:
     scale: str | None
     divisor: str | None
     softcap: str | None
+    tied: bool  # the head is the token embedding
 
 
 class _Logits(ModelWide):
@@ -65,6 +75,7 @@ class _Logits(ModelWide):
     Fields = LogitsFields
     Node = Logits
     concept_fields = {
+        "tie_word_embeddings": ("tie_word_embeddings",),
         "final_logit_softcapping": ("final_logit_softcap",),
         "logit_scale": ("logit_scale",),
         "logits_scaling": ("logits_scaling",),
@@ -82,8 +93,34 @@ class _Logits(ModelWide):
         if spec.logits_scaling != 1.0:
             report(("final_logit_softcap",), "is not generated beside a logits_scaling")
 
+    def config(self, spec: ModelSpec) -> dict[str, Any]:
+        # Always written: a config without the key means its class's default,
+        # true for most transformers classes.
+        return {"tie_word_embeddings": spec.tie_word_embeddings, **super().config(spec)}
+
+    def read(self, get: Callable[[str, Any], Any]) -> dict[str, Any]:
+        tied = get("tie_word_embeddings", None)
+        try:
+            read = super().read(get)
+        except ConfigProblem as exc:
+            read, problems = exc.read, list(exc.args)
+        else:
+            problems = []
+        if tied is None:
+            problems.insert(
+                0, "tie_word_embeddings: required, but the config does not set it"
+            )
+        if problems:
+            raise ConfigProblem(*problems, read=read)
+        return read
+
     def plan(self, spec: ModelSpec, layer: int | None) -> Logits:
-        return Logits(spec.logit_scale, spec.logits_scaling, spec.final_logit_softcap)
+        return Logits(
+            spec.logit_scale,
+            spec.logits_scaling,
+            spec.final_logit_softcap,
+            tied=spec.tie_word_embeddings,
+        )
 
     def code_context(self, node: Logits, keys: ConfigKeys) -> LogitsKeys:
         return LogitsKeys(
@@ -92,6 +129,7 @@ class _Logits(ModelWide):
             softcap=None
             if node.softcap is None
             else keys.need("final_logit_softcapping", node.softcap),
+            tied=node.tied,
         )
 
 

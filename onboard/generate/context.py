@@ -658,7 +658,6 @@ def build_context(
         "has_dense": has_dense,
         "has_moe": has_moe,
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
-        "tie": spec.tie_word_embeddings,
         "mtp": arch.mtp is not None,
         "mtp_doc": _mtp_doc(spec, arch) if mtp else "",
         "mtp_block_moe": mtp_mlp == "moe",

@@ -121,7 +121,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         # their components').
         "unit_offset": arch.norms.unit_offset,
         "act": arch.activation,
-        "tie": spec.tie_word_embeddings,
         "dense": arch.has_dense,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
         "shared_on_layer": names.get("shared_parent") == "layer",
@@ -722,7 +721,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
     head = arch.part(Logits)
     if head is not None and head.scale != 1.0:
         parts.append("scaled logits")
-    if f["tie"]:
+    if head is not None and head.tied:
         parts.append("tied embeddings")
     embed = arch.part(Embeddings)
     multiplied = embed is not None and embed.multiplier != 1.0

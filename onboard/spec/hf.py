@@ -658,7 +658,6 @@ _HF_CARRIED = (
     "hidden_size",
     "num_hidden_layers",
     "max_position_embeddings",
-    "tie_word_embeddings",
     "activation",
     *MULTIPLIERS,
     "norm",
@@ -907,7 +906,6 @@ def _read(
         "hidden_size": r.get("hidden_size", REQUIRED),
         "num_hidden_layers": r.get("num_hidden_layers", REQUIRED),
         "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
-        "tie_word_embeddings": r.get("tie_word_embeddings", REQUIRED),
     }
     act = r.get("hidden_act", REQUIRED)
     if act is not None and act not in ACTIVATIONS:
@@ -2042,7 +2040,6 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_hidden_layers,
         "max_position_embeddings": spec.max_position_embeddings,
-        "tie_word_embeddings": spec.tie_word_embeddings,
         "hidden_act": spec.activation,
         **_component_concepts(spec, "norm"),
         "num_attention_heads": att.num_heads,

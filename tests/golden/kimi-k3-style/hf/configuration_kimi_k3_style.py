@@ -20,10 +20,10 @@ class KimiK3StyleConfig(PreTrainedConfig):
     hidden_size: int | None = 2304
     num_hidden_layers: int | None = 24
     max_position_embeddings: int | None = 131072
-    tie_word_embeddings: bool | None = False
     hidden_act: str | None = "silu"
     rms_norm_eps: float | int | None = 1e-05
     num_attention_heads: int | None = 32
+    tie_word_embeddings: bool | None = False
     num_key_value_heads: int | None = 32
     head_dim: int | None = 64
     q_lora_rank: int | None = 1536

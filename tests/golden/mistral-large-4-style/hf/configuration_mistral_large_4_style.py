@@ -20,10 +20,10 @@ class MistralLarge4StyleConfig(PreTrainedConfig):
     hidden_size: int | None = 7168
     num_hidden_layers: int | None = 64
     max_position_embeddings: int | None = 131072
-    tie_word_embeddings: bool | None = False
     hidden_act: str | None = "silu"
     rms_norm_eps: float | int | None = 1e-06
     num_attention_heads: int | None = 128
+    tie_word_embeddings: bool | None = False
     num_key_value_heads: int | None = 128
     head_dim: int | None = 64
     q_lora_rank: int | None = 1536

@@ -26,10 +26,10 @@ class Glm5StyleConfig(PreTrainedConfig):
     hidden_size: int | None = 6144
     num_hidden_layers: int | None = 78
     max_position_embeddings: int | None = 202752
-    tie_word_embeddings: bool | None = False
     hidden_act: str | None = "silu"
     rms_norm_eps: float | int | None = 1e-05
     num_attention_heads: int | None = 64
+    tie_word_embeddings: bool | None = False
     num_key_value_heads: int | None = 64
     head_dim: int | None = 64
     q_lora_rank: int | None = 2048

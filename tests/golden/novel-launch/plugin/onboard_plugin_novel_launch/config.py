@@ -26,10 +26,10 @@ class NovelLaunchConfig(PreTrainedConfig):
     hidden_size: int | None = 4096
     num_hidden_layers: int | None = 48
     max_position_embeddings: int | None = 262144
-    tie_word_embeddings: bool | None = False
     hidden_act: str | None = "silu"
     rms_norm_eps: float | int | None = 1e-06
     num_attention_heads: int | None = 64
+    tie_word_embeddings: bool | None = False
     num_key_value_heads: int | None = 8
     head_dim: int | None = 128
     qkv_bias: bool | None = False

@@ -26,10 +26,10 @@ class Qwen3NextStyleConfig(PreTrainedConfig):
     hidden_size: int | None = 2048
     num_hidden_layers: int | None = 48
     max_position_embeddings: int | None = 262144
-    tie_word_embeddings: bool | None = False
     hidden_act: str | None = "silu"
     rms_norm_eps: float | int | None = 1e-06
     num_attention_heads: int | None = 16
+    tie_word_embeddings: bool | None = False
     num_key_value_heads: int | None = 2
     head_dim: int | None = 256
     qkv_bias: bool | None = False
