@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.quantize import quantize_checkpoint
@@ -106,7 +107,9 @@ def test_int_schemes_run_in_the_engine_through_the_plugin(run, scheme):
     # vLLM's CPU kernels: CPUWNA16LinearKernel (INT4 weights, 16-bit activations;
     # bfloat16 only, so the KL includes bf16 rounding) and
     # CPUInt8ScaledMMLinearKernel (INT8 weights, dynamic per-token INT8
-    # activations; float32 like the 16-bit side).
+    # activations; float32 like the 16-bit side, but bfloat16 where the CPU has
+    # AMX tiles: vLLM then takes its AMX kernel, which fails in float32 with
+    # "int8_scaled_mm_with_quant: expect A to be bfloat16 or half").
     check = run["checks"][f"quant:{scheme}"]
     m = check["metrics"]
     assert check["status"] == "passed", check["details"]
@@ -119,7 +122,8 @@ def test_int_schemes_run_in_the_engine_through_the_plugin(run, scheme):
         assert m["engine_error"] == missing and missing in check["details"]
         assert 0 < m["kl_divergence"] <= THRESHOLDS[scheme].kl_divergence
         return
-    dtype = "bfloat16" if scheme == "w4a16" else "float32"
+    amx = torch.cpu._is_amx_tile_supported()
+    dtype = "bfloat16" if scheme == "w4a16" or amx else "float32"
     assert m["path"] == "engine" and m["engine_dtype"] == dtype
     assert "engine_error" not in m
     assert m["vllm_model_class"].startswith("onboard_plugin_")

@@ -59,7 +59,6 @@ def probe(spec, plugin: Path, dirs: list[Path], work: Path):
     options = EngineOptions(
         model_dir=dirs[0],
         plugin=read_plugin(plugin),
-        uses_mla=spec.attention.type == "mla",
         extra=dense,
         **engine_state_options(spec),
     )

@@ -199,13 +199,14 @@ class EngineOptions:
 
 
 def engine_state_options(spec: ModelSpec) -> dict[str, Any]:
-    """EngineOptions fields a spec's layers need: the engine dtype, with
+    """EngineOptions fields a spec's layers need: MLA's backend, with
     linear-attention layers their recurrent state's dtype, and the CPU shims
     vLLM's CPU build needs for them."""
     from onboard.runtime.compat import shims_for
 
     lin = spec.linear_attention
     return {
+        "uses_mla": spec.attention.type == "mla",
         "mamba_ssm_cache_dtype": None if lin is None else lin.state_dtype,
         "compat": shims_for(spec),
     }

@@ -880,7 +880,6 @@ def tune(
         options = EngineOptions(
             model_dir=model_dir,
             plugin=plugin,
-            uses_mla=mla,
             **engine_state_options(spec),
         )
         if base is None:

@@ -131,6 +131,20 @@ def cpu_engine_limit(spec: ModelSpec) -> str | None:
 SCHEME_CPU_OPS = {"w4a16": "cpu_gemm_wna16", "w4a16-asym": "cpu_gemm_wna16"}
 
 
+def amx_int8_gemm() -> bool:
+    """Whether vLLM runs symmetric INT8 GEMMs on this CPU with its AMX kernel
+    (``int8_scaled_mm_with_quant``, chosen where the CPU has AMX tiles:
+    vllm/model_executor/kernels/linear/scaled_mm/cpu.py,
+    ``CPUInt8ScaledMMLinearKernel.process_weights_after_loading``, and
+    ``check_cpu_sgl_kernel`` in vllm/model_executor/layers/utils.py), which takes
+    bfloat16 or float16 activations only ("int8_scaled_mm_with_quant: expect A
+    to be bfloat16 or half", measured in float32 on an AMX host). Without AMX
+    vLLM takes its oneDNN kernel, which runs float32 too."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 def missing_cpu_kernel(scheme: str) -> str | None:
     """Why vLLM's CPU kernels on this machine cannot run ``scheme`` (None: they
     can, as far as the kernel build shows)."""

@@ -61,7 +61,7 @@ from onboard.errors import InputError
 from onboard.runtime.cpu_draft import cpu_features, lacking_note
 from onboard.runtime.engine import EngineLoadError
 from onboard.runtime.reference import ReferenceUnavailable
-from onboard.targets.cpu_kernels import missing_cpu_kernel
+from onboard.targets.cpu_kernels import amx_int8_gemm, missing_cpu_kernel
 from onboard.validate.results import Check
 
 
@@ -109,6 +109,18 @@ P_TOP_K = 20
 # vllm/model_executor/kernels/linear/mixed_precision/cpu.py); there it runs in
 # bfloat16, and the KL includes bf16 rounding.
 ENGINE_DTYPE = {"fp8-block": "bfloat16", "w4a16": "bfloat16", "w4a16-asym": "bfloat16"}
+
+
+def engine_dtype(scheme: str, default: str) -> str:
+    """The dtype the engine runs ``scheme``'s checkpoint in on this CPU: the
+    main engine's (``default``), but where vLLM's CPU kernel takes 16-bit
+    activations only (:data:`ENGINE_DTYPE`; w8a8-int8 on a CPU with AMX tiles,
+    whose INT8 kernel vLLM then picks: cpu_kernels.amx_int8_gemm)."""
+    if scheme == "w8a8-int8" and amx_int8_gemm():
+        return "bfloat16"
+    return ENGINE_DTYPE.get(scheme, default)
+
+
 # Roles that must stay byte-identical, by the reason onboard.quantize keeps them.
 GUARDED = {
     "embeddings": ("role embed",),
@@ -294,7 +306,7 @@ def _baseline_rows(ctx) -> list[list[dict[int, float]]]:
 def _quantized_rows(ctx, scheme: str, qdir: Path) -> tuple[list[np.ndarray], dict]:
     """Per prompt, [positions, vocab] logprobs of the quantized model, and how."""
     # The main engine's dtype, unless the scheme's CPU kernel needs another.
-    dtype = ENGINE_DTYPE.get(scheme, ctx.options.dtype)
+    dtype = engine_dtype(scheme, ctx.options.dtype)
     options = ctx.engine_options(
         model_dir=qdir,
         extra={**ctx.options.extra, "dtype": dtype, "max_logprobs": -1},

@@ -201,7 +201,7 @@ def headline(sweep: list[dict[str, Any]]) -> dict[str, Any]:
 def _variants(ctx) -> tuple[list[Variant], list[str]]:
     from onboard.speculators.methods import speculative_config
     from onboard.targets import get_target
-    from onboard.validate.check_quant import ENGINE_DTYPE
+    from onboard.validate.check_quant import engine_dtype
 
     base = ctx.engine_options()
     out = [Variant("baseline", base)]
@@ -248,7 +248,7 @@ def _variants(ctx) -> tuple[list[Variant], list[str]]:
         # The dtype the quant check runs the scheme in on this engine (fp8-block's
         # CPU kernel takes bfloat16 activations only: "fp8_scaled_mm_cpu: expect A
         # to be bfloat16 or half" at the first request in float32).
-        dtype = ENGINE_DTYPE.get(scheme, base.engine_kwargs()["dtype"])
+        dtype = engine_dtype(scheme, base.engine_kwargs()["dtype"])
         options = ctx.engine_options(
             model_dir=path, extra={**base.extra, "dtype": dtype}
         )

@@ -494,7 +494,6 @@ def validate(
             model_dir=model_dir,
             plugin=plugin,
             max_model_len=min(max_pos, max(MAX_MODEL_LEN, limit + max_new_tokens)),
-            uses_mla=spec.attention.type == "mla",
             extra=extra,
             **engine_state_options(spec),
         )
