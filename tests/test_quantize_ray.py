@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -213,7 +214,9 @@ def test_unreachable_address(ckpt, tmp_path, address):
 @needs_ray
 def test_open_port_that_is_not_ray(ckpt, tmp_path):
     """A port that accepts connections but is no Ray head: ray.init would retry for
-    minutes; the join is cut at JOIN_TIMEOUT_S (shortened here), exit 2."""
+    minutes; the join is cut at JOIN_TIMEOUT_S (shortened here; Ray's C++ client
+    holds the interrupt back for its 30 s wait for the cluster ID), exit 2, and
+    the message says how long it waited."""
     import socket
 
     with socket.socket() as server:
@@ -235,7 +238,9 @@ def test_open_port_that_is_not_ray(ckpt, tmp_path):
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
         )
     assert r.returncode == 2, r.stderr
-    assert "no Ray cluster answered there in 5 s" in r.stderr, r.stderr
+    waited = re.search(r"no Ray cluster answered there in (\d+) s", r.stderr)
+    assert waited is not None, r.stderr
+    assert 5 <= int(waited.group(1)) <= time.monotonic() - started
     assert "Traceback" not in r.stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "out").exists()

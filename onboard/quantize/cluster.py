@@ -120,6 +120,7 @@ def connect(address: str | None, log: Callable[[str], None]) -> Cluster:
     if address not in ("auto", "local"):
         _check_reachable(address)
     options = {"logging_level": logging.WARNING, "log_to_driver": False}
+    started = time.monotonic()
     try:
         with _time_limit(JOIN_TIMEOUT_S):
             if address == "local":
@@ -127,11 +128,13 @@ def connect(address: str | None, log: Callable[[str], None]) -> Cluster:
             else:
                 ray.init(address=address, **options)
     except _TimeLimit:
+        # The time it took: Ray's C++ client may hold the interrupt back (its
+        # wait for the cluster ID, 30 s, gcs_client.cc).
         raise InputError(
             f"--ray {address}: no Ray cluster answered there in "
-            f"{JOIN_TIMEOUT_S:g} s (the port is open: is it the head's GCS port, "
-            f"{GCS_PORT} by default, or Ray Client's, {CLIENT_PORT}?); nothing was "
-            "written"
+            f"{time.monotonic() - started:.0f} s (the port is open: is it the "
+            f"head's GCS port, {GCS_PORT} by default, or Ray Client's, "
+            f"{CLIENT_PORT}?); nothing was written"
         ) from None
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
