@@ -223,12 +223,12 @@ def test_mtp_heads_take_the_models_mlp_kind_unless_the_config_says():
 
 
 def test_top_level_components_follow_the_blocks_in_registry_order():
-    # The embeddings' two fields, the output head's four, then MTP's section,
-    # between the blocks and the launch wishes.
+    # The MLPs' activation, the embeddings' two fields, the output head's four,
+    # then MTP's section, between the blocks and the launch wishes.
     fields = list(ModelSpec.model_fields)
     between = fields[fields.index("mlp") + 1 : fields.index("checkpoint")]
     assert between == [
-        "scale_embedding", "embedding_multiplier",
+        "activation", "scale_embedding", "embedding_multiplier",
         "tie_word_embeddings", "logit_scale", "final_logit_softcap",
         "logits_scaling", "mtp",
     ]  # fmt: skip
@@ -265,6 +265,7 @@ def test_logits_read_leaves_neutral_values_out_and_refuses_a_non_positive_factor
 
 
 def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_ones():
+    from onboard.components.activation import Activation
     from onboard.components.embeddings import Embeddings
     from onboard.components.logits import Logits
     from onboard.spec.hf import hf_config_from_spec
@@ -273,6 +274,7 @@ def test_logits_are_one_node_on_the_plan_and_their_keys_among_the_model_wide_one
     plain = build_plan(parse_spec_text(text))
     assert plain.part(Logits) == Logits()
     assert [(c.name, node) for c, node in components.parts(plain)] == [
+        ("activation", Activation("silu")),
         ("embeddings", Embeddings()),
         ("logits", Logits()),
     ]
@@ -486,3 +488,30 @@ def test_the_head_reads_a_tie_a_config_must_state_and_always_writes_it():
     from onboard.components.logits import Logits
 
     assert arch.part(Logits).tied and logits.config(tied)["tie_word_embeddings"]
+
+
+def test_the_activation_is_required_one_of_its_kinds_and_printed_from_its_row():
+    from onboard.components.activation import KINDS, Activation
+    from onboard.generate import render_model
+    from onboard.reference import render_reference
+
+    activation = next(c for c in components.every() if c.name == "activation")
+    assert activation.read(_getter({"hidden_act": "gelu"})) == {"activation": "gelu"}
+    with pytest.raises(ConfigProblem, match="hidden_act: required"):
+        activation.read(_getter({}))
+    with pytest.raises(ConfigProblem, match=r"hidden_act='relu': not one of") as bad:
+        activation.read(_getter({"hidden_act": "relu"}))
+    assert bad.value.read == {"activation": "relu"}  # the spec names it too
+    # Each model prints the row of the plan's node: the dense MLP's fused layer
+    # in vLLM, the experts' FusedMoE name, the reference's function.
+    gelu = any_spec("var-layernorm-mha")
+    node = build_plan(gelu).part(Activation)
+    assert node == Activation(gelu.activation)
+    assert f"self.act_fn = {KINDS[node.kind].vllm_layer}" in render_model(gelu)
+    moe = any_spec("var-qwen-gated")
+    assert moe.activation == "gelu"
+    assert 'activation="gelu",' in render_model(moe)
+    reference = render_reference(moe, standalone=True)
+    modeling = next(v for k, v in reference.items() if k.startswith("modeling_"))
+    # The config names it (onboard writes hidden_act): transformers' table.
+    assert "ACT2FN[config.hidden_act]" in modeling and "def activation" not in modeling

@@ -523,7 +523,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size",),
     "num_hidden_layers": ("num_hidden_layers",),
     "max_position_embeddings": ("max_position_embeddings",),
-    "hidden_act": ("activation",),
     "num_attention_heads": ("attention.num_heads",),
     "num_key_value_heads": ("attention.num_kv_heads",),
     "head_dim": ("attention.head_dim",),

@@ -191,10 +191,10 @@ class Component:
     # and concept -> the spec fields it comes from (what a mismatch names).
     config_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
-    # Where config.json lists its keys: among the attention's keys
-    # ("attention"), beside the norms' eps ("norm"), among the MoE block's
-    # ("moe"), among the model-wide keys ("model") or last ("other"); by
-    # default, where the section it extends is.
+    # Where config.json lists its keys: beside the model's dimensions ("dims"),
+    # among the attention's keys ("attention"), beside the norms' eps ("norm"),
+    # among the MoE block's ("moe"), among the model-wide keys ("model") or last
+    # ("other"); by default, where the section it extends is.
     config_place: ClassVar[str] = ""
     # Reference code: what the attention's softmax core takes from the module
     # beside q, k, v, the mask and the scale (the component's fragment at slot

@@ -68,13 +68,6 @@ LAYER_ATTRIBUTES = (
     "post_feedforward_layernorm",
 )
 
-ACTIVATIONS = {
-    # spec activation -> (dense MLP layer expression, fused-MoE activation name)
-    "silu": ("SiluAndMul()", "silu"),
-    "gelu": ('GeluAndMul(approximate="none")', "gelu"),
-    "gelu_pytorch_tanh": ('GeluAndMul(approximate="tanh")', "gelu_tanh"),
-}
-
 
 @dataclass
 class Rename:
@@ -582,7 +575,6 @@ def build_context(
     names = _module_names(vllm_paths, mlp)
     stacked, packed = _stacked_params(spec, arch, mlp, names)
 
-    act_layer, moe_act = ACTIVATIONS[arch.activation]
     rope = arch.rope
     kv_target_expr = None
     if kv_sharing:
@@ -653,8 +645,6 @@ def build_context(
         **_components_context(spec, arch, f),
         **_norm_context(arch, cfg, mlp, norm_names, vllm_paths),
         "rope_by_kind": rope_by_kind,
-        "act_layer": act_layer,
-        "moe_act": moe_act,
         "has_dense": has_dense,
         "has_moe": has_moe,
         "moe": SimpleNamespace(**moe_ctx) if moe_ctx else None,
@@ -924,7 +914,6 @@ def _model_config_keys(
     if arch.has_dense:
         assert spec.mlp.intermediate_size is not None
         cfg["intermediate_size"] = f.dense_width()
-    cfg["hidden_act"] = f.find("hidden_act", arch.activation)
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
     cfg.update(f.multipliers())

@@ -120,7 +120,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         # stream's, its softmax scale, scaled embeddings and final soft-cap
         # their components').
         "unit_offset": arch.norms.unit_offset,
-        "act": arch.activation,
         "dense": arch.has_dense,
         # Beside the MoE block on the layer (Granite-MoE-Shared's shared_mlp).
         "shared_on_layer": names.get("shared_parent") == "layer",
@@ -139,7 +138,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "rope": keys.need("rope_parameters") if _uses_rope(arch) else None,
     }
     c.update(keys.multipliers())
-    c["hidden_act"] = keys.find("hidden_act")
     c["rope_interleave"] = keys.find("rope_interleave")
     if f["longrope"] and not (f["longrope_attention_factor"] or f["longrope_factor"]):
         c["max_positions"] = keys.need("max_position_embeddings")

@@ -19,7 +19,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # Kimi Linear's config maps max_position_embeddings to model_max_length
     # (CLASS_MAPPED: an alias only where the config class maps it so).
     "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
-    "hidden_act": ("hidden_act", "hidden_activation"),
     # Granite's residual multiplier (HyperCLOVAX's key too; the embeddings' and
     # the logits' factors are their components')
     "residual_multiplier": ("residual_multiplier",),

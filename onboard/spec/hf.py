@@ -611,7 +611,6 @@ _BIAS_CONCEPTS = {"qkv_bias": "attention_bias"}
 # The keys that say per layer which layers rotate (then NoPE is not open).
 _NOPE_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
-ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
 # The linear-attention concepts: the spec field each one fills.
 LINEAR_FIELDS = {
@@ -658,7 +657,6 @@ _HF_CARRIED = (
     "hidden_size",
     "num_hidden_layers",
     "max_position_embeddings",
-    "activation",
     *MULTIPLIERS,
     "norm",
     "attention",
@@ -907,10 +905,6 @@ def _read(
         "num_hidden_layers": r.get("num_hidden_layers", REQUIRED),
         "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
     }
-    act = r.get("hidden_act", REQUIRED)
-    if act is not None and act not in ACTIVATIONS:
-        r.bad(f"hidden_act={act!r}: not one of {', '.join(ACTIVATIONS)}")
-    spec["activation"] = act
     for concept in MULTIPLIERS:
         spec[concept] = _factor(r, concept, 1.0)
     spec["norm"] = {}  # the norms' components read theirs
@@ -2040,7 +2034,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_hidden_layers,
         "max_position_embeddings": spec.max_position_embeddings,
-        "hidden_act": spec.activation,
+        **_component_concepts(spec, "dims"),
         **_component_concepts(spec, "norm"),
         "num_attention_heads": att.num_heads,
     }

@@ -566,9 +566,6 @@ class _Blocks(_Section):
     )
     num_hidden_layers: LayerCount = Field(description="Decoder layers (MTP excluded).")
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
-    activation: Literal["silu", "gelu", "gelu_pytorch_tanh"] = Field(
-        "silu", description="MLP activation (gated: act(gate) * up)."
-    )
     residual_multiplier: float = Field(
         1.0,
         gt=0,
