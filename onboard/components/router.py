@@ -1,7 +1,8 @@
 """The MoE router: how each token picks its experts and weighs their outputs.
 
 A linear layer gives one logit per expert; the router scores them (``softmax``,
-or ``sigmoid`` as DeepSeek-V3), takes the top-k, optionally renormalises the k
+``sigmoid`` as DeepSeek-V3, or ``sqrtsoftplus``, ``sqrt(softplus(logit))``, as
+DeepSeek-V4), takes the top-k, optionally renormalises the k
 weights (``norm_topk_prob``) and scales the routed experts' sum
 (``routed_scaling_factor``). Variants:
 
@@ -44,13 +45,23 @@ if TYPE_CHECKING:
 # topk_method: how a DeepSeek-family config names its routing (noaux_tc: the
 # bias-corrected choice; group_limited_greedy: grouped top-k; greedy: plain).
 TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
+SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
+# vLLM 0.32's CPU kernel for sqrtsoftplus routing (biased_topk_cpu, in the kernel
+# build vLLM loads where the CPU has AMX, vllm/_C; not in _C_AVX2 or _C_AVX512)
+# takes these expert counts and top-k only ("biased_topk_cpu: unsupported
+# num_experts 8", measured).
+CPU_SQRTSOFTPLUS_EXPERTS = (64, 128, 256, 384)
+CPU_SQRTSOFTPLUS_TOP_K = (6, 8)
 # What a config without the key means (a key set to null is no default).
 _DEFAULTS = {"scoring_func": "softmax", "routed_scaling_factor": 1.0}
 
 
 class RouterFields(Section):
-    scoring: Literal["softmax", "sigmoid"] = Field(
-        "softmax", description="Expert scoring function."
+    scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field(
+        "softmax",
+        description="Expert scoring function: `softmax`, `sigmoid` (DeepSeek-V3) "
+        "or `sqrtsoftplus`, sqrt(softplus(logit)) (DeepSeek-V4; needs "
+        "bias_correction and no expert groups).",
     )
     norm_topk_prob: bool = Field(
         True, description="Renormalise the top-k weights to sum to one."
@@ -190,6 +201,16 @@ class _Router(Component):
                     report(on_input, f"not generated beside router.{field}")
             if moe.swiglu_limit is not None:
                 report(on_input, "not generated beside the clamped SwiGLU")
+        if r.scoring == "sqrtsoftplus":
+            # vLLM routes it with the correction bias (its CPU kernel
+            # biased_topk_cpu, the GPU's FusedTopKBiasRouter) or a hash table,
+            # never grouped (vllm/model_executor/layers/fused_moe/router/
+            # cpu_router.py), as DeepSeek-V4 does.
+            scoring = (*where, "scoring")
+            if not r.bias_correction:
+                report(scoring, "sqrtsoftplus routing needs bias_correction: true")
+            if r.num_groups is not None:
+                report(scoring, "sqrtsoftplus routing is not generated with groups")
         if (r.num_groups is None) != (r.topk_groups is None):
             report(
                 (*where, "topk_groups" if r.topk_groups is None else "num_groups"),
@@ -216,6 +237,27 @@ class _Router(Component):
                     f"top-k ({moe.num_experts_per_tok}) exceeds the experts in the "
                     f"{r.topk_groups} kept groups",
                 )
+
+    def cpu_engine_limit(self, spec: ModelSpec) -> str | None:
+        moe = spec.mlp.moe
+        if moe is None or moe.router.scoring != "sqrtsoftplus":
+            return None
+        if not _cpu_op("biased_topk_cpu"):
+            return (
+                "the cpu engine cannot route sqrtsoftplus on this CPU: vLLM 0.32's "
+                "kernel for it (biased_topk_cpu) is only in the kernel build it "
+                "loads on CPUs with AMX (vllm/_C; not in _C_AVX2 or _C_AVX512)"
+            )
+        e, k = moe.num_experts, moe.num_experts_per_tok
+        if e in CPU_SQRTSOFTPLUS_EXPERTS and k in CPU_SQRTSOFTPLUS_TOP_K:
+            return None
+        return (
+            f"the cpu engine cannot route sqrtsoftplus over {e} experts, top-{k}: "
+            "vLLM 0.32's CPU kernel (biased_topk_cpu) takes "
+            f"{', '.join(map(str, CPU_SQRTSOFTPLUS_EXPERTS))} experts and top-k "
+            f"{' or '.join(map(str, CPU_SQRTSOFTPLUS_TOP_K))} ('biased_topk_cpu: "
+            f"unsupported num_experts {e}')"
+        )
 
     def plan(self, spec: ModelSpec, layer: int | None) -> Router:
         moe = spec.mlp.moe
@@ -328,8 +370,10 @@ class _Router(Component):
         if groups in (None, 1) and topk_groups in (None, 1):
             groups = topk_groups = None  # one group is plain top-k
         problems = []
-        if scoring not in ("softmax", "sigmoid"):
-            problems.append(f"scoring_func={scoring!r}: not one of softmax, sigmoid")
+        if scoring not in SCORINGS:
+            problems.append(
+                f"scoring_func={scoring!r}: not one of {', '.join(SCORINGS)}"
+            )
         if method not in (None, *TOPK_METHODS):
             problems.append(
                 f"topk_method={method!r}: not one of {', '.join(TOPK_METHODS)}"
@@ -359,6 +403,14 @@ class _Router(Component):
         if problems:
             raise ConfigProblem(*problems, read=fields)
         return fields
+
+
+def _cpu_op(name: str) -> bool:
+    """Whether the CPU kernel build vLLM loads on this machine has op ``name``."""
+    import torch
+    from vllm import _custom_ops  # noqa: F401  (loads this CPU's kernel build)
+
+    return hasattr(torch.ops._C, name)
 
 
 def _reference_doc(node: Router, grouped: bool) -> str:

@@ -51,6 +51,7 @@ from typing import Any
 
 from onboard import components
 from onboard.components.base import Component
+from onboard.components.router import CPU_SQRTSOFTPLUS_EXPERTS, CPU_SQRTSOFTPLUS_TOP_K
 from onboard.errors import InputError
 from onboard.spec.model import ModelSpec
 from onboard.spec.rules import check_rules
@@ -185,6 +186,13 @@ def _shrink_moe(spec: ModelSpec, moe: dict) -> None:
         new_tg = new_g if tg >= g else min(max(1, round(new_g * tg / g)), new_g - 1)
         new_k = min(k, MAX_TOP_K, new_tg * per_group)
         router["num_groups"], router["topk_groups"] = new_g, new_tg
+    elif (
+        src.router.scoring == "sqrtsoftplus"
+        and e in CPU_SQRTSOFTPLUS_EXPERTS
+        and k in CPU_SQRTSOFTPLUS_TOP_K
+    ):
+        # vLLM's CPU kernel routes these shapes only: keep its smallest.
+        new_e, new_k = CPU_SQRTSOFTPLUS_EXPERTS[0], CPU_SQRTSOFTPLUS_TOP_K[0]
     else:
         new_e = min(e, MAX_EXPERTS)
         new_k = new_e if k == e else min(k, MAX_TOP_K, new_e - 1)

@@ -68,7 +68,11 @@ def shims_for(spec: ModelSpec) -> tuple[str, ...]:
         needed.append("rope_heads")
     if moe is not None and moe.router.num_groups is None:
         r = moe.router
-        if r.scoring != "softmax" or r.bias_correction or r.routed_scaling_factor != 1:
+        # sqrtsoftplus has a CPU kernel of its own (biased_topk_cpu).
+        if r.scoring == "sigmoid" or (
+            r.scoring == "softmax"
+            and (r.bias_correction or r.routed_scaling_factor != 1)
+        ):
             needed.append("plain_topk_router")
     if att.type == "mla" and lin is not None:
         needed.append("mla_blocks")

@@ -5,7 +5,9 @@ takes softmax scores only and ignores a score-correction bias and the routed
 scaling factor (``assert self.scoring_func == "softmax"``); on GPU, vLLM routes
 the same configuration with its biased top-k router. Its grouped path takes all
 three: with every expert in one group it is the same routing (the one group is
-always kept), so the shim sends those configurations there.
+always kept), so the shim sends those configurations there. DeepSeek-V4's
+``sqrtsoftplus`` routing has a CPU kernel of its own (``biased_topk_cpu``),
+which the shim leaves to vLLM.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ def install() -> None:
 
     def _compute_routing(self, hidden_states, router_logits, indices_type, **kw):
         plain = not self.use_grouped_topk and self.custom_routing_function is None
-        if plain and (
-            self.scoring_func == "sigmoid"
-            or self.e_score_correction_bias is not None
-            or self.routed_scaling_factor != 1.0
+        # sqrtsoftplus (DeepSeek-V4) has its own CPU kernel, which takes the
+        # bias and the scaling: vLLM routes it.
+        if (
+            plain
+            and self.scoring_func != "sqrtsoftplus"
+            and (
+                self.scoring_func == "sigmoid"
+                or self.e_score_correction_bias is not None
+                or self.routed_scaling_factor != 1.0
+            )
         ):
             return cpu_router._grouped_topk(
                 gating_output=router_logits,
