@@ -691,12 +691,12 @@ def publish(
     """Upload a checkpoint and its model card to the Hugging Face Hub, verified."""
     from onboard.publish import publish as run_publish
 
-    def show(plan) -> None:
-        for line in plan.lines():
+    def show(upload) -> None:
+        for line in upload.lines():
             out.print(line, markup=False)
         if dry_run:
             out.print("--- README.md (model card) ---", markup=False)
-            out.print(plan.card, markup=False, end="")
+            out.print(upload.card, markup=False, end="")
 
     report = run_publish(
         model_dir,
@@ -711,7 +711,7 @@ def publish(
         base_model=base_model,
         license=license,
         log=lambda line: err.print(line, markup=False),
-        on_plan=show,
+        on_prepared=show,
     )
     outcome = report.outcome
     if outcome is None:
@@ -877,7 +877,7 @@ def plan(
     from onboard.serving import make_deployment
     from onboard.serving.disagg import Figures
     from onboard.serving.quantize_time import quantize_time
-    from onboard.serving.render import render_plan
+    from onboard.serving.render import render_deployment
     from onboard.spec import load_spec
 
     loaded = load_spec(spec)
@@ -901,7 +901,7 @@ def plan(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        out.print(render_plan(result), markup=False)
+        out.print(render_deployment(result), markup=False)
     if result.chosen is None:
         raise CheckFailed(
             f"no layout of up to {result.candidates[-1].layout.devices} {target} "

@@ -191,12 +191,12 @@ def test_mtp_heads_of_a_renamed_family_are_vllms_own_draft():
 
 
 def test_the_pr_tree_registers_the_subclass_and_maps_the_mtp_type():
-    from onboard.pr.build import pr_plan
+    from onboard.pr.build import pr_changes
 
     spec = renamed("deepseek-v3-style", "ds_plain", {})
     files = generate_files(spec)
     plugin = {k.removeprefix("plugin/"): v for k, v in files.items()}
-    plan = pr_plan(spec, plugin)
+    plan = pr_changes(spec, plugin)
     assert "vllm/model_executor/models/ds_plain.py" in plan.new_files
     assert not any(p.endswith("_mtp.py") for p in plan.new_files)
     texts = [e.text for e in plan.edits]

@@ -177,7 +177,7 @@ def test_the_forms_not_validated_on_the_engine_are_refused_at_check():
 
 
 def test_pr_plan_of_an_mla_sharing_spec_carries_the_core_change(tmp_path):
-    from onboard.pr.build import pr_plan
+    from onboard.pr.build import pr_changes
     from onboard.spec.naming import package_name
 
     spec = _mla_sharing_spec(tmp_path)
@@ -186,6 +186,6 @@ def test_pr_plan_of_an_mla_sharing_spec_carries_the_core_change(tmp_path):
         f"{package_name(spec)}/{spec.module_name}.py": model,
         f"{package_name(spec)}/config.py": model,
     }
-    plan = pr_plan(spec, files)
+    plan = pr_changes(spec, files)
     assert [e for e in plan.edits if e.op == "replace"] == mla_kv_sharing_edits()
     assert any("MLA layer's latent cache" in note for note in plan.notes)

@@ -12,7 +12,7 @@ from huggingface_hub import ModelCard
 from publish_helpers import SPECS, build_layout
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
-from onboard.publish import plan_publish
+from onboard.publish import prepare_upload
 from onboard.publish.card import (
     CardInputs,
     render_card,
@@ -47,7 +47,7 @@ def _card(plan) -> ModelCard:
 
 
 def test_bf16_card_from_a_passed_validation(layout):
-    plan = plan_publish(layout / "checkpoints" / "bf16", "org/tiny-ds", hashed=False)
+    plan = prepare_upload(layout / "checkpoints" / "bf16", "org/tiny-ds", hashed=False)
     card = _card(plan)
     data = card.data.to_dict()
     # The bf16 checkpoint is the base: no base_model relation; a tiny random
@@ -92,7 +92,7 @@ def test_quantized_card_of_a_real_model_names_its_base(layout, tmp_path):
     # a real launch checkpoint takes base_model from the spec.
     fp8 = shutil.copytree(layout / "checkpoints" / "fp8-dynamic", tmp_path / "fp8")
     shutil.copy(SPECS / "deepseek-v3-style.yaml", fp8 / "spec.yaml")
-    plan = plan_publish(
+    plan = prepare_upload(
         fp8,
         "org/DeepSeek-V3-FP8",
         validation=layout / "validation-fp8" / "validation.json",
@@ -120,7 +120,7 @@ def test_quantized_card_of_a_real_model_names_its_base(layout, tmp_path):
 
 
 def test_explicit_base_model_wins(layout):
-    plan = plan_publish(
+    plan = prepare_upload(
         layout / "checkpoints" / "fp8-dynamic",
         "org/x",
         validation=layout / "validation-fp8" / "validation.json",
@@ -137,7 +137,7 @@ def test_new_architecture_card_says_how_to_get_the_plugin(novel_nvfp4):
     ckpt = inspect_checkpoint(novel_nvfp4, hashed=False)
     assert ckpt.scheme == "nvfp4a16"
     assert describe_scheme(ckpt.quantization_config) == "nvfp4a16"
-    plan = plan_publish(novel_nvfp4, "org/novel-nvfp4", force=True, hashed=False)
+    plan = prepare_upload(novel_nvfp4, "org/novel-nvfp4", force=True, hashed=False)
     card = _card(plan)
     data = card.data.to_dict()
     assert data["license"] == "apache-2.0"
@@ -158,17 +158,17 @@ def test_unknown_license_becomes_other(layout, tmp_path):
     ckpt = shutil.copytree(layout / "checkpoints" / "bf16", tmp_path / "ck")
     spec = (ckpt / "spec.yaml").read_text().replace("license: mit", "license: acme-1.0")
     (ckpt / "spec.yaml").write_text(spec)
-    plan = plan_publish(ckpt, "org/x", force=True, hashed=False)
+    plan = prepare_upload(ckpt, "org/x", force=True, hashed=False)
     data = _card(plan).data.to_dict()
     assert data["license"] == "other" and data["license_name"] == "acme-1.0"
 
 
 def test_card_is_deterministic(layout):
     args = ("org/tiny-ds",)
-    one = plan_publish(layout / "checkpoints" / "bf16", *args)
-    two = plan_publish(layout / "checkpoints" / "bf16", *args)
+    one = prepare_upload(layout / "checkpoints" / "bf16", *args)
+    two = prepare_upload(layout / "checkpoints" / "bf16", *args)
     assert one.card == two.card and one.marker == two.marker
-    other = plan_publish(layout / "checkpoints" / "bf16", "org/other")
+    other = prepare_upload(layout / "checkpoints" / "bf16", "org/other")
     assert other.marker != one.marker
 
 
@@ -184,7 +184,7 @@ def test_speculators_directory_config_is_used(layout, tmp_path):
     }
     (root / "speculators" / "eagle3.json").write_text(json.dumps(config))
     ckpt = root / "checkpoints" / "bf16"
-    plan = plan_publish(ckpt, "org/tiny-ds", hashed=False)
+    plan = prepare_upload(ckpt, "org/tiny-ds", hashed=False)
     text = _card(plan).text
     flag = json.dumps(config, sort_keys=True)
     assert f"vllm serve org/tiny-ds --speculative-config '{flag}'" in text

@@ -13,7 +13,7 @@ import pytest
 from publish_helpers import FIXTURES, build_layout, copy_checkpoint
 
 from onboard.errors import InputError
-from onboard.publish import plan_publish
+from onboard.publish import prepare_upload
 from onboard.publish.checkpoint import inspect_checkpoint
 from onboard.publish.validation import judge
 
@@ -183,7 +183,7 @@ def test_layout_validation_does_not_cover_a_quantized_checkpoint(layout):
     # The new-model run validated the bf16 checkpoint; the fp8 one needs its own
     # quant:fp8-dynamic check (or a run on it) before it may be published.
     with pytest.raises(InputError) as info:
-        plan_publish(layout / "checkpoints" / "fp8-dynamic", "org/name", hashed=False)
+        prepare_upload(layout / "checkpoints" / "fp8-dynamic", "org/name", hashed=False)
     text = str(info.value)
     assert "no quant:fp8-dynamic check" in text
     assert "--force" in text
@@ -192,7 +192,7 @@ def test_layout_validation_does_not_cover_a_quantized_checkpoint(layout):
 def test_failed_validation_is_refused(layout):
     # A real result: vLLM's CPU build has no FP8 MoE kernel for this model.
     with pytest.raises(InputError) as info:
-        plan_publish(
+        prepare_upload(
             layout / "checkpoints" / "fp8-dynamic",
             "org/name",
             validation=layout / "validation-fp8" / "validation.json",
@@ -204,14 +204,14 @@ def test_failed_validation_is_refused(layout):
 def test_missing_validation_is_refused(layout, tmp_path):
     alone = copy_checkpoint(layout / "checkpoints" / "bf16", tmp_path / "alone")
     with pytest.raises(InputError) as info:
-        plan_publish(alone, "org/name", hashed=False)
+        prepare_upload(alone, "org/name", hashed=False)
     assert f"no validation.json for {alone}" in str(info.value)
 
 
 def test_validation_of_another_checkpoint_is_refused(layout, tmp_path):
     alone = copy_checkpoint(layout / "checkpoints" / "bf16", tmp_path / "alone")
     with pytest.raises(InputError) as info:
-        plan_publish(
+        prepare_upload(
             alone,
             "org/name",
             validation=layout / "validation" / "validation.json",
@@ -246,7 +246,7 @@ def test_passed_quant_check_covers_a_quantized_checkpoint(layout, tmp_path):
 
 
 def test_force_publishes_and_the_card_says_so(layout):
-    plan = plan_publish(
+    plan = prepare_upload(
         layout / "checkpoints" / "fp8-dynamic",
         "org/name",
         validation=layout / "validation-fp8" / "validation.json",
@@ -263,12 +263,12 @@ def test_malformed_validation_is_bad_input(layout, tmp_path):
     bad = tmp_path / "validation.json"
     bad.write_text('{"checks": "nope"}')
     with pytest.raises(InputError) as info:
-        plan_publish(
+        prepare_upload(
             layout / "checkpoints" / "bf16", "org/name", validation=bad, hashed=False
         )
     assert "not a validation.json" in str(info.value)
     with pytest.raises(InputError, match="no such file"):
-        plan_publish(
+        prepare_upload(
             layout / "checkpoints" / "bf16",
             "org/name",
             validation=tmp_path / "absent.json",
@@ -292,7 +292,7 @@ def test_bad_arguments_are_located(layout, kwargs, message):
     with pytest.raises(
         InputError, match=message.replace("(", r"\(").replace(")", r"\)")
     ):
-        plan_publish(layout / "checkpoints" / "bf16", hashed=False, **args)
+        prepare_upload(layout / "checkpoints" / "bf16", hashed=False, **args)
 
 
 def test_place_validation_keeps_the_recorded_result(layout):

@@ -23,7 +23,7 @@ from publish_helpers import FIXTURES, SPECS, TOKEN
 
 from onboard.checkpoint.tiny import write_tiny_checkpoint
 from onboard.errors import InputError
-from onboard.publish import PublishFailed, plan_publish, publish
+from onboard.publish import PublishFailed, prepare_upload, publish
 from onboard.publish.card import fmt
 from onboard.quantize import quantize_checkpoint
 from onboard.quantize.st_io import file_sha256
@@ -98,7 +98,7 @@ def _publish(hub: HubServer, layout: Path, **kwargs):
 
 def test_fp8_with_a_passed_quant_check_publishes_without_force(layout, hub, tmp_path):
     report = _publish(hub, layout)
-    plan, out = report.plan, report.outcome
+    plan, out = report.upload, report.outcome
     assert not plan.forced
     assert out is not None and out.pr_num == 1
     assert out.verified == len(plan.files)
@@ -142,7 +142,7 @@ def test_failure_mid_upload_then_second_run_completes(layout, hub, tmp_path):
     assert not hub.pull_requests(REPO)
     hub.clear_faults()
     report = _publish(hub, layout)
-    assert report.outcome.pr_num == 1 and not report.plan.forced
+    assert report.outcome.pr_num == 1 and not report.upload.forced
     assert len(hub.pull_requests(REPO)) == 1
     assert (
         hub.files(REPO, "refs/pr/1")["model-00002-of-00002.safetensors"]
@@ -159,7 +159,7 @@ def test_quant_check_of_other_shards_does_not_cover(layout, tmp_path):
     other = tmp_path / "validation.json"
     other.write_text(json.dumps(data))
     with pytest.raises(InputError) as info:
-        plan_publish(
+        prepare_upload(
             layout / "checkpoints" / "fp8-dynamic", "org/x", validation=other,
             hashed=False,
         )  # fmt: skip

@@ -90,16 +90,16 @@ def test_fp8_checkpoint_published_byte_identical_with_a_parsable_card(
     report = _publish(hub, args)
     out = report.outcome
     assert out is not None and out.pr_num == 1 and out.ref == "refs/pr/1"
-    assert out.verified == len(report.plan.files) == 10
+    assert out.verified == len(report.upload.files) == 10
     assert out.pr_url == f"{hub.url}/{REPO}/discussions/1"
     _assert_identical(
-        hub, "refs/pr/1", args["checkpoint_dir"], report.plan.card, tmp_path
+        hub, "refs/pr/1", args["checkpoint_dir"], report.upload.card, tmp_path
     )
     # A pull request, as launch repos are prepared before release: main is
     # untouched until someone merges it.
     assert set(hub.files(REPO, "main")) == {".gitattributes"}
     [pr] = hub.pull_requests(REPO)
-    assert pr.status == "open" and report.plan.marker in pr.title
+    assert pr.status == "open" and report.upload.marker in pr.title
     # Large files went through LFS (multipart), small ones inline.
     assert hub.requests("PUT", r"/lfs-upload/.*/\d+$")
 
@@ -158,7 +158,7 @@ def test_transient_failures_are_retried_within_one_run(layout, hub, tmp_path):
     assert hub.commit_count(REPO) == 2  # the initial commit and ours
     assert len(hub.pull_requests(REPO)) == 1
     _assert_identical(
-        hub, "refs/pr/1", args["checkpoint_dir"], report.plan.card, tmp_path
+        hub, "refs/pr/1", args["checkpoint_dir"], report.upload.card, tmp_path
     )
 
 
@@ -197,7 +197,7 @@ def test_failure_mid_upload_then_second_run_completes(layout, hub, tmp_path):
     # LFS is content-addressed: shard 1 was not sent again.
     assert hub.requests("PUT", oid1) == first_run_puts
     _assert_identical(
-        hub, "refs/pr/1", args["checkpoint_dir"], report.plan.card, tmp_path
+        hub, "refs/pr/1", args["checkpoint_dir"], report.upload.card, tmp_path
     )
 
 
@@ -224,8 +224,8 @@ def test_direct_commit_to_a_new_branch_and_rerun(layout, hub, tmp_path):
     args = _fp8(layout)
     report = _publish(hub, args, pull_request=False, revision="fp8")
     assert report.outcome.pr_num is None and report.outcome.ref == "fp8"
-    assert f"vllm serve {REPO} --revision fp8" in report.plan.card
-    _assert_identical(hub, "fp8", args["checkpoint_dir"], report.plan.card, tmp_path)
+    assert f"vllm serve {REPO} --revision fp8" in report.upload.card
+    _assert_identical(hub, "fp8", args["checkpoint_dir"], report.upload.card, tmp_path)
     commits = hub.commit_count(REPO)
     again = _publish(hub, args, pull_request=False, revision="fp8")
     # huggingface_hub finds every file unchanged and makes no empty commit.

@@ -17,7 +17,7 @@ import pytest
 
 from onboard.serving import make_deployment
 from onboard.serving.kv import kv_report
-from onboard.serving.render import render_plan
+from onboard.serving.render import render_deployment
 from onboard.serving.weights import LINEAR_ROLES, quantized_bytes, weight_report
 from onboard.spec import load_spec
 
@@ -205,7 +205,7 @@ def test_deepseek_b200_fp8_block_by_hand(deepseek):
         "--max-num-batched-tokens", "16384",
         "--gpu-memory-utilization", "0.92",
     ]  # fmt: skip
-    text = render_plan(plan)
+    text = render_deployment(plan)
     for number in (
         "70,272 B per token",
         "11,513,364,480",
@@ -235,7 +235,7 @@ def test_deepseek_b200_nvfp4_by_hand(deepseek):
     assert plan.chosen.weights == weights and plan.chosen.kv_budget == budget
     assert plan.max_concurrency == budget // (KV_PER_REQUEST // 4) == 21
     assert plan.support.support == "native"
-    assert "FlashInferCuteDslNvFp4LinearKernel" in render_plan(plan)
+    assert "FlashInferCuteDslNvFp4LinearKernel" in render_deployment(plan)
 
 
 def test_deepseek_mi355x_mxfp4_by_hand(deepseek):
@@ -269,7 +269,7 @@ def test_deepseek_mi355x_mxfp4_by_hand(deepseek):
     assert ("TP2 x EP2 x DCP2", False) in tried and ("TP1 x DP2 x EP2", False) in tried
     assert plan.env == {"VLLM_ROCM_USE_AITER": "1"}
     assert plan.support.support == "native"
-    text = render_plan(plan)
+    text = render_deployment(plan)
     assert "export VLLM_ROCM_USE_AITER=1" in text
     assert "ROCM_AITER_MLA" in text and "AiterMxfp4LinearKernel" in text
     assert "wheels.vllm.ai/rocm/0.32.0" in text
@@ -298,7 +298,7 @@ def test_deepseek_mi355x_fp8_block_by_hand(deepseek):
     assert plan.chosen.kv_needed == kv_per_rank
     assert plan.max_concurrency == budget // (KV_PER_REQUEST // 4) == 30
     assert plan.env == {"VLLM_ROCM_USE_AITER": "1"}
-    text = render_plan(plan)
+    text = render_deployment(plan)
     for number in ("169,121,092,208", "87,777,570,192", "46,053,457,920", "30 request"):
         assert number in text, number
 
@@ -435,7 +435,7 @@ def test_nodes_gives_the_ray_multi_node_commands():
         ["ray", "start", "--address=<head node IP>:6379"],
     ]
     assert not any("--headless" in note for note in plan.notes)
-    text = render_plan(plan)
+    text = render_deployment(plan)
     assert "ray start --head --port=6379" in text
     assert "--data-parallel-backend ray" in text
     assert plan.to_dict()["nodes_requested"] == 2

@@ -23,7 +23,7 @@ from onboard.serving.disagg import (
     parse_ratio,
 )
 from onboard.serving.quantize_time import RAY_FIT, SHARD_BYTES, quantize_time
-from onboard.serving.render import render_plan
+from onboard.serving.render import render_deployment
 from onboard.serving.weights import weight_report
 from onboard.spec import load_spec
 
@@ -159,7 +159,7 @@ def test_disaggregated_layout_and_commands():
     ]
     assert pd.decode.commands()[1][2] == ["ray", "start", "--address=<node 1 IP>:6379"]
     assert pd.prefill.commands()[0][0] == "prefill: on node 0"  # one node, no Ray
-    text = render_plan(plan)
+    text = render_deployment(plan)
     assert "prefill: node 0 (8 devices)" in text
     assert "--prefiller-hosts '<node 0 IP>' --prefiller-ports 8100" in text
     assert "--decoder-hosts '<node 1 IP>' --decoder-ports 8200" in text
@@ -202,7 +202,7 @@ def test_disaggregated_estimates_by_hand():
     prefill_rps = est.prefill_tokens_per_s / prompt / 1
     decode_rps = est.decode_tokens_per_s / 1024 / 3
     assert est.balanced_ratio == pytest.approx(decode_rps / prefill_rps)
-    text = render_plan(plan)
+    text = render_deployment(plan)
     assert "balanced: P/D = " in text and "--link-gbps 50 GB/s" in text
 
 

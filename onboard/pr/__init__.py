@@ -18,10 +18,10 @@ from onboard.errors import InputError
 from onboard.pr.build import (
     REGISTRY,
     FileChange,
-    PrPlan,
-    apply_plan,
+    PrChanges,
+    apply_changes,
     installed_vllm_root,
-    pr_plan,
+    pr_changes,
     same_release,
     tree_version,
     unified_diff,
@@ -48,7 +48,7 @@ def pr_tree_files(
         for path, text in generated.items()
         if path.startswith("plugin/")
     }
-    plan = pr_plan(spec, plugin)
+    plan = pr_changes(spec, plugin)
     root = installed_vllm_root()
     version = tree_version(root)
     if version is None or not same_release(version):
@@ -56,7 +56,7 @@ def pr_tree_files(
             f"the installed vLLM ({root}) is {version or 'of unknown version'}, but "
             f"the vllm-pr tree targets vLLM {PINNED_VLLM} (onboard/pr/versions.py)"
         )
-    vllm_changes = apply_plan(plan, root, parts=("vllm",))
+    vllm_changes = apply_changes(plan, root, parts=("vllm",))
     tests_new = _new_only(plan, ("tests", "docs"))
     files = {f"{TREE}/{c.path}": c.new for c in vllm_changes + tests_new}
     files[f"{TREE}/changes.patch"] = unified_diff(vllm_changes + tests_new)
@@ -91,7 +91,7 @@ def _notes(spec: ModelSpec, root: Path) -> list[str]:
     ]
 
 
-def _new_only(plan: PrPlan, parts: tuple[str, ...]) -> list[FileChange]:
+def _new_only(plan: PrChanges, parts: tuple[str, ...]) -> list[FileChange]:
     return [
         FileChange(path, None, text)
         for path, text in plan.new_files.items()
@@ -122,7 +122,7 @@ def write_pr_md(
         for path, text in generated.items()
         if path.startswith("plugin/")
     }
-    plan = pr_plan(spec, plugin)
+    plan = pr_changes(spec, plugin)
     notes = _notes(spec, installed_vllm_root())
     atomic_write_text(target, render_pr_md(spec, plan, validation, notes))
     return target

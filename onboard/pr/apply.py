@@ -25,8 +25,8 @@ from pathlib import Path
 
 from onboard.errors import InputError
 from onboard.pr.build import (
-    PrPlan,
-    apply_plan,
+    PrChanges,
+    apply_changes,
     same_release,
     tree_version,
     unified_diff,
@@ -36,7 +36,7 @@ from onboard.pr.versions import PINNED_VLLM
 
 
 @dataclass
-class PatchPlan:
+class VllmPatch:
     root: Path
     kind: str  # "checkout" | "installed package"
     patch: str
@@ -84,7 +84,7 @@ def _read_tree(gen_dir: Path) -> tuple[str, list[Edit]]:
     return patch_path.read_text(), [Edit.from_dict(e) for e in meta["edits"]]
 
 
-def plan_patch(gen_dir: Path, vllm_src: Path) -> PatchPlan:
+def make_patch(gen_dir: Path, vllm_src: Path) -> VllmPatch:
     """The patch for the tree at ``vllm_src``; refuses another vLLM version."""
     root = Path(vllm_src)
     if not (root / "vllm").is_dir():
@@ -105,10 +105,10 @@ def plan_patch(gen_dir: Path, vllm_src: Path) -> PatchPlan:
     checkout = (root / ".git").exists() or (root / "tests" / "models").is_dir()
     if checkout:
         # The tests/ and docs/ entries go into this checkout's own files.
-        plan = PrPlan({}, [e for e in edits if e.part != "vllm"], [], None)
-        extra = unified_diff(apply_plan(plan, root, parts=("tests", "docs")))
+        plan = PrChanges({}, [e for e in edits if e.part != "vllm"], [], None)
+        extra = unified_diff(apply_changes(plan, root, parts=("tests", "docs")))
         sections += _sections(extra)
-        return PatchPlan(
+        return VllmPatch(
             root,
             "checkout",
             "".join(text for _, text in sections),
@@ -117,7 +117,7 @@ def plan_patch(gen_dir: Path, vllm_src: Path) -> PatchPlan:
     kept = [(p, t) for p, t in sections if p.startswith("vllm/")]
     skipped = [p for p, _ in sections if not p.startswith("vllm/")]
     skipped += sorted({e.path for e in edits if e.part != "vllm"})
-    return PatchPlan(
+    return VllmPatch(
         root,
         "installed package",
         "".join(text for _, text in kept),
@@ -146,9 +146,9 @@ def _git_apply(root: Path, patch: str, *args: str) -> subprocess.CompletedProces
         os.unlink(name)
 
 
-def check(gen_dir: Path, vllm_src: Path) -> PatchPlan:
+def check(gen_dir: Path, vllm_src: Path) -> VllmPatch:
     """Dry run: raise InputError unless the patch applies cleanly."""
-    plan = plan_patch(gen_dir, vllm_src)
+    plan = make_patch(gen_dir, vllm_src)
     if not plan.files:
         raise InputError(f"{plan.root}: the patch is empty")
     forward = _git_apply(plan.root, plan.patch, "--check")
@@ -166,7 +166,7 @@ def check(gen_dir: Path, vllm_src: Path) -> PatchPlan:
     )
 
 
-def apply(gen_dir: Path, vllm_src: Path) -> PatchPlan:
+def apply(gen_dir: Path, vllm_src: Path) -> VllmPatch:
     plan = check(gen_dir, vllm_src)
     result = _git_apply(plan.root, plan.patch)
     if result.returncode != 0:  # git apply writes all files or none

@@ -1,6 +1,6 @@
 """What the vLLM pull request for a spec contains: new files and edits.
 
-``pr_plan(spec, plugin_files)`` takes the rendered plugin (the model file is
+``pr_changes(spec, plugin_files)`` takes the rendered plugin (the model file is
 consumed as generated, never re-rendered here) and returns the new files and the
 declarative edits of vLLM's files (:mod:`onboard.pr.edits`). The edits of
 ``vllm/`` files are applied to the installed vLLM (the pinned version) at
@@ -38,7 +38,7 @@ LINE_LENGTH = 88
 
 
 @dataclass(frozen=True)
-class PrPlan:
+class PrChanges:
     new_files: dict[str, str]  # repository path -> text
     edits: list[Edit]
     notes: list[str]  # what a reviewer must know (shown in PR.md)
@@ -93,7 +93,7 @@ def _mtp_layers_key(spec: ModelSpec) -> str:
     return "num_nextn_predict_layers"
 
 
-def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
+def pr_changes(spec: ModelSpec, plugin_files: dict[str, str]) -> PrChanges:
     """New files and edits of the vLLM pull request for ``spec``."""
     # (imported here: `onboard pr check|apply` needs none of the generator)
     from onboard.spec.hf import transformers_knows
@@ -179,7 +179,7 @@ def pr_plan(spec: ModelSpec, plugin_files: dict[str, str]) -> PrPlan:
         f"test_{module}.py",
     )
     notes += linear_attention_notes(spec)
-    return PrPlan(dict(sorted(files.items())), edits, notes, mtp_arch)
+    return PrChanges(dict(sorted(files.items())), edits, notes, mtp_arch)
 
 
 def _mtp_changes(
@@ -401,8 +401,8 @@ def same_release(version: str, pinned: str = PINNED_VLLM) -> bool:
         return False
 
 
-def apply_plan(
-    plan: PrPlan, root: Path, parts: tuple[str, ...] = ("vllm", "tests", "docs")
+def apply_changes(
+    plan: PrChanges, root: Path, parts: tuple[str, ...] = ("vllm", "tests", "docs")
 ) -> list[FileChange]:
     """The file changes of ``plan`` against the files under ``root`` (only the
     given top-level parts). A new file that exists, or an edit whose anchor is

@@ -1,8 +1,8 @@
 """Publish a checkpoint to the Hugging Face Hub with a generated model card.
 
-``plan_publish(...)`` reads and checks everything locally (the checkpoint's
+``prepare_upload(...)`` reads and checks everything locally (the checkpoint's
 completeness, the files allowed out, the validation verdict, the card) without
-touching the network; ``publish(...)`` then uploads the plan as one commit, a pull
+touching the network; ``publish(...)`` then uploads it as one commit, a pull
 request by default, and verifies the remote files. See docs/publish.md.
 """
 
@@ -28,10 +28,10 @@ from onboard.publish.hub import (
 from onboard.publish.validation import Verdict, find_validation, judge, layout_root
 
 __all__ = [
-    "Plan",
+    "Upload",
     "PublishFailed",
     "PublishReport",
-    "plan_publish",
+    "prepare_upload",
     "publish",
 ]
 
@@ -44,7 +44,7 @@ _TOKEN = re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}")
 
 
 @dataclass
-class Plan:
+class Upload:
     checkpoint: Checkpoint
     verdict: Verdict
     card: str
@@ -83,7 +83,7 @@ class Plan:
 
 @dataclass
 class PublishReport:
-    plan: Plan
+    upload: Upload
     outcome: Outcome | None  # None for a dry run
 
 
@@ -144,7 +144,7 @@ def _license(given: str | None, spec) -> str:
     )
 
 
-def plan_publish(
+def prepare_upload(
     checkpoint_dir: str | Path,
     repo_id: str,
     *,
@@ -157,7 +157,7 @@ def plan_publish(
     base_model: str | None = None,
     license: str | None = None,
     hashed: bool = True,
-) -> Plan:
+) -> Upload:
     """Check everything locally and build the card; touches no network."""
     from huggingface_hub import constants
 
@@ -225,7 +225,7 @@ def plan_publish(
             "finds this pull request instead of opening another.",
         ]
     )
-    return Plan(
+    return Upload(
         checkpoint,
         verdict,
         card,
@@ -258,15 +258,15 @@ def publish(
     retries: int = 5,
     backoff: float = 1.0,
     log: Callable[[str], None] = lambda line: None,
-    on_plan: Callable[[Plan], None] = lambda plan: None,
+    on_prepared: Callable[[Upload], None] = lambda upload: None,
 ) -> PublishReport:
     """Publish ``checkpoint_dir`` to ``repo_id``; see the module docstring.
 
     Raises InputError (exit 2) for anything wrong locally, a missing token, or a
     token the Hub refuses; PublishFailed (exit 1) when the upload does not complete
     or the remote files do not match. The token never appears in any message.
-    ``on_plan`` sees the plan before anything is uploaded."""
-    plan = plan_publish(
+    ``on_prepared`` sees the upload before anything is uploaded."""
+    upload = prepare_upload(
         checkpoint_dir,
         repo_id,
         endpoint=endpoint,
@@ -279,9 +279,9 @@ def publish(
         license=license,
         hashed=not dry_run,
     )
-    on_plan(plan)  # e.g. show what will be uploaded before the upload starts
+    on_prepared(upload)  # e.g. show what will be uploaded before the upload starts
     if dry_run:
-        return PublishReport(plan, None)
+        return PublishReport(upload, None)
     from huggingface_hub import get_token
 
     token = get_token()
@@ -290,6 +290,8 @@ def publish(
             "no Hugging Face token: set HF_TOKEN or run `hf auth login` "
             "(a token that may write to the repository)"
         )
-    uploader = Uploader(plan.target, token, retries=retries, backoff=backoff, log=log)
-    outcome = uploader.publish(plan.files, plan.title, plan.description, plan.marker)
-    return PublishReport(plan, outcome)
+    uploader = Uploader(upload.target, token, retries=retries, backoff=backoff, log=log)
+    outcome = uploader.publish(
+        upload.files, upload.title, upload.description, upload.marker
+    )
+    return PublishReport(upload, outcome)

@@ -7,7 +7,7 @@ and the KV cache of ``concurrency`` requests of ``context`` tokens
 (:mod:`onboard.serving.layout`), the maximum context at that concurrency, whether
 decode context parallelism or prefill/decode disaggregation pays, and the
 ``vllm serve`` command with its environment (:mod:`onboard.serving.serve`).
-``render_plan`` writes it all out so that a reader can redo it by hand.
+``render_deployment`` writes it all out so that a reader can redo it by hand.
 """
 
 from __future__ import annotations
@@ -269,8 +269,8 @@ def _disaggregated(
     figures.check()
     roles = {}
     for role, count in (("prefill", p), ("decode", d)):
-        role_plan = make_deployment(spec, profile, nodes=count, **load)
-        if role_plan.chosen is None:
+        side = make_deployment(spec, profile, nodes=count, **load)
+        if side.chosen is None:
             devices = count * profile.devices_per_node
             raise InputError(
                 f"--disaggregate {ratio}: no layout of the {role} side's {count} "
@@ -278,16 +278,16 @@ def _disaggregated(
                 "the requested KV cache; give that side more nodes (see `onboard "
                 f"deployment --nodes {count}`)"
             )
-        if role_plan.layout.dcp > 1 and role_plan.arch.attention.kind != "mla":
+        if side.layout.dcp > 1 and side.arch.attention.kind != "mla":
             # VllmConfig: "PD with decode_context_parallel_size > 1 is only
             # supported for MLA models".
             raise InputError(
                 f"--disaggregate {ratio}: the {role} side's layout "
-                f"({role_plan.layout.name}) needs DCP, and vLLM 0.32 runs NIXL P/D "
+                f"({side.layout.name}) needs DCP, and vLLM 0.32 runs NIXL P/D "
                 "with DCP for MLA models only; give that side more nodes or a "
                 "shorter --context"
             )
-        roles[role] = role_plan
+        roles[role] = side
     prefill = PDRole("prefill", 0, roles["prefill"])
     decode = PDRole("decode", p, roles["decode"])
     if prefill.deployment.nodes != p or decode.deployment.nodes != d:

@@ -20,7 +20,7 @@ def gib(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
-def render_plan(deployment: Deployment) -> str:
+def render_deployment(deployment: Deployment) -> str:
     sections = [
         _header(deployment),
         _weights(deployment),
