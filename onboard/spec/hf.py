@@ -1486,15 +1486,15 @@ def _read_mlp(r: _Reader, n_layers: int) -> dict:
         "expert_bias": bool(r.get("moe_expert_bias", False)),
         "swiglu_alpha": r.get("swiglu_alpha"),
         "swiglu_limit": r.get("swiglu_limit"),
-        "router": _check_topk_method(r),
+        "router": {},  # its component reads it (onboard.components.router)
     }
+    _check_topk_method(r)
     return {"intermediate_size": dense_size, "moe": moe}
 
 
-def _check_topk_method(r: _Reader) -> dict:
-    """The router's section, which its component fills
-    (:mod:`onboard.components.router`), once the config's ``topk_method`` is one
-    the family's transformers router implements."""
+def _check_topk_method(r: _Reader) -> None:
+    """The family's own limit on its router: the ``topk_method`` values its
+    transformers router implements (a family fact)."""
     method = r.get("topk_method")
     implemented = r.facts.get(TOPK_METHODS, (method,))
     if method in KNOWN_TOPK_METHODS and method not in implemented:
@@ -1502,7 +1502,6 @@ def _check_topk_method(r: _Reader) -> dict:
             f"topk_method={method!r}: this family's transformers router implements "
             f"only {', '.join(implemented)}"
         )
-    return {}
 
 
 def _dense_by_kind(
