@@ -266,7 +266,6 @@ Mixer = Attention | LinearMixer
 @dataclass(frozen=True)
 class DenseMLP:
     intermediate_size: int
-    activation: str
 
     kind = "dense"
 
@@ -280,7 +279,6 @@ class MoEMLP:
     shared_intermediate_size: int  # 0 without shared experts
     shared_expert_gate: bool
     router: Router
-    activation: str
     # checkpoint.fused: the routed experts stacked in two 3-D tensors (`experts`),
     # the shared expert's gate and up in one (`shared_gate_up_proj`).
     stacked: bool = False
@@ -488,11 +486,6 @@ class ArchPlan:
         return self.layers[0].norms
 
     @property
-    def activation(self) -> str:
-        """The MLPs' activation (dense and MoE blocks share it)."""
-        return self.layers[0].mlp.activation
-
-    @property
     def kv_sources(self) -> Mapping[int, int]:
         """Decoder layer -> the earlier layer whose KV cache it reads."""
         return {
@@ -677,7 +670,7 @@ def _linear_attention(spec: ModelSpec) -> LinearMixer | None:
 
 def _dense_mlp(spec: ModelSpec) -> DenseMLP | None:
     size = spec.mlp.intermediate_size
-    return None if size is None else DenseMLP(size, spec.activation)
+    return None if size is None else DenseMLP(size)
 
 
 def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
@@ -692,7 +685,6 @@ def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:
         shared_intermediate_size=spec.shared_expert_intermediate_size,
         shared_expert_gate=moe.shared_expert_gate,
         router=router.COMPONENT.plan(spec, None),
-        activation=spec.activation,
         stacked="experts" in spec.checkpoint.fused,
         shared_fused="shared_gate_up_proj" in spec.checkpoint.fused,
         expert_bias=moe.expert_bias,

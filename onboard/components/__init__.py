@@ -34,6 +34,7 @@ __all__ = [
     "TensorPlan",
     "config_aliases",
     "every",
+    "code_parts",
     "fragments",
     "parts",
     "present",
@@ -71,6 +72,13 @@ def parts(
         for c in every()
         if c.Node is not None and (node := holder.part(c.Node)) is not None
     )
+
+
+def code_parts(arch: ArchPlan) -> tuple[tuple[Component, Any], ...]:
+    """Every plan node the generated code prints from, with its component: the
+    attention's parts, the MoE block's (its router), the model's."""
+    holders = (arch.attention, arch.moe, arch)
+    return tuple(p for h in holders if h is not None for p in parts(h))
 
 
 def fragments(spec: ModelSpec, model: str) -> dict[str, list[str]]:

@@ -67,6 +67,18 @@ def read_positive(get: Callable[[str, Any], Any], concept: str, default: Any) ->
     return value
 
 
+def cpu_kernel_has(op: str) -> bool:
+    """Whether the CPU kernel build vLLM loads on this machine (by its CPU's
+    features: vllm/platforms/cpu.py import_kernels) has op ``op``."""
+    import torch
+    from vllm import _custom_ops  # noqa: F401  (loads this CPU's kernel build)
+
+    try:
+        return getattr(torch.ops._C, op) is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class Section(BaseModel):
     """A spec section: unknown keys are errors (with a did-you-mean from the
     loader), never ignored; infinity and NaN mean nothing in a spec and would

@@ -18,15 +18,16 @@ weights (``norm_topk_prob``) and scales the routed experts' sum
 vLLM runs all of them in ``FusedMoE`` (its ``scoring_func``, ``renormalize``,
 ``use_grouped_topk``, ``e_score_correction_bias``, ``routed_scaling_factor`` and
 ``apply_router_weight_on_input`` arguments). This module owns the router's spec
-section, its rules, its config.json keys (written and read) and its plan node;
-its tensors and code stay with the MoE block that runs it.
+section, its rules, its config.json keys (written and read), its plan node and
+its code (vLLM's routing arguments, the reference's Router class); its tensors
+stay with the MoE block, whose checkpoint paths depend on the layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import Field
 
@@ -36,6 +37,7 @@ from onboard.components.base import (
     ExpertCount,
     Report,
     Section,
+    cpu_kernel_has,
 )
 
 if TYPE_CHECKING:
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 # topk_method: how a DeepSeek-family config names its routing (noaux_tc: the
 # bias-corrected choice; group_limited_greedy: grouped top-k; greedy: plain).
 TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
-SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
+Scoring = Literal["softmax", "sigmoid", "sqrtsoftplus"]
+SCORINGS = get_args(Scoring)
 # vLLM 0.32's CPU kernel for sqrtsoftplus routing (biased_topk_cpu, in the kernel
 # build vLLM loads where the CPU has AMX, vllm/_C; not in _C_AVX2 or _C_AVX512)
 # takes these expert counts and top-k only ("biased_topk_cpu: unsupported
@@ -57,7 +60,7 @@ _DEFAULTS = {"scoring_func": "softmax", "routed_scaling_factor": 1.0}
 
 
 class RouterFields(Section):
-    scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = Field(
+    scoring: Scoring = Field(
         "softmax",
         description="Expert scoring function: `softmax`, `sigmoid` (DeepSeek-V3) "
         "or `sqrtsoftplus`, sqrt(softplus(logit)) (DeepSeek-V4; needs "
@@ -242,7 +245,7 @@ class _Router(Component):
         moe = spec.mlp.moe
         if moe is None or moe.router.scoring != "sqrtsoftplus":
             return None
-        if not _cpu_op("biased_topk_cpu"):
+        if not cpu_kernel_has("biased_topk_cpu"):
             return (
                 "the cpu engine cannot route sqrtsoftplus on this CPU: vLLM 0.32's "
                 "kernel for it (biased_topk_cpu) is only in the kernel build it "
@@ -403,14 +406,6 @@ class _Router(Component):
         if problems:
             raise ConfigProblem(*problems, read=fields)
         return fields
-
-
-def _cpu_op(name: str) -> bool:
-    """Whether the CPU kernel build vLLM loads on this machine has op ``name``."""
-    import torch
-    from vllm import _custom_ops  # noqa: F401  (loads this CPU's kernel build)
-
-    return hasattr(torch.ops._C, name)
 
 
 def _reference_doc(node: Router, grouped: bool) -> str:

@@ -1234,10 +1234,7 @@ def _components_context(spec: ModelSpec, arch: ArchPlan, f: ConfigKeys) -> dict:
     return {
         "vllm_slots": slots,
         "parts": {
-            c.name: c.vllm_context(node, f)
-            for holder in (arch.attention, arch.moe, arch)
-            if holder is not None
-            for c, node in components.parts(holder)
+            c.name: c.vllm_context(node, f) for c, node in components.code_parts(arch)
         },
         "mla_direct": arch.attention.kind == "mla"
         and (bool(arch.kv_sources) or bool(slots["mla.output"])),

@@ -269,11 +269,7 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
         "hf_slots": components.fragments(spec, "hf"),
         "parts": {
             c.name: c.reference_context(node, keys)
-            for c, node in (
-                *parts,
-                *(components.parts(arch.moe) if arch.moe else ()),
-                *components.parts(arch),
-            )
+            for c, node in components.code_parts(arch)
         },
         "part_docs": [
             doc for c, node in parts if (doc := c.describe(node)) is not None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from onboard.components.base import cpu_kernel_has
+
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
 
@@ -149,16 +151,8 @@ def missing_cpu_kernel(scheme: str) -> str | None:
     """Why vLLM's CPU kernels on this machine cannot run ``scheme`` (None: they
     can, as far as the kernel build shows)."""
     op = SCHEME_CPU_OPS.get(scheme)
-    if op is None:
+    if op is None or cpu_kernel_has(op):
         return None
-    import torch
-    from vllm import _custom_ops  # noqa: F401  (loads this CPU's kernel build)
-
-    try:
-        if getattr(torch.ops._C, op) is not None:
-            return None
-    except (AttributeError, RuntimeError):
-        pass
     return (
         f"vLLM 0.32's CPU kernel for {scheme} ({op}) is not in the kernel build it "
         "loads on this CPU (without AVX-512: vllm/_C_AVX2, platforms/cpu.py "
