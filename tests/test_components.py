@@ -230,7 +230,7 @@ def test_top_level_components_follow_the_blocks_in_registry_order():
     assert between == [
         "activation", "scale_embedding", "embedding_multiplier",
         "tie_word_embeddings", "logit_scale", "final_logit_softcap",
-        "logits_scaling", "mtp",
+        "logits_scaling", "mtp", "residual_multiplier",
     ]  # fmt: skip
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"mtp\.mlp.*no mlp\.moe section"):
@@ -321,6 +321,33 @@ def test_embeddings_read_their_two_factors_and_refuse_them_together():
     text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
     with pytest.raises(Exception, match=r"scale_embedding.*beside an embedding_mult"):
         parse_spec_text(text + "scale_embedding: true\nembedding_multiplier: 2.0\n")
+
+
+def test_residual_multiplier_reads_a_positive_factor_and_stands_with_pre_norms():
+    from onboard.components.residual_stream import ResidualStream
+    from onboard.spec.hf import hf_config_from_spec
+
+    factor = next(c for c in components.every() if c.name == "residual_multiplier")
+    assert factor.read(_getter({"residual_multiplier": 1.0})) == {}
+    assert factor.read(_getter({"residual_multiplier": 0.22})) == {
+        "residual_multiplier": 0.22
+    }
+    for bad in (0, -0.5, "0.22", True):
+        with pytest.raises(ConfigProblem, match=rf"residual_multiplier={bad!r}: must"):
+            factor.read(_getter({"residual_multiplier": bad}))
+    text = (ROOT / "model_specs" / "dense-gqa.yaml").read_text()
+    with pytest.raises(Exception, match=r"residual_multiplier: needs norm.placement"):
+        parse_spec_text(text + "residual_multiplier: 0.5\nnorm: {placement: post}\n")
+    novel = text.replace("LlamaForCausalLM", "NovelForCausalLM").replace(
+        "model_type: llama", "model_type: novel"
+    )
+    spec = parse_spec_text(novel + "residual_multiplier: 0.5\n")
+    # The residual stream applies it in every decoder layer, not in MTP blocks.
+    plan = build_plan(spec)
+    assert {layer.stream for layer in plan.layers} == {ResidualStream("pre", 0.5)}
+    config = hf_config_from_spec(spec)
+    assert config["residual_multiplier"] == 0.5
+    assert "residual_multiplier" not in hf_config_from_spec(parse_spec_text(novel))
 
 
 # ---- the softmax scale (every GQA layer) -------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from onboard.components.base import is_int
 from onboard.spec.config_aliases import read_keys
-from onboard.spec.model import MULTIPLIERS, ModelSpec
+from onboard.spec.model import ModelSpec
 from onboard.templating import GenerationError
 
 # Which layers are MoE, by the family's own arithmetic: Qwen's decoder_sparse_step
@@ -176,15 +176,6 @@ class ConfigKeys:
         if name is not None:
             return f'config.{name}[{var}] == "sliding_attention"'
         return None
-
-    def multipliers(self) -> dict[str, str | None]:
-        """Granite's residual multiplier, by concept: read where the config holds
-        it (Granite's class writes it, and vLLM's granite.py reads it), required
-        where the spec sets one; None where the model computes without (a factor
-        of 1). The softmax scale's, the embeddings' and the logits' factors are
-        their components' (onboard.components)."""
-        spec = self.spec
-        return {c: self.factor(c, getattr(spec, c)) for c in MULTIPLIERS}
 
     def factor(self, concept: str, value: float) -> str | None:
         """The key of a factor the generated code applies: read where the config

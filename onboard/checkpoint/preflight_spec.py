@@ -530,7 +530,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qkv_bias": ("attention.qkv_bias",),
     "o_bias": ("attention.o_bias",),
     "partial_rotary_factor": ("attention.partial_rotary_factor",),
-    "residual_multiplier": ("residual_multiplier",),
     "rope_parameters": ("rope",),
     "rope_interleave": ("rope.interleaved",),
     "sliding_window": ("attention.sliding_window",),

@@ -60,11 +60,12 @@ def read_positive(get: Callable[[str, Any], Any], concept: str, default: Any) ->
     """A positive number read from a config.json (the default where the config
     has none): anything else is the config's problem, located by its key."""
     value = get(concept, default)
-    if value is None or value == default:
+    if value is None:
         return default
+    # A boolean is no number (though true == 1).
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigProblem(f"{concept}={value!r}: must be a positive number")
-    return value
+    return default if value == default else value
 
 
 def cpu_kernel_has(op: str) -> bool:

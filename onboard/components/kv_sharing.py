@@ -75,6 +75,31 @@ class _KVSharing(Component):
     Node = KVSource
     field = "attention.kv_sharing"
     concept_fields = {CONFIG_KEY: ("attention.kv_sharing",)}
+    # Its code in vLLM's attention (templates/components/kv_sharing/): the
+    # target's name in the signature and in vLLM's Attention (which then
+    # allocates no cache and reads the target's), and each kind's queries-only
+    # path: GQA's projection, forward and weights; MLA's latent projection, the
+    # target's latent read in forward, and the weights.
+    vllm_fragments = {
+        **{f"{kind}.{slot}": f"components/kv_sharing/vllm_{slot}.py.j2"
+           for kind in ("gqa", "mla") for slot in ("args", "attn_kwargs")},
+        **{f"gqa.{slot}": f"components/kv_sharing/vllm_gqa_{slot}.py.j2"
+           for slot in ("projections", "forward", "methods")},
+        **{f"mla.{slot}": f"components/kv_sharing/vllm_mla_{slot}.py.j2"
+           for slot in ("attributes", "projections", "before_kv_b", "forward_args",
+                        "latent", "indexer", "weights", "methods")},
+    }  # fmt: skip
+    # The reference's attention: its source, no k and v (GQA) or latent (MLA)
+    # projection of its own where it has one, and the source's keys and values
+    # or latent read (or its own kept for the layers reading them).
+    hf_fragments = {
+        **{f"{kind}.attributes": "components/kv_sharing/hf_attributes.py.j2"
+           for kind in ("gqa", "mla")},
+        **{f"gqa.{slot}": f"components/kv_sharing/hf_{slot}.py.j2"
+           for slot in ("kv_projections", "kv_compute")},
+        **{f"mla.{slot}": f"components/kv_sharing/hf_mla_{slot}.py.j2"
+           for slot in ("latent_projection", "latent")},
+    }  # fmt: skip
 
     def present(self, spec: ModelSpec) -> bool:
         return bool(spec.attention.kv_sharing)

@@ -6,7 +6,8 @@ outputs to the stream, and where its norms sit.
 - ``parallel`` (Cohere): ``x + mixer(norm(x)) + mlp(norm(x))``, one norm for both;
 - ``sandwich`` (Gemma-2/3): ``x + norm(mixer(norm(x)))``, then the same for the MLP.
 
-Granite scales each sublayer's output by ``residual_multiplier`` before its add.
+Granite scales each sublayer's output by ``residual_multiplier`` before its add
+(the factor is :mod:`onboard.components.residual_multiplier`'s field).
 Where vLLM's RMSNorm can add the residual in its own kernel (pre-norm and
 sandwich blocks of RMSNorms, no multiplier), the generated vLLM layer passes
 the residual beside the hidden states, as vLLM's ``llama.py`` does.
@@ -25,6 +26,7 @@ from pydantic import Field
 from onboard.components.base import Component, Report, Section
 
 if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
     from onboard.spec.model import ModelSpec
 
 Placement = Literal["pre", "post", "parallel", "sandwich"]
@@ -110,9 +112,6 @@ class _ResidualStream(Component):
         if placement == "parallel" and spec.mlp.moe is not None:
             # No family has both; the layer reduces one dense MLP with attention.
             report(where, "parallel blocks are generated for dense MLPs")
-        if spec.residual_multiplier != 1.0 and placement != "pre":
-            # No family has both; where a post-norm block would scale is unverified.
-            report(("residual_multiplier",), "needs norm.placement pre")
 
     def config(self, spec: ModelSpec) -> dict[str, Any]:
         # Written only where not pre, so the configs of pre-norm specs have none.
@@ -121,6 +120,10 @@ class _ResidualStream(Component):
 
     def facts(self, spec: ModelSpec) -> dict[str, Any]:
         return {"norm_placement": spec.norm.placement}
+
+    def multiplier_key(self, stream: ResidualStream, keys: ConfigKeys) -> str | None:
+        """The config key of the multiplier the block applies (None: none)."""
+        return keys.factor("residual_multiplier", stream.multiplier)
 
     def plan(self, spec: ModelSpec, layer: int | None) -> ResidualStream:
         # An MTP head's block (layer None) adds without a multiplier.

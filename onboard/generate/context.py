@@ -29,7 +29,13 @@ from onboard.arch.config_keys import (
     GenerationError,
     eps_concept,
 )
-from onboard.components import embeddings, kv_sharing, logits, softmax_scale
+from onboard.components import (
+    embeddings,
+    kv_sharing,
+    logits,
+    residual_stream,
+    softmax_scale,
+)
 from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
@@ -639,7 +645,8 @@ def build_context(
         "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(arch),
         "sliding": sliding,
-        "kv_sharing": kv_sharing,
+        # Some layers compute queries only (they read another layer's KV cache).
+        "queries_only_layers": kv_sharing,
         # MLA layers reading an earlier layer's latent: the model hands it on.
         "mla_kv_sharing": is_mla and kv_sharing,
         **_components_context(spec, arch, f),
@@ -680,8 +687,12 @@ def _norm_context(
 ) -> dict[str, Any]:
     """The decoder layer's norms: their classes, placement and names."""
     norms = arch.norms
+    first = arch.layers[0].stream
     stream = _stream_code(
-        arch.layers[0].stream, norms, vllm_paths, cfg["residual_multiplier"]
+        first,
+        norms,
+        vllm_paths,
+        residual_stream.COMPONENT.multiplier_key(first, arch.config),
     )
     return {
         # The norm class of the layers and the final norm, and of the q/k norms.
@@ -916,7 +927,6 @@ def _model_config_keys(
         cfg["intermediate_size"] = f.dense_width()
     # The spec has no MLP biases: a config that says so is read, not ignored.
     cfg["mlp_bias"] = f.find("mlp_bias", False)
-    cfg.update(f.multipliers())
     return cfg
 
 
@@ -1396,7 +1406,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
     ]
     if gemma:
         items.append(_listed(gemma)[:1].upper() + _listed(gemma)[1:] + ".")
-    granite = arch.config.multipliers()
+    stream = arch.layers[0].stream
     embed_keys = embeddings.COMPONENT.code_context(embed, arch.config)
     head_keys = logits.COMPONENT.code_context(head, arch.config)
     scale = arch.attention.part(SoftmaxScale)
@@ -1410,7 +1420,10 @@ def _summary(spec: ModelSpec, arch: ArchPlan) -> list[str]:
         for concept, key in (
             ("attention_multiplier", scale_key),
             ("embedding_multiplier", embed_keys.multiplier),
-            ("residual_multiplier", granite["residual_multiplier"]),
+            (
+                "residual_multiplier",
+                residual_stream.COMPONENT.multiplier_key(stream, arch.config),
+            ),
             ("logits_scaling", head_keys.divisor),
         )
         if key

@@ -18,6 +18,7 @@ from typing import Any
 from onboard import components
 from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
+from onboard.components import residual_stream
 from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
@@ -137,7 +138,6 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         # Rope's parameters, where some layer (or an MTP head) rotates q and k.
         "rope": keys.need("rope_parameters") if _uses_rope(arch) else None,
     }
-    c.update(keys.multipliers())
     c["rope_interleave"] = keys.find("rope_interleave")
     if f["longrope"] and not (f["longrope_attention_factor"] or f["longrope_factor"]):
         c["max_positions"] = keys.need("max_position_embeddings")
@@ -211,7 +211,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "n": names,
         "f": f,
         "c": c,
-        "stream": _stream_reference(arch.layers[0].stream, names, c),
+        "stream": _stream_reference(arch.layers[0].stream, names, keys),
         "per_layer": per_layer,
         "summary": _summary(spec, arch, f),
         "moe_doc": _moe_doc(f),
@@ -243,14 +243,14 @@ class StreamReference:
 
 
 def _stream_reference(
-    stream: ResidualStream, names: dict[str, str], c: dict[str, str | None]
+    stream: ResidualStream, names: dict[str, str], keys: ConfigKeys
 ) -> StreamReference:
     first = stream.at("attention_input")
     return StreamReference(
         stream.placement,
         tuple(names[r] for r in stream.roles if r == first),
         tuple(names[r] for r in stream.roles if r != first),
-        c.get("residual_multiplier"),
+        residual_stream.COMPONENT.multiplier_key(stream, keys),
     )
 
 
@@ -719,7 +719,7 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
         parts.append("tied embeddings")
     embed = arch.part(Embeddings)
     multiplied = embed is not None and embed.multiplier != 1.0
-    if multiplied or spec.residual_multiplier != 1.0:
+    if multiplied or arch.layers[0].stream.multiplier != 1.0:
         parts.append("scaled embeddings and residual branches (Granite)")
     if arch.mtp is not None:
         n = arch.mtp.num_heads

@@ -19,9 +19,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # Kimi Linear's config maps max_position_embeddings to model_max_length
     # (CLASS_MAPPED: an alias only where the config class maps it so).
     "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
-    # Granite's residual multiplier (HyperCLOVAX's key too; the embeddings' and
-    # the logits' factors are their components')
-    "residual_multiplier": ("residual_multiplier",),
     # attention
     "num_attention_heads": ("num_attention_heads",),
     "num_key_value_heads": ("num_key_value_heads",),

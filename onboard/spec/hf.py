@@ -38,7 +38,7 @@ from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
 from onboard.spec.bases import BASES, Base, BaseMatch
 from onboard.spec.config_aliases import ALIASES, family_aliases
-from onboard.spec.model import MLA_WHOLE_HEAD, MULTIPLIERS, ModelSpec, RopeScaling
+from onboard.spec.model import MLA_WHOLE_HEAD, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
 
 # Keys that do not change the forward pass: ignored when read, never refused.
@@ -657,7 +657,6 @@ _HF_CARRIED = (
     "hidden_size",
     "num_hidden_layers",
     "max_position_embeddings",
-    *MULTIPLIERS,
     "norm",
     "attention",
     "rope",
@@ -905,8 +904,6 @@ def _read(
         "num_hidden_layers": r.get("num_hidden_layers", REQUIRED),
         "max_position_embeddings": r.get("max_position_embeddings", REQUIRED),
     }
-    for concept in MULTIPLIERS:
-        spec[concept] = _factor(r, concept, 1.0)
     spec["norm"] = {}  # the norms' components read theirs
     n_layers = (
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
@@ -940,16 +937,6 @@ def _read_component(spec: dict, component: Component, r: _Reader) -> None:
         r.bad(f"{names}: set, but the config has no {component.extends} for it")
         return
     section.update(fields)
-
-
-def _factor(r: _Reader, concept: str, default: float | None) -> Any:
-    """A multiplier: a positive number (checked by the spec), or the default."""
-    value = r.get(concept, default)
-    if isinstance(value, bool) or not isinstance(value, int | float | type(None)):
-        keys = "/".join(r.aliases[concept])
-        r.bad(f"{keys}={value!r}: must be a number")
-        return default
-    return value
 
 
 def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
@@ -2013,18 +2000,6 @@ def read_hf_config(path: Path) -> tuple[Any, str]:
 # ---- writing a config --------------------------------------------------------------
 
 
-def _model_wide_concepts(spec: ModelSpec) -> dict[str, Any]:
-    """Gemma's and Granite's model-wide parts, written only where the spec has
-    them (not at their neutral values), then the model-wide components'."""
-    extra: dict[str, Any] = {}
-    # Granite's multipliers, written where they are not neutral.
-    for concept in MULTIPLIERS:
-        if getattr(spec, concept) != 1.0:
-            extra[concept] = getattr(spec, concept)
-    extra.update(_component_concepts(spec, "model"))
-    return extra
-
-
 def _concepts(spec: ModelSpec) -> dict[str, Any]:
     """The spec as HF concepts (canonical keys), in config.json order."""
     att, moe = spec.attention, spec.mlp.moe
@@ -2037,7 +2012,9 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
         **_component_concepts(spec, "norm"),
         "num_attention_heads": att.num_heads,
     }
-    c.update(_model_wide_concepts(spec))
+    # The model-wide components' (Gemma's and Granite's factors, the head's
+    # tie, MTP's heads), each where not neutral.
+    c.update(_component_concepts(spec, "model"))
     rope = _rope_params(spec, spec.rope.theta, spec.rope.scaling)
     sliding_rope = spec.rope.sliding and _rope_params(
         spec, spec.rope.sliding.theta, spec.rope.sliding.scaling

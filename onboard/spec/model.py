@@ -53,11 +53,8 @@ SpecMethod = Literal[
 ]  # fmt: skip
 Target = Literal["cpu", "h100", "h200", "b200", "gb200", "b300", "mi300x", "mi355x"]
 LayerAttention = Literal["full_attention", "sliding_attention", "linear_attention"]
-# Granite's whole-model multipliers (spec fields and config.json keys alike);
-# 1.0 leaves the model as it is.
 MAX_NAME = 40  # name, model_type
 MAX_ARCHITECTURE = 48
-MULTIPLIERS = ("residual_multiplier",)
 
 # Model types whose config's rope_parameters.partial_rotary_factor is relative to
 # the whole q/k head (Mistral-4), not to qk_rope_head_dim.
@@ -566,12 +563,6 @@ class _Blocks(_Section):
     )
     num_hidden_layers: LayerCount = Field(description="Decoder layers (MTP excluded).")
     max_position_embeddings: PositiveInt = Field(description="Maximum context length.")
-    residual_multiplier: float = Field(
-        1.0,
-        gt=0,
-        description="Factor on each attention and MLP output before its residual "
-        "add (Granite's `residual_multiplier`).",
-    )
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
@@ -644,11 +635,11 @@ class ModelSpec(_Launch, *section_fields(""), _Blocks):
 
     @property
     def multipliers(self) -> dict[str, float]:
-        """Granite's whole-model multipliers, by field name (1.0: neutral): the
-        embeddings' and the logits' are their components' fields."""
+        """Granite's whole-model multipliers, by field name (1.0: neutral): their
+        components' fields (the embeddings', the residual's, the logits')."""
         return {
             "embedding_multiplier": self.embedding_multiplier,
-            **{name: getattr(self, name) for name in MULTIPLIERS},
+            "residual_multiplier": self.residual_multiplier,
             "logits_scaling": self.logits_scaling,
         }
 

@@ -327,12 +327,6 @@ def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
         )
     if spec.norm.placement != "pre":
         report(("norm", "placement"), "linear-attention layers need placement pre")
-    if spec.residual_multiplier != 1.0:
-        # No family has both; the generated blocks scale only attention layers.
-        report(
-            ("residual_multiplier",),
-            "linear-attention layers with a residual_multiplier are not generated",
-        )
     for i in spec.rope.nope_layers:
         if i in linear:
             report(
