@@ -75,14 +75,19 @@ class _KVSharing(Component):
     Node = KVSource
     field = "attention.kv_sharing"
     concept_fields = {CONFIG_KEY: ("attention.kv_sharing",)}
-    # Its code in vLLM's attention (templates/components/kv_sharing/): the
-    # target's name in the signature and in vLLM's Attention (which then
-    # allocates no cache and reads the target's), and each kind's queries-only
-    # path: GQA's projection, forward and weights; MLA's latent projection, the
-    # target's latent read in forward, and the weights.
+    # Its vLLM code (templates/components/kv_sharing/): each layer's target
+    # found from the config by the model's layer factory, and handed through
+    # the decoder layer and the attention to vLLM's Attention (which then
+    # allocates no cache and reads the target's); each attention kind's
+    # queries-only path: GQA's projection, forward and weights; MLA's latent
+    # projection, the target's latent read in forward, and the weights.
     vllm_fragments = {
-        **{f"{kind}.{slot}": f"components/kv_sharing/vllm_{slot}.py.j2"
-           for kind in ("gqa", "mla") for slot in ("args", "attn_kwargs")},
+        **{f"{host}.args": "components/kv_sharing/vllm_args.py.j2"
+           for host in ("gqa", "mla", "layer")},
+        **{slot: "components/kv_sharing/vllm_attn_kwargs.py.j2"
+           for slot in ("gqa.attn_kwargs", "mla.attn_kwargs", "layer.attn_kwargs",
+                        "model.layer_kwargs")},
+        "model.layer_plan": "components/kv_sharing/vllm_model_layer_plan.py.j2",
         **{f"gqa.{slot}": f"components/kv_sharing/vllm_gqa_{slot}.py.j2"
            for slot in ("projections", "forward", "methods")},
         **{f"mla.{slot}": f"components/kv_sharing/vllm_mla_{slot}.py.j2"
