@@ -103,7 +103,7 @@ class _KVSharing(Component):
         **{f"gqa.{slot}": f"components/kv_sharing/hf_{slot}.py.j2"
            for slot in ("kv_projections", "kv_compute")},
         **{f"mla.{slot}": f"components/kv_sharing/hf_mla_{slot}.py.j2"
-           for slot in ("latent_projection", "latent")},
+           for slot in ("doc", "latent_projection", "latent")},
     }  # fmt: skip
 
     def present(self, spec: ModelSpec) -> bool:
