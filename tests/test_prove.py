@@ -489,16 +489,16 @@ def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where)
     # if the template dropped it) must fail the proof where it acts.
     from dataclasses import replace
 
-    from onboard.arch.config_keys import ConfigKeys
     from onboard.components.embeddings import COMPONENT as EMBEDDINGS
     from onboard.components.logits import COMPONENT as LOGITS
+    from onboard.components.residual_stream import COMPONENT as RESIDUAL_STREAM
     from onboard.components.softmax_scale import COMPONENT as SOFTMAX_SCALE
 
     config = transformers_config("granite").to_dict()
     spec = spec_from_hf_config(config)
     assert prove_spec(spec, config).max_rel_diff < RTOL
-    # The softmax scale's, the embeddings' and the logits' factors are their
-    # components' keys.
+    # Each factor's key is its component's (the residual multiplier's, the
+    # residual stream's code reads).
     owner = {
         "attention_multiplier": (SOFTMAX_SCALE, "multiplier"),
         "embedding_multiplier": (EMBEDDINGS, "multiplier"),
@@ -513,9 +513,8 @@ def test_each_granite_multiplier_is_read_and_proven(monkeypatch, concept, where)
             lambda node, config_keys: replace(keys(node, config_keys), **{key: None}),
         )
     else:
-        read = ConfigKeys.multipliers
         monkeypatch.setattr(
-            ConfigKeys, "multipliers", lambda self: {**read(self), concept: None}
+            RESIDUAL_STREAM, "multiplier_key", lambda stream, config_keys: None
         )
     with pytest.raises(ProofFailed, match=re.escape(f"first divergence: {where}")):
         prove_spec(spec, config)
