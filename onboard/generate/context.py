@@ -645,8 +645,6 @@ def build_context(
         "attn_doc": _attn_doc(spec, arch),
         "moe_doc": _moe_doc(arch),
         "sliding": sliding,
-        # Some layers compute queries only (they read another layer's KV cache).
-        "queries_only_layers": kv_sharing,
         # MLA layers reading an earlier layer's latent: the model hands it on.
         "mla_kv_sharing": is_mla and kv_sharing,
         **_components_context(spec, arch, f),
