@@ -125,6 +125,56 @@ def test_no_family_where_the_checkpoint_stores_tensors_otherwise():
     assert find_base(renamed("deepseek-v3-style", "ds_plain", {})) is not None
 
 
+def qwen3_next_plain_norms(model_type: str = "qn_plain") -> ModelSpec:
+    """qwen3-next-style without its MTP head: Qwen3-Next but for its RMSNorms,
+    which scale by weight, not 1 + weight."""
+    return renamed("qwen3-next-style", model_type, {}, mtp=None)
+
+
+def test_plain_norms_are_qwen3_next_with_the_norm_weights_bridged():
+    match = find_base(qwen3_next_plain_norms())
+    assert match is not None and match.base.architecture == "Qwen3NextForCausalLM"
+    assert match.as_base.norm.unit_offset and not match.renames
+    (delta,) = match.deltas
+    assert delta.shift == -1.0 and "linear_norm" not in delta.roles
+    # The family's own norms need no bridge; with MTP heads the bridge is not
+    # offered (vLLM's Qwen3NextMTP reads Qwen's MTP layout, not this one).
+    exact = renamed(
+        "qwen3-next-style", "qn_offset", {}, mtp=None, **{"norm.unit_offset": True}
+    )
+    assert find_base(exact).deltas == ()
+    assert find_base(bundled("qwen3-next-style")) is None
+
+
+def test_the_bridged_model_file_loads_the_norm_weights_less_one():
+    spec = qwen3_next_plain_norms()
+    source = render_model(spec)
+    assert len(source.splitlines()) < 60
+    assert "class QnPlainForCausalLM(Qwen3NextForCausalLM):" in source
+    scope: dict = {}
+    exec(compile(source, "qn_plain.py", "exec"), scope)  # noqa: S102
+    names = {
+        "model.layers.3.input_layernorm.weight": 0.0,
+        "model.layers.3.self_attn.q_norm.weight": 0.0,
+        "model.norm.weight": 0.0,
+        # The linear-attention layers' gated norm is Qwen3-Next's own.
+        "model.layers.0.linear_attn.norm.weight": 1.0,
+        "model.layers.3.self_attn.q_proj.weight": 1.0,
+    }
+    loaded = dict(scope["as_qwen3_next"]((n, torch.ones(2)) for n in names))
+    assert {n: t[0].item() for n, t in loaded.items()} == names
+    # config.json has Qwen3-Next's keys, which the family's config class reads.
+    cfg = hf_config_from_spec(spec)
+    assert cfg["num_experts"] == cfg["n_routed_experts"] == spec.mlp.moe.num_experts
+    assert "norm_unit_offset" not in cfg
+    # The PR says what the model file is.
+    from onboard.pr import pr_tree_files
+
+    pr_md = pr_tree_files(spec, generate_files(spec))["vllm-pr/PR.md"]
+    assert "`qn_plain.py` subclasses vLLM's `Qwen3NextForCausalLM`" in pr_md
+    assert "scale by 1 + weight, which `load_weights` bridges" in pr_md
+
+
 def test_no_bundled_spec_is_a_renamed_family():
     """Every bundled spec with a new model type differs from each family vLLM
     ships in some component (docs/generate.md lists which): they stay whole."""
@@ -297,6 +347,37 @@ def test_the_modular_reference_converts_the_familys_checkpoint_without_renames(
     assert (got - want).abs().max().item() < 1e-4
 
 
+def test_the_bridged_reference_is_qwen3_next_with_the_norm_weights_shifted(
+    tmp_path,
+):
+    """transformers' Qwen3NextForCausalLM, its norm weights loaded less one,
+    computes what the standalone reference of plain norms computes; loaded as
+    they are, it does not."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(qwen3_next_plain_norms(), ckpt, seed=0)
+    tiny = load_spec(ckpt / "spec.yaml")
+    modular = render_reference(tiny)
+    assert "(Qwen3NextForCausalLM)" in modular["modeling_qn_plain.py"]
+    ids = torch.tensor([[1, 5, 9, 200, 3, 77, 41, 8]])
+    with torch.no_grad():
+        # First: the modular file registers its conversions for the model type,
+        # for every later load in the process.
+        want = _load(
+            ckpt, render_reference(tiny, standalone=True), tmp_path / "standalone"
+        )(ids).logits
+        got = _load(ckpt, modular, tmp_path / "modular")(ids).logits
+    assert (got - want).abs().max().item() < 1e-4
+    unshifted = dict(modular)
+    text = unshifted["modeling_qn_plain.py"]
+    assert text.count("[Shift(-1)]") == 5
+    unshifted["modeling_qn_plain.py"] = text.replace("[Shift(-1)]", "[Shift(0)]")
+    with torch.no_grad():
+        bad = _load(ckpt, unshifted, tmp_path / "unshifted")(ids).logits
+    assert (bad - want).abs().max().item() > 1e-2
+
+
 # ---- the engine ------------------------------------------------------------------
 
 
@@ -329,6 +410,48 @@ def test_the_modular_model_passes_validation_on_the_cpu_engine(tmp_path):
     assert "modeling_renamed_ds.RenamedDsForCausalLM" in data["reference"]
     assert "a subclass of transformers" in data["reference"]
     assert data["reference"].endswith("DeepseekV3ForCausalLM")
+
+
+@pytest.mark.engine
+def test_the_bridged_qwen3_next_passes_validation_on_the_cpu_engine(tmp_path):
+    """vLLM's own Qwen3NextForCausalLM (its Gated DeltaNet included), the norm
+    weights loaded less one, against transformers' class with the same bridge."""
+    from onboard.checkpoint.tiny import write_tiny_checkpoint
+    from onboard.generate import write_model_code
+    from onboard.validate.harness import validate
+
+    ckpt = tmp_path / "ckpt"
+    write_tiny_checkpoint(qwen3_next_plain_norms(), ckpt, seed=0)
+    tiny = load_spec(ckpt / "spec.yaml")
+    write_model_code(tiny, tmp_path / "gen")
+    result = validate(
+        ckpt,
+        ckpt / "spec.yaml",
+        "cpu",
+        tmp_path / "out",
+        generated=tmp_path / "gen",
+        checks="accuracy",
+    )
+    data = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert result.passed, data
+    assert data["vllm_model_class"] == (
+        "onboard_plugin_qn_plain.qn_plain.QnPlainForCausalLM"
+    )
+    assert data["reference"].endswith("Qwen3NextForCausalLM")
+    # The check fails when the model file loads the norm weights as they are.
+    model_file = tmp_path / "gen" / "plugin" / "onboard_plugin_qn_plain" / "qn_plain.py"
+    text = model_file.read_text()
+    assert "tensor = tensor - 1\n" in text
+    model_file.write_text(text.replace("tensor = tensor - 1\n", "tensor = tensor\n"))
+    result = validate(
+        ckpt,
+        ckpt / "spec.yaml",
+        "cpu",
+        tmp_path / "unbridged",
+        generated=tmp_path / "gen",
+        checks="accuracy",
+    )
+    assert not result.passed
 
 
 @pytest.mark.engine

@@ -173,6 +173,22 @@ class TensorPlan:
     layer: int | None  # decoder layer (MTP heads count on), None for global tensors
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A component a spec states its own way where a family vLLM ships states it
+    another, bridged where the weights load (onboard.spec.bases): the family's
+    tensor is the checkpoint's plus ``shift``, for the tensors of ``roles``
+    (onboard.spec.layouts)."""
+
+    # The converted tensors, as the generated code names them ("offset_norms").
+    name: str
+    # What differs, completed with the family's architecture, for docstrings:
+    # "its RMSNorms scale by weight, where {family}'s scale by 1 + weight".
+    description: str
+    roles: tuple[str, ...]
+    shift: float
+
+
 class Component:
     """One primitive. Subclasses set the class attributes they need and override
     the hooks their primitive has; the defaults contribute nothing."""
@@ -357,6 +373,13 @@ class Component:
         """What it does to its attention, as a phrase ("a learned sink logit per
         head in each softmax"), which the attention's docstrings print (None:
         nothing to say)."""
+        return None
+
+    def family_delta(self, data: dict[str, Any]) -> Delta | None:
+        """Where some family vLLM ships states this component another way that
+        loading the weights can bridge: ``data`` (the spec, dumped) is changed in
+        place to the family's statement and the bridge returned; None where there
+        is none (onboard.spec.bases)."""
         return None
 
     def tensor_name(self, spec: ModelSpec, role: str, layer: int) -> str:

@@ -15,12 +15,29 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from onboard.components.base import Component, ConfigProblem, Report, Section
+from onboard.components.base import Component, ConfigProblem, Delta, Report, Section
 
 if TYPE_CHECKING:
     from onboard.spec.model import ModelSpec
 
 Kind = Literal["rmsnorm", "layernorm"]
+
+# The checkpoint roles (onboard.spec.layouts) of the norms unit_offset applies to:
+# every norm of the residual stream, the q/k norms, the final norm and the MTP
+# heads' norms; not the linear-attention layers' gated norms.
+OFFSET_ROLES = (
+    "input_norm",
+    "post_attention_norm",
+    "attention_output_norm",
+    "mlp_input_norm",
+    "mlp_output_norm",
+    "q_norm",
+    "k_norm",
+    "final_norm",
+    "mtp_enorm",
+    "mtp_hnorm",
+    "mtp_head_norm",
+)
 
 
 class NormFields(Section):
@@ -88,6 +105,22 @@ class _Norms(Component):
     def plan(self, spec: ModelSpec, layer: int | None) -> Norms:
         norm = spec.norm
         return Norms(norm.type, norm.eps, norm.bias, norm.unit_offset)
+
+    def family_delta(self, data: dict[str, Any]) -> Delta | None:
+        # A family whose RMSNorms scale by 1 + weight (Qwen3-Next) computes
+        # plain RMSNorms from weights loaded less one: exact in bfloat16 for
+        # weights in [0.5, 2] (Sterbenz), and the family adds the one back in
+        # float32.
+        norm = data["norm"]
+        if norm["type"] != "rmsnorm" or norm["unit_offset"]:
+            return None
+        norm["unit_offset"] = True
+        return Delta(
+            "offset_norms",
+            "its RMSNorms scale by weight, where {family}'s scale by 1 + weight",
+            OFFSET_ROLES,
+            -1.0,
+        )
 
     def config(self, spec: ModelSpec) -> dict[str, Any]:
         norm = spec.norm

@@ -3,6 +3,9 @@ vLLM's class that reads the checkpoint's own tensor names (onboard.spec.bases)."
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from onboard.generate.context import (
     RENAMED_PARAM,
     Rename,
@@ -11,7 +14,55 @@ from onboard.generate.context import (
 )
 from onboard.spec.bases import BaseMatch
 from onboard.spec.model import ModelSpec, class_prefix
-from onboard.templating import render_python
+from onboard.templating import py_str, render_python
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One component bridged at load (onboard.spec.bases.Delta), as the model file
+    states it: a regex over the checkpoint's tensor names and the shift."""
+
+    constant: str  # the module-level name of the regex
+    comment: str
+    pattern: str  # Python raw-string body
+    shift: float
+
+    @property
+    def pattern_parts(self) -> list[str]:
+        """The pattern cut after each alternative, to fit lines."""
+        return re.split(r"(?<=\|)", self.pattern)
+
+
+def tensor_pattern(spec: ModelSpec, roles: list[str]) -> str:
+    """A regex over the checkpoint's weight tensors of ``roles`` (any layer)."""
+    paths = []
+    for role in roles:
+        path = spec.tensor_path(role)
+        py_str(path.replace("{layer}", "0"))  # identifiers and dots only
+        paths.append(re.escape(path).replace(r"\{layer\}", r"\d+"))
+    return rf"^(?:{'|'.join(paths)})\.weight$"
+
+
+def conversions(spec: ModelSpec, match: BaseMatch) -> list[Conversion]:
+    """The deltas of ``match`` over the tensors ``spec``'s checkpoint has."""
+    from onboard.spec.module_tree import used_roles
+
+    used = used_roles(spec)
+    out = []
+    for delta in match.deltas:
+        roles = [r for r in delta.roles if r in used]
+        if not roles:
+            continue
+        comment = delta.description.format(family=match.base.architecture)
+        out.append(
+            Conversion(
+                delta.name.upper(),
+                comment[0].upper() + comment[1:],
+                tensor_pattern(spec, roles),
+                delta.shift,
+            )
+        )
+    return out
 
 
 def renames(spec: ModelSpec, match: BaseMatch) -> list[Rename]:
@@ -33,6 +84,7 @@ def render_modular(spec: ModelSpec, match: BaseMatch) -> str:
         "spec": spec,
         "base": base,
         "renames": renames(spec, match),
+        "conversions": conversions(spec, match),
         "config_class": f"{class_prefix(spec.architecture)}Config",
     }
     return render_python(

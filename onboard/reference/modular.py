@@ -46,6 +46,36 @@ def renamings(match: BaseMatch) -> list[Renaming] | None:
     return list(out.values())
 
 
+@dataclass(frozen=True)
+class Shifted:
+    """One role's tensors shifted where they load (onboard.spec.bases.Delta), as a
+    transformers ``WeightConverter`` states them: a glob over tensor names,
+    converted in place."""
+
+    pattern: str
+    shift: float
+
+
+def shifted(spec: ModelSpec, match: BaseMatch) -> list[Shifted]:
+    """The tensors the deltas of ``match`` convert, one converter per role the
+    checkpoint has (transformers' patterns carry no alternation)."""
+    from onboard.spec.module_tree import used_roles
+
+    used = used_roles(spec)
+    out = []
+    for delta in match.deltas:
+        for role in delta.roles:
+            if role in used:
+                path = spec.tensor_path(role)
+                py_str(path.replace("{layer}", "0"))
+                # A layer's tensor by its path within the layer: transformers
+                # converts what a pattern matches under one prefix together
+                # (a "*" would gather every layer's into one conversion).
+                within = path.partition("{layer}.")[2] or path
+                out.append(Shifted(f"{within}.weight", delta.shift))
+    return out
+
+
 def render_modular_reference(
     spec: ModelSpec, match: BaseMatch, config_file: str, modeling_file: str
 ) -> dict[str, str]:
@@ -56,6 +86,10 @@ def render_modular_reference(
         "spec": spec,
         "base": match.base,
         "renames": renamings(match),
+        "shifted": shifted(spec, match),
+        "deltas": [
+            d.description.format(family=match.base.architecture) for d in match.deltas
+        ],
         "config_class": f"{class_prefix(spec.architecture)}Config",
         "config_module": config_file.removesuffix(".py"),
     }

@@ -13,6 +13,12 @@ must read the config.json onboard writes for the new model type as the spec.
 Everything else about the checkpoint must be stored the family's way too, except
 the tensor names: stacked or fused tensors and MTP heads are not renamed.
 
+A spec may also differ from a family in a component that can be bridged where the
+weights load (:class:`Delta`, offered by the component's ``family_delta``): a
+model whose RMSNorms scale by ``weight`` is Qwen3-Next, whose norms scale by
+``1 + weight``, once each norm weight is loaded less one. The subclasses then
+convert those tensors too.
+
 tests/test_modular.py checks every entry against the installed vLLM's registry and
 transformers' auto classes.
 """
@@ -21,7 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onboard.components.base import Delta
 from onboard.spec.model import ModelSpec
+
+__all__ = ["BASES", "Base", "BaseMatch", "Delta"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +91,5 @@ class BaseMatch:
     # role -> (the checkpoint's module path, the family's), for the roles whose
     # names differ.
     renames: dict[str, tuple[str, str]]
+    # The components bridged at load (empty for a family under a new name).
+    deltas: tuple[Delta, ...] = ()

@@ -36,7 +36,7 @@ from onboard.components.base import ConfigProblem, is_int
 from onboard.components.router import TOPK_METHODS as KNOWN_TOPK_METHODS
 from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
-from onboard.spec.bases import BASES, Base, BaseMatch
+from onboard.spec.bases import BASES, Base, BaseMatch, Delta
 from onboard.spec.config_aliases import ALIASES, family_aliases
 from onboard.spec.model import MLA_WHOLE_HEAD, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
@@ -2171,18 +2171,31 @@ def _find_base(spec_json: str) -> BaseMatch | None:
             # are, and its LongRoPE derives the factor on cos and sin from
             # max_position_embeddings alone: the generated model passes it.
             return None
-    for base in BASES:
-        match = _match(spec, base)
-        if match is not None:
-            return match
+    # A family the spec is exactly comes before one it differs from in
+    # components bridged at load.
+    for bridge in (False, True):
+        for base in BASES:
+            match = _match(spec, base, bridge)
+            if match is not None:
+                return match
     return None
 
 
-def _match(spec: ModelSpec, base: Base) -> BaseMatch | None:
+def _match(spec: ModelSpec, base: Base, bridge: bool) -> BaseMatch | None:
+    """``spec`` as ``base`` under a new name; ``bridge``: with the components that
+    can be bridged at load stated the family's way (at least one)."""
     from onboard.spec.module_tree import used_roles
 
     data = spec.model_dump(mode="json")
     data.update(model_type=base.model_type, architecture=base.architecture)
+    deltas: tuple[Delta, ...] = ()
+    if bridge:
+        # All at once: no two families of BASES differ from a spec in different
+        # bridgeable components yet.
+        offered = (c.family_delta(data) for c in components.every())
+        deltas = tuple(d for d in offered if d is not None)
+        if not deltas:
+            return None
     stored = _family_checkpoint(FAMILIES[base.model_type], data)
     checkpoint = data["checkpoint"]
     # Stacked or fused tensors, their storage and the router bias's shape must be
@@ -2203,14 +2216,8 @@ def _match(spec: ModelSpec, base: Base) -> BaseMatch | None:
         as_base = ModelSpec.model_validate(data)
         with quiet_transformers():
             # The family computes the spec: written as its config, it reads back.
+            # The new type's config.json is that config (hf_config_from_spec).
             hf_config_from_spec(as_base)
-            # And its config class reads this model type's config.json (the
-            # canonical keys onboard writes) as the spec: the family's code,
-            # given that config, computes the spec.
-            cfg = hf_config_from_spec(spec)
-            cfg.update(model_type=base.model_type, architectures=[base.architecture])
-            facts = spec_facts(as_base, open_concepts(base.model_type))
-            _check_round_trip(as_base, cfg, f"spec {spec.name!r}", facts)
     except (InputError, ValueError):
         return None
     if spec.mtp is not None and base.mtp_architecture is None:
@@ -2224,7 +2231,7 @@ def _match(spec: ModelSpec, base: Base) -> BaseMatch | None:
         # The family's MTP loader reads its own names only (the heads' blocks
         # included).
         return None
-    return BaseMatch(base, as_base, renames)
+    return BaseMatch(base, as_base, renames, deltas)
 
 
 def hf_config_from_spec(spec: ModelSpec) -> dict:
@@ -2243,7 +2250,17 @@ def hf_config_from_spec(spec: ModelSpec) -> dict:
     known, family = _family(spec.model_type)
     facts = spec_facts(spec, open_concepts(spec.model_type))
     concepts = _concepts(spec)
-    if known is None:
+    match = find_base(spec) if known is None else None
+    if match is not None:
+        # A family vLLM ships under a new name: the family's own keys, which its
+        # config class (the new type's, onboard.spec.bases) reads, beside the
+        # canonical ones (which state what the family implies, e.g. Qwen3-Next's
+        # q/k norms); where both name one key, they agree.
+        family_cfg = hf_config_from_spec(match.as_base)
+        del family_cfg["dtype"]
+        cfg = {**concepts, **family_cfg}
+        cfg.update(architectures=[spec.architecture], model_type=spec.model_type)
+    elif known is None:
         cfg = {
             "architectures": [spec.architecture],
             "model_type": spec.model_type,
