@@ -113,16 +113,19 @@ def generated_engine_run(
     every: int = 1,
     max_tokens: int = 16,
     max_model_len: int = 256,
+    standalone: bool = False,
 ):
     """A tiny checkpoint of ``spec`` through its generated plugin on vLLM's CPU
     engine (the engine options validation gives the spec: dtype, state dtype,
     CPU shims): greedy outputs with top-5 logprobs and prompt logprobs of every
     ``every``-th validation prompt, and the engine's cache report.
+    ``standalone``: the whole generated model even where the spec is a family
+    vLLM ships (onboard.generate.render_model).
 
     Returns (spec as the checkpoint has it, checkpoint dir, work dir, prompts,
     engine info, outputs)."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
-    from onboard.generate import write_model_code
+    from onboard.generate import generate_files, write_trees
     from onboard.runtime.engine import (
         Engine,
         EngineOptions,
@@ -136,7 +139,7 @@ def generated_engine_run(
     ckpt = work / "ckpt"
     write_tiny_checkpoint(spec, ckpt, seed=0)
     spec = load_spec(ckpt / "spec.yaml")
-    write_model_code(spec, work / "gen")
+    write_trees(generate_files(spec, standalone), work / "gen")
     prompts, _ = tokenize_prompts(ckpt, PROMPTS, spec.vocab_size)
     prompts = prompts[::every]
     options = EngineOptions(

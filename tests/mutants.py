@@ -161,6 +161,12 @@ FAULTS: tuple[Fault, ...] = (
         ),
     ),
     Fault(
+        "norm_bridge_dropped",
+        "norm weights loaded as stored, where the family vLLM ships scales by "
+        "1 + weight (a modular file's bridge left out)",
+        _sub_all(r"^(\s+tensor = tensor) [-+] [\d.]+$", r"\1"),
+    ),
+    Fault(
         "linear_decay_negated",
         "linear attention's log decay rates (A_log) loaded negated",
         _on_weights(

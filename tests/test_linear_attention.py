@@ -141,7 +141,9 @@ def as_hybrid_checkpoint(model, spec: ModelSpec, ckpt: Path) -> None:
             if name.endswith("norm.weight") and ".linear_attn." not in name:
                 tensors[name] = tensors[name] + 1
         save_file(tensors, shard, metadata={"format": "pt"})
-    install_reference(spec, ckpt)
+    # Onboard's own reference: the spec is Qwen3-Next across the norms' bridge,
+    # whose modular reference would be transformers' class itself.
+    install_reference(spec, ckpt, standalone=True)
 
 
 # ---- the reference against transformers ----------------------------------------------
@@ -218,7 +220,7 @@ def _split_projection(name: str, w: torch.Tensor, k: int, v: int) -> dict:
 
 def _reference_module(tmp_path: Path):
     """The generated modeling module of the hybrid spec, imported."""
-    written = generate_hf_reference(hybrid(), tmp_path)
+    written = generate_hf_reference(hybrid(), tmp_path, standalone=True)
     modeling = next(p for p in written if p.name.startswith("modeling_"))
     package = tmp_path.name
     sys.path.insert(0, str(tmp_path.parent))
@@ -455,7 +457,11 @@ def engine_run(tmp_path_factory):
     """The tiny hybrid checkpoint through the generated plugin on vLLM's CPU
     engine (float32, float32 states): greedy outputs and prompt logprobs of the
     validation prompts, and the engine's cache report."""
-    return generated_engine_run(hybrid(), tmp_path_factory.mktemp("engine"))
+    # Standalone: onboard's generated Gated DeltaNet model (the spec is Qwen3-Next
+    # across the norms' bridge, whose modular file runs vLLM's own class).
+    return generated_engine_run(
+        hybrid(), tmp_path_factory.mktemp("engine"), standalone=True
+    )
 
 
 @pytest.mark.engine
@@ -519,7 +525,7 @@ def test_prefix_caching_reuses_states_and_changes_nothing(tmp_path):
     more than two hybrid blocks, repeated, hits its cached blocks, and every
     greedy output equals the engine's without prefix caching and the
     reference's (two engine starts)."""
-    from onboard.generate import write_model_code
+    from onboard.generate import generate_files, write_trees
     from onboard.runtime.engine import (
         Engine,
         EngineOptions,
@@ -534,7 +540,7 @@ def test_prefix_caching_reuses_states_and_changes_nothing(tmp_path):
     ckpt = tmp_path / "ckpt"
     write_tiny_checkpoint(parse_spec_text(spec_text), ckpt, seed=0)
     spec = load_spec(ckpt / "spec.yaml")
-    write_model_code(spec, tmp_path / "gen")
+    write_trees(generate_files(spec, standalone=True), tmp_path / "gen")
     rng = np.random.default_rng(0)
     base = rng.integers(3, 500, 900).tolist()
     prompts = [base, base, base + rng.integers(3, 500, 20).tolist()]

@@ -64,6 +64,7 @@ def renamed_deepseek() -> ModelSpec:
 
 def test_every_base_is_what_the_installed_vllm_and_transformers_register():
     import importlib
+    import inspect
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import (
@@ -85,7 +86,21 @@ def test_every_base_is_what_the_installed_vllm_and_transformers_register():
         assert CONFIG_MAPPING_NAMES[base.model_type] == base.config_class
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[base.model_type] == base.architecture
         if base.mtp_architecture is not None:
-            assert base.mtp_architecture in _SPECULATIVE_DECODING_MODELS
+            module, name = _SPECULATIVE_DECODING_MODELS[base.mtp_architecture]
+            assert module == base.mtp_module, base
+            draft = getattr(
+                importlib.import_module(f"vllm.model_executor.models.{module}"), name
+            )
+            # The draft's load_weights reads the family's names for each head role.
+            if base.mtp_paths:
+                source = inspect.getsource(importlib.import_module(draft.__module__))
+                for _, path in base.mtp_paths:
+                    if path:
+                        leaf = path.rsplit(".", 1)[-1]
+                        assert f"self.{leaf} =" in source or leaf.isdigit(), (
+                            base,
+                            path,
+                        )
 
 
 def test_a_renamed_family_is_found_with_the_names_to_map():
@@ -137,13 +152,20 @@ def test_plain_norms_are_qwen3_next_with_the_norm_weights_bridged():
     assert match.as_base.norm.unit_offset and not match.renames
     (delta,) = match.deltas
     assert delta.shift == -1.0 and "linear_norm" not in delta.roles
-    # The family's own norms need no bridge; with MTP heads the bridge is not
-    # offered (vLLM's Qwen3NextMTP reads Qwen's MTP layout, not this one).
+    # The family's own norms need no bridge.
     exact = renamed(
         "qwen3-next-style", "qn_offset", {}, mtp=None, **{"norm.unit_offset": True}
     )
     assert find_base(exact).deltas == ()
-    assert find_base(bundled("qwen3-next-style")) is None
+    # With its MTP head too: the proof is of the model without it (Qwen3-Next's
+    # config states no heads); vLLM's Qwen3NextMTP, renaming, drafts it.
+    with_head = find_base(bundled("qwen3-next-style"))
+    assert with_head.base.architecture == "Qwen3NextForCausalLM"
+    assert with_head.deltas == match.deltas and with_head.as_base.mtp is None
+    # Qwen3NextMTP reads one head, and its block's MLP is the first layer's.
+    two_heads = renamed("qwen3-next-style", "qn_two", {}, **{"mtp.num_heads": 2})
+    dense_head = renamed("qwen3-next-style", "qn_dense", {}, **{"mtp.mlp": "dense"})
+    assert find_base(two_heads) is None and find_base(dense_head) is None
 
 
 def test_the_bridged_model_file_loads_the_norm_weights_less_one():
@@ -175,11 +197,15 @@ def test_the_bridged_model_file_loads_the_norm_weights_less_one():
     assert "scale by 1 + weight, which `load_weights` bridges" in pr_md
 
 
-def test_no_bundled_spec_is_a_renamed_family():
-    """Every bundled spec with a new model type differs from each family vLLM
-    ships in some component (docs/generate.md lists which): they stay whole."""
-    for path in sorted((ROOT / "model_specs").glob("*.yaml")):
-        assert find_base(load_spec(path)) is None, path.name
+def test_one_bundled_spec_is_a_family_across_a_bridge():
+    """qwen3-next-style is Qwen3-Next across the norms' bridge; every other
+    bundled spec with a new model type differs from each family vLLM ships in
+    some component that no bridge covers (docs/generate.md lists which)."""
+    found = {
+        path.stem: find_base(load_spec(path))
+        for path in sorted((ROOT / "model_specs").glob("*.yaml"))
+    }
+    assert {name for name, match in found.items() if match} == {"qwen3-next-style"}
 
 
 # ---- the generated files ---------------------------------------------------------
@@ -362,12 +388,13 @@ def test_the_bridged_reference_is_qwen3_next_with_the_norm_weights_shifted(
     assert "(Qwen3NextForCausalLM)" in modular["modeling_qn_plain.py"]
     ids = torch.tensor([[1, 5, 9, 200, 3, 77, 41, 8]])
     with torch.no_grad():
-        # First: the modular file registers its conversions for the model type,
-        # for every later load in the process.
+        # The modular file registers its conversions for the model type, which
+        # transformers offers every later load of it in the process: the
+        # standalone reference, loaded after it, must not take them.
+        got = _load(ckpt, modular, tmp_path / "modular")(ids).logits
         want = _load(
             ckpt, render_reference(tiny, standalone=True), tmp_path / "standalone"
         )(ids).logits
-        got = _load(ckpt, modular, tmp_path / "modular")(ids).logits
     assert (got - want).abs().max().item() < 1e-4
     unshifted = dict(modular)
     text = unshifted["modeling_qn_plain.py"]
@@ -414,32 +441,39 @@ def test_the_modular_model_passes_validation_on_the_cpu_engine(tmp_path):
 
 @pytest.mark.engine
 def test_the_bridged_qwen3_next_passes_validation_on_the_cpu_engine(tmp_path):
-    """vLLM's own Qwen3NextForCausalLM (its Gated DeltaNet included), the norm
-    weights loaded less one, against transformers' class with the same bridge."""
+    """qwen3-next-style: vLLM's own Qwen3NextForCausalLM (its Gated DeltaNet
+    included), the norm weights loaded less one, against transformers' class with
+    the same bridge; its MTP head drafted by vLLM's Qwen3NextMTP reading the
+    head's tensors renamed. Without the bridge, accuracy fails."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
     from onboard.generate import write_model_code
     from onboard.validate.harness import validate
 
     ckpt = tmp_path / "ckpt"
-    write_tiny_checkpoint(qwen3_next_plain_norms(), ckpt, seed=0)
+    write_tiny_checkpoint(bundled("qwen3-next-style"), ckpt, seed=0)
     tiny = load_spec(ckpt / "spec.yaml")
     write_model_code(tiny, tmp_path / "gen")
+    package = tmp_path / "gen" / "plugin" / "onboard_plugin_qwen3_next_style"
+    assert "(Qwen3NextMTP):" in (package / "qwen3_next_style_mtp.py").read_text()
     result = validate(
         ckpt,
         ckpt / "spec.yaml",
         "cpu",
         tmp_path / "out",
         generated=tmp_path / "gen",
-        checks="accuracy",
+        checks="accuracy,spec-decode:mtp",
     )
     data = json.loads((tmp_path / "out" / "validation.json").read_text())
     assert result.passed, data
-    assert data["vllm_model_class"] == (
-        "onboard_plugin_qn_plain.qn_plain.QnPlainForCausalLM"
-    )
+    prefix = "onboard_plugin_qwen3_next_style.qwen3_next_style"
+    assert data["vllm_model_class"] == f"{prefix}.Qwen3NextStyleForCausalLM"
     assert data["reference"].endswith("Qwen3NextForCausalLM")
+    (mtp,) = [c for c in data["checks"] if c["name"] == "spec-decode:mtp"]
+    drafter = mtp["metrics"]["drafter"]
+    assert drafter["draft_model_class"] == f"{prefix}_mtp.Qwen3NextStyleMTP"
+    assert mtp["metrics"]["num_drafts"] > 0
     # The check fails when the model file loads the norm weights as they are.
-    model_file = tmp_path / "gen" / "plugin" / "onboard_plugin_qn_plain" / "qn_plain.py"
+    model_file = package / "qwen3_next_style.py"
     text = model_file.read_text()
     assert "tensor = tensor - 1\n" in text
     model_file.write_text(text.replace("tensor = tensor - 1\n", "tensor = tensor\n"))

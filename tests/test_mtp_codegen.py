@@ -44,18 +44,22 @@ MTP_SPECS = [name for name in ALL if any_spec(name).mtp is not None]
 
 
 def mtp_file(name: str) -> str:
+    """The generated MTP draft (standalone: qwen3-next-style's default draft is
+    vLLM's Qwen3NextMTP, subclassed, tests/test_modular.py)."""
     spec = any_spec(name)
     package = f"plugin/onboard_plugin_{spec.module_name}"
-    return generate_files(spec)[f"{package}/{spec.module_name}_mtp.py"]
+    files = generate_files(spec, standalone=True)
+    return files[f"{package}/{spec.module_name}_mtp.py"]
 
 
 # ---- the generated file ---------------------------------------------------------
 
 
 def model_file(name: str) -> str:
+    """The generated model file the standalone MTP draft imports from."""
     spec = any_spec(name)
     package = f"plugin/onboard_plugin_{spec.module_name}"
-    return generate_files(spec)[f"{package}/{spec.module_name}.py"]
+    return generate_files(spec, standalone=True)[f"{package}/{spec.module_name}.py"]
 
 
 def mtp_block_call(source: str) -> ast.Call:
@@ -78,7 +82,7 @@ def test_mtp_file_shape(name):
     source = mtp_file(name)
     tree = ast.parse(source)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    draft = mtp_draft(spec)
+    draft = mtp_draft(spec, standalone=True)
     top = classes[draft.class_name]
     methods = {n.name for n in top.body if isinstance(n, ast.FunctionDef)}
     assert {"forward", "compute_logits", "load_weights", "embed_input_ids"} <= methods
@@ -167,7 +171,7 @@ def test_mtp_return_convention_follows_vllm_proposer(name):
     """vLLM unpacks (logits hidden, next-step hidden) only for some architecture
     names; the generated forward returns what vLLM expects for its name."""
     spec = any_spec(name)
-    draft = mtp_draft(spec)
+    draft = mtp_draft(spec, standalone=True)
     source = mtp_file(name)
     returns_tuple = "return hidden_states, self.shared_head(hidden_states)" in source
     assert returns_tuple == draft.returns_tuple

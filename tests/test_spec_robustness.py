@@ -23,6 +23,7 @@ import yaml
 
 from onboard.errors import InputError
 from onboard.spec import SpecError, load_spec, parse_spec_text
+from onboard.spec.bases import FAMILY_CLASSES
 from onboard.spec.hf import spec_from_hf_config, spec_from_hf_config_file
 from onboard.spec.loader import MAX_PROBLEMS
 from onboard.spec.module_tree import NN_MODULE_ATTRIBUTES
@@ -263,7 +264,7 @@ def test_generated_names_list_is_complete():
     for name in ALL:
         spec = any_spec(name)
         allowed = GENERATED_NAMES | generated_class_names(spec.architecture)
-        allowed |= {spec.architecture}
+        allowed |= {spec.architecture} | FAMILY_CLASSES
         for path, text in generate_files(spec).items():
             if not path.endswith(".py"):
                 continue

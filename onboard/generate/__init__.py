@@ -16,7 +16,7 @@ from pathlib import Path
 from onboard.errors import InputError
 from onboard.fsutil import atomic_directory
 from onboard.generate.context import build_context
-from onboard.generate.modular import render_modular
+from onboard.generate.modular import render_modular, render_modular_mtp
 from onboard.generate.plugin import plugin_files
 from onboard.reference import render_reference
 from onboard.spec.hf import find_base, transformers_knows
@@ -61,6 +61,9 @@ def render_mtp(spec: ModelSpec, standalone: bool = False) -> str | None:
     None where vLLM's own draft class serves the heads (a renamed family)."""
     if mtp_draft(spec, standalone).class_name is None:
         return None
+    match = None if standalone else find_base(spec)
+    if match is not None:
+        return render_modular_mtp(spec, match)
     context = build_context(spec, mtp=True)
     return render_python(
         "vllm/mtp.py.j2",

@@ -77,20 +77,86 @@ def renames(spec: ModelSpec, match: BaseMatch) -> list[Rename]:
     return rules
 
 
-def render_modular(spec: ModelSpec, match: BaseMatch) -> str:
-    """Source of the model file: vLLM's class of the family, renamed."""
-    base = match.base
-    context = {
+@dataclass(frozen=True)
+class HeadPath:
+    """Where the family's MTP draft reads one of a head's modules: the
+    checkpoint's path, an f-string body over ``n`` (the head's layer), and the
+    family's, or None for a tensor the draft takes from the model."""
+
+    source: str
+    target: str | None
+    role: str
+
+
+def head_paths(spec: ModelSpec, match: BaseMatch) -> list[HeadPath]:
+    """The renames of the MTP head into the family's draft's names, the head's
+    own modules before its block (WeightsMapper applies them in order)."""
+    out = []
+    for role, target in match.base.mtp_paths:
+        path = heads_prefix(spec) if not role else spec.tensor_path(role)
+        py_str(path.replace("{layer}", "0"))
+        out.append(
+            HeadPath(
+                path.replace("{layer}", "{n}") + ".", target and target + ".", role
+            )
+        )
+    return out
+
+
+def heads_prefix(spec: ModelSpec) -> str:
+    """The module path of the MTP heads' decoder layers ("model.layers.{layer}"):
+    onboard stores each head as decoder layer num_hidden_layers + its index."""
+    path = spec.tensor_path("input_norm")
+    return path.partition("{layer}")[0] + "{layer}"
+
+
+def _context(spec: ModelSpec, match: BaseMatch) -> dict:
+    mtp_paths = bool(spec.mtp is not None and match.base.mtp_paths)
+    return {
         "spec": spec,
-        "base": base,
+        "base": match.base,
         "renames": renames(spec, match),
         "conversions": conversions(spec, match),
         "config_class": f"{class_prefix(spec.architecture)}Config",
+        "mtp_class": f"{class_prefix(spec.architecture)}MTP",
+        # The model file skips the heads where the family's model would not.
+        "heads_prefix": heads_prefix(spec).replace("{layer}", "{n}")
+        if mtp_paths
+        else None,
     }
+
+
+def render_modular(spec: ModelSpec, match: BaseMatch) -> str:
+    """Source of the model file: vLLM's class of the family, renamed."""
+    base = match.base
     return render_python(
         "modular/vllm.py.j2",
-        context,
+        _context(spec, match),
         f"{spec.module_name}.py",
         body_template="modular/vllm_body.py.j2",
         local_imports={base.architecture: base.vllm_import},
+    )
+
+
+def render_modular_mtp(spec: ModelSpec, match: BaseMatch) -> str:
+    """Source of the MTP file: vLLM's draft of the family, reading this
+    checkpoint's heads (where the family's draft would not as it is)."""
+    from onboard.spec.mtp import mtp_draft, mtp_module_name
+
+    base = match.base
+    assert base.mtp_architecture is not None and base.mtp_module is not None
+    context = {
+        **_context(spec, match),
+        "draft": mtp_draft(spec),
+        "head_paths": head_paths(spec, match),
+    }
+    return render_python(
+        "modular/vllm_mtp.py.j2",
+        context,
+        f"{mtp_module_name(spec)}.py",
+        body_template="modular/vllm_mtp_body.py.j2",
+        local_imports={
+            base.mtp_architecture: f"vllm.model_executor.models.{base.mtp_module}",
+            f"as_{base.model_type}": f".{spec.module_name}",
+        },
     )

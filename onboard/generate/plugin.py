@@ -77,6 +77,12 @@ def plugin_files(
         "override_env": OVERRIDE_ENV,
         "base": base.base if base is not None else None,
         "renames": bool(base.renames) if base is not None else False,
+        "deltas": [
+            d.description.format(family=f"`{base.base.architecture}`")
+            for d in base.deltas
+        ]
+        if base is not None
+        else [],
         "vllm_series": vllm_series(),
     }
     files = {

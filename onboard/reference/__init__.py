@@ -83,8 +83,11 @@ def generate_hf_reference(
     return written
 
 
-def install_reference(spec: ModelSpec, checkpoint_dir: Path) -> list[Path]:
-    """Make ``checkpoint_dir`` load as the generated reference.
+def install_reference(
+    spec: ModelSpec, checkpoint_dir: Path, standalone: bool = False
+) -> list[Path]:
+    """Make ``checkpoint_dir`` load as the generated reference (``standalone``:
+    as :func:`render_reference`).
 
     Writes the two files next to the weights and adds ``auto_map`` (AutoConfig and
     AutoModelForCausalLM) to config.json, each file replaced atomically. Returns
@@ -106,7 +109,7 @@ def install_reference(spec: ModelSpec, checkpoint_dir: Path) -> list[Path]:
             f"{spec.name!r} says {spec.model_type!r}; the reference would not match "
             "this checkpoint"
         )
-    written = generate_hf_reference(spec, checkpoint_dir)
+    written = generate_hf_reference(spec, checkpoint_dir, standalone)
     config["auto_map"] = {**config.get("auto_map", {}), **auto_map(spec)}
     atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return [*written, config_path]

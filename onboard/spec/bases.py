@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from onboard.components.base import Delta
 from onboard.spec.model import ModelSpec
 
-__all__ = ["BASES", "Base", "BaseMatch", "Delta"]
+__all__ = ["BASES", "FAMILY_CLASSES", "Base", "BaseMatch", "Delta"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,17 @@ class Base:
     architecture: str  # the class vLLM registers (and transformers names)
     vllm_module: str  # under vllm.model_executor.models
     config_class: str  # transformers' config class
-    # The architecture vLLM drafts MTP heads of this family with, if any.
+    # The architecture vLLM drafts MTP heads of this family with, if any, and
+    # its module under vllm.model_executor.models.
     mtp_architecture: str | None = None
+    mtp_module: str | None = None
+    # Where that draft reads an MTP head, where not where onboard's spec stores
+    # it (DeepSeek-V3's layout, decoder layer num_hidden_layers + i): role ->
+    # the family's module path ("" for the head's decoder block, None for a
+    # tensor the draft takes from the model). Such a draft reads one head, and
+    # the generated draft subclasses it to rename the tensors; the family's
+    # config states no heads, so the proof is of the model without them.
+    mtp_paths: tuple[tuple[str, str | None], ...] = ()
     # vLLM's class has an hf_to_vllm_mapper of its own (for its checkpoints'
     # names), which a subclass's renames come before.
     mapper: bool = True
@@ -67,6 +76,7 @@ BASES: tuple[Base, ...] = (
         "deepseek_v2",
         "DeepseekV3Config",
         mtp_architecture="DeepSeekMTPModel",
+        mtp_module="deepseek_mtp",
         mapper=False,
     ),
     Base("gpt_oss", "GptOssForCausalLM", "gpt_oss", "GptOssConfig"),
@@ -76,7 +86,28 @@ BASES: tuple[Base, ...] = (
         "qwen3_next",
         "Qwen3NextConfig",
         mtp_architecture="Qwen3NextMTP",
+        mtp_module="qwen3_next_mtp",
+        # vllm/model_executor/models/qwen3_next_mtp.py: mtp.fc over
+        # [pre_fc_norm_embedding(embed), pre_fc_norm_hidden(hidden)], the block
+        # mtp.layers.0, then mtp.norm and the model's lm_head.
+        mtp_paths=(
+            ("mtp_enorm", "mtp.pre_fc_norm_embedding"),
+            ("mtp_hnorm", "mtp.pre_fc_norm_hidden"),
+            ("mtp_eh_proj", "mtp.fc"),
+            ("mtp_head_norm", "mtp.norm"),
+            ("mtp_head", None),
+            ("", "mtp.layers.0"),
+        ),
     ),
+)
+
+
+# The classes a modular file imports: no spec subclassing them may take their name.
+FAMILY_CLASSES = frozenset(
+    name
+    for base in BASES
+    for name in (base.architecture, base.config_class, base.mtp_architecture)
+    if name is not None
 )
 
 

@@ -36,7 +36,7 @@ from onboard.components.base import ConfigProblem, is_int
 from onboard.components.router import TOPK_METHODS as KNOWN_TOPK_METHODS
 from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
-from onboard.spec.bases import BASES, Base, BaseMatch, Delta
+from onboard.spec.bases import BASES, FAMILY_CLASSES, Base, BaseMatch, Delta
 from onboard.spec.config_aliases import ALIASES, family_aliases
 from onboard.spec.model import MLA_WHOLE_HEAD, ModelSpec, RopeScaling
 from onboard.spec.rules import check_rules
@@ -2164,6 +2164,8 @@ def _find_base(spec_json: str) -> BaseMatch | None:
         return None  # the family itself (or a type transformers already has)
     if spec.checkpoint.language_model_prefix is not None:
         return None
+    if spec.architecture in FAMILY_CLASSES:
+        return None  # its modular file would subclass its own name
     scaling = spec.rope.scaling
     if scaling is not None and scaling.type == "longrope":
         if scaling.attention_factor is not None or scaling.factor is not None:
@@ -2196,6 +2198,16 @@ def _match(spec: ModelSpec, base: Base, bridge: bool) -> BaseMatch | None:
         deltas = tuple(d for d in offered if d is not None)
         if not deltas:
             return None
+    heads = spec.mtp
+    if heads is not None and base.mtp_architecture is None:
+        return None
+    if heads is not None and base.mtp_paths:
+        # The family's draft reads one head, of the family's first layer's MLP
+        # (its block is the family's decoder layer at index 0).
+        if heads.num_heads != 1 or (heads.mlp == "moe") != spec.is_moe_layer(0):
+            return None
+        data["mtp"] = None
+        data["speculators"] = [s for s in data["speculators"] if s["method"] != "mtp"]
     stored = _family_checkpoint(FAMILIES[base.model_type], data)
     checkpoint = data["checkpoint"]
     # Stacked or fused tensors, their storage and the router bias's shape must be
@@ -2219,8 +2231,6 @@ def _match(spec: ModelSpec, base: Base, bridge: bool) -> BaseMatch | None:
             # The new type's config.json is that config (hf_config_from_spec).
             hf_config_from_spec(as_base)
     except (InputError, ValueError):
-        return None
-    if spec.mtp is not None and base.mtp_architecture is None:
         return None
     renames = {
         role: (spec.tensor_path(role), as_base.tensor_path(role))

@@ -67,13 +67,21 @@ def mtp_draft(spec: ModelSpec, standalone: bool = False) -> MTPDraft:
 
     prefix = class_prefix(spec.architecture)
     base = None if standalone else find_base(spec)
-    if base is not None and base.base.mtp_architecture is not None:
-        architecture = base.base.mtp_architecture
+    family_draft = base.base.mtp_architecture if base is not None else None
+    if base is not None and family_draft is not None:
+        if base.deltas or base.base.mtp_paths:
+            # A subclass of the family's draft that reads this checkpoint's heads.
+            return MTPDraft(
+                architecture=f"{prefix}MTPModel",
+                class_name=f"{prefix}MTP",
+                override=True,
+                returns_tuple=family_draft in TUPLE_ARCHITECTURES,
+            )
         return MTPDraft(
-            architecture=architecture,
+            architecture=family_draft,
             class_name=None,
             override=True,
-            returns_tuple=architecture in TUPLE_ARCHITECTURES,
+            returns_tuple=family_draft in TUPLE_ARCHITECTURES,
         )
     known = VLLM_MTP_ARCHITECTURES.get(spec.model_type)
     architecture = known or f"{prefix}MTPModel"
