@@ -210,10 +210,16 @@ def _figures(result) -> dict:
     return figures
 
 
-def run(spec_path: Path, work: Path, faults: list[str] | None = None) -> dict:
-    """The unmutated model's verdict and each applicable fault's."""
+def run(
+    spec_path: Path,
+    work: Path,
+    faults: list[str] | None = None,
+    standalone: bool = False,
+) -> dict:
+    """The unmutated model's verdict and each applicable fault's (``standalone``:
+    of the whole generated model where a modular file would be generated)."""
     from onboard.checkpoint.tiny import write_tiny_checkpoint
-    from onboard.generate import write_model_code
+    from onboard.generate import generate_files, write_trees
     from onboard.spec import load_spec
     from onboard.validate import validate
 
@@ -222,7 +228,7 @@ def run(spec_path: Path, work: Path, faults: list[str] | None = None) -> dict:
     tiny = ckpt / "spec.yaml"
     generated = work / "generated"
     shutil.rmtree(generated, ignore_errors=True)
-    write_model_code(load_spec(tiny), generated)
+    write_trees(generate_files(load_spec(tiny), standalone), generated)
 
     # Sparse MLA's indexer picks tokens only past its top-k, beyond the accuracy
     # check's prompts: its own check compares it on a longer context.
@@ -233,7 +239,8 @@ def run(spec_path: Path, work: Path, faults: list[str] | None = None) -> dict:
                           generated=gen, checks=checks)  # fmt: skip
         return {"passed": result.passed, **_figures(result)}
 
-    report = {"spec": spec_path.stem, "unmutated": verdict(generated, "unmutated")}
+    label = f"{spec_path.stem} (standalone)" if standalone else spec_path.stem
+    report = {"spec": label, "unmutated": verdict(generated, "unmutated")}
     report["faults"] = {}
     for fault in FAULTS:
         if faults and fault.name not in faults:
@@ -286,11 +293,16 @@ def main() -> None:
     ap.add_argument("--faults", help="comma-separated fault names (default: all)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/onboard-mutants"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--standalone",
+        action="store_true",
+        help="the whole generated model where a modular file would be generated",
+    )
     args = ap.parse_args()
     faults = args.faults.split(",") if args.faults else None
     reports = []
     for spec in args.specs:
-        reports.append(run(spec, args.work / spec.stem, faults))
+        reports.append(run(spec, args.work / spec.stem, faults, args.standalone))
         if args.json:
             args.json.write_text(json.dumps(reports, indent=1))
         print(table(reports[-1:]), flush=True)

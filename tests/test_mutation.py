@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import mutants  # noqa: E402
 
-from onboard.generate import write_model_code  # noqa: E402
+from onboard.generate import generate_files, write_trees  # noqa: E402
 from onboard.spec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,15 +42,27 @@ APPLICABLE = {
     # Modular: vLLM's Qwen3NextForCausalLM, its norm weights bridged at load.
     "qwen3-next-style": {"norm_bridge_dropped"},
 }
-MODULAR = {"qwen3-next-style"}  # its code is vLLM's: the faults below are not in it
+# Modular, whose code is vLLM's (the faults below are not in it), and the faults
+# of their standalone files (mutants.py --standalone).
+MODULAR = {"qwen3-next-style": {"linear_decay_negated"}}
 EVERY_MODEL = {"rope_layout", "softmax_scale", "norm_eps"}
-# (gpt-oss-style's experts fuse gate and up)
-GATE_UP = set(BUNDLED) - {"gpt-oss-style"} - MODULAR
+GATE_UP = set(BUNDLED) - {"gpt-oss-style"}  # (its experts fuse gate and up)
+CASES = [(name, False) for name in BUNDLED] + [(name, True) for name in MODULAR]
 
 
-@pytest.mark.parametrize("name", BUNDLED)
-def test_each_fault_applies_where_its_pattern_is_and_changes_one_line(name, tmp_path):
-    write_model_code(load_spec(ROOT / "model_specs" / f"{name}.yaml"), tmp_path)
+def expected_faults(name: str, standalone: bool) -> set[str]:
+    if name in MODULAR and not standalone:
+        return APPLICABLE[name]
+    out = EVERY_MODEL | (MODULAR[name] if name in MODULAR else APPLICABLE[name])
+    return out | ({"gate_up_swapped"} if name in GATE_UP else set())
+
+
+@pytest.mark.parametrize("name, standalone", CASES)
+def test_each_fault_applies_where_its_pattern_is_and_changes_one_line(
+    name, standalone, tmp_path
+):
+    spec = load_spec(ROOT / "model_specs" / f"{name}.yaml")
+    write_trees(generate_files(spec, standalone), tmp_path)
     text = mutants.model_file(tmp_path).read_text()
     applied = set()
     for fault in mutants.FAULTS:
@@ -67,10 +79,7 @@ def test_each_fault_applies_where_its_pattern_is_and_changes_one_line(name, tmp_
         # One line changed, or one added: a fault is one small mistake.
         assert len(changed) in (1, 2), (fault.name, changed)
         assert len([c for c in changed if c.startswith("+")]) == 1, fault.name
-    expected = (set() if name in MODULAR else EVERY_MODEL) | APPLICABLE[name]
-    if name in GATE_UP:
-        expected.add("gate_up_swapped")
-    assert applied == expected
+    assert applied == expected_faults(name, standalone)
 
 
 @pytest.mark.engine
@@ -90,11 +99,12 @@ def test_a_sample_of_faults_fails_validation_on_the_dense_model(tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.acceptance
-@pytest.mark.parametrize("name", BUNDLED)
-def test_every_fault_fails_validation(name, tmp_path):
-    report = mutants.run(ROOT / "model_specs" / f"{name}.yaml", tmp_path)
+@pytest.mark.parametrize("name, standalone", CASES)
+def test_every_fault_fails_validation(name, standalone, tmp_path):
+    spec = ROOT / "model_specs" / f"{name}.yaml"
+    report = mutants.run(spec, tmp_path, standalone=standalone)
     print("\n" + mutants.table([report]))
     assert report["unmutated"]["passed"], report["unmutated"]
-    assert len(report["faults"]) >= len(EVERY_MODEL)
+    assert set(report["faults"]) == expected_faults(name, standalone)
     for fault, result in report["faults"].items():
         assert not result["passed"] and result["status"] == "failed", (fault, result)
