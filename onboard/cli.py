@@ -194,8 +194,18 @@ def checkpoint_tiny(
     out.print(f"wrote tiny checkpoint to {path}")
 
 
+StandaloneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--standalone",
+        help="Write the whole model files even where the spec is a family vLLM "
+        "ships (by default such a spec's files subclass the family's classes).",
+    ),
+]
+
+
 @app.command("generate")
-def generate(spec: SpecArg, out_dir: OutOpt) -> None:
+def generate(spec: SpecArg, out_dir: OutOpt, standalone: StandaloneOpt = False) -> None:
     """Render the vLLM model file, its plugin and (new model types) the HF reference."""
     from onboard.fsutil import check_output_dir
     from onboard.pipeline.generate import generate_all
@@ -204,7 +214,7 @@ def generate(spec: SpecArg, out_dir: OutOpt) -> None:
     loaded = load_spec(spec)
     check_output_dir(out_dir)
     try:
-        written = generate_all(loaded, out_dir)
+        written = generate_all(loaded, out_dir, standalone)
     except OSError as exc:  # e.g. a full disk: the user's to fix
         raise InputError(
             f"{out_dir}: cannot write the generated files: {exc}"
@@ -422,6 +432,7 @@ def new_model(
             "tensor-parallel, speed)."
         ),
     ] = None,
+    standalone: StandaloneOpt = False,
 ) -> None:
     """Run the whole pipeline for a spec into OUT."""
     from onboard.pipeline import run_pipeline
@@ -436,6 +447,7 @@ def new_model(
         full=full,
         checks=chosen,
         console=out,
+        standalone=standalone,
     )
     if not ok:
         raise CheckFailed(

@@ -197,6 +197,39 @@ def test_the_bridged_model_file_loads_the_norm_weights_less_one():
     assert "scale by 1 + weight, which `load_weights` bridges" in pr_md
 
 
+def test_generate_standalone_writes_the_whole_files_and_says_so(tmp_path):
+    """`onboard generate --standalone`: the whole model and MTP files of a spec
+    that has modular ones, a PR.md that says so, and `pr describe` keeps it."""
+    from typer.testing import CliRunner
+
+    from onboard.cli import app
+
+    spec_path = ROOT / "model_specs" / "qwen3-next-style.yaml"
+    files = {}
+    for flag in ([], ["--standalone"]):
+        out = tmp_path / ("whole" if flag else "modular")
+        result = CliRunner().invoke(
+            app, ["generate", str(spec_path), "--out", str(out), *flag]
+        )
+        assert result.exit_code == 0, result.output
+        package = out / "plugin" / "onboard_plugin_qwen3_next_style"
+        files[bool(flag)] = (package / "qwen3_next_style.py").read_text()
+    spec = bundled("qwen3-next-style")
+    assert files[True] == render_model(spec, standalone=True)
+    assert files[False] == render_model(spec)
+    for _ in range(2):  # as generated, then as `pr describe` rewrites it
+        whole = (tmp_path / "whole" / "vllm-pr" / "PR.md").read_text()
+        modular = (tmp_path / "modular" / "vllm-pr" / "PR.md").read_text()
+        assert "written the way vLLM's own models are" in whole
+        assert "subclasses vLLM's `Qwen3NextForCausalLM`" in modular
+        for out in ("whole", "modular"):
+            result = CliRunner().invoke(
+                app,
+                ["pr", "describe", str(tmp_path / out), "--spec", str(spec_path)],
+            )
+            assert result.exit_code == 0, result.output
+
+
 def test_one_bundled_spec_is_a_family_across_a_bridge():
     """qwen3-next-style is Qwen3-Next across the norms' bridge; every other
     bundled spec with a new model type differs from each family vLLM ships in

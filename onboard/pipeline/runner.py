@@ -28,6 +28,8 @@ class Context:
     console: Console
     # The validate stage's checks (None: checks_for_spec, everything the spec lists).
     checks: list[str] | None = None
+    # The whole model files even where the spec is a family vLLM ships.
+    standalone: bool = False
 
     @property
     def generated(self) -> Path:
@@ -68,7 +70,7 @@ class Stage:
 def _stage_generate(ctx: Context) -> None:
     from onboard.pipeline.generate import generate_all
 
-    generate_all(ctx.spec, ctx.generated)
+    generate_all(ctx.spec, ctx.generated, ctx.standalone)
 
 
 def _stage_checkpoint(ctx: Context) -> None:
@@ -186,6 +188,7 @@ def _fingerprint(ctx: Context, stage: Stage, done: dict[str, str]) -> str:
         "stage": stage.name,
         "spec": dump_spec(ctx.spec),
         "full": ctx.full,
+        "standalone": ctx.standalone,
         "reads": {name: done.get(name, "") for name in stage.reads},
         **stage.extra_inputs(ctx),
     }
@@ -201,6 +204,7 @@ def run_pipeline(
     full: bool = False,
     checks: list[str] | None = None,
     console: Console | None = None,
+    standalone: bool = False,
 ) -> bool:
     """Run the selected (default: all available) stages; False if a check failed."""
     console = console or Console()
@@ -224,7 +228,14 @@ def run_pipeline(
         from onboard.validate.harness import parse_checks
 
         checks = parse_checks(",".join(checks))  # bad names: exit 2 before any work
-    ctx = Context(spec=spec, out=out, full=full, console=console, checks=checks)
+    ctx = Context(
+        spec=spec,
+        out=out,
+        full=full,
+        console=console,
+        checks=checks,
+        standalone=standalone,
+    )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "spec.yaml", dump_spec(spec))
     state_dir = out / ".onboard"

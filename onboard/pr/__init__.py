@@ -36,11 +36,15 @@ __all__ = ["PINNED_VLLM", "TREE", "pr_tree_files", "write_pr_md"]
 
 
 def pr_tree_files(
-    spec: ModelSpec, generated: dict[str, str], out_dir: Path | None = None
+    spec: ModelSpec,
+    generated: dict[str, str],
+    out_dir: Path | None = None,
+    standalone: bool = False,
 ) -> dict[str, str]:
     """``vllm-pr/...`` path -> text. ``generated`` is generate_files' output (the
-    plugin's rendered model is consumed from it); ``out_dir`` is where a previous
-    validation.json may be found for PR.md."""
+    plugin's rendered model is consumed from it; ``standalone`` as it was asked
+    for); ``out_dir`` is where a previous validation.json may be found for
+    PR.md."""
     from onboard.pr.describe import latest_validation, render_pr_md
 
     plugin = {
@@ -74,7 +78,9 @@ def pr_tree_files(
         + "\n"
     )
     validation = latest_validation(Path(out_dir)) if out_dir is not None else None
-    files[f"{TREE}/PR.md"] = render_pr_md(spec, plan, validation, _notes(spec, root))
+    files[f"{TREE}/PR.md"] = render_pr_md(
+        spec, plan, validation, _notes(spec, root), standalone
+    )
     return dict(sorted(files.items()))
 
 
@@ -104,10 +110,11 @@ def write_pr_md(
     generated: dict[str, str],
     gen_dir: Path,
     validation: Path | None,
+    standalone: bool = False,
 ) -> Path:
     """Rewrite GEN_DIR/vllm-pr/PR.md, quoting ``validation`` (default: the latest
     validation.json found next to GEN_DIR). ``generated`` is generate_files'
-    output for ``spec``."""
+    output for ``spec`` (``standalone`` as it was asked for)."""
     from onboard.fsutil import atomic_write_text
     from onboard.pr.describe import latest_validation, render_pr_md
 
@@ -124,5 +131,5 @@ def write_pr_md(
     }
     plan = pr_changes(spec, plugin)
     notes = _notes(spec, installed_vllm_root())
-    atomic_write_text(target, render_pr_md(spec, plan, validation, notes))
+    atomic_write_text(target, render_pr_md(spec, plan, validation, notes, standalone))
     return target
