@@ -12,13 +12,14 @@ inside the generated config class (its ``__post_init__`` derives fields).
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 from generate_variants import BUNDLED, any_spec
 
 from onboard.generate import generate_files
-from onboard.spec.hf import FAMILIES, IGNORED, hf_config_from_spec
+from onboard.spec.hf import FAMILIES, IGNORED, find_base, hf_config_from_spec
 
 # Keys that do not change what the generated code computes, and why.
 METADATA: dict[str, str] = {
@@ -165,7 +166,9 @@ def _unread(name: str) -> dict[str, list[str]]:
         # One group of all experts, for vLLM's in-tree DeepSeek MoE (which always
         # routes grouped); the generated model routes without groups.
         written -= {"n_group", "topk_group"}
-    files = generate_files(spec)
+    # The whole files: a modular spec's config.json holds its family's keys
+    # beside the canonical ones the whole files read (onboard.spec.bases).
+    files = generate_files(spec, standalone=True)
     vllm = {
         p: t for p, t in files.items() if p.startswith("plugin/") and p.endswith(".py")
     }
@@ -195,11 +198,32 @@ def _unread(name: str) -> dict[str, list[str]]:
         # vLLM's own Gated DeltaNet layer reads its sizes from the config the
         # generated model hands it.
         vllm_reads |= _gdn_layer_reads()
+    hf_reads = set().union(*map(_reads, hf.values()))
+    match = find_base(spec)
+    if match is not None:
+        # ... and the family's own keys, as its published configs have them:
+        # read where vLLM's or transformers' class of the family reads them.
+        base = match.base
+        family_reads = _source_reads(base.vllm_import)
+        if base.mtp_module:
+            family_reads |= _source_reads(
+                f"vllm.model_executor.models.{base.mtp_module}"
+            )
+        t = base.model_type
+        family_reads |= _source_reads(f"transformers.models.{t}.modeling_{t}")
+        family_keys = set(hf_config_from_spec(match.as_base)) & family_reads
+        vllm_written -= family_keys
+        written -= family_keys
     unread = {"vllm": sorted(vllm_written - vllm_reads)}
     if hf:
         hf_written = written - set(NOT_READ_BY["hf"])
-        unread["hf"] = sorted(hf_written - set().union(*map(_reads, hf.values())))
+        unread["hf"] = sorted(hf_written - hf_reads)
     return unread
+
+
+def _source_reads(module: str) -> set[str]:
+    """Config attributes a module of vLLM or transformers reads (its source)."""
+    return _reads(Path(importlib.import_module(module).__file__).read_text())
 
 
 # The bundled specs, and Gemma's parts (its softmax scale and soft-caps are keys).

@@ -213,10 +213,17 @@ def test_generate_standalone_writes_the_whole_files_and_says_so(tmp_path):
         )
         assert result.exit_code == 0, result.output
         package = out / "plugin" / "onboard_plugin_qwen3_next_style"
-        files[bool(flag)] = (package / "qwen3_next_style.py").read_text()
+        files[bool(flag)] = (
+            (package / "qwen3_next_style.py").read_text(),
+            (out / "hf" / "modeling_qwen3_next_style.py").read_text(),
+        )
     spec = bundled("qwen3-next-style")
-    assert files[True] == render_model(spec, standalone=True)
-    assert files[False] == render_model(spec)
+    modeling = "modeling_qwen3_next_style.py"
+    assert files[True] == (
+        render_model(spec, standalone=True),
+        render_reference(spec, standalone=True)[modeling],
+    )
+    assert files[False] == (render_model(spec), render_reference(spec)[modeling])
     for _ in range(2):  # as generated, then as `pr describe` rewrites it
         whole = (tmp_path / "whole" / "vllm-pr" / "PR.md").read_text()
         modular = (tmp_path / "modular" / "vllm-pr" / "PR.md").read_text()

@@ -88,7 +88,7 @@ def generate_files(spec: ModelSpec, standalone: bool = False) -> dict[str, str]:
     }
     if not transformers_knows(spec.model_type):
         try:
-            reference = render_reference(spec)
+            reference = render_reference(spec, standalone)
         except InputError as exc:
             # The vLLM model can still be generated; validation then reports that
             # no reference exists, with this reason.
