@@ -87,7 +87,7 @@ def test_every_base_is_what_the_installed_vllm_and_transformers_register():
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[base.model_type] == base.architecture
         if base.mtp_architecture is not None:
             module, name = _SPECULATIVE_DECODING_MODELS[base.mtp_architecture]
-            assert module == base.mtp_module, base
+            assert (module, name) == (base.mtp_module, base.mtp_class), base
             draft = getattr(
                 importlib.import_module(f"vllm.model_executor.models.{module}"), name
             )

@@ -12,8 +12,9 @@ from onboard.generate.context import (
     check_renames,
     rename_rule,
 )
-from onboard.spec.bases import BaseMatch
+from onboard.spec.bases import BaseMatch, bridged
 from onboard.spec.model import ModelSpec, class_prefix
+from onboard.spec.mtp import mtp_draft
 from onboard.templating import py_str, render_python
 
 
@@ -45,14 +46,8 @@ def tensor_pattern(spec: ModelSpec, roles: list[str]) -> str:
 
 def conversions(spec: ModelSpec, match: BaseMatch) -> list[Conversion]:
     """The deltas of ``match`` over the tensors ``spec``'s checkpoint has."""
-    from onboard.spec.module_tree import used_roles
-
-    used = used_roles(spec)
     out = []
-    for delta in match.deltas:
-        roles = [r for r in delta.roles if r in used]
-        if not roles:
-            continue
+    for delta, roles in bridged(spec, match):
         comment = delta.description.format(family=match.base.architecture)
         out.append(
             Conversion(
@@ -118,7 +113,8 @@ def _context(spec: ModelSpec, match: BaseMatch) -> dict:
         "renames": renames(spec, match),
         "conversions": conversions(spec, match),
         "config_class": f"{class_prefix(spec.architecture)}Config",
-        "mtp_class": f"{class_prefix(spec.architecture)}MTP",
+        # The MTP heads' draft (its class: where the model file names it).
+        "draft": mtp_draft(spec) if spec.mtp is not None else None,
         # The model file skips the heads where the family's model would not.
         "heads_prefix": heads_prefix(spec).replace("{layer}", "{n}")
         if mtp_paths
@@ -141,22 +137,18 @@ def render_modular(spec: ModelSpec, match: BaseMatch) -> str:
 def render_modular_mtp(spec: ModelSpec, match: BaseMatch) -> str:
     """Source of the MTP file: vLLM's draft of the family, reading this
     checkpoint's heads (where the family's draft would not as it is)."""
-    from onboard.spec.mtp import mtp_draft, mtp_module_name
+    from onboard.spec.mtp import mtp_module_name
 
     base = match.base
-    assert base.mtp_architecture is not None and base.mtp_module is not None
-    context = {
-        **_context(spec, match),
-        "draft": mtp_draft(spec),
-        "head_paths": head_paths(spec, match),
-    }
+    assert base.mtp_class is not None and base.mtp_module is not None
+    context = {**_context(spec, match), "head_paths": head_paths(spec, match)}
     return render_python(
         "modular/vllm_mtp.py.j2",
         context,
         f"{mtp_module_name(spec)}.py",
         body_template="modular/vllm_mtp_body.py.j2",
         local_imports={
-            base.mtp_architecture: f"vllm.model_executor.models.{base.mtp_module}",
+            base.mtp_class: f"vllm.model_executor.models.{base.mtp_module}",
             f"as_{base.model_type}": f".{spec.module_name}",
         },
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from onboard.spec.bases import BaseMatch
+from onboard.spec.bases import BaseMatch, bridged
 from onboard.spec.layouts import PARAM_ROLES
 from onboard.spec.model import ModelSpec, class_prefix
 from onboard.templating import py_str
@@ -59,20 +59,16 @@ class Shifted:
 def shifted(spec: ModelSpec, match: BaseMatch) -> list[Shifted]:
     """The tensors the deltas of ``match`` convert, one converter per role the
     checkpoint has (transformers' patterns carry no alternation)."""
-    from onboard.spec.module_tree import used_roles
-
-    used = used_roles(spec)
     out = []
-    for delta in match.deltas:
-        for role in delta.roles:
-            if role in used:
-                path = spec.tensor_path(role)
-                py_str(path.replace("{layer}", "0"))
-                # A layer's tensor by its path within the layer: transformers
-                # converts what a pattern matches under one prefix together
-                # (a "*" would gather every layer's into one conversion).
-                within = path.partition("{layer}.")[2] or path
-                out.append(Shifted(f"{within}.weight", delta.shift))
+    for delta, roles in bridged(spec, match):
+        for role in roles:
+            path = spec.tensor_path(role)
+            py_str(path.replace("{layer}", "0"))
+            # A layer's tensor by its path within the layer: transformers
+            # converts what a pattern matches under one prefix together (a "*"
+            # would gather every layer's into one conversion).
+            within = path.partition("{layer}.")[2] or path
+            out.append(Shifted(f"{within}.weight", delta.shift))
     return out
 
 

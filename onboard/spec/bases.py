@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from onboard.components.base import Delta
 from onboard.spec.model import ModelSpec
 
-__all__ = ["BASES", "FAMILY_CLASSES", "Base", "BaseMatch", "Delta"]
+__all__ = ["BASES", "FAMILY_CLASSES", "Base", "BaseMatch", "Delta", "bridged"]
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,11 @@ class Base:
     vllm_module: str  # under vllm.model_executor.models
     config_class: str  # transformers' config class
     # The architecture vLLM drafts MTP heads of this family with, if any, and
-    # its module under vllm.model_executor.models.
+    # the module (under vllm.model_executor.models) and class its registry maps
+    # that architecture to (which a generated draft subclasses).
     mtp_architecture: str | None = None
     mtp_module: str | None = None
+    mtp_class: str | None = None
     # Where that draft reads an MTP head, where not where onboard's spec stores
     # it (DeepSeek-V3's layout, decoder layer num_hidden_layers + i): role ->
     # the family's module path ("" for the head's decoder block, None for a
@@ -77,6 +79,7 @@ BASES: tuple[Base, ...] = (
         "DeepseekV3Config",
         mtp_architecture="DeepSeekMTPModel",
         mtp_module="deepseek_mtp",
+        mtp_class="DeepSeekMTP",
         mapper=False,
     ),
     Base("gpt_oss", "GptOssForCausalLM", "gpt_oss", "GptOssConfig"),
@@ -87,6 +90,7 @@ BASES: tuple[Base, ...] = (
         "Qwen3NextConfig",
         mtp_architecture="Qwen3NextMTP",
         mtp_module="qwen3_next_mtp",
+        mtp_class="Qwen3NextMTP",
         # vllm/model_executor/models/qwen3_next_mtp.py: mtp.fc over
         # [pre_fc_norm_embedding(embed), pre_fc_norm_hidden(hidden)], the block
         # mtp.layers.0, then mtp.norm and the model's lm_head.
@@ -124,3 +128,17 @@ class BaseMatch:
     renames: dict[str, tuple[str, str]]
     # The components bridged at load (empty for a family under a new name).
     deltas: tuple[Delta, ...] = ()
+
+
+def bridged(spec: ModelSpec, match: BaseMatch) -> list[tuple[Delta, list[str]]]:
+    """Each delta of ``match`` with the roles it converts that ``spec``'s
+    checkpoint has (none: left out)."""
+    from onboard.spec.module_tree import used_roles
+
+    used = used_roles(spec)
+    out = []
+    for delta in match.deltas:
+        roles = [role for role in delta.roles if role in used]
+        if roles:
+            out.append((delta, roles))
+    return out

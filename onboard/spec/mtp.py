@@ -69,17 +69,12 @@ def mtp_draft(spec: ModelSpec, standalone: bool = False) -> MTPDraft:
     base = None if standalone else find_base(spec)
     family_draft = base.base.mtp_architecture if base is not None else None
     if base is not None and family_draft is not None:
-        if base.deltas or base.base.mtp_paths:
-            # A subclass of the family's draft that reads this checkpoint's heads.
-            return MTPDraft(
-                architecture=f"{prefix}MTPModel",
-                class_name=f"{prefix}MTP",
-                override=True,
-                returns_tuple=family_draft in TUPLE_ARCHITECTURES,
-            )
+        # A subclass of the family's draft where it would not read this
+        # checkpoint's heads as they are; else the family's draft itself.
+        own = bool(base.deltas or base.base.mtp_paths)
         return MTPDraft(
-            architecture=family_draft,
-            class_name=None,
+            architecture=f"{prefix}MTPModel" if own else family_draft,
+            class_name=f"{prefix}MTP" if own else None,
             override=True,
             returns_tuple=family_draft in TUPLE_ARCHITECTURES,
         )
