@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from onboard.arch import build_plan
+from onboard.components.linear_attention import KDA_ROLES as KIMI_DELTA_ROLES
 from onboard.generate import render_model
 from onboard.spec import load_spec
-from onboard.spec.layouts import KIMI_DELTA_ROLES, LAYOUT_PRESETS, PARAM_ROLES
+from onboard.spec.layouts import LAYOUT_PRESETS, PARAM_ROLES
 from onboard.spec.loader import SpecError, parse_spec_text
 from onboard.targets.cpu_kernels import cpu_speculation_limit
 

@@ -708,3 +708,22 @@ def test_every_matrix_is_in_a_group_of_its_own_kind(path):
     )
     norms = weight_report(spec, "bf16").groups["norms"]
     assert 0 < norms.params <= one_d, (norms.params, one_d)
+
+
+def test_split_linear_attention_is_split_over_the_ranks():
+    """Qwen3.5's split projections (in_proj_qkv, _z, _b, _a) and A_log/dt_bias
+    are split over the tensor-parallel ranks, as vLLM's Gated DeltaNet layer
+    splits them (the linear-attention component's roles say so): none is
+    counted among the replicated norms."""
+    from onboard.arch.tensors import plan_tensors
+    from tests.generate_variants import variant
+
+    spec = variant("var-hybrid-split")
+    mixer = [
+        math.prod(t.shape)
+        for t in plan_tensors(spec)
+        if ".linear_attn." in t.name and ".linear_attn.out_norm." not in t.name
+    ]
+    group = weight_report(spec, "bf16").groups["linear attention"]
+    assert group.shard == "tp"
+    assert group.params == sum(mixer) > 0

@@ -41,9 +41,10 @@ from hypothesis import strategies as st
 from test_spec_properties import to_yaml, valid_spec_data
 
 from onboard.components.indexer import COMPONENT as INDEXER
+from onboard.components.linear_attention import KDA_ROLES as KIMI_DELTA_ROLES
 from onboard.errors import InputError
 from onboard.spec import SpecError, parse_spec_text
-from onboard.spec.layouts import KIMI_DELTA_ROLES, LAYOUT_PRESETS
+from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.rules import GENERATED_NAMES
 from onboard.threads import one_thread
 

@@ -24,18 +24,19 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
+from onboard.components import linear_attention, present, residual_stream, router
 from onboard.components import norms as norms_component
-from onboard.components import present, residual_stream, router
 from onboard.components.indexer import LightningIndexer
 from onboard.components.kv_sharing import KVSource
+from onboard.components.linear_attention import (
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    LinearMixer,
+)
 from onboard.components.norms import Norms
 from onboard.components.residual_stream import ResidualStream
 from onboard.components.router import Router
-from onboard.spec.layouts import (
-    KIMI_DELTA_ROLES,
-    LAYOUT_PRESETS,
-    linear_attention_roles,
-)
+from onboard.spec.layouts import LAYOUT_PRESETS
 from onboard.spec.model import ModelSpec, RopeScaling
 from onboard.spec.module_tree import (
     gpt_oss_experts,
@@ -137,129 +138,6 @@ class Attention:
         return self.window is not None
 
 
-@dataclass(frozen=True)
-class LinearStateShapes:
-    """The recurrent state one sequence keeps in one linear-attention layer, in
-    vLLM's layout: the convolution's last inputs and the per-head state."""
-
-    conv: tuple[int, int]  # (channels, kernel - 1 + speculative tokens)
-    recurrent: tuple[int, ...]
-
-    def bytes(self, conv_dtype_bytes: int, state_dtype_bytes: int) -> int:
-        conv = self.conv[0] * self.conv[1] * conv_dtype_bytes
-        recurrent = 1
-        for n in self.recurrent:
-            recurrent *= n
-        return conv + recurrent * state_dtype_bytes
-
-
-class _Recurrent:
-    """What a linear-attention mixer shares: a recurrent state per sequence
-    instead of a KV cache, and none of softmax attention's per-layer features."""
-
-    linear = True
-    window = None
-    kv_source = None
-    rope = False
-    conv_dim: int  # channels of the short convolution(s)
-    conv_kernel_size: int
-
-    @property
-    def sliding(self) -> bool:
-        return False
-
-    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
-        """One sequence's recurrent state on one tensor-parallel rank."""
-        raise NotImplementedError
-
-    def state_shapes(self, tp: int = 1, num_speculative: int = 0) -> LinearStateShapes:
-        """Per sequence and tensor-parallel rank, as vLLM allocates it
-        (MambaStateShapeCalculator): speculative decoding widens the
-        convolution state by the draft tokens."""
-        return LinearStateShapes(
-            conv=(self.conv_dim // tp, self.conv_kernel_size - 1 + num_speculative),
-            recurrent=self.recurrent_shape(tp),
-        )
-
-
-@dataclass(frozen=True)
-class GatedDeltaNet(_Recurrent):
-    """Gated DeltaNet (Qwen3-Next's linear attention): a short causal convolution
-    over q, k and v, then the gated delta rule over one recurrent state per value
-    head. It caches no K/V: each sequence keeps the convolution's last inputs and
-    the states, whatever its length."""
-
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel_size: int
-    projections: Literal["grouped", "split"]  # checkpoint layout of the projections
-    state_dtype: Literal["float32", "bfloat16"]
-
-    kind = "gated_deltanet"
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the convolution: q, k and v."""
-        return 2 * self.key_dim + self.value_dim
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles (as its projections are stored)."""
-        return linear_attention_roles(self.kind, self.projections)
-
-    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
-        # gated_delta_net_state_shape: [value heads, value dim, key dim].
-        return (self.num_value_heads // tp, self.value_head_dim, self.key_head_dim)
-
-
-@dataclass(frozen=True)
-class KimiDeltaAttention(_Recurrent):
-    """Kimi delta attention (Kimi Linear's linear attention): Gated DeltaNet's
-    delta rule with one decay per key channel instead of per head, from a low-rank
-    forget gate; q, k and v have a short causal convolution each, and the output
-    passes a gated norm with a low-rank sigmoid gate. One recurrent state per head,
-    no K/V cache."""
-
-    num_heads: int
-    head_dim: int
-    conv_kernel_size: int
-    state_dtype: Literal["float32", "bfloat16"]
-
-    kind = "kimi_delta"
-
-    @property
-    def projection_dim(self) -> int:
-        """Rows of each of the q, k and v projections (and their convolutions)."""
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the three convolutions together: q, k and v."""
-        return 3 * self.projection_dim
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles."""
-        return KIMI_DELTA_ROLES
-
-    def recurrent_shape(self, tp: int) -> tuple[int, ...]:
-        # kda_state_shape: one convolution state for q, k and v together, and a
-        # [head_dim, head_dim] state per head.
-        return (self.num_heads // tp, self.head_dim, self.head_dim)
-
-
-# The token mixers a layer can have (more kinds join this union).
-LinearMixer = GatedDeltaNet | KimiDeltaAttention
 Mixer = Attention | LinearMixer
 
 
@@ -556,7 +434,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
         assert chosen is not None, "spec rules guarantee the MLP a layer needs"
         return chosen
 
-    linear = _linear_attention(spec)
+    linear = linear_attention.COMPONENT.plan(spec, None)
 
     def mixer(i: int) -> Mixer:
         if types[i] == "linear_attention":
@@ -643,28 +521,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
             latent_norm_eps=mla.latent_norm_eps,
         ),
         llama_4_scaling=att.llama_4_scaling is not None,
-    )
-
-
-def _linear_attention(spec: ModelSpec) -> LinearMixer | None:
-    lin = spec.linear_attention
-    if lin is None:
-        return None
-    if lin.type == "kimi_delta":
-        return KimiDeltaAttention(
-            num_heads=lin.num_key_heads,
-            head_dim=lin.key_head_dim,
-            conv_kernel_size=lin.conv_kernel_size,
-            state_dtype=lin.state_dtype,
-        )
-    return GatedDeltaNet(
-        num_key_heads=lin.num_key_heads,
-        num_value_heads=lin.num_value_heads,
-        key_head_dim=lin.key_head_dim,
-        value_head_dim=lin.value_head_dim,
-        conv_kernel_size=lin.conv_kernel_size,
-        projections=lin.projections,
-        state_dtype=lin.state_dtype,
     )
 
 

@@ -13,13 +13,11 @@ from dataclasses import replace
 from onboard import components
 from onboard.arch.plan import (
     DenseMLP,
-    GatedDeltaNet,
-    KimiDeltaAttention,
     Layer,
     MoEMLP,
     build_plan,
 )
-from onboard.components import TensorPlan
+from onboard.components import TensorPlan, linear_attention
 from onboard.spec.layouts import gpt_oss_param
 from onboard.spec.model import ModelSpec
 
@@ -118,10 +116,8 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
 
     stream = block.stream
     norm(stream.at("attention_input"), h)  # parallel: the one both read
-    if isinstance(att, GatedDeltaNet):
-        _linear_attention_tensors(att, h, add, linear)
-    elif isinstance(att, KimiDeltaAttention):
-        _kimi_delta_tensors(att, h, add, linear)
+    if att.linear:
+        out += linear_attention.COMPONENT.tensors(spec, block)
     elif att.mla is not None:
         mla = att.mla
         assert mla is not None
@@ -153,7 +149,7 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
             linear("v_proj", kv * hd, h, att.qkv_bias)
         linear("o_proj", h, att.num_heads * hd, att.o_bias)
     if not att.linear:
-        for component in components.present(spec):
+        for component in components.present(spec, "attention"):
             out += component.tensors(spec, block)
     norm(stream.at("attention_output"), h)
     norm(stream.at("mlp_input"), h)
@@ -171,49 +167,6 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
         _moe_tensors(m, h, add, linear)
     norm(stream.at("mlp_output"), h)
     return out
-
-
-def _linear_attention_tensors(
-    m: GatedDeltaNet, h: int, add: Callable[..., None], linear: Callable[..., None]
-) -> None:
-    """A Gated DeltaNet layer's tensors, made with _block's helpers: A_log and
-    dt_bias, one value per value head, are parameters of the mixer module."""
-    heads = m.num_value_heads
-    if m.projections == "grouped":
-        linear("linear_in_proj_qkvz", 2 * m.key_dim + 2 * m.value_dim, h)
-        linear("linear_in_proj_ba", 2 * heads, h)
-    else:
-        linear("linear_in_proj_qkv", m.conv_dim, h)
-        linear("linear_in_proj_z", m.value_dim, h)
-        linear("linear_in_proj_b", heads, h)
-        linear("linear_in_proj_a", heads, h)
-    add("linear_conv1d", (m.conv_dim, 1, m.conv_kernel_size), "conv")
-    add("linear_attn", (heads,), "a_log", suffix="A_log")
-    add("linear_attn", (heads,), "ones", suffix="dt_bias")
-    add("linear_norm", (m.value_head_dim,), "ones")
-    linear("linear_out_proj", h, m.value_dim)
-
-
-def _kimi_delta_tensors(
-    m: KimiDeltaAttention, h: int, add: Callable[..., None], linear: Callable[..., None]
-) -> None:
-    """A Kimi delta attention layer's tensors, made with _block's helpers: A_log
-    (one per head, stored [1, 1, heads, 1] as Kimi Linear does) and dt_bias (one
-    per key channel) are parameters of the mixer module."""
-    dim, rank = m.projection_dim, m.head_dim
-    for p in ("q", "k", "v"):
-        linear(f"kda_{p}_proj", dim, h)
-    for p in ("q", "k", "v"):
-        add(f"kda_{p}_conv1d", (dim, 1, m.conv_kernel_size), "conv")
-    add("kda_attn", (1, 1, m.num_heads, 1), "a_log", suffix="A_log")
-    add("kda_attn", (dim,), "ones", suffix="dt_bias")
-    linear("kda_f_a_proj", rank, h)
-    linear("kda_f_b_proj", dim, rank)
-    linear("kda_b_proj", m.num_heads, h)
-    linear("kda_g_a_proj", rank, h)
-    linear("kda_g_b_proj", dim, rank)
-    add("kda_o_norm", (m.head_dim,), "ones")
-    linear("kda_o_proj", h, dim)
 
 
 def _norm_init(spec: ModelSpec, init: str) -> str:

@@ -24,8 +24,8 @@ import numpy as np
 
 from onboard.checkpoint.preflight_report import PreflightRun, examples
 from onboard.checkpoint.preflight_spec import abstract, describe, split_name
+from onboard.components.linear_attention import MIXER_ROLE
 from onboard.safetensors_header import HeaderError, read_header
-from onboard.spec.layouts import LINEAR_MIXER_ROLE
 
 # Parameters beside the mixer's own that would carry the time-step bias again.
 _SECOND_DT_BIAS = ("in_proj_ba.bias", "in_proj_a.bias", "dt_proj.bias")
@@ -39,7 +39,7 @@ def check_linear_attention(
     plan = run.plan
     if plan.linear is None:
         return missing, unexpected
-    mixer_role = LINEAR_MIXER_ROLE[plan.linear.kind]
+    mixer_role = MIXER_ROLE[plan.linear.kind]
     mixers = {
         plan.tensors.checkpoint_name(mixer_role, layer=layer.index)
         for layer in plan.layers

@@ -16,17 +16,14 @@ from dataclasses import dataclass, field
 from onboard.checkpoint.preflight_ct import FLOATS, CTConfig, ct_tensors
 from onboard.checkpoint.preflight_report import Expect, PreflightRun, examples
 from onboard.checkpoint.preflight_spec import abstract, describe
-from onboard.spec.layouts import COMPONENT_KEPT, LINEAR_ATTENTION_KEPT
+from onboard.spec.layouts import COMPONENT_KEPT
 from onboard.spec.layouts import LINEAR_ROLES as DECODER_LINEAR_ROLES
 
 # Roles vLLM builds as Linear layers (LinearBase): what a compressed-tensors
 # "Linear" target quantizes: the decoder's Linear roles plus the Linear layers the
 # quantizer keeps in 16 bits (without lm_head, which vLLM builds as ParallelLMHead).
 LINEAR_ROLES = frozenset(
-    DECODER_LINEAR_ROLES
-    + ("router", "shared_expert_gate")
-    + LINEAR_ATTENTION_KEPT
-    + COMPONENT_KEPT
+    DECODER_LINEAR_ROLES + ("router", "shared_expert_gate") + COMPONENT_KEPT
 )
 # Vocabulary-sized layers vLLM builds unquantized whatever the config says.
 HEAD_ROLES = frozenset({"embed", "lm_head", "mtp_head"})

@@ -11,13 +11,11 @@ from functools import cache
 from typing import Any
 
 from onboard import components
-from onboard.arch import ArchPlan, KimiDeltaAttention
+from onboard.arch import ArchPlan
 from onboard.components.qk_norm import QkNorm
 from onboard.spec.layouts import (
     EXPERT_ROLES,
     FUSED_ROLES,
-    LINEAR_ATTENTION_COMMON,
-    LINEAR_ATTENTION_ROLES,
     ROLES,
     STACKED_EXPERT_ROLES,
     gpt_oss_param,
@@ -180,20 +178,11 @@ def role_hint(
             '"topk_method": "noaux_tc" in config.json',
             ["mlp.moe.router.bias_correction"],
         )
-    if role in LINEAR_ATTENTION_ROLES["grouped"] + LINEAR_ATTENTION_ROLES["split"]:
-        lin = plan.spec.linear_attention
-        return (
-            "check linear_attention.projections (the spec says "
-            f"{lin.projections if lin else 'none'}; grouped: in_proj_qkvz and "
-            "in_proj_ba, split: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a)",
-            ["linear_attention.projections"],
-        )
-    if role in LINEAR_ATTENTION_COMMON:
-        return (
-            "the checkpoint's linear-attention layers differ from the spec's: "
-            "check attention.layer_types (and the linear_attention section)",
-            ["attention.layer_types"],
-        )
+    for component in components.every():
+        if role in component.roles and (
+            hint := component.checkpoint_hint(plan.spec, role)
+        ):
+            return hint
     if role == "lm_head":
         return (
             "set tie_word_embeddings: true in the spec if the model ties its output "
@@ -351,7 +340,6 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    table |= _linear_dims(plan, h)
     if plan.dense is not None:
         inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
         table |= {
@@ -398,17 +386,17 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
             both = (f"2 × {ei[0]}", 2 * ei[1])
             return {"gate_up_proj": [ne, h, both], "down_proj": [ne, ei, h]}.get(param)
         return _gpt_oss_dims(h, ne, ei, param)
+    for component in components.present(plan.spec):
+        if role in component.roles and (
+            own := component.param_dims(plan.spec, role, param)
+        ):
+            return own
     table |= _component_dims(plan.spec)
     dims = table.get(role or "")
     if dims is None:
         return None
-    if role == "kda_attn":
-        # Kimi Linear's A_log [1, 1, heads, 1], dt_bias one value per channel.
-        one = ("1", 1)
-        return [one, one, dims[0], one] if param == "A_log" else [dims[1]]
-    if param in ("bias", "A_log", "dt_bias"):
-        # A linear's bias has its output size, a norm's its size; the mixer's
-        # A_log and dt_bias one value per value head.
+    if param == "bias":
+        # A linear's bias has its output size, a norm's its size.
         return [dims[0]]
     return list(dims)
 
@@ -426,58 +414,6 @@ def _gpt_oss_dims(
         gpt_oss_param(down): [ne, ei, h],
         gpt_oss_param(down, bias=True): [ne, h],
     }.get(param)
-
-
-def _linear_dims(plan: ArchPlan, h: tuple[str, int]) -> dict[str, tuple]:
-    """The dimensions of a linear-attention layer's tensors (none without)."""
-    lin = plan.linear
-    if lin is None:
-        return {}
-    la = "linear_attention."
-    if isinstance(lin, KimiDeltaAttention):
-        heads = (f"{la}num_key_heads", lin.num_heads)
-        dim = (f"{la}num_key_heads × {la}key_head_dim", lin.projection_dim)
-        rank = (f"{la}key_head_dim", lin.head_dim)
-        conv = (dim, ("1", 1), (f"{la}conv_kernel_size", lin.conv_kernel_size))
-        return {
-            "kda_q_proj": (dim, h),
-            "kda_k_proj": (dim, h),
-            "kda_v_proj": (dim, h),
-            "kda_q_conv1d": conv,
-            "kda_k_conv1d": conv,
-            "kda_v_conv1d": conv,
-            "kda_f_a_proj": (rank, h),
-            "kda_f_b_proj": (dim, rank),
-            "kda_b_proj": (heads, h),
-            "kda_g_a_proj": (rank, h),
-            "kda_g_b_proj": (dim, rank),
-            "kda_o_norm": (rank,),
-            "kda_o_proj": (h, dim),
-            # A_log: one value per head, stored [1, 1, heads, 1]; dt_bias: one per
-            # key channel (see _param_dims).
-            "kda_attn": (heads, dim),
-        }
-    vh = (f"{la}num_value_heads", lin.num_value_heads)
-    key_dim = (f"{la}num_key_heads × {la}key_head_dim", lin.key_dim)
-    value_dim = (f"{la}num_value_heads × {la}value_head_dim", lin.value_dim)
-    conv = (f"2 × {key_dim[0]} + {value_dim[0]}", lin.conv_dim)
-    qkvz = (f"2 × ({key_dim[0]} + {value_dim[0]})", 2 * (lin.key_dim + lin.value_dim))
-    return {
-        "linear_in_proj_qkvz": (qkvz, h),
-        "linear_in_proj_ba": ((f"2 × {vh[0]}", 2 * lin.num_value_heads), h),
-        "linear_in_proj_qkv": (conv, h),
-        "linear_in_proj_z": (value_dim, h),
-        "linear_in_proj_b": (vh, h),
-        "linear_in_proj_a": (vh, h),
-        "linear_conv1d": (
-            conv,
-            ("1", 1),
-            (f"{la}conv_kernel_size", lin.conv_kernel_size),
-        ),
-        "linear_attn": (vh,),  # A_log and dt_bias: one value per value head
-        "linear_norm": ((f"{la}value_head_dim", lin.value_head_dim),),
-        "linear_out_proj": (h, value_dim),
-    }
 
 
 def is_field(text: str) -> bool:
@@ -557,22 +493,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "moe_expert_bias": ("mlp.moe.expert_bias",),
     "swiglu_alpha": ("mlp.moe.swiglu_alpha",),
     "swiglu_limit": ("mlp.moe.swiglu_limit",),
-    "linear_num_key_heads": ("linear_attention.num_key_heads",),
-    "linear_num_value_heads": ("linear_attention.num_value_heads",),
-    "linear_key_head_dim": ("linear_attention.key_head_dim",),
-    "linear_value_head_dim": ("linear_attention.value_head_dim",),
-    "linear_conv_kernel_dim": ("linear_attention.conv_kernel_size",),
-    "linear_projections": ("linear_attention.projections",),
-    "mamba_ssm_dtype": ("linear_attention.state_dtype",),
-    "linear_attention_type": ("linear_attention.type",),
-    "linear_num_heads": (
-        "linear_attention.num_key_heads",
-        "linear_attention.num_value_heads",
-    ),
-    "linear_head_dim": (
-        "linear_attention.key_head_dim",
-        "linear_attention.value_head_dim",
-    ),
     "mla_norm_eps": ("attention.mla.latent_norm_eps",),
 }
 _CONCEPT_FIELDS.update(

@@ -93,12 +93,21 @@ def fragments(spec: ModelSpec, model: str) -> dict[str, list[str]]:
     return slots
 
 
-def section_fields(section: str) -> tuple[type[Section], ...]:
+def section_fields(
+    section: str, *, mixers: bool | None = None
+) -> tuple[type[Section], ...]:
     """The field mixins components add to spec section ``section``
     (``attention.mla``), as bases: in reverse registry order, since pydantic
     lists the fields of the last base first (the section's own fields, then
-    the components' in registry order)."""
-    mixins = [c.Fields for c in every() if c.extends == section and c.Fields]
+    the components' in registry order). ``mixers``: only the token mixers'
+    (True) or all but theirs (False), which the spec lists beside attention."""
+    mixins = [
+        c.Fields
+        for c in every()
+        if c.extends == section
+        and c.Fields
+        and (mixers is None or (c.host == "mixer") == mixers)
+    ]
     return tuple(reversed(mixins))
 
 

@@ -40,6 +40,13 @@ Report = Callable[[tuple[str | int, ...], str], None]
 TargetReport = Callable[[str, tuple[str | int, ...], str], None]
 
 
+# The concept under which a component's read() finds the per-layer attention
+# kinds the spec reader made of the config ("full_attention", "linear_attention",
+# ...; None where the config states none), whichever keys stated them
+# (layer_types, full_attention_interval, ...).
+LAYER_TYPES = "attention.layer_types"
+
+
 class ConfigProblem(ValueError):
     """What a component's read() finds wrong with a config.json, one message per
     argument (reported with the config's other problems, never a traceback);
@@ -198,8 +205,9 @@ class Component:
     # What it is, as a noun phrase ("attention sinks"): summaries list it.
     label: ClassVar[str] = ""
     # Where its plan node lives: a layer's attention (Attention.parts), the
-    # layer itself ("layer": the residual stream, Layer.stream), the MoE block
-    # ("moe": the router, MoEMLP.router) or the model ("model": MTP heads).
+    # layer itself ("layer": the residual stream, Layer.stream), a layer's token
+    # mixer ("mixer": linear attention, Layer.mixer), the MoE block ("moe": the
+    # router, MoEMLP.router) or the model ("model": MTP heads).
     host: ClassVar[str] = "attention"
     # The spec section whose fields it adds ("attention.mla"; "": the spec's
     # top level), and those fields.
@@ -222,8 +230,9 @@ class Component:
     concept_fields: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     # Where config.json lists its keys: beside the model's dimensions ("dims"),
     # among the attention's keys ("attention"), beside the norms' eps ("norm"),
-    # among the MoE block's ("moe"), among the model-wide keys ("model") or last
-    # ("other"); by default, where the section it extends is.
+    # among the MoE block's ("moe"), among the model-wide keys ("model"), after
+    # the attention's and rope's ("mixers") or last ("other"); by default, where
+    # the section it extends is.
     config_place: ClassVar[str] = ""
     # Reference code: what the attention's softmax core takes from the module
     # beside q, k, v, the mask and the scale (the component's fragment at slot
@@ -380,6 +389,27 @@ class Component:
         loading the weights can bridge: ``data`` (the spec, dumped) is changed in
         place to the family's statement and the bridge returned; None where there
         is none (onboard.spec.bases)."""
+        return None
+
+    def checkpoint_roles(self, spec: ModelSpec) -> tuple[str, ...]:
+        """The roles of its own a checkpoint of ``spec`` has (called where the
+        spec has it): all of them unless its form picks some."""
+        return tuple(self.roles)
+
+    def param_dims(
+        self, spec: ModelSpec, role: str, param: str
+    ) -> list[tuple[str, int]] | None:
+        """The dims of tensor ``param`` of its role ``role``, each with its label
+        (the spec fields it is made of), where they are more than a product of
+        spec fields per dim (None: :attr:`Role.dims` say them)."""
+        return None
+
+    def checkpoint_hint(
+        self, spec: ModelSpec, role: str
+    ) -> tuple[str, list[str]] | None:
+        """What to check in ``spec`` where a checkpoint's tensors of its role
+        ``role`` differ from the spec's: the fix and the spec fields it names
+        (None: the role's :attr:`Role.spec_field` or nothing)."""
         return None
 
     def tensor_name(self, spec: ModelSpec, role: str, layer: int) -> str:

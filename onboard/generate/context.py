@@ -37,6 +37,7 @@ from onboard.components import (
     softmax_scale,
 )
 from onboard.components.embeddings import Embeddings
+from onboard.components.linear_attention import KDA_OUTPUT_NORM_EPS
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
@@ -56,7 +57,6 @@ from onboard.spec.module_tree import (
     parameter_experts,
 )
 from onboard.spec.mtp import mtp_draft
-from onboard.spec.rules import KDA_OUTPUT_NORM_EPS
 from onboard.templating import py_str
 
 # The module tree the generated model builds is vLLM's usual one (the Llama /
@@ -1033,8 +1033,6 @@ def _loaded_roles(
             roles += ["qkv_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj"]
-    if arch.linear is not None and not mtp:
-        roles += arch.linear.roles
     if mlp.loads_dense:
         roles += list(_dense_roles(spec))
     if mlp.loads_moe:
@@ -1054,8 +1052,11 @@ def _loaded_roles(
         if mlp.shared_gate:
             roles.append("shared_expert_gate")
     for component in components.present(spec):
-        if component is not MTP_HEADS or mtp:  # MTP heads load in their own file
-            roles += component.roles
+        if component is MTP_HEADS and not mtp:
+            continue  # MTP heads load in their own file
+        if component.host == "mixer" and mtp:
+            continue  # the MTP block attends: it has no linear mixer
+        roles += component.checkpoint_roles(spec)
     return roles
 
 

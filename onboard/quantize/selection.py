@@ -33,7 +33,6 @@ from onboard.quantize.schemes import Scheme
 from onboard.spec.layouts import (
     COMPONENT_KEPT,
     FUSED_ROLES,
-    LINEAR_ATTENTION_KEPT,
     LINEAR_ROLES,
     ROLES,
     SHARING_UNUSED_LINEARS,
@@ -50,7 +49,6 @@ KEPT_LINEAR_ROLES = (
     "lm_head",
     "router",
     "shared_expert_gate",
-    *LINEAR_ATTENTION_KEPT,
     *COMPONENT_KEPT,
 )
 

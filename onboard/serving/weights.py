@@ -63,23 +63,10 @@ GROUPS: dict[str, tuple[str, str]] = {
     "shared_gate_proj": ("shared experts", SHARD_TP),
     "shared_up_proj": ("shared experts", SHARD_TP),
     "shared_down_proj": ("shared experts", SHARD_TP),
-    # Linear attention: vLLM's GDN and KDA layers split their projections and
-    # convolutions over the TP ranks; KDA's low-rank f_a/g_a are replicated.
-    "linear_in_proj_qkvz": ("linear attention", SHARD_TP),
-    "linear_in_proj_ba": ("linear attention", SHARD_TP),
-    "linear_conv1d": ("linear attention", SHARD_TP),
-    "linear_out_proj": ("linear attention", SHARD_TP),
-    "kda_q_conv1d": ("linear attention", SHARD_TP),
-    "kda_k_conv1d": ("linear attention", SHARD_TP),
-    "kda_v_conv1d": ("linear attention", SHARD_TP),
-    "kda_b_proj": ("linear attention", SHARD_TP),
-    "kda_f_b_proj": ("linear attention", SHARD_TP),
-    "kda_g_b_proj": ("linear attention", SHARD_TP),
-    "kda_f_a_proj": ("linear attention, replicated (KDA f_a/g_a)", SHARD_REPLICATED),
-    "kda_g_a_proj": ("linear attention, replicated (KDA f_a/g_a)", SHARD_REPLICATED),
 }
 # The components' roles, as each declares them (onboard.components.Role: the
-# attention's sinks, one per query head, are split with the heads).
+# attention's sinks, one per query head, are split with the heads; linear
+# attention's projections and convolutions over the ranks).
 GROUPS.update({role: (r.group, r.shard) for role, r in components.roles().items()})
 NORMS = ("norms", SHARD_REPLICATED)  # every other role is a norm (1-D)
 

@@ -42,22 +42,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "layer_types": ("layer_types",),
     "sliding_window_pattern": ("sliding_window_pattern",),
     "max_window_layers": ("max_window_layers",),
-    # gated attention (Qwen3-Next): q_proj also gives a sigmoid gate per head
-    # linear attention (Gated DeltaNet, Qwen3-Next's names)
-    "linear_num_key_heads": ("linear_num_key_heads",),
-    "linear_num_value_heads": ("linear_num_value_heads",),
-    "linear_key_head_dim": ("linear_key_head_dim",),
-    "linear_value_head_dim": ("linear_value_head_dim",),
-    "linear_conv_kernel_dim": ("linear_conv_kernel_dim",),
-    "linear_projections": ("linear_projections",),  # grouped | split
-    # gated_deltanet | kimi_delta (a family's code fixes it: Kimi Linear's)
-    "linear_attention_type": ("linear_attention_type",),
-    # Kimi delta attention (Kimi Linear's names): one kind of head
-    "linear_num_heads": ("linear_num_heads",),
     # the MLA latent norms' eps where it is not rms_norm_eps
     "mla_norm_eps": ("mla_norm_eps",),
-    "linear_head_dim": ("linear_head_dim",),
-    "mamba_ssm_dtype": ("mamba_ssm_dtype",),  # the recurrent state's dtype
     # multi-head latent attention
     "q_lora_rank": ("q_lora_rank",),
     "kv_lora_rank": ("kv_lora_rank",),

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from onboard import components
 from onboard.components import Component
-from onboard.components.base import ConfigProblem, is_int
+from onboard.components.base import LAYER_TYPES, ConfigProblem, is_int
 from onboard.components.router import TOPK_METHODS as KNOWN_TOPK_METHODS
 from onboard.config_json import check_config_object
 from onboard.errors import InputError, printable
@@ -612,14 +612,6 @@ _BIAS_CONCEPTS = {"qkv_bias": "attention_bias"}
 _NOPE_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 LAYER_KINDS = ("full_attention", "sliding_attention", "linear_attention")
-# The linear-attention concepts: the spec field each one fills.
-LINEAR_FIELDS = {
-    "linear_num_key_heads": "num_key_heads",
-    "linear_num_value_heads": "num_value_heads",
-    "linear_key_head_dim": "key_head_dim",
-    "linear_value_head_dim": "value_head_dim",
-    "linear_conv_kernel_dim": "conv_kernel_size",
-}
 # MLA families whose config class sets head_dim to the whole q/k head (nope +
 # rope) and rope_parameters.partial_rotary_factor to the rope's share of it:
 # MLA_WHOLE_HEAD (onboard.spec.model, which the rules read too).
@@ -660,9 +652,9 @@ _HF_CARRIED = (
     "norm",
     "attention",
     "rope",
-    "linear_attention",
     "mlp",
-    # The top-level fields of components (the embeddings', the logits', MTP's).
+    # The top-level fields of components (linear attention's, the embeddings',
+    # the logits', MTP's).
     *(f for c in components.every() if c.extends == "" for f in c.Fields.model_fields),
 )
 
@@ -848,8 +840,12 @@ class _Reader:
         self.aliases = aliases if aliases is not None else family_aliases({})
         self.used: set[str] = set()
         self.problems: list[str] = []
+        # Concepts the reader makes of others (components.base.LAYER_TYPES).
+        self.derived: dict[str, Any] = {}
 
     def get(self, concept: str, default: Any = None) -> Any:
+        if concept in self.derived:
+            return self.derived[concept]
         means = self.facts.get(KEY_MEANS, {})
         keys = [k for k in self.aliases[concept] if k in self.cfg and k not in means]
         keys += [k for k, c in means.items() if c == concept and k in self.cfg]
@@ -909,9 +905,7 @@ def _read(
         spec["num_hidden_layers"] if isinstance(spec["num_hidden_layers"], int) else 0
     )
     spec["attention"], spec["rope"] = _read_attention(r, n_layers)
-    spec["linear_attention"] = _read_linear_attention(
-        r, spec["attention"].get("layer_types")
-    )
+    r.derived[LAYER_TYPES] = spec["attention"].get("layer_types")
     spec["mlp"] = _read_mlp(r, n_layers)
     for component in components.every():
         _read_component(spec, component, r)
@@ -1039,57 +1033,6 @@ def _read_attention(r: _Reader, n_layers: int) -> tuple[dict, dict]:
         # Linear-attention layers between the MLA layers (Kimi Linear).
         att["layer_types"] = windows["layer_types"]
     return att, rope
-
-
-def _read_linear_attention(r: _Reader, kinds: list[str] | None) -> dict | None:
-    """The linear_attention section where some layer is linear_attention (a
-    family's class defaults for it mean nothing otherwise)."""
-    kind = r.get("linear_attention_type", "gated_deltanet")
-    if kind == "kimi_delta":
-        return _read_kimi_delta(r, kinds)
-    values = {field: r.get(concept) for concept, field in LINEAR_FIELDS.items()}
-    projections = r.get("linear_projections", "grouped")
-    state_dtype = r.get("mamba_ssm_dtype", "float32")
-    if not kinds or "linear_attention" not in kinds:
-        return None
-    if kind != "gated_deltanet":
-        r.bad(
-            f"linear_attention_type: gated_deltanet or kimi_delta, got {_short(kind)}"
-        )
-    for concept, name in LINEAR_FIELDS.items():
-        if values[name] is None and name != "conv_kernel_size":
-            r.bad(f"{concept}: required, as some layers are linear_attention")
-    if values["conv_kernel_size"] is None:
-        values.pop("conv_kernel_size")
-    return {
-        "type": "gated_deltanet",
-        **values,
-        "projections": projections,
-        "state_dtype": state_dtype,
-    }
-
-
-def _read_kimi_delta(r: _Reader, kinds: list[str] | None) -> dict | None:
-    """Kimi delta attention's section: its heads are key and value heads."""
-    heads, dim = r.get("linear_num_heads"), r.get("linear_head_dim")
-    conv = r.get("linear_conv_kernel_dim")
-    state_dtype = r.get("mamba_ssm_dtype", "float32")
-    if not kinds or "linear_attention" not in kinds:
-        return None
-    for concept, value in (("linear_num_heads", heads), ("linear_head_dim", dim)):
-        if value is None:
-            r.bad(f"{concept}: required, as some layers are linear_attention")
-    out = {
-        "type": "kimi_delta",
-        "num_key_heads": heads,
-        "num_value_heads": heads,
-        "key_head_dim": dim,
-        "value_head_dim": dim,
-        "state_dtype": state_dtype,
-    }
-    if conv is not None:
-        out["conv_kernel_size"] = conv
-    return out
 
 
 def _read_rope(r: _Reader) -> tuple[dict, float | None]:
@@ -2076,19 +2019,7 @@ def _concepts(spec: ModelSpec) -> dict[str, Any]:
             att.llama_4_scaling.original_max_position_embeddings
         )
     c["rope_interleave"] = spec.rope.interleaved
-    lin = spec.linear_attention
-    if lin is not None and lin.type == "kimi_delta":
-        c["linear_attention_type"] = lin.type
-        c["linear_num_heads"] = lin.num_key_heads
-        c["linear_head_dim"] = lin.key_head_dim
-        c["linear_conv_kernel_dim"] = lin.conv_kernel_size
-        c["mamba_ssm_dtype"] = lin.state_dtype
-    elif lin is not None:
-        for concept, name in LINEAR_FIELDS.items():
-            c[concept] = getattr(lin, name)
-        if lin.projections != "grouped":
-            c["linear_projections"] = lin.projections
-        c["mamba_ssm_dtype"] = lin.state_dtype
+    c.update(_component_concepts(spec, "mixers"))
     if spec.rope.nope_layers:
         c["no_rope_layers"] = [
             int(spec.uses_rope(i)) for i in range(spec.num_hidden_layers)

@@ -44,35 +44,6 @@ _BASE: dict[str, str] = {
     "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
     "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
     "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
-    # linear attention (Gated DeltaNet): the mixer module itself holds A_log and
-    # dt_bias; grouped projections (Qwen3-Next) or split ones (Qwen3.5)
-    "linear_attn": f"{_LAYER}.linear_attn",
-    "linear_in_proj_qkvz": f"{_LAYER}.linear_attn.in_proj_qkvz",
-    "linear_in_proj_ba": f"{_LAYER}.linear_attn.in_proj_ba",
-    "linear_in_proj_qkv": f"{_LAYER}.linear_attn.in_proj_qkv",
-    "linear_in_proj_z": f"{_LAYER}.linear_attn.in_proj_z",
-    "linear_in_proj_b": f"{_LAYER}.linear_attn.in_proj_b",
-    "linear_in_proj_a": f"{_LAYER}.linear_attn.in_proj_a",
-    "linear_conv1d": f"{_LAYER}.linear_attn.conv1d",
-    "linear_norm": f"{_LAYER}.linear_attn.norm",
-    "linear_out_proj": f"{_LAYER}.linear_attn.out_proj",
-    # linear attention (Kimi delta attention): Kimi Linear keeps the mixer at
-    # self_attn, which holds A_log and dt_bias; q, k and v have a convolution
-    # each, the forget gate (f_a, f_b) and the output gate (g_a, g_b) are low rank.
-    "kda_attn": f"{_LAYER}.self_attn",
-    "kda_q_proj": f"{_LAYER}.self_attn.q_proj",
-    "kda_k_proj": f"{_LAYER}.self_attn.k_proj",
-    "kda_v_proj": f"{_LAYER}.self_attn.v_proj",
-    "kda_q_conv1d": f"{_LAYER}.self_attn.q_conv1d",
-    "kda_k_conv1d": f"{_LAYER}.self_attn.k_conv1d",
-    "kda_v_conv1d": f"{_LAYER}.self_attn.v_conv1d",
-    "kda_f_a_proj": f"{_LAYER}.self_attn.f_a_proj",
-    "kda_f_b_proj": f"{_LAYER}.self_attn.f_b_proj",
-    "kda_b_proj": f"{_LAYER}.self_attn.b_proj",
-    "kda_g_a_proj": f"{_LAYER}.self_attn.g_a_proj",
-    "kda_g_b_proj": f"{_LAYER}.self_attn.g_b_proj",
-    "kda_o_norm": f"{_LAYER}.self_attn.o_norm",
-    "kda_o_proj": f"{_LAYER}.self_attn.o_proj",
     # dense MLP
     "gate_proj": f"{_LAYER}.mlp.gate_proj",
     "up_proj": f"{_LAYER}.mlp.up_proj",
@@ -222,56 +193,6 @@ SHARED_EXPERT_ROLES = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 # two stacked 3-D tensors (each expert's gate rows, then its up rows; down).
 STACKED_EXPERT_ROLES = ("experts_gate_up_proj", "experts_down_proj")
 
-# The Gated DeltaNet roles of a linear-attention layer, by projection layout;
-# ``linear_attn`` holds the parameters A_log and dt_bias.
-LINEAR_ATTENTION_ROLES: dict[str, tuple[str, ...]] = {
-    "grouped": ("linear_in_proj_qkvz", "linear_in_proj_ba"),
-    "split": (
-        "linear_in_proj_qkv",
-        "linear_in_proj_z",
-        "linear_in_proj_b",
-        "linear_in_proj_a",
-    ),
-}
-LINEAR_ATTENTION_COMMON = (
-    "linear_attn",
-    "linear_conv1d",
-    "linear_norm",
-    "linear_out_proj",
-)
-# The Kimi delta attention roles of a linear-attention layer; ``kda_attn`` holds
-# the parameters A_log and dt_bias.
-KIMI_DELTA_ROLES = (
-    "kda_attn",
-    "kda_q_proj",
-    "kda_k_proj",
-    "kda_v_proj",
-    "kda_q_conv1d",
-    "kda_k_conv1d",
-    "kda_v_conv1d",
-    "kda_f_a_proj",
-    "kda_f_b_proj",
-    "kda_b_proj",
-    "kda_g_a_proj",
-    "kda_g_b_proj",
-    "kda_o_norm",
-    "kda_o_proj",
-)
-# The parameters of the ``linear_attn`` (``kda_attn``) module itself (no
-# ``.weight``).
-LINEAR_ATTENTION_PARAMS = ("A_log", "dt_bias")
-# The mixer module role of each linear-attention type.
-LINEAR_MIXER_ROLE = {"gated_deltanet": "linear_attn", "kimi_delta": "kda_attn"}
-
-
-def linear_attention_roles(kind: str, projections: str) -> tuple[str, ...]:
-    """The roles of a linear-attention layer of type ``kind`` (its projection
-    layout, for Gated DeltaNet)."""
-    if kind == "kimi_delta":
-        return KIMI_DELTA_ROLES
-    return (*LINEAR_ATTENTION_COMMON, *LINEAR_ATTENTION_ROLES[projections])
-
-
 # A KV-sharing layer's own K/V projections (MLA: its latent projection), which vLLM
 # never loads or runs: they stay 16-bit wherever stored.
 SHARING_UNUSED_LINEARS: tuple[str, ...] = ("k_proj", "v_proj", "kv_a_proj")
@@ -301,42 +222,11 @@ LINEAR_ROLES: tuple[str, ...] = (
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
     "shared_gate_up_proj",
-    # Gated DeltaNet's wide projections; its b/a projections (one row per value
-    # head, which set the decay and the update rate) stay in 16 bits.
-    "linear_in_proj_qkvz",
-    "linear_in_proj_qkv",
-    "linear_in_proj_z",
-    "linear_out_proj",
-    # Kimi delta attention's output projection; its q/k/v, low-rank gates and
-    # beta projection stay in 16 bits.
-    "kda_o_proj",
     # the components' Linear roles that quantization may compress
     *(role for role, r in components.roles().items() if r.linear and not r.kept),
 )
-# Linear-attention Linear layers quantization keeps in 16 bits: the b/a
-# projections give each value head's decay and update rate (two numbers per head
-# and token, the most sensitive inputs of the recurrence), and vLLM's layer notes
-# that blockwise FP8 does not fit their few rows.
-# Kimi delta attention's forget gate (f_a, f_b: the per-channel decay), beta
-# projection and output gate (g_a, g_b) are the same kind of few-row, per-token
-# rates; its q, k and v projections stay with them because vLLM's KDA layer runs
-# q, k, v, beta and f_a as one merged Linear (in_proj_qkvgfab), which takes one
-# quantization scheme for all its parts.
-LINEAR_ATTENTION_KEPT = (
-    "linear_in_proj_ba",
-    "linear_in_proj_b",
-    "linear_in_proj_a",
-    "kda_q_proj",
-    "kda_k_proj",
-    "kda_v_proj",
-    "kda_f_a_proj",
-    "kda_f_b_proj",
-    "kda_b_proj",
-    "kda_g_a_proj",
-    "kda_g_b_proj",
-)
 # The components' Linear roles that quantization keeps in 16 bits (Role.kept:
-# the indexer's projections).
+# the indexer's projections, linear attention's rates and gates).
 COMPONENT_KEPT = tuple(
     role for role, r in components.roles().items() if r.linear and r.kept
 )

@@ -270,58 +270,6 @@ class Attention(*section_fields("attention"), _AttentionFields):
     """Attention for every layer; `layer_types` and `kv_sharing` vary it per layer."""
 
 
-class _LinearAttentionFields(_Section):
-    # LinearAttention's own fields; components add theirs (onboard.components).
-    type: Literal["gated_deltanet", "kimi_delta"] = Field(
-        "gated_deltanet",
-        description="`gated_deltanet`: Gated DeltaNet as Qwen3-Next has it. q, k and "
-        "v pass a causal depthwise convolution with SiLU; q and k are "
-        "L2-normalised; per value head and token the state S (key x value) decays "
-        "by exp(g), g = -exp(A_log) * softplus(a + dt_bias), and takes the delta "
-        "rule update S += k (beta (v - S^T k))^T with beta = sigmoid(b); the output "
-        "S^T q / sqrt(key_head_dim) is RMS-normalised per head, multiplied by "
-        "SiLU(z) and projected by out_proj. `kimi_delta`: Kimi delta attention as "
-        "Kimi Linear has it: the same delta rule with one decay per key channel "
-        "instead of per head, g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias) "
-        "(a low-rank forget gate, rank head_dim); q, k and v have their own "
-        "convolutions (q_conv1d, k_conv1d, v_conv1d); beta = sigmoid(b_proj(x)); the "
-        "output is RMS-normalised per head, multiplied by sigmoid(g_b(g_a(x))) (a "
-        "low-rank output gate) and projected by o_proj. Its heads are both key and "
-        "value heads (num_key_heads = num_value_heads, key_head_dim = "
-        "value_head_dim).",
-    )
-    num_key_heads: HeadCount = Field(description="Query/key heads.")
-    num_value_heads: HeadCount = Field(
-        description="Value heads (a multiple of num_key_heads: each key head serves "
-        "num_value_heads / num_key_heads of them); one recurrent state each."
-    )
-    key_head_dim: HeadDim = Field(description="Per-head query/key dims.")
-    value_head_dim: HeadDim = Field(description="Per-head value dims.")
-    conv_kernel_size: Annotated[int, Field(ge=2, le=64)] = Field(
-        4, description="Width of the short causal convolution over q, k and v."
-    )
-    projections: Literal["grouped", "split"] = Field(
-        "grouped",
-        description="(gated_deltanet) How the checkpoint stores the input "
-        "projections: `grouped` "
-        "(Qwen3-Next) as in_proj_qkvz and in_proj_ba, rows interleaved per key "
-        "head (q, k, then that head's v and z; its b, then its a); `split` "
-        "(Qwen3.5) as in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b and "
-        "in_proj_a.",
-    )
-    state_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="Dtype of the recurrent state in the serving engine's cache "
-        "(vLLM `mamba_ssm_cache_dtype`); the convolution state has the model's "
-        "dtype.",
-    )
-
-
-class LinearAttention(*section_fields("linear_attention"), _LinearAttentionFields):
-    """The linear-attention token mixer of the layers `attention.layer_types` marks
-    `linear_attention`: a recurrent state per sequence instead of a KV cache."""
-
-
 class Router(*section_fields("mlp.moe.router")):
     """How tokens pick experts."""
 
@@ -566,11 +514,10 @@ class _Blocks(_Section):
     norm: Norm = Field(default_factory=Norm, description="Norm layers.")
     attention: Attention = Field(description="Attention layers.")
     rope: Rope = Field(default_factory=Rope, description="Rotary embedding.")
-    linear_attention: LinearAttention | None = Field(
-        None,
-        description="The token mixer of `linear_attention` layers; required when "
-        "attention.layer_types has one.",
-    )
+
+
+class _MLPs(_Section):
+    # After the token mixers components add (linear attention).
     mlp: MLP = Field(description="Feed-forward layers.")
 
 
@@ -597,7 +544,13 @@ class _Launch(_Section):
     )
 
 
-class ModelSpec(_Launch, *section_fields(""), _Blocks):
+class ModelSpec(
+    _Launch,
+    *section_fields("", mixers=False),
+    _MLPs,
+    *section_fields("", mixers=True),
+    _Blocks,
+):
     """A whole model: identity, dimensions, blocks and the launch wishes."""
 
     @field_validator("name")

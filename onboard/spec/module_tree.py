@@ -20,11 +20,9 @@ from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec.layouts import (
     ATTENTION_LINEARS,
-    KIMI_DELTA_ROLES,
     ROUTED_EXPERT_ROLES,
     SHARED_EXPERT_ROLES,
     STACKED_EXPERT_ROLES,
-    linear_attention_roles,
 )
 from onboard.spec.model import ModelSpec
 
@@ -50,24 +48,6 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "mlp_output_norm": (),
     "mlp_input_norm": (),
     **dict.fromkeys((*ATTENTION_LINEARS, "q_a_norm", "kv_a_norm"), ("attn",)),
-    # The mixer module of a linear-attention layer, and its modules.
-    "linear_attn": (),
-    **dict.fromkeys(
-        (
-            "linear_in_proj_qkvz",
-            "linear_in_proj_ba",
-            "linear_in_proj_qkv",
-            "linear_in_proj_z",
-            "linear_in_proj_b",
-            "linear_in_proj_a",
-            "linear_conv1d",
-            "linear_norm",
-            "linear_out_proj",
-            *KIMI_DELTA_ROLES[1:],
-        ),
-        ("linear",),
-    ),
-    "kda_attn": (),
     **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
@@ -150,11 +130,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["qkv_proj", "o_proj"]
         else:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
-    lin = spec.linear_attention
-    if lin is not None and any(
-        spec.is_linear_layer(i) for i in range(spec.num_hidden_layers)
-    ):
-        roles += linear_attention_roles(lin.type, lin.projections)
     moe = spec.mlp.moe
     fused = spec.checkpoint.fused
     if has_dense_mlp(spec):
@@ -175,7 +150,7 @@ def used_roles(spec: ModelSpec) -> list[str]:
             if moe.shared_expert_gate:
                 roles.append("shared_expert_gate")
     for component in components.present(spec):
-        roles += component.roles
+        roles += component.checkpoint_roles(spec)
     return roles
 
 

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 from onboard import components
 from onboard.spec.layouts import (
-    KIMI_DELTA_ROLES,
     ROLES,
     STACKED_EXPERT_ROLES,
-    linear_attention_roles,
     required_placeholders,
 )
 from onboard.spec.model import (
@@ -48,7 +46,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _rope_rules,
         _attention_rules,
         _layer_type_rules,
-        _linear_attention_rules,
         _mlp_rules,
         _moe_rules,
         _checkpoint_rules,
@@ -278,105 +275,6 @@ def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
 
 
-def _linear_attention_rules(spec: ModelSpec, report: Report) -> None:
-    lin, att = spec.linear_attention, spec.attention
-    types = att.layer_types or []
-    linear = [i for i, kind in enumerate(types) if kind == "linear_attention"]
-    where: Path = ("linear_attention",)
-    if lin is None:
-        if linear:
-            report(
-                ("attention", "layer_types"),
-                f"layers {linear} are linear_attention but the spec has no "
-                "linear_attention section",
-            )
-        return
-    if not linear:
-        report(
-            where,
-            "no layer is linear_attention: mark them in attention.layer_types (or "
-            "drop the section)",
-        )
-        return
-    if len(linear) == len(types):
-        report(
-            ("attention", "layer_types"),
-            "every layer is linear_attention; a model of linear-attention layers "
-            "only is not generated (keep at least one attention layer)",
-        )
-    if lin.type == "kimi_delta":
-        _kimi_delta_rules(spec, report)
-    elif lin.num_value_heads % lin.num_key_heads:
-        report(
-            where + ("num_value_heads",),
-            f"num_value_heads ({lin.num_value_heads}) must be a multiple of "
-            f"num_key_heads ({lin.num_key_heads})",
-        )
-    if att.type == "mla" and lin.type == "gated_deltanet":
-        report(where, "Gated DeltaNet layers beside MLA layers are not generated")
-    # vLLM's GDN layer reads these from the model's settings (rms_norm_eps for its
-    # gated norm, hidden_act for its convolution, whose CPU kernel applies SiLU or
-    # nothing); transformers' Qwen3-Next reads the same keys.
-    if spec.norm.type != "rmsnorm":
-        report(("norm", "type"), "linear-attention layers need rmsnorm")
-    if spec.activation != "silu":
-        report(
-            ("activation",),
-            "linear-attention layers need silu: their convolution uses the model's "
-            "activation, and vLLM's CPU kernel applies SiLU or none",
-        )
-    if spec.norm.placement != "pre":
-        report(("norm", "placement"), "linear-attention layers need placement pre")
-    for i in spec.rope.nope_layers:
-        if i in linear:
-            report(
-                ("rope", "nope_layers"),
-                f"layer {i} is linear_attention, which has no rope to leave out",
-            )
-
-
-# vLLM's Kimi delta attention layer builds its output norm (FusedRMSNormGated)
-# with that class's default eps, not the config's rms_norm_eps.
-KDA_OUTPUT_NORM_EPS = 1e-5
-
-
-def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
-    """Kimi delta attention's heads are key and value heads at once."""
-    lin = spec.linear_attention
-    assert lin is not None
-    where: Path = ("linear_attention",)
-    if lin.num_value_heads != lin.num_key_heads:
-        report(
-            where + ("num_value_heads",),
-            f"kimi_delta has one kind of head: num_value_heads ({lin.num_value_heads})"
-            f" must equal num_key_heads ({lin.num_key_heads})",
-        )
-    if lin.value_head_dim != lin.key_head_dim:
-        report(
-            where + ("value_head_dim",),
-            f"kimi_delta has one head dim: value_head_dim ({lin.value_head_dim}) must "
-            f"equal key_head_dim ({lin.key_head_dim})",
-        )
-    if spec.norm.eps != KDA_OUTPUT_NORM_EPS:
-        report(
-            ("norm", "eps"),
-            f"vLLM's Kimi delta attention layer normalises its output with eps "
-            f"{KDA_OUTPUT_NORM_EPS} whatever rms_norm_eps says; kimi_delta needs "
-            f"norm.eps {KDA_OUTPUT_NORM_EPS:g}",
-        )
-    if lin.state_dtype != "float32":
-        report(
-            where + ("state_dtype",),
-            "vLLM's Kimi delta attention layer keeps its recurrent state in "
-            "float32; kimi_delta needs state_dtype float32",
-        )
-    if lin.projections != "grouped":
-        report(
-            where + ("projections",),
-            "projections applies to gated_deltanet; kimi_delta stores q, k and v apart",
-        )
-
-
 def _mlp_rules(spec: ModelSpec, report: Report) -> None:
     needs_dense = any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers))
     if spec.mtp is not None and spec.mtp.mlp == "dense":
@@ -587,11 +485,7 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
 # module tree is refused. For the other roles the vLLM model renames what it
 # loads, and generate writes hf/README.md with the reason instead of a reference
 # (`spec check` warns: reference_tree_problem).
-FEATURE_TREE_ROLES = frozenset(
-    {*KIMI_DELTA_ROLES, *components.roles()}
-    | {r for kind in ("grouped", "split")
-       for r in linear_attention_roles("gated_deltanet", kind)}
-)  # fmt: skip
+FEATURE_TREE_ROLES = frozenset(components.roles())
 
 
 def reference_tree_problem(spec: ModelSpec) -> Problem | None:

@@ -128,25 +128,13 @@ GUARDED = {
     "norms": ("role final_norm", "role input_norm", "role post_attention_norm",
               "role attention_output_norm", "role mlp_input_norm",
               "role mlp_output_norm",
-              "role q_a_norm", "role kv_a_norm",
-              "role linear_norm", "role kda_o_norm"),
+              "role q_a_norm", "role kv_a_norm"),
     "routers": ("role router", "role router_bias", "role shared_expert_gate"),
-    # A linear-attention layer's convolution, A_log / dt_bias and b/a projections.
-    "linear attention": ("role linear_conv1d", "role linear_attn",
-                         "role linear_in_proj_ba", "role linear_in_proj_b",
-                         "role linear_in_proj_a"),
-    # Kimi delta attention's q/k/v, convolutions, A_log / dt_bias, gates and beta.
-    "kimi delta attention": ("role kda_q_proj", "role kda_k_proj",
-                             "role kda_v_proj",
-                             "role kda_q_conv1d", "role kda_k_conv1d",
-                             "role kda_v_conv1d", "role kda_attn",
-                             "role kda_f_a_proj", "role kda_f_b_proj",
-                             "role kda_b_proj", "role kda_g_a_proj",
-                             "role kda_g_b_proj"),
     # checkpoint.fused: experts (onboard.quantize.selection.STACKED_EXPERTS_KEPT)
     "stacked experts": ("stacked experts (3-D), kept in 16 bits",),
 }  # fmt: skip
-# The components' roles kept in 16 bits (onboard.components.Role.guard).
+# The components' roles kept in 16 bits (onboard.components.Role.guard: linear
+# attention's convolutions, A_log / dt_bias, rates and gates, and norms).
 for _role, _r in components.roles().items():
     if _r.guard:
         GUARDED[_r.guard] = (*GUARDED.get(_r.guard, ()), f"role {_role}")
