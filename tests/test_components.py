@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from onboard import components
 from onboard.arch import build_plan
-from onboard.components.base import ConfigProblem
+from onboard.components.base import LAYER_TYPES, ConfigProblem
 from onboard.components.residual_stream import NORM_SITES
 from onboard.spec import parse_spec_text
 from onboard.spec.model import ModelSpec
@@ -75,7 +75,10 @@ def test_what_a_component_writes_it_reads_back(name):
     a config onboard writes says what the spec said."""
     spec = _spec(name)
     for component in components.present(spec):
-        fields = component.read(_getter(component.config(spec)))
+        # The reader gives the layer kinds it made of the config (linear
+        # attention's section is read where some layer is linear).
+        config = {**component.config(spec), LAYER_TYPES: spec.layer_attention_types()}
+        fields = component.read(_getter(config))
         section = spec
         for key in (component.extends or "").split("."):
             section = getattr(section, key) if key else section
@@ -226,6 +229,10 @@ def test_top_level_components_follow_the_blocks_in_registry_order():
     # The MLPs' activation, the embeddings' two fields, the output head's four,
     # then MTP's section, between the blocks and the launch wishes.
     fields = list(ModelSpec.model_fields)
+    # The token mixers' sections sit beside attention, before the MLPs.
+    assert fields[fields.index("rope") + 1 : fields.index("mlp")] == [
+        "linear_attention"
+    ]
     between = fields[fields.index("mlp") + 1 : fields.index("checkpoint")]
     assert between == [
         "activation", "scale_embedding", "embedding_multiplier",
@@ -542,3 +549,30 @@ def test_the_activation_is_required_one_of_its_kinds_and_printed_from_its_row():
     modeling = next(v for k, v in reference.items() if k.startswith("modeling_"))
     # The config names it (onboard writes hidden_act): transformers' table.
     assert "ACT2FN[config.hidden_act]" in modeling and "def activation" not in modeling
+
+
+# ---- linear attention (a token mixer) ----------------------------------------------
+
+
+def _linear():
+    return next(c for c in components.every() if c.name == "linear_attention")
+
+
+def test_linear_attention_reads_its_section_only_where_a_layer_is_linear():
+    """Qwen3-Next's class defaults (linear_num_key_heads...) mean nothing without
+    a linear layer; with one, every missing size is reported at once, with the
+    section read so far (the reader checks it further)."""
+    gdn = {"linear_num_key_heads": 2, "linear_num_value_heads": 4}
+    kinds = ["linear_attention", "full_attention"]
+    assert _linear().read(_getter({**gdn, LAYER_TYPES: ["full_attention"]})) == {}
+    with pytest.raises(ConfigProblem) as problem:
+        _linear().read(_getter({**gdn, LAYER_TYPES: kinds}))
+    assert problem.value.args == (
+        "linear_key_head_dim: required, as some layers are linear_attention",
+        "linear_value_head_dim: required, as some layers are linear_attention",
+    )
+    assert problem.value.read["linear_attention"]["num_value_heads"] == 4
+    kda = {"linear_attention_type": "kimi_delta", "linear_num_heads": 2,
+           "linear_head_dim": 8, LAYER_TYPES: kinds}  # fmt: skip
+    section = _linear().read(_getter(kda))["linear_attention"]
+    assert (section["num_key_heads"], section["value_head_dim"]) == (2, 8)

@@ -186,3 +186,17 @@ def test_mxfp4_keeps_sinks_and_stacked_experts_16_bit(tmp_path):
         tensors.update(load_file(shard))
     assert "model.layers.0.self_attn.q_proj.weight_packed" in tensors
     assert tensors[f"{experts}.gate_up_proj"].dtype == torch.bfloat16
+
+
+def test_a_hybrid_checkpoint_keeps_its_own_linear_attention_kind(tmp_path):
+    """qwen3-next-style (Gated DeltaNet): the check asks for the unchanged
+    tensors of the linear-attention kind the spec has (its convolutions, A_log /
+    dt_bias, b/a projections), not for the other kind's (Kimi delta
+    attention's, which this checkpoint has none of)."""
+    spec = load_spec(ROOT / "model_specs" / "qwen3-next-style.yaml")
+    bf16 = write_tiny_checkpoint(spec, tmp_path / "bf16", seed=0)
+    fp8 = quantize_checkpoint(bf16, "fp8-dynamic", tmp_path / "fp8")
+    tiny = load_spec(bf16 / "spec.yaml")
+    counts, problems = untouched_tensors(tiny, bf16, fp8, "fp8-dynamic")
+    assert problems == []
+    assert counts["linear attention"] > 0 and not counts["kimi delta attention"]

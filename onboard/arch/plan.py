@@ -24,8 +24,15 @@ from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from onboard.arch.config_keys import ConfigKeys
-from onboard.components import linear_attention, present, residual_stream, router
+from onboard.components import (
+    dense_mlp,
+    linear_attention,
+    present,
+    residual_stream,
+    router,
+)
 from onboard.components import norms as norms_component
+from onboard.components.dense_mlp import DenseMLP
 from onboard.components.indexer import LightningIndexer
 from onboard.components.kv_sharing import KVSource
 from onboard.components.linear_attention import (
@@ -139,13 +146,6 @@ class Attention:
 
 
 Mixer = Attention | LinearMixer
-
-
-@dataclass(frozen=True)
-class DenseMLP:
-    intermediate_size: int
-
-    kind = "dense"
 
 
 @dataclass(frozen=True)
@@ -426,7 +426,7 @@ def build_plan(spec: ModelSpec) -> ArchPlan:
     """The plan of a spec that passed `spec check` (its rules hold)."""
     types = spec.layer_attention_types()
     norms = norms_component.COMPONENT.plan(spec, None)
-    dense = _dense_mlp(spec)
+    dense = dense_mlp.COMPONENT.plan(spec, None)
     moe = _moe_mlp(spec)
 
     def mlp(is_moe: bool) -> MLP:
@@ -522,11 +522,6 @@ def _attention(spec: ModelSpec, sliding: bool, layer: int | None) -> Attention:
         ),
         llama_4_scaling=att.llama_4_scaling is not None,
     )
-
-
-def _dense_mlp(spec: ModelSpec) -> DenseMLP | None:
-    size = spec.mlp.intermediate_size
-    return None if size is None else DenseMLP(size)
 
 
 def _moe_mlp(spec: ModelSpec) -> MoEMLP | None:

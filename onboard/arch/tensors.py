@@ -12,12 +12,12 @@ from dataclasses import replace
 
 from onboard import components
 from onboard.arch.plan import (
-    DenseMLP,
     Layer,
     MoEMLP,
     build_plan,
 )
-from onboard.components import TensorPlan, linear_attention
+from onboard.components import TensorPlan, dense_mlp, linear_attention
+from onboard.components.dense_mlp import DenseMLP
 from onboard.spec.layouts import gpt_oss_param
 from onboard.spec.model import ModelSpec
 
@@ -156,13 +156,7 @@ def _block(spec: ModelSpec, block: Layer, fused: frozenset[str]) -> list[TensorP
 
     m = block.mlp
     if isinstance(m, DenseMLP):
-        inter = m.intermediate_size
-        if "gate_up_proj" in fused:
-            linear("gate_up_proj", 2 * inter, h)
-        else:
-            linear("gate_proj", inter, h)
-            linear("up_proj", inter, h)
-        linear("down_proj", h, inter)
+        out += dense_mlp.COMPONENT.tensors(spec, block)
     else:
         _moe_tensors(m, h, add, linear)
     norm(stream.at("mlp_output"), h)

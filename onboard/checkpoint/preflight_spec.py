@@ -340,17 +340,6 @@ def dims(plan: ArchPlan, role: str | None, param: str) -> list[tuple[str, int]] 
         if mla.q_lora_rank is not None:
             qr = (f"{m}q_lora_rank", mla.q_lora_rank)
             table |= {"q_a_proj": (qr, h), "q_a_norm": (qr,), "q_b_proj": (qk, qr)}
-    if plan.dense is not None:
-        inter = ("mlp.intermediate_size", plan.dense.intermediate_size)
-        table |= {
-            "gate_proj": (inter, h),
-            "up_proj": (inter, h),
-            "gate_up_proj": (
-                ("2 × mlp.intermediate_size", 2 * plan.dense.intermediate_size),
-                h,
-            ),
-            "down_proj": (h, inter),
-        }
     if moe is not None:
         ne = ("mlp.moe.num_experts", moe.num_experts)
         ei = ("mlp.moe.expert_intermediate_size", moe.expert_intermediate_size)
@@ -479,7 +468,6 @@ _CONCEPT_FIELDS: dict[str, tuple[str, ...]] = {
     "qk_rope_head_dim": ("attention.mla.qk_rope_head_dim",),
     "v_head_dim": ("attention.mla.v_head_dim",),
     "qk_head_dim": ("attention.mla.qk_nope_head_dim", "attention.mla.qk_rope_head_dim"),
-    "intermediate_size": ("mlp.intermediate_size",),
     "n_routed_experts": ("mlp.moe.num_experts",),
     "num_experts_per_tok": ("mlp.moe.num_experts_per_tok",),
     "moe_intermediate_size": ("mlp.moe.expert_intermediate_size",),

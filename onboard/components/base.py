@@ -206,8 +206,9 @@ class Component:
     label: ClassVar[str] = ""
     # Where its plan node lives: a layer's attention (Attention.parts), the
     # layer itself ("layer": the residual stream, Layer.stream), a layer's token
-    # mixer ("mixer": linear attention, Layer.mixer), the MoE block ("moe": the
-    # router, MoEMLP.router) or the model ("model": MTP heads).
+    # mixer ("mixer": linear attention, Layer.mixer), a layer's MLP ("mlp": the
+    # dense MLP, Layer.mlp), the MoE block ("moe": the router, MoEMLP.router) or
+    # the model ("model": MTP heads).
     host: ClassVar[str] = "attention"
     # The spec section whose fields it adds ("attention.mla"; "": the spec's
     # top level), and those fields.
@@ -217,6 +218,12 @@ class Component:
     Node: ClassVar[type | None] = None
     # Checkpoint roles: role name -> Role.
     roles: ClassVar[Mapping[str, Role]] = MappingProxyType({})
+    # Whether only onboard's generated reference computes the primitive for a new
+    # model type: a tensor path of its roles that does not fit the reference's
+    # module tree is then refused. False (the dense MLP): the vLLM model renames
+    # what it loads, and generate explains the missing reference instead
+    # (onboard.spec.rules.FEATURE_TREE_ROLES).
+    reference_only: ClassVar[bool] = True
     # Slices of head_dim rows each query head's q_proj rows carry after the
     # query (the output gate's: 1).
     q_slices: ClassVar[int] = 0

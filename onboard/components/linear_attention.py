@@ -35,6 +35,7 @@ from onboard.components.base import (
 from onboard.errors import printable
 
 if TYPE_CHECKING:
+    from onboard.arch.config_keys import ConfigKeys
     from onboard.arch.plan import Layer
     from onboard.spec.model import ModelSpec
 
@@ -222,6 +223,28 @@ class KimiDeltaAttention(_Recurrent):
 
 # The linear-attention token mixers.
 LinearMixer = GatedDeltaNet | KimiDeltaAttention
+
+
+@dataclass(frozen=True)
+class LinearAttentionCode:
+    """What both models' code prints of the linear-attention layers: the kind,
+    and the config.json attributes that hold its sizes (a Kimi delta attention
+    head is a key and a value head, of one head dim)."""
+
+    kda: bool  # Kimi delta attention, else Gated DeltaNet
+    # Gated DeltaNet's projections interleaved per key head (Qwen3-Next), not
+    # split (Qwen3.5).
+    grouped: bool
+    num_key_heads: str
+    num_value_heads: str
+    key_head_dim: str
+    value_head_dim: str
+    conv_kernel_size: str
+    layer_types: str  # the per-layer kinds
+
+    def layer_rule(self, index: str) -> str:
+        """Whether layer ``index`` (of ``config``) is a linear-attention layer."""
+        return f'config.{self.layer_types}[{index}] == "linear_attention"'
 
 
 # ---- checkpoint roles ------------------------------------------------------------
@@ -511,6 +534,28 @@ class _LinearAttention(Component):
         else:
             _gated_deltanet_tensors(mixer, h, add)
         return out
+
+    # -- code
+
+    def code_context(self, node: LinearMixer, keys: ConfigKeys) -> LinearAttentionCode:
+        if isinstance(node, KimiDeltaAttention):
+            heads = keys.need("linear_num_heads", node.num_heads)
+            dim = keys.need("linear_head_dim", node.head_dim)
+            sizes = (heads, heads, dim, dim)
+        else:
+            sizes = (
+                keys.need("linear_num_key_heads", node.num_key_heads),
+                keys.need("linear_num_value_heads", node.num_value_heads),
+                keys.need("linear_key_head_dim", node.key_head_dim),
+                keys.need("linear_value_head_dim", node.value_head_dim),
+            )
+        return LinearAttentionCode(
+            isinstance(node, KimiDeltaAttention),
+            isinstance(node, GatedDeltaNet) and node.projections == "grouped",
+            *sizes,
+            conv_kernel_size=keys.need("linear_conv_kernel_dim", node.conv_kernel_size),
+            layer_types=keys.need("layer_types"),
+        )
 
     # -- preflight
 

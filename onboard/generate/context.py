@@ -30,14 +30,19 @@ from onboard.arch.config_keys import (
     eps_concept,
 )
 from onboard.components import (
+    dense_mlp,
     embeddings,
     kv_sharing,
+    linear_attention,
     logits,
     residual_stream,
     softmax_scale,
 )
 from onboard.components.embeddings import Embeddings
-from onboard.components.linear_attention import KDA_OUTPUT_NORM_EPS
+from onboard.components.linear_attention import (
+    KDA_OUTPUT_NORM_EPS,
+    LinearAttentionCode,
+)
 from onboard.components.logits import Logits
 from onboard.components.mtp import COMPONENT as MTP_HEADS
 from onboard.components.residual_stream import ResidualStream
@@ -265,18 +270,11 @@ def _vllm_stacked_moe_paths(spec: ModelSpec, dense_block: str | None) -> dict[st
     return paths
 
 
-def _dense_roles(spec: ModelSpec) -> tuple[str, ...]:
-    """The dense MLP's checkpoint roles (gate and up apart, or fused)."""
-    if "gate_up_proj" in spec.checkpoint.fused:
-        return ("gate_up_proj", "down_proj")
-    return ("gate_proj", "up_proj", "down_proj")
-
-
 def _vllm_dense_block(spec: ModelSpec) -> str:
     """Decoder attribute of the dense MLP: the checkpoint's when its
     projections sit under one block with vLLM's leaf names, else ``mlp``."""
     blocks = set()
-    for role in _dense_roles(spec):
+    for role in dense_mlp.COMPONENT.checkpoint_roles(spec):
         leaf = role
         rel = _layer_rel(spec.tensor_path(role)) or ""
         m = re.fullmatch(rf"(\w+)\.{leaf}", rel)
@@ -628,6 +626,11 @@ def build_context(
         "qkv_bias": att.qkv_bias,
         "o_bias": att.o_bias,
         "linear": _linear_context(spec, arch, f, cfg),
+        # Beside gqa attention the model's mapper stacks the KDA layers' q/k/v
+        # projections too (as qkv_proj); the KDA layer takes them back.
+        "kda_stacked_qkv": isinstance(arch.linear, KimiDeltaAttention)
+        and not is_mla
+        and "qkv_proj" not in arch.fused,
         "partial_rotary": att.partial_rotary_factor != 1.0,
         "neox": not rope.interleaved,
         "rope_scaling": rope.scaling.type if rope.scaling else None,
@@ -744,45 +747,25 @@ def _stream_code(
 
 def _linear_context(
     spec: ModelSpec, arch: ArchPlan, f: ConfigKeys, cfg: dict[str, Any]
-) -> SimpleNamespace | None:
-    """The linear-attention layers' decisions (None without them); adds their
-    config attribute names to ``cfg``."""
+) -> LinearAttentionCode | None:
+    """What the linear-attention layers print (None without them), checked
+    against the config: vLLM's KDA layer reads some keys itself, and the layer
+    rule must pick the plan's linear layers."""
     lin = arch.linear
     if lin is None:
         return None
-    kda = isinstance(lin, KimiDeltaAttention)
-    if kda:
-        sizes = [
-            ("linear_num_heads", lin.num_heads),
-            ("linear_head_dim", lin.head_dim),
-        ]
-    else:
-        sizes = [
-            ("linear_num_key_heads", lin.num_key_heads),
-            ("linear_num_value_heads", lin.num_value_heads),
-            ("linear_key_head_dim", lin.key_head_dim),
-            ("linear_value_head_dim", lin.value_head_dim),
-        ]
-    for concept, value in (*sizes, ("linear_conv_kernel_dim", lin.conv_kernel_size)):
-        cfg[concept] = f.need(concept, value)
-    if kda:
+    code = linear_attention.COMPONENT.vllm_context(lin, f)
+    if code.kda:
         _check_kda_config(spec, f, cfg)
-    kinds = f.need("layer_types", list(arch.attention_types))
-    cfg["layer_types"] = kinds
-    expr = f'config.{kinds}[layer_idx] == "linear_attention"'
-    _check_expr(expr, f.hf, list(arch.linear_layers), "linear-attention layers", spec)
-    return SimpleNamespace(
-        # Kimi delta attention (vLLM's KDA layer) or Gated DeltaNet.
-        kda=kda,
-        # Qwen3-Next's projections interleave per key head; Qwen3.5's are split.
-        grouped=str(not kda and lin.projections == "grouped"),
-        # Beside gqa attention the model's mapper stacks the KDA layers' q/k/v
-        # projections too (as qkv_proj); the KDA layer takes them back.
-        stacked_qkv=kda
-        and spec.attention.type != "mla"
-        and "qkv_proj" not in spec.checkpoint.fused,
-        layer_expr=expr,
+    cfg["layer_types"] = code.layer_types
+    _check_expr(
+        code.layer_rule("layer_idx"),
+        f.hf,
+        list(arch.linear_layers),
+        "linear-attention layers",
+        spec,
     )
+    return code
 
 
 def _check_kda_config(spec: ModelSpec, f: ConfigKeys, cfg: dict[str, Any]) -> None:
@@ -1034,7 +1017,7 @@ def _loaded_roles(
         else:
             roles += ["q_proj", "k_proj", "v_proj"]
     if mlp.loads_dense:
-        roles += list(_dense_roles(spec))
+        roles += list(dense_mlp.COMPONENT.checkpoint_roles(spec))
     if mlp.loads_moe:
         moe = arch.moe
         assert moe is not None
@@ -1056,6 +1039,8 @@ def _loaded_roles(
             continue  # MTP heads load in their own file
         if component.host == "mixer" and mtp:
             continue  # the MTP block attends: it has no linear mixer
+        if component.host == "mlp":
+            continue  # the blocks' MLPs, above: the file loads its blocks' own
         roles += component.checkpoint_roles(spec)
     return roles
 

@@ -18,7 +18,7 @@ from typing import Any
 from onboard import components
 from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
-from onboard.components import residual_stream
+from onboard.components import linear_attention, residual_stream
 from onboard.components.embeddings import Embeddings
 from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
@@ -127,7 +127,7 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         "mtp": arch.mtp is not None,
         "mtp_moe": arch.mtp is not None and arch.mtp.block.is_moe,
         **_moe_flags(spec, arch),
-        **_linear_flags(arch),
+        "linear": arch.linear is not None,
     }
 
     c: dict[str, str | None] = {
@@ -197,14 +197,25 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         per_layer["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
-    if f["linear"]:
-        per_layer["linear"] = _linear_keys(spec, keys, arch, c)
+    linear = None
+    if arch.linear is not None:
+        linear = linear_attention.COMPONENT.reference_context(arch.linear, keys)
+        per_layer["linear"] = linear.layer_rule("i")
+        _check_layer_plan(
+            spec,
+            keys.hf,
+            per_layer["linear"],
+            arch.linear_layers,
+            "linear-attention layer",
+        )
 
     mlp_classes, role_class = _mlp_classes(names, f)
     parts = _components_context(spec, arch, keys)
     return {
         **parts,
         "spec": spec,
+        # The linear-attention layers' code (None without them).
+        "linear": linear,
         "doc": docstring,
         "module": spec.module_name,
         "cls": cls,
@@ -278,19 +289,6 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
         "attend_inputs": "".join(
             f", {name}" for c in components.present(spec) for name in c.attend_inputs
         ),
-    }
-
-
-def _linear_flags(arch) -> dict[str, bool]:
-    """Linear-attention layers: Gated DeltaNet (and how the checkpoint stores its
-    projections) or Kimi delta attention."""
-    lin = arch.linear
-    return {
-        "linear": lin is not None,
-        "gdn": isinstance(lin, GatedDeltaNet),
-        "kda": isinstance(lin, KimiDeltaAttention),
-        "linear_grouped": isinstance(lin, GatedDeltaNet)
-        and lin.projections == "grouped",
     }
 
 
@@ -391,31 +389,6 @@ def _rope_rule(spec: ModelSpec, keys: ConfigKeys, arch) -> str:
     expr = keys.rope_layer_expr("i")
     _check_layer_plan(spec, keys.hf, expr, arch.rope_layers, "rope layer")
     assert expr is not None  # the check refuses a missing rule
-    return expr
-
-
-def _linear_keys(spec: ModelSpec, keys: ConfigKeys, arch, c: dict) -> str:
-    """Adds the linear-attention config keys to ``c``; returns the rule for which
-    layers are linear attention (of ``config`` and ``i``), checked against the
-    plan's layers."""
-    if isinstance(arch.linear, KimiDeltaAttention):
-        concepts = (
-            ("lin_heads", "linear_num_heads"),
-            ("lin_dim", "linear_head_dim"),
-            ("lin_conv", "linear_conv_kernel_dim"),
-        )
-    else:
-        concepts = (
-            ("lin_k_heads", "linear_num_key_heads"),
-            ("lin_v_heads", "linear_num_value_heads"),
-            ("lin_k_dim", "linear_key_head_dim"),
-            ("lin_v_dim", "linear_value_head_dim"),
-            ("lin_conv", "linear_conv_kernel_dim"),
-        )
-    for short, concept in concepts:
-        c[short] = keys.need(concept)
-    expr = f'config.{keys.need("layer_types")}[i] == "linear_attention"'
-    _check_layer_plan(spec, keys.hf, expr, arch.linear_layers, "linear-attention layer")
     return expr
 
 
@@ -535,16 +508,13 @@ def _kda_view(spec: ModelSpec) -> dict[str, str] | None:
     (``linear_attn_config``, which vLLM's KDA layer reads): entry -> the flat
     config key holding it. None without Kimi delta attention."""
     arch = build_plan(spec)
-    lin = arch.linear
-    if not isinstance(lin, KimiDeltaAttention):
+    if not isinstance(arch.linear, KimiDeltaAttention):
         return None
-    keys = arch.config
+    code = linear_attention.COMPONENT.code_context(arch.linear, arch.config)
     return {
-        "num_heads": keys.need("linear_num_heads", lin.num_heads),
-        "head_dim": keys.need("linear_head_dim", lin.head_dim),
-        "short_conv_kernel_size": keys.need(
-            "linear_conv_kernel_dim", lin.conv_kernel_size
-        ),
+        "num_heads": code.num_key_heads,
+        "head_dim": code.key_head_dim,
+        "short_conv_kernel_size": code.conv_kernel_size,
     }
 
 
@@ -669,9 +639,9 @@ def _summary(spec: ModelSpec, arch: ArchPlan, f: dict[str, Any]) -> list[str]:
         parts.append(
             f"{kind} attention" + (" with " + ", ".join(extras) if extras else "")
         )
-    if f["gdn"]:
+    if isinstance(arch.linear, GatedDeltaNet):
         parts.append("Gated DeltaNet linear-attention layers")
-    if f["kda"]:
+    if isinstance(arch.linear, KimiDeltaAttention):
         parts.append("Kimi delta attention linear-attention layers")
     if f["sliding"]:
         parts.append("sliding-window layers")

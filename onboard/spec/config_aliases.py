@@ -52,9 +52,6 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "v_head_dim": ("v_head_dim",),
     "qk_head_dim": ("qk_head_dim",),  # derived: nope + rope
     # MLP and mixture of experts
-    "intermediate_size": ("intermediate_size",),
-    # Llama-4: the dense layers' width, where intermediate_size is the experts'
-    "intermediate_size_mlp": ("intermediate_size_mlp",),
     "n_routed_experts": (
         "n_routed_experts",
         "num_experts",

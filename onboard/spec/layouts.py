@@ -44,12 +44,6 @@ _BASE: dict[str, str] = {
     "kv_a_proj": f"{_LAYER}.self_attn.kv_a_proj_with_mqa",
     "kv_a_norm": f"{_LAYER}.self_attn.kv_a_layernorm",
     "kv_b_proj": f"{_LAYER}.self_attn.kv_b_proj",
-    # dense MLP
-    "gate_proj": f"{_LAYER}.mlp.gate_proj",
-    "up_proj": f"{_LAYER}.mlp.up_proj",
-    "down_proj": f"{_LAYER}.mlp.down_proj",
-    # checkpoint.fused: gate and up stored as one tensor (Phi-3, GLM)
-    "gate_up_proj": f"{_LAYER}.mlp.gate_up_proj",
     # MoE
     "router": f"{_LAYER}.mlp.gate",
     # The module holding the router's e_score_correction_bias: the router itself
@@ -215,10 +209,6 @@ ATTENTION_LINEARS: tuple[str, ...] = (
 # embeddings, lm_head, routers, norms and MTP heads are decided elsewhere).
 LINEAR_ROLES: tuple[str, ...] = (
     *ATTENTION_LINEARS,
-    "gate_proj",
-    "up_proj",
-    "gate_up_proj",
-    "down_proj",
     *ROUTED_EXPERT_ROLES,
     *SHARED_EXPERT_ROLES,
     "shared_gate_up_proj",

@@ -325,16 +325,14 @@ class MoE(*section_fields("mlp.moe"), _MoEFields):
 
 
 class _MLPFields(_Section):
-    # MLP's own fields; components add theirs (onboard.components).
-    intermediate_size: Width | None = Field(
-        None, description="Width of dense MLP layers (required if any layer is dense)."
-    )
+    # MLP's own fields, after the components' (onboard.components: the dense
+    # MLP's width).
     moe: MoE | None = Field(
         None, description="Mixture of experts; null for a dense model."
     )
 
 
-class MLP(*section_fields("mlp"), _MLPFields):
+class MLP(_MLPFields, *section_fields("mlp")):
     """Feed-forward blocks."""
 
 

@@ -16,6 +16,7 @@ renames what it loads).
 from __future__ import annotations
 
 from onboard import components
+from onboard.components import dense_mlp
 from onboard.components.residual_stream import NORM_ROLES
 from onboard.errors import InputError
 from onboard.spec.layouts import (
@@ -48,7 +49,6 @@ _LAYER_SLOTS: dict[str, tuple[str, ...]] = {
     "mlp_output_norm": (),
     "mlp_input_norm": (),
     **dict.fromkeys((*ATTENTION_LINEARS, "q_a_norm", "kv_a_norm"), ("attn",)),
-    **dict.fromkeys(("gate_proj", "up_proj", "gate_up_proj", "down_proj"), ("mlp",)),
     "router": ("moe",),
     "shared_expert_gate": ("moe",),
     **dict.fromkeys(
@@ -132,11 +132,6 @@ def used_roles(spec: ModelSpec) -> list[str]:
             roles += ["q_proj", "k_proj", "v_proj", "o_proj"]
     moe = spec.mlp.moe
     fused = spec.checkpoint.fused
-    if has_dense_mlp(spec):
-        if "gate_up_proj" in spec.checkpoint.fused:
-            roles += ["gate_up_proj", "down_proj"]
-        else:
-            roles += ["gate_proj", "up_proj", "down_proj"]
     if moe is not None:
         stacked = "experts" in fused
         roles += ["router", *(STACKED_EXPERT_ROLES if stacked else ROUTED_EXPERT_ROLES)]
@@ -193,9 +188,8 @@ def transposed_experts(spec: ModelSpec) -> bool:
 
 
 def has_dense_mlp(spec: ModelSpec) -> bool:
-    if any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers)):
-        return True
-    return spec.mtp is not None and spec.mtp.mlp == "dense"
+    """Some block is dense (a decoder layer or the MTP block)."""
+    return dense_mlp.COMPONENT.present(spec)
 
 
 def module_names(spec: ModelSpec) -> dict[str, str]:

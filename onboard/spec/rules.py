@@ -46,7 +46,6 @@ def check_rules(spec: ModelSpec) -> list[Problem]:
         _rope_rules,
         _attention_rules,
         _layer_type_rules,
-        _mlp_rules,
         _moe_rules,
         _checkpoint_rules,
         _module_tree_rules,
@@ -275,17 +274,6 @@ def _layer_type_rules(spec: ModelSpec, report: Report) -> None:
         report(a + ("sliding_window_pattern",), "needs sliding_window to be set")
 
 
-def _mlp_rules(spec: ModelSpec, report: Report) -> None:
-    needs_dense = any(not spec.is_moe_layer(i) for i in range(spec.num_hidden_layers))
-    if spec.mtp is not None and spec.mtp.mlp == "dense":
-        needs_dense = True
-    if needs_dense and spec.mlp.intermediate_size is None:
-        report(
-            ("mlp", "intermediate_size"),
-            "some layers are dense, so mlp.intermediate_size is required",
-        )
-
-
 def _moe_rules(spec: ModelSpec, report: Report) -> None:
     moe = spec.mlp.moe
     if moe is None:
@@ -485,7 +473,9 @@ def _checkpoint_rules(spec: ModelSpec, report: Report) -> None:
 # module tree is refused. For the other roles the vLLM model renames what it
 # loads, and generate writes hf/README.md with the reason instead of a reference
 # (`spec check` warns: reference_tree_problem).
-FEATURE_TREE_ROLES = frozenset(components.roles())
+FEATURE_TREE_ROLES = frozenset(
+    role for c in components.every() if c.reference_only for role in c.roles
+)
 
 
 def reference_tree_problem(spec: ModelSpec) -> Problem | None:

@@ -531,11 +531,11 @@ def untouched_tensors(
     must = ["embeddings", "norms"] + (["routers"] if spec.mlp.moe else [])
     # The components' guarded roles (onboard.components.Role.guard).
     must += [
-        r.guard for c in components.present(spec) for r in c.roles.values() if r.guard
+        guard
+        for c in components.present(spec)
+        for role in c.checkpoint_roles(spec)
+        if (guard := c.roles[role].guard) and guard not in must
     ]
-    if spec.linear_attention is not None:
-        kda = spec.linear_attention.type == "kimi_delta"
-        must.append("kimi delta attention" if kda else "linear attention")
     if spec.mlp.moe is not None and "experts" in spec.checkpoint.fused:
         must.append("stacked experts")
     problems += [
