@@ -20,6 +20,7 @@ from onboard.arch import ArchPlan, GatedDeltaNet, KimiDeltaAttention, build_plan
 from onboard.arch.config_keys import ConfigKeys, eps_concept
 from onboard.components import linear_attention, residual_stream
 from onboard.components.embeddings import Embeddings
+from onboard.components.linear_attention import LinearAttentionCode
 from onboard.components.logits import Logits
 from onboard.components.qk_norm import QkNorm
 from onboard.components.residual_stream import ResidualStream
@@ -197,17 +198,9 @@ def reference_context(spec: ModelSpec) -> dict[str, Any]:
         per_layer["moe"] = _moe_keys(spec, keys, f, c, arch.moe_layers)
     if f["mtp"]:
         c["n_mtp"] = keys.need("num_nextn_predict_layers")
-    linear = None
-    if arch.linear is not None:
-        linear = linear_attention.COMPONENT.reference_context(arch.linear, keys)
+    linear = _linear_code(spec, arch, keys)
+    if linear is not None:
         per_layer["linear"] = linear.layer_rule("i")
-        _check_layer_plan(
-            spec,
-            keys.hf,
-            per_layer["linear"],
-            arch.linear_layers,
-            "linear-attention layer",
-        )
 
     mlp_classes, role_class = _mlp_classes(names, f)
     parts = _components_context(spec, arch, keys)
@@ -290,6 +283,20 @@ def _components_context(spec: ModelSpec, arch, keys: ConfigKeys) -> dict[str, An
             f", {name}" for c in components.present(spec) for name in c.attend_inputs
         ),
     }
+
+
+def _linear_code(
+    spec: ModelSpec, arch: ArchPlan, keys: ConfigKeys
+) -> LinearAttentionCode | None:
+    """What the linear-attention layers print (None without them); its rule for
+    which layers are linear (of ``config`` and ``i``) is checked against the
+    plan's layers."""
+    if arch.linear is None:
+        return None
+    code = linear_attention.COMPONENT.reference_context(arch.linear, keys)
+    rule = code.layer_rule("i")
+    _check_layer_plan(spec, keys.hf, rule, arch.linear_layers, "linear-attention layer")
+    return code
 
 
 def _eps_keys(spec: ModelSpec, arch: ArchPlan, keys: ConfigKeys) -> dict[str, str]:
