@@ -4,14 +4,13 @@ spec field each config.json key comes from."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from functools import cache
-from typing import Any
 
 from onboard import components
 from onboard.arch import ArchPlan
+from onboard.components.base import spec_dim
 from onboard.components.qk_norm import QkNorm
 from onboard.spec.layouts import (
     EXPERT_ROLES,
@@ -416,30 +415,11 @@ def fields_in(text: str) -> list[str]:
 def _component_dims(spec: ModelSpec) -> dict[str, tuple]:
     """The dims of the present components' roles, as each role names them."""
     return {
-        name: tuple((d, _spec_dim(spec, d)) for d in r.dims)
+        name: tuple((d, spec_dim(spec, d)) for d in r.dims)
         for component in components.present(spec)
         for name, r in component.roles.items()
         if r.dims
     }
-
-
-def _spec_dim(spec: ModelSpec, label: str) -> Any:
-    """A dimension by its label: a spec field's dotted path, or a product of
-    them ("attention.indexer.num_heads × attention.indexer.head_dim")."""
-    if " × " not in label:
-        return _spec_value(spec, label)
-    return math.prod(_spec_value(spec, field) for field in label.split(" × "))
-
-
-def _spec_value(spec: ModelSpec, field: str) -> Any:
-    """A spec field's value by its dotted path ("attention.num_heads"), or a
-    number ("2" of "2 × hidden_size")."""
-    if field.isdigit():
-        return int(field)
-    value = spec
-    for part in field.split("."):
-        value = getattr(value, part)
-    return value
 
 
 # config.json concept -> the spec fields it comes from (for the fix).

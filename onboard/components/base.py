@@ -20,6 +20,7 @@ hands it (the spec, a plan layer, the config keys), named by type under
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -132,6 +133,24 @@ LayerKey = Annotated[
 ]
 
 
+def spec_dim(spec: ModelSpec, label: str) -> Any:
+    """A dimension by its label: a spec field's dotted path (its value, None
+    where unset), or a product of them and numbers ("2 × hidden_size",
+    "attention.indexer.num_heads × attention.indexer.head_dim")."""
+    if " × " not in label:
+        return _spec_value(spec, label)
+    return math.prod(_spec_value(spec, field) for field in label.split(" × "))
+
+
+def _spec_value(spec: ModelSpec, field: str) -> Any:
+    if field.isdigit():
+        return int(field)
+    value: Any = spec
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
+
+
 @dataclass(frozen=True)
 class Role:
     """A checkpoint module a component adds to each decoder layer."""
@@ -160,6 +179,10 @@ class Role:
     # ("tp": split over the ranks, "replicated": whole on each).
     group: str = "attention"
     shard: str = "tp"
+
+    def shape(self, spec: ModelSpec) -> tuple[int, ...]:
+        """Its tensor's shape in a checkpoint of ``spec``, by :attr:`dims`."""
+        return tuple(spec_dim(spec, d) for d in self.dims)
 
 
 @dataclass(frozen=True)

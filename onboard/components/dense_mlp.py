@@ -108,20 +108,12 @@ class _DenseMLP(Component):
         return None if size is None else DenseMLP(size)
 
     def tensors(self, spec: ModelSpec, layer: Layer) -> list[TensorPlan]:
-        mlp = layer.mlp
-        if not isinstance(mlp, DenseMLP):
+        if not isinstance(layer.mlp, DenseMLP):
             return []
-        h, width = spec.hidden_size, mlp.intermediate_size
-        shapes = {
-            "gate_up_proj": (2 * width, h),
-            "gate_proj": (width, h),
-            "up_proj": (width, h),
-            "down_proj": (h, width),
-        }
         return [
             TensorPlan(
                 f"{self.tensor_name(spec, role, layer.index)}.weight",
-                shapes[role],
+                self.roles[role].shape(spec),
                 "normal",
                 layer.index,
             )

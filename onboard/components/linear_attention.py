@@ -175,11 +175,6 @@ class GatedDeltaNet(_Recurrent):
         """Channels of the convolution: q, k and v."""
         return 2 * self.key_dim + self.value_dim
 
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles (as its projections are stored)."""
-        return roles_of(self.kind, self.projections)
-
     def recurrent_shape(self, tp: int) -> tuple[int, ...]:
         # gated_delta_net_state_shape: [value heads, value dim, key dim].
         return (self.num_value_heads // tp, self.value_head_dim, self.key_head_dim)
@@ -209,11 +204,6 @@ class KimiDeltaAttention(_Recurrent):
     def conv_dim(self) -> int:
         """Channels of the three convolutions together: q, k and v."""
         return 3 * self.projection_dim
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Its checkpoint roles."""
-        return tuple(KDA_ROLES)
 
     def recurrent_shape(self, tp: int) -> tuple[int, ...]:
         # kda_state_shape: one convolution state for q, k and v together, and a
@@ -517,23 +507,16 @@ class _LinearAttention(Component):
         mixer = layer.mixer
         if not isinstance(mixer, GatedDeltaNet | KimiDeltaAttention):
             return []
-        out: list[TensorPlan] = []
-
-        def add(
-            role: str,
-            shape: tuple[int, ...],
-            init: str = "normal",
-            param: str = "weight",
-        ) -> None:
-            name = f"{self.tensor_name(spec, role, layer.index)}.{param}"
-            out.append(TensorPlan(name, shape, init, layer.index))
-
-        h = spec.hidden_size
-        if isinstance(mixer, KimiDeltaAttention):
-            _kimi_delta_tensors(mixer, h, add)
-        else:
-            _gated_deltanet_tensors(mixer, h, add)
-        return out
+        table = _dims(mixer, spec.hidden_size)
+        return [
+            TensorPlan(
+                f"{self.tensor_name(spec, role, layer.index)}.{param}",
+                tuple(n for _, n in _param_dims(table, role, param)),
+                init,
+                layer.index,
+            )
+            for role, param, init in _tensors_of(mixer)
+        ]
 
     # -- code
 
@@ -584,26 +567,72 @@ class _LinearAttention(Component):
         mixer = self.plan(spec, None)
         if mixer is None:
             return None
-        if isinstance(mixer, KimiDeltaAttention):
-            table = _kimi_delta_dims(mixer, ("hidden_size", spec.hidden_size))
-        else:
-            table = _gated_deltanet_dims(mixer, ("hidden_size", spec.hidden_size))
-        dims = table.get(role)
-        if dims is None:
-            return None
-        one = ("1", 1)
-        if role == "kda_attn":
-            # Kimi Linear's A_log [1, 1, heads, 1], dt_bias one value per channel.
-            return [one, one, dims[0], one] if param == "A_log" else [dims[1]]
-        if param in ("bias", *MIXER_PARAMS):
-            # A linear's bias has its output size, a norm's its size; Gated
-            # DeltaNet's A_log and dt_bias one value per value head.
-            return [dims[0]]
-        return list(dims)
+        return _param_dims(_dims(mixer, spec.hidden_size), role, param)
 
 
 _Dim = tuple[str, int]
 _LA = f"{_SECTION}."
+
+
+def _dims(mixer: LinearMixer, hidden_size: int) -> dict[str, tuple[_Dim, ...]]:
+    """Each role's dims, labelled by the spec fields they are made of: the one
+    statement of the layer's shapes, which the tensors and the preflight read."""
+    h = ("hidden_size", hidden_size)
+    if isinstance(mixer, KimiDeltaAttention):
+        return _kimi_delta_dims(mixer, h)
+    return _gated_deltanet_dims(mixer, h)
+
+
+def _param_dims(
+    table: dict[str, tuple[_Dim, ...]], role: str, param: str
+) -> list[_Dim] | None:
+    """The dims of tensor ``param`` of ``role`` (None: not a role of the table)."""
+    dims = table.get(role)
+    if dims is None:
+        return None
+    one = ("1", 1)
+    if role == "kda_attn":
+        # Kimi Linear's A_log [1, 1, heads, 1], dt_bias one value per channel.
+        return [one, one, dims[0], one] if param == "A_log" else [dims[1]]
+    if param in ("bias", *MIXER_PARAMS):
+        # A linear's bias has its output size, a norm's its size; Gated
+        # DeltaNet's A_log and dt_bias one value per value head.
+        return [dims[0]]
+    return list(dims)
+
+
+# A layer's tensors in checkpoint order: (role, parameter, tiny initialisation).
+# The mixer module holds A_log and dt_bias itself.
+_MIXER_TENSORS = {
+    "gated_deltanet": [
+        ("linear_conv1d", "weight", "conv"),
+        ("linear_attn", "A_log", "a_log"),
+        ("linear_attn", "dt_bias", "ones"),
+        ("linear_norm", "weight", "ones"),
+        ("linear_out_proj", "weight", "normal"),
+    ],
+    "kimi_delta": [
+        *((f"kda_{p}_proj", "weight", "normal") for p in "qkv"),
+        *((f"kda_{p}_conv1d", "weight", "conv") for p in "qkv"),
+        ("kda_attn", "A_log", "a_log"),
+        ("kda_attn", "dt_bias", "ones"),
+        # the forget gate, beta, the output gate
+        *(
+            (f"kda_{r}_proj", "weight", "normal")
+            for r in ("f_a", "f_b", "b", "g_a", "g_b")
+        ),
+        ("kda_o_norm", "weight", "ones"),
+        ("kda_o_proj", "weight", "normal"),
+    ],
+}
+
+
+def _tensors_of(mixer: LinearMixer) -> list[tuple[str, str, str]]:
+    """The layer's tensors: Gated DeltaNet's input projections as stored, first."""
+    if isinstance(mixer, KimiDeltaAttention):
+        return _MIXER_TENSORS["kimi_delta"]
+    projections = [(r, "weight", "normal") for r in GDN_PROJECTIONS[mixer.projections]]
+    return projections + _MIXER_TENSORS["gated_deltanet"]
 
 
 def _kimi_delta_dims(m: KimiDeltaAttention, h: _Dim) -> dict[str, tuple[_Dim, ...]]:
@@ -734,47 +763,6 @@ def _kimi_delta_rules(spec: ModelSpec, report: Report) -> None:
             where + ("projections",),
             "projections applies to gated_deltanet; kimi_delta stores q, k and v apart",
         )
-
-
-def _gated_deltanet_tensors(m: GatedDeltaNet, h: int, add: Callable[..., None]) -> None:
-    """A Gated DeltaNet layer's tensors: A_log and dt_bias, one value per value
-    head, are parameters of the mixer module."""
-    heads = m.num_value_heads
-    if m.projections == "grouped":
-        add("linear_in_proj_qkvz", (2 * m.key_dim + 2 * m.value_dim, h))
-        add("linear_in_proj_ba", (2 * heads, h))
-    else:
-        add("linear_in_proj_qkv", (m.conv_dim, h))
-        add("linear_in_proj_z", (m.value_dim, h))
-        add("linear_in_proj_b", (heads, h))
-        add("linear_in_proj_a", (heads, h))
-    add("linear_conv1d", (m.conv_dim, 1, m.conv_kernel_size), "conv")
-    add("linear_attn", (heads,), "a_log", "A_log")
-    add("linear_attn", (heads,), "ones", "dt_bias")
-    add("linear_norm", (m.value_head_dim,), "ones")
-    add("linear_out_proj", (h, m.value_dim))
-
-
-def _kimi_delta_tensors(
-    m: KimiDeltaAttention, h: int, add: Callable[..., None]
-) -> None:
-    """A Kimi delta attention layer's tensors: A_log (one per head, stored
-    [1, 1, heads, 1] as Kimi Linear does) and dt_bias (one per key channel) are
-    parameters of the mixer module."""
-    dim, rank = m.projection_dim, m.head_dim
-    for p in ("q", "k", "v"):
-        add(f"kda_{p}_proj", (dim, h))
-    for p in ("q", "k", "v"):
-        add(f"kda_{p}_conv1d", (dim, 1, m.conv_kernel_size), "conv")
-    add("kda_attn", (1, 1, m.num_heads, 1), "a_log", "A_log")
-    add("kda_attn", (dim,), "ones", "dt_bias")
-    add("kda_f_a_proj", (rank, h))
-    add("kda_f_b_proj", (dim, rank))
-    add("kda_b_proj", (m.num_heads, h))
-    add("kda_g_a_proj", (rank, h))
-    add("kda_g_b_proj", (dim, rank))
-    add("kda_o_norm", (m.head_dim,), "ones")
-    add("kda_o_proj", (h, dim))
 
 
 COMPONENT = _LinearAttention()
